@@ -1,0 +1,93 @@
+"""``refgeo.show_config()``: what this installation can do and how it computes."""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import sys
+from typing import Any
+
+from . import _backend
+
+__all__ = ["show_config"]
+
+
+def _config_dict() -> dict[str, Any]:
+    import numpy as np
+
+    from . import __version__
+
+    ext = _backend.extension()
+    backends = {
+        name: {"available": ok, "detail": why} for name, (ok, why) in _backend.available_backends().items()
+    }
+    try:
+        from threadpoolctl import threadpool_info
+
+        blas = [
+            {k: info.get(k) for k in ("internal_api", "version", "num_threads", "threading_layer", "filepath")}
+            for info in threadpool_info()
+        ]
+    except Exception as exc:  # pragma: no cover - threadpoolctl is a dependency
+        blas = [{"error": str(exc)}]
+    return {
+        "refgeo": __version__,
+        "python": sys.version.split()[0],
+        "platform": platform.platform(),
+        "numpy": np.__version__,
+        "backends": backends,
+        "requested_backend": _backend.get_backend(),
+        "require_ext": os.environ.get("REFGEO_REQUIRE_EXT", "") == "1",
+        "openmp": {
+            "compiled": bool(ext.has_openmp()) if ext is not None else False,
+            "max_threads": int(ext.openmp_max_threads()) if ext is not None else 1,
+        },
+        "threadpools": blas,
+        "dtype_policy": (
+            "float32/float64 kept; integer/bool converted to float64; reference accumulates in "
+            "float64; certified results are refined in float64"
+        ),
+    }
+
+
+def show_config(mode: str = "stdout") -> dict[str, Any] | None:
+    """Print (or return) the version, backends, BLAS/OpenMP threads and dtype policy.
+
+    Parameters
+    ----------
+    mode : {"stdout", "dicts"}, default="stdout"
+        Print a readable report, or return it as a dictionary.
+
+    Returns
+    -------
+    config : dict or None
+        The report when ``mode="dicts"``.
+
+    Examples
+    --------
+    >>> import refgeo
+    >>> cfg = refgeo.show_config(mode="dicts")
+    >>> cfg["backends"]["reference"]["available"]
+    True
+    """
+    from ._validate import check_choice
+
+    check_choice(mode, "mode", ("stdout", "dicts"))
+    cfg = _config_dict()
+    if mode == "dicts":
+        return cfg
+    print(f"refgeo {cfg['refgeo']} (python {cfg['python']}, numpy {cfg['numpy']})")
+    print(f"platform: {cfg['platform']}")
+    print(f"requested backend: {cfg['requested_backend']}  (REFGEO_REQUIRE_EXT={int(cfg['require_ext'])})")
+    print("backends:")
+    for name, b in cfg["backends"].items():
+        mark = "available" if b["available"] else "unavailable"
+        print(f"  {name:<10} {mark:<12} {b['detail']}")
+    omp = cfg["openmp"]
+    print(f"openmp: compiled={omp['compiled']} max_threads={omp['max_threads']}")
+    print("thread pools (threadpoolctl):")
+    for tp in cfg["threadpools"]:
+        print("  " + json.dumps(tp))
+    print(f"dtype policy: {cfg['dtype_policy']}")
+    return None

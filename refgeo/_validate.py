@@ -1,0 +1,199 @@
+"""Argument checks shared by every public function.
+
+All user-facing error text lives here, in one form:
+``"{name} must be {requirement}, got {observed} instead."``  Values and shapes raise
+``ValueError``; a wrong kind of object (a string where an array is expected, a complex
+or object dtype) raises ``TypeError``.
+
+Dtype policy (documented in the README): float32 and float64 arrays are kept as they
+are; integer and boolean arrays are converted to float64; complex, object and string
+arrays are rejected with ``TypeError``.
+"""
+
+from __future__ import annotations
+
+import math
+import numbers
+from typing import Any
+
+import numpy as np
+from array_api_compat import array_namespace, is_array_api_obj, is_numpy_array
+
+__all__ = [
+    "as_float_array",
+    "check_axis",
+    "check_finite",
+    "check_int",
+    "check_nonnegative",
+    "check_choice",
+    "check_real",
+    "check_same_trailing",
+    "namespace_of",
+]
+
+
+def namespace_of(*arrays: Any):
+    """Array namespace of the (already converted) arrays."""
+    return array_namespace(*arrays)
+
+
+def _describe_dtype(x) -> str:
+    return str(getattr(x, "dtype", type(x).__name__))
+
+
+def as_float_array(
+    x: Any,
+    name: str,
+    *,
+    ndim: int | tuple[int, ...] | None = None,
+    min_ndim: int | None = None,
+    shape_hint: str | None = None,
+    allow_empty: bool = False,
+    finite: bool = True,
+):
+    """Return ``x`` as a float32/float64 array of its own namespace, or raise.
+
+    NumPy inputs and Python sequences become NumPy arrays; other array-API arrays
+    (CuPy, array-api-strict) stay in their namespace.
+    """
+    if isinstance(x, (str, bytes)) or x is None:
+        raise TypeError(f"{name} must be an array of real numbers, got {type(x).__name__} instead.")
+    if is_array_api_obj(x) and not is_numpy_array(x):
+        xp = array_namespace(x)
+        if xp.isdtype(x.dtype, "real floating"):
+            arr = x
+        elif xp.isdtype(x.dtype, ("integral", "bool")):
+            arr = xp.astype(x, xp.float64)
+        else:
+            raise TypeError(
+                f"{name} must have a real floating dtype (float32 or float64), "
+                f"got dtype {_describe_dtype(x)} instead."
+            )
+    else:
+        try:
+            arr = np.asarray(x)
+        except Exception as exc:  # ragged lists and the like
+            raise TypeError(f"{name} must be an array of real numbers, could not convert it: {exc}") from None
+        kind = arr.dtype.kind
+        if kind in "iub":
+            arr = arr.astype(np.float64)
+        elif kind == "f":
+            if arr.dtype not in (np.float32, np.float64):
+                # float16 / longdouble: compute in float64, which holds float16 exactly.
+                arr = arr.astype(np.float64)
+        else:
+            raise TypeError(
+                f"{name} must have a real floating dtype (float32 or float64), "
+                f"got dtype {arr.dtype} instead."
+            )
+    shape = tuple(arr.shape)
+    if ndim is not None:
+        allowed = (ndim,) if isinstance(ndim, int) else tuple(ndim)
+        if arr.ndim not in allowed:
+            want = shape_hint or " or ".join(f"{k}-D" for k in allowed) + " array"
+            raise ValueError(
+                f"{name} must be a {want}, got shape {shape} instead."
+                if shape_hint
+                else f"{name} must be a {want}, got {arr.ndim}-D array of shape {shape} instead."
+            )
+    if min_ndim is not None and arr.ndim < min_ndim:
+        raise ValueError(
+            f"{name} must be an array with at least {min_ndim} dimension(s), got shape {shape} instead."
+        )
+    if not allow_empty and math.prod(shape) == 0:
+        raise ValueError(f"{name} must be non-empty, got shape {shape} instead.")
+    if finite:
+        check_finite(arr, name)
+    return arr
+
+
+def check_finite(x, name: str) -> None:
+    """Raise ``ValueError`` if ``x`` holds NaN or infinity."""
+    xp = array_namespace(x)
+    if not bool(xp.all(xp.isfinite(x))):
+        n_nan = int(xp.sum(xp.astype(xp.isnan(x), xp.int64)))
+        n_inf = int(xp.sum(xp.astype(xp.isinf(x), xp.int64)))
+        raise ValueError(
+            f"{name} must contain only finite values, got {n_nan} NaN and {n_inf} infinite "
+            f"entries instead."
+        )
+
+
+def check_nonnegative(x, name: str, what: str = "Hilbert distance") -> None:
+    """Raise ``ValueError`` if ``x`` has negative entries (probability-like inputs)."""
+    xp = array_namespace(x)
+    if bool(xp.any(x < 0)):
+        lo = float(xp.min(x))
+        raise ValueError(f"{name} has negative entries (min={lo:.1e}); {what} needs {name} >= 0.")
+
+
+def check_axis(axis: Any, ndim: int, name: str = "axis") -> int:
+    """Normalise an axis index for an array of ``ndim`` dimensions."""
+    if isinstance(axis, bool) or not isinstance(axis, numbers.Integral):
+        raise TypeError(f"{name} must be an integer, got {type(axis).__name__} instead.")
+    axis = int(axis)
+    if not -ndim <= axis < ndim:
+        raise ValueError(f"{name} must be in [-{ndim}, {ndim - 1}] for a {ndim}-D array, got {axis} instead.")
+    return axis % ndim
+
+
+def check_int(
+    value: Any,
+    name: str,
+    *,
+    min_value: int | None = None,
+    max_value: int | None = None,
+    allow_none: bool = False,
+) -> int | None:
+    """Return ``value`` as int after range checks (``min_value <= value <= max_value``)."""
+    if value is None and allow_none:
+        return None
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+        raise TypeError(f"{name} must be an integer, got {type(value).__name__} ({value!r}) instead.")
+    value = int(value)
+    if min_value is not None and value < min_value:
+        raise ValueError(f"{name} == {value}, must be >= {min_value}.")
+    if max_value is not None and value > max_value:
+        raise ValueError(f"{name} == {value}, must be <= {max_value}.")
+    return value
+
+
+def check_real(
+    value: Any,
+    name: str,
+    *,
+    min_value: float | None = None,
+    strict: bool = False,
+    allow_inf: bool = False,
+) -> float:
+    """Return ``value`` as float: finite (unless ``allow_inf``), and ``>= min_value``
+    (``> min_value`` with ``strict``)."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        raise TypeError(f"{name} must be a real number, got {type(value).__name__} ({value!r}) instead.")
+    value = float(value)
+    if math.isnan(value) or (math.isinf(value) and not allow_inf):
+        raise ValueError(f"{name} must be a finite number, got {value} instead.")
+    if min_value is not None:
+        if strict and not value > min_value:
+            raise ValueError(f"{name} == {value}, must be > {min_value}.")
+        if not strict and not value >= min_value:
+            raise ValueError(f"{name} == {value}, must be >= {min_value}.")
+    return value
+
+
+def check_choice(value: Any, name: str, choices: tuple[str, ...]) -> str:
+    """Check that ``value`` is one of the string ``choices``."""
+    if not isinstance(value, str):
+        raise TypeError(f"{name} must be a string, one of {choices}, got {type(value).__name__} instead.")
+    if value not in choices:
+        raise ValueError(f"{name} must be one of {choices}, got {value!r} instead.")
+    return value
+
+
+def check_same_trailing(a, b, names: tuple[str, str], what: str = "number of columns") -> None:
+    """Raise unless ``a`` and ``b`` agree in their last dimension."""
+    if a.shape[-1] != b.shape[-1]:
+        raise ValueError(
+            f"{names[0]} and {names[1]} must have the same {what}, got shapes "
+            f"{tuple(a.shape)} and {tuple(b.shape)} instead."
+        )

@@ -1,0 +1,3 @@
+"""refgeo.rows (see ARCHITECTURE.md); populated by its issue."""
+
+__all__: list[str] = []

@@ -1,0 +1,3 @@
+"""refgeo.spread (see ARCHITECTURE.md); populated by its issue."""
+
+__all__: list[str] = []

@@ -1,0 +1,185 @@
+"""Backend selection, use_backend, REFGEO_BACKEND, REFGEO_REQUIRE_EXT, show_config."""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+import refgeo
+from refgeo import _backend
+
+
+def _run(code, **env):
+    full = {k: v for k, v in os.environ.items() if not k.startswith("REFGEO_")}
+    full.update(env)
+    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=full, timeout=120)
+
+
+def _probe_info():
+    calls = []
+
+    def make(name):
+        def fn(*a, **k):
+            calls.append(name)
+            return name
+
+        return fn
+
+    info = _backend.KernelInfo(name="probe", reference=make("reference"), cython=make("cython"))
+    return info, calls
+
+
+def test_use_backend_context_selects_and_restores():
+    info, _ = _probe_info()
+    X = np.zeros((2, 2))
+    with refgeo.use_backend("reference"):
+        assert _backend.dispatch(info, X)[0] == "reference"
+        assert refgeo.get_backend() == "reference"
+    assert refgeo.get_backend() in ("auto", os.environ.get("REFGEO_BACKEND", "auto"))
+
+
+def test_auto_prefers_cython_when_built():
+    pytest.importorskip("refgeo_ext")
+    info, _ = _probe_info()
+    with refgeo.use_backend("auto"):
+        assert _backend.dispatch(info, np.zeros((2, 2)))[0] == "cython"
+    # a kernel without a compiled path falls back to the reference
+    plain = _backend.KernelInfo(name="plain", reference=lambda: None)
+    with refgeo.use_backend("auto"):
+        assert _backend.dispatch(plain, np.zeros(2))[0] == "reference"
+
+
+def test_env_variable_is_read_and_context_wins(monkeypatch):
+    info, _ = _probe_info()
+    monkeypatch.setenv("REFGEO_BACKEND", "reference")
+    assert refgeo.get_backend() == "reference"
+    assert _backend.dispatch(info, np.zeros(2))[0] == "reference"
+    if _backend.extension() is not None:
+        with refgeo.use_backend("cython"):
+            assert _backend.dispatch(info, np.zeros(2))[0] == "cython"
+    monkeypatch.setenv("REFGEO_BACKEND", "fastest")
+    with pytest.raises(ValueError, match=re.escape("the REFGEO_BACKEND environment variable must be one of")):
+        refgeo.get_backend()
+
+
+def test_bad_backend_names():
+    with pytest.raises(ValueError, match=re.escape("backend name must be one of ('auto', 'reference', 'cython', 'cupy'), got 'numba' instead.")):
+        with refgeo.use_backend("numba"):
+            pass
+
+
+def test_cupy_backend_needs_cupy_arrays():
+    info, _ = _probe_info()
+    with refgeo.use_backend("cupy"):
+        with pytest.raises(ValueError, match="backend 'cupy' needs CuPy arrays, got ndarray instead"):
+            _backend.dispatch(info, np.zeros(2))
+
+
+def test_array_api_strict_runs_the_reference():
+    xps = pytest.importorskip("array_api_strict")
+    info, _ = _probe_info()
+    a = xps.asarray([[0.0, 1.0], [2.0, 0.5]])
+    assert _backend.dispatch(info, a)[0] == "reference"
+    if _backend.extension() is not None:
+        with refgeo.use_backend("cython"):
+            with pytest.raises(ValueError, match="only 'reference' is array-API generic"):
+                _backend.dispatch(info, a)
+
+
+def test_reference_code_runs_unchanged_on_array_api_strict():
+    xps = pytest.importorskip("array_api_strict")
+    rng = np.random.default_rng(0)
+    Z = rng.standard_normal((5, 7))
+    P = rng.dirichlet(np.ones(7), size=2)
+    Zs, Ps = xps.asarray(Z), xps.asarray(P)
+    checks = [
+        (refgeo.variation(Zs), refgeo.variation(Z)),
+        (refgeo.hilbert_distance_logits(Zs[0, :], Zs[1, :]), refgeo.hilbert_distance_logits(Z[0], Z[1])),
+        (refgeo.hilbert_distance(Ps[0, :], Ps[1, :]), refgeo.hilbert_distance(P[0], P[1])),
+        (refgeo.funk_distance(Ps[0, :], Ps[1, :]), refgeo.funk_distance(P[0], P[1])),
+        (refgeo.funk_distance_logits(Zs[0, :], Zs[1, :]), refgeo.funk_distance_logits(Z[0], Z[1])),
+        (refgeo.pdist_hilbert(Zs), refgeo.pdist_hilbert(Z)),
+        (refgeo.cdist_hilbert(Zs[:2, :], Zs), refgeo.cdist_hilbert(Z[:2], Z)),
+        (refgeo.pdist_hilbert(Ps, kind="probabilities"), refgeo.pdist_hilbert(P, kind="probabilities")),
+        (refgeo.tv_bound(xps.asarray([0.5, 1.0])), refgeo.tv_bound(np.array([0.5, 1.0]))),
+    ]
+    for strict_result, numpy_result in checks:
+        assert type(strict_result).__module__.startswith("array_api_strict")
+        np.testing.assert_allclose(np.asarray(strict_result), numpy_result, rtol=1e-13, atol=1e-13)
+
+
+def test_require_ext_turns_missing_extension_into_import_error():
+    # Hide refgeo_ext with a meta-path blocker, then import refgeo with REFGEO_REQUIRE_EXT=1.
+    code = (
+        "import sys\n"
+        "class Block:\n"
+        "    def find_spec(self, name, path=None, target=None):\n"
+        "        if name == 'refgeo_ext' or name.startswith('refgeo_ext.'):\n"
+        "            raise ImportError('blocked for the test')\n"
+        "sys.meta_path.insert(0, Block())\n"
+        "try:\n"
+        "    import refgeo\n"
+        "except ImportError as e:\n"
+        "    print('IMPORTERROR', type(e).__name__, e)\n"
+        "else:\n"
+        "    print('IMPORTED', refgeo.show_config(mode='dicts')['backends']['cython']['available'])\n"
+    )
+    strict = _run(code, REFGEO_REQUIRE_EXT="1")
+    assert "IMPORTERROR ExtensionUnavailableError REFGEO_REQUIRE_EXT=1" in strict.stdout, strict.stderr
+    lax = _run(code)
+    assert "IMPORTED False" in lax.stdout, lax.stderr
+
+
+def test_fallback_without_extension_still_computes():
+    code = (
+        "import sys\n"
+        "class Block:\n"
+        "    def find_spec(self, name, path=None, target=None):\n"
+        "        if name == 'refgeo_ext': raise ImportError('blocked')\n"
+        "sys.meta_path.insert(0, Block())\n"
+        "import numpy as np, refgeo\n"
+        "print(refgeo.pdist_hilbert(np.array([[0., 1.], [1., 0.]])))\n"
+        "try:\n"
+        "    refgeo.use_backend('cython').__enter__()\n"
+        "except refgeo.ExtensionUnavailableError as e:\n"
+        "    print('NOCYTHON')\n"
+    )
+    out = _run(code)
+    assert "[2.]" in out.stdout and "NOCYTHON" in out.stdout, out.stderr
+
+
+def test_show_config_reports_backends(capsys):
+    refgeo.show_config()
+    text = capsys.readouterr().out
+    assert f"refgeo {refgeo.__version__}" in text
+    for name in ("reference", "cython", "cupy"):
+        assert re.search(rf"^\s+{name}\s+(available|unavailable)", text, re.M)
+    assert "openmp: compiled=" in text and "thread pools" in text
+    cfg = refgeo.show_config(mode="dicts")
+    assert cfg["backends"]["cython"]["available"] == (_backend.extension() is not None)
+    with pytest.raises(ValueError, match="mode must be one of"):
+        refgeo.show_config(mode="json")
+
+
+def test_cython_backend_reported_available_when_required():
+    if os.environ.get("REFGEO_REQUIRE_EXT") != "1":
+        pytest.skip("only meaningful when the build is required (REFGEO_REQUIRE_EXT=1)")
+    assert refgeo.show_config(mode="dicts")["backends"]["cython"]["available"]
+
+
+def test_subnormals_survive_import():
+    # A library compiled with -ffast-math sets flush-to-zero at load time; ours must not.
+    code = (
+        "import numpy as np\n"
+        "import refgeo, refgeo_ext\n"
+        "x = np.float64(5e-324)\n"
+        "t = np.finfo(np.float64).smallest_normal / 4\n"
+        "print(x > 0, (t * 2) > 0, np.float32(1e-45) > 0)\n"
+    )
+    out = _run(code)
+    assert out.stdout.strip() == "True True True", out.stderr

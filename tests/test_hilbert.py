@@ -1,0 +1,346 @@
+"""Properties of SPEC §1 (Hilbert projective distance), each against its definition."""
+
+from __future__ import annotations
+
+import math
+import re
+
+import numpy as np
+import pytest
+from hypothesis import assume, given, settings
+from hypothesis import strategies as st
+from hypothesis.extra import numpy as hnp
+
+import refgeo
+
+from ._tolerances import EPS64, pairwise_logits_atol
+
+finite = dict(allow_nan=False, allow_infinity=False, allow_subnormal=False)
+
+
+@st.composite
+def logit_pairs(draw, max_v=12, scale=None):
+    v = draw(st.integers(1, max_v))
+    s = draw(st.sampled_from([1.0, 10.0, 1e4])) if scale is None else scale
+    el = st.floats(-s, s, **finite)
+    z = draw(hnp.arrays(np.float64, v, elements=el))
+    w = draw(hnp.arrays(np.float64, v, elements=el))
+    return z, w
+
+
+@st.composite
+def positive_vectors(draw, v=None, n=2):
+    v = draw(st.integers(1, 10)) if v is None else v
+    el = st.floats(1e-6, 1.0, **finite)
+    return [draw(hnp.arrays(np.float64, v, elements=el)) for _ in range(n)]
+
+
+def _brute_hilbert(p, q):
+    """max over i, j of |log(p_i/p_j) - log(q_i/q_j)| (SPEC §1, second form)."""
+    lp, lq = np.log(p), np.log(q)
+    a = (lp[:, None] - lp[None, :]) - (lq[:, None] - lq[None, :])
+    return float(np.max(np.abs(a)))
+
+
+# ------------------------------------------------------------------- identities
+
+
+@given(positive_vectors(n=2))
+def test_hilbert_matches_pairwise_log_ratio_form(pq):
+    p, q = pq
+    d = float(refgeo.hilbert_distance(p, q))
+    assert d == pytest.approx(_brute_hilbert(p, q), rel=1e-12, abs=1e-12)
+
+
+@given(positive_vectors(n=3))
+def test_hilbert_symmetry_and_triangle(pqr):
+    p, q, r = pqr
+    dpq = float(refgeo.hilbert_distance(p, q))
+    assert dpq == float(refgeo.hilbert_distance(q, p))
+    dqr = float(refgeo.hilbert_distance(q, r))
+    dpr = float(refgeo.hilbert_distance(p, r))
+    assert dpr <= dpq + dqr + 1e-12 * (1 + dpq + dqr)
+
+
+@given(positive_vectors(n=2), st.floats(1e-3, 1e3), st.floats(1e-3, 1e3))
+def test_hilbert_projective_invariance(pq, a, b):
+    p, q = pq
+    d = float(refgeo.hilbert_distance(p, q))
+    d2 = float(refgeo.hilbert_distance(a * p, b * q))
+    assert d2 == pytest.approx(d, abs=64 * EPS64 * (1 + abs(math.log(a)) + abs(math.log(b)) + d))
+
+
+@given(positive_vectors(n=1))
+def test_hilbert_zero_iff_proportional(p):
+    (p,) = p
+    assert float(refgeo.hilbert_distance(p, 3.0 * p)) <= 1e-14
+
+
+@given(logit_pairs(), st.floats(-1e4, 1e4), st.floats(-1e4, 1e4))
+def test_logit_form_is_shift_invariant(zw, a, b):
+    z, w = zw
+    d = float(refgeo.hilbert_distance_logits(z, w))
+    d2 = float(refgeo.hilbert_distance_logits(z + a, w + b))
+    # shifting rounds each entry once: error <= ulp of the largest magnitude involved
+    scale = np.max(np.abs(np.concatenate([z, w]))) + abs(a) + abs(b)
+    assert d2 == pytest.approx(d, abs=8 * EPS64 * scale)
+
+
+@given(logit_pairs(scale=30.0))
+def test_logit_form_equals_probability_form(zw):
+    z, w = zw
+    p = np.exp(z - z.max())
+    q = np.exp(w - w.max())
+    assume(np.all(p > 1e-300) and np.all(q > 1e-300))
+    d_logit = float(refgeo.hilbert_distance_logits(z, w))
+    d_prob = float(refgeo.hilbert_distance(p / p.sum(), q / q.sum()))
+    assert d_prob == pytest.approx(d_logit, abs=1e-10 * (1 + d_logit))
+
+
+def test_extreme_logits_are_exact():
+    z = np.array([1e4, -1e4, 0.0])
+    w = np.array([-1e4, 1e4, 0.5])
+    # softmax(z) underflows to (1, 0, 0); the logit form still gives the exact answer.
+    assert float(refgeo.hilbert_distance_logits(z, w)) == 4e4
+    assert math.isfinite(float(refgeo.funk_distance_logits(z, w)))
+
+
+@given(positive_vectors(n=2))
+def test_funk_nonnegative_and_sums_to_hilbert(pq):
+    p, q = pq
+    f_pq = float(refgeo.funk_distance(p, q))
+    f_qp = float(refgeo.funk_distance(q, p))
+    assert f_pq >= 0 and f_qp >= 0
+    d = float(refgeo.hilbert_distance(p, q))
+    assert f_pq + f_qp == pytest.approx(d, abs=1e-12 * (1 + d))
+
+
+@given(logit_pairs(scale=50.0))
+def test_funk_logits_matches_probability_funk_and_sums(zw):
+    z, w = zw
+    fz = float(refgeo.funk_distance_logits(z, w))
+    fw = float(refgeo.funk_distance_logits(w, z))
+    d = float(refgeo.hilbert_distance_logits(z, w))
+    assert fz >= 0 and fw >= 0
+    assert fz + fw == pytest.approx(d, abs=1e-9 * (1 + d))
+    p, q = np.exp(z - z.max()), np.exp(w - w.max())
+    assume(np.all(p > 1e-200) and np.all(q > 1e-200))
+    assert float(refgeo.funk_distance(p, q)) == pytest.approx(fz, abs=1e-9 * (1 + fz))
+
+
+@given(logit_pairs(scale=20.0))
+def test_cross_entropy_bound(zw):
+    z, w = zw
+    lp = z - np.log(np.sum(np.exp(z - z.max()))) - z.max()
+    lq = w - np.log(np.sum(np.exp(w - w.max()))) - w.max()
+    d = float(refgeo.hilbert_distance_logits(z, w))
+    bound = float(refgeo.ce_bound(d))
+    assert np.max(np.abs(lp - lq)) <= bound + 1e-9 * (1 + bound)
+
+
+@given(logit_pairs(scale=20.0))
+def test_tv_bound_holds(zw):
+    z, w = zw
+    p = np.exp(z - z.max()); p /= p.sum()
+    q = np.exp(w - w.max()); q /= q.sum()
+    tv = 0.5 * np.abs(p - q).sum()
+    d = float(refgeo.hilbert_distance_logits(z, w))
+    assert tv <= float(refgeo.tv_bound(d)) + 1e-12
+
+
+@pytest.mark.parametrize("delta", [0.1, 1.0, 3.0, 10.0])
+def test_tv_bound_equality_case(delta):
+    # Two points with likelihood ratios e^{+delta/2} and e^{-delta/2}: p = (a, 1-a) with
+    # a/(1-a) = e^{delta/2}, q the mirror image.
+    a = 1.0 / (1.0 + math.exp(-delta / 2))
+    p = np.array([a, 1 - a])
+    q = np.array([1 - a, a])
+    d = float(refgeo.hilbert_distance(p, q))
+    assert d == pytest.approx(delta, rel=1e-12)
+    tv = 0.5 * np.abs(p - q).sum()
+    assert tv == pytest.approx(float(refgeo.tv_bound(d)), rel=1e-12)
+
+
+# ------------------------------------------------------------------- supports
+
+
+def test_common_support_gives_face_distance():
+    p = np.array([0.5, 0.0, 0.5])
+    q = np.array([0.25, 0.0, 0.75])
+    assert float(refgeo.hilbert_distance(p, q)) == pytest.approx(math.log(3.0), rel=1e-14)
+
+
+def test_mismatched_supports_give_inf():
+    assert float(refgeo.hilbert_distance([0.5, 0.5, 0.0], [0.5, 0.0, 0.5])) == math.inf
+    assert float(refgeo.funk_distance([0.5, 0.5], [1.0, 0.0])) == math.inf
+    # p has no mass where q is zero: the one-sided Funk metric stays finite
+    assert math.isfinite(float(refgeo.funk_distance([1.0, 0.0], [0.5, 0.5])))
+
+
+def test_batched_axis_argument():
+    rng = np.random.default_rng(0)
+    z = rng.standard_normal((4, 5, 6))
+    w = rng.standard_normal((4, 5, 6))
+    d = refgeo.hilbert_distance_logits(z, w, axis=1)
+    assert d.shape == (4, 6)
+    for a in range(4):
+        for c in range(6):
+            diff = w[a, :, c] - z[a, :, c]
+            assert d[a, c] == diff.max() - diff.min()
+    # broadcasting one reference vector against a batch
+    d2 = refgeo.hilbert_distance_logits(z[0], w[0, 0])
+    assert d2.shape == (5,)
+
+
+def test_float32_inputs_accumulate_in_float64():
+    z = np.array([0.0, 1.0], dtype=np.float32)
+    w = np.array([1e-8, 0.0], dtype=np.float32)
+    d = refgeo.hilbert_distance_logits(z, w)
+    assert d.dtype == np.float64
+    assert float(d) == 1.0 + float(np.float32(1e-8))
+
+
+# ------------------------------------------------------------------- pairwise
+
+
+@st.composite
+def logit_matrices(draw, max_n=9, max_v=70, dtypes=(np.float64, np.float32)):
+    n = draw(st.integers(1, max_n))
+    v = draw(st.integers(1, max_v))
+    dtype = draw(st.sampled_from(dtypes))
+    scale = draw(st.sampled_from([1.0, 1e3, 1e4]))
+    X = draw(hnp.arrays(dtype, (n, v), elements=st.floats(-scale, scale, width=32, **finite)))
+    if draw(st.booleans()):  # duplicate rows
+        X[n // 2] = X[0]
+    return X
+
+
+def _loop_pdist(X):
+    X = X.astype(np.float64)
+    n = X.shape[0]
+    out = [float(refgeo.hilbert_distance_logits(X[i], X[j])) for i in range(n) for j in range(i + 1, n)]
+    return np.array(out, dtype=np.float64)
+
+
+@settings(max_examples=100)
+@given(X=logit_matrices(), tile=st.integers(1, 9), threads=st.sampled_from([1, 2]))
+def test_pdist_equals_loop_of_pairwise_calls(backend, X, tile, threads):
+    got = refgeo.pdist_hilbert(X, tile_size=tile, n_threads=threads)
+    ref = _loop_pdist(X)
+    assert got.shape == ref.shape and got.dtype == np.float64
+    maxabs = float(np.max(np.abs(X.astype(np.float64)))) * 2 if X.size else 0.0
+    np.testing.assert_allclose(got, ref, rtol=0, atol=pairwise_logits_atol(X.dtype, maxabs))
+
+
+@settings(max_examples=60)
+@given(X=logit_matrices(), Y=logit_matrices(), tile=st.integers(1, 9))
+def test_cdist_equals_loop(backend, X, Y, tile):
+    v = min(X.shape[1], Y.shape[1])
+    X, Y = np.ascontiguousarray(X[:, :v]), np.ascontiguousarray(Y[:, :v])
+    got = refgeo.cdist_hilbert(X, Y, tile_size=tile)
+    ref = np.array(
+        [[float(refgeo.hilbert_distance_logits(x.astype(np.float64), y.astype(np.float64))) for y in Y] for x in X]
+    )
+    maxabs = 2 * float(max(np.max(np.abs(X)), np.max(np.abs(Y)))) if X.size and Y.size else 0.0
+    dt = np.float64 if np.float64 in (X.dtype, Y.dtype) else np.float32
+    np.testing.assert_allclose(got, ref, rtol=0, atol=pairwise_logits_atol(dt, maxabs))
+
+
+def test_cython_equals_reference_exactly_in_float64():
+    pytest.importorskip("refgeo_ext")
+    rng = np.random.default_rng(1)
+    X = rng.standard_normal((70, 1037)) * 50 + 1e6  # large common offset, ragged tiles
+    with refgeo.use_backend("cython"):
+        a = refgeo.pdist_hilbert(X, tile_size=7)
+        b = refgeo.cdist_hilbert(X[:9], X[20:], tile_size=4)
+    with refgeo.use_backend("reference"):
+        np.testing.assert_array_equal(a, refgeo.pdist_hilbert(X))
+        np.testing.assert_array_equal(b, refgeo.cdist_hilbert(X[:9], X[20:]))
+
+
+def test_cython_float32_within_stated_tolerance():
+    pytest.importorskip("refgeo_ext")
+    rng = np.random.default_rng(2)
+    X = (rng.standard_normal((40, 3001)) * 8).astype(np.float32)
+    with refgeo.use_backend("cython"):
+        a = refgeo.pdist_hilbert(X)
+    with refgeo.use_backend("reference"):
+        b = refgeo.pdist_hilbert(X)
+    assert np.max(np.abs(a - b)) <= pairwise_logits_atol(np.float32, 2 * float(np.abs(X).max()))
+
+
+def test_pdist_results_do_not_depend_on_tiles_or_threads():
+    rng = np.random.default_rng(3)
+    X = rng.standard_normal((45, 300)).astype(np.float32)
+    base = refgeo.pdist_hilbert(X, tile_size=64, n_threads=1)
+    for tile in (1, 3, 16, 45, 100):
+        for threads in (1, 2):
+            np.testing.assert_array_equal(refgeo.pdist_hilbert(X, tile_size=tile, n_threads=threads), base)
+
+
+def test_pdist_square_form_and_probabilities():
+    rng = np.random.default_rng(4)
+    P = rng.dirichlet(np.ones(7), size=5)
+    sq = refgeo.pdist_hilbert(P, kind="probabilities", form="square")
+    assert sq.shape == (5, 5)
+    np.testing.assert_array_equal(sq, sq.T)
+    assert np.all(np.diag(sq) == 0)
+    for i in range(5):
+        for j in range(5):
+            if i != j:
+                assert sq[i, j] == pytest.approx(float(refgeo.hilbert_distance(P[i], P[j])), rel=1e-12)
+    # zeros on mismatched supports
+    P[0, 0] = 0.0
+    d = refgeo.pdist_hilbert(P, kind="probabilities")
+    assert np.all(np.isinf(d[:4])) and np.all(np.isfinite(d[4:]))
+    c = refgeo.cdist_hilbert(P[:2], P, kind="probabilities")
+    assert c.shape == (2, 5) and c[0, 0] == 0.0 and np.isinf(c[0, 1])
+
+
+def test_pdist_single_row_is_empty():
+    assert refgeo.pdist_hilbert(np.zeros((1, 4))).shape == (0,)
+
+
+# ------------------------------------------------------------------- bad input
+
+BAD_INPUT_CASES = [
+    (refgeo.variation, ([1.0, np.nan],), ValueError, "x must contain only finite values, got 1 NaN"),
+    (refgeo.variation, ([],), ValueError, "x must be non-empty, got shape (0,) instead."),
+    (refgeo.variation, ("abc",), TypeError, "x must be an array of real numbers"),
+    (refgeo.variation, ([1 + 2j],), TypeError, "x must have a real floating dtype"),
+    (refgeo.hilbert_distance_logits, ([1.0, np.inf], [0.0, 0.0]), ValueError, "z must contain only finite"),
+    (refgeo.hilbert_distance_logits, ([1.0, 2.0], [0.0, 0.0, 1.0]), ValueError, "z and w must have broadcastable shapes"),
+    (refgeo.hilbert_distance, ([0.5, -1e-3], [0.5, 0.5]), ValueError, "p has negative entries (min=-1.0e-03); Hilbert distance needs p >= 0."),
+    (refgeo.hilbert_distance, ([0.5, 0.5], [0.0, 0.0]), ValueError, "q must have at least one positive entry"),
+    (refgeo.funk_distance, ([0.5, np.nan], [0.5, 0.5]), ValueError, "p must contain only finite values"),
+    (refgeo.pdist_hilbert, (np.zeros(5),), ValueError, "X must be a 2-D array of shape (n, V), got shape (5,) instead."),
+    (refgeo.pdist_hilbert, (np.zeros((0, 5)),), ValueError, "X must be non-empty"),
+    (refgeo.cdist_hilbert, (np.zeros((2, 5)), np.zeros((2, 4))), ValueError, "XA and XB must have the same number of columns"),
+    (refgeo.tv_bound, (-1.0,), ValueError, "d must be a Hilbert distance"),
+    (refgeo.ce_bound, (np.nan,), ValueError, "d must be a Hilbert distance"),
+]
+
+
+@pytest.mark.parametrize("fn,args,exc,msg", BAD_INPUT_CASES, ids=[f"{c[0].__name__}-{i}" for i, c in enumerate(BAD_INPUT_CASES)])
+def test_bad_input_is_rejected_with_clear_error(fn, args, exc, msg):
+    with pytest.raises(exc, match=re.escape(msg)):
+        fn(*args)
+
+
+def test_bad_keyword_arguments():
+    X = np.zeros((3, 4))
+    with pytest.raises(ValueError, match=re.escape("kind must be one of ('logits', 'probabilities'), got 'logit' instead.")):
+        refgeo.pdist_hilbert(X, kind="logit")
+    with pytest.raises(ValueError, match=re.escape("form must be one of")):
+        refgeo.pdist_hilbert(X, form="full")
+    with pytest.raises(ValueError, match=re.escape("tile_size == 0, must be >= 1.")):
+        refgeo.pdist_hilbert(X, tile_size=0)
+    with pytest.raises(TypeError, match="n_threads must be an integer"):
+        refgeo.pdist_hilbert(X, n_threads=1.5)
+    with pytest.raises(ValueError, match=re.escape("axis must be in [-1, 0] for a 1-D array, got 3 instead.")):
+        refgeo.variation([1.0, 2.0], axis=3)
+
+
+def test_integer_inputs_are_converted_to_float64():
+    assert refgeo.variation(np.array([1, 5, 3])) == 4.0
+    assert refgeo.pdist_hilbert(np.array([[0, 0], [0, 3]])).dtype == np.float64
