@@ -24,6 +24,7 @@ __all__ = [
     "check_axis",
     "check_finite",
     "check_int",
+    "check_min_rows",
     "check_nonnegative",
     "check_choice",
     "check_real",
@@ -196,4 +197,13 @@ def check_same_trailing(a, b, names: tuple[str, str], what: str = "number of col
         raise ValueError(
             f"{names[0]} and {names[1]} must have the same {what}, got shapes "
             f"{tuple(a.shape)} and {tuple(b.shape)} instead."
+        )
+
+
+def check_min_rows(x, name: str, min_rows: int, shape_hint: str = "(V, d)") -> None:
+    """Raise ``ValueError`` unless the 2-D array ``x`` has at least ``min_rows`` rows."""
+    if x.shape[0] < min_rows:
+        raise ValueError(
+            f"{name} must have at least {min_rows} rows (shape {shape_hint}), "
+            f"got shape {tuple(x.shape)} instead."
         )
