@@ -28,20 +28,26 @@
 #define REFGEO_MULTIVERSION
 #endif
 
-typedef float refgeo_vf32 __attribute__((vector_size(64)));
-typedef int refgeo_vi32 __attribute__((vector_size(64)));
-typedef double refgeo_vf64 __attribute__((vector_size(64)));
-typedef long long refgeo_vi64 __attribute__((vector_size(64)));
+typedef float refgeo_vf32 __attribute__((vector_size(32)));
+typedef int refgeo_vi32 __attribute__((vector_size(32)));
+typedef double refgeo_vf64 __attribute__((vector_size(32)));
+typedef long long refgeo_vi64 __attribute__((vector_size(32)));
 
 #define REFGEO_DEFINE_TROP4(SUF, T, VT, VI)                                              \
 static inline VT refgeo_vload_##SUF(const T *p) {                                       \
     VT v; memcpy(&v, p, sizeof(v)); return v;                                            \
 }                                                                                        \
-static inline VT refgeo_vmax_##SUF(VT a, VT b) {                                         \
-    VI m = a > b; return (VT)(((VI)a & m) | ((VI)b & ~m));                               \
+/* Lane-wise select written as a loop: GCC's SLP vectoriser turns it into one     */     \
+/* (v)maxps/(v)minps, whose semantics (a > b ? a : b) it matches exactly.          */     \
+static inline __attribute__((always_inline)) VT refgeo_vmax_##SUF(VT a, VT b) {          \
+    VT r;                                                                                \
+    for (int l = 0; l < (int)(sizeof(VT) / sizeof(T)); l++) r[l] = a[l] > b[l] ? a[l] : b[l]; \
+    return r;                                                                            \
 }                                                                                        \
-static inline VT refgeo_vmin_##SUF(VT a, VT b) {                                         \
-    VI m = a < b; return (VT)(((VI)a & m) | ((VI)b & ~m));                               \
+static inline __attribute__((always_inline)) VT refgeo_vmin_##SUF(VT a, VT b) {          \
+    VT r;                                                                                \
+    for (int l = 0; l < (int)(sizeof(VT) / sizeof(T)); l++) r[l] = a[l] < b[l] ? a[l] : b[l]; \
+    return r;                                                                            \
 }                                                                                        \
 REFGEO_MULTIVERSION                                                                      \
 static void refgeo_trop4_##SUF(const T *a0, const T *a1, const T *a2, const T *a3,      \
