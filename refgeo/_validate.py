@@ -207,3 +207,18 @@ def check_min_rows(x, name: str, min_rows: int, shape_hint: str = "(V, d)") -> N
             f"{name} must have at least {min_rows} rows (shape {shape_hint}), "
             f"got shape {tuple(x.shape)} instead."
         )
+
+
+def check_same_shape(a, b, names: tuple[str, str]) -> None:
+    """Raise ``ValueError`` unless ``a`` and ``b`` have the same shape."""
+    if tuple(a.shape) != tuple(b.shape):
+        raise ValueError(
+            f"{names[0]} and {names[1]} must have the same shape, got shapes "
+            f"{tuple(a.shape)} and {tuple(b.shape)} instead."
+        )
+
+
+def check_callable(value: Any, name: str) -> None:
+    """Raise ``TypeError`` unless ``value`` is callable."""
+    if not callable(value):
+        raise TypeError(f"{name} must be callable, got {type(value).__name__} instead.")
