@@ -522,22 +522,15 @@ def pdist_hilbert(
 
 
 def _squareform(condensed, n):
+    """Symmetric (n, n) matrix from a condensed vector, in the vector's namespace."""
     xp = array_namespace(condensed)
-    if is_numpy_array(condensed):
-        M = np.zeros((n, n), dtype=np.float64)
-        iu = np.triu_indices(n, k=1)
-        M[iu] = condensed
-        return M + M.T
-    rows = []
-    pos = 0
-    vals = [float(v) for v in condensed]
-    full = [[0.0] * n for _ in range(n)]
-    for i in range(n):
-        for j in range(i + 1, n):
-            full[i][j] = full[j][i] = vals[pos]
-            pos += 1
-    del rows
-    return xp.asarray(full, dtype=xp.float64)
+    # Gather index of every (i, j) into [condensed..., 0]; the diagonal reads the 0.
+    i, j = np.meshgrid(np.arange(n), np.arange(n), indexing="ij")
+    a, b = np.minimum(i, j), np.maximum(i, j)
+    idx = np.where(a == b, n * (n - 1) // 2, n * a - a * (a + 1) // 2 + b - a - 1)
+    padded = xp.concat([condensed, xp.zeros((1,), dtype=condensed.dtype)])
+    flat = xp.take(padded, xp.asarray(idx.reshape(-1)), axis=0)
+    return xp.reshape(flat, (n, n))
 
 
 def cdist_hilbert(

@@ -183,3 +183,10 @@ def test_subnormals_survive_import():
     )
     out = _run(code)
     assert out.stdout.strip() == "True True True", out.stderr
+
+
+def test_square_form_on_array_api_strict():
+    xps = pytest.importorskip("array_api_strict")
+    Z = np.random.default_rng(5).standard_normal((4, 6))
+    got = refgeo.pdist_hilbert(xps.asarray(Z), form="square")
+    np.testing.assert_array_equal(np.asarray(got), refgeo.pdist_hilbert(Z, form="square"))
