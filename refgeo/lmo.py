@@ -893,6 +893,7 @@ class _ADMM:
     def _set_working_set(self, E):
         self.E = E
         self.B = _incidence(E, self.V)
+        self.BT = self.B.T.tocsr()
         self.lin = _LaplacianSolver(self.B, self.V, _DENSE_LIMIT)
         self.rho = _RHO_FACTOR * len(E)
 
@@ -922,7 +923,7 @@ class _ADMM:
     def _step(self):
         B, H = self.B, self.H
         V0 = self.W - self.U
-        rhs = B.T @ V0 - H
+        rhs = self.BT @ V0 - H
         self.zeta = self.lin.solve(rhs, self.zeta, self.cg_tol)
         self.zeta -= self.zeta.mean(axis=0, keepdims=True)
         self.Y = V0 - B @ self.zeta
@@ -944,7 +945,7 @@ class _ADMM:
 
     def _flow_upper(self):
         """Flow cost + residual bound, in the scaled reduced coordinates (estimate)."""
-        R = self.H - self.B.T @ self.Y
+        R = self.H - self.BT @ self.Y
         R -= R.mean(axis=0, keepdims=True)
         cost = float(np.sum(np.sqrt(np.einsum("ij,ij->i", self.Y, self.Y))))
         return cost + _upper_bound_cheap(R)
