@@ -276,6 +276,98 @@ def test_wrong_shape_and_nan_are_reported():
     assert "nan" in err.reason
 
 
+# --------------------------------------------------------------------------- LMO and optimizer
+
+
+def _rn(B, eps=0.0):
+    n = np.sqrt((B * B).sum(axis=1, keepdims=True)) + eps
+    return np.where(n > 0, B / np.where(n > 0, n, 1.0), 0.0)
+
+
+def rownorm_numpy(W0, grads, *, lr, mu, eps, bias_correction=True, eps_inside_sqrt=False, dtype=None):
+    """A user's RowNorm loop; ``dtype`` = working precision (default: float64)."""
+    dt = np.dtype(dtype or np.float64)
+    W = np.array(W0, copy=True)
+    B = np.zeros(W.shape, dtype=dt)
+    out = []
+    for t, g in enumerate(np.asarray(grads), start=1):
+        B = dt.type(mu) * B + dt.type(1 - mu) * g.astype(dt)
+        Bh = B / dt.type(1 - mu**t) if bias_correction else B
+        if eps_inside_sqrt:
+            n = np.sqrt((Bh * Bh).sum(axis=1, keepdims=True) + dt.type(eps))
+            S = np.where(n > 0, Bh / np.where(n > 0, n, 1), 0)
+        else:
+            S = _rn(Bh, dt.type(eps))
+        W = W - (lr * S).astype(W.dtype)
+        out.append(W.copy())
+    return np.stack(out)
+
+
+def refgeo_rownorm(W0, grads, *, lr, mu, eps):
+    W = np.array(W0, copy=True)
+    opt = refgeo.RowNorm(lr=lr, mu=mu, eps=eps)
+    return [opt.step(W, g).copy() for g in grads]
+
+
+def projected_rownorm_numpy(G, *, eta, inner=True, outer=True):
+    G = np.asarray(G, dtype=np.float64)
+    N = _rn(G - G.mean(axis=0) if inner else G)
+    return -(eta / 2) * (N - N.mean(axis=0) if outer else N)
+
+
+def test_lmo_and_optimizer_fast_paths_pass():
+    check_against_reference(lambda G, eta: refgeo.projected_rownorm(G, eta=eta), "projected_rownorm", max_examples=N)
+    check_against_reference(refgeo_rownorm, "rownorm_step", max_examples=N)
+
+
+def test_correct_user_rownorm_kernels_pass():
+    check_against_reference(projected_rownorm_numpy, "projected_rownorm", max_examples=N)
+    check_against_reference(rownorm_numpy, "rownorm_step", max_examples=N)
+    # Working in float32 throughout is inside the tolerance for float32 parameters.
+    check_against_reference(lambda W0, g, **kw: rownorm_numpy(W0, g, dtype=np.float32, **kw), "rownorm_step",
+                            strategy=_rownorm_cases("float32"), max_examples=N)
+
+
+def _rownorm_cases(dtype):
+    @st.composite
+    def cases(draw):
+        grads = draw(rst.gradient_sequences(dtypes=dtype))
+        W0 = draw(rst.row_clouds(n_rows=grads.shape[1], n_cols=grads.shape[2], dtypes=dtype, layouts="C"))
+        kw = {"lr": 0.02, "mu": 0.95, "eps": 1e-8}
+        return rt.Case(args=(W0, grads), names=("W0", "grads"), kwargs=kw)
+
+    return cases()
+
+
+def test_catches_rownorm_without_bias_correction():
+    err = _caught(lambda W0, g, **kw: rownorm_numpy(W0, g, bias_correction=False, **kw), "rownorm_step")
+    assert err.reason.startswith("step ")
+    # Also in float32, where eps only matters for small gradients.
+    _caught(lambda W0, g, **kw: rownorm_numpy(W0, g, bias_correction=False, dtype=np.float32, **kw),
+            "rownorm_step", strategy=_rownorm_cases("float32"))
+
+
+def test_catches_rownorm_eps_inside_the_square_root():
+    _caught(lambda W0, g, **kw: rownorm_numpy(W0, g, eps_inside_sqrt=True, **kw), "rownorm_step")
+
+
+@pytest.mark.parametrize("inner, outer", [(False, True), (True, False)], ids=["no_inner_P", "no_outer_P"])
+def test_catches_projected_rownorm_without_centring(inner, outer):
+    _caught(lambda G, eta: projected_rownorm_numpy(G, eta=eta, inner=inner, outer=outer), "projected_rownorm")
+
+
+@settings(max_examples=40)
+@given(rst.gradient_sequences(), st.sampled_from([0.02, 1.0]), st.sampled_from([0.95, 0.5]),
+       st.sampled_from([1e-8, 0.0]))
+def test_spec_rownorm_reference_agrees_with_refgeo_optim(grads, lr, mu, eps):
+    # The kit's SPEC §3 transcription and refgeo.optim.RowNorm are independent codes.
+    W0 = np.linspace(-1, 1, grads.shape[1] * grads.shape[2]).reshape(grads.shape[1:]).astype(grads.dtype)
+    spec = rt.rownorm_reference_steps(W0, grads, lr=lr, mu=mu, eps=eps)
+    ours = np.stack(refgeo_rownorm(W0, grads, lr=lr, mu=mu, eps=eps))
+    u = np.finfo(grads.dtype).eps
+    np.testing.assert_allclose(ours, spec, rtol=0, atol=8 * u * (1 + lr) * grads.shape[0])
+
+
 # --------------------------------------------------------------------------- the report
 
 
@@ -433,7 +525,8 @@ def test_convert_hands_the_candidate_other_arrays():
 def test_registry_lists_available_quantities():
     names = rt.reference_names()
     assert names == sorted(names)
-    for name in ("hilbert_distance_logits", "pdist_hilbert", "row_diameter", "closest_pair", "knn"):
+    for name in ("hilbert_distance_logits", "pdist_hilbert", "row_diameter", "closest_pair", "knn",
+                 "projected_rownorm", "rownorm_step"):
         assert name in names
         assert rt.signature(name).startswith("candidate(")
 

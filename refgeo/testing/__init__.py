@@ -23,6 +23,9 @@ refgeo").  It needs ``hypothesis`` (``pip install hypothesis``).
    assert_cdist_close
    assert_extreme_pair_close
    assert_knn_close
+   assert_projected_rownorm_close
+   assert_rownorm_steps_close
+   rownorm_reference_steps
    as_numpy
    ConformanceError
    strategies
@@ -50,6 +53,9 @@ from ._assertions import (
     assert_hilbert_logits_close,
     assert_knn_close,
     assert_pdist_close,
+    assert_projected_rownorm_close,
+    assert_rownorm_steps_close,
+    rownorm_reference_steps,
 )
 from ._conformance import Case, Reference, check_against_reference, reference_names, signature
 
@@ -64,8 +70,11 @@ __all__ = [
     "assert_hilbert_logits_close",
     "assert_knn_close",
     "assert_pdist_close",
+    "assert_projected_rownorm_close",
+    "assert_rownorm_steps_close",
     "check_against_reference",
     "reference_names",
+    "rownorm_reference_steps",
     "signature",
     "strategies",
 ]

@@ -36,6 +36,9 @@ __all__ = [
     "assert_hilbert_logits_close",
     "assert_knn_close",
     "assert_pdist_close",
+    "assert_projected_rownorm_close",
+    "assert_rownorm_steps_close",
+    "rownorm_reference_steps",
 ]
 
 _U64 = 2.0**-53
@@ -701,3 +704,224 @@ def assert_knn_close(
                     got=got,
                     tolerance=text,
                 )
+
+
+# --------------------------------------------------------------------------- LMO and optimizer
+
+
+def assert_projected_rownorm_close(
+    actual: Any, G: Any, /, *, eta: float = 1.0, rtol: float | None = None, atol: float | None = None
+) -> None:
+    """Assert ``actual`` equals ``refgeo.projected_rownorm(G, eta=eta)``.
+
+    Parameters
+    ----------
+    actual : array_like of shape (V, d)
+        The candidate's step :math:`-\\tfrac{\\eta}{2} P\\,\\mathrm{RN}(PG)`.
+    G : ndarray of shape (V, d)
+        The gradient given to the candidate.
+    eta : float, default=1.0
+        Diameter budget.
+    rtol, atol : float, default=None
+        Replace the default tolerance by ``atol + rtol * |expected|``.
+
+    Raises
+    ------
+    ConformanceError
+        On a wrong shape or an entry out of tolerance.
+
+    Notes
+    -----
+    Default tolerance (absolute, every entry): :math:`\\eta\\,(V + d + 6)\\,u_{in}`, the
+    rounding of a row normalisation (:math:`(d+3)u` relative on rows of norm 1) and of
+    the outer mean over V rows, in the input precision.  It assumes the centring
+    :math:`PG` is exact or harmless, as for gradients whose rows sum to zero exactly
+    (:func:`refgeo.testing.strategies.centred_gradients`); rows of ``PG`` at the
+    rounding level of the centring are ill-conditioned for any implementation.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from refgeo.testing import assert_projected_rownorm_close
+    >>> G = np.array([[2.0, 1.0], [-2.0, -1.0]])
+    >>> s = np.array([2.0, 1.0]) / np.sqrt(5.0)
+    >>> assert_projected_rownorm_close(np.array([-s, s]), G, eta=2.0)
+    """
+    import refgeo
+
+    G = np.asarray(G)
+    expected = np.asarray(_reference(refgeo.projected_rownorm, G, eta=eta), dtype=np.float64)
+    got = as_numpy(actual)
+    if rtol is None and atol is None:
+        V, d = G.shape
+        tol = float(eta) * (V + d + 6) * max(_unit_roundoff(G.dtype), _unit_roundoff(got.dtype))
+        text = f"eta (V + d + 6) u_in = {tol:.3g} per entry (V={V}, d={d}, {G.dtype} input)"
+    else:
+        tol, text = _user_tol(rtol, atol, expected), _user_tol_text(rtol, atol)
+    _compare_arrays(expected, got, tol, what="step entry", tol_text=text)
+
+
+def rownorm_reference_steps(
+    W0: Any, grads: Any, /, *, lr: float, mu: float = 0.95, eps: float = 1e-8, bias_correction: bool = True
+) -> np.ndarray:
+    """The RowNorm optimizer of SPEC §3, written out: parameters after each step.
+
+    Parameters
+    ----------
+    W0 : ndarray of shape (V, d)
+        Initial parameter (float32 or float64; updates are added in this dtype).
+    grads : ndarray of shape (T, V, d)
+        Gradients of steps 1..T.
+    lr, mu, eps : float
+        :math:`\\gamma`, :math:`\\mu`, :math:`\\varepsilon`.
+    bias_correction : bool, default=True
+        Divide the average by :math:`1 - \\mu^t` (False reproduces the classic bug).
+
+    Returns
+    -------
+    W : ndarray of shape (T, V, d)
+        ``W[t-1]`` is the parameter after step t, in the dtype of ``W0``.
+
+    Notes
+    -----
+    .. math::
+
+        B_t = \\mu B_{t-1} + (1-\\mu) G_t,\\quad \\hat B_t = \\frac{B_t}{1-\\mu^t},\\quad
+        W_t = W_{t-1} - \\gamma\\,\\mathrm{RN}_\\varepsilon(\\hat B_t),\\quad
+        \\mathrm{RN}_\\varepsilon(B)_i = \\frac{b_i}{\\lVert b_i \\rVert + \\varepsilon}
+
+    in float64 (the parameter is rounded to its dtype after each step), without the
+    optional outer centring, weight decay or gradient centring.  ``refgeo.RowNorm``
+    with ``center=True`` agrees whenever the gradients' rows sum to zero.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from refgeo.testing import rownorm_reference_steps
+    >>> W = rownorm_reference_steps(np.zeros((2, 2)), np.array([[[3.0, 4.0], [-3.0, -4.0]]]), lr=0.1, eps=0.0)
+    >>> W[0].round(12).tolist()
+    [[-0.06, -0.08], [0.06, 0.08]]
+    """
+    W = np.array(W0, copy=True)
+    G = np.asarray(grads, dtype=np.float64)
+    B = np.zeros(W.shape, dtype=np.float64)
+    out = []
+    for t in range(1, G.shape[0] + 1):
+        B = mu * B + (1.0 - mu) * G[t - 1]
+        Bh = B / (1.0 - mu**t) if bias_correction else B
+        n = np.sqrt((Bh * Bh).sum(axis=1, keepdims=True)) + eps
+        S = np.where(n > 0, Bh / np.where(n > 0, n, 1.0), 0.0)
+        W = W + (-lr * S).astype(W.dtype)
+        out.append(W.copy())
+    return np.stack(out)
+
+
+def _rownorm_oracle(W0, grads, lr, mu, eps):
+    """Parameters after each step from refgeo.optim.RowNorm (the SPEC reference if absent)."""
+    import refgeo
+
+    RowNorm = getattr(refgeo, "RowNorm", None)
+    if RowNorm is None:  # pragma: no cover - refgeo.optim always ships RowNorm now
+        return rownorm_reference_steps(W0, grads, lr=lr, mu=mu, eps=eps)
+    W = np.array(W0, copy=True, order="C")
+    opt = RowNorm(lr=lr, mu=mu, eps=eps)
+    out = []
+    for g in np.asarray(grads):
+        opt.step(W, g)
+        out.append(W.copy())
+    return np.stack(out)
+
+
+def assert_rownorm_steps_close(
+    actual: Any,
+    W0: Any,
+    grads: Any,
+    /,
+    *,
+    lr: float,
+    mu: float = 0.95,
+    eps: float = 1e-8,
+    rtol: float | None = None,
+    atol: float | None = None,
+) -> None:
+    """Assert a candidate RowNorm optimizer's parameters match ``refgeo.RowNorm``.
+
+    Parameters
+    ----------
+    actual : array_like of shape (T, V, d) or (V, d)
+        Parameters after each of the T steps, or only after the last.
+    W0 : ndarray of shape (V, d)
+        Initial parameter.
+    grads : ndarray of shape (T, V, d)
+        Gradients of the steps.
+    lr, mu, eps : float
+        Hyper-parameters of :class:`refgeo.RowNorm`.
+    rtol, atol : float, default=None
+        Replace the default tolerance by ``atol + rtol * |expected|``.
+
+    Raises
+    ------
+    ConformanceError
+        On a wrong shape or an entry out of tolerance (the first failing step is named).
+
+    Notes
+    -----
+    Default tolerance for row i after step t, with u the roundoff of the parameter
+    dtype, :math:`a_{s,i} = \\mu a_{s-1,i} + (1-\\mu)\\lVert g_{s,i} \\rVert` (the size of the
+    terms averaged into :math:`b_{s,i}`) and :math:`\\kappa_{s,i} = a_{s,i} / (\\lVert b_{s,i}
+    \\rVert + \\varepsilon\\,|1-\\mu^s|)`:
+
+    .. math:: \\sum_{s \\le t} 2\\gamma u\\,\\big((s + 4)\\kappa_{s,i} + d + 4\\big)
+              + 2 u\\, |W_{s}|_{i}
+
+    (momentum averaging and row normalisation in the parameter precision, and the
+    rounding of the parameter update, for the candidate and the oracle).  Missing bias
+    correction, a misplaced :math:`\\varepsilon` or a wrong momentum are far outside it
+    when rows are small enough for :math:`\\varepsilon` to matter.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from refgeo.testing import assert_rownorm_steps_close
+    >>> W0 = np.zeros((2, 2)); G = np.array([[[3.0, 4.0], [-3.0, -4.0]]])
+    >>> assert_rownorm_steps_close([[[-0.06, -0.08], [0.06, 0.08]]], W0, G, lr=0.1, eps=0.0)
+    """
+    W0 = np.asarray(W0)
+    grads = np.asarray(grads)
+    expected = _rownorm_oracle(W0, grads, lr, mu, eps).astype(np.float64)
+    got = as_numpy(actual)
+    if got.shape == W0.shape and grads.shape[0] >= 1:
+        expected, steps = expected[-1:], [grads.shape[0]]
+        got = got[None]
+    else:
+        steps = list(range(1, grads.shape[0] + 1))
+    if rtol is None and atol is None:
+        u = max(_unit_roundoff(W0.dtype), _unit_roundoff(grads.dtype))
+        d = W0.shape[1]
+        G64 = grads.astype(np.float64)
+        a = np.zeros(W0.shape[0])
+        b = np.zeros(W0.shape)
+        acc = np.zeros(W0.shape[0])
+        full = _rownorm_oracle(W0, grads, lr, mu, eps).astype(np.float64)
+        per_step = []
+        for s in range(1, grads.shape[0] + 1):
+            a = mu * a + (1 - mu) * np.linalg.norm(G64[s - 1], axis=1)
+            b = mu * b + (1 - mu) * G64[s - 1]
+            nb = np.linalg.norm(b, axis=1) + eps * abs(1 - mu**s)
+            kappa = np.where(a > 0, a / np.where(nb > 0, nb, np.inf), 0.0)
+            acc = acc + 2 * lr * u * ((s + 4) * kappa + d + 4)
+            per_step.append(acc[:, None] + 2 * u * np.abs(full[s - 1]) * s)
+        tol = np.stack([per_step[s - 1] for s in steps])
+        text = "sum over steps of 2 lr u ((s + 4) kappa + d + 4) + 2 u |W| (u of the parameter dtype; see Notes)"
+    else:
+        tol, text = _user_tol(rtol, atol, expected), _user_tol_text(rtol, atol)
+    try:
+        _compare_arrays(expected, got, tol, what="parameter", tol_text=text)
+    except ConformanceError as exc:
+        if got.shape == expected.shape and got.ndim == 3:
+            bad = ~(np.abs(got.astype(np.float64) - expected) <= tol)
+            first = int(np.argmax(bad.reshape(bad.shape[0], -1).any(axis=1)))
+            raise ConformanceError(
+                f"step {steps[first]}: {exc.reason}", expected=exc.expected, got=exc.got, tolerance=exc.tolerance
+            ) from None
+        raise

@@ -26,6 +26,8 @@ from ._assertions import (
     assert_hilbert_logits_close,
     assert_knn_close,
     assert_pdist_close,
+    assert_projected_rownorm_close,
+    assert_rownorm_steps_close,
 )
 
 __all__ = ["Case", "Reference", "check_against_reference", "reference_names", "signature"]
@@ -342,6 +344,72 @@ _register(
         compare=_cmp_knn,
         strategy=_knn_case,
         requires="knn",
+    )
+)
+
+
+def _cmp_projected_rownorm(got, expected, case, rtol, atol, tie_break):
+    assert_projected_rownorm_close(got, case.args[0], eta=case.kwargs["eta"], rtol=rtol, atol=atol)
+
+
+def _cmp_rownorm(got, expected, case, rtol, atol, tie_break):
+    if isinstance(got, (list, tuple)):
+        got = np.stack([as_numpy(w) for w in got])
+    assert_rownorm_steps_close(got, *case.args, rtol=rtol, atol=atol, **case.kwargs)
+
+
+@st.composite
+def _rownorm_lmo_case(draw):
+    G = draw(rst.centred_gradients(structures=("cross_entropy", "rank_one", "sparse")))
+    if draw(st.booleans()):
+        # A common row shift (on the same binary grid, so centring stays exact): the
+        # inner P of the formula must remove it.
+        G = G + G[:1]
+    return Case(args=(G,), names=("G",), kwargs={"eta": draw(st.sampled_from([1.0, 0.02, 3.0]))})
+
+
+@st.composite
+def _rownorm_step_case(draw):
+    grads = draw(rst.gradient_sequences())
+    W0 = draw(rst.row_clouds(n_rows=grads.shape[1], n_cols=grads.shape[2], dtypes=grads.dtype,
+                             structures=("generic",), layouts="C"))
+    kwargs = {
+        "lr": draw(st.sampled_from([0.02, 1e-3, 1.0])),
+        "mu": draw(st.sampled_from([0.95, 0.5])),
+        "eps": draw(st.sampled_from([1e-8, 1e-6, 0.0])),
+    }
+    return Case(args=(W0, grads), names=("W0", "grads"), kwargs=kwargs)
+
+
+def _rownorm_reference(W0, grads, *, lr, mu, eps):
+    from ._assertions import _rownorm_oracle
+
+    return _rownorm_oracle(W0, grads, lr, mu, eps)
+
+
+_register(
+    Reference(
+        name="projected_rownorm",
+        signature="candidate(G, eta=eta) -> S of shape (V, d): -(eta/2) P RN(P G)",
+        arg_names=("G",),
+        reference=_ref("projected_rownorm"),
+        compare=_cmp_projected_rownorm,
+        strategy=_rownorm_lmo_case,
+        requires="projected_rownorm",
+    )
+)
+_register(
+    Reference(
+        name="rownorm_step",
+        signature=(
+            "candidate(W0, grads, lr=lr, mu=mu, eps=eps) -> parameters after each step, shape (T, V, d) "
+            "(or after the last, (V, d)): RowNorm of SPEC §3 from W0 with grads[0], ..., grads[T-1]"
+        ),
+        arg_names=("W0", "grads"),
+        reference=_rownorm_reference,
+        compare=_cmp_rownorm,
+        strategy=_rownorm_step_case,
+        requires="RowNorm",
     )
 )
 

@@ -591,13 +591,24 @@ def gradient_sequences(
     n_rows: int | tuple[int, int] = (2, 8),
     n_cols: int | tuple[int, int] = (1, 4),
     dtypes: Any = _FLOAT_DTYPES,
-    structures: Sequence[str] = GRADIENT_STRUCTURES,
+    structures: Sequence[str] = ("cross_entropy", "rank_one", "sparse"),
+    scales: Sequence[float] = (1.0, 2.0**-20, 2.0**-27, 2.0**-30),
 ) -> np.ndarray:
     """A sequence of T centred gradients, stacked in an array of shape (T, V, d).
 
-    Each step draws its own structure (see :func:`centred_gradients`), so one sequence
-    mixes, say, large cross-entropy steps with tiny ``"multiscale"`` rows for which the
-    ``eps`` of a RowNorm step and its bias correction matter.
+    Each step draws its own structure (see :func:`centred_gradients`) and its own
+    overall scale, so one sequence mixes, say, a large cross-entropy step with steps
+    of size 1e-9, for which the ``eps`` of a RowNorm step and its bias correction
+    matter.
+
+    Parameters
+    ----------
+    n_steps, n_rows, n_cols : int or (int, int), default=(1, 4), (2, 8), (1, 4)
+    dtypes : dtype or sequence of dtypes, default=(float64, float32)
+    structures : sequence of str, default=("cross_entropy", "rank_one", "sparse")
+        Structures of :func:`centred_gradients` (all of whose rows sum to exactly zero).
+    scales : sequence of float, default=(1, 2**-20, 2**-27, 2**-30)
+        Per-step scale factors; powers of two keep the rows' sums exactly zero.
 
     Returns
     -------
@@ -609,9 +620,16 @@ def gradient_sequences(
     cols = _size_range(n_cols, "n_cols", 1)
     dts = _dtypes(dtypes)
     structs = _choices(structures, "structures", GRADIENT_STRUCTURES)
+    scales = tuple(float(c) for c in scales)
+    if not scales or not all(c > 0 and math.isfinite(c) for c in scales):
+        raise ValueError(f"scales must be positive finite numbers, got {scales!r} instead.")
     t, v, d = _draw_size(draw, steps), _draw_size(draw, rows), _draw_size(draw, cols)
     dtype = draw(st.sampled_from(dts))
-    return np.stack([_gradient_values(draw, v, d, dtype, draw(st.sampled_from(structs))) for _ in range(t)])
+    out = []
+    for _ in range(t):
+        G = _gradient_values(draw, v, d, dtype, draw(st.sampled_from(structs)))
+        out.append(G * dtype.type(draw(st.sampled_from(scales))))
+    return np.stack(out)
 
 
 # --------------------------------------------------------------------------- hidden states
