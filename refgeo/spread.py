@@ -40,6 +40,7 @@ from .bounds import RatioBound, ratio_upper_bound
 __all__ = [
     "SpreadProgress",
     "SpreadResult",
+    "SpreadUpdate",
     "cross_polytope",
     "delsarte_goethals_code",
     "embed",
@@ -47,6 +48,7 @@ __all__ = [
     "orthogonal_simplices",
     "regular_simplex",
     "spread",
+    "spread_update",
 ]
 
 
@@ -823,8 +825,8 @@ def _smooth(
     V, d = X.shape
     X = X / np.linalg.norm(X, axis=1, keepdims=True)
     best_X, best_rho = X.copy(), -1.0
-    frac = 0.25  # fraction of the log-gap to the bound asked for in one round
-    lr = 1.0
+    frac = _FRAC0  # fraction of the log-gap to the bound asked for in one round
+    lr = 1e-2  # step: the largest rotation of a row, in radians
     steps = 0
     for r in range(max_rounds + 1):
         near, far = _near_far(X, k)
@@ -845,6 +847,7 @@ def _smooth(
         b = 1.0 - (1.0 - M) * math.exp(t / 2.0)
         a = 1.0 - (1.0 - mu) * math.exp(-t / 2.0)
         ok = False
+        lr = max(lr, 1e-4)
         for _ in range(inner):
             if clock.left() <= 0:
                 break
@@ -859,7 +862,8 @@ def _smooth(
             ).tocsr()
             G = W @ X + W.T @ X
             G -= np.sum(G * X, axis=1, keepdims=True) * X
-            while lr > 1e-12:
+            G /= max(float(np.sqrt(np.max(np.einsum("ij,ij->i", G, G)))), 1e-300)  # lr = largest angle
+            while lr > 1e-9:
                 Xn = X - lr * G
                 Xn /= np.linalg.norm(Xn, axis=1, keepdims=True)
                 ipn_n = _rowdot(Xn, In, Jn)
@@ -868,7 +872,7 @@ def _smooth(
                 vf2 = np.maximum(a - ipf_n, 0.0)
                 if float(vn2 @ vn2 + vf2 @ vf2) < pen:
                     X, ipn, ipf = Xn, ipn_n, ipf_n
-                    lr *= 1.5
+                    lr = min(lr * 1.5, 0.5)
                     break
                 lr *= 0.5
             steps += 1
@@ -917,6 +921,8 @@ def _engine_is_compiled(X: np.ndarray) -> bool:
 _INITS = ("auto", "construction", "random")
 _METHODS = ("auto", "epigraph", "smooth", "construction")
 _SMALL_V = 50
+_FRAC0 = 0.25
+_INNER = 50
 
 
 def spread(
@@ -1101,7 +1107,7 @@ def spread(
         rho0 = start_rho
         if user_X is None and best_c is not None:
             X = X + 1e-6 * rng.standard_normal(X.shape)  # break the ties of the construction
-        X, rho, n_iter = _smooth(X, k=k, clock=opt_clock, max_rounds=max_rounds, inner=50,
+        X, rho, n_iter = _smooth(X, k=k, clock=opt_clock, max_rounds=max_rounds, inner=_INNER,
                                  target=bound.value, report=lambda r, rho: report("round", r, rho))
         if rho0 is not None and rho <= rho0:
             X, modified = X0, False  # the iteration did not beat the construction
@@ -1201,6 +1207,234 @@ def _multistart(X_first, V, d, *, n_starts, rng, clock, bound, report):
         if report("start", s, best_rho) or best_rho >= bound * (1.0 - 1e-12):
             break
     return best_X, done
+
+
+# =========================================================================== gradient-coupled
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class SpreadUpdate:
+    r"""The gradient-coupled spread step and its trade-off curve (SPEC §4, v1 form).
+
+    Attributes
+    ----------
+    update : ndarray of shape (V, d)
+        The chosen step S (float64, read-only): :math:`D(S) \le \eta` (certified),
+        :math:`\mathbf{1}^T S = 0`, decrease at least ``target_decrease``.
+    decrease : float
+        :math:`-\langle G, S \rangle`.
+    min_dist, diameter, ratio : float
+        Certified :math:`m(S)`, :math:`D(S)` and :math:`m/D`.
+    target_decrease : float
+        :math:`(1 - \varepsilon)` times the exact LMO's decrease.
+    eps : float
+        The tolerated fraction of lost decrease.
+    rownorm_decrease, rownorm_min_dist : float
+        Decrease and :math:`m` of projected RowNorm (:func:`refgeo.projected_rownorm`).
+    lmo_decrease, lmo_min_dist : float
+        Decrease and :math:`m` of the exact LMO step (:func:`refgeo.diameter_lmo`).
+    lmo_upper_bound : float
+        :math:`\eta` times the certified upper bound on the tension: no step with
+        :math:`D \le \eta` decreases more.
+    spread_min_dist : float
+        :math:`m` of the spread configuration alone (the largest possible at this
+        budget, up to the solver): the other end of the curve.
+    curve_t : ndarray of shape (n,)
+        Interpolation parameter of each curve point (0: exact LMO, 1: aligned spread
+        configuration).
+    curve_decrease, curve_min_dist : ndarray of shape (n,)
+        The trade-off curve: decrease and certified :math:`m` of each point, every point
+        rescaled to :math:`D = \eta`.
+    """
+
+    update: np.ndarray
+    decrease: float
+    min_dist: float
+    diameter: float
+    ratio: float
+    target_decrease: float
+    eps: float
+    rownorm_decrease: float
+    rownorm_min_dist: float
+    lmo_decrease: float
+    lmo_min_dist: float
+    lmo_upper_bound: float
+    spread_min_dist: float
+    curve_t: np.ndarray
+    curve_decrease: np.ndarray
+    curve_min_dist: np.ndarray
+
+
+def _align(X: np.ndarray, G: np.ndarray, n_rounds: int = 5) -> np.ndarray:
+    """Rotate (Procrustes) and re-assign the rows of X to maximise <-G, X>."""
+    from scipy.optimize import linear_sum_assignment
+
+    V = X.shape[0]
+    Y = X
+    best = Y
+    best_val = -math.inf
+    for _ in range(n_rounds):
+        U, _, Wt = np.linalg.svd(Y.T @ (-G), full_matrices=False)
+        Y = Y @ (U @ Wt)  # best rotation for the current assignment
+        if V <= 2000:
+            r, c = linear_sum_assignment(-((-G) @ Y.T))  # row i of G gets row c[i] of Y
+            Y = Y[c[np.argsort(r)]]
+        val = float(np.sum(-G * Y))
+        if val <= best_val + 1e-12 * abs(best_val):
+            break
+        best, best_val = Y, val
+    return best
+
+
+def _scaled_step(S: np.ndarray, eta: float):
+    """Centre S and scale it to a certified diameter eta; return (S, D, m)."""
+    from .rows import closest_pair, row_diameter
+
+    S = S - S.mean(axis=0)
+    D = row_diameter(S).value
+    if D == 0.0:
+        return S, 0.0, 0.0
+    S = S * (eta / D)
+    return S, row_diameter(S).value, closest_pair(S).value
+
+
+def spread_update(
+    G: Any,
+    /,
+    *,
+    eta: float = 1.0,
+    eps: float = 0.05,
+    n_points: int = 9,
+    seed: int | None = None,
+    lmo_rtol: float = 1e-4,
+    max_time: float | None = None,
+) -> SpreadUpdate:
+    r"""Gradient-coupled max-min step: keep most of the best decrease, spread the rows.
+
+    Parameters
+    ----------
+    G : array_like of shape (V, d)
+        Gradient of the head weight (centred internally: :math:`\mathbf{1}^T S = 0`
+        makes the mean row irrelevant).
+    eta : float, default=1.0
+        Diameter budget.
+    eps : float, default=0.05
+        Fraction of the exact LMO's decrease that may be given up, ``0 <= eps <= 1``.
+    n_points : int, default=9
+        Points of the trade-off curve (``>= 2``).
+    seed : int, default=None
+        Seed of :func:`spread` (small V).
+    lmo_rtol : float, default=1e-4
+        ``rtol`` of :func:`refgeo.diameter_lmo`.
+    max_time : float, default=None
+        Time budget of the inner :func:`spread` call.
+
+    Returns
+    -------
+    step : SpreadUpdate
+        The update, its certified :math:`m`, :math:`D`, decrease, the RowNorm and
+        exact-LMO reference points and the trade-off curve.
+
+    Notes
+    -----
+    .. math:: \max_S \; m(S) \quad \text{s.t.} \quad D(S) \le \eta,\;
+              \mathbf{1}^T S = 0,\; -\langle G, S \rangle \ge (1 - \varepsilon)\,
+              \eta\,\underline{T}(G)
+
+    with :math:`\eta\,\underline{T}(G)` the decrease of the exact LMO step
+    :math:`S_*` (certified within ``lmo_rtol`` of optimal).  The curve joins
+    :math:`S_*` (largest decrease, :math:`m` often 0: tied rows) to the spread
+    configuration :math:`X` of :func:`spread` (largest :math:`m`), rotated by
+    Procrustes and re-assigned to the rows of :math:`-G` (Hungarian algorithm for
+    :math:`V \le 2000`) to maximise its own decrease: :math:`S_t \propto (1-t) S_* + t X`,
+    each point centred and rescaled to :math:`D = \eta`.  The step is the curve point of
+    largest :math:`m` meeting the decrease constraint (:math:`S_*` itself when no other
+    does).  Time: one LMO solve, one spread solve, :math:`2 n` certified extreme-pair
+    computations (:math:`O(V^2 d)` each).  Equivariant under row permutations and
+    orthogonal maps of ``G`` (up to the solver's tie breaking).
+
+    References
+    ----------
+    .. [1] LM-head update geometry, arXiv:2608.22253 (v1: the max-min update; v2:
+       the exact LMO and RowNorm).
+
+    Examples
+    --------
+    >>> import numpy as np, refgeo
+    >>> G = np.array([[1.0, 0.0], [-1.0, 0.0], [0.0, 1.0], [0.0, -1.0]])
+    >>> st = refgeo.spread_update(G, eta=2.0, eps=0.0, seed=0)
+    >>> round(st.decrease, 9), round(st.lmo_decrease, 9), round(st.ratio, 9)
+    (4.0, 4.0, 0.707106781)
+    """
+    from .lmo import diameter_lmo, projected_rownorm
+    from .rows import closest_pair
+
+    G = as_float_array(G, "G", ndim=2, shape_hint="2-D array of shape (V, d)")
+    G = np.array(G, dtype=np.float64)
+    V, d = G.shape
+    if V < 2:
+        raise ValueError(f"G must have at least 2 rows, got shape {G.shape} instead.")
+    eta = check_real(eta, "eta", min_value=0.0, strict=True)
+    eps = check_real(eps, "eps", min_value=0.0)
+    if eps > 1.0:
+        raise ValueError(f"eps == {eps}, must be <= 1.")
+    n_points = check_int(n_points, "n_points", min_value=2)
+    Gc = G - G.mean(axis=0)
+
+    rn = np.asarray(projected_rownorm(Gc, eta=eta), dtype=np.float64)
+    rn_dec = float(-np.sum(Gc * rn))
+    rn_m = closest_pair(rn).value
+    lmo = diameter_lmo(Gc, eta=eta, rtol=lmo_rtol)
+    S_star = np.asarray(lmo.update, dtype=np.float64)
+    lmo_dec = float(lmo.decrease)
+    lmo_m = closest_pair(S_star).value
+    target = (1.0 - eps) * lmo_dec
+
+    X = np.array(spread(V, d, eta=eta, seed=seed, max_time=max_time, certify=False).points)
+    if np.any(Gc):
+        X = _align(X, Gc)
+
+    ts = np.linspace(0.0, 1.0, n_points)
+    steps, decs, ms, Ds = [], [], [], []
+    for t in ts:
+        S, D, m = _scaled_step((1.0 - t) * S_star + t * X, eta)
+        if D == 0.0:  # pragma: no cover - only if S_* and X cancel exactly
+            S, D, m = S_star, _row_diameter_value(S_star), lmo_m
+        steps.append(S)
+        decs.append(float(-np.sum(Gc * S)))
+        ms.append(m)
+        Ds.append(D)
+    ok = [i for i in range(n_points) if decs[i] >= target]
+    if ok:
+        pick = max(ok, key=lambda i: (ms[i], decs[i]))
+        S, dec, m, D = steps[pick], decs[pick], ms[pick], Ds[pick]
+    else:  # pragma: no cover - t = 0 is S_* rescaled up to D = eta, so it always qualifies
+        S, dec, m, D = S_star, lmo_dec, lmo_m, _row_diameter_value(S_star)
+    S = np.array(S)
+    return SpreadUpdate(
+        update=_readonly(S),
+        decrease=dec,
+        min_dist=m,
+        diameter=D,
+        ratio=m / D if D > 0 else 0.0,
+        target_decrease=target,
+        eps=eps,
+        rownorm_decrease=rn_dec,
+        rownorm_min_dist=rn_m,
+        lmo_decrease=lmo_dec,
+        lmo_min_dist=lmo_m,
+        lmo_upper_bound=eta * float(lmo.upper_bound),
+        spread_min_dist=ms[-1],
+        curve_t=_readonly(ts),
+        curve_decrease=_readonly(np.array(decs)),
+        curve_min_dist=_readonly(np.array(ms)),
+    )
+
+
+def _row_diameter_value(S: np.ndarray) -> float:
+    from .rows import row_diameter
+
+    return row_diameter(S).value
 
 
 # ``refgeo/__init__.py`` star-imports this module and then reads ``spread.__all__``,
