@@ -59,6 +59,11 @@ from ._assertions import (
 )
 from ._conformance import Case, Reference, check_against_reference, reference_names, signature
 
+# Reported as ``refgeo.testing.ConformanceError`` in tracebacks (where users import it from).
+for _cls in (Case, ConformanceError, Reference):
+    _cls.__module__ = __name__
+del _cls
+
 __all__ = [
     "Case",
     "ConformanceError",

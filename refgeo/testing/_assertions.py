@@ -461,10 +461,9 @@ def _distance_floor(d: int, in_dtype) -> float:
 
 def _distance_tol_text(d: int, in_dtype) -> str:
     return (
-        f"relative {_distance_rtol(d, in_dtype):.3g} = 2 gamma_(d+3)(u_in) + gamma_(d+3)(u_64) with d={d}, "
-        f"{np.dtype(in_dtype)} input, plus the underflow floor sqrt((d+1) tiny_in) = "
-        f"{_distance_floor(d, in_dtype):.3g} (direct differences or a centred Gram identity in the input "
-        "precision, against the float64-refined reference)"
+        f"|got - expected| <= {_distance_rtol(d, in_dtype):.3g} * expected + {_distance_floor(d, in_dtype):.3g} "
+        f"(relative 2 gamma_(d+3)(u_in) + gamma_(d+3)(u_64) for d={d}, {np.dtype(in_dtype)} input; "
+        "absolute: the underflow floor sqrt((d+1) tiny_in))"
     )
 
 

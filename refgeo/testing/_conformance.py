@@ -127,11 +127,11 @@ def reference_names() -> list[str]:
 def _cases(strategy, names: tuple, **kwargs):
     """Wrap a strategy of one array (or a tuple of arrays) into a strategy of Cases."""
 
-    def build(value):
+    def as_case(value):
         args = value if isinstance(value, tuple) else (value,)
         return Case(args=args, names=names, kwargs=dict(kwargs))
 
-    return strategy.map(build)
+    return strategy.map(as_case)
 
 
 # --------------------------------------------------------------------------- results
@@ -430,6 +430,7 @@ def _snapshot(args):
 
 
 def _run_one(entry: Reference, candidate, case: Case, convert, rtol, atol, tie_break) -> None:
+    __tracebackhide__ = True  # pytest: show the report, not the kit's frames
     import refgeo
 
     with refgeo.use_backend("reference"):
@@ -519,6 +520,7 @@ def check_against_reference(
     ...     return d.max(axis=-1) - d.min(axis=-1)
     >>> check_against_reference(my_logit_distance, "hilbert_distance_logits", max_examples=20)
     """
+    __tracebackhide__ = True
     entry = _entry(name)
     if not callable(candidate):
         raise TypeError(f"candidate must be callable, got {type(candidate).__name__} instead.")
@@ -541,6 +543,7 @@ def check_against_reference(
     @run_settings
     @given(cases)
     def conformance(case):
+        __tracebackhide__ = True
         _run_one(entry, candidate, _coerce_case(case, entry), convert, rtol, atol, tie_break)
 
     conformance.__qualname__ = f"check_against_reference[{name}]"
