@@ -113,18 +113,22 @@ def fit_linear(X, Y, nbr, w, lam, identity_prior, rank, chunk, return_maps=False
     maps = np.empty((n, d, d), dtype=np.float64) if return_maps else None
     rcond = _RCOND_SCALE * max(k, d) * _EPS
     sw = np.sqrt(w)
+    weighted = not np.all(w == 1.0)
+    # reused panel buffers: no fresh (chunk, k, d) allocation per chunk
+    bufX = np.empty((min(chunk, n) * k, d))
+    bufR = np.empty((min(chunk, n) * k, d))
     for s in range(0, n, chunk):
         e = min(n, s + chunk)
+        b = e - s
         idx = nbr[s:e]
-        ws = sw[s:e, :, None]
-        Xn = X[idx]
-        Rt = Y[idx]
+        Xt = np.take(X, idx.ravel(), axis=0, out=bufX[: b * k], mode="clip").reshape(b, k, d)
+        Rt = np.take(Y, idx.ravel(), axis=0, out=bufR[: b * k], mode="clip").reshape(b, k, d)
         if identity_prior:
-            Rt -= Xn
-        Rt *= ws
-        Xt = Xn
-        Xt *= ws
-        del Xn
+            Rt -= Xt
+        if weighted:
+            ws = sw[s:e, :, None]
+            Rt *= ws
+            Xt *= ws
         xi = X[s:e]
         K = Xt @ Xt.swapaxes(1, 2)
         kap = np.einsum("bkd,bd->bk", Xt, xi)

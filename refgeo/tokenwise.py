@@ -496,6 +496,25 @@ def _validate_fit_options(n, d, k, cls, rank, ridge, prior, metric, standardize,
     return ridge, standardize, exclude_self
 
 
+def _dispatch_fit(X64, Y64, idx, w, cls, rank, ridge, ident, chunk, return_maps):
+    n, d = X64.shape
+    coef = maps = None
+    if cls in ("diagonal", "psd_diagonal"):
+        a0 = 1.0 if ident else 0.0
+        fitted, coef = _fit.fit_diagonal(X64, Y64, idx, w, ridge, a0, cls == "psd_diagonal", chunk)
+        if return_maps:
+            maps = np.zeros((n, d, d))
+            maps[:, np.arange(d), np.arange(d)] = coef
+    elif cls in ("lowrank", "full"):
+        fitted, maps = _fit.fit_linear(X64, Y64, idx, w, ridge, ident, rank, chunk, return_maps)
+    else:
+        fitted, sc, maps = _fit.fit_orthogonal(
+            X64, Y64, idx, w, ridge, ident, cls == "scaled_orthogonal", chunk, return_maps
+        )
+        coef = sc if cls == "scaled_orthogonal" else None
+    return fitted, coef, maps
+
+
 def _fit_local(X, Y, k, cls, rank, ridge, prior, metric, standardize, exclude_self, weights, neighbors,
                chunk_size, return_maps, stacklevel):
     n, d = X.shape
@@ -513,19 +532,8 @@ def _fit_local(X, Y, k, cls, rank, ridge, prior, metric, standardize, exclude_se
     chunk = chunk_size or _fit.default_chunk(k, d, n)
     ident = prior == "identity"
     coef = maps = None
-    if cls in ("diagonal", "psd_diagonal"):
-        a0 = 1.0 if ident else 0.0
-        fitted, coef = _fit.fit_diagonal(X64, Y64, idx, w, ridge, a0, cls == "psd_diagonal", chunk)
-        if return_maps:
-            maps = np.zeros((n, d, d))
-            maps[:, np.arange(d), np.arange(d)] = coef
-    elif cls in ("lowrank", "full"):
-        fitted, maps = _fit.fit_linear(X64, Y64, idx, w, ridge, ident, rank, chunk, return_maps)
-    else:
-        fitted, sc, maps = _fit.fit_orthogonal(
-            X64, Y64, idx, w, ridge, ident, cls == "scaled_orthogonal", chunk, return_maps
-        )
-        coef = sc if cls == "scaled_orthogonal" else None
+    with _one_blas_thread():  # many small batched GEMMs / eigh: threads only spin
+        fitted, coef, maps = _dispatch_fit(X64, Y64, idx, w, cls, rank, ridge, ident, chunk, return_maps)
     config = {
         "cls": cls,
         "k": int(k),
@@ -839,30 +847,62 @@ def _energy(num, den):
     return float(num / den) if den > 0 else math.nan
 
 
+def _one_blas_thread():
+    """Dense LAPACK factorisations (eigh, svd) run with one BLAS thread: their
+    level-2 parts do not scale, and on a loaded machine threaded OpenBLAS can be tens of
+    times slower than one thread.  GEMMs outside this context keep every thread."""
+    global _CONTROLLER
+    if _CONTROLLER is None:
+        import scipy.linalg  # noqa: F401  (load SciPy's BLAS before the scan)
+        from threadpoolctl import ThreadpoolController
+
+        _CONTROLLER = ThreadpoolController()
+    return _CONTROLLER.limit(limits=1, user_api="blas")
+
+
+_CONTROLLER = None
+
+
+def _sym_pinv_solve(G, B):
+    """``G^+ B`` for a symmetric PSD ``G`` (eigenvalues below ``d eps`` relative dropped)."""
+    with _one_blas_thread():
+        mu, E = np.linalg.eigh(G)
+    tol = G.shape[0] * _fit._EPS * max(float(mu[-1]), 0.0)
+    keep = mu > tol
+    inv = np.where(keep, 1.0 / np.where(keep, mu, 1.0), 0.0)
+    return E @ (inv[:, None] * (E.T @ B))
+
+
 def _global_baselines(X, Y, mask_fit, mask_eval, dnorm2, ridge, identity_prior):
-    """Global ridge linear map and global scaled Procrustes (fitted on ``mask_fit``)."""
+    """Global ridge linear map and global scaled Procrustes (fitted on ``mask_fit``).
+
+    Linear: normal equations ``(X^T X + lam I) D^T = X^T R`` with ``R = Y - X A_0^T``
+    (pseudo-inverse when ``lam = 0``: the minimum-norm least-squares map).
+    Procrustes: ``s Q`` with ``Q = polar(Y^T X)``, ``s = ||Y^T X||_* / ||X||_F^2``.
+    """
     d = X.shape[1]
-    Xf, Yf = X[mask_fit], Y[mask_fit]
+    Xf = X if mask_fit.all() else X[mask_fit]
+    Yf = Y if mask_fit.all() else Y[mask_fit]
     out = []
-    # linear: min sum ||y - A x||^2 + lam ||A - A0||^2
-    A0 = np.eye(d) if identity_prior else np.zeros((d, d))
+    G = Xf.T @ Xf
+    M = Yf.T @ Xf  # sum_i y_i x_i^T
+    B = M.T - G if identity_prior else M.T  # X^T R
     if ridge > 0:
-        G = Xf.T @ Xf + ridge * np.eye(d)
-        AT = np.linalg.solve(G, Xf.T @ Yf + ridge * A0.T)
+        import scipy.linalg
+
+        with _one_blas_thread():
+            DT = scipy.linalg.solve(G + ridge * np.eye(d), B, assume_a="pos")
     else:
-        R = Yf - Xf @ A0.T
-        DT, *_ = np.linalg.lstsq(Xf, R, rcond=None)
-        AT = A0.T + DT
-    for kind, AT_ in (("linear", AT), ("procrustes", None)):
-        if kind == "procrustes":
-            M = Yf.T @ Xf
-            U, s, Vt = np.linalg.svd(M)
-            Q = U @ Vt
-            den = float(np.sum(Xf * Xf))
-            sc = float(np.sum(s)) / den if den > 0 else 1.0
-            AT_ = (sc * Q).T
+        DT = _sym_pinv_solve(G, B)
+    AT = DT + np.eye(d) if identity_prior else DT
+    with _one_blas_thread():
+        U, sv, Vt = np.linalg.svd(M)
+    den = float(np.trace(G))
+    sc = float(np.sum(sv)) / den if den > 0 else 1.0
+    for kind, AT_ in (("linear", AT), ("procrustes", (sc * (U @ Vt)).T)):
         res = Y - X @ AT_
         r2 = _rowdot(res, res)
+        del res
         rel = _ratio(np.sqrt(r2), np.sqrt(dnorm2))
         out.append(
             GlobalBaseline(
@@ -1007,7 +1047,8 @@ def decompose(
     G = te.T @ te
     if center_subspace:
         G -= te.shape[0] * np.outer(mean_t, mean_t)
-    evals, evecs = np.linalg.eigh(G)
+    with _one_blas_thread():
+        evals, evecs = np.linalg.eigh(G)
     U = np.ascontiguousarray(evecs[:, ::-1][:, :subspace_rank])
     sv = np.sqrt(np.maximum(evals[::-1][:subspace_rank], 0.0))
 
