@@ -39,40 +39,33 @@ def default_chunk(k: int, d: int, n: int) -> int:
 def fit_diagonal(X, Y, nbr, w, lam, a0, nonneg, chunk):
     """Coordinate-wise closed form ``a_c = (sum w x y + lam a0) / (sum w x^2 + lam)``.
 
-    The neighbour sums are sparse-matrix products (N x N with k entries per row) with
-    the dense (N, d) panels ``X*Y`` and ``X*X``, computed ``chunk`` rows at a time.  A
-    coordinate with a zero denominator (``lam = 0`` and all neighbours zero there) has
-    no information and takes the prior value ``a0``.  ``nonneg`` clips at 0, the exact
-    minimiser of the 1-D convex problem on ``a >= 0``.
+    The neighbour sums are products of the sparse N x N neighbour-weight matrix (k
+    entries per row) with the dense (N, d) panels ``X*Y`` and ``X*X``: O(N k d) time,
+    O(N d) extra memory, no (N, k, d) gather.  A coordinate with a zero denominator
+    (``lam = 0`` and all neighbours zero there) carries no information and takes the
+    prior value ``a0``.  ``nonneg`` clips at 0, the exact minimiser of the 1-D convex
+    problem on ``a >= 0``.
     """
     import scipy.sparse as sp
 
     n, d = X.shape
     k = nbr.shape[1]
-    coef = np.empty((n, d), dtype=np.float64)
-    rows_per = max(1, int(chunk) * 8)
-    for s in range(0, n, rows_per):
-        e = min(n, s + rows_per)
-        idx = nbr[s:e]
-        # columns touched by this block only, to keep the products small
-        cols, inv = np.unique(idx, return_inverse=True)
-        inv = inv.reshape(idx.shape)
-        m = sp.csr_matrix(
-            (w[s:e].ravel(), inv.ravel(), np.arange(0, (e - s) * k + 1, k)),
-            shape=(e - s, cols.size),
-        )
-        Xc = X[cols]
-        num = m @ (Xc * Y[cols])
-        den = m @ (Xc * Xc)
-        if lam:
-            num += lam * a0
-            den += lam
-        with np.errstate(divide="ignore", invalid="ignore"):
-            a = np.where(den > 0, num / np.where(den > 0, den, 1.0), a0)
-        if nonneg:
-            np.maximum(a, 0.0, out=a)
-        coef[s:e] = a
-    return X * coef, coef
+    S = sp.csr_matrix((w.ravel(), nbr.ravel(), np.arange(0, n * k + 1, k)), shape=(n, n))
+    P = np.multiply(X, Y)
+    num = S @ P
+    np.multiply(X, X, out=P)
+    den = S @ P
+    del P
+    if lam:
+        num += lam * a0
+        den += lam
+    pos = den > 0
+    np.divide(num, den, out=num, where=pos)
+    num[~pos] = a0
+    if nonneg:
+        np.maximum(num, 0.0, out=num)
+    np.multiply(X, num, out=den)
+    return den, num
 
 
 # ------------------------------------------------------- full ridge and low rank

@@ -900,8 +900,11 @@ def _global_baselines(X, Y, mask_fit, mask_eval, dnorm2, ridge, identity_prior):
     den = float(np.trace(G))
     sc = float(np.sum(sv)) / den if den > 0 else 1.0
     for kind, AT_ in (("linear", AT), ("procrustes", (sc * (U @ Vt)).T)):
-        res = Y - X @ AT_
-        r2 = _rowdot(res, res)
+        r2 = np.empty(X.shape[0])
+        for s in range(0, X.shape[0], 8192):  # O(8192 d) temporaries, not O(N d)
+            res = X[s : s + 8192] @ AT_
+            np.subtract(Y[s : s + 8192], res, out=res)
+            r2[s : s + 8192] = _rowdot(res, res)
         del res
         rel = _ratio(np.sqrt(r2), np.sqrt(dnorm2))
         out.append(
