@@ -4,8 +4,11 @@
 # for the HTML, to docs/_build/html (override with REFGEO_DOCS_OUT; REFGEO_SKIP_DOCS=1
 # or REFGEO_SKIP_BENCH=1 skips a step).
 #
-# 1. Sphinx, warnings as errors, run from outside the source tree so that `import refgeo`
-#    is the installed package (with its compiled extension), not the checkout.
+# 1. Sphinx, warnings as errors, fresh environment (-E: an incremental build would not
+#    re-report warnings of unchanged pages), run from outside the source tree so that
+#    `import refgeo` is the installed package (with its compiled extension), not the
+#    checkout; then the >>> examples of the prose pages, and a list of public docstrings
+#    without Examples or a formula (warnings).
 # 2. `asv check` and a quick run of every benchmark at the small (CI) sizes in the current
 #    environment: `--python=same` needs no git history, `--dry-run` saves no results, and
 #    asv exits non-zero when any benchmark fails.  asv's results/machine files go to a temp
@@ -22,7 +25,7 @@ DOCS_OUT="${REFGEO_DOCS_OUT:-$ROOT/docs/_build/html}"
 if [ "${REFGEO_SKIP_DOCS:-0}" != 1 ]; then
     echo "== docs: sphinx -W (output in $DOCS_OUT)"
     t0=$SECONDS
-    (cd "$TMP" && python -m sphinx -W --keep-going -q -b html "$ROOT/docs" "$DOCS_OUT")
+    (cd "$TMP" && python -m sphinx -E -W --keep-going -q -b html "$ROOT/docs" "$DOCS_OUT")
     echo "docs built in $((SECONDS - t0)) s"
     # The API reference shows docstrings as written: list public objects whose docstring
     # lacks an Examples section or a formula (a warning, for the module owners).
@@ -32,7 +35,8 @@ import refgeo
 missing = {}
 for name in refgeo.__all__:
     obj = getattr(refgeo, name)
-    if not (inspect.isfunction(obj) or inspect.isclass(obj)) or name == "__version__":
+    if not (inspect.isfunction(obj) or inspect.isclass(obj)) or name in {
+        "ExtensionUnavailableError", "get_backend", "show_config", "use_backend"}:
         continue
     doc = inspect.getdoc(obj) or ""
     lack = [what for what, ok in (("Examples", "Examples\n--------" in doc),
@@ -41,6 +45,39 @@ for name in refgeo.__all__:
         missing.setdefault(", ".join(lack), []).append(name)
 for lack, names in sorted(missing.items()):
     print(f"warning: docstring without {lack}: " + ", ".join(sorted(names)))
+PY
+    )
+    # The >>> examples of the prose pages run (pages whose refgeo functions are missing
+    # from this build are skipped, as the docs build skips them).
+    (cd "$TMP" && python - "$ROOT/docs" <<'PY'
+import doctest, glob, importlib, os, re, sys, warnings
+import numpy as np
+import refgeo
+
+docs = sys.argv[1]
+pages = [os.path.join(docs, "index.md"), os.path.join(docs, "which-function.md")]
+pages += sorted(glob.glob(os.path.join(docs, "tutorials", "*.md")))
+pages += sorted(glob.glob(os.path.join(docs, "theory", "*.md")))
+failed = 0
+for page in pages:
+    text = open(page).read()
+    req = re.search(r"\A---\n.*?refgeo_requires:\s*\[(.*?)\].*?\n---\n", text, re.S)
+    if req:
+        names = [r.strip() for r in req.group(1).split(",") if r.strip()]
+        def present(r):
+            mod, _, name = r.rpartition(".")
+            try:
+                return name in (importlib.import_module(f"refgeo.{mod}").__all__ or [])
+            except ImportError:
+                return False
+        if not all(present(r) for r in names):
+            continue
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        res = doctest.testfile(page, module_relative=False, globs={"np": np, "refgeo": refgeo},
+                               optionflags=doctest.ELLIPSIS | doctest.NORMALIZE_WHITESPACE)
+    failed += res.failed
+sys.exit(1 if failed else 0)
 PY
     )
 fi
