@@ -10,7 +10,9 @@ Conventions (see ../shared/STYLE.md §11):
   parameters, and the last parameter of every class is ``RUNTIME``, a one-value list whose
   value names the BLAS libraries and their thread counts and the OpenMP threads
   (``"openblas 0.3.30 x2 [scipy]; ..."``), so it is stored with each result in asv's
-  results files; use ``with_runtime(params, names)`` to append it.  ``environment()``
+  results files; decorate the class with ``@records_runtime`` (it appends the parameter
+  and lets the methods keep their own signatures), or append it by hand with
+  ``with_runtime(params, names)``.  ``environment()``
   also prints the full details (with refgeo's config) to the benchmark's stderr; call it
   from ``setup``.
 - speed ratios against a baseline are measured in the same process with ``best_time``
@@ -19,6 +21,7 @@ Conventions (see ../shared/STYLE.md §11):
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import sys
@@ -75,8 +78,43 @@ RUNTIME = [runtime_label()]
 
 
 def with_runtime(params, param_names):
-    """Append the ``runtime`` parameter: ``params, param_names = with_runtime(...)``."""
+    """Append the ``runtime`` parameter: ``params, param_names = with_runtime(...)``.
+
+    The benchmark methods then take ``runtime`` as their last argument; see
+    ``records_runtime`` for a form that leaves the methods unchanged.
+    """
     return list(params) + [RUNTIME], list(param_names) + ["runtime"]
+
+
+_BENCH_PREFIXES = ("time_", "timeraw_", "peakmem_", "mem_", "track_")
+
+
+def _drop_last_argument(fn):
+    @functools.wraps(fn)  # keeps .unit, .timeout, ... and __wrapped__ (asv reads the source)
+    def wrapper(*args):
+        return fn(*args[:-1])
+
+    return wrapper
+
+
+def records_runtime(cls):
+    """Class decorator: add the one-value ``runtime`` parameter (BLAS, OpenMP, threads).
+
+    Every result of the class then stores the BLAS libraries and thread counts in asv's
+    results, next to the class's own parameters.  The methods (``setup``, ``teardown``,
+    ``time_*``, ``peakmem_*``, ``track_*``, ...) keep their signatures: the extra
+    trailing argument is dropped before they are called.
+    """
+    params = list(getattr(cls, "params", []))
+    names = list(getattr(cls, "param_names", []))
+    if params and not isinstance(params[0], (tuple, list)):  # asv's one-parameter form
+        params = [params]
+    cls.params = params + [RUNTIME]
+    cls.param_names = names + ["runtime"]
+    for attr, fn in list(vars(cls).items()):
+        if callable(fn) and (attr in ("setup", "teardown") or attr.startswith(_BENCH_PREFIXES)):
+            setattr(cls, attr, _drop_last_argument(fn))
+    return cls
 
 
 def realistic() -> bool:

@@ -15,8 +15,8 @@ from ._common import (
     realistic,
     refgeo,
     require_backend,
+    records_runtime,
     rng,
-    with_runtime,
 )
 
 
@@ -29,16 +29,15 @@ def _numpy_loop(Z):
     return out
 
 
+@records_runtime
 class PdistLogits:
     """pdist_hilbert on (n, V) logits."""
 
-    params, param_names = with_runtime(
-        ([(60, 4096)] if not realistic() else [(500, 50257)], DTYPES, BACKENDS),
-        ["n_V", "dtype", "backend"],
-    )
+    params = ([(60, 4096)] if not realistic() else [(500, 50257)], DTYPES, BACKENDS)
+    param_names = ["n_V", "dtype", "backend"]
     timeout = 600
 
-    def setup(self, n_V, dtype, backend, runtime):
+    def setup(self, n_V, dtype, backend):
         require_backend(backend)
         n, V = n_V
         self.Z = rng(0).standard_normal((n, V)).astype(dtype) * 3
@@ -49,20 +48,20 @@ class PdistLogits:
         with refgeo.use_backend(self.backend):
             return refgeo.pdist_hilbert(self.Z)
 
-    def time_pdist_hilbert(self, n_V, dtype, backend, runtime):
+    def time_pdist_hilbert(self, n_V, dtype, backend):
         """All pairs of rows, condensed form."""
         self._run()
 
-    def peakmem_pdist_hilbert(self, n_V, dtype, backend, runtime):
+    def peakmem_pdist_hilbert(self, n_V, dtype, backend):
         self._run()
 
-    def track_speedup_vs_numpy_loop(self, n_V, dtype, backend, runtime):
+    def track_speedup_vs_numpy_loop(self, n_V, dtype, backend):
         """Speed ratio against the plain NumPy row loop, measured in the same process."""
         return best_time(lambda: _numpy_loop(self.Z), 1) / best_time(self._run, 2)
 
     track_speedup_vs_numpy_loop.unit = "x"
 
-    def track_speedup_vs_scipy_chebyshev(self, n_V, dtype, backend, runtime):
+    def track_speedup_vs_scipy_chebyshev(self, n_V, dtype, backend):
         """Speed ratio against scipy pdist(metric="chebyshev") (same reduction shape)."""
         from scipy.spatial.distance import pdist
 
@@ -71,7 +70,7 @@ class PdistLogits:
 
     track_speedup_vs_scipy_chebyshev.unit = "x"
 
-    def track_max_abs_diff_vs_reference(self, n_V, dtype, backend, runtime):
+    def track_max_abs_diff_vs_reference(self, n_V, dtype, backend):
         """Largest |result - reference backend| (0 in float64: both are exact)."""
         with refgeo.use_backend("reference"):
             ref = refgeo.pdist_hilbert(self.Z)
@@ -80,16 +79,15 @@ class PdistLogits:
     track_max_abs_diff_vs_reference.unit = "logit units"
 
 
+@records_runtime
 class CdistLogits:
     """cdist_hilbert between two sets of logits."""
 
-    params, param_names = with_runtime(
-        ([(40, 50, 4096)] if not realistic() else [(256, 256, 50257)], DTYPES, BACKENDS),
-        ["nA_nB_V", "dtype", "backend"],
-    )
+    params = ([(40, 50, 4096)] if not realistic() else [(256, 256, 50257)], DTYPES, BACKENDS)
+    param_names = ["nA_nB_V", "dtype", "backend"]
     timeout = 600
 
-    def setup(self, shape, dtype, backend, runtime):
+    def setup(self, shape, dtype, backend):
         require_backend(backend)
         nA, nB, V = shape
         g = rng(1)
@@ -102,13 +100,13 @@ class CdistLogits:
         with refgeo.use_backend(self.backend):
             return refgeo.cdist_hilbert(self.A, self.B)
 
-    def time_cdist_hilbert(self, shape, dtype, backend, runtime):
+    def time_cdist_hilbert(self, shape, dtype, backend):
         self._run()
 
-    def peakmem_cdist_hilbert(self, shape, dtype, backend, runtime):
+    def peakmem_cdist_hilbert(self, shape, dtype, backend):
         self._run()
 
-    def track_speedup_vs_scipy_chebyshev(self, shape, dtype, backend, runtime):
+    def track_speedup_vs_scipy_chebyshev(self, shape, dtype, backend):
         """Speed ratio against scipy cdist(metric="chebyshev") (same reduction shape)."""
         from scipy.spatial.distance import cdist
 
