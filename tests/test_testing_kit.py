@@ -542,6 +542,44 @@ def test_argument_errors():
         check_against_reference(logit_distance, "hilbert_distance_logits", tie_break="y")
 
 
+def test_every_structure_gets_its_share_of_examples():
+    # The default strategy runs one scenario per structure, so a bug that only large
+    # rows expose is found even with 2 examples per structure; the report names the
+    # scenario.
+    from refgeo.testing._conformance import _REGISTRY
+
+    assert list(_REGISTRY["row_diameter"].strategy(rst._FLOAT_DTYPES)) == list(rst.ROW_STRUCTURES)
+
+    def wrong_on_large_rows(S):
+        return direct_extreme(S) if np.abs(S).max() < 50 else (0.0, 0, 1)
+
+    err = _caught(wrong_on_large_rows, "row_diameter", max_examples=2 * len(rst.ROW_STRUCTURES))
+    assert err.scenario in ("near_ties", "offset", "huge_row")
+    assert f"scenario:  {err.scenario}" in str(err)
+
+
+def test_dtypes_restricts_the_default_scenarios():
+    seen = set()
+
+    def spy(S):
+        seen.add(np.asarray(S).dtype)
+        return direct_extreme(S)
+
+    check_against_reference(spy, "row_diameter", dtypes="float32", max_examples=16)
+    assert seen == {np.dtype(np.float32)}
+    with pytest.raises(ValueError, match=re.escape("dtypes must be None when a strategy is given")):
+        check_against_reference(spy, "row_diameter", dtypes="float32", strategy=rst.row_clouds())
+
+
+def test_scenarios_from_a_dict():
+    err = _caught(lambda S: gram_extreme(S, dtype=np.float32, centre=False), "row_diameter",
+                  strategy={"plain": rst.row_clouds(structures=("integers",), dtypes="float32"),
+                            "shifted": rst.row_clouds(structures=("offset",), dtypes="float32")})
+    assert err.scenario == "shifted"  # integers are exact in the float32 Gram identity
+    check_against_reference(direct_extreme, "row_diameter", strategy={"a": rst.row_clouds(n_rows=2)},
+                            max_examples=5)
+
+
 def test_user_strategy_and_tolerance():
     # A user strategy may draw bare arrays; a loose tolerance accepts a sloppy kernel.
     def sloppy(z, w):

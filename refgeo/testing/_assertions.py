@@ -63,6 +63,8 @@ class ConformanceError(AssertionError):
     inputs : dict
         The inputs of the failing example, by argument name (empty when the helper was
         called directly).
+    scenario : str
+        The input scenario (adversarial structure) that produced the example, if any.
     """
 
     def __init__(
@@ -74,8 +76,10 @@ class ConformanceError(AssertionError):
         got: Any = None,
         tolerance: str = "",
         inputs: dict[str, Any] | None = None,
+        scenario: str = "",
     ) -> None:
         self.name = name
+        self.scenario = scenario
         self.reason = reason
         self.expected = expected
         self.got = got
@@ -83,15 +87,23 @@ class ConformanceError(AssertionError):
         self.inputs = dict(inputs or {})
         super().__init__(self._message())
 
-    def with_context(self, name: str, inputs: dict[str, Any]) -> ConformanceError:
-        """A copy of this error that also names the quantity and the failing inputs."""
+    def with_context(self, name: str, inputs: dict[str, Any], scenario: str = "") -> ConformanceError:
+        """A copy of this error that also names the quantity, the failing inputs and the scenario."""
         return ConformanceError(
-            self.reason, name=name, expected=self.expected, got=self.got, tolerance=self.tolerance, inputs=inputs
+            self.reason,
+            name=name,
+            expected=self.expected,
+            got=self.got,
+            tolerance=self.tolerance,
+            inputs=inputs,
+            scenario=scenario,
         )
 
     def _message(self) -> str:
         head = f"candidate disagrees with refgeo's reference for {self.name!r}" if self.name else "mismatch"
         lines = [f"{head}: {self.reason}"]
+        if self.scenario:
+            lines.append(f"  scenario:  {self.scenario}")
         for key, val in self.inputs.items():
             lines.append(_field(f"input {key}", val))
         if self.expected is not None:
@@ -112,14 +124,14 @@ def _describe_layout(a: np.ndarray) -> str:
 
 
 def _field(label: str, val: Any) -> str:
+    prefix = f"  {label + ':':<10} "
     if isinstance(val, np.ndarray):
         with np.printoptions(precision=17, floatmode="unique", threshold=400, linewidth=100):
             body = repr(val)
-        info = f"  # shape {val.shape}, {val.dtype}, {_describe_layout(val)}"
-        body = body.replace("\n", "\n" + " " * 13)
-        return f"  {label + ':':<10} {body}{info}"
-    text = repr(val).replace("\n", "\n" + " " * 13)
-    return f"  {label + ':':<10} {text}"
+        body += f"  # shape {val.shape}, {val.dtype}, {_describe_layout(val)}"
+    else:
+        body = repr(val)
+    return prefix + body.replace("\n", "\n" + " " * len(prefix))
 
 
 # --------------------------------------------------------------------------- conversion

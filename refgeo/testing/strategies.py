@@ -184,8 +184,20 @@ def _apply_layout(x: np.ndarray, layout: str) -> np.ndarray:
     return np.ascontiguousarray(x)
 
 
+def _pick(draw, options: tuple):
+    """One of ``options``, spread evenly over a test run and shrinking to ``options[0]``.
+
+    ``st.sampled_from`` inside a composite strategy often revisits the same few options
+    for a whole run (hypothesis mutates earlier examples); a wide integer reduced modulo
+    the number of options covers all of them, and still shrinks towards the first.
+    """
+    if len(options) == 1:
+        return options[0]
+    return options[draw(st.integers(0, (1 << 16) - 1)) % len(options)]
+
+
 def _layout(draw, layouts: tuple[str, ...]) -> str:
-    return layouts[0] if len(layouts) == 1 else draw(st.sampled_from(layouts))
+    return _pick(draw, layouts)
 
 
 def _nudge(x: np.ndarray, index: tuple[int, ...], ulps: int) -> None:
@@ -263,8 +275,8 @@ def logits(
     structs = _choices(structures, "structures", LOGIT_STRUCTURES)
     lays = _choices(layouts, "layouts", LAYOUTS)
     shape = (_draw_size(draw, rows), _draw_size(draw, cols))
-    dtype = draw(st.sampled_from(dts))
-    structure = draw(st.sampled_from(structs))
+    dtype = _pick(draw, dts)
+    structure = _pick(draw, structs)
     structure = "moderate" if structure == "near" else structure
     return _apply_layout(_logit_values(draw, shape, dtype, structure, max_abs), _layout(draw, lays))
 
@@ -297,8 +309,8 @@ def logit_pairs(
     structs = _choices(structures, "structures", LOGIT_STRUCTURES)
     lays = _choices(layouts, "layouts", LAYOUTS)
     shape = (_draw_size(draw, rows), _draw_size(draw, cols))
-    dtype = draw(st.sampled_from(dts))
-    sz = draw(st.sampled_from(structs))
+    dtype = _pick(draw, dts)
+    sz = _pick(draw, structs)
     if sz == "near":
         z = _logit_values(draw, shape, dtype, "extreme", max_abs)
         w = z.copy()
@@ -306,7 +318,7 @@ def logit_pairs(
             idx = (draw(st.integers(0, shape[0] - 1)), draw(st.integers(0, shape[1] - 1)))
             _nudge(w, idx, draw(st.sampled_from([1, -1, 3, -3])))
     else:
-        sw = draw(st.sampled_from(tuple(s for s in structs if s != "near") or ("moderate",)))
+        sw = _pick(draw, tuple(s for s in structs if s != "near") or ("moderate",))
         z = _logit_values(draw, shape, dtype, sz, max_abs)
         w = _logit_values(draw, shape, dtype, sw, max_abs)
     layout = _layout(draw, lays)
@@ -363,8 +375,8 @@ def simplex_pairs(
     sups = _choices(supports, "supports", SUPPORTS)
     lays = _choices(layouts, "layouts", LAYOUTS)
     n, v = _draw_size(draw, rows), _draw_size(draw, cols)
-    dtype = draw(st.sampled_from(dts))
-    support = draw(st.sampled_from(sups))
+    dtype = _pick(draw, dts)
+    support = _pick(draw, sups)
     if support == "mismatched" and v < 2:
         support = "full" if "full" in sups else sups[0]
     p = _positive_rows(draw, (n, v), dtype)
@@ -425,7 +437,7 @@ def _row_values(draw, v, d, dtype, structure, max_offset) -> np.ndarray:
         return x
     if structure == "offset":
         exps = [e for e in (2, 4, 6, 8) if 10.0**e <= max_offset] or [0]
-        mag = 10.0 ** draw(st.sampled_from(exps))
+        mag = 10.0 ** _pick(draw, tuple(exps))
         offset = mag * _unit(draw, (1, d), 0.5, 1.0) * draw(st.sampled_from([1.0, -1.0]))
         return (offset + _unit(draw, (v, d))).astype(dtype)
     if structure == "rank_deficient":
@@ -481,8 +493,8 @@ def row_clouds(
     structs = _choices(structures, "structures", ROW_STRUCTURES)
     lays = _choices(layouts, "layouts", LAYOUTS)
     v, d = _draw_size(draw, rows), _draw_size(draw, cols)
-    dtype = draw(st.sampled_from(dts))
-    structure = draw(st.sampled_from(structs))
+    dtype = _pick(draw, dts)
+    structure = _pick(draw, structs)
     x = _row_values(draw, v, d, dtype, structure, max_offset)
     return _apply_layout(x, _layout(draw, lays))
 
@@ -578,8 +590,8 @@ def centred_gradients(
     structs = _choices(structures, "structures", GRADIENT_STRUCTURES)
     lays = _choices(layouts, "layouts", LAYOUTS)
     v, d = _draw_size(draw, rows), _draw_size(draw, cols)
-    dtype = draw(st.sampled_from(dts))
-    G = _gradient_values(draw, v, d, dtype, draw(st.sampled_from(structs)))
+    dtype = _pick(draw, dts)
+    G = _gradient_values(draw, v, d, dtype, _pick(draw, structs))
     return _apply_layout(G, _layout(draw, lays))
 
 
@@ -624,11 +636,11 @@ def gradient_sequences(
     if not scales or not all(c > 0 and math.isfinite(c) for c in scales):
         raise ValueError(f"scales must be positive finite numbers, got {scales!r} instead.")
     t, v, d = _draw_size(draw, steps), _draw_size(draw, rows), _draw_size(draw, cols)
-    dtype = draw(st.sampled_from(dts))
+    dtype = _pick(draw, dts)
     out = []
     for _ in range(t):
-        G = _gradient_values(draw, v, d, dtype, draw(st.sampled_from(structs)))
-        out.append(G * dtype.type(draw(st.sampled_from(scales))))
+        G = _gradient_values(draw, v, d, dtype, _pick(draw, structs))
+        out.append(G * dtype.type(_pick(draw, scales)))
     return np.stack(out)
 
 
@@ -713,8 +725,8 @@ def hidden_state_pairs(
     classes = _choices(map_classes, "map_classes", MAP_CLASSES)
     n, d = _draw_size(draw, toks), _draw_size(draw, cols)
     k = min(_draw_size(draw, ks), n)
-    dtype = draw(st.sampled_from(dts))
-    map_class = draw(st.sampled_from(classes))
+    dtype = _pick(draw, dts)
+    map_class = _pick(draw, classes)
     labels = np.sort(np.arange(n) % k)
     centres = 10.0 * np.arange(k, dtype=np.float64)[:, None] * np.ones((1, d)) + 5.0
     X = centres[labels] + _unit(draw, (n, d))
