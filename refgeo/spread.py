@@ -683,39 +683,45 @@ class _Clock:
 
 
 def _epigraph_solve(X0: np.ndarray, *, maxiter: int = 500) -> np.ndarray:
-    r"""Local solve of max t s.t. t <= ||x_i - x_j||^2 <= 1 (SLSQP, analytic Jacobians)."""
+    r"""Local solve of max t s.t. t <= ||x_i - x_j||^2 <= 1 over all pairs (SLSQP, analytic
+    Jacobians)."""
+    iu, ju, e = _pair_sq(X0)
+    X = X0 / math.sqrt(max(float(e.max()), 1e-300))
+    return _epigraph_slsqp(X, iu, ju, iu, ju, maxiter)
+
+
+def _epigraph_slsqp(X0, li, lj, hi_i, hi_j, maxiter):
     from scipy.optimize import minimize
 
     V, d = X0.shape
     n = V * d
-    iu, ju = np.triu_indices(V, 1)
-    P = iu.shape[0]
-    rows = np.arange(P)
-    X0 = X0 / math.sqrt(max(_pair_sq(X0)[2].max(), 1e-300))
-    z0 = np.concatenate([X0.ravel(), [_pair_sq(X0)[2].min()]])
+    L, H = li.shape[0], hi_i.shape[0]
+    e_lo = np.einsum("pk,pk->p", X0[li] - X0[lj], X0[li] - X0[lj])
+    z0 = np.concatenate([X0.ravel(), [e_lo.min()]])
     grad_obj = np.zeros(n + 1)
     grad_obj[n] = -1.0
+    ii = np.concatenate([li, hi_i])
+    jj = np.concatenate([lj, hi_j])
+    rows = np.arange(L + H)
+    sign = np.concatenate([np.ones(L), -np.ones(H)])
 
     def sq(z):
         X = z[:n].reshape(V, d)
-        diff = X[iu] - X[ju]
+        diff = X[ii] - X[jj]
         return np.einsum("pk,pk->p", diff, diff), diff
 
     def cons(z):
         e, _ = sq(z)
-        return np.concatenate([e - z[n], 1.0 - e])
+        return np.concatenate([e[:L] - z[n], 1.0 - e[L:]])
 
     def jac(z):
         _, diff = sq(z)
-        J = np.zeros((P, V, d))
-        J[rows, iu] = 2.0 * diff
-        J[rows, ju] = -2.0 * diff
-        J = J.reshape(P, n)
-        A = np.empty((2 * P, n + 1))
-        A[:P, :n] = J
-        A[:P, n] = -1.0
-        A[P:, :n] = -J
-        A[P:, n] = 0.0
+        J = np.zeros((L + H, V, d))
+        J[rows, ii] = 2.0 * diff * sign[:, None]
+        J[rows, jj] = -2.0 * diff * sign[:, None]
+        A = np.zeros((L + H, n + 1))
+        A[:, :n] = J.reshape(L + H, n)
+        A[:L, n] = -1.0
         return A
 
     res = minimize(
@@ -974,7 +980,8 @@ def spread(
     progress : bool, default=False
         Show a tqdm progress bar when tqdm is importable.
     n_starts : int, default=None
-        Local solves of the epigraph method (default 12; stops early at the bound).
+        Local solves of the epigraph method (default 12 for ``V <= 20``, else 4; stops
+        early when the bound is reached).
     k : int, default=16
         Neighbours per row (nearest and farthest) of the smoothed iteration.
     max_rounds : int, default=20
@@ -1100,7 +1107,7 @@ def spread(
     modified = method != "construction"
     if method == "epigraph":
         X, n_iter = _multistart(X if (user_X is not None or best_c is not None) else None, V, d,
-                                n_starts=12 if n_starts is None else n_starts, rng=rng,
+                                n_starts=(12 if V <= 20 else 4) if n_starts is None else n_starts, rng=rng,
                                 clock=opt_clock, bound=bound.value, report=report)
     elif method == "smooth":
         X0 = X.copy()
@@ -1306,6 +1313,7 @@ def spread_update(
     eps: float = 0.05,
     n_points: int = 9,
     seed: int | None = None,
+    n_starts: int = 4,
     lmo_rtol: float = 1e-4,
     max_time: float | None = None,
 ) -> SpreadUpdate:
@@ -1324,6 +1332,8 @@ def spread_update(
         Points of the trade-off curve (``>= 2``).
     seed : int, default=None
         Seed of :func:`spread` (small V).
+    n_starts : int, default=4
+        Local solves of :func:`spread` (small V).
     lmo_rtol : float, default=1e-4
         ``rtol`` of :func:`refgeo.diameter_lmo`.
     max_time : float, default=None
@@ -1390,7 +1400,7 @@ def spread_update(
     lmo_m = closest_pair(S_star).value
     target = (1.0 - eps) * lmo_dec
 
-    X = np.array(spread(V, d, eta=eta, seed=seed, max_time=max_time, certify=False).points)
+    X = np.array(spread(V, d, eta=eta, seed=seed, n_starts=n_starts, max_time=max_time, certify=False).points)
     if np.any(Gc):
         X = _align(X, Gc)
 
