@@ -119,7 +119,9 @@ def _summary(module) -> str:
 
 
 def _public(module) -> list[str]:
-    return sorted(getattr(module, "__all__", []) or [])
+    """Sorted ``__all__`` without submodules (those get their own section)."""
+    names = getattr(module, "__all__", []) or []
+    return sorted(n for n in names if not inspect.ismodule(getattr(module, n, None)))
 
 
 def _api_page(key: str, title: str) -> str:
@@ -145,7 +147,11 @@ def _api_page(key: str, title: str) -> str:
         mod = importlib.import_module(f"refgeo.{key}")
         heading = f"``refgeo.{key}``: {title}"
         current, summary = "refgeo", _summary(mod)
-        sections = [("", _public(mod))]
+        names = _public(mod)
+        flat = [n for n in names if getattr(refgeo, n, None) is getattr(mod, n)]
+        sections = [("", flat)]
+        if len(flat) < len(names):  # not re-exported at the top level
+            sections.append((f"refgeo.{key}", [n for n in names if n not in flat]))
         summary += (
             f"\n\nEverything here is exported at the top level: ``refgeo.{key}.f`` is "
             "``refgeo.f``."
@@ -237,8 +243,11 @@ def _gate_tutorials(app, docname, source):
 
 def _drop_missing_toctree_entries(app, docname, source):
     """``docs/testing.md`` is written by another area: list it only once it exists."""
-    if docname == "tutorials/index" and not (DOCS / "testing.md").exists():
+    if (DOCS / "testing.md").exists():
+        return
+    if docname == "tutorials/index":
         source[0] = source[0].replace("/testing\n", "")
+    source[0] = re.sub(r"\[([^\]]*)\]\((\.\./)?testing\.md\)", r"\1", source[0])
 
 
 def setup(app):

@@ -222,3 +222,19 @@ def check_callable(value: Any, name: str) -> None:
     """Raise ``TypeError`` unless ``value`` is callable."""
     if not callable(value):
         raise TypeError(f"{name} must be callable, got {type(value).__name__} instead.")
+
+
+def check_centred_rows(x, name: str, rtol: float) -> None:
+    """Raise ``ValueError`` unless the rows of the 2-D array ``x`` sum to about zero:
+    ``||sum_i x_i|| <= rtol * sum_i ||x_i||`` (float64 accumulation)."""
+    xp = array_namespace(x)
+    xf = xp.astype(x, xp.float64) if x.dtype != xp.float64 else x
+    total = float(xp.linalg.vector_norm(xp.sum(xf, axis=0)))
+    scale = float(xp.sum(xp.linalg.vector_norm(xf, axis=1)))
+    if total > rtol * scale:
+        raise ValueError(
+            f"{name} must have rows summing to zero (1^T {name} = 0, as for cross-entropy "
+            f"gradients; ||sum of rows|| <= {rtol:g} * sum of row norms), got "
+            f"||sum of rows|| = {total:.3e} against sum of row norms {scale:.3e} instead. "
+            f"Centre it first with refgeo.center_rows({name}) if that is intended."
+        )

@@ -1,3 +1,320 @@
-"""refgeo.optim (see ARCHITECTURE.md); populated by its issue."""
+r"""Framework-free optimizers for the LM-head weight on NumPy arrays (SPEC §3).
 
-__all__: list[str] = []
+Each optimizer keeps its state in plain NumPy arrays, updates ``param`` in place in
+``step(param, grad)``, and round-trips through ``state_dict()`` /
+``load_state_dict()``.  Both guarantee a row diameter of the step (without weight
+decay) within a stated budget: ``2 * lr`` for :class:`RowNorm`, ``lr`` for
+:class:`DiameterLMO`.
+
+.. autosummary::
+
+   RowNorm
+   DiameterLMO
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import numpy as np
+
+from ._validate import as_float_array, check_real, check_same_shape
+from .lmo import LMOResult, diameter_lmo, row_normalize
+
+__all__ = ["DiameterLMO", "RowNorm"]
+
+
+def _check_param_grad(param, grad):
+    if not isinstance(param, np.ndarray) or param.dtype not in (np.float32, np.float64):
+        raise TypeError(
+            "param must be a float32 or float64 numpy.ndarray (updated in place), got "
+            f"{type(param).__name__}{'' if not hasattr(param, 'dtype') else ' of dtype ' + str(param.dtype)} instead."
+        )
+    if param.ndim != 2:
+        raise ValueError(f"param must be a 2-D array of shape (V, d), got shape {param.shape} instead.")
+    if not param.flags.writeable:
+        raise ValueError("param must be a writeable array (it is updated in place), got a read-only array instead.")
+    grad = as_float_array(grad, "grad", ndim=2, shape_hint="2-D array of shape (V, d)")
+    check_same_shape(param, grad, ("param", "grad"))
+    return np.asarray(grad, dtype=np.float64)
+
+
+def _check_unit_interval(value, name):
+    value = check_real(value, name, min_value=0.0)
+    if not value < 1.0:
+        raise ValueError(f"{name} must be in [0, 1), got {value} instead.")
+    return value
+
+
+class RowNorm:
+    r"""RowNorm optimizer for the LM head (SPEC §3), as trained in the source.
+
+    Parameters
+    ----------
+    lr : float
+        Step size :math:`\gamma > 0` (may be changed between steps through ``opt.lr``).
+    mu : float, default=0.95
+        Momentum :math:`\mu \in [0, 1)` of the gradient average.
+    eps : float, default=1e-8
+        Added to every row norm, ``>= 0``.
+    bias_correction : bool, default=True
+        Divide the average by :math:`1 - \mu^t`.
+    project : bool, default=False
+        Apply the outer centring P to the step (changes no probability: it shifts all
+        rows by one vector).
+    weight_decay : float, default=0.0
+        Decoupled weight decay :math:`\lambda \ge 0`: ``param *= 1 - lr * weight_decay``
+        before the step is added.
+    center : bool, default=True
+        Centre each incoming gradient (:math:`PG`).  A no-op for cross-entropy
+        gradients (:math:`\mathbf{1}^\top G = 0`); it makes the step invariant under
+        a common row shift of the gradients.
+
+    Notes
+    -----
+    .. math::
+
+        B_t = \mu B_{t-1} + (1 - \mu) G_t, \qquad \hat B_t = B_t / (1 - \mu^t), \qquad
+        S_t = -\gamma_t\, [P]\, \mathrm{RN}_\varepsilon(\hat B_t),
+
+    :math:`\mathrm{RN}_\varepsilon(B)_i = b_i / (\lVert b_i \rVert + \varepsilon)`.  Every row
+    of :math:`\mathrm{RN}_\varepsilon` has norm below 1, so :math:`D(S_t) \le 2\gamma_t`
+    (the optional P shifts all rows alike and keeps D).  Bias correction only acts
+    through :math:`\varepsilon`: it equals using :math:`\varepsilon (1 - \mu^t)` on the
+    uncorrected :math:`B_t`; with ``eps = 0`` it changes nothing.  Time and memory O(Vd)
+    per step.  The step is equivariant under row permutations and right-orthogonal
+    transforms of the gradients and (with ``eps = 0``) invariant under their positive
+    scaling.
+
+    References
+    ----------
+    .. [1] LM-head update geometry, arXiv:2608.22253 (v2).
+
+    Examples
+    --------
+    >>> import numpy as np, refgeo
+    >>> W = np.zeros((2, 2))
+    >>> opt = refgeo.RowNorm(lr=0.1, eps=0.0)
+    >>> opt.step(W, np.array([[3.0, 4.0], [-3.0, -4.0]])).round(12).tolist()
+    [[-0.06, -0.08], [0.06, 0.08]]
+    """
+
+    def __init__(
+        self,
+        *,
+        lr: float,
+        mu: float = 0.95,
+        eps: float = 1e-8,
+        bias_correction: bool = True,
+        project: bool = False,
+        weight_decay: float = 0.0,
+        center: bool = True,
+    ):
+        self.lr = check_real(lr, "lr", min_value=0.0, strict=True)
+        self.mu = _check_unit_interval(mu, "mu")
+        self.eps = check_real(eps, "eps", min_value=0.0)
+        self.bias_correction = bool(bias_correction)
+        self.project = bool(project)
+        self.weight_decay = check_real(weight_decay, "weight_decay", min_value=0.0)
+        self.center = bool(center)
+        self.t = 0
+        self.buffer: np.ndarray | None = None
+        self._last: np.ndarray | None = None
+
+    def step(self, param: np.ndarray, grad: Any, /) -> np.ndarray:
+        """Update ``param`` (V, d) in place with the gradient ``grad`` (V, d); return it."""
+        g = _check_param_grad(param, grad)
+        lr = check_real(self.lr, "lr", min_value=0.0, strict=True)
+        if self.center:
+            g = g - g.mean(axis=0, keepdims=True)
+        if self.buffer is None:
+            self.buffer = np.zeros_like(g)
+        elif self.buffer.shape != g.shape:
+            raise ValueError(
+                f"grad must keep the shape of the optimizer state {self.buffer.shape}, got "
+                f"shape {g.shape} instead."
+            )
+        self.t += 1
+        self.buffer *= self.mu
+        self.buffer += (1.0 - self.mu) * g
+        Bhat = self.buffer / (1.0 - self.mu**self.t) if self.bias_correction else self.buffer
+        S = -lr * row_normalize(Bhat, eps=self.eps)
+        if self.project:
+            S -= S.mean(axis=0, keepdims=True)
+        self._last = S
+        if self.weight_decay:
+            param *= 1.0 - lr * self.weight_decay
+        param += S.astype(param.dtype, copy=False)
+        return param
+
+    def last_step(self) -> np.ndarray | None:
+        """The signed, learning-rate-scaled step of the last call (weight decay excluded),
+        float64 of shape (V, d); None before the first step."""
+        return None if self._last is None else self._last.copy()
+
+    def state_dict(self) -> dict:
+        """Hyper-parameters, the step count and a copy of the momentum buffer."""
+        return {
+            "lr": self.lr,
+            "mu": self.mu,
+            "eps": self.eps,
+            "bias_correction": self.bias_correction,
+            "project": self.project,
+            "weight_decay": self.weight_decay,
+            "center": self.center,
+            "t": self.t,
+            "buffer": None if self.buffer is None else self.buffer.copy(),
+        }
+
+    def load_state_dict(self, state: dict) -> None:
+        """Restore a ``state_dict()``."""
+        self.__init__(
+            lr=state["lr"],
+            mu=state["mu"],
+            eps=state["eps"],
+            bias_correction=state["bias_correction"],
+            project=state["project"],
+            weight_decay=state["weight_decay"],
+            center=state["center"],
+        )
+        self.t = int(state["t"])
+        buf = state["buffer"]
+        self.buffer = None if buf is None else np.array(buf, dtype=np.float64)
+
+
+class DiameterLMO:
+    r"""Steepest descent under the row diameter with the exact, warm-started LMO.
+
+    Parameters
+    ----------
+    lr : float
+        Diameter budget :math:`\eta > 0` of every step (through ``opt.lr``).
+    momentum : float, default=0.0
+        :math:`\mu \in [0, 1)`; the LMO is applied to
+        :math:`M_t = \mu M_{t-1} + (1 - \mu) G_t` (plain gradients when 0).
+    rtol : float, default=1e-3
+        Certified relative gap of each LMO solve (see :func:`refgeo.diameter_lmo`).
+    max_time : float, default=None
+        Time limit per solve in seconds (the best certified step so far is used).
+    weight_decay : float, default=0.0
+        Decoupled weight decay: ``param *= 1 - lr * weight_decay`` before the step.
+
+    Notes
+    -----
+    .. math:: S_t = \arg\min \{ \langle M_t, S \rangle : D(S) \le \eta,\
+              \mathbf{1}^\top S = 0 \}
+
+    computed by :func:`refgeo.diameter_lmo` warm-started from the previous solve, so
+    :math:`D(S_t) \le \eta` is certified and the decrease
+    :math:`-\langle M_t, S_t \rangle` is within ``rtol`` of the optimum
+    :math:`\eta T(M_t)`, which is at least :math:`\sqrt{2k/(k+1)}` times RowNorm's.
+    Gradients are centred before use (a no-op for cross-entropy gradients; rows that
+    do not sum to about zero raise ``ValueError``).  Time per step: one LMO solve
+    (see :func:`refgeo.diameter_lmo`).
+
+    References
+    ----------
+    .. [1] LM-head update geometry, arXiv:2608.22253 (v2).
+
+    Examples
+    --------
+    >>> import numpy as np, refgeo
+    >>> W = np.zeros((2, 2))
+    >>> opt = refgeo.DiameterLMO(lr=0.5)
+    >>> opt.step(W, np.array([[3.0, 4.0], [-3.0, -4.0]])).round(6).tolist()
+    [[-0.15, -0.2], [0.15, 0.2]]
+    """
+
+    def __init__(
+        self,
+        *,
+        lr: float,
+        momentum: float = 0.0,
+        rtol: float = 1e-3,
+        max_time: float | None = None,
+        weight_decay: float = 0.0,
+    ):
+        self.lr = check_real(lr, "lr", min_value=0.0, strict=True)
+        self.momentum = _check_unit_interval(momentum, "momentum")
+        self.rtol = check_real(rtol, "rtol", min_value=0.0, strict=True)
+        self.max_time = None if max_time is None else check_real(max_time, "max_time", min_value=0.0, strict=True)
+        self.weight_decay = check_real(weight_decay, "weight_decay", min_value=0.0)
+        self.t = 0
+        self.buffer: np.ndarray | None = None
+        self.last_result: LMOResult | None = None
+
+    def step(self, param: np.ndarray, grad: Any, /) -> np.ndarray:
+        """Update ``param`` (V, d) in place with the gradient ``grad`` (V, d); return it."""
+        g = _check_param_grad(param, grad)
+        lr = check_real(self.lr, "lr", min_value=0.0, strict=True)
+        if self.momentum > 0.0:
+            if self.buffer is None:
+                self.buffer = np.zeros_like(g)
+            self.buffer *= self.momentum
+            self.buffer += (1.0 - self.momentum) * g
+            M = self.buffer
+        else:
+            M = g
+        warm = self.last_result
+        if warm is not None and tuple(warm.update.shape) != M.shape:
+            warm = None
+        res = diameter_lmo(M, eta=lr, rtol=self.rtol, max_time=self.max_time, warm_start=warm)
+        self.t += 1
+        self.last_result = res
+        if self.weight_decay:
+            param *= 1.0 - lr * self.weight_decay
+        param += np.asarray(res.update).astype(param.dtype, copy=False)
+        return param
+
+    def last_step(self) -> np.ndarray | None:
+        """The signed step of the last call (weight decay excluded), float64 (V, d)."""
+        return None if self.last_result is None else np.array(self.last_result.update)
+
+    def state_dict(self) -> dict:
+        """Hyper-parameters, step count, momentum buffer and the warm start."""
+        res = self.last_result
+        return {
+            "lr": self.lr,
+            "momentum": self.momentum,
+            "rtol": self.rtol,
+            "max_time": self.max_time,
+            "weight_decay": self.weight_decay,
+            "t": self.t,
+            "buffer": None if self.buffer is None else self.buffer.copy(),
+            "warm_update": None if res is None else np.array(res.update),
+            "warm_pairs": None if res is None else np.array(res.pairs),
+            "warm_flows": None if res is None else np.array(res.flows),
+            "warm_eta": None if res is None else res.eta,
+        }
+
+    def load_state_dict(self, state: dict) -> None:
+        """Restore a ``state_dict()``."""
+        self.__init__(
+            lr=state["lr"],
+            momentum=state["momentum"],
+            rtol=state["rtol"],
+            max_time=state["max_time"],
+            weight_decay=state["weight_decay"],
+        )
+        self.t = int(state["t"])
+        buf = state["buffer"]
+        self.buffer = None if buf is None else np.array(buf, dtype=np.float64)
+        if state.get("warm_update") is not None:
+            upd = np.array(state["warm_update"], dtype=np.float64)
+            upd.setflags(write=False)
+            self.last_result = LMOResult(
+                update=upd,
+                decrease=math.nan,
+                lower_bound=math.nan,
+                upper_bound=math.nan,
+                gap=math.nan,
+                pairs=np.array(state["warm_pairs"], dtype=np.int64).reshape(-1, 2),
+                flows=np.array(state["warm_flows"], dtype=np.float64),
+                iterations=0,
+                rounds=0,
+                eta=float(state["warm_eta"]),
+                method="restored",
+                converged=False,
+                elapsed=0.0,
+            )

@@ -6,8 +6,15 @@ Conventions (see ../shared/STYLE.md §11):
   ``REALISTIC`` sizes are selected with ``REFGEO_BENCH_SIZE=realistic``;
 - a seeded RNG in ``setup``; ``NotImplementedError`` in ``setup`` skips an absent backend;
 - every ``time_*`` has a ``peakmem_*`` partner; quality and speed ratios are ``track_*``;
-- ``environment()`` records dtype, backend, BLAS and threads; call it from ``setup`` so the
-  benchmark log holds the precision it ran with.
+- every result records dtype, backend, BLAS and threads: ``dtype`` and ``backend`` are
+  parameters, and the last parameter of every class is ``RUNTIME``, a one-value list whose
+  value names the BLAS libraries and their thread counts and the OpenMP threads
+  (``"openblas 0.3.30 x2 [scipy]; ..."``), so it is stored with each result in asv's
+  results files; use ``with_runtime(params, names)`` to append it.  ``environment()``
+  also prints the full details (with refgeo's config) to the benchmark's stderr; call it
+  from ``setup``.
+- speed ratios against a baseline are measured in the same process with ``best_time``
+  (``track_speedup_vs_*``, unit ``"x"``); the dgemm roofline rate comes from ``dgemm_rate``.
 """
 
 from __future__ import annotations
@@ -30,6 +37,48 @@ BACKENDS = ["reference", "cython"]
 DTYPES = ["float64", "float32"]
 
 
+def _threadpools() -> list[dict]:
+    """threadpoolctl's view, after loading the BLAS of NumPy and SciPy (refgeo_ext uses SciPy's)."""
+    try:
+        import scipy.linalg  # noqa: F401  (loads SciPy's BLAS so threadpoolctl sees it)
+        from threadpoolctl import threadpool_info
+    except Exception:  # pragma: no cover
+        return []
+    pools = []
+    for p in threadpool_info():
+        path = str(p.get("filepath") or "")
+        owner = "numpy" if "numpy" in path else "scipy" if "scipy" in path else "system"
+        pools.append(
+            {
+                "internal_api": p.get("internal_api"),
+                "version": p.get("version"),
+                "num_threads": p.get("num_threads"),
+                "threading_layer": p.get("threading_layer"),
+                "owner": owner,
+            }
+        )
+    return pools
+
+
+def runtime_label() -> str:
+    """One line naming the BLAS/OpenMP libraries and their thread counts of this process."""
+    parts = []
+    for p in _threadpools():
+        version = " " + ".".join(str(p["version"]).split(".")[:3]) if p["version"] else ""
+        owner = f" [{p['owner']}]" if p["owner"] != "system" else ""
+        parts.append(f"{p['internal_api']}{version} x{p['num_threads']}{owner}")
+    return "; ".join(sorted(parts)) or "no BLAS/OpenMP pools found"
+
+
+# The one-value parameter that stores BLAS and thread counts with every asv result.
+RUNTIME = [runtime_label()]
+
+
+def with_runtime(params, param_names):
+    """Append the ``runtime`` parameter: ``params, param_names = with_runtime(...)``."""
+    return list(params) + [RUNTIME], list(param_names) + ["runtime"]
+
+
 def realistic() -> bool:
     """True when realistic (hand-run) sizes are requested."""
     return os.environ.get("REFGEO_BENCH_SIZE", "small") == "realistic"
@@ -46,15 +95,7 @@ def require_backend(name: str) -> None:
 
 def environment(dtype: str, backend: str) -> dict:
     """dtype, backend, BLAS and thread counts of this run (printed to the asv log)."""
-    info = {"dtype": dtype, "backend": backend}
-    try:
-        from threadpoolctl import threadpool_info
-
-        info["threadpools"] = [
-            {k: p.get(k) for k in ("internal_api", "version", "num_threads")} for p in threadpool_info()
-        ]
-    except Exception:  # pragma: no cover
-        info["threadpools"] = []
+    info = {"dtype": dtype, "backend": backend, "threadpools": _threadpools()}
     if refgeo is not None:
         cfg = refgeo.show_config(mode="dicts")
         info["openmp_threads"] = cfg["openmp"]["max_threads"]
@@ -64,6 +105,7 @@ def environment(dtype: str, backend: str) -> dict:
 
 
 def rng(seed: int = 0) -> np.random.Generator:
+    """The seeded generator every benchmark draws its data from."""
     return np.random.default_rng(seed)
 
 

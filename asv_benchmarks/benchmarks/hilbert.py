@@ -1,18 +1,44 @@
-"""Benchmarks for refgeo.hilbert: pairwise Hilbert distances of logits (the tropical kernel)."""
+"""Benchmarks for refgeo.hilbert: pairwise Hilbert distances of logits (the tropical kernel).
+
+Baselines measured in the same process: the plain NumPy row loop (the issue's reference
+loop) and SciPy's ``pdist(metric="chebyshev")``, a max-|x - y| reduction of the same
+shape and cost class (SciPy has no Hilbert metric).
+"""
 
 import numpy as np
 
-from ._common import BACKENDS, DTYPES, best_time, environment, realistic, refgeo, require_backend, rng
+from ._common import (
+    BACKENDS,
+    DTYPES,
+    best_time,
+    environment,
+    realistic,
+    refgeo,
+    require_backend,
+    rng,
+    with_runtime,
+)
+
+
+def _numpy_loop(Z):
+    """The baseline loop: for each row, max minus min of the differences to later rows."""
+    out = []
+    for i in range(Z.shape[0]):
+        D = Z[i + 1 :] - Z[i]
+        out.append(D.max(1) - D.min(1))
+    return out
 
 
 class PdistLogits:
     """pdist_hilbert on (n, V) logits."""
 
-    params = ([(60, 4096)] if not realistic() else [(500, 50257)], DTYPES, BACKENDS)
-    param_names = ["n_V", "dtype", "backend"]
+    params, param_names = with_runtime(
+        ([(60, 4096)] if not realistic() else [(500, 50257)], DTYPES, BACKENDS),
+        ["n_V", "dtype", "backend"],
+    )
     timeout = 600
 
-    def setup(self, n_V, dtype, backend):
+    def setup(self, n_V, dtype, backend, runtime):
         require_backend(backend)
         n, V = n_V
         self.Z = rng(0).standard_normal((n, V)).astype(dtype) * 3
@@ -23,31 +49,47 @@ class PdistLogits:
         with refgeo.use_backend(self.backend):
             return refgeo.pdist_hilbert(self.Z)
 
-    def time_pdist_hilbert(self, n_V, dtype, backend):
+    def time_pdist_hilbert(self, n_V, dtype, backend, runtime):
+        """All pairs of rows, condensed form."""
         self._run()
 
-    def peakmem_pdist_hilbert(self, n_V, dtype, backend):
+    def peakmem_pdist_hilbert(self, n_V, dtype, backend, runtime):
         self._run()
 
-    def track_speedup_vs_numpy_loop(self, n_V, dtype, backend):
+    def track_speedup_vs_numpy_loop(self, n_V, dtype, backend, runtime):
         """Speed ratio against the plain NumPy row loop, measured in the same process."""
-        Z = self.Z
-
-        def numpy_loop():
-            for i in range(Z.shape[0]):
-                D = Z[i + 1 :] - Z[i]
-                D.max(1) - D.min(1)
-
-        return best_time(numpy_loop, 1) / best_time(self._run, 2)
+        return best_time(lambda: _numpy_loop(self.Z), 1) / best_time(self._run, 2)
 
     track_speedup_vs_numpy_loop.unit = "x"
 
+    def track_speedup_vs_scipy_chebyshev(self, n_V, dtype, backend, runtime):
+        """Speed ratio against scipy pdist(metric="chebyshev") (same reduction shape)."""
+        from scipy.spatial.distance import pdist
+
+        Z = self.Z
+        return best_time(lambda: pdist(Z, metric="chebyshev"), 1) / best_time(self._run, 2)
+
+    track_speedup_vs_scipy_chebyshev.unit = "x"
+
+    def track_max_abs_diff_vs_reference(self, n_V, dtype, backend, runtime):
+        """Largest |result - reference backend| (0 in float64: both are exact)."""
+        with refgeo.use_backend("reference"):
+            ref = refgeo.pdist_hilbert(self.Z)
+        return float(np.max(np.abs(np.asarray(self._run(), dtype=np.float64) - ref)))
+
+    track_max_abs_diff_vs_reference.unit = "logit units"
+
 
 class CdistLogits:
-    params = ([(40, 50, 4096)] if not realistic() else [(256, 256, 50257)], DTYPES, BACKENDS)
-    param_names = ["nA_nB_V", "dtype", "backend"]
+    """cdist_hilbert between two sets of logits."""
 
-    def setup(self, shape, dtype, backend):
+    params, param_names = with_runtime(
+        ([(40, 50, 4096)] if not realistic() else [(256, 256, 50257)], DTYPES, BACKENDS),
+        ["nA_nB_V", "dtype", "backend"],
+    )
+    timeout = 600
+
+    def setup(self, shape, dtype, backend, runtime):
         require_backend(backend)
         nA, nB, V = shape
         g = rng(1)
@@ -56,10 +98,20 @@ class CdistLogits:
         self.backend = backend
         environment(dtype, backend)
 
-    def time_cdist_hilbert(self, shape, dtype, backend):
+    def _run(self):
         with refgeo.use_backend(self.backend):
-            refgeo.cdist_hilbert(self.A, self.B)
+            return refgeo.cdist_hilbert(self.A, self.B)
 
-    def peakmem_cdist_hilbert(self, shape, dtype, backend):
-        with refgeo.use_backend(self.backend):
-            refgeo.cdist_hilbert(self.A, self.B)
+    def time_cdist_hilbert(self, shape, dtype, backend, runtime):
+        self._run()
+
+    def peakmem_cdist_hilbert(self, shape, dtype, backend, runtime):
+        self._run()
+
+    def track_speedup_vs_scipy_chebyshev(self, shape, dtype, backend, runtime):
+        """Speed ratio against scipy cdist(metric="chebyshev") (same reduction shape)."""
+        from scipy.spatial.distance import cdist
+
+        return best_time(lambda: cdist(self.A, self.B, metric="chebyshev"), 1) / best_time(self._run, 2)
+
+    track_speedup_vs_scipy_chebyshev.unit = "x"

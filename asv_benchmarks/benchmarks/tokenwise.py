@@ -1,0 +1,124 @@
+"""Benchmarks for refgeo.tokenwise: local fits and the full decomposition (SPEC §5).
+
+The k-NN search is timed separately (``KNN``) and the fits receive precomputed
+neighbourhoods, so the fit cost is visible on its own; ``Decompose.time_end_to_end``
+includes the search.
+"""
+
+import warnings
+
+import numpy as np
+
+from ._common import DTYPES, environment, realistic, refgeo, require_backend, rng
+
+# (N, d, k): small for CI, realistic = the acceptance size of issue 6.
+SIZES = [(400, 64, 16)] if not realistic() else [(20000, 768, 64)]
+CLASSES = ["diagonal", "lowrank", "orthogonal", "full"]
+
+
+def _panels(N, d, dtype):
+    g = rng(0)
+    X = g.standard_normal((N, d))
+    Y = X + 0.3 * np.tanh(X @ (g.standard_normal((d, d)) / np.sqrt(d)))
+    return X.astype(dtype), Y.astype(dtype)
+
+
+def _kw(cls):
+    return {"rank": 8} if cls == "lowrank" else {}
+
+
+class FitLocalMaps:
+    """fit_local_maps on precomputed neighbourhoods, per class."""
+
+    params = (SIZES, CLASSES, DTYPES)
+    param_names = ["N_d_k", "cls", "dtype"]
+    timeout = 1200
+
+    def setup(self, N_d_k, cls, dtype):
+        require_backend("reference")
+        N, d, k = N_d_k
+        if realistic() and cls in ("orthogonal", "full"):
+            raise NotImplementedError("orthogonal/full are reference classes: small sizes only")
+        self.X, self.Y = _panels(N, d, dtype)
+        self.nbr = refgeo.knn(self.X, k)
+        environment(dtype, "reference")
+
+    def _run(self, cls):
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", UserWarning)
+            return refgeo.fit_local_maps(self.X, self.Y, cls=cls, neighbors=self.nbr, **_kw(cls))
+
+    def time_fit_local_maps(self, N_d_k, cls, dtype):
+        self._run(cls)
+
+    def peakmem_fit_local_maps(self, N_d_k, cls, dtype):
+        self._run(cls)
+
+
+class Decompose:
+    """decompose end to end (k-NN search included) for the acceptance classes."""
+
+    params = (SIZES, ["diagonal", "lowrank"], DTYPES)
+    param_names = ["N_d_k", "cls", "dtype"]
+    timeout = 1800
+
+    def setup(self, N_d_k, cls, dtype):
+        require_backend("reference")
+        self.X, self.Y = _panels(N_d_k[0], N_d_k[1], dtype)
+        self.k = N_d_k[2]
+        environment(dtype, "auto")
+
+    def _run(self, cls):
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", UserWarning)
+            return refgeo.decompose(self.X, self.Y, k=self.k, cls=cls, **_kw(cls))
+
+    def time_end_to_end(self, N_d_k, cls, dtype):
+        self._run(cls)
+
+    def peakmem_end_to_end(self, N_d_k, cls, dtype):
+        self._run(cls)
+
+    def track_energy_fraction(self, N_d_k, cls, dtype):
+        """Residual energy fraction (quality: how much of the update is not tokenwise)."""
+        return self._run(cls).energy_fraction
+
+    track_energy_fraction.unit = "fraction"
+
+
+class KNN:
+    """The k-NN search that decompose runs first (refgeo.knn, auto backend)."""
+
+    params = (SIZES, DTYPES)
+    param_names = ["N_d_k", "dtype"]
+    timeout = 1800
+
+    def setup(self, N_d_k, dtype):
+        require_backend("reference")
+        self.X, _ = _panels(N_d_k[0], N_d_k[1], dtype)
+        self.k = N_d_k[2]
+
+    def time_knn(self, N_d_k, dtype):
+        refgeo.knn(self.X, self.k)
+
+
+class Perturbation:
+    """output_perturbation per token through a small causal toy model."""
+
+    params = ([(8, 32, 64, 500)] if not realistic() else [(16, 128, 256, 50257)], ["all", "per_token"])
+    param_names = ["B_T_d_V", "mode"]
+
+    def setup(self, shape, mode):
+        require_backend("reference")
+        B, T, d, V = shape
+        g = rng(2)
+        self.W = g.standard_normal((d, V)).astype(np.float64) / np.sqrt(d)
+        self.H = g.standard_normal((B, T, d))
+        self.P = self.H + 0.1 * g.standard_normal((B, T, d))
+
+    def _logits(self, H):
+        c = np.cumsum(H, axis=-2) / np.arange(1, H.shape[-2] + 1)[:, None]
+        return c @ self.W
+
+    def time_output_perturbation(self, shape, mode):
+        refgeo.output_perturbation(self._logits, self.H, self.P, mode=mode)

@@ -1,0 +1,330 @@
+"""Numerical kernels of refgeo.tokenwise: closed-form local fits on neighbour panels.
+
+Every function here receives clean float64 NumPy arrays and resolved options (the
+public wrappers in :mod:`refgeo.tokenwise` validate); none of them checks arguments.
+
+Conventions (SPEC §5).  Token ``i`` has neighbours ``N_k(i)`` (row ``i`` of ``nbr``)
+with weights ``w_ij`` normalised to mean 1 over the neighbourhood.  The local problem is
+
+    min_A  sum_j w_ij ||y_j - A x_j||^2 + lam ||A - A0||_F^2,   A0 in {0, I},
+
+written with ``D = A - A0`` and targets ``r_j = y_j - A0 x_j``.  Each kernel returns
+the fitted value ``A_i x_i`` of every token (and small per-token coefficients), never
+the d x d maps, except on request for tests (``return_maps``).
+
+Memory: the neighbour panels ``X[nbr[chunk]]`` are gathered ``chunk`` tokens at a
+time, so at most ``chunk * k * d`` float64 numbers per panel exist at once.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+# Relative threshold below which a Gram eigenvalue / singular value counts as zero.
+_RCOND_SCALE = 100.0
+_EPS = float(np.finfo(np.float64).eps)
+
+# Target bytes of one gathered neighbour panel (chunk * k * d * 8).
+_PANEL_BYTES = 48 * 2**20
+
+
+def default_chunk(k: int, d: int, n: int) -> int:
+    """Tokens per chunk so that one (chunk, k, d) float64 panel stays near 48 MiB."""
+    return int(max(1, min(n, _PANEL_BYTES // max(1, 8 * k * d))))
+
+
+# --------------------------------------------------------------------- diagonal
+
+
+def fit_diagonal(X, Y, nbr, w, lam, a0, nonneg, chunk):
+    """Coordinate-wise closed form ``a_c = (sum w x y + lam a0) / (sum w x^2 + lam)``.
+
+    The neighbour sums are products of the sparse N x N neighbour-weight matrix (k
+    entries per row) with the dense (N, d) panels ``X*Y`` and ``X*X``: O(N k d) time,
+    O(N d) extra memory, no (N, k, d) gather.  A coordinate with a zero denominator
+    (``lam = 0`` and all neighbours zero there) carries no information and takes the
+    prior value ``a0``.  ``nonneg`` clips at 0, the exact minimiser of the 1-D convex
+    problem on ``a >= 0``.
+    """
+    import scipy.sparse as sp
+
+    n, d = X.shape
+    k = nbr.shape[1]
+    S = sp.csr_matrix((w.ravel(), nbr.ravel(), np.arange(0, n * k + 1, k)), shape=(n, n))
+    P = np.multiply(X, Y)
+    num = S @ P
+    np.multiply(X, X, out=P)
+    den = S @ P
+    del P
+    if lam:
+        num += lam * a0
+        den += lam
+    pos = den > 0
+    np.divide(num, den, out=num, where=pos)
+    num[~pos] = a0
+    if nonneg:
+        np.maximum(num, 0.0, out=num)
+    np.multiply(X, num, out=den)
+    return den, num
+
+
+# ------------------------------------------------------- full ridge and low rank
+
+
+def _kernel_pinv_weights(mu, lam, rcond):
+    """1/(mu + lam) on the numerical range of the Gram matrix, 0 off it (lam = 0)."""
+    mu = np.maximum(mu, 0.0)
+    if lam > 0:
+        inv = 1.0 / (mu + lam)
+        h = mu * inv
+    else:
+        tol = rcond * mu[..., -1:]
+        keep = mu > tol
+        inv = np.where(keep, 1.0 / np.where(keep, mu, 1.0), 0.0)
+        h = keep.astype(np.float64)
+    return inv, h
+
+
+def fit_linear(X, Y, nbr, w, lam, identity_prior, rank, chunk, return_maps=False):
+    """Full ridge (``rank=None``) or reduced-rank ridge (rank ``r``) local fits.
+
+    Kernel (dual) form, exact for any k and d: with weighted panels
+    ``Xt = W^{1/2} X_N`` and ``Rt = W^{1/2} R_N`` (k x d) and ``K = Xt Xt^T``,
+
+        D^T = Xt^T (K + lam I)^+ Rt        (minimum-norm when lam = 0),
+
+    so ``D x_i = Rt^T (K + lam I)^+ Xt x_i``.  The rank-r fit (ridge reduced-rank
+    regression, Mukherjee & Zhu 2011) projects the ridge solution on the top-r right
+    singular vectors of the augmented fitted values, whose Gram matrix is
+    ``Rt^T H Rt`` with ``H = K (K + lam I)^+``; with ``H = L L^T`` these are
+    ``V_r = Rt^T L Phi_r nu_r^{-1/2}`` from the k x k eigenproblem of
+    ``L^T Rt Rt^T L``.  Cost O(k^2 d) per token, no d x d matrix.
+    """
+    n, d = X.shape
+    k = nbr.shape[1]
+    fitted = np.empty((n, d), dtype=np.float64)
+    maps = np.empty((n, d, d), dtype=np.float64) if return_maps else None
+    rcond = _RCOND_SCALE * max(k, d) * _EPS
+    sw = np.sqrt(w)
+    weighted = not np.all(w == 1.0)
+    # reused panel buffers: no fresh (chunk, k, d) allocation per chunk
+    bufX = np.empty((min(chunk, n) * k, d))
+    bufR = np.empty((min(chunk, n) * k, d))
+    for s in range(0, n, chunk):
+        e = min(n, s + chunk)
+        b = e - s
+        idx = nbr[s:e]
+        Xt = np.take(X, idx.ravel(), axis=0, out=bufX[: b * k], mode="clip").reshape(b, k, d)
+        Rt = np.take(Y, idx.ravel(), axis=0, out=bufR[: b * k], mode="clip").reshape(b, k, d)
+        if identity_prior:
+            Rt -= Xt
+        if weighted:
+            ws = sw[s:e, :, None]
+            Rt *= ws
+            Xt *= ws
+        xi = X[s:e]
+        K = Xt @ Xt.swapaxes(1, 2)
+        kap = np.einsum("bkd,bd->bk", Xt, xi)
+        mu, E = np.linalg.eigh(K)
+        inv, h = _kernel_pinv_weights(mu, lam, rcond)
+        # alpha-coefficients of the query: c = (K + lam)^+ kappa  (b, k)
+        c = np.einsum("bkm,bm->bk", E, inv * np.einsum("bkm,bk->bm", E, kap))
+        if rank is not None and rank < min(k, d):
+            # L = E diag(sqrt(h)); C = L^T (Rt Rt^T) L
+            T = Rt @ Rt.swapaxes(1, 2)
+            L = E * np.sqrt(h)[:, None, :]
+            C = L.swapaxes(1, 2) @ T @ L
+            nu, Phi = np.linalg.eigh(C)
+            nu = nu[:, ::-1][:, :rank]
+            Phi = Phi[:, :, ::-1][:, :, :rank]
+            good = nu > rcond * np.maximum(nu[:, :1], 0.0)
+            scale = np.where(good, 1.0 / np.sqrt(np.where(good, nu, 1.0)), 0.0)
+            G = (L @ Phi) * scale[:, None, :]  # (b, k, r): V_r = Rt^T G
+            # t = Rt^T c; projected t = V_r V_r^T t = Rt^T G G^T T c
+            coef = np.einsum("bkr,br->bk", G, np.einsum("bkr,bk->br", G, np.einsum("bkm,bm->bk", T, c)))
+        else:
+            G = None
+            coef = c
+        t = np.einsum("bkd,bk->bd", Rt, coef)
+        fitted[s:e] = (xi + t) if identity_prior else t
+        if return_maps:
+            # D^T = Xt^T (K+lam)^+ Rt, then projected on V_r
+            Kp = (E * inv[:, None, :]) @ E.swapaxes(1, 2)
+            DT = Xt.swapaxes(1, 2) @ Kp @ Rt
+            if G is not None:
+                V = Rt.swapaxes(1, 2) @ G
+                DT = DT @ V @ V.swapaxes(1, 2)
+            A = DT.swapaxes(1, 2)
+            if identity_prior:
+                A = A + np.eye(d)
+            maps[s:e] = A
+    return fitted, maps
+
+
+# ------------------------------------------------------------------ orthogonal
+
+
+def polar_near_identity(M, rcond):
+    """Orthogonal maximiser of ``tr(Q^T M)``; ties broken by maximal ``tr(Q)``.
+
+    With ``M = U S V^T`` and ``r`` numerically non-zero singular values, every
+    maximiser is ``U_1 V_1^T + U_2 Z V_2^T`` (Z orthogonal); the one closest to the
+    identity takes ``Z = b a^T`` from the SVD ``V_2^T U_2 = a c b^T``.  This is the
+    limit of the identity-prior solution as the ridge goes to 0.
+    """
+    U, s, Vt = np.linalg.svd(M)
+    V = Vt.swapaxes(-1, -2)
+    m = M.shape[-1]
+    r = np.sum(s > rcond * s[:, :1], axis=1)
+    Q = np.empty_like(M)
+    for rv in np.unique(r):
+        sel = np.nonzero(r == rv)[0]
+        U1, V1 = U[sel, :, :rv], V[sel, :, :rv]
+        Qs = U1 @ V1.swapaxes(1, 2)
+        if rv < m:
+            U2, V2 = U[sel, :, rv:], V[sel, :, rv:]
+            a, _, bt = np.linalg.svd(V2.swapaxes(1, 2) @ U2)
+            Qs = Qs + U2 @ (bt.swapaxes(1, 2) @ a.swapaxes(1, 2)) @ V2.swapaxes(1, 2)
+        Q[sel] = Qs
+    return Q
+
+
+def fit_orthogonal(X, Y, nbr, w, lam, identity_prior, scaled, chunk, return_maps=False):
+    """Weighted (scaled) orthogonal Procrustes per token, reduced to span(X_N, Y_N).
+
+    ``M = sum_j w_j y_j x_j^T`` has rank <= k, so with an orthonormal basis ``P`` of
+    the span of the 2k neighbour vectors (batched QR; ``P = I`` when ``2k >= d``) the
+    problem is exactly an m-dimensional one, ``M_s = P^T M P + lam A0_s``, and
+    ``Q = P Q_s P^T + (I - P P^T)``: the identity on the complement, which is the
+    exact solution for the identity prior and the tie-break towards the identity for
+    lam = 0 or the zero prior (whose penalty is constant on orthogonal matrices).
+    Scaled class: ``s = tr(Q^T (M + lam A0)) / (sum_j w_j ||x_j||^2 + lam d)``.
+    """
+    n, d = X.shape
+    k = nbr.shape[1]
+    fitted = np.empty((n, d), dtype=np.float64)
+    scale_out = np.ones(n, dtype=np.float64)
+    maps = np.empty((n, d, d), dtype=np.float64) if return_maps else None
+    full_space = 2 * k >= d
+    rcond = _RCOND_SCALE * max(2 * k, d) * _EPS
+    for s in range(0, n, chunk):
+        e = min(n, s + chunk)
+        idx = nbr[s:e]
+        b = e - s
+        Xn = X[idx]
+        Yn = Y[idx]
+        xi = X[s:e]
+        wn = w[s:e]
+        if full_space:
+            xs, ys, xis = Xn, Yn, xi
+            m = d
+        else:
+            Z = np.concatenate([Xn, Yn], axis=1).swapaxes(1, 2)  # (b, d, 2k)
+            P, _ = np.linalg.qr(Z)  # (b, d, 2k), orthonormal columns
+            m = P.shape[2]
+            xs = Xn @ P
+            ys = Yn @ P
+            xis = np.einsum("bd,bdm->bm", xi, P)
+        M = (ys * wn[:, :, None]).swapaxes(1, 2) @ xs  # (b, m, m)
+        if identity_prior and lam:
+            M = M + lam * np.eye(m)
+        Q = polar_near_identity(M, rcond)
+        qx = np.einsum("bmn,bn->bm", Q, xis)
+        if full_space:
+            out = qx
+        else:
+            out = xi - np.einsum("bdm,bm->bd", P, xis) + np.einsum("bdm,bm->bd", P, qx)
+        if scaled:
+            tr = np.einsum("bmn,bmn->b", Q, M)
+            if identity_prior and lam:
+                tr = tr + lam * (d - m)
+            den = np.einsum("bk,bkd,bkd->b", wn, Xn, Xn) + lam * d
+            with np.errstate(divide="ignore", invalid="ignore"):
+                sc = np.where(den > 0, np.maximum(tr, 0.0) / np.where(den > 0, den, 1.0), 1.0)
+            scale_out[s:e] = sc
+            out = out * sc[:, None]
+        fitted[s:e] = out
+        if return_maps:
+            if full_space:
+                A = Q
+            else:
+                A = np.eye(d) - P @ P.swapaxes(1, 2) + P @ Q @ P.swapaxes(1, 2)
+            maps[s:e] = A * scale_out[s:e, None, None]
+    return fitted, scale_out, maps
+
+
+# ----------------------------------------------------------------------- MLP
+
+
+def gelu(z):
+    """tanh approximation of GELU and its derivative."""
+    c = np.sqrt(2.0 / np.pi)
+    u = c * (z + 0.044715 * z**3)
+    t = np.tanh(u)
+    g = 0.5 * z * (1.0 + t)
+    dg = 0.5 * (1.0 + t) + 0.5 * z * (1.0 - t * t) * c * (1.0 + 3 * 0.044715 * z * z)
+    return g, dg
+
+
+def activation(name, z):
+    if name == "gelu":
+        return gelu(z)
+    if name == "relu":
+        return np.maximum(z, 0.0), (z > 0).astype(z.dtype)
+    t = np.tanh(z)
+    return t, 1.0 - t * t
+
+
+def mlp_forward(params, Xs, act):
+    W1, b1, W2, b2 = params
+    z = Xs @ W1 + b1
+    a, da = activation(act, z)
+    return a @ W2 + b2, (z, a, da)
+
+
+def train_mlp(Xs, T, hidden, act, epochs, lr, batch, weight_decay, rng, Xv=None, Tv=None):
+    """Adam on the mean squared error ``mean ||MLP(x) - t||^2 / d`` (standardised data)."""
+    n, d = Xs.shape
+    W1 = rng.standard_normal((d, hidden)) / np.sqrt(d)
+    b1 = np.zeros(hidden)
+    W2 = rng.standard_normal((hidden, d)) * (0.1 / np.sqrt(hidden))
+    b2 = np.zeros(d)
+    params = [W1, b1, W2, b2]
+    m1 = [np.zeros_like(p) for p in params]
+    m2 = [np.zeros_like(p) for p in params]
+    beta1, beta2, eps = 0.9, 0.999, 1e-8
+    step = 0
+    hist_train = np.empty(epochs)
+    hist_test = np.full(epochs, np.nan)
+    batch = n if batch is None else batch
+    for ep in range(epochs):
+        order = rng.permutation(n) if batch < n else np.arange(n)
+        tot = 0.0
+        for s in range(0, n, batch):
+            ib = order[s : s + batch]
+            xb, tb = Xs[ib], T[ib]
+            out, (z, a, da) = mlp_forward(params, xb, act)
+            err = out - tb
+            nb = xb.shape[0]
+            tot += float(np.sum(err * err))
+            g_out = err * (2.0 / (nb * d))
+            gW2 = a.T @ g_out
+            gb2 = g_out.sum(0)
+            g_z = (g_out @ params[2].T) * da
+            gW1 = xb.T @ g_z
+            gb1 = g_z.sum(0)
+            grads = [gW1 + weight_decay * params[0], gb1, gW2 + weight_decay * params[2], gb2]
+            step += 1
+            for p, g, u, v in zip(params, grads, m1, m2):
+                u *= beta1
+                u += (1 - beta1) * g
+                v *= beta2
+                v += (1 - beta2) * g * g
+                uh = u / (1 - beta1**step)
+                vh = v / (1 - beta2**step)
+                p -= lr * uh / (np.sqrt(vh) + eps)
+        hist_train[ep] = tot / (n * d)
+        if Xv is not None and Xv.shape[0]:
+            ov, _ = mlp_forward(params, Xv, act)
+            hist_test[ep] = float(np.mean((ov - Tv) ** 2))
+    return params, hist_train, hist_test

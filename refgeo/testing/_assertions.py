@@ -1,0 +1,926 @@
+"""Assertion helpers whose default tolerances are the documented error bounds.
+
+Each ``assert_*`` compares a candidate's output with refgeo's reference and raises
+:class:`ConformanceError` (an ``AssertionError``) naming the quantity, the expected and
+the received values and the tolerance that was applied.  Tolerances (unit roundoff
+:math:`u = 2^{-24}` for float32, :math:`2^{-53}` for float64,
+:math:`\\gamma_m = m u / (1 - m u)`):
+
+* logit Hilbert distances (elementwise, pairwise): the bound documented in
+  :func:`refgeo.pdist_hilbert`, :math:`u_{in} (|\\max_k d_k| + |\\min_k d_k|)`, plus one
+  rounding of the returned value to the candidate's output dtype;
+* Hilbert distances of probabilities: :math:`8 u_{in} (\\max|\\log p| + \\max|\\log q| + 1)`;
+  ``inf`` (different supports) must be reported exactly;
+* distances between rows (extreme pairs, k-NN): the refined float64 value is exact up
+  to :math:`\\gamma_{d+3}(u_{64})` relative; a candidate computing in the input
+  precision is allowed :math:`2\\gamma_{d+3}(u_{in})` relative on top, which covers
+  direct differences and the centred Gram identity for the diameter (not for the
+  closest pair, where cancellation is unbounded: that is what the check catches).
+
+Passing ``rtol``/``atol`` replaces the default by ``atol + rtol * |expected|``.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import numpy as np
+
+__all__ = [
+    "ConformanceError",
+    "as_numpy",
+    "assert_cdist_close",
+    "assert_extreme_pair_close",
+    "assert_hilbert_close",
+    "assert_hilbert_logits_close",
+    "assert_knn_close",
+    "assert_pdist_close",
+    "assert_projected_rownorm_close",
+    "assert_rownorm_steps_close",
+    "rownorm_reference_steps",
+]
+
+_U64 = 2.0**-53
+_TIE_RULES = ("smallest", "any")
+
+
+class ConformanceError(AssertionError):
+    """A candidate implementation disagrees with refgeo's reference.
+
+    Subclasses ``AssertionError``, so pytest reports it as a test failure.
+
+    Attributes
+    ----------
+    name : str
+        The quantity (``"row_diameter"``, ...) or the assertion helper that failed.
+    reason : str
+        What is wrong, in one sentence.
+    expected, got : object
+        Reference and candidate values (as NumPy arrays or results).
+    tolerance : str
+        The tolerance that was applied, with its origin.
+    inputs : dict
+        The inputs of the failing example, by argument name (empty when the helper was
+        called directly).
+    """
+
+    def __init__(
+        self,
+        reason: str,
+        *,
+        name: str = "",
+        expected: Any = None,
+        got: Any = None,
+        tolerance: str = "",
+        inputs: dict[str, Any] | None = None,
+    ) -> None:
+        self.name = name
+        self.reason = reason
+        self.expected = expected
+        self.got = got
+        self.tolerance = tolerance
+        self.inputs = dict(inputs or {})
+        super().__init__(self._message())
+
+    def with_context(self, name: str, inputs: dict[str, Any]) -> ConformanceError:
+        """A copy of this error that also names the quantity and the failing inputs."""
+        return ConformanceError(
+            self.reason, name=name, expected=self.expected, got=self.got, tolerance=self.tolerance, inputs=inputs
+        )
+
+    def _message(self) -> str:
+        head = f"candidate disagrees with refgeo's reference for {self.name!r}" if self.name else "mismatch"
+        lines = [f"{head}: {self.reason}"]
+        for key, val in self.inputs.items():
+            lines.append(_field(f"input {key}", val))
+        if self.expected is not None:
+            lines.append(_field("expected", self.expected))
+        if self.got is not None:
+            lines.append(_field("got", self.got))
+        if self.tolerance:
+            lines.append(f"  tolerance: {self.tolerance}")
+        return "\n".join(lines)
+
+
+def _describe_layout(a: np.ndarray) -> str:
+    if a.ndim < 2 or a.flags.c_contiguous:
+        return "C-contiguous" if a.flags.c_contiguous else f"strided view, strides={a.strides}"
+    if a.flags.f_contiguous:
+        return "Fortran-ordered"
+    return f"strided view, strides={a.strides}"
+
+
+def _field(label: str, val: Any) -> str:
+    if isinstance(val, np.ndarray):
+        with np.printoptions(precision=17, floatmode="unique", threshold=400, linewidth=100):
+            body = repr(val)
+        info = f"  # shape {val.shape}, {val.dtype}, {_describe_layout(val)}"
+        body = body.replace("\n", "\n" + " " * 13)
+        return f"  {label + ':':<10} {body}{info}"
+    text = repr(val).replace("\n", "\n" + " " * 13)
+    return f"  {label + ':':<10} {text}"
+
+
+# --------------------------------------------------------------------------- conversion
+
+
+def as_numpy(x: Any) -> np.ndarray:
+    """Convert an array of any library (NumPy, PyTorch, JAX, CuPy, ...) to NumPy.
+
+    Tries DLPack (``np.from_dlpack``) for objects that export it, then
+    ``np.asarray``; tensors that carry autograd state are detached, device arrays are
+    brought to the host (``.get()`` for CuPy, ``.cpu()`` for PyTorch).
+
+    Parameters
+    ----------
+    x : array_like or tensor
+        The candidate's output.
+
+    Returns
+    -------
+    a : ndarray
+        A NumPy array (a view where the library allows it).
+
+    Examples
+    --------
+    >>> from refgeo.testing import as_numpy
+    >>> as_numpy([1.0, 2.0]).dtype
+    dtype('float64')
+    """
+    if isinstance(x, np.ndarray):
+        return x
+    if hasattr(x, "detach") and callable(x.detach):  # PyTorch autograd tensors
+        x = x.detach()
+    if hasattr(x, "__dlpack__"):
+        try:
+            return np.from_dlpack(x)
+        except Exception:  # device memory, unsupported dtype: other routes below
+            pass
+    if type(x).__module__.split(".")[0] == "cupy" and hasattr(x, "get"):
+        return np.asarray(x.get())
+    try:
+        return np.asarray(x)
+    except Exception:
+        if hasattr(x, "cpu"):
+            return np.asarray(x.cpu())
+        raise
+
+
+def _check_rule(tie_break: str) -> str:
+    if tie_break not in _TIE_RULES:
+        raise ValueError(f"tie_break must be one of {_TIE_RULES}, got {tie_break!r} instead.")
+    return tie_break
+
+
+def _unit_roundoff(dtype) -> float:
+    dt = np.dtype(dtype)
+    if dt.kind != "f":
+        return _U64
+    return float(np.finfo(dt).eps) / 2.0
+
+
+def _gamma(m: int, u: float) -> float:
+    return m * u / (1.0 - m * u)
+
+
+def _user_tol(rtol, atol, expected):
+    return (0.0 if atol is None else float(atol)) + (0.0 if rtol is None else float(rtol)) * np.abs(expected)
+
+
+def _user_tol_text(rtol, atol) -> str:
+    return f"|got - expected| <= atol + rtol * |expected| with rtol={rtol}, atol={atol} (user-supplied)"
+
+
+def _compare_arrays(expected, got, tol, *, what: str, tol_text: str, inf_exact: bool = False):
+    """Elementwise |got - expected| <= tol; NaN never passes; inf must match exactly."""
+    got = np.asarray(got)
+    if got.shape != expected.shape:
+        raise ConformanceError(
+            f"{what} has shape {got.shape}, expected shape {expected.shape}.", expected=expected, got=got
+        )
+    g = got.astype(np.float64)
+    tol = np.broadcast_to(np.asarray(tol, dtype=np.float64), expected.shape)
+    with np.errstate(invalid="ignore"):
+        both_inf = np.isinf(expected) & (g == expected)
+        err = np.where(both_inf, 0.0, np.abs(g - expected))
+    bad = ~(err <= tol)  # catches NaN
+    if inf_exact:
+        bad |= np.isinf(expected) != np.isinf(g)
+    if np.any(bad):
+        k = np.unravel_index(int(np.flatnonzero(bad)[0]), expected.shape) if expected.ndim else ()
+        where = f" at index {tuple(int(t) for t in k)}" if expected.ndim else ""
+        raise ConformanceError(
+            f"{what}{where} is {float(g[k])!r}, expected {float(expected[k])!r}: the error {err[k]:.3g} exceeds the "
+            f"tolerance {tol[k]:.3g} ({int(np.sum(bad))} of {bad.size} entries out of tolerance).",
+            expected=expected,
+            got=got,
+            tolerance=tol_text,
+        )
+
+
+# --------------------------------------------------------------------------- Hilbert
+
+
+def _reference(fn, *args, **kwargs):
+    import refgeo
+
+    with refgeo.use_backend("reference"):
+        return fn(*args, **kwargs)
+
+
+def _logit_tol(dmax, dmin, in_dtype, out_dtype):
+    u_in = _unit_roundoff(in_dtype)
+    u_out = _unit_roundoff(out_dtype)
+    scale = np.abs(dmax) + np.abs(dmin)
+    return (u_in + 2 * _U64) * scale + u_out * np.abs(dmax - dmin)
+
+
+_LOGIT_TOL_TEXT = (
+    "u_in * (|max_k d_k| + |min_k d_k|) + u_out * |d| (d = w - z; u = unit roundoff of the input "
+    "and of the returned dtype), the bound documented in refgeo.pdist_hilbert"
+)
+
+
+def assert_hilbert_logits_close(
+    actual: Any, z: Any, w: Any, /, *, rtol: float | None = None, atol: float | None = None
+) -> None:
+    """Assert ``actual`` equals ``refgeo.hilbert_distance_logits(z, w)`` (rows of z, w).
+
+    Parameters
+    ----------
+    actual : array_like of shape (n,) or scalar
+        The candidate's distances along the last axis.
+    z, w : ndarray of shape (n, V) or (V,)
+        The logits given to the candidate.
+    rtol, atol : float, default=None
+        Replace the default tolerance by ``atol + rtol * |expected|``.
+
+    Raises
+    ------
+    ConformanceError
+        When an entry is out of tolerance, NaN, or the shape differs.
+
+    Notes
+    -----
+    Default tolerance per entry, with :math:`d = w - z` and unit roundoffs of the input
+    and of the returned dtype:
+
+    .. math:: u_{in} (|\\max_k d_k| + |\\min_k d_k|) + u_{out} |\\max_k d_k - \\min_k d_k|
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from refgeo.testing import assert_hilbert_logits_close
+    >>> z = np.array([[0.0, 1.0, 2.0]]); w = np.array([[5.0, 5.0, 5.0]])
+    >>> assert_hilbert_logits_close(np.array([2.0]), z, w)
+    """
+    import refgeo
+
+    z64 = np.asarray(z, dtype=np.float64)
+    w64 = np.asarray(w, dtype=np.float64)
+    expected = np.asarray(_reference(refgeo.hilbert_distance_logits, z, w), dtype=np.float64)
+    got = as_numpy(actual)
+    if rtol is None and atol is None:
+        d = w64 - z64
+        tol = _logit_tol(d.max(axis=-1), d.min(axis=-1), np.result_type(z, w), got.dtype)
+        text = _LOGIT_TOL_TEXT
+    else:
+        tol, text = _user_tol(rtol, atol, expected), _user_tol_text(rtol, atol)
+    _compare_arrays(expected, got, tol, what="distance", tol_text=text)
+
+
+def assert_hilbert_close(
+    actual: Any, p: Any, q: Any, /, *, rtol: float | None = None, atol: float | None = None
+) -> None:
+    """Assert ``actual`` equals ``refgeo.hilbert_distance(p, q)`` (rows of p, q).
+
+    Parameters
+    ----------
+    actual : array_like of shape (n,) or scalar
+        The candidate's distances; ``inf`` exactly where the supports differ.
+    p, q : ndarray of shape (n, V) or (V,)
+        The non-negative vectors given to the candidate.
+    rtol, atol : float, default=None
+        Replace the default tolerance by ``atol + rtol * |expected|``.
+
+    Raises
+    ------
+    ConformanceError
+        When a finite entry is out of tolerance, ``inf`` is missing or spurious, or an
+        entry is NaN.
+
+    Notes
+    -----
+    Default tolerance :math:`8 u_{in} (\\max_k |\\log p_k| + \\max_k |\\log q_k| + 1)` over the
+    common support (a few roundings of each logarithm, ratio and normalisation).
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from refgeo.testing import assert_hilbert_close
+    >>> assert_hilbert_close(np.array([np.log(4.0), np.inf]),
+    ...                      np.array([[0.5, 0.25, 0.25], [1.0, 0.0, 0.0]]),
+    ...                      np.array([[0.25, 0.25, 0.5], [0.5, 0.5, 0.0]]))
+    """
+    import refgeo
+
+    expected = np.asarray(_reference(refgeo.hilbert_distance, p, q), dtype=np.float64)
+    got = as_numpy(actual)
+    if rtol is None and atol is None:
+        p64 = np.asarray(p, dtype=np.float64)
+        q64 = np.asarray(q, dtype=np.float64)
+        with np.errstate(divide="ignore"):
+            lp = np.where(p64 > 0, np.abs(np.log(np.where(p64 > 0, p64, 1.0))), 0.0)
+            lq = np.where(q64 > 0, np.abs(np.log(np.where(q64 > 0, q64, 1.0))), 0.0)
+        tol = 8 * _unit_roundoff(np.result_type(p, q)) * (lp.max(axis=-1) + lq.max(axis=-1) + 1.0)
+        text = "8 u_in (max|log p| + max|log q| + 1); inf must match exactly"
+    else:
+        tol, text = _user_tol(rtol, atol, expected), _user_tol_text(rtol, atol)
+    _compare_arrays(expected, got, tol, what="distance", tol_text=text, inf_exact=True)
+
+
+def _pairwise_extremes(A, B):
+    """float64 max and min over k of B[j, k] - A[i, k], shape (nA, nB)."""
+    D = np.asarray(B, dtype=np.float64)[None, :, :] - np.asarray(A, dtype=np.float64)[:, None, :]
+    return D.max(axis=-1), D.min(axis=-1)
+
+
+def assert_pdist_close(actual: Any, X: Any, /, *, rtol: float | None = None, atol: float | None = None) -> None:
+    """Assert ``actual`` equals ``refgeo.pdist_hilbert(X)`` (logit rows).
+
+    Parameters
+    ----------
+    actual : array_like of shape (n*(n-1)//2,) or (n, n)
+        Condensed (``pdist`` order) or square distances.
+    X : ndarray of shape (n, V)
+        The logit rows given to the candidate.
+    rtol, atol : float, default=None
+        Replace the default tolerance by ``atol + rtol * |expected|``.
+
+    Raises
+    ------
+    ConformanceError
+        On a value out of tolerance, a wrong shape, or (square form) a nonzero diagonal
+        or an asymmetric matrix.
+
+    Notes
+    -----
+    Default tolerance: the float32 bound documented in :func:`refgeo.pdist_hilbert`,
+    :math:`u_{in}(|\\max_k d_k| + |\\min_k d_k|)` for the pair's difference
+    :math:`d = x_j - x_i`, plus one rounding of the value to the returned dtype.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from refgeo.testing import assert_pdist_close
+    >>> Z = np.array([[0.0, 0.0, 0.0], [0.0, 1.0, 2.0], [5.0, 5.0, 6.0]], dtype=np.float32)
+    >>> assert_pdist_close(np.array([2.0, 1.0, 1.0], dtype=np.float32), Z)
+    """
+    import refgeo
+
+    X = np.asarray(X)
+    n = X.shape[0]
+    expected = np.asarray(_reference(refgeo.pdist_hilbert, X), dtype=np.float64)
+    got = as_numpy(actual)
+    iu = np.triu_indices(n, k=1)
+    if got.ndim == 2 and got.shape == (n, n):
+        if np.any(np.diag(got) != 0) or not np.array_equal(got, got.T, equal_nan=True):
+            raise ConformanceError(
+                "the square distance matrix must be symmetric with a zero diagonal.", expected=expected, got=got
+            )
+        got = got[iu]
+    if rtol is None and atol is None:
+        hi, lo = _pairwise_extremes(X, X)
+        tol = _logit_tol(hi[iu], lo[iu], X.dtype, got.dtype)
+        text = _LOGIT_TOL_TEXT
+    else:
+        tol, text = _user_tol(rtol, atol, expected), _user_tol_text(rtol, atol)
+    _compare_arrays(expected, got, tol, what="condensed distance", tol_text=text)
+
+
+def assert_cdist_close(
+    actual: Any, XA: Any, XB: Any, /, *, rtol: float | None = None, atol: float | None = None
+) -> None:
+    """Assert ``actual`` equals ``refgeo.cdist_hilbert(XA, XB)`` (logit rows).
+
+    Parameters
+    ----------
+    actual : array_like of shape (nA, nB)
+    XA : ndarray of shape (nA, V)
+    XB : ndarray of shape (nB, V)
+    rtol, atol : float, default=None
+        Replace the default tolerance (as in :func:`assert_pdist_close`).
+
+    Raises
+    ------
+    ConformanceError
+        On a value out of tolerance or a wrong shape.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from refgeo.testing import assert_cdist_close
+    >>> assert_cdist_close(np.array([[2.0, 0.0]]), np.zeros((1, 3)),
+    ...                    np.array([[0.0, 1.0, 2.0], [1.0, 1.0, 1.0]]))
+    """
+    import refgeo
+
+    XA = np.asarray(XA)
+    XB = np.asarray(XB)
+    expected = np.asarray(_reference(refgeo.cdist_hilbert, XA, XB), dtype=np.float64)
+    got = as_numpy(actual)
+    if rtol is None and atol is None:
+        hi, lo = _pairwise_extremes(XA, XB)
+        tol = _logit_tol(hi, lo, np.result_type(XA, XB), got.dtype)
+        text = _LOGIT_TOL_TEXT
+    else:
+        tol, text = _user_tol(rtol, atol, expected), _user_tol_text(rtol, atol)
+    _compare_arrays(expected, got, tol, what="distance", tol_text=text)
+
+
+# --------------------------------------------------------------------------- row distances
+
+
+def _canonical_sq(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """refgeo's refined squared distance (same operations, bit for bit)."""
+    from refgeo.rows import _canonical_sq as canon
+
+    return np.asarray(canon(np, np.asarray(a, dtype=np.float64), np.asarray(b, dtype=np.float64)))
+
+
+def _distance_rtol(d: int, in_dtype) -> float:
+    return 2.0 * _gamma(d + 3, _unit_roundoff(in_dtype)) + _gamma(d + 3, _U64)
+
+
+def _distance_floor(d: int, in_dtype) -> float:
+    """Absolute floor: squares of differences below sqrt(tiny) underflow in the input dtype."""
+    dt = np.dtype(in_dtype) if np.dtype(in_dtype).kind == "f" else np.dtype(np.float64)
+    return math.sqrt((d + 1) * float(np.finfo(dt).tiny))
+
+
+def _distance_tol_text(d: int, in_dtype) -> str:
+    return (
+        f"|got - expected| <= {_distance_rtol(d, in_dtype):.3g} * expected + {_distance_floor(d, in_dtype):.3g} "
+        f"(relative 2 gamma_(d+3)(u_in) + gamma_(d+3)(u_64) for d={d}, {np.dtype(in_dtype)} input; "
+        "absolute: the underflow floor sqrt((d+1) tiny_in))"
+    )
+
+
+def _as_index(x: Any, what: str) -> int:
+    a = as_numpy(x)
+    if a.size != 1 or not (np.issubdtype(a.dtype, np.integer) or float(a.reshape(())) == int(a.reshape(()))):
+        raise ConformanceError(f"{what} must be one integer index, got {x!r}.")
+    return int(a.reshape(()))
+
+
+def assert_extreme_pair_close(
+    value: Any,
+    i: Any,
+    j: Any,
+    reference_pair: Any,
+    S: Any,
+    /,
+    *,
+    rtol: float | None = None,
+    atol: float | None = None,
+    tie_break: str = "smallest",
+) -> None:
+    """Assert a candidate's extreme pair (diameter or closest pair) matches refgeo's.
+
+    Parameters
+    ----------
+    value : float
+        The candidate's distance.
+    i, j : int
+        The candidate's pair (``i < j``).
+    reference_pair : refgeo.ExtremePair
+        ``refgeo.row_diameter(S)`` or ``refgeo.closest_pair(S)``.
+    S : ndarray of shape (V, d)
+        The rows given to the candidate.
+    rtol, atol : float, default=None
+        Replace the default tolerance by ``atol + rtol * reference_pair.value``.
+    tie_break : {"smallest", "any"}, default="smallest"
+        ``"smallest"``: refgeo's rule, among pairs whose refined float64 distances are
+        equal the lexicographically smallest ``(i, j)`` must be returned.
+        ``"any"``: any pair whose distance is within the tolerance is accepted.
+
+    Raises
+    ------
+    ConformanceError
+        When the value is out of tolerance; when the pair is invalid (out of range,
+        ``i >= j``); when the pair's own distance is not within the tolerance of the
+        extreme (it is not an extreme pair, e.g. an off-by-one index); or, with
+        ``tie_break="smallest"``, when it ties exactly with a smaller pair.
+
+    Notes
+    -----
+    A different pair than the reference's is accepted only where the two values tie
+    within the tolerance, whose default is the certified error of the refined value
+    plus the rounding of a computation in the input precision:
+
+    .. math:: |v - v_{ref}| \\le \\big(2\\gamma_{d+3}(u_{in}) + \\gamma_{d+3}(u_{64})\\big)\\, v_{ref}
+              + \\sqrt{(d+1)\\,\\mathrm{tiny}_{in}}
+
+    (the last term: squares of differences below :math:`\\sqrt{\\mathrm{tiny}}` underflow).
+
+    Examples
+    --------
+    >>> import numpy as np, refgeo
+    >>> from refgeo.testing import assert_extreme_pair_close
+    >>> S = np.array([[0.0, 0.0], [3.0, 4.0], [1.0, 1.0]])
+    >>> assert_extreme_pair_close(5.0, 0, 1, refgeo.row_diameter(S), S)
+    """
+    tie_break = _check_rule(tie_break)
+    S = np.asarray(S)
+    V, d = S.shape
+    ref_v = float(reference_pair.value)
+    ri, rj = int(reference_pair.i), int(reference_pair.j)
+    expected = {"value": ref_v, "i": ri, "j": rj}
+    got_v = float(as_numpy(value).reshape(()))
+    gi, gj = _as_index(i, "i"), _as_index(j, "j")
+    got = {"value": got_v, "i": gi, "j": gj}
+    if rtol is None and atol is None:
+        tol = _distance_rtol(d, S.dtype) * ref_v + _distance_floor(d, S.dtype)
+        text = _distance_tol_text(d, S.dtype)
+    else:
+        tol = float(_user_tol(rtol, atol, ref_v))
+        text = _user_tol_text(rtol, atol)
+    if not (abs(got_v - ref_v) <= tol):
+        raise ConformanceError(
+            f"the value {got_v!r} differs from the reference {ref_v!r} by {abs(got_v - ref_v):.3g}, more than "
+            f"the tolerance {tol:.3g}.",
+            expected=expected,
+            got=got,
+            tolerance=text,
+        )
+    if not (0 <= gi < gj < V):
+        raise ConformanceError(
+            f"the pair ({gi}, {gj}) is not a valid pair i < j of rows 0..{V - 1}.",
+            expected=expected,
+            got=got,
+            tolerance=text,
+        )
+    if (gi, gj) == (ri, rj):
+        return
+    rows = S.astype(np.float64)
+    sq_got = float(_canonical_sq(rows[gi], rows[gj]))
+    sq_ref = float(_canonical_sq(rows[ri], rows[rj]))
+    pair_v = math.sqrt(sq_got)
+    if sq_got == sq_ref:
+        if tie_break == "smallest":
+            raise ConformanceError(
+                f"wrong tie-breaking: the pairs ({gi}, {gj}) and ({ri}, {rj}) have exactly equal refined "
+                f"distances {pair_v!r}; refgeo's rule returns the lexicographically smallest pair ({ri}, {rj}).",
+                expected=expected,
+                got=got,
+                tolerance="exact ties go to the smallest (i, j) (tie_break='smallest')",
+            )
+        return
+    if not (abs(pair_v - ref_v) <= tol):
+        raise ConformanceError(
+            f"the pair ({gi}, {gj}) is not an extreme pair: its distance is {pair_v!r}, the reference "
+            f"pair ({ri}, {rj}) has {ref_v!r}; they differ by {abs(pair_v - ref_v):.3g}, more than the "
+            f"tolerance {tol:.3g}.",
+            expected=expected,
+            got=got,
+            tolerance=text,
+        )
+
+
+def assert_knn_close(
+    indices: Any,
+    distances: Any,
+    reference: Any,
+    X: Any,
+    /,
+    *,
+    Y: Any = None,
+    exclude_self: bool = True,
+    rtol: float | None = None,
+    atol: float | None = None,
+    tie_break: str = "smallest",
+) -> None:
+    """Assert a candidate's k nearest neighbours match ``refgeo.knn``.
+
+    Parameters
+    ----------
+    indices : array_like of shape (n, k)
+        The candidate's neighbour indices, nearest first.
+    distances : array_like of shape (n, k) or None
+        The candidate's distances (None: only the indices are checked).
+    reference : refgeo.KNNResult
+        ``refgeo.knn(X, k, Y, exclude_self=...)``.
+    X : ndarray of shape (n, d)
+        Query rows.
+    Y : ndarray of shape (n_Y, d), default=None
+        Candidate rows (None: X itself).
+    exclude_self : bool, default=True
+        Whether a row may be its own neighbour (when Y is None).
+    rtol, atol : float, default=None
+        Replace the default distance tolerance by ``atol + rtol * |expected|``.
+    tie_break : {"smallest", "any"}, default="smallest"
+        ``"smallest"``: among exactly equal refined distances the smaller index comes
+        first (refgeo's rule); ``"any"``: any order of near-equal neighbours.
+
+    Raises
+    ------
+    ConformanceError
+        On a wrong shape, an index out of range, a repeated neighbour, the query row
+        itself (with ``exclude_self``), a distance out of tolerance, a neighbour whose
+        true distance is not within tolerance of the reference's at that rank, or a
+        wrong order among exact ties.
+
+    Notes
+    -----
+    Tolerance as in :func:`assert_extreme_pair_close`, per entry.
+
+    Examples
+    --------
+    >>> import numpy as np, refgeo
+    >>> from refgeo.testing import assert_knn_close
+    >>> X = np.array([[0.0], [1.0], [3.0]])
+    >>> assert_knn_close([[1], [0], [1]], [[1.0], [1.0], [2.0]], refgeo.knn(X, 1), X)
+    """
+    tie_break = _check_rule(tie_break)
+    X = np.asarray(X)
+    B = X if Y is None else np.asarray(Y)
+    ref_idx = np.asarray(reference.indices)
+    ref_dist = np.asarray(reference.distances, dtype=np.float64)
+    n, k = ref_idx.shape
+    d = X.shape[1]
+    got_idx = as_numpy(indices)
+    expected = {"indices": ref_idx, "distances": ref_dist}
+    got = {"indices": got_idx, "distances": None if distances is None else as_numpy(distances)}
+    if rtol is None and atol is None:
+        tol = _distance_rtol(d, np.result_type(X, B)) * ref_dist + _distance_floor(d, np.result_type(X, B))
+        text = _distance_tol_text(d, np.result_type(X, B))
+    else:
+        tol = _user_tol(rtol, atol, ref_dist)
+        text = _user_tol_text(rtol, atol)
+    if got_idx.shape != (n, k) or not (np.issubdtype(got_idx.dtype, np.integer) or got_idx.size == 0):
+        raise ConformanceError(
+            f"indices must be an integer array of shape {(n, k)}, got {got_idx.dtype} of shape {got_idx.shape}.",
+            expected=expected,
+            got=got,
+        )
+    if distances is not None:
+        _compare_arrays(ref_dist, got["distances"], tol, what="distance", tol_text=text)
+    nb = B.shape[0]
+    A64 = X.astype(np.float64)
+    B64 = B.astype(np.float64)
+    for r in range(n):
+        row = got_idx[r]
+        if np.any(row < 0) or np.any(row >= nb):
+            raise ConformanceError(f"row {r}: neighbour index out of range 0..{nb - 1}: {row.tolist()}.",
+                                   expected=expected, got=got)
+        if len(set(row.tolist())) != k:
+            raise ConformanceError(f"row {r}: repeated neighbour in {row.tolist()}.", expected=expected, got=got)
+        if Y is None and exclude_self and r in row:
+            raise ConformanceError(f"row {r} is listed as its own neighbour (exclude_self=True).",
+                                   expected=expected, got=got)
+        sq = _canonical_sq(A64[r][None, :], B64[row])
+        for c in range(k):
+            if row[c] == ref_idx[r, c]:
+                continue
+            ref_sq = float(_canonical_sq(A64[r], B64[ref_idx[r, c]]))
+            if float(sq[c]) == ref_sq and tie_break == "smallest":
+                raise ConformanceError(
+                    f"wrong tie-breaking in row {r}, rank {c}: neighbours {int(row[c])} and {int(ref_idx[r, c])} "
+                    f"are at exactly equal refined distance {math.sqrt(ref_sq)!r}; refgeo orders equal distances "
+                    "by the smaller index.",
+                    expected=expected,
+                    got=got,
+                    tolerance="exact ties ordered by index (tie_break='smallest')",
+                )
+            dist = math.sqrt(float(sq[c]))
+            if not (abs(dist - ref_dist[r, c]) <= tol[r, c]):
+                raise ConformanceError(
+                    f"row {r}, rank {c}: neighbour {int(row[c])} is at distance {dist!r}, but the reference's "
+                    f"neighbour {int(ref_idx[r, c])} at that rank is at {ref_dist[r, c]!r} (difference "
+                    f"{abs(dist - ref_dist[r, c]):.3g} > tolerance {tol[r, c]:.3g}).",
+                    expected=expected,
+                    got=got,
+                    tolerance=text,
+                )
+
+
+# --------------------------------------------------------------------------- LMO and optimizer
+
+
+def assert_projected_rownorm_close(
+    actual: Any, G: Any, /, *, eta: float = 1.0, rtol: float | None = None, atol: float | None = None
+) -> None:
+    """Assert ``actual`` equals ``refgeo.projected_rownorm(G, eta=eta)``.
+
+    Parameters
+    ----------
+    actual : array_like of shape (V, d)
+        The candidate's step :math:`-\\tfrac{\\eta}{2} P\\,\\mathrm{RN}(PG)`.
+    G : ndarray of shape (V, d)
+        The gradient given to the candidate.
+    eta : float, default=1.0
+        Diameter budget.
+    rtol, atol : float, default=None
+        Replace the default tolerance by ``atol + rtol * |expected|``.
+
+    Raises
+    ------
+    ConformanceError
+        On a wrong shape or an entry out of tolerance.
+
+    Notes
+    -----
+    Default tolerance (absolute, every entry): :math:`\\eta\\,(V + d + 6)\\,u_{in}`, the
+    rounding of a row normalisation (:math:`(d+3)u` relative on rows of norm 1) and of
+    the outer mean over V rows, in the input precision.  It assumes the centring
+    :math:`PG` is exact or harmless, as for gradients whose rows sum to zero exactly
+    (:func:`refgeo.testing.strategies.centred_gradients`); rows of ``PG`` at the
+    rounding level of the centring are ill-conditioned for any implementation.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from refgeo.testing import assert_projected_rownorm_close
+    >>> G = np.array([[2.0, 1.0], [-2.0, -1.0]])
+    >>> s = np.array([2.0, 1.0]) / np.sqrt(5.0)
+    >>> assert_projected_rownorm_close(np.array([-s, s]), G, eta=2.0)
+    """
+    import refgeo
+
+    G = np.asarray(G)
+    expected = np.asarray(_reference(refgeo.projected_rownorm, G, eta=eta), dtype=np.float64)
+    got = as_numpy(actual)
+    if rtol is None and atol is None:
+        V, d = G.shape
+        tol = float(eta) * (V + d + 6) * max(_unit_roundoff(G.dtype), _unit_roundoff(got.dtype))
+        text = f"eta (V + d + 6) u_in = {tol:.3g} per entry (V={V}, d={d}, {G.dtype} input)"
+    else:
+        tol, text = _user_tol(rtol, atol, expected), _user_tol_text(rtol, atol)
+    _compare_arrays(expected, got, tol, what="step entry", tol_text=text)
+
+
+def rownorm_reference_steps(
+    W0: Any, grads: Any, /, *, lr: float, mu: float = 0.95, eps: float = 1e-8, bias_correction: bool = True
+) -> np.ndarray:
+    """The RowNorm optimizer of SPEC §3, written out: parameters after each step.
+
+    Parameters
+    ----------
+    W0 : ndarray of shape (V, d)
+        Initial parameter (float32 or float64; updates are added in this dtype).
+    grads : ndarray of shape (T, V, d)
+        Gradients of steps 1..T.
+    lr, mu, eps : float
+        :math:`\\gamma`, :math:`\\mu`, :math:`\\varepsilon`.
+    bias_correction : bool, default=True
+        Divide the average by :math:`1 - \\mu^t` (False reproduces the classic bug).
+
+    Returns
+    -------
+    W : ndarray of shape (T, V, d)
+        ``W[t-1]`` is the parameter after step t, in the dtype of ``W0``.
+
+    Notes
+    -----
+    .. math::
+
+        B_t = \\mu B_{t-1} + (1-\\mu) G_t,\\quad \\hat B_t = \\frac{B_t}{1-\\mu^t},\\quad
+        W_t = W_{t-1} - \\gamma\\,\\mathrm{RN}_\\varepsilon(\\hat B_t),\\quad
+        \\mathrm{RN}_\\varepsilon(B)_i = \\frac{b_i}{\\lVert b_i \\rVert + \\varepsilon}
+
+    in float64 (the parameter is rounded to its dtype after each step), without the
+    optional outer centring, weight decay or gradient centring.  ``refgeo.RowNorm``
+    with ``center=True`` agrees whenever the gradients' rows sum to zero.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from refgeo.testing import rownorm_reference_steps
+    >>> W = rownorm_reference_steps(np.zeros((2, 2)), np.array([[[3.0, 4.0], [-3.0, -4.0]]]), lr=0.1, eps=0.0)
+    >>> W[0].round(12).tolist()
+    [[-0.06, -0.08], [0.06, 0.08]]
+    """
+    W = np.array(W0, copy=True)
+    G = np.asarray(grads, dtype=np.float64)
+    B = np.zeros(W.shape, dtype=np.float64)
+    out = []
+    for t in range(1, G.shape[0] + 1):
+        B = mu * B + (1.0 - mu) * G[t - 1]
+        Bh = B / (1.0 - mu**t) if bias_correction else B
+        n = np.sqrt((Bh * Bh).sum(axis=1, keepdims=True)) + eps
+        S = np.where(n > 0, Bh / np.where(n > 0, n, 1.0), 0.0)
+        W = W + (-lr * S).astype(W.dtype)
+        out.append(W.copy())
+    return np.stack(out)
+
+
+def _rownorm_oracle(W0, grads, lr, mu, eps):
+    """Parameters after each step from refgeo.optim.RowNorm (the SPEC reference if absent)."""
+    import refgeo
+
+    RowNorm = getattr(refgeo, "RowNorm", None)
+    if RowNorm is None:  # pragma: no cover - refgeo.optim always ships RowNorm now
+        return rownorm_reference_steps(W0, grads, lr=lr, mu=mu, eps=eps)
+    W = np.array(W0, copy=True, order="C")
+    opt = RowNorm(lr=lr, mu=mu, eps=eps)
+    out = []
+    for g in np.asarray(grads):
+        opt.step(W, g)
+        out.append(W.copy())
+    return np.stack(out)
+
+
+def assert_rownorm_steps_close(
+    actual: Any,
+    W0: Any,
+    grads: Any,
+    /,
+    *,
+    lr: float,
+    mu: float = 0.95,
+    eps: float = 1e-8,
+    rtol: float | None = None,
+    atol: float | None = None,
+) -> None:
+    """Assert a candidate RowNorm optimizer's parameters match ``refgeo.RowNorm``.
+
+    Parameters
+    ----------
+    actual : array_like of shape (T, V, d) or (V, d)
+        Parameters after each of the T steps, or only after the last.
+    W0 : ndarray of shape (V, d)
+        Initial parameter.
+    grads : ndarray of shape (T, V, d)
+        Gradients of the steps.
+    lr, mu, eps : float
+        Hyper-parameters of :class:`refgeo.RowNorm`.
+    rtol, atol : float, default=None
+        Replace the default tolerance by ``atol + rtol * |expected|``.
+
+    Raises
+    ------
+    ConformanceError
+        On a wrong shape or an entry out of tolerance (the first failing step is named).
+
+    Notes
+    -----
+    Default tolerance for row i after step t, with u the roundoff of the parameter
+    dtype, :math:`a_{s,i} = \\mu a_{s-1,i} + (1-\\mu)\\lVert g_{s,i} \\rVert` (the size of the
+    terms averaged into :math:`b_{s,i}`) and :math:`\\kappa_{s,i} = a_{s,i} / (\\lVert b_{s,i}
+    \\rVert + \\varepsilon\\,|1-\\mu^s|)`:
+
+    .. math:: \\sum_{s \\le t} 2\\gamma u\\,\\big((s + 4)\\kappa_{s,i} + d + 4\\big)
+              + 2 u\\, |W_{s}|_{i}
+
+    (momentum averaging and row normalisation in the parameter precision, and the
+    rounding of the parameter update, for the candidate and the oracle).  Missing bias
+    correction, a misplaced :math:`\\varepsilon` or a wrong momentum are far outside it
+    when rows are small enough for :math:`\\varepsilon` to matter.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from refgeo.testing import assert_rownorm_steps_close
+    >>> W0 = np.zeros((2, 2)); G = np.array([[[3.0, 4.0], [-3.0, -4.0]]])
+    >>> assert_rownorm_steps_close([[[-0.06, -0.08], [0.06, 0.08]]], W0, G, lr=0.1, eps=0.0)
+    """
+    W0 = np.asarray(W0)
+    grads = np.asarray(grads)
+    expected = _rownorm_oracle(W0, grads, lr, mu, eps).astype(np.float64)
+    got = as_numpy(actual)
+    if got.shape == W0.shape and grads.shape[0] >= 1:
+        expected, steps = expected[-1:], [grads.shape[0]]
+        got = got[None]
+    else:
+        steps = list(range(1, grads.shape[0] + 1))
+    if rtol is None and atol is None:
+        u = max(_unit_roundoff(W0.dtype), _unit_roundoff(grads.dtype))
+        d = W0.shape[1]
+        G64 = grads.astype(np.float64)
+        a = np.zeros(W0.shape[0])
+        b = np.zeros(W0.shape)
+        acc = np.zeros(W0.shape[0])
+        full = _rownorm_oracle(W0, grads, lr, mu, eps).astype(np.float64)
+        per_step = []
+        for s in range(1, grads.shape[0] + 1):
+            a = mu * a + (1 - mu) * np.linalg.norm(G64[s - 1], axis=1)
+            b = mu * b + (1 - mu) * G64[s - 1]
+            nb = np.linalg.norm(b, axis=1) + eps * abs(1 - mu**s)
+            kappa = np.where(a > 0, a / np.where(nb > 0, nb, np.inf), 0.0)
+            acc = acc + 2 * lr * u * ((s + 4) * kappa + d + 4)
+            per_step.append(acc[:, None] + 2 * u * np.abs(full[s - 1]) * s)
+        tol = np.stack([per_step[s - 1] for s in steps])
+        text = "sum over steps of 2 lr u ((s + 4) kappa + d + 4) + 2 u |W| (u of the parameter dtype; see Notes)"
+    else:
+        tol, text = _user_tol(rtol, atol, expected), _user_tol_text(rtol, atol)
+    try:
+        _compare_arrays(expected, got, tol, what="parameter", tol_text=text)
+    except ConformanceError as exc:
+        if got.shape == expected.shape and got.ndim == 3:
+            bad = ~(np.abs(got.astype(np.float64) - expected) <= tol)
+            first = int(np.argmax(bad.reshape(bad.shape[0], -1).any(axis=1)))
+            raise ConformanceError(
+                f"step {steps[first]}: {exc.reason}", expected=exc.expected, got=exc.got, tolerance=exc.tolerance
+            ) from None
+        raise

@@ -1,0 +1,575 @@
+"""``check_against_reference``: run a candidate against refgeo's oracle with hypothesis.
+
+The registry maps a quantity's name to a :class:`Reference`: how to call refgeo's
+reference, how to call the candidate, how to compare (one of the ``assert_*``
+helpers), and which inputs to draw.  Adding a quantity is one ``_register(...)`` call.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+from hypothesis import HealthCheck, Phase, given
+from hypothesis import settings as hsettings
+from hypothesis import strategies as st
+
+from . import strategies as rst
+from ._assertions import (
+    ConformanceError,
+    as_numpy,
+    assert_cdist_close,
+    assert_extreme_pair_close,
+    assert_hilbert_close,
+    assert_hilbert_logits_close,
+    assert_knn_close,
+    assert_pdist_close,
+    assert_projected_rownorm_close,
+    assert_rownorm_steps_close,
+)
+
+__all__ = ["Case", "Reference", "check_against_reference", "reference_names", "signature"]
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Case:
+    """One drawn input: positional arrays (named) and keyword arguments.
+
+    Attributes
+    ----------
+    args : tuple
+        Positional arguments (arrays first), passed to the reference and the candidate.
+    names : tuple of str
+        Names of ``args`` for the failure report.
+    kwargs : dict
+        Keyword arguments (scalars such as ``k`` or ``eta``), passed to both.
+    """
+
+    args: tuple
+    names: tuple
+    kwargs: dict = dataclasses.field(default_factory=dict)
+
+    def inputs(self) -> dict[str, Any]:
+        out = dict(zip(self.names, self.args))
+        out.update(self.kwargs)
+        return out
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Reference:
+    """Registry entry: one quantity a candidate can be checked against.
+
+    Attributes
+    ----------
+    name : str
+        The quantity, e.g. ``"row_diameter"``.
+    signature : str
+        How the candidate is called and what it returns (shown in docs and errors).
+    arg_names : tuple of str
+        Names of the positional arguments.
+    reference : callable
+        ``reference(*args, **kwargs)``, run on refgeo's reference backend.
+    compare : callable
+        ``compare(got, expected, case, rtol, atol, tie_break)``; raises
+        :class:`ConformanceError`.
+    strategy : callable
+        ``strategy() -> SearchStrategy`` of :class:`Case` (the default inputs).
+    requires : str
+        Dotted refgeo attribute that must exist (a module still being written makes
+        the entry unavailable, with a clear error).
+    """
+
+    name: str
+    signature: str
+    arg_names: tuple
+    reference: Callable[..., Any]
+    compare: Callable[..., None]
+    strategy: Callable[[], Any]
+    requires: str = ""
+
+
+_REGISTRY: dict[str, Reference] = {}
+
+
+def _register(entry: Reference) -> None:
+    _REGISTRY[entry.name] = entry
+
+
+def _refgeo_attr(path: str):
+    import refgeo
+
+    obj = refgeo
+    for part in path.split("."):
+        obj = getattr(obj, part, None)
+        if obj is None:
+            return None
+    return obj
+
+
+def reference_names() -> list[str]:
+    """Sorted names accepted by :func:`check_against_reference` in this installation.
+
+    Returns
+    -------
+    names : list of str
+
+    Examples
+    --------
+    >>> from refgeo.testing import reference_names
+    >>> "row_diameter" in reference_names()
+    True
+    """
+    return sorted(n for n, e in _REGISTRY.items() if not e.requires or _refgeo_attr(e.requires) is not None)
+
+
+def _cases(strategy, names: tuple, **kwargs):
+    """Wrap a strategy of one array (or a tuple of arrays) into a strategy of Cases."""
+
+    def as_case(value):
+        args = value if isinstance(value, tuple) else (value,)
+        return Case(args=args, names=names, kwargs=dict(kwargs))
+
+    return strategy.map(as_case)
+
+
+# --------------------------------------------------------------------------- results
+
+
+def _as_pair(result: Any) -> tuple[Any, Any, Any]:
+    """(value, i, j) from an ExtremePair-like object, a tuple/list, or a dict."""
+    if all(hasattr(result, a) for a in ("value", "i", "j")):
+        return result.value, result.i, result.j
+    if isinstance(result, dict):
+        return result["value"], result["i"], result["j"]
+    if isinstance(result, (tuple, list)) and len(result) == 3:
+        return tuple(result)
+    raise ConformanceError(
+        "the candidate must return (value, i, j) or an object with .value, .i, .j attributes, "
+        f"got {type(result).__name__}.",
+        got=result,
+    )
+
+
+def _as_pair_of_arrays(result: Any, first: str, second: str) -> tuple[Any, Any]:
+    if all(hasattr(result, a) for a in (first, second)):
+        return getattr(result, first), getattr(result, second)
+    if isinstance(result, dict):
+        return result[first], result[second]
+    if isinstance(result, (tuple, list)) and len(result) == 2:
+        return tuple(result)
+    raise ConformanceError(
+        f"the candidate must return ({first}, {second}) or an object with .{first}, .{second}, "
+        f"got {type(result).__name__}.",
+        got=result,
+    )
+
+
+# --------------------------------------------------------------------------- comparisons
+
+
+def _cmp_logits(got, expected, case, rtol, atol, tie_break):
+    assert_hilbert_logits_close(got, *case.args, rtol=rtol, atol=atol)
+
+
+def _cmp_probabilities(got, expected, case, rtol, atol, tie_break):
+    assert_hilbert_close(got, *case.args, rtol=rtol, atol=atol)
+
+
+def _cmp_pdist(got, expected, case, rtol, atol, tie_break):
+    assert_pdist_close(got, *case.args, rtol=rtol, atol=atol)
+
+
+def _cmp_cdist(got, expected, case, rtol, atol, tie_break):
+    assert_cdist_close(got, *case.args, rtol=rtol, atol=atol)
+
+
+def _cmp_extreme_pair(got, expected, case, rtol, atol, tie_break):
+    value, i, j = _as_pair(got)
+    assert_extreme_pair_close(value, i, j, expected, case.args[0], rtol=rtol, atol=atol, tie_break=tie_break)
+
+
+def _cmp_knn(got, expected, case, rtol, atol, tie_break):
+    indices, distances = _as_pair_of_arrays(got, "indices", "distances")
+    assert_knn_close(indices, distances, expected, case.args[0], rtol=rtol, atol=atol, tie_break=tie_break)
+
+
+def _cmp_farthest(got, expected, case, rtol, atol, tie_break):
+    indices, distances = _as_pair_of_arrays(got, "indices", "distances")
+    # Farthest partners are a k-NN with k = 1 under the reversed order: compare row by
+    # row as extreme pairs of the one-row problems.
+    S = np.asarray(case.args[0])
+    idx = as_numpy(indices).reshape(-1)
+    dist = as_numpy(distances).reshape(-1)
+    ref_idx = np.asarray(expected.indices)
+    ref_dist = np.asarray(expected.distances)
+    if idx.shape != ref_idx.shape or dist.shape != ref_dist.shape:
+        raise ConformanceError(
+            f"indices and distances must have shape {ref_idx.shape}, got {idx.shape} and {dist.shape}.",
+            expected={"indices": ref_idx, "distances": ref_dist},
+            got={"indices": idx, "distances": dist},
+        )
+    for r in range(S.shape[0]):
+        a, b = min(r, int(idx[r])), max(r, int(idx[r]))
+        ra, rb = min(r, int(ref_idx[r])), max(r, int(ref_idx[r]))
+        ref = _PairView(float(ref_dist[r]), ra, rb)
+        try:
+            if a == b:
+                raise ConformanceError(f"row {r} is listed as its own farthest partner.")
+            assert_extreme_pair_close(dist[r], a, b, ref, S, rtol=rtol, atol=atol, tie_break=tie_break)
+        except ConformanceError as exc:
+            raise ConformanceError(
+                f"row {r}: {exc.reason}",
+                expected={"indices": ref_idx, "distances": ref_dist},
+                got={"indices": idx, "distances": dist},
+                tolerance=exc.tolerance,
+            ) from None
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class _PairView:
+    value: float
+    i: int
+    j: int
+
+
+# --------------------------------------------------------------------------- registry
+
+
+def _ref(path: str) -> Callable[..., Any]:
+    def call(*args, **kwargs):
+        fn = _refgeo_attr(path)
+        return fn(*args, **kwargs)
+
+    call.__name__ = f"refgeo.{path}"
+    return call
+
+
+@st.composite
+def _cdist_case(draw):
+    v = draw(st.integers(1, 12))
+    dt = draw(st.sampled_from(["float64", "float32"]))
+    XA = draw(rst.logits(n_rows=(1, 5), n_cols=v, dtypes=dt))
+    XB = draw(rst.logits(n_rows=(1, 5), n_cols=v, dtypes=dt))
+    return Case(args=(XA, XB), names=("XA", "XB"))
+
+
+@st.composite
+def _knn_case(draw):
+    S = draw(rst.row_clouds(n_rows=(2, 10)))
+    k = draw(st.integers(1, S.shape[0] - 1))
+    return Case(args=(S, k), names=("X", "k"))
+
+
+_register(
+    Reference(
+        name="hilbert_distance_logits",
+        signature="candidate(z, w) -> d of shape (n,): Hilbert distance of softmax rows, max(w - z) - min(w - z)",
+        arg_names=("z", "w"),
+        reference=_ref("hilbert_distance_logits"),
+        compare=_cmp_logits,
+        strategy=lambda: _cases(rst.logit_pairs(), ("z", "w")),
+    )
+)
+_register(
+    Reference(
+        name="hilbert_distance",
+        signature="candidate(p, q) -> d of shape (n,): Hilbert distance of non-negative rows (inf off-support)",
+        arg_names=("p", "q"),
+        reference=_ref("hilbert_distance"),
+        compare=_cmp_probabilities,
+        strategy=lambda: _cases(rst.simplex_pairs(), ("p", "q")),
+    )
+)
+_register(
+    Reference(
+        name="pdist_hilbert",
+        signature="candidate(X) -> condensed (n*(n-1)//2,) or square (n, n) Hilbert distances of logit rows",
+        arg_names=("X",),
+        reference=_ref("pdist_hilbert"),
+        compare=_cmp_pdist,
+        strategy=lambda: _cases(rst.logits(n_rows=(1, 8)), ("X",)),
+    )
+)
+_register(
+    Reference(
+        name="cdist_hilbert",
+        signature="candidate(XA, XB) -> (nA, nB) Hilbert distances between logit rows",
+        arg_names=("XA", "XB"),
+        reference=_ref("cdist_hilbert"),
+        compare=_cmp_cdist,
+        strategy=_cdist_case,
+    )
+)
+_register(
+    Reference(
+        name="row_diameter",
+        signature="candidate(S) -> (value, i, j) or an object with .value, .i, .j (i < j)",
+        arg_names=("S",),
+        reference=_ref("row_diameter"),
+        compare=_cmp_extreme_pair,
+        strategy=lambda: _cases(rst.row_clouds(), ("S",)),
+        requires="row_diameter",
+    )
+)
+_register(
+    Reference(
+        name="closest_pair",
+        signature="candidate(S) -> (value, i, j) or an object with .value, .i, .j (i < j)",
+        arg_names=("S",),
+        reference=_ref("closest_pair"),
+        compare=_cmp_extreme_pair,
+        strategy=lambda: _cases(rst.row_clouds(), ("S",)),
+        requires="closest_pair",
+    )
+)
+_register(
+    Reference(
+        name="farthest_partners",
+        signature="candidate(S) -> (indices (V,), distances (V,)) or an object with .indices, .distances",
+        arg_names=("S",),
+        reference=_ref("farthest_partners"),
+        compare=_cmp_farthest,
+        strategy=lambda: _cases(rst.row_clouds(), ("S",)),
+        requires="farthest_partners",
+    )
+)
+_register(
+    Reference(
+        name="knn",
+        signature="candidate(X, k) -> (indices (n, k), distances (n, k)), nearest first, self excluded",
+        arg_names=("X", "k"),
+        reference=_ref("knn"),
+        compare=_cmp_knn,
+        strategy=_knn_case,
+        requires="knn",
+    )
+)
+
+
+def _cmp_projected_rownorm(got, expected, case, rtol, atol, tie_break):
+    assert_projected_rownorm_close(got, case.args[0], eta=case.kwargs["eta"], rtol=rtol, atol=atol)
+
+
+def _cmp_rownorm(got, expected, case, rtol, atol, tie_break):
+    if isinstance(got, (list, tuple)):
+        got = np.stack([as_numpy(w) for w in got])
+    assert_rownorm_steps_close(got, *case.args, rtol=rtol, atol=atol, **case.kwargs)
+
+
+@st.composite
+def _rownorm_lmo_case(draw):
+    G = draw(rst.centred_gradients(structures=("cross_entropy", "rank_one", "sparse")))
+    if draw(st.booleans()):
+        # A common row shift (on the same binary grid, so centring stays exact): the
+        # inner P of the formula must remove it.
+        G = G + G[:1]
+    return Case(args=(G,), names=("G",), kwargs={"eta": draw(st.sampled_from([1.0, 0.02, 3.0]))})
+
+
+@st.composite
+def _rownorm_step_case(draw):
+    grads = draw(rst.gradient_sequences())
+    W0 = draw(rst.row_clouds(n_rows=grads.shape[1], n_cols=grads.shape[2], dtypes=grads.dtype,
+                             structures=("generic",), layouts="C"))
+    kwargs = {
+        "lr": draw(st.sampled_from([0.02, 1e-3, 1.0])),
+        "mu": draw(st.sampled_from([0.95, 0.5])),
+        "eps": draw(st.sampled_from([1e-8, 1e-6, 0.0])),
+    }
+    return Case(args=(W0, grads), names=("W0", "grads"), kwargs=kwargs)
+
+
+def _rownorm_reference(W0, grads, *, lr, mu, eps):
+    from ._assertions import _rownorm_oracle
+
+    return _rownorm_oracle(W0, grads, lr, mu, eps)
+
+
+_register(
+    Reference(
+        name="projected_rownorm",
+        signature="candidate(G, eta=eta) -> S of shape (V, d): -(eta/2) P RN(P G)",
+        arg_names=("G",),
+        reference=_ref("projected_rownorm"),
+        compare=_cmp_projected_rownorm,
+        strategy=_rownorm_lmo_case,
+        requires="projected_rownorm",
+    )
+)
+_register(
+    Reference(
+        name="rownorm_step",
+        signature=(
+            "candidate(W0, grads, lr=lr, mu=mu, eps=eps) -> parameters after each step, shape (T, V, d) "
+            "(or after the last, (V, d)): RowNorm of SPEC §3 from W0 with grads[0], ..., grads[T-1]"
+        ),
+        arg_names=("W0", "grads"),
+        reference=_rownorm_reference,
+        compare=_cmp_rownorm,
+        strategy=_rownorm_step_case,
+        requires="RowNorm",
+    )
+)
+
+
+# --------------------------------------------------------------------------- runner
+
+
+def _coerce_case(value: Any, entry: Reference) -> Case:
+    if isinstance(value, Case):
+        return value
+    args = value if isinstance(value, tuple) else (value,)
+    names = tuple(entry.arg_names[: len(args)]) + tuple(f"arg{k}" for k in range(len(entry.arg_names), len(args)))
+    return Case(args=args, names=names)
+
+
+def _snapshot(args):
+    return [a.copy() if isinstance(a, np.ndarray) else None for a in args]
+
+
+def _run_one(entry: Reference, candidate, case: Case, convert, rtol, atol, tie_break) -> None:
+    __tracebackhide__ = True  # pytest: show the report, not the kit's frames
+    import refgeo
+
+    with refgeo.use_backend("reference"):
+        expected = entry.reference(*case.args, **case.kwargs)
+    before = _snapshot(case.args)
+    call_args = tuple(convert(a) if (convert is not None and isinstance(a, np.ndarray)) else a for a in case.args)
+    try:
+        got = candidate(*call_args, **case.kwargs)
+    except Exception as exc:
+        raise ConformanceError(
+            f"the candidate raised {type(exc).__name__}: {exc}", tolerance=""
+        ).with_context(entry.name, case.inputs()) from exc
+    for name, a, b in zip(case.names, case.args, before):
+        if b is not None and not np.array_equal(a, b, equal_nan=True):
+            raise ConformanceError(
+                f"the candidate modified its input {name!r} in place.", expected=b, got=a
+            ).with_context(entry.name, case.inputs())
+    try:
+        entry.compare(got, expected, case, rtol, atol, tie_break)
+    except ConformanceError as exc:
+        raise exc.with_context(entry.name, case.inputs()) from None
+
+
+def check_against_reference(
+    candidate: Callable[..., Any],
+    name: str,
+    *,
+    strategy: Any = None,
+    rtol: float | None = None,
+    atol: float | None = None,
+    max_examples: int = 100,
+    tie_break: str = "smallest",
+    convert: Callable[[np.ndarray], Any] | None = None,
+    settings: hsettings | None = None,
+) -> None:
+    """Check a candidate implementation against refgeo's reference, with hypothesis.
+
+    Draws adversarial inputs, calls ``candidate`` and refgeo's reference backend
+    (``refgeo.use_backend("reference")``) on each, and compares with the quantity's
+    ``assert_*`` helper.  On a mismatch hypothesis shrinks the input and the minimal
+    failing example is raised as :class:`ConformanceError` (an ``AssertionError``, so it
+    fails a pytest test), with the inputs, the expected and received values, and the
+    tolerance.
+
+    Parameters
+    ----------
+    candidate : callable
+        The implementation under test.  It receives NumPy arrays (or whatever
+        ``convert`` makes of them) and may return arrays of any library: results are
+        converted with DLPack or ``np.asarray``.  Its call signature per ``name`` is
+        listed by ``refgeo.testing.signature(name)`` and in the docs page.
+    name : str
+        The quantity, one of :func:`reference_names`: ``"hilbert_distance_logits"``,
+        ``"hilbert_distance"``, ``"pdist_hilbert"``, ``"cdist_hilbert"``,
+        ``"row_diameter"``, ``"closest_pair"``, ``"farthest_partners"``, ``"knn"``, and
+        the optimizer and LMO quantities once their modules are installed.
+    strategy : hypothesis strategy, default=None
+        Inputs to draw instead of the quantity's default adversarial strategy; it may
+        draw a :class:`Case`, a tuple of positional arguments, or one array.
+    rtol, atol : float, default=None
+        Replace the certified default tolerance by ``atol + rtol * |expected|``.
+    max_examples : int, default=100
+        Number of examples hypothesis draws (before shrinking).
+    tie_break : {"smallest", "any"}, default="smallest"
+        For index-valued results: require refgeo's tie rule among exactly equal
+        distances, or accept any near-extreme index.
+    convert : callable, default=None
+        Applied to every array input before the candidate sees it, e.g.
+        ``torch.from_numpy`` or ``cupy.asarray``.
+    settings : hypothesis.settings, default=None
+        Parent settings (profile, database, derandomize); by default the current
+        profile.  ``deadline`` is always off and only the first bug is reported.
+
+    Raises
+    ------
+    ConformanceError
+        For the minimal failing example.
+    ValueError
+        For an unknown or unavailable ``name``.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from refgeo.testing import check_against_reference
+    >>> def my_logit_distance(z, w):
+    ...     d = np.asarray(w, dtype=np.float64) - np.asarray(z, dtype=np.float64)
+    ...     return d.max(axis=-1) - d.min(axis=-1)
+    >>> check_against_reference(my_logit_distance, "hilbert_distance_logits", max_examples=20)
+    """
+    __tracebackhide__ = True
+    entry = _entry(name)
+    if not callable(candidate):
+        raise TypeError(f"candidate must be callable, got {type(candidate).__name__} instead.")
+    if tie_break not in ("smallest", "any"):
+        raise ValueError(f"tie_break must be one of ('smallest', 'any'), got {tie_break!r} instead.")
+    if isinstance(max_examples, bool) or not isinstance(max_examples, int) or max_examples < 1:
+        raise ValueError(f"max_examples must be a positive int, got {max_examples!r} instead.")
+    cases = entry.strategy() if strategy is None else strategy
+    parent = settings if settings is not None else hsettings.default
+    run_settings = hsettings(
+        parent,
+        max_examples=max_examples,
+        deadline=None,
+        report_multiple_bugs=False,
+        phases=tuple(p for p in parent.phases if p is not Phase.explain),
+        suppress_health_check=tuple(parent.suppress_health_check)
+        + (HealthCheck.too_slow, HealthCheck.data_too_large, HealthCheck.filter_too_much),
+    )
+
+    @run_settings
+    @given(cases)
+    def conformance(case):
+        __tracebackhide__ = True
+        _run_one(entry, candidate, _coerce_case(case, entry), convert, rtol, atol, tie_break)
+
+    conformance.__qualname__ = f"check_against_reference[{name}]"
+    conformance()
+
+
+def _entry(name: str) -> Reference:
+    if not isinstance(name, str):
+        raise TypeError(f"name must be a string, got {type(name).__name__} instead.")
+    entry = _REGISTRY.get(name)
+    if entry is None:
+        raise ValueError(f"name must be one of {reference_names()}, got {name!r} instead.")
+    if entry.requires and _refgeo_attr(entry.requires) is None:
+        raise ValueError(
+            f"name {name!r} needs refgeo.{entry.requires}, which this installation of refgeo does not have."
+        )
+    return entry
+
+
+def signature(name: str) -> str:
+    """How ``check_against_reference`` calls a candidate for ``name``, and what it expects back.
+
+    Examples
+    --------
+    >>> from refgeo.testing import signature
+    >>> signature("row_diameter")
+    'candidate(S) -> (value, i, j) or an object with .value, .i, .j (i < j)'
+    """
+    return _entry(name).signature

@@ -1,0 +1,741 @@
+"""Hypothesis strategies for testing implementations of refgeo's quantities.
+
+Every strategy draws NumPy arrays with the adversarial structure that breaks fast
+kernels (large common offsets, exact and near duplicates, near-tie extremes, rank
+deficiency, one huge row, extreme logits, zeros on shared or mismatched supports,
+Fortran-ordered and strided views) next to plain random data.  Sizes and dtypes are
+keyword arguments; the structure is drawn first from a list whose first entry is the
+plainest one, so a failing example shrinks towards small, plain inputs and keeps only
+the structure that matters.
+
+.. autosummary::
+
+   logits
+   logit_pairs
+   simplex_pairs
+   row_clouds
+   centred_gradients
+   gradient_sequences
+   hidden_state_pairs
+   HiddenStatePair
+
+Sizes are given as an ``int`` (fixed) or a ``(min, max)`` tuple; ``dtypes`` is one dtype
+or a sequence of them (float32 and float64 are supported); ``layouts`` chooses among
+``"C"``, ``"F"`` (Fortran order) and ``"strided"`` (a non-contiguous view into a larger
+buffer whose unused entries are NaN, so a kernel that ignores strides reads NaN).
+
+Examples
+--------
+>>> import numpy as np
+>>> from hypothesis import given, settings
+>>> from refgeo.testing import strategies as rst
+>>> @settings(max_examples=20, database=None)
+... @given(rst.row_clouds(n_rows=(2, 5), n_cols=3, dtypes="float32"))
+... def test_shape(S):
+...     assert S.dtype == np.float32 and S.shape[1] == 3
+>>> test_shape()
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import inspect
+import math
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+from hypothesis import strategies as st
+from hypothesis.extra import numpy as hnp
+
+__all__ = [
+    "GRADIENT_STRUCTURES",
+    "HiddenStatePair",
+    "LAYOUTS",
+    "LOGIT_STRUCTURES",
+    "MAP_CLASSES",
+    "ROW_STRUCTURES",
+    "SUPPORTS",
+    "centred_gradients",
+    "gradient_sequences",
+    "hidden_state_pairs",
+    "logit_pairs",
+    "logits",
+    "row_clouds",
+    "simplex_pairs",
+]
+
+#: Structures of :func:`logits`, plainest first.
+LOGIT_STRUCTURES = ("moderate", "integers", "extreme", "shifted", "spike", "constant", "near")
+#: Supports of :func:`simplex_pairs`: all positive, zeros in the same places, zeros in
+#: different places (Hilbert distance ``inf``).
+SUPPORTS = ("full", "shared", "mismatched")
+#: Structures of :func:`row_clouds`, plainest first.
+ROW_STRUCTURES = (
+    "generic",
+    "integers",
+    "duplicates",
+    "near_duplicates",
+    "near_ties",
+    "offset",
+    "rank_deficient",
+    "huge_row",
+)
+#: Structures of :func:`centred_gradients`, plainest first.
+GRADIENT_STRUCTURES = ("cross_entropy", "rank_one", "sparse", "multiscale")
+#: Classes of planted local maps in :func:`hidden_state_pairs`.
+MAP_CLASSES = ("identity", "diagonal", "low_rank", "orthogonal")
+#: Memory layouts of the drawn arrays.
+LAYOUTS = ("C", "F", "strided")
+
+_FLOAT_DTYPES = (np.dtype(np.float64), np.dtype(np.float32))
+_BOUNDED = dict(allow_nan=False, allow_infinity=False, allow_subnormal=False)
+
+
+# --------------------------------------------------------------------------- arguments
+
+
+class _ArgumentsChecked(Exception):
+    pass
+
+
+def _stop_at_first_draw(strategy):
+    raise _ArgumentsChecked
+
+
+def _composite(fn):
+    """``st.composite`` whose arguments are checked when the strategy is built.
+
+    Every strategy body validates its arguments before its first draw, so running it
+    with a ``draw`` that stops at once raises argument errors eagerly, where the
+    strategy is defined, instead of inside a test run.
+    """
+    strategy_fn = st.composite(fn)
+
+    @functools.wraps(fn)
+    def build(**kwargs):
+        try:
+            fn(_stop_at_first_draw, **kwargs)
+        except _ArgumentsChecked:
+            pass
+        return strategy_fn(**kwargs)
+
+    build.__signature__ = inspect.signature(strategy_fn)
+    return build
+
+
+
+def _size_range(value: Any, name: str, minimum: int) -> tuple[int, int]:
+    if isinstance(value, (int, np.integer)) and not isinstance(value, bool):
+        lo = hi = int(value)
+    elif isinstance(value, tuple) and len(value) == 2 and all(isinstance(v, (int, np.integer)) for v in value):
+        lo, hi = int(value[0]), int(value[1])
+    else:
+        raise TypeError(f"{name} must be an int or a (min, max) tuple of ints, got {value!r} instead.")
+    if lo < minimum or hi < lo:
+        raise ValueError(f"{name} must satisfy {minimum} <= min <= max, got {value!r} instead.")
+    return lo, hi
+
+
+def _dtypes(value: Any) -> tuple[np.dtype, ...]:
+    items = [value] if isinstance(value, (str, type, np.dtype)) else list(value)
+    out = []
+    for item in items:
+        try:
+            dt = np.dtype(item)
+        except TypeError:
+            raise TypeError(f"dtypes must be float32/float64 dtypes, got {item!r} instead.") from None
+        if dt not in _FLOAT_DTYPES:
+            raise ValueError(f"dtypes must contain only float32 or float64, got {dt} instead.")
+        out.append(dt)
+    if not out:
+        raise ValueError("dtypes must name at least one dtype, got an empty sequence instead.")
+    return tuple(out)
+
+
+def _choices(value: Any, name: str, allowed: tuple[str, ...]) -> tuple[str, ...]:
+    items = (value,) if isinstance(value, str) else tuple(value)
+    bad = [v for v in items if v not in allowed]
+    if bad or not items:
+        raise ValueError(f"{name} must be a non-empty selection of {allowed}, got {value!r} instead.")
+    # Keep the library's order (plainest first) so that shrinking heads for plain cases.
+    return tuple(v for v in allowed if v in items)
+
+
+def _draw_size(draw, bounds: tuple[int, int]) -> int:
+    lo, hi = bounds
+    return lo if lo == hi else draw(st.integers(lo, hi))
+
+
+def _unit(draw, shape, lo=-1.0, hi=1.0) -> np.ndarray:
+    """float64 array of bounded values; shrinks towards zeros."""
+    return draw(hnp.arrays(np.float64, shape, elements=st.floats(lo, hi, **_BOUNDED)))
+
+
+def _apply_layout(x: np.ndarray, layout: str) -> np.ndarray:
+    if layout == "F":
+        return np.asfortranarray(x)
+    if layout == "strided":
+        big = np.full(tuple(2 * s + 1 for s in x.shape), np.nan, dtype=x.dtype)
+        view = big[tuple(slice(1, None, 2) for _ in x.shape)]
+        view[...] = x
+        return view
+    return np.ascontiguousarray(x)
+
+
+def _layout(draw, layouts: tuple[str, ...]) -> str:
+    return layouts[0] if len(layouts) == 1 else draw(st.sampled_from(layouts))
+
+
+def _nudge(x: np.ndarray, index: tuple[int, ...], ulps: int) -> None:
+    """Move ``x[index]`` by ``ulps`` units in the last place (in x's dtype), in place.
+
+    A zero entry is first replaced by half an ulp of 1 (no subnormals are produced).
+    """
+    direction = np.inf if ulps > 0 else -np.inf
+    v = x[index]
+    if v == 0:  # an ulp of 1 rather than a subnormal: near, but never underflowing
+        v = x.dtype.type(0.5) * np.finfo(x.dtype).eps
+    for _ in range(abs(ulps)):
+        v = np.nextafter(v, x.dtype.type(direction))
+    x[index] = v
+
+
+# --------------------------------------------------------------------------- logits
+
+
+def _logit_values(draw, shape, dtype, structure, max_abs) -> np.ndarray:
+    n, v = shape
+    if structure == "moderate":
+        z = _unit(draw, shape, -10.0, 10.0)
+    elif structure == "integers":
+        z = draw(hnp.arrays(np.int64, shape, elements=st.integers(-3, 3))).astype(np.float64)
+    elif structure == "extreme":
+        z = _unit(draw, shape, -max_abs, max_abs)
+    elif structure == "shifted":
+        shift = draw(st.sampled_from([1e2, -1e2, max_abs, -max_abs]))
+        z = shift + _unit(draw, shape, -1.0, 1.0)
+    elif structure == "spike":
+        z = _unit(draw, shape, -1.0, 1.0)
+        col = draw(st.integers(0, v - 1))
+        z[:, col] = draw(st.sampled_from([max_abs, -max_abs]))
+    else:  # constant
+        z = np.repeat(_unit(draw, (n, 1), -max_abs, max_abs), v, axis=1)
+    return z.astype(dtype)
+
+
+@_composite
+def logits(
+    draw,
+    *,
+    n_rows: int | tuple[int, int] = (1, 6),
+    n_cols: int | tuple[int, int] = (1, 16),
+    dtypes: Any = _FLOAT_DTYPES,
+    structures: Sequence[str] = LOGIT_STRUCTURES,
+    max_abs: float = 1e4,
+    layouts: Sequence[str] = LAYOUTS,
+) -> np.ndarray:
+    """Logit vectors as the rows of an array of shape (n, V).
+
+    Parameters
+    ----------
+    n_rows, n_cols : int or (int, int), default=(1, 6) and (1, 16)
+        Number of rows n and vocabulary size V (fixed or a range).
+    dtypes : dtype or sequence of dtypes, default=(float64, float32)
+    structures : sequence of str, default=LOGIT_STRUCTURES
+        ``"moderate"`` (values in [-10, 10]), ``"integers"`` (ties between entries),
+        ``"extreme"`` (values up to ``max_abs``, whose softmax underflows),
+        ``"shifted"`` (a large common shift, to which every logit quantity is invariant),
+        ``"spike"`` (one column at ``+-max_abs``), ``"constant"`` (softmax uniform).
+        ``"near"`` only matters in :func:`logit_pairs` (here it draws ``"moderate"``).
+    max_abs : float, default=1e4
+    layouts : sequence of {"C", "F", "strided"}, default=LAYOUTS
+
+    Returns
+    -------
+    strategy
+        Draws finite arrays of shape (n, V).
+    """
+    rows = _size_range(n_rows, "n_rows", 1)
+    cols = _size_range(n_cols, "n_cols", 1)
+    dts = _dtypes(dtypes)
+    structs = _choices(structures, "structures", LOGIT_STRUCTURES)
+    lays = _choices(layouts, "layouts", LAYOUTS)
+    shape = (_draw_size(draw, rows), _draw_size(draw, cols))
+    dtype = draw(st.sampled_from(dts))
+    structure = draw(st.sampled_from(structs))
+    structure = "moderate" if structure == "near" else structure
+    return _apply_layout(_logit_values(draw, shape, dtype, structure, max_abs), _layout(draw, lays))
+
+
+@_composite
+def logit_pairs(
+    draw,
+    *,
+    n_rows: int | tuple[int, int] = (1, 6),
+    n_cols: int | tuple[int, int] = (1, 16),
+    dtypes: Any = _FLOAT_DTYPES,
+    structures: Sequence[str] = LOGIT_STRUCTURES,
+    max_abs: float = 1e4,
+    layouts: Sequence[str] = LAYOUTS,
+) -> tuple[np.ndarray, np.ndarray]:
+    """Pairs ``(z, w)`` of logit arrays of the same shape (n, V) and dtype.
+
+    Parameters are those of :func:`logits`.  ``z`` and ``w`` get independently drawn
+    structures, except ``"near"``: ``w`` is ``z`` with a few entries moved by a few
+    units in the last place (distances at the rounding level).
+
+    Returns
+    -------
+    strategy
+        Draws tuples ``(z, w)``.
+    """
+    rows = _size_range(n_rows, "n_rows", 1)
+    cols = _size_range(n_cols, "n_cols", 1)
+    dts = _dtypes(dtypes)
+    structs = _choices(structures, "structures", LOGIT_STRUCTURES)
+    lays = _choices(layouts, "layouts", LAYOUTS)
+    shape = (_draw_size(draw, rows), _draw_size(draw, cols))
+    dtype = draw(st.sampled_from(dts))
+    sz = draw(st.sampled_from(structs))
+    if sz == "near":
+        z = _logit_values(draw, shape, dtype, "extreme", max_abs)
+        w = z.copy()
+        for _ in range(draw(st.integers(1, 3))):
+            idx = (draw(st.integers(0, shape[0] - 1)), draw(st.integers(0, shape[1] - 1)))
+            _nudge(w, idx, draw(st.sampled_from([1, -1, 3, -3])))
+    else:
+        sw = draw(st.sampled_from(tuple(s for s in structs if s != "near") or ("moderate",)))
+        z = _logit_values(draw, shape, dtype, sz, max_abs)
+        w = _logit_values(draw, shape, dtype, sw, max_abs)
+    layout = _layout(draw, lays)
+    return _apply_layout(z, layout), _apply_layout(w, layout)
+
+
+# --------------------------------------------------------------------------- probabilities
+
+
+def _positive_rows(draw, shape, dtype) -> np.ndarray:
+    tiny = 1e-30 if dtype == np.float32 else 1e-300
+    mags = draw(hnp.arrays(np.int64, shape, elements=st.sampled_from([0, 0, 0, 1, 3, 8, 30, 300])))
+    mags = np.minimum(mags, -int(math.log10(tiny)))
+    base = _unit(draw, shape, 0.5, 1.0)
+    return base * 10.0 ** (-mags.astype(np.float64))
+
+
+@_composite
+def simplex_pairs(
+    draw,
+    *,
+    n_rows: int | tuple[int, int] = (1, 6),
+    n_cols: int | tuple[int, int] = (1, 12),
+    dtypes: Any = _FLOAT_DTYPES,
+    supports: Sequence[str] = SUPPORTS,
+    normalize: bool = True,
+    layouts: Sequence[str] = LAYOUTS,
+) -> tuple[np.ndarray, np.ndarray]:
+    """Pairs ``(p, q)`` of probability vectors (rows) with zeros on chosen supports.
+
+    Parameters
+    ----------
+    n_rows, n_cols : int or (int, int), default=(1, 6) and (1, 12)
+    dtypes : dtype or sequence of dtypes, default=(float64, float32)
+    supports : sequence of {"full", "shared", "mismatched"}, default=SUPPORTS
+        All entries positive; zeros in the same places in ``p`` and ``q`` (the distance is
+        the one on that face); zeros in different places (``inf``; a row of ``p`` and ``q``
+        differ in at least one support entry).  Entries span 1 down to 1e-30 (float32) or
+        1e-300 (float64), so logs of very different sizes meet.
+    normalize : bool, default=True
+        Rows sum to 1 (computed in float64, then rounded to the dtype); otherwise they
+        carry arbitrary positive scales (the Hilbert distance is projective).
+    layouts : sequence of {"C", "F", "strided"}, default=LAYOUTS
+
+    Returns
+    -------
+    strategy
+        Draws tuples ``(p, q)`` of non-negative arrays of shape (n, V), each row with a
+        positive entry.
+    """
+    rows = _size_range(n_rows, "n_rows", 1)
+    cols = _size_range(n_cols, "n_cols", 1)
+    dts = _dtypes(dtypes)
+    sups = _choices(supports, "supports", SUPPORTS)
+    lays = _choices(layouts, "layouts", LAYOUTS)
+    n, v = _draw_size(draw, rows), _draw_size(draw, cols)
+    dtype = draw(st.sampled_from(dts))
+    support = draw(st.sampled_from(sups))
+    if support == "mismatched" and v < 2:
+        support = "full" if "full" in sups else sups[0]
+    p = _positive_rows(draw, (n, v), dtype)
+    q = _positive_rows(draw, (n, v), dtype)
+    if support != "full":
+        mask_p = draw(hnp.arrays(np.bool_, (n, v)))
+        mask_p[np.arange(n), draw(hnp.arrays(np.int64, n, elements=st.integers(0, v - 1)))] = True
+        mask_q = mask_p.copy()
+        if support == "mismatched":
+            # Flip one entry per row, keeping a positive entry in q.
+            for r in range(n):
+                c = draw(st.integers(0, v - 1))
+                mask_q[r, c] = not mask_q[r, c]
+                if not mask_q[r].any():
+                    mask_q[r, (c + 1) % v] = True
+                    if mask_p[r, (c + 1) % v] and mask_p[r].sum() == 1:
+                        mask_p[r, c] = True
+        p = np.where(mask_p, p, 0.0)
+        q = np.where(mask_q, q, 0.0)
+    if normalize:
+        p = p / p.sum(axis=1, keepdims=True)
+        q = q / q.sum(axis=1, keepdims=True)
+    else:
+        p = p * draw(st.sampled_from([1.0, 1e3, 1e-3]))
+        q = q * draw(st.sampled_from([1.0, 7.0, 1e-6]))
+    layout = _layout(draw, lays)
+    return _apply_layout(p.astype(dtype), layout), _apply_layout(q.astype(dtype), layout)
+
+
+# --------------------------------------------------------------------------- row clouds
+
+
+def _row_values(draw, v, d, dtype, structure, max_offset) -> np.ndarray:
+    if structure == "integers":
+        return draw(hnp.arrays(np.int64, (v, d), elements=st.integers(-3, 3))).astype(dtype)
+    if structure == "duplicates":
+        k = draw(st.integers(1, max(1, v - 1)))
+        distinct = _unit(draw, (k, d))
+        idx = draw(hnp.arrays(np.int64, v, elements=st.integers(0, k - 1)))
+        idx[: min(k, v)] = np.arange(min(k, v))
+        idx[-1] = draw(st.integers(0, k - 1))  # at least one repeated row (v > k)
+        return distinct[idx].astype(dtype)
+    if structure == "near_duplicates":
+        x = _unit(draw, (v, d)).astype(dtype)
+        for _ in range(draw(st.integers(1, 2))):
+            a = draw(st.integers(0, v - 1))
+            b = (a + draw(st.integers(1, max(1, v - 1)))) % v
+            x[b] = x[a]
+            _nudge(x, (b, draw(st.integers(0, d - 1))), draw(st.sampled_from([1, -1, 2])))
+        return x
+    if structure == "near_ties":
+        # Vertices of a cube / cross-polytope have many exactly tied distances; one
+        # entry moved by an ulp turns an exact tie into a near tie.
+        x = draw(hnp.arrays(np.int64, (v, d), elements=st.sampled_from([-1, 1, 0]))).astype(dtype)
+        scale = dtype.type(draw(st.sampled_from([1.0, 3.0, 1e3])))
+        x = x * scale
+        _nudge(x, (draw(st.integers(0, v - 1)), draw(st.integers(0, d - 1))), draw(st.sampled_from([1, -1])))
+        return x
+    if structure == "offset":
+        exps = [e for e in (2, 4, 6, 8) if 10.0**e <= max_offset] or [0]
+        mag = 10.0 ** draw(st.sampled_from(exps))
+        offset = mag * _unit(draw, (1, d), 0.5, 1.0) * draw(st.sampled_from([1.0, -1.0]))
+        return (offset + _unit(draw, (v, d))).astype(dtype)
+    if structure == "rank_deficient":
+        r = draw(st.integers(1, max(1, min(v, d) - 1)))
+        return (_unit(draw, (v, r)) @ _unit(draw, (r, d))).astype(dtype)
+    if structure == "huge_row":
+        x = _unit(draw, (v, d))
+        x[draw(st.integers(0, v - 1))] *= draw(st.sampled_from([1e3, 1e6]))
+        return x.astype(dtype)
+    return _unit(draw, (v, d)).astype(dtype)  # generic
+
+
+@_composite
+def row_clouds(
+    draw,
+    *,
+    n_rows: int | tuple[int, int] = (2, 12),
+    n_cols: int | tuple[int, int] = (1, 6),
+    dtypes: Any = _FLOAT_DTYPES,
+    structures: Sequence[str] = ROW_STRUCTURES,
+    max_offset: float = 1e8,
+    layouts: Sequence[str] = LAYOUTS,
+) -> np.ndarray:
+    """Row matrices ``S`` of shape (V, d) with adversarial geometry.
+
+    Parameters
+    ----------
+    n_rows, n_cols : int or (int, int), default=(2, 12) and (1, 6)
+        V and d; the defaults include V = 2 and d = 1.
+    dtypes : dtype or sequence of dtypes, default=(float64, float32)
+    structures : sequence of str, default=ROW_STRUCTURES
+        ``"generic"`` (entries in [-1, 1]); ``"integers"`` (small integers: many exactly
+        tied distances); ``"duplicates"`` (repeated rows, closest distance 0);
+        ``"near_duplicates"`` (a row equal to another up to a few ulps);
+        ``"near_ties"`` (scaled cube/cross-polytope vertices with one entry moved by one
+        ulp); ``"offset"`` (a common offset row of size 1e2 to ``max_offset`` added to a
+        spread of size 1: the Gram identity ``|x|^2 + |y|^2 - 2 x.y`` cancels
+        catastrophically unless rows are centred); ``"rank_deficient"`` (rank < min(V, d));
+        ``"huge_row"`` (one row 1e3 or 1e6 times the others).
+    max_offset : float, default=1e8
+        Largest common offset (ratio of offset to spread).
+    layouts : sequence of {"C", "F", "strided"}, default=LAYOUTS
+
+    Returns
+    -------
+    strategy
+        Draws finite arrays of shape (V, d).  Values are built in float64 and rounded
+        once to the drawn dtype, so the array is exactly what the oracle sees.
+    """
+    rows = _size_range(n_rows, "n_rows", 1)
+    cols = _size_range(n_cols, "n_cols", 1)
+    dts = _dtypes(dtypes)
+    structs = _choices(structures, "structures", ROW_STRUCTURES)
+    lays = _choices(layouts, "layouts", LAYOUTS)
+    v, d = _draw_size(draw, rows), _draw_size(draw, cols)
+    dtype = draw(st.sampled_from(dts))
+    structure = draw(st.sampled_from(structs))
+    x = _row_values(draw, v, d, dtype, structure, max_offset)
+    return _apply_layout(x, _layout(draw, lays))
+
+
+# --------------------------------------------------------------------------- gradients
+
+
+def _snap_and_centre(G: np.ndarray, dtype: np.dtype) -> np.ndarray:
+    """Round G to a coarse binary grid and set the last row to minus the sum of the others.
+
+    On the grid every partial sum of rows is exact in ``dtype``, so the rows sum to
+    exactly zero whatever the summation order.
+    """
+    v = G.shape[0]
+    top = float(np.max(np.abs(G))) if G.size else 0.0
+    if top == 0.0:
+        return np.zeros_like(G, dtype=dtype)
+    mant = np.finfo(dtype).nmant + 1
+    bits = mant - (int(math.ceil(math.log2(v))) + 2)
+    step = 2.0 ** (math.ceil(math.log2(top)) - bits)
+    Gs = np.round(G / step) * step
+    Gs[-1] = -Gs[:-1].sum(axis=0)
+    return Gs.astype(dtype)
+
+
+def _softmax(z):
+    e = np.exp(z - z.max(axis=-1, keepdims=True))
+    return e / e.sum(axis=-1, keepdims=True)
+
+
+def _gradient_values(draw, v, d, dtype, structure) -> np.ndarray:
+    if structure == "rank_one":
+        a = _unit(draw, (v, 1))
+        return _snap_and_centre(a * _unit(draw, (1, d), 0.25, 1.0), dtype)
+    if structure == "sparse":
+        G = np.zeros((v, d))
+        k = draw(st.integers(1, max(1, v // 2)))
+        rows = draw(st.permutations(range(v)))[: 2 * k]
+        for a, b in zip(rows[0::2], rows[1::2]):
+            g = _unit(draw, (d,), 0.25, 1.0)
+            G[a], G[b] = g, -g
+        return _snap_and_centre(G, dtype)
+    if structure == "multiscale":
+        # Rows of very different norms (down to 1e-10): makes the eps of RN_eps matter.
+        G = _unit(draw, (v, d), 0.1, 1.0) * np.sign(_unit(draw, (v, d)) + 0.5)
+        exps = draw(hnp.arrays(np.int64, (v, 1), elements=st.sampled_from([0, 3, 6, 8, 9, 10])))
+        G = G * 10.0 ** (-exps.astype(np.float64))
+        G[-1] = -G[:-1].sum(axis=0) if v > 1 else 0.0
+        return G.astype(dtype)
+    # cross_entropy: G = sum_t (softmax(z_t) - e_{c_t}) h_t^T over a few tokens t.
+    n_tok = draw(st.integers(1, 4))
+    Z = _unit(draw, (n_tok, v), -4.0, 4.0)
+    c = draw(hnp.arrays(np.int64, n_tok, elements=st.integers(0, v - 1)))
+    H = _unit(draw, (n_tok, d), -1.0, 1.0)
+    R = _softmax(Z)
+    R[np.arange(n_tok), c] -= 1.0
+    return _snap_and_centre(R.T @ H, dtype)
+
+
+@_composite
+def centred_gradients(
+    draw,
+    *,
+    n_rows: int | tuple[int, int] = (2, 12),
+    n_cols: int | tuple[int, int] = (1, 6),
+    dtypes: Any = _FLOAT_DTYPES,
+    structures: Sequence[str] = GRADIENT_STRUCTURES,
+    layouts: Sequence[str] = LAYOUTS,
+) -> np.ndarray:
+    """Cross-entropy-like gradients ``G`` of shape (V, d) whose rows sum to zero.
+
+    Parameters
+    ----------
+    n_rows, n_cols : int or (int, int), default=(2, 12) and (1, 6)
+    dtypes : dtype or sequence of dtypes, default=(float64, float32)
+    structures : sequence of str, default=GRADIENT_STRUCTURES
+        ``"cross_entropy"`` (:math:`G = \\sum_t (\\mathrm{softmax}(z_t) - e_{c_t}) h_t^T`
+        over 1-4 tokens); ``"rank_one"`` (:math:`a b^T`, closed forms in SPEC §3);
+        ``"sparse"`` (pairs of opposite rows, the others exactly zero);
+        ``"multiscale"`` (row norms from 1 down to 1e-10).
+    layouts : sequence of {"C", "F", "strided"}, default=LAYOUTS
+
+    Returns
+    -------
+    strategy
+        Draws arrays of shape (V, d) with :math:`\\mathbf{1}^T G = 0`: exactly (every
+        partial sum is exact in the dtype) for all structures but ``"multiscale"``, whose
+        rows sum to zero up to rounding.
+    """
+    rows = _size_range(n_rows, "n_rows", 2)
+    cols = _size_range(n_cols, "n_cols", 1)
+    dts = _dtypes(dtypes)
+    structs = _choices(structures, "structures", GRADIENT_STRUCTURES)
+    lays = _choices(layouts, "layouts", LAYOUTS)
+    v, d = _draw_size(draw, rows), _draw_size(draw, cols)
+    dtype = draw(st.sampled_from(dts))
+    G = _gradient_values(draw, v, d, dtype, draw(st.sampled_from(structs)))
+    return _apply_layout(G, _layout(draw, lays))
+
+
+@_composite
+def gradient_sequences(
+    draw,
+    *,
+    n_steps: int | tuple[int, int] = (1, 4),
+    n_rows: int | tuple[int, int] = (2, 8),
+    n_cols: int | tuple[int, int] = (1, 4),
+    dtypes: Any = _FLOAT_DTYPES,
+    structures: Sequence[str] = ("cross_entropy", "rank_one", "sparse"),
+    scales: Sequence[float] = (1.0, 2.0**-20, 2.0**-27, 2.0**-30),
+) -> np.ndarray:
+    """A sequence of T centred gradients, stacked in an array of shape (T, V, d).
+
+    Each step draws its own structure (see :func:`centred_gradients`) and its own
+    overall scale, so one sequence mixes, say, a large cross-entropy step with steps
+    of size 1e-9, for which the ``eps`` of a RowNorm step and its bias correction
+    matter.
+
+    Parameters
+    ----------
+    n_steps, n_rows, n_cols : int or (int, int), default=(1, 4), (2, 8), (1, 4)
+    dtypes : dtype or sequence of dtypes, default=(float64, float32)
+    structures : sequence of str, default=("cross_entropy", "rank_one", "sparse")
+        Structures of :func:`centred_gradients` (all of whose rows sum to exactly zero).
+    scales : sequence of float, default=(1, 2**-20, 2**-27, 2**-30)
+        Per-step scale factors; powers of two keep the rows' sums exactly zero.
+
+    Returns
+    -------
+    strategy
+        Draws C-contiguous arrays of shape (T, V, d).
+    """
+    steps = _size_range(n_steps, "n_steps", 1)
+    rows = _size_range(n_rows, "n_rows", 2)
+    cols = _size_range(n_cols, "n_cols", 1)
+    dts = _dtypes(dtypes)
+    structs = _choices(structures, "structures", GRADIENT_STRUCTURES)
+    scales = tuple(float(c) for c in scales)
+    if not scales or not all(c > 0 and math.isfinite(c) for c in scales):
+        raise ValueError(f"scales must be positive finite numbers, got {scales!r} instead.")
+    t, v, d = _draw_size(draw, steps), _draw_size(draw, rows), _draw_size(draw, cols)
+    dtype = draw(st.sampled_from(dts))
+    out = []
+    for _ in range(t):
+        G = _gradient_values(draw, v, d, dtype, draw(st.sampled_from(structs)))
+        out.append(G * dtype.type(draw(st.sampled_from(scales))))
+    return np.stack(out)
+
+
+# --------------------------------------------------------------------------- hidden states
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class HiddenStatePair:
+    """Hidden states before and after a layer, with planted tokenwise structure.
+
+    Attributes
+    ----------
+    X : ndarray of shape (N, d)
+        Hidden states :math:`h_l` (token clusters around a few centres).
+    Y : ndarray of shape (N, d)
+        :math:`y_i = A_{c(i)} x_i + r_i`.
+    maps : ndarray of shape (K, d, d)
+        The planted local maps :math:`A_k`, one per cluster (float64).
+    labels : ndarray of shape (N,)
+        Cluster :math:`c(i)` of each token.
+    residual : ndarray of shape (N, d)
+        Planted residuals :math:`r_i` (float64): zero except on ``outliers``.
+    outliers : ndarray of shape (n_outliers,)
+        Tokens given a large residual (sorted).
+    map_class : str
+        One of :data:`MAP_CLASSES`.
+    """
+
+    X: np.ndarray
+    Y: np.ndarray
+    maps: np.ndarray
+    labels: np.ndarray
+    residual: np.ndarray
+    outliers: np.ndarray
+    map_class: str
+
+
+def _orthogonal(M: np.ndarray) -> np.ndarray:
+    Q, R = np.linalg.qr(M + 2.0 * np.eye(M.shape[0]))  # shifted: never singular
+    return Q * np.where(np.diag(R) < 0, -1.0, 1.0)
+
+
+@_composite
+def hidden_state_pairs(
+    draw,
+    *,
+    n_tokens: int | tuple[int, int] = (6, 24),
+    n_cols: int | tuple[int, int] = (1, 5),
+    n_clusters: int | tuple[int, int] = (1, 3),
+    dtypes: Any = _FLOAT_DTYPES,
+    map_classes: Sequence[str] = MAP_CLASSES,
+    max_outliers: int = 2,
+    outlier_size: float = 1.0,
+) -> HiddenStatePair:
+    """Pairs ``(X, Y)`` of hidden-state panels whose update is planted tokenwise.
+
+    Tokens fall in K well-separated clusters; every token of cluster k is mapped by
+    the same :math:`A_k` of the chosen class (identity, diagonal with entries in
+    [0.5, 2], :math:`I + BC^T` of rank 1, or orthogonal), and up to ``max_outliers``
+    tokens get a residual of norm ``outlier_size``.  A local fit on neighbours within
+    the cluster recovers :math:`A_k`, so the planted residuals are what a tokenwise
+    decomposition must report.
+
+    Parameters
+    ----------
+    n_tokens, n_cols, n_clusters : int or (int, int)
+        N, d and K.
+    dtypes : dtype or sequence of dtypes, default=(float64, float32)
+    map_classes : sequence of str, default=MAP_CLASSES
+    max_outliers : int, default=2
+    outlier_size : float, default=1.0
+
+    Returns
+    -------
+    strategy
+        Draws :class:`HiddenStatePair` instances (X and Y in the drawn dtype).
+    """
+    toks = _size_range(n_tokens, "n_tokens", 2)
+    cols = _size_range(n_cols, "n_cols", 1)
+    ks = _size_range(n_clusters, "n_clusters", 1)
+    dts = _dtypes(dtypes)
+    classes = _choices(map_classes, "map_classes", MAP_CLASSES)
+    n, d = _draw_size(draw, toks), _draw_size(draw, cols)
+    k = min(_draw_size(draw, ks), n)
+    dtype = draw(st.sampled_from(dts))
+    map_class = draw(st.sampled_from(classes))
+    labels = np.sort(np.arange(n) % k)
+    centres = 10.0 * np.arange(k, dtype=np.float64)[:, None] * np.ones((1, d)) + 5.0
+    X = centres[labels] + _unit(draw, (n, d))
+    maps = np.empty((k, d, d))
+    for c in range(k):
+        if map_class == "identity":
+            maps[c] = np.eye(d)
+        elif map_class == "diagonal":
+            maps[c] = np.diag(_unit(draw, (d,), 0.5, 2.0))
+        elif map_class == "low_rank":
+            maps[c] = np.eye(d) + 0.5 * _unit(draw, (d, 1)) @ _unit(draw, (1, d))
+        else:
+            maps[c] = _orthogonal(_unit(draw, (d, d)))
+    residual = np.zeros((n, d))
+    n_out = draw(st.integers(0, min(max_outliers, n)))
+    outliers = np.sort(np.asarray(draw(st.permutations(range(n)))[:n_out], dtype=np.int64))
+    for t in outliers:
+        r = _unit(draw, (d,), 0.5, 1.0) * np.sign(_unit(draw, (d,)) + 0.5)
+        residual[t] = outlier_size * r / np.linalg.norm(r)
+    X = X.astype(dtype)
+    Y = (np.einsum("nij,nj->ni", maps[labels], X.astype(np.float64)) + residual).astype(dtype)
+    for a in (X, Y, maps, labels, residual, outliers):
+        a.setflags(write=False)
+    return HiddenStatePair(X, Y, maps, labels, residual, outliers, map_class)

@@ -1,0 +1,454 @@
+"""SPEC §3: projected RowNorm, tension bounds, closed forms and the exact diameter LMO.
+
+The exact LMO is checked against an independent solver written here (the potential
+form max <G, X> s.t. ||x_i - x_j||^2 <= 1 for all pairs, solved with scipy's SLSQP),
+against SPEC's closed forms and against its bounds.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+import time
+
+import numpy as np
+import pytest
+from scipy.optimize import minimize
+
+import refgeo
+
+# ------------------------------------------------------------------ helpers
+
+
+def _centred(A):
+    return A - A.mean(axis=0, keepdims=True)
+
+
+def _brute_diameter(S):
+    diff = S[:, None, :] - S[None, :, :]
+    return float(np.sqrt(np.max(np.einsum("ijk,ijk->ij", diff, diff))))
+
+
+def independent_tension(G):
+    """T(G) = max <G, X> s.t. ||x_i - x_j||^2 <= 1 (all pairs), by SLSQP in the row space.
+
+    Returns the value of the best feasible point found (the SLSQP point rescaled by its
+    diameter, so it is a valid lower bound that SLSQP drives to the optimum).
+    """
+    Gc = _centred(np.asarray(G, dtype=np.float64))
+    U, s, Vt = np.linalg.svd(Gc, full_matrices=False)
+    r = int(np.sum(s > s[0] * 1e-12))
+    H = U[:, :r] * s[:r]
+    V = H.shape[0]
+    I, J = np.triu_indices(V, 1)
+    m = len(I)
+
+    def obj(z):
+        return -float(np.sum(H.ravel() * z)), -H.ravel()
+
+    def cons(z):
+        X = z.reshape(V, r)
+        D = X[I] - X[J]
+        return 1.0 - np.einsum("ij,ij->i", D, D)
+
+    def cons_jac(z):
+        X = z.reshape(V, r)
+        D = X[I] - X[J]
+        Jm = np.zeros((m, V, r))
+        Jm[np.arange(m), I, :] = -2.0 * D
+        Jm[np.arange(m), J, :] = 2.0 * D
+        return Jm.reshape(m, V * r)
+
+    x0 = 0.49 * H / np.linalg.norm(H, axis=1, keepdims=True).clip(1e-300)
+    res = minimize(
+        obj,
+        x0.ravel(),
+        jac=True,
+        method="SLSQP",
+        constraints=[{"type": "ineq", "fun": cons, "jac": cons_jac}],
+        options={"ftol": 1e-15, "maxiter": 2000},
+    )
+    X = res.x.reshape(V, r)
+    return float(np.sum(H * X)) / max(1.0, _brute_diameter(X))
+
+
+def random_gradient(rng, V, d):
+    return _centred(rng.standard_normal((V, d)))
+
+
+def ce_gradient(rng, V, d, n_tokens, scale=2.0):
+    """Cross-entropy gradient of a linear head W (V, d) on hidden states (n, d).
+
+    Logits z_t = W h_t; dL/dW = sum_t (p_t - e_{c_t}) h_t^T / n: shape (V, d), rows are
+    vocabulary rows and they sum to zero.
+    """
+    Hs = rng.standard_normal((n_tokens, d))
+    W = rng.standard_normal((V, d)) * scale / math.sqrt(d)
+    Z = Hs @ W.T
+    Z -= Z.max(axis=1, keepdims=True)
+    P = np.exp(Z)
+    P /= P.sum(axis=1, keepdims=True)
+    c = (P.cumsum(axis=1) > rng.random((n_tokens, 1))).argmax(axis=1)
+    R = P.copy()
+    R[np.arange(n_tokens), c] -= 1.0
+    G = R.T @ Hs / n_tokens
+    assert G.shape == (V, d)
+    return G
+
+
+def simplex_gradient(k):
+    """k+1 rows: the vertices of a regular simplex of dimension k (in R^(k+1), centred)."""
+    return _centred(np.eye(k + 1))
+
+
+# ------------------------------------------------------------------ center / normalise / RowNorm
+
+
+def test_center_rows_and_row_normalize():
+    A = np.array([[1.0, 2.0], [3.0, 6.0], [2.0, 1.0]])
+    C = refgeo.center_rows(A)
+    np.testing.assert_allclose(C.sum(axis=0), 0.0, atol=1e-15)
+    np.testing.assert_allclose(C, A - A.mean(axis=0))
+    N = refgeo.row_normalize(np.array([[3.0, 4.0], [0.0, 0.0], [0.0, -2.0]]))
+    np.testing.assert_array_equal(N, [[0.6, 0.8], [0.0, 0.0], [0.0, -1.0]])
+    Ne = refgeo.row_normalize(np.array([[3.0, 4.0], [0.0, 0.0]]), eps=1.0)
+    np.testing.assert_allclose(Ne, [[0.5, 4.0 / 6.0], [0.0, 0.0]])
+    assert refgeo.row_normalize(np.ones((2, 2), dtype=np.float32)).dtype == np.float32
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_projected_rownorm_budget_and_decrease(seed):
+    rng = np.random.default_rng(seed)
+    G = random_gradient(rng, 15, 4)
+    eta = 0.7
+    S = refgeo.projected_rownorm(G, eta=eta)
+    assert _brute_diameter(S) <= eta * (1 + 1e-12)
+    np.testing.assert_allclose(S.sum(axis=0), 0.0, atol=1e-12)
+    dec = -np.sum(G * S)
+    assert dec == pytest.approx(eta / 2 * np.linalg.norm(G, axis=1).sum(), rel=1e-12)
+    # the inner P: a common row shift changes nothing
+    np.testing.assert_allclose(refgeo.projected_rownorm(G + 3.0, eta=eta), S, atol=1e-12)
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_rescaled_rownorm(seed):
+    rng = np.random.default_rng(seed)
+    G = random_gradient(rng, 20, 5)
+    S = refgeo.rescaled_rownorm(G, eta=2.0)
+    D = _brute_diameter(S)
+    assert D <= 2.0 and D == pytest.approx(2.0, rel=1e-13)
+    N = refgeo.row_normalize(G)
+    np.testing.assert_allclose(S, -2.0 * _centred(N) / _brute_diameter(N), rtol=1e-12, atol=1e-14)
+    # at least RowNorm's decrease, at most the optimum
+    dec = -np.sum(G * S)
+    assert dec >= -np.sum(G * refgeo.projected_rownorm(G, eta=2.0)) * (1 - 1e-12)
+    assert dec <= 2.0 * refgeo.diameter_lmo(G, rtol=1e-6).upper_bound * (1 + 1e-12)
+    assert np.all(refgeo.rescaled_rownorm(np.zeros((3, 2))) == 0.0)
+
+
+# ------------------------------------------------------------------ closed forms
+
+
+@pytest.mark.parametrize("k", [1, 2, 3, 4, 5])
+def test_regular_simplex_ratio(k):
+    """RowNorm / optimum = sqrt((k+1)/(2k)) for regular-simplex gradients (SPEC §3)."""
+    G = simplex_gradient(k)
+    rn = -np.sum(G * refgeo.projected_rownorm(G, eta=1.0))
+    res = refgeo.diameter_lmo(G, rtol=1e-11)
+    assert res.gap <= 1e-11
+    expected = math.sqrt((k + 1) / (2 * k))
+    assert rn / res.lower_bound == pytest.approx(expected, rel=1e-8)
+    assert rn / res.upper_bound == pytest.approx(expected, rel=1e-8)
+    # Jung's bound is exact here (all cosines = -1/k)
+    b = refgeo.tension_bounds(G)
+    assert b.rank == k
+    assert b.jung == pytest.approx(res.lower_bound, rel=1e-8)
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_rank_one_closed_form(seed):
+    rng = np.random.default_rng(seed)
+    a = rng.standard_normal(9)
+    a -= a.mean()
+    b = rng.standard_normal(4)
+    G = np.outer(a, b)
+    T = 0.5 * np.abs(a).sum() * np.linalg.norm(b)
+    tb = refgeo.tension_bounds(G)
+    assert tb.closed_form == "rank1" and tb.rank == 1
+    assert tb.lower == pytest.approx(T, rel=1e-12) and tb.upper == pytest.approx(T, rel=1e-12)
+    res = refgeo.diameter_lmo(G, eta=0.5)
+    assert res.method == "rank1" and res.gap <= 1e-12 and res.converged
+    assert res.decrease == pytest.approx(0.5 * T, rel=1e-12)
+    assert _brute_diameter(res.update) <= 0.5
+    # RowNorm is exactly optimal at rank 1
+    assert -np.sum(G * refgeo.projected_rownorm(G, eta=0.5)) == pytest.approx(0.5 * T, rel=1e-12)
+    # the returned flow is a valid flow: divergence = G, cost = T
+    div = np.zeros_like(G)
+    dirs = np.sign(a)[res.pairs[:, 0]][:, None] * b / np.linalg.norm(b)
+    for (i, j), f, u in zip(res.pairs, res.flows, dirs):
+        div[i] += f * u
+        div[j] -= f * u
+    np.testing.assert_allclose(div, G, atol=1e-12)
+    assert res.flows.sum() == pytest.approx(T, rel=1e-12)
+    assert independent_tension(G) == pytest.approx(T, rel=1e-7)
+
+
+def test_two_rows_closed_form():
+    G = np.array([[3.0, -4.0, 0.0], [-3.0, 4.0, 0.0]])
+    tb = refgeo.tension_bounds(G)
+    assert tb.closed_form == "two_rows" and tb.lower == tb.upper == 5.0
+    res = refgeo.diameter_lmo(G, eta=2.0)
+    assert res.method == "two_rows" and res.lower_bound == pytest.approx(5.0, rel=1e-15)
+    assert res.decrease == pytest.approx(10.0, rel=1e-14)
+    assert _brute_diameter(res.update) <= 2.0
+
+
+def test_zero_gradient():
+    res = refgeo.diameter_lmo(np.zeros((4, 3)), eta=1.0)
+    assert res.method == "zero" and res.decrease == 0.0 and res.gap == 0.0
+    assert np.all(res.update == 0.0)
+    tb = refgeo.tension_bounds(np.zeros((4, 3)))
+    assert tb.lower == tb.upper == 0.0
+
+
+def test_antipodal_symmetry_makes_half_sum_exact():
+    rng = np.random.default_rng(7)
+    base = rng.standard_normal((6, 3))
+    G = np.concatenate([base, -base])  # direction measure symmetric under g -> -g
+    res = refgeo.diameter_lmo(G, rtol=1e-9)
+    half = 0.5 * np.linalg.norm(G, axis=1).sum()
+    assert res.lower_bound <= half * (1 + 1e-12)
+    assert res.upper_bound == pytest.approx(half, rel=1e-8)
+    assert refgeo.tension_bounds(G).half_sum == pytest.approx(half, rel=1e-14)
+
+
+# ------------------------------------------------------------------ exact LMO vs independent solver
+
+
+@pytest.mark.parametrize("V, d, seed", [(5, 2, 0), (8, 3, 1), (12, 3, 2), (16, 4, 3), (20, 3, 4)])
+def test_matches_independent_solver(V, d, seed):
+    rng = np.random.default_rng(seed)
+    G = random_gradient(rng, V, d)
+    ref = independent_tension(G)
+    res = refgeo.diameter_lmo(G, eta=1.0, rtol=1e-9)
+    assert res.converged and res.gap <= 1e-9
+    assert res.lower_bound == pytest.approx(ref, rel=1e-6)
+    # the certificate brackets the independent value (which is a feasible value, <= T)
+    assert res.lower_bound <= res.upper_bound
+    assert ref <= res.upper_bound * (1 + 1e-10)
+    assert res.lower_bound >= ref * (1 - 1e-6)
+
+
+@pytest.mark.parametrize("seed", range(2))
+def test_ce_gradient_matches_independent_solver(seed):
+    rng = np.random.default_rng(100 + seed)
+    G = ce_gradient(rng, 14, 3, n_tokens=20)
+    ref = independent_tension(G)
+    res = refgeo.diameter_lmo(G, rtol=1e-8)
+    assert res.lower_bound == pytest.approx(ref, rel=1e-6)
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_complementary_slackness_and_budget(seed):
+    rng = np.random.default_rng(seed)
+    G = random_gradient(rng, 25, 4)
+    eta = 0.3
+    res = refgeo.diameter_lmo(G, eta=eta, rtol=1e-7)
+    S = np.asarray(res.update)
+    assert _brute_diameter(S) <= eta
+    assert refgeo.row_diameter(S).value <= eta
+    np.testing.assert_allclose(S.sum(axis=0), 0.0, atol=1e-12)
+    assert res.decrease == pytest.approx(-np.sum(G * S), rel=1e-14)
+    assert res.decrease == pytest.approx(eta * res.lower_bound, rel=1e-14)
+    # pairs carrying (non-negligible) flow are stretched to the full budget
+    big = res.flows > 1e-6 * res.flows.max()
+    i, j = res.pairs[big, 0], res.pairs[big, 1]
+    dist = np.linalg.norm(S[i] - S[j], axis=1)
+    np.testing.assert_allclose(dist, eta, rtol=1e-3)
+    assert res.flows.sum() <= res.upper_bound * (1 + 1e-12)
+    assert res.flows.sum() == pytest.approx(res.lower_bound, rel=1e-6)
+    assert np.all(res.pairs[:, 0] < res.pairs[:, 1])
+    with pytest.raises(ValueError):
+        res.update[0, 0] = 1.0  # read-only
+
+
+@pytest.mark.parametrize("seed", range(2))
+def test_invariances_of_the_optimum(seed):
+    rng = np.random.default_rng(seed)
+    G = random_gradient(rng, 18, 4)
+    T = refgeo.diameter_lmo(G, rtol=1e-9).lower_bound
+    perm = rng.permutation(18)
+    Q, _ = np.linalg.qr(rng.standard_normal((4, 4)))
+    for G2, factor in [(G[perm], 1.0), (G @ Q, 1.0), (3.5 * G, 3.5)]:
+        r2 = refgeo.diameter_lmo(G2, rtol=1e-9)
+        assert r2.lower_bound == pytest.approx(factor * T, rel=1e-7)
+
+
+def test_warm_start_reuses_the_solution():
+    rng = np.random.default_rng(3)
+    G = random_gradient(rng, 30, 5)
+    cold = refgeo.diameter_lmo(G, rtol=1e-7)
+    warm = refgeo.diameter_lmo(G, rtol=1e-7, warm_start=cold)
+    assert warm.iterations <= cold.iterations
+    assert warm.lower_bound == pytest.approx(cold.lower_bound, rel=1e-6)
+    # a nearby gradient
+    G2 = G + 0.01 * random_gradient(rng, 30, 5)
+    w2 = refgeo.diameter_lmo(G2, rtol=1e-7, warm_start=cold)
+    c2 = refgeo.diameter_lmo(G2, rtol=1e-7)
+    assert w2.lower_bound == pytest.approx(c2.lower_bound, rel=1e-6)
+
+
+def test_callback_limits_and_progress():
+    rng = np.random.default_rng(0)
+    G = random_gradient(rng, 30, 5)
+    seen = []
+
+    def cb(info):
+        seen.append(info)
+        return True  # stop after the first round
+
+    res = refgeo.diameter_lmo(G, rtol=1e-12, callback=cb)
+    assert len(seen) == 1 and res.rounds == 1
+    assert set(seen[0]) == {"iteration", "rounds", "pairs", "lower", "upper", "gap", "elapsed"}
+    # the bracket is certified whatever the stopping reason
+    ref = refgeo.diameter_lmo(G, rtol=1e-9).lower_bound
+    assert res.lower_bound <= ref * (1 + 1e-9) and res.upper_bound >= ref * (1 - 1e-9)
+    assert not res.converged or res.gap <= 1e-12
+    r0 = refgeo.diameter_lmo(G, max_iter=0)
+    assert r0.lower_bound <= ref * (1 + 1e-9) <= r0.upper_bound * (1 + 2e-9)
+    rt = refgeo.diameter_lmo(G, rtol=1e-12, max_time=1e-3)
+    assert rt.lower_bound <= ref * (1 + 1e-9) and rt.upper_bound >= ref * (1 - 1e-9)
+    refgeo.diameter_lmo(G, rtol=1e-3, progress=True)  # tqdm if installed; never fails
+
+
+# ------------------------------------------------------------------ bounds
+
+
+def _assert_bounds_hold(G, T_lo, T_hi):
+    b = refgeo.tension_bounds(G)
+    norms = np.linalg.norm(_centred(G), axis=1)
+    assert b.half_sum == pytest.approx(0.5 * norms.sum(), rel=1e-13)
+    prod = math.sqrt(sum(norms[i] * norms[j] for i in range(len(norms)) for j in range(i + 1, len(norms))))
+    assert b.product == pytest.approx(prod, rel=1e-12)
+    Gc = _centred(G)
+    V = G.shape[0]
+    pw = sum(np.linalg.norm(Gc[i] - Gc[j]) for i in range(V) for j in range(i + 1, V)) / V
+    assert b.pairwise_flow == pytest.approx(pw, rel=1e-12)
+    k = np.linalg.matrix_rank(Gc)
+    assert b.rank == k
+    assert b.jung == pytest.approx(math.sqrt(k / (2 * (k + 1))) * norms.sum(), rel=1e-13)
+    tol = 1 + 1e-10
+    assert b.half_sum <= T_hi * tol
+    for ub in (b.jung, b.product, b.pairwise_flow, b.upper):
+        assert T_lo <= ub * tol
+    assert b.lower == b.half_sum
+    assert b.upper == min(b.jung, b.product, b.pairwise_flow)
+    assert b.jung <= norms.sum() / math.sqrt(2) * tol
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_bounds_hold_on_random_gradients(seed):
+    rng = np.random.default_rng(seed)
+    V, d = [(6, 2), (10, 3), (25, 6), (30, 2)][seed]
+    G = random_gradient(rng, V, d)
+    res = refgeo.diameter_lmo(G, rtol=1e-8)
+    _assert_bounds_hold(G, res.lower_bound, res.upper_bound)
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_bounds_hold_on_cross_entropy_gradients(seed):
+    rng = np.random.default_rng(seed)
+    G = ce_gradient(rng, 40, 6, n_tokens=32)
+    assert np.linalg.norm(G.sum(axis=0)) <= 1e-12 * np.linalg.norm(G, axis=1).sum()
+    res = refgeo.diameter_lmo(G, rtol=1e-8)
+    _assert_bounds_hold(G, res.lower_bound, res.upper_bound)
+    # exact LMO beats RowNorm, by at most the sqrt(2) factor
+    ratio = res.lower_bound / (0.5 * np.linalg.norm(G, axis=1).sum())
+    assert 1.0 <= ratio <= math.sqrt(2) + 1e-9
+
+
+def test_tension_bounds_without_pairwise():
+    G = random_gradient(np.random.default_rng(0), 8, 3)
+    b = refgeo.tension_bounds(G, pairwise=False)
+    assert math.isnan(b.pairwise_flow) and b.upper == min(b.jung, b.product)
+
+
+# ------------------------------------------------------------------ bad input
+
+
+def test_bad_input():
+    G = random_gradient(np.random.default_rng(0), 5, 2)
+    bad = G + np.array([1.0, 0.0])
+    with pytest.raises(ValueError, match=re.escape("G must have rows summing to zero")):
+        refgeo.diameter_lmo(bad)
+    with pytest.raises(ValueError, match=re.escape("G must have rows summing to zero")):
+        refgeo.tension_bounds(bad)
+    with pytest.raises(ValueError, match=re.escape("G must have rows summing to zero")):
+        refgeo.rescaled_rownorm(bad)
+    # centring on purpose is accepted
+    refgeo.diameter_lmo(refgeo.center_rows(bad), rtol=1e-3)
+    nan = G.copy()
+    nan[0, 0] = np.nan
+    msg = "G must contain only finite values, got 1 NaN and 0 infinite entries instead."
+    for fn in (refgeo.diameter_lmo, refgeo.tension_bounds, refgeo.projected_rownorm, refgeo.rescaled_rownorm):
+        with pytest.raises(ValueError, match=re.escape(msg)):
+            fn(nan)
+    for eta in (0.0, -1.0):
+        for fn in (refgeo.diameter_lmo, refgeo.projected_rownorm, refgeo.rescaled_rownorm):
+            with pytest.raises(ValueError, match=re.escape(f"eta == {eta}, must be > 0.0.")):
+                fn(G, eta=eta)
+    with pytest.raises(ValueError, match=re.escape("rtol must be in (0, 1), got 1.0 instead.")):
+        refgeo.diameter_lmo(G, rtol=1.0)
+    with pytest.raises(ValueError, match=re.escape("rtol == 0.0, must be > 0.0.")):
+        refgeo.diameter_lmo(G, rtol=0.0)
+    with pytest.raises(TypeError, match=re.escape("warm_start must be an LMOResult or None, got dict instead.")):
+        refgeo.diameter_lmo(G, warm_start={})
+    with pytest.raises(TypeError, match=re.escape("callback must be callable, got int instead.")):
+        refgeo.diameter_lmo(G, callback=3)
+    with pytest.raises(ValueError, match=re.escape("G must be a 2-D array of shape (V, d), got shape (5,) instead.")):
+        refgeo.diameter_lmo(np.zeros(5))
+    with pytest.raises(ValueError, match=re.escape("G must have at least 2 rows")):
+        refgeo.diameter_lmo(np.zeros((1, 3)))
+    with pytest.raises(ValueError, match=re.escape("eps == -1.0, must be >= 0.0.")):
+        refgeo.row_normalize(G, eps=-1.0)
+    other = refgeo.diameter_lmo(random_gradient(np.random.default_rng(1), 6, 2), rtol=1e-3)
+    with pytest.raises(ValueError, match=re.escape("warm_start must come from a gradient of shape (5, 2)")):
+        refgeo.diameter_lmo(G, warm_start=other)
+
+
+# ------------------------------------------------------------------ acceptance (slow)
+
+
+@pytest.mark.slow
+def test_acceptance_v60_against_independent_solver():
+    rng = np.random.default_rng(60)
+    G = random_gradient(rng, 60, 4)
+    res = refgeo.diameter_lmo(G, rtol=1e-6)
+    assert res.gap <= 1e-5
+    ref = independent_tension(G)
+    assert res.lower_bound == pytest.approx(ref, rel=1e-6)
+    assert ref <= res.upper_bound * (1 + 1e-10)
+
+
+@pytest.mark.slow
+def test_acceptance_ce_v2000():
+    rng = np.random.default_rng(2000)
+    G = ce_gradient(rng, 2000, 64, n_tokens=1024)
+    t0 = time.perf_counter()
+    res = refgeo.diameter_lmo(G, rtol=1e-3, max_time=120.0)
+    elapsed = time.perf_counter() - t0
+    ratio = res.lower_bound / (0.5 * np.linalg.norm(G, axis=1).sum())
+    print(f"V=2000 d=64: gap={res.gap:.2e} time={elapsed:.1f}s ratio={ratio:.4f} pairs={len(res.pairs)}")
+    assert res.gap <= 1e-3
+    assert 1.1 <= ratio <= 1.4
+
+
+@pytest.mark.slow
+def test_acceptance_ce_v8000():
+    rng = np.random.default_rng(8000)
+    G = ce_gradient(rng, 8000, 128, n_tokens=1024)
+    t0 = time.perf_counter()
+    res = refgeo.diameter_lmo(G, rtol=1e-2, max_time=300.0)
+    elapsed = time.perf_counter() - t0
+    print(f"V=8000 d=128: gap={res.gap:.2e} time={elapsed:.1f}s")
+    assert res.gap <= 1e-2

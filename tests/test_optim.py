@@ -1,0 +1,223 @@
+"""SPEC §3 optimizers: RowNorm (as trained in the source) and DiameterLMO."""
+
+from __future__ import annotations
+
+import math
+import re
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from hypothesis.extra import numpy as hnp
+
+import refgeo
+
+
+def _centred(A):
+    return A - A.mean(axis=0, keepdims=True)
+
+
+def _brute_diameter(S):
+    diff = S[:, None, :] - S[None, :, :]
+    return float(np.sqrt(np.max(np.einsum("ijk,ijk->ij", diff, diff))))
+
+
+def _rn(B, eps):
+    """RN_eps by its definition, row by row."""
+    out = np.zeros_like(B)
+    for i, b in enumerate(B):
+        n = math.sqrt(float(b @ b)) + eps
+        if n > 0:
+            out[i] = b / n
+    return out
+
+
+def _grads(seed, n=4, V=7, d=3):
+    rng = np.random.default_rng(seed)
+    return [_centred(rng.standard_normal((V, d))) for _ in range(n)]
+
+
+finite = dict(allow_nan=False, allow_infinity=False, allow_subnormal=False)
+
+
+@settings(max_examples=30)
+@given(
+    hnp.arrays(np.float64, st.tuples(st.integers(2, 9), st.integers(1, 4)), elements=st.floats(-1e3, 1e3, **finite)),
+    st.floats(1e-3, 10.0),
+    st.booleans(),
+)
+def test_rownorm_step_within_two_gamma(G, lr, project):
+    opt = refgeo.RowNorm(lr=lr, project=project)
+    W = np.zeros_like(G)
+    for _ in range(2):
+        opt.step(W, G)
+        S = opt.last_step()
+        assert _brute_diameter(S) <= 2 * lr * (1 + 1e-12)
+
+
+def test_rownorm_matches_definition_with_bias_correction():
+    grads = _grads(0)
+    mu, eps, lr = 0.9, 1e-3, 0.05
+    opt = refgeo.RowNorm(lr=lr, mu=mu, eps=eps)
+    W = np.ones((7, 3))
+    B = np.zeros((7, 3))
+    expected_W = W.copy()
+    for t, g in enumerate(grads, start=1):
+        B = mu * B + (1 - mu) * g
+        S = -lr * _rn(B / (1 - mu**t), eps)
+        expected_W += S
+        opt.step(W, g)
+        np.testing.assert_allclose(opt.last_step(), S, rtol=1e-13, atol=1e-15)
+    np.testing.assert_allclose(W, expected_W, rtol=1e-13)
+
+
+def test_eps_forms_equivalent():
+    """Bias correction acts only through eps: corrected with eps == uncorrected with
+    eps * (1 - mu^t); with eps = 0 bias correction changes nothing."""
+    grads = _grads(1)
+    mu, eps = 0.95, 1e-2
+    a = refgeo.RowNorm(lr=1.0, mu=mu, eps=eps, bias_correction=True)
+    zero_a = refgeo.RowNorm(lr=1.0, mu=mu, eps=0.0, bias_correction=True)
+    zero_b = refgeo.RowNorm(lr=1.0, mu=mu, eps=0.0, bias_correction=False)
+    Wa, Wz1, Wz2 = (np.zeros((7, 3)) for _ in range(3))
+    B = np.zeros((7, 3))
+    for t, g in enumerate(grads, start=1):
+        a.step(Wa, g)
+        B = mu * B + (1 - mu) * g
+        np.testing.assert_allclose(a.last_step(), -_rn(B, eps * (1 - mu**t)), rtol=1e-12)
+        zero_a.step(Wz1, g)
+        zero_b.step(Wz2, g)
+        np.testing.assert_allclose(zero_a.last_step(), zero_b.last_step(), rtol=1e-13)
+
+
+def test_first_step_is_rownorm_of_gradient():
+    g = _grads(2, n=1)[0]
+    opt = refgeo.RowNorm(lr=0.5, eps=0.0)
+    W = np.zeros_like(g)
+    opt.step(W, g)
+    np.testing.assert_allclose(W, -0.5 * refgeo.row_normalize(g), rtol=1e-13)
+    # with the outer P the step is the projected RowNorm step (eta = 2 * lr)
+    opt = refgeo.RowNorm(lr=0.5, eps=0.0, project=True)
+    W = np.zeros_like(g)
+    opt.step(W, g)
+    np.testing.assert_allclose(W, refgeo.projected_rownorm(g, eta=1.0), rtol=1e-12, atol=1e-15)
+
+
+def test_state_round_trip():
+    grads = _grads(3, n=6)
+    a = refgeo.RowNorm(lr=0.1, mu=0.8, weight_decay=0.01, project=True)
+    Wa = np.ones((7, 3))
+    for g in grads[:3]:
+        a.step(Wa, g)
+    state = a.state_dict()
+    b = refgeo.RowNorm(lr=1.0)
+    b.load_state_dict(state)
+    state["buffer"][:] = 0.0  # the state dict holds a copy
+    Wb = Wa.copy()
+    for g in grads[3:]:
+        a.step(Wa, g)
+        b.step(Wb, g)
+    np.testing.assert_array_equal(Wa, Wb)
+    assert b.t == a.t == 6
+
+
+def test_zero_gradient_gives_zero_step():
+    opt = refgeo.RowNorm(lr=0.3)
+    W = np.full((4, 2), 2.0)
+    opt.step(W, np.zeros((4, 2)))
+    np.testing.assert_array_equal(W, 2.0)
+    np.testing.assert_array_equal(opt.last_step(), 0.0)
+    d = refgeo.DiameterLMO(lr=0.3)
+    d.step(W, np.zeros((4, 2)))
+    np.testing.assert_array_equal(W, 2.0)
+
+
+def test_weight_decay_is_decoupled_and_excluded_from_last_step():
+    g = _grads(4, n=1)[0]
+    W = np.full((7, 3), 3.0)
+    opt = refgeo.RowNorm(lr=0.1, weight_decay=0.5, eps=0.0)
+    opt.step(W, g)
+    S = -0.1 * refgeo.row_normalize(g)
+    np.testing.assert_allclose(opt.last_step(), S, rtol=1e-13)
+    np.testing.assert_allclose(W, 3.0 * (1 - 0.1 * 0.5) + S, rtol=1e-13)
+
+
+def _steps(grads, transform=lambda g: g, **kw):
+    opt = refgeo.RowNorm(lr=0.2, **kw)
+    W = np.zeros_like(transform(grads[0]))
+    out = []
+    for g in grads:
+        opt.step(W, transform(g))
+        out.append(opt.last_step())
+    return out
+
+
+def test_rownorm_invariances():
+    grads = _grads(5)
+    rng = np.random.default_rng(0)
+    base = _steps(grads, eps=0.0)
+    perm = rng.permutation(7)
+    for s, sp in zip(base, _steps(grads, lambda g: g[perm], eps=0.0)):
+        np.testing.assert_allclose(sp, s[perm], rtol=1e-13)
+    Q, _ = np.linalg.qr(rng.standard_normal((3, 3)))
+    for s, sq in zip(base, _steps(grads, lambda g: g @ Q, eps=0.0)):
+        np.testing.assert_allclose(sq, s @ Q, rtol=1e-12, atol=1e-14)
+    for s, sc in zip(base, _steps(grads, lambda g: 7.5 * g, eps=0.0)):
+        np.testing.assert_allclose(sc, s, rtol=1e-13)
+    shift = rng.standard_normal(3)
+    for s, ss in zip(base, _steps(grads, lambda g: g + shift, eps=0.0)):
+        np.testing.assert_allclose(ss, s, rtol=1e-12, atol=1e-14)
+
+
+def test_diameter_lmo_optimizer():
+    grads = _grads(6, n=4, V=12, d=3)
+    lr = 0.25
+    opt = refgeo.DiameterLMO(lr=lr, momentum=0.5, rtol=1e-6, weight_decay=0.1)
+    W = np.ones((12, 3))
+    M = np.zeros((12, 3))
+    for g in grads:
+        W_before = W.copy()
+        opt.step(W, g)
+        S = opt.last_step()
+        assert refgeo.row_diameter(S).value <= lr
+        np.testing.assert_allclose(W, W_before * (1 - lr * 0.1) + S, rtol=1e-13)
+        M = 0.5 * M + 0.5 * g
+        res = opt.last_result
+        assert res.gap <= 1e-6
+        assert -np.sum(M * S) == pytest.approx(lr * res.lower_bound, rel=1e-12)
+        # beats RowNorm's radius step on the same direction
+        assert -np.sum(M * S) >= -np.sum(M * refgeo.projected_rownorm(M, eta=lr)) * (1 - 1e-12)
+    state = opt.state_dict()
+    other = refgeo.DiameterLMO(lr=1.0)
+    other.load_state_dict(state)
+    g = _grads(7, n=1, V=12, d=3)[0]
+    Wa, Wb = W.copy(), W.copy()
+    opt.step(Wa, g)
+    other.step(Wb, g)
+    np.testing.assert_allclose(Wa, Wb, rtol=1e-5, atol=1e-8)
+
+
+def test_bad_input():
+    opt = refgeo.RowNorm(lr=0.1)
+    with pytest.raises(TypeError, match=re.escape("param must be a float32 or float64 numpy.ndarray")):
+        opt.step([[1.0, 2.0]], np.zeros((1, 2)))
+    W = np.zeros((3, 2))
+    with pytest.raises(ValueError, match=re.escape("param and grad must have the same shape")):
+        opt.step(W, np.zeros((3, 3)))
+    ro = np.zeros((3, 2))
+    ro.setflags(write=False)
+    with pytest.raises(ValueError, match=re.escape("param must be a writeable array")):
+        opt.step(ro, np.zeros((3, 2)))
+    bad = np.zeros((3, 2))
+    bad[1, 1] = np.inf
+    with pytest.raises(ValueError, match=re.escape("grad must contain only finite values, got 0 NaN and 1 infinite entries instead.")):
+        opt.step(W, bad)
+    with pytest.raises(ValueError, match=re.escape("lr == 0.0, must be > 0.0.")):
+        refgeo.RowNorm(lr=0.0)
+    with pytest.raises(ValueError, match=re.escape("mu must be in [0, 1), got 1.0 instead.")):
+        refgeo.RowNorm(lr=0.1, mu=1.0)
+    with pytest.raises(ValueError, match=re.escape("momentum must be in [0, 1), got 1.5 instead.")):
+        refgeo.DiameterLMO(lr=0.1, momentum=1.5)
+    with pytest.raises(ValueError, match=re.escape("G must have rows summing to zero")):
+        refgeo.DiameterLMO(lr=0.1).step(W, np.ones((3, 2)))

@@ -1,0 +1,635 @@
+"""The verification kit (refgeo.testing): it passes correct kernels and catches planted bugs.
+
+Each planted bug is a small, realistic mistake in a candidate kernel; the kit must
+report it as a ConformanceError (an AssertionError) naming the inputs, the expected and
+received values and the tolerance.  Correct candidates, including refgeo's own fast
+paths, must pass.  max_examples stays small (50) to keep the module fast.
+"""
+
+from __future__ import annotations
+
+import re
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import refgeo
+from refgeo import testing as rt
+from refgeo.testing import ConformanceError, check_against_reference
+from refgeo.testing import strategies as rst
+
+N = 50  # examples per conformance run
+
+pytest_plugins = ["pytester"]
+
+
+def _caught(candidate, name, **kwargs) -> ConformanceError:
+    kwargs.setdefault("max_examples", N)
+    with pytest.raises(ConformanceError) as info:
+        check_against_reference(candidate, name, **kwargs)
+    return info.value
+
+
+# --------------------------------------------------------------------------- candidates
+# Small NumPy kernels written the way users write theirs.
+
+
+def _pairs(n):
+    return np.triu_indices(n, k=1)
+
+
+def direct_extreme(S, *, maximise=True, dtype=np.float64):
+    """Direct differences, first extreme in (i, j) order (refgeo's tie rule)."""
+    X = np.asarray(S, dtype=dtype)
+    i, j = _pairs(len(X))
+    D = np.sqrt(((X[i] - X[j]) ** 2).sum(axis=1))
+    k = int(np.argmax(D) if maximise else np.argmin(D))
+    return float(D[k]), int(i[k]), int(j[k])
+
+
+def gram_extreme(S, *, maximise=True, dtype=np.float64, centre=True):
+    """The Gram identity |x|^2 + |y|^2 - 2 x.y in ``dtype``."""
+    X = np.asarray(S, dtype=dtype)
+    if centre:
+        X = X - X.mean(axis=0)
+    sq = (X * X).sum(axis=1)
+    i, j = _pairs(len(X))
+    D2 = sq[i] + sq[j] - 2 * (X @ X.T)[i, j]
+    D = np.sqrt(np.maximum(D2, 0))
+    k = int(np.argmax(D) if maximise else np.argmin(D))
+    return float(D[k]), int(i[k]), int(j[k])
+
+
+def direct_knn(X, k, *, dtype=np.float64, reverse_ties=False):
+    A = np.asarray(X, dtype=dtype)
+    D = np.sqrt(((A[:, None, :] - A[None, :, :]) ** 2).sum(axis=-1))
+    np.fill_diagonal(D, np.inf)
+    cols = np.arange(len(A))
+    if reverse_ties:  # among equal distances the larger index first
+        idx = np.stack([np.lexsort((-cols, row))[:k] for row in D])
+    else:
+        idx = np.argsort(D, axis=1, kind="stable")[:, :k]
+    return idx, np.take_along_axis(D, idx, axis=1)
+
+
+def logit_distance(z, w):
+    d = np.asarray(w, dtype=np.float64) - np.asarray(z, dtype=np.float64)
+    return d.max(axis=-1) - d.min(axis=-1)
+
+
+# --------------------------------------------------------------------------- correct kernels pass
+
+
+@pytest.mark.parametrize(
+    "name, candidate",
+    [
+        ("row_diameter", direct_extreme),
+        ("closest_pair", lambda S: direct_extreme(S, maximise=False)),
+        ("knn", direct_knn),
+        ("hilbert_distance_logits", logit_distance),
+    ],
+    ids=["diameter", "closest", "knn", "logits"],
+)
+def test_correct_numpy_kernels_pass(name, candidate):
+    check_against_reference(candidate, name, max_examples=N)
+
+
+def test_input_precision_kernels_pass_with_certified_tolerance():
+    # Direct differences in float32 on float32 rows, and a centred float64 Gram
+    # diameter, are inside the documented tolerance.
+    f32 = rst.row_clouds(dtypes="float32")
+    check_against_reference(lambda S: direct_extreme(S, dtype=np.asarray(S).dtype), "row_diameter", strategy=f32,
+                            max_examples=N)
+    check_against_reference(lambda S: direct_extreme(S, maximise=False, dtype=np.asarray(S).dtype),
+                            "closest_pair", strategy=f32, max_examples=N)
+    check_against_reference(gram_extreme, "row_diameter", max_examples=N)
+
+
+def _float32_logits(z, w):
+    d = np.asarray(w, dtype=np.float32) - np.asarray(z, dtype=np.float32)
+    return d.max(axis=-1) - d.min(axis=-1)  # float32 result
+
+
+def _float32_pdist(X):
+    X = np.asarray(X, dtype=np.float32)
+    i, j = _pairs(len(X))
+    d = X[j] - X[i]
+    return d.max(axis=1) - d.min(axis=1)
+
+
+def test_float32_hilbert_kernels_pass_with_the_documented_bound():
+    f32 = rst.logit_pairs(dtypes="float32")
+    check_against_reference(_float32_logits, "hilbert_distance_logits", strategy=f32, max_examples=N)
+    check_against_reference(_float32_pdist, "pdist_hilbert", strategy=rst.logits(n_rows=(1, 6), dtypes="float32"),
+                            max_examples=N)
+
+
+@pytest.mark.parametrize(
+    "name",
+    [
+        "hilbert_distance_logits",
+        "hilbert_distance",
+        "pdist_hilbert",
+        "cdist_hilbert",
+        "row_diameter",
+        "closest_pair",
+        "farthest_partners",
+        "knn",
+    ],
+)
+def test_refgeo_fast_paths_pass(name):
+    # refgeo's public functions on the default backend (compiled where built) are
+    # candidates like any other.
+    fn = getattr(refgeo, name)
+    check_against_reference(lambda *a, **k: fn(*a, **k), name, max_examples=N)
+
+
+# --------------------------------------------------------------------------- planted bugs
+
+
+def test_catches_off_by_one_index():
+    def off_by_one(S):
+        v, i, j = direct_extreme(S)
+        return v, i, j - 1 if j - 1 > i else j + 1
+
+    err = _caught(off_by_one, "row_diameter", strategy=rst.row_clouds(n_rows=(3, 8)))
+    assert "pair" in err.reason
+
+
+def test_catches_off_by_one_knn_index():
+    def off_by_one(X, k):
+        idx, dist = direct_knn(X, k)
+        return idx + 1, dist
+
+    err = _caught(off_by_one, "knn")
+    assert "out of range" in err.reason or "own neighbour" in err.reason or "rank" in err.reason
+
+
+def test_catches_missing_centring():
+    # float64 Gram identity without centring: exact on centred data, wrong by the
+    # cancellation of |x|^2 ~ offset^2 on rows sharing a large offset.
+    err = _caught(lambda S: gram_extreme(S, centre=False), "row_diameter",
+                  strategy=rst.row_clouds(dtypes="float64", structures=("generic", "offset")))
+    assert np.max(np.abs(err.inputs["S"])) > 10.0  # the shrunk example kept the offset
+    # The same kernel with centring passes on the same inputs.
+    check_against_reference(gram_extreme, "row_diameter", max_examples=N,
+                            strategy=rst.row_clouds(dtypes="float64", structures=("generic", "offset")))
+
+
+def test_catches_float32_gram_trick_on_offset_rows():
+    def naive(S):
+        return gram_extreme(S, dtype=np.float32, centre=False)
+
+    err = _caught(naive, "row_diameter", strategy=rst.row_clouds(dtypes="float32", structures=("offset",)))
+    assert err.inputs["S"].dtype == np.float32
+    assert "differs from the reference" in err.reason or "not an extreme pair" in err.reason
+
+
+def test_catches_float32_gram_trick_closest_pair_even_when_centred():
+    err = _caught(lambda S: gram_extreme(S, maximise=False, dtype=np.float32), "closest_pair",
+                  strategy=rst.row_clouds(dtypes="float32"))
+    assert err.name == "closest_pair"
+
+
+def test_catches_wrong_tie_breaking():
+    def last_of_ties(S):
+        X = np.asarray(S, dtype=np.float64)
+        i, j = _pairs(len(X))
+        D = np.sqrt(((X[i] - X[j]) ** 2).sum(axis=1))
+        k = len(D) - 1 - int(np.argmax(D[::-1]))  # last maximum
+        return float(D[k]), int(i[k]), int(j[k])
+
+    err = _caught(last_of_ties, "row_diameter")
+    assert err.reason.startswith("wrong tie-breaking")
+    # Accepting any tied pair is an explicit choice.
+    check_against_reference(last_of_ties, "row_diameter", tie_break="any", max_examples=N)
+
+
+def test_catches_wrong_knn_tie_breaking():
+    err = _caught(lambda X, k: direct_knn(X, k, reverse_ties=True), "knn")
+    assert err.reason.startswith("wrong tie-breaking")
+    check_against_reference(lambda X, k: direct_knn(X, k, reverse_ties=True), "knn", tie_break="any",
+                            max_examples=N)
+
+
+def test_catches_probabilities_that_ignore_support():
+    def eps_smoothed(p, q):  # the common "add 1e-12" shortcut: finite where it must be inf
+        lr = np.log(np.asarray(p, np.float64) + 1e-12) - np.log(np.asarray(q, np.float64) + 1e-12)
+        return lr.max(axis=-1) - lr.min(axis=-1)
+
+    err = _caught(eps_smoothed, "hilbert_distance")
+    assert "distance" in err.reason
+
+
+def test_catches_softmax_round_trip_on_extreme_logits():
+    def via_probabilities(z, w):  # underflows for logits of size 1e4
+        def softmax(x):
+            e = np.exp(x - x.max(axis=-1, keepdims=True))
+            return e / e.sum(axis=-1, keepdims=True)
+
+        with np.errstate(divide="ignore", invalid="ignore"):
+            lr = np.log(softmax(np.asarray(w, np.float64))) - np.log(softmax(np.asarray(z, np.float64)))
+        return lr.max(axis=-1) - lr.min(axis=-1)
+
+    _caught(via_probabilities, "hilbert_distance_logits")
+
+
+def test_catches_a_kernel_that_ignores_strides():
+    def raw_buffer(X):  # reads the underlying buffer as if it were C-contiguous
+        X = np.asarray(X)
+        base = X if X.base is None else X.base
+        flat = np.asarray(base).reshape(-1)[: X.size].reshape(X.shape)
+        i, j = _pairs(len(X))
+        d = flat[j].astype(np.float64) - flat[i]
+        return d.max(axis=1) - d.min(axis=1)
+
+    err = _caught(raw_buffer, "pdist_hilbert")
+    assert "strided" in str(err) or "Fortran" in str(err)
+
+
+def test_catches_in_place_modification():
+    def centres_in_place(S):
+        S -= S.mean(axis=0)
+        return direct_extreme(S)
+
+    err = _caught(centres_in_place, "row_diameter")
+    assert "modified its input" in err.reason
+
+
+def test_candidate_exceptions_become_conformance_errors():
+    def fails_on_one_column(S):
+        if np.asarray(S).shape[1] == 1:
+            raise RuntimeError("d == 1 is not supported")
+        return direct_extreme(S)
+
+    err = _caught(fails_on_one_column, "row_diameter")
+    assert "RuntimeError" in err.reason
+    assert isinstance(err.__cause__, RuntimeError)
+
+
+def test_wrong_shape_and_nan_are_reported():
+    err = _caught(lambda z, w: logit_distance(z, w)[..., None], "hilbert_distance_logits")
+    assert "shape" in err.reason
+    err = _caught(lambda z, w: np.full(np.shape(z)[:-1], np.nan), "hilbert_distance_logits")
+    assert "nan" in err.reason
+
+
+# --------------------------------------------------------------------------- LMO and optimizer
+
+
+def _rn(B, eps=0.0):
+    n = np.sqrt((B * B).sum(axis=1, keepdims=True)) + eps
+    return np.where(n > 0, B / np.where(n > 0, n, 1.0), 0.0)
+
+
+def rownorm_numpy(W0, grads, *, lr, mu, eps, bias_correction=True, eps_inside_sqrt=False, dtype=None):
+    """A user's RowNorm loop; ``dtype`` = working precision (default: float64)."""
+    dt = np.dtype(dtype or np.float64)
+    W = np.array(W0, copy=True)
+    B = np.zeros(W.shape, dtype=dt)
+    out = []
+    for t, g in enumerate(np.asarray(grads), start=1):
+        B = dt.type(mu) * B + dt.type(1 - mu) * g.astype(dt)
+        Bh = B / dt.type(1 - mu**t) if bias_correction else B
+        if eps_inside_sqrt:
+            n = np.sqrt((Bh * Bh).sum(axis=1, keepdims=True) + dt.type(eps))
+            S = np.where(n > 0, Bh / np.where(n > 0, n, 1), 0)
+        else:
+            S = _rn(Bh, dt.type(eps))
+        W = W - (lr * S).astype(W.dtype)
+        out.append(W.copy())
+    return np.stack(out)
+
+
+def refgeo_rownorm(W0, grads, *, lr, mu, eps):
+    W = np.array(W0, copy=True)
+    opt = refgeo.RowNorm(lr=lr, mu=mu, eps=eps)
+    return [opt.step(W, g).copy() for g in grads]
+
+
+def projected_rownorm_numpy(G, *, eta, inner=True, outer=True):
+    G = np.asarray(G, dtype=np.float64)
+    N = _rn(G - G.mean(axis=0) if inner else G)
+    return -(eta / 2) * (N - N.mean(axis=0) if outer else N)
+
+
+def test_lmo_and_optimizer_fast_paths_pass():
+    check_against_reference(lambda G, eta: refgeo.projected_rownorm(G, eta=eta), "projected_rownorm", max_examples=N)
+    check_against_reference(refgeo_rownorm, "rownorm_step", max_examples=N)
+
+
+def test_correct_user_rownorm_kernels_pass():
+    check_against_reference(projected_rownorm_numpy, "projected_rownorm", max_examples=N)
+    check_against_reference(rownorm_numpy, "rownorm_step", max_examples=N)
+    # Working in float32 throughout is inside the tolerance for float32 parameters.
+    check_against_reference(lambda W0, g, **kw: rownorm_numpy(W0, g, dtype=np.float32, **kw), "rownorm_step",
+                            strategy=_rownorm_cases("float32"), max_examples=N)
+
+
+def _rownorm_cases(dtype):
+    @st.composite
+    def cases(draw):
+        grads = draw(rst.gradient_sequences(dtypes=dtype))
+        W0 = draw(rst.row_clouds(n_rows=grads.shape[1], n_cols=grads.shape[2], dtypes=dtype, layouts="C"))
+        kw = {"lr": 0.02, "mu": 0.95, "eps": 1e-8}
+        return rt.Case(args=(W0, grads), names=("W0", "grads"), kwargs=kw)
+
+    return cases()
+
+
+def test_catches_rownorm_without_bias_correction():
+    err = _caught(lambda W0, g, **kw: rownorm_numpy(W0, g, bias_correction=False, **kw), "rownorm_step")
+    assert err.reason.startswith("step ")
+    # Also in float32, where eps only matters for small gradients.
+    _caught(lambda W0, g, **kw: rownorm_numpy(W0, g, bias_correction=False, dtype=np.float32, **kw),
+            "rownorm_step", strategy=_rownorm_cases("float32"))
+
+
+def test_catches_rownorm_eps_inside_the_square_root():
+    _caught(lambda W0, g, **kw: rownorm_numpy(W0, g, eps_inside_sqrt=True, **kw), "rownorm_step")
+
+
+@pytest.mark.parametrize("inner, outer", [(False, True), (True, False)], ids=["no_inner_P", "no_outer_P"])
+def test_catches_projected_rownorm_without_centring(inner, outer):
+    _caught(lambda G, eta: projected_rownorm_numpy(G, eta=eta, inner=inner, outer=outer), "projected_rownorm")
+
+
+@settings(max_examples=40)
+@given(rst.gradient_sequences(), st.sampled_from([0.02, 1.0]), st.sampled_from([0.95, 0.5]),
+       st.sampled_from([1e-8, 0.0]))
+def test_spec_rownorm_reference_agrees_with_refgeo_optim(grads, lr, mu, eps):
+    # The kit's SPEC §3 transcription and refgeo.optim.RowNorm are independent codes.
+    W0 = np.linspace(-1, 1, grads.shape[1] * grads.shape[2]).reshape(grads.shape[1:]).astype(grads.dtype)
+    spec = rt.rownorm_reference_steps(W0, grads, lr=lr, mu=mu, eps=eps)
+    ours = np.stack(refgeo_rownorm(W0, grads, lr=lr, mu=mu, eps=eps))
+    u = np.finfo(grads.dtype).eps
+    np.testing.assert_allclose(ours, spec, rtol=0, atol=8 * u * (1 + lr) * grads.shape[0])
+
+
+# --------------------------------------------------------------------------- the report
+
+
+def test_report_names_inputs_expected_got_and_tolerance():
+    err = _caught(lambda S: gram_extreme(S, dtype=np.float32, centre=False), "row_diameter",
+                  strategy=rst.row_clouds(dtypes="float32", structures=("offset",)),
+                  settings=settings(derandomize=True, database=None))
+    assert isinstance(err, AssertionError)
+    text = str(err)
+    assert text.startswith("candidate disagrees with refgeo's reference for 'row_diameter'")
+    for field in ("input S:", "expected:", "got:", "tolerance:", "dtype=float32"):
+        assert field in text
+    # The shrunk example is small.
+    assert err.inputs["S"].shape[0] <= 4
+
+
+def test_works_inside_a_pytest_test(pytester):
+    pytester.makepyfile(
+        """
+        import numpy as np
+        from refgeo.testing import check_against_reference
+
+        def naive(S):
+            X = np.asarray(S, dtype=np.float32)
+            sq = (X * X).sum(1)
+            D2 = sq[:, None] + sq[None, :] - 2 * X @ X.T
+            i, j = np.triu_indices(len(X), 1)
+            k = int(np.argmax(D2[i, j]))
+            return float(np.sqrt(max(D2[i, j][k], 0))), int(i[k]), int(j[k])
+
+        def test_naive():
+            check_against_reference(naive, "row_diameter", max_examples=50)
+        """
+    )
+    result = pytester.runpytest_inprocess("-p", "no:cacheprovider", "-q")
+    result.assert_outcomes(failed=1)
+    result.stdout.fnmatch_lines(["*ConformanceError: candidate disagrees*row_diameter*", "*tolerance:*"])
+
+
+# --------------------------------------------------------------------------- assertion helpers
+
+
+def test_extreme_pair_near_tie_swap_is_accepted_exact_tie_is_not():
+    S = np.array([[0.0, 0.0], [1.0, 0.0], [0.0, np.nextafter(1.0, 2.0)]])
+    ref = refgeo.closest_pair(S)  # (0, 1) at 1.0; (0, 2) at 1 + 1 ulp
+    assert (ref.i, ref.j) == (0, 1)
+    rt.assert_extreme_pair_close(1.0, 0, 2, ref, S)  # near tie: accepted
+    S2 = np.array([[0.0, 0.0], [1.0, 0.0], [0.0, 1.0]])
+    ref2 = refgeo.closest_pair(S2)
+    with pytest.raises(ConformanceError, match="wrong tie-breaking"):
+        rt.assert_extreme_pair_close(1.0, 0, 2, ref2, S2)
+    rt.assert_extreme_pair_close(1.0, 0, 2, ref2, S2, tie_break="any")
+
+
+def test_extreme_pair_tolerance_is_the_documented_one():
+    rng = np.random.default_rng(0)
+    S = rng.standard_normal((6, 4)).astype(np.float32)
+    ref = refgeo.row_diameter(S)
+    u = 2.0**-24
+    gamma = lambda m, u: m * u / (1 - m * u)  # noqa: E731
+    tol = (2 * gamma(7, u) + gamma(7, 2.0**-53)) * ref.value
+    rt.assert_extreme_pair_close(ref.value + 0.99 * tol, ref.i, ref.j, ref, S)
+    with pytest.raises(ConformanceError, match="more than the tolerance"):
+        rt.assert_extreme_pair_close(ref.value + 1.01 * tol, ref.i, ref.j, ref, S)
+    rt.assert_extreme_pair_close(ref.value * 1.1, ref.i, ref.j, ref, S, rtol=0.2)
+
+
+def test_extreme_pair_rejects_invalid_pairs():
+    S = np.array([[0.0], [1.0], [3.0]])
+    ref = refgeo.row_diameter(S)
+    with pytest.raises(ConformanceError, match=re.escape("the pair (2, 0) is not a valid pair i < j")):
+        rt.assert_extreme_pair_close(3.0, 2, 0, ref, S)
+    with pytest.raises(ConformanceError, match="not an extreme pair"):
+        rt.assert_extreme_pair_close(3.0, 0, 1, ref, S)
+    with pytest.raises(ValueError, match=re.escape("tie_break must be one of ('smallest', 'any'), got 'x' instead.")):
+        rt.assert_extreme_pair_close(3.0, 0, 2, ref, S, tie_break="x")
+
+
+def test_pdist_helper_uses_the_float32_bound_of_pdist_hilbert():
+    rng = np.random.default_rng(1)
+    X = (rng.standard_normal((5, 7)) * 100).astype(np.float32)
+    exact = refgeo.pdist_hilbert(X.astype(np.float64))
+    got32 = _float32_pdist(X)
+    rt.assert_pdist_close(got32, X)  # float32 kernel, float32 output
+    rt.assert_pdist_close(refgeo.pdist_hilbert(X, form="square"), X)  # square form
+    i, j = _pairs(5)
+    d = X[j].astype(np.float64) - X[i]
+    bound = 2.0**-24 * (np.abs(d.max(1)) + np.abs(d.min(1))) + 2.0**-53 * 2 * (np.abs(d.max(1)) + np.abs(d.min(1)))
+    k = int(np.argmax(bound))
+    bad = exact.copy()
+    bad[k] += 1.5 * bound[k]
+    with pytest.raises(ConformanceError, match=re.escape(f"condensed distance at index ({k},)")):
+        rt.assert_pdist_close(bad, X)
+    asym = refgeo.pdist_hilbert(X, form="square")
+    asym[0, 1] += 1.0
+    with pytest.raises(ConformanceError, match="symmetric with a zero diagonal"):
+        rt.assert_pdist_close(asym, X)
+
+
+def test_hilbert_helper_requires_exact_inf():
+    p = np.array([[1.0, 0.0], [0.5, 0.5]])
+    q = np.array([[0.5, 0.5], [0.25, 0.75]])
+    rt.assert_hilbert_close(refgeo.hilbert_distance(p, q), p, q)
+    with pytest.raises(ConformanceError, match="index \\(0,\\)"):
+        rt.assert_hilbert_close(np.array([1e300, refgeo.hilbert_distance(p[1], q[1])]), p, q)
+
+
+def test_knn_helper_checks_indices_and_distances():
+    X = np.array([[0.0], [1.0], [3.0], [6.0]])
+    ref = refgeo.knn(X, 2)
+    rt.assert_knn_close(ref.indices, ref.distances, ref, X)
+    rt.assert_knn_close(ref.indices, None, ref, X)
+    with pytest.raises(ConformanceError, match="repeated neighbour"):
+        rt.assert_knn_close([[1, 1], [0, 2], [1, 0], [2, 1]], None, ref, X)
+    with pytest.raises(ConformanceError, match="own neighbour"):
+        rt.assert_knn_close([[0, 1], [0, 2], [1, 0], [2, 1]], None, ref, X)
+    with pytest.raises(ConformanceError, match=re.escape("indices must be an integer array of shape (4, 2)")):
+        rt.assert_knn_close(ref.indices[:, :1], None, ref, X)
+
+
+def test_as_numpy_converts_other_array_libraries():
+    xps = pytest.importorskip("array_api_strict")
+    a = xps.asarray([[1.0, 2.0]], dtype=xps.float32)
+    out = rt.as_numpy(a)
+    assert isinstance(out, np.ndarray) and out.dtype == np.float32 and out.tolist() == [[1.0, 2.0]]
+
+    class FakeTensor:  # autograd-style object: must be detached before conversion
+        def __init__(self, v):
+            self.v = v
+
+        def detach(self):
+            return np.asarray(self.v)
+
+    assert rt.as_numpy(FakeTensor([3.0])).tolist() == [3.0]
+    assert rt.as_numpy(2.5).shape == ()
+
+
+def test_convert_hands_the_candidate_other_arrays():
+    xps = pytest.importorskip("array_api_strict")
+    seen = []
+
+    def candidate(z, w):
+        seen.append(type(z).__module__)
+        d = w - z
+        return xps.max(d, axis=-1) - xps.min(d, axis=-1)
+
+    check_against_reference(candidate, "hilbert_distance_logits", convert=xps.asarray, max_examples=20,
+                            strategy=rst.logit_pairs(layouts="C"))
+    assert seen and all(m.startswith("array_api_strict") for m in seen)
+
+
+# --------------------------------------------------------------------------- arguments, registry
+
+
+def test_registry_lists_available_quantities():
+    names = rt.reference_names()
+    assert names == sorted(names)
+    for name in ("hilbert_distance_logits", "pdist_hilbert", "row_diameter", "closest_pair", "knn",
+                 "projected_rownorm", "rownorm_step"):
+        assert name in names
+        assert rt.signature(name).startswith("candidate(")
+
+
+def test_argument_errors():
+    with pytest.raises(ValueError, match=re.escape("name must be one of")):
+        check_against_reference(logit_distance, "no_such_quantity")
+    with pytest.raises(TypeError, match=re.escape("candidate must be callable, got int instead.")):
+        check_against_reference(3, "row_diameter")
+    with pytest.raises(ValueError, match=re.escape("max_examples must be a positive int, got 0 instead.")):
+        check_against_reference(logit_distance, "hilbert_distance_logits", max_examples=0)
+    with pytest.raises(ValueError, match=re.escape("tie_break must be one of ('smallest', 'any'), got 'y' instead.")):
+        check_against_reference(logit_distance, "hilbert_distance_logits", tie_break="y")
+
+
+def test_user_strategy_and_tolerance():
+    # A user strategy may draw bare arrays; a loose tolerance accepts a sloppy kernel.
+    def sloppy(z, w):
+        return logit_distance(z, w) * (1 + 1e-6)
+
+    strat = st.tuples(st.just(np.zeros((1, 3))), st.just(np.array([[0.0, 1.0, 2.0]])))
+    _caught(sloppy, "hilbert_distance_logits", strategy=strat, max_examples=5)
+    check_against_reference(sloppy, "hilbert_distance_logits", strategy=strat, rtol=1e-5, max_examples=5)
+
+
+# --------------------------------------------------------------------------- the strategies
+
+
+@settings(max_examples=60)
+@given(rst.centred_gradients(structures=("cross_entropy", "rank_one", "sparse")))
+def test_centred_gradients_rows_sum_to_exactly_zero(G):
+    assert np.all(G.sum(axis=0) == 0)
+    assert np.all(G[::-1].sum(axis=0) == 0)  # whatever the order
+    assert np.isfinite(G).all()
+
+
+@settings(max_examples=60)
+@given(rst.simplex_pairs(supports=("mismatched",), n_cols=(2, 8)))
+def test_mismatched_supports_give_inf(pq):
+    p, q = pq
+    assert np.all(np.isinf(refgeo.hilbert_distance(p, q)))
+
+
+@settings(max_examples=60)
+@given(rst.simplex_pairs(supports=("full", "shared")))
+def test_shared_supports_give_finite_distances(pq):
+    p, q = pq
+    assert (p >= 0).all() and (q >= 0).all()
+    assert np.all(np.isfinite(refgeo.hilbert_distance(p, q)))
+
+
+@settings(max_examples=60)
+@given(rst.row_clouds(n_rows=(2, 5), n_cols=(1, 3), dtypes="float32", layouts=("F", "strided")))
+def test_row_clouds_honour_size_dtype_layout(S):
+    assert S.dtype == np.float32 and 2 <= S.shape[0] <= 5 and 1 <= S.shape[1] <= 3
+    assert np.isfinite(S).all()
+    if S.shape[0] > 1 and S.shape[1] > 1:
+        assert not S.flags.c_contiguous
+
+
+@settings(max_examples=30)
+@given(rst.row_clouds(structures=("duplicates",)))
+def test_duplicates_have_zero_closest_distance(S):
+    assert refgeo.closest_pair(S).value == 0.0
+
+
+@settings(max_examples=30)
+@given(rst.hidden_state_pairs(dtypes="float64"))
+def test_hidden_state_pairs_are_planted_exactly(h):
+    Y = np.einsum("nij,nj->ni", h.maps[h.labels], h.X) + h.residual
+    np.testing.assert_allclose(h.Y, Y, rtol=1e-13, atol=1e-12)
+    moved = np.flatnonzero(np.linalg.norm(h.residual, axis=1) > 0)
+    assert moved.tolist() == h.outliers.tolist()
+
+
+@settings(max_examples=30)
+@given(rst.logits(structures=("extreme", "spike"), n_cols=(2, 8), dtypes="float64"))
+def test_extreme_logits_reach_1e4(z):
+    assert np.abs(z).max() <= 1e4
+
+
+def test_strategy_argument_errors():
+    with pytest.raises(ValueError, match=re.escape("n_rows must satisfy 1 <= min <= max, got (3, 2) instead.")):
+        rst.row_clouds(n_rows=(3, 2))
+    with pytest.raises(ValueError, match=re.escape("dtypes must contain only float32 or float64, got int64 instead.")):
+        rst.logits(dtypes="int64")
+    with pytest.raises(ValueError, match=re.escape("structures must be a non-empty selection of")):
+        rst.row_clouds(structures=("nope",))
+
+
+# --------------------------------------------------------------------------- optional: torch
+
+
+def test_torch_implementation_if_available():
+    torch = pytest.importorskip("torch")
+
+    def torch_diameter(S):
+        D = torch.cdist(S.to(torch.float64), S.to(torch.float64))
+        n = D.shape[0]
+        iu = torch.triu_indices(n, n, offset=1)
+        vals = D[iu[0], iu[1]]
+        k = int(torch.argmax(vals))
+        return vals[k], int(iu[0][k]), int(iu[1][k])
+
+    check_against_reference(torch_diameter, "row_diameter", convert=torch.from_numpy, max_examples=N,
+                            tie_break="any")

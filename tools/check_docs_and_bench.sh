@@ -1,0 +1,102 @@
+#!/usr/bin/env bash
+# CI checks for the documentation and the asv benchmarks (needs refgeo installed with the
+# `docs` and `bench` extras).  Runs from any directory; writes only to a temp folder and,
+# for the HTML, to docs/_build/html (override with REFGEO_DOCS_OUT; REFGEO_SKIP_DOCS=1
+# or REFGEO_SKIP_BENCH=1 skips a step).
+#
+# 1. Sphinx, warnings as errors, run from outside the source tree so that `import refgeo`
+#    is the installed package (with its compiled extension), not the checkout.
+# 2. `asv check` and a quick run of every benchmark at the small (CI) sizes in the current
+#    environment: `--python=same` needs no git history, `--dry-run` saves no results, and
+#    asv exits non-zero when any benchmark fails.  asv's results/machine files go to a temp
+#    folder through a generated copy of asv.conf.json.
+#
+# Budget on 2 cores: docs < 3 min, asv < 3 min.
+set -euo pipefail
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+TMP="$(mktemp -d)"
+trap 'rm -rf "$TMP"' EXIT
+export MPLBACKEND=Agg
+DOCS_OUT="${REFGEO_DOCS_OUT:-$ROOT/docs/_build/html}"
+
+if [ "${REFGEO_SKIP_DOCS:-0}" != 1 ]; then
+    echo "== docs: sphinx -W (output in $DOCS_OUT)"
+    t0=$SECONDS
+    (cd "$TMP" && python -m sphinx -W --keep-going -q -b html "$ROOT/docs" "$DOCS_OUT")
+    echo "docs built in $((SECONDS - t0)) s"
+    # The API reference shows docstrings as written: list public objects whose docstring
+    # lacks an Examples section or a formula (a warning, for the module owners).
+    (cd "$TMP" && python - <<'PY'
+import inspect
+import refgeo
+missing = {}
+for name in refgeo.__all__:
+    obj = getattr(refgeo, name)
+    if not (inspect.isfunction(obj) or inspect.isclass(obj)) or name == "__version__":
+        continue
+    doc = inspect.getdoc(obj) or ""
+    lack = [what for what, ok in (("Examples", "Examples\n--------" in doc),
+                                  ("formula", ".. math::" in doc or ":math:" in doc)) if not ok]
+    if lack and not (inspect.isclass(obj) and "Attributes" in doc):
+        missing.setdefault(", ".join(lack), []).append(name)
+for lack, names in sorted(missing.items()):
+    print(f"warning: docstring without {lack}: " + ", ".join(sorted(names)))
+PY
+    )
+fi
+
+if [ "${REFGEO_SKIP_BENCH:-0}" = 1 ]; then
+    echo "docs OK (benchmarks skipped)"
+    exit 0
+fi
+
+echo "== asv: check + quick run of the small sizes (current environment)"
+python - "$ROOT/asv_benchmarks/asv.conf.json" "$TMP/asv.conf.json" "$TMP" <<'PY'
+import json, os, sys
+from asv import util
+
+src, dst, tmp = sys.argv[1:4]
+conf = util.load_json(src, js_comments=True)
+here = os.path.dirname(os.path.abspath(src))
+conf["repo"] = os.path.normpath(os.path.join(here, conf["repo"]))
+conf["benchmark_dir"] = os.path.join(here, conf["benchmark_dir"])
+for key in ("results_dir", "html_dir", "env_dir"):
+    conf[key] = os.path.join(tmp, key)
+with open(dst, "w") as f:
+    json.dump(conf, f, indent=1)
+PY
+if [ ! -f "$HOME/.asv-machine.json" ]; then
+    asv machine --yes --config "$TMP/asv.conf.json" >/dev/null
+fi
+cd "$TMP"
+t0=$SECONDS
+asv check --config "$TMP/asv.conf.json" --python=same
+set +e
+REFGEO_BENCH_SIZE=small asv run --config "$TMP/asv.conf.json" \
+    --python=same --quick --dry-run --show-stderr --durations 5 2>&1 | tee "$TMP/asv.log"
+status=${PIPESTATUS[0]}
+set -e
+# asv exits 2 when a benchmark fails; the log check also catches errors in setup.
+if [ "$status" -ne 0 ] || grep -qE '[[:space:]]failed$|Traceback' "$TMP/asv.log"; then
+    echo "asv: a benchmark failed (exit $status); see the log above" >&2
+    exit 1
+fi
+echo "asv quick run in $((SECONDS - t0)) s"
+
+# Every result should record dtype, backend, BLAS and threads: list benchmarks whose
+# parameters lack them (a warning; see asv_benchmarks/benchmarks/_common.py).
+python - "$TMP/results_dir/benchmarks.json" <<'PY'
+import json, sys
+with open(sys.argv[1]) as f:
+    benchmarks = json.load(f)
+lacking = {}
+for name, b in benchmarks.items():
+    if not isinstance(b, dict) or "param_names" not in b:
+        continue
+    miss = [p for p in ("dtype", "backend", "runtime") if p not in b["param_names"]]
+    if miss:
+        lacking.setdefault(", ".join(miss), []).append(name)
+for miss, names in sorted(lacking.items()):
+    print(f"warning: {len(names)} benchmark(s) do not record {miss}: " + ", ".join(sorted(names)))
+PY
+echo "docs and benchmarks OK"
