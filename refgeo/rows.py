@@ -649,12 +649,17 @@ def row_diameter(S: Any, /, *, tile_size: int | None = None, n_threads: int | No
               c = 1.01\,[\gamma_d(u) + \gamma_d(u_{64}) + 4 u_{64} + 4.01 (u + u_{64})
               + 2.01\,\gamma_{d+2}(u_{64})]
 
-    covers the GEMM (:math:`2\gamma_d \lvert x_i\rvert^\top\lvert x_j\rvert \le \gamma_d a_{ij}`),
-    the norms, the epilogue's float64 operations, the rounding of the centred copy and
-    the rounding of the refined value itself (SPEC.md §2, "Exact means certified").
-    Every pair whose filtered value lies within the bound of the running extreme is
-    refined, so the result equals the reference's.  The reported ``error_bound`` is
-    :math:`c \cdot \max_{ij} a_{ij}`.
+    covers the GEMM (:math:`2\gamma_d \lvert x_i\rvert^\top\lvert x_j\rvert \le \gamma_d a_{ij}`,
+    for any summation order, with or without FMA), the norms, the epilogue's float64
+    operations, the rounding of the centred copy and the rounding of the refined value
+    itself (SPEC.md §2, "Exact means certified"); the kernels add :math:`16 u_{64}` to
+    c for the rounding of their own comparisons and an absolute
+    :math:`32\, d\, \eta` (:math:`\eta` the smallest subnormal of the dtype) for
+    underflow.  A pair is dropped only when its filtered value proves it cannot reach
+    or tie an already certified value; every other pair is refined, so the result
+    equals the reference's for every tile size and thread count.  The reported
+    ``error_bound`` is :math:`c \cdot \max_{ij} a_{ij} + 32 d \eta`.  A float32 input
+    whose squared norms would overflow the GEMM is filtered in float64.
 
     References
     ----------
