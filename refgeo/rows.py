@@ -37,6 +37,7 @@ the same value and the same indices.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import math
 from typing import Any
@@ -336,12 +337,238 @@ def _knn_reference(X, k, Y, *, exclude_self, tile_size=None, n_threads=None):
     return xp.concat(idx, axis=0), xp.concat(dist, axis=0), 0.0, nA * (nB - int(self_pairs))
 
 
+# --------------------------------------------------------------------------- compiled engine
+#
+# The cython backend (refgeo_ext._extreme_pairs, refgeo_ext._knn) filters pairs with
+# the Gram expansion on centred rows and refines candidates with the same canonical
+# float64 sum as `_canonical_sq` (refgeo_ext/src/refine.h).  The wrappers below
+# centre the rows, compute the rounding bound, seed the diameter, pin BLAS to one
+# thread while OpenMP runs the tiles, and merge per-thread results with the tie rule.
+
+_U64 = 2.0**-53
+# unit roundoff u and smallest subnormal eta of the dtype the centred copy is stored in
+_UNIT_ROUNDOFF = {"float64": 2.0**-53, "float32": 2.0**-24}
+_ETA = {"float64": 2.0**-1074, "float32": 2.0**-149}
+# Rows per tile: a float64 256 x 256 cross-term block is 512 KiB (fits in L2), and a
+# (256 x d) @ (d x 256) GEMM already runs near the BLAS peak.
+_DEFAULT_TILE = 256
+# Largest centred squared norm the GEMM may see: |x.y| <= max n, far from overflow.
+_MAX_NORM2 = {"float64": 1e300, "float32": 1e36}
+
+# Below this many multiply-adds (V^2 d / 2) a call runs on one thread: waking an
+# OpenMP team costs more than the work (tests set it to 0 to exercise the merge).
+_MIN_PARALLEL_WORK = 1 << 20
+
+_THREADPOOL = None
+
+
+def _gamma(m: int, u: float) -> float:
+    return m * u / (1.0 - m * u)
+
+
+def _rounding_bound(d: int, dtype: str) -> tuple[float, float]:
+    """``(c, e_abs)`` with ``|f_ij - r_ij| <= c (n_i + n_j) + e_abs`` (SPEC.md §2).
+
+    ``f_ij = n_i + n_j - 2 fl(x_i . x_j)`` is the filtered squared distance of the
+    centred copy stored in ``dtype`` (unit roundoff u), ``n`` its float64 squared
+    norms and ``r_ij`` the refined float64 value of the original rows.  Terms:
+    GEMM ``gamma_d(u) a`` (any summation order, FMA or not), float64 norms
+    ``gamma_d(u64) a``, the epilogue's float64 operations ``4 u64 a``, the
+    rounding of the centred copy ``4.01 (u + u64) a`` and of the refined value
+    ``2.01 gamma_{d+2}(u64) a``; 1.01 covers second-order terms.  ``16 u64`` more
+    covers the rounding of the comparisons in the kernels, and ``e_abs`` (32 d eta,
+    eta the smallest subnormal) covers underflow in products and the centring.
+    """
+    u = _UNIT_ROUNDOFF[dtype]
+    if d * u >= 0.1:
+        return math.inf, math.inf
+    c = 1.01 * (
+        _gamma(d, u) + _gamma(d, _U64) + 4 * _U64 + 4.01 * (u + _U64) + 2.01 * _gamma(d + 2, _U64)
+    )
+    return c + 16 * _U64, 32.0 * d * _ETA[dtype]
+
+
+def _blas_single_thread(n_threads: int):
+    """OpenMP over tiles with BLAS at one thread; never both (no-op for one thread)."""
+    global _THREADPOOL
+    if n_threads <= 1:
+        return contextlib.nullcontext()
+    if _THREADPOOL is None:
+        from threadpoolctl import ThreadpoolController
+
+        _THREADPOOL = ThreadpoolController()
+    return _THREADPOOL.limit(limits=1, user_api="blas")
+
+
+def _suffix(a) -> str:
+    return "32" if a.dtype == np.float32 else "64"
+
+
+def _center(arrays, n_threads):
+    """Centred copies of ``arrays`` about their common float64 mean.
+
+    Returns ``(originals, centred, norms, dtype_name)``: originals and centred copies
+    share one dtype (the input's; float64 when float32 would overflow or when d is
+    too large for a useful float32 bound).
+    """
+    ext = _backend.extension()
+    arrays = [np.ascontiguousarray(a) for a in arrays]
+    dt = np.float64 if any(a.dtype == np.float64 for a in arrays) else np.float32
+    d = arrays[0].shape[1]
+    if dt == np.float32 and not math.isfinite(_rounding_bound(d, "float32")[0]):
+        dt = np.float64
+    arrays = [np.ascontiguousarray(a, dtype=dt) for a in arrays]
+    total = sum(a.shape[0] for a in arrays)
+    if total * d < _MIN_PARALLEL_WORK:
+        n_threads = 1
+    mu = sum(np.sum(a, axis=0, dtype=np.float64) for a in arrays) / total
+    out = []
+    for a in arrays:
+        X = np.empty_like(a)
+        nrm = np.empty(a.shape[0])
+        getattr(ext._extreme_pairs, "center" + _suffix(a))(a, mu, X, nrm, n_threads)
+        out.append((X, nrm))
+    name = "float32" if dt == np.float32 else "float64"
+    if name == "float32" and max(float(n.max()) for _, n in out) > _MAX_NORM2["float32"]:
+        return _center([a.astype(np.float64) for a in arrays], n_threads)
+    return arrays, [X for X, _ in out], [n for _, n in out], name
+
+
+def _engine_usable(norms, dtype) -> bool:
+    return all(math.isfinite(float(n.max())) and float(n.max()) <= _MAX_NORM2[dtype] for n in norms)
+
+
+def _refine_pair(S, i, j) -> float:
+    A = np.asarray(S[i], dtype=np.float64)
+    B = np.asarray(S[j], dtype=np.float64)
+    return float(_canonical_sq(np, A, B))
+
+
+def _diameter_seed(S, X, nrm) -> float:
+    """A refined squared distance near the diameter: iterated farthest points, O(V d)."""
+    a = int(np.argmax(nrm))
+    best = 0.0
+    for _ in range(4):
+        da = nrm - 2.0 * (X @ X[a]).astype(np.float64)
+        b = int(np.argmax(da))
+        if b == a:
+            break
+        best = max(best, _refine_pair(S, a, b))
+        a = b
+    return best
+
+
+def _tiles(V, tile_size):
+    tile = max(1, min(V, tile_size or _DEFAULT_TILE))
+    nt = -(-V // tile)
+    return tile, nt
+
+
+def _effective_threads(n_threads, n_tasks, work):
+    if work < _MIN_PARALLEL_WORK:
+        return 1
+    return max(1, min(n_threads, n_tasks))
+
+
+def _extreme_pair_cython(S, *, maximise, tile_size, n_threads):
+    ext = _backend.extension()
+    n = _backend.resolve_n_threads(n_threads)
+    (Sc,), (X,), (nrm,), dt = _center([S], n)
+    if not _engine_usable([nrm], dt):
+        return _extreme_pair_reference(S, maximise=maximise)
+    V, d = Sc.shape
+    cp, eabs = _rounding_bound(d, dt)
+    tile, nt = _tiles(V, tile_size)
+    n_eff = _effective_threads(n, nt * (nt + 1) // 2, V * V * d // 2)
+    tile_rmax = np.sqrt(np.maximum.reduceat(nrm, np.arange(0, V, tile)))
+    bound0 = _diameter_seed(Sc, X, nrm) if maximise else math.inf
+    out_r = np.empty(n_eff)
+    out_ij = np.empty((n_eff, 2), dtype=np.int64)
+    out_nref = np.zeros(n_eff, dtype=np.int64)
+    fn = getattr(ext._extreme_pairs, "extreme_pair" + _suffix(X))
+    with _blas_single_thread(n_eff):
+        fn(X, nrm, tile_rmax, Sc, maximise, cp, eabs, bound0, tile, n_eff, out_r, out_ij, out_nref)
+    best = None
+    for t in range(n_eff):
+        i, j = int(out_ij[t, 0]), int(out_ij[t, 1])
+        if i < V and _better(float(out_r[t]), i, j, best, maximise):
+            best = (float(out_r[t]), i, j)
+    v, i, j = best
+    return math.sqrt(v), i, j, cp * 2.0 * float(nrm.max()) + eabs, int(out_nref.sum())
+
+
+def _diameter_cython(S, *, tile_size=None, n_threads=None):
+    return _extreme_pair_cython(S, maximise=True, tile_size=tile_size, n_threads=n_threads)
+
+
+def _closest_cython(S, *, tile_size=None, n_threads=None):
+    return _extreme_pair_cython(S, maximise=False, tile_size=tile_size, n_threads=n_threads)
+
+
+def _farthest_cython(S, *, tile_size=None, n_threads=None):
+    ext = _backend.extension()
+    n = _backend.resolve_n_threads(n_threads)
+    (Sc,), (X,), (nrm,), dt = _center([S], n)
+    if not _engine_usable([nrm], dt):
+        return _farthest_reference(S)
+    V, d = Sc.shape
+    cp, eabs = _rounding_bound(d, dt)
+    tile, nt = _tiles(V, tile_size)
+    n_eff = _effective_threads(n, nt * (nt + 1) // 2, V * V * d // 2)
+    L = np.full((n_eff, V), -np.inf)
+    B = np.full((n_eff, V), -np.inf)
+    Bj = np.full((n_eff, V), V, dtype=np.int64)
+    nref = np.zeros(n_eff, dtype=np.int64)
+    fn = getattr(ext._extreme_pairs, "farthest_partners" + _suffix(X))
+    with _blas_single_thread(n_eff):
+        fn(X, nrm, Sc, cp, eabs, tile, n_eff, L, B, Bj, nref)
+    r, j = B[0].copy(), Bj[0].copy()
+    for t in range(1, n_eff):
+        better = (B[t] > r) | ((B[t] == r) & (Bj[t] < j))
+        r = np.where(better, B[t], r)
+        j = np.where(better, Bj[t], j)
+    return j, np.sqrt(r), cp * 2.0 * float(nrm.max()) + eabs, int(nref.sum())
+
+
+def _knn_cython(X, k, Y, *, exclude_self, tile_size=None, n_threads=None):
+    ext = _backend.extension()
+    n = _backend.resolve_n_threads(n_threads)
+    symmetric = Y is None
+    origs, cents, norms, dt = _center([X] if symmetric else [X, Y], n)
+    if not _engine_usable(norms, dt):
+        return _knn_reference(X, k, Y, exclude_self=exclude_self)
+    SA, XA, nA = origs[0], cents[0], norms[0]
+    SB, XB, nB = (SA, XA, nA) if symmetric else (origs[1], cents[1], norms[1])
+    self_pairs = symmetric and exclude_self
+    nA_rows, d = SA.shape
+    n_cand = SB.shape[0] - int(self_pairs)
+    cp, eabs = _rounding_bound(d, dt)
+    # heap size: k plus slack, so that the certificate usually holds from the heap alone
+    K = min(n_cand, k + max(8, k // 2))
+    tile = max(1, min(max(nA_rows, SB.shape[0]), tile_size or _DEFAULT_TILE))
+    ntA, ntB = -(-nA_rows // tile), -(-SB.shape[0] // tile)
+    npairs = ntA * (ntA + 1) // 2 if symmetric else ntA * ntB
+    n_eff = _effective_threads(n, npairs, nA_rows * SB.shape[0] * d // (2 if symmetric else 1))
+    keys = np.full((n_eff, nA_rows, K), np.inf)
+    ids = np.full((n_eff, nA_rows, K), -1, dtype=np.int64)
+    out_idx = np.empty((nA_rows, k), dtype=np.int64)
+    out_dist = np.empty((nA_rows, k))
+    stats = np.zeros(2, dtype=np.int64)
+    fn = getattr(ext._knn, "knn" + _suffix(XA))
+    with _blas_single_thread(n_eff):
+        fn(XA, nA, SA, XB, nB, SB, symmetric, self_pairs, k, cp, eabs, tile, n_eff, keys, ids,
+           out_idx, out_dist, stats)
+    return out_idx, out_dist, cp * 2.0 * float(max(nA.max(), nB.max())) + eabs, int(stats[1])
+
+
 # --------------------------------------------------------------------------- dispatch
 
-_DIAMETER = _backend.KernelInfo(name="row_diameter", reference=_diameter_reference)
-_CLOSEST = _backend.KernelInfo(name="closest_pair", reference=_closest_reference)
-_FARTHEST = _backend.KernelInfo(name="farthest_partners", reference=_farthest_reference)
-_KNN = _backend.KernelInfo(name="knn", reference=_knn_reference)
+_DIAMETER = _backend.KernelInfo(name="row_diameter", reference=_diameter_reference, cython=_diameter_cython)
+_CLOSEST = _backend.KernelInfo(name="closest_pair", reference=_closest_reference, cython=_closest_cython)
+_FARTHEST = _backend.KernelInfo(
+    name="farthest_partners", reference=_farthest_reference, cython=_farthest_cython
+)
+_KNN = _backend.KernelInfo(name="knn", reference=_knn_reference, cython=_knn_cython)
 
 
 def _check_rows(S, name="S", min_rows=2):
@@ -422,12 +649,17 @@ def row_diameter(S: Any, /, *, tile_size: int | None = None, n_threads: int | No
               c = 1.01\,[\gamma_d(u) + \gamma_d(u_{64}) + 4 u_{64} + 4.01 (u + u_{64})
               + 2.01\,\gamma_{d+2}(u_{64})]
 
-    covers the GEMM (:math:`2\gamma_d \lvert x_i\rvert^\top\lvert x_j\rvert \le \gamma_d a_{ij}`),
-    the norms, the epilogue's float64 operations, the rounding of the centred copy and
-    the rounding of the refined value itself (SPEC.md §2, "Exact means certified").
-    Every pair whose filtered value lies within the bound of the running extreme is
-    refined, so the result equals the reference's.  The reported ``error_bound`` is
-    :math:`c \cdot \max_{ij} a_{ij}`.
+    covers the GEMM (:math:`2\gamma_d \lvert x_i\rvert^\top\lvert x_j\rvert \le \gamma_d a_{ij}`,
+    for any summation order, with or without FMA), the norms, the epilogue's float64
+    operations, the rounding of the centred copy and the rounding of the refined value
+    itself (SPEC.md §2, "Exact means certified"); the kernels add :math:`16 u_{64}` to
+    c for the rounding of their own comparisons and an absolute
+    :math:`32\, d\, \eta` (:math:`\eta` the smallest subnormal of the dtype) for
+    underflow.  A pair is dropped only when its filtered value proves it cannot reach
+    or tie an already certified value; every other pair is refined, so the result
+    equals the reference's for every tile size and thread count.  The reported
+    ``error_bound`` is :math:`c \cdot \max_{ij} a_{ij} + 32 d \eta`.  A float32 input
+    whose squared norms would overflow the GEMM is filtered in float64.
 
     References
     ----------

@@ -16,11 +16,17 @@ Modules:
 
 ``_tropical``
     pairwise max-minus-min of logit differences (Hilbert pdist/cdist).
+``_extreme_pairs``
+    certified row diameter, closest pair and farthest partners (GEMM tiles).
+``_knn``
+    certified exact k nearest neighbours (GEMM tiles, per-row heaps).
+``_blas`` (``.pxd`` only)
+    dgemm/sgemm from ``scipy.linalg.cython_blas``, row-major convention.
 """
 
-from . import _tropical
+from . import _extreme_pairs, _knn, _tropical
 
-__all__ = ["_tropical", "has_openmp", "openmp_max_threads"]
+__all__ = ["_extreme_pairs", "_knn", "_tropical", "has_openmp", "openmp_max_threads"]
 
 has_openmp = _tropical.has_openmp
 openmp_max_threads = _tropical.openmp_max_threads

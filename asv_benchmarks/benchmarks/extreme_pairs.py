@@ -1,0 +1,195 @@
+"""Benchmarks for the certified pairwise engine (refgeo.rows; issue 3 acceptance).
+
+Baselines measured in the same process:
+
+* ``scipy.spatial.distance.pdist(S).max()`` (direct differences, one thread);
+* the dgemm roofline: ``V^2 d`` flops (one GEMM per tile pair ``I <= J``) divided by the
+  rate of NumPy's GEMM on a 4096 x 4096 product (``_common.dgemm_rate``);
+* scikit-learn's ``NearestNeighbors(algorithm="brute").kneighbors`` for k-NN (a
+  benchmark-only dependency; the tracker skips without it).
+
+Small sizes run in CI; ``REFGEO_BENCH_SIZE=realistic`` selects the acceptance sizes
+(V = 8192, d = 512 for the diameter; N = 50000, d = 768, k = 32 for k-NN; V = 65536,
+d = 1024 float32 for peak memory).
+"""
+
+import numpy as np
+
+from ._common import (
+    BACKENDS,
+    DTYPES,
+    best_time,
+    dgemm_rate,
+    environment,
+    realistic,
+    refgeo,
+    require_backend,
+    rng,
+    with_runtime,
+)
+
+
+class RowDiameter:
+    """row_diameter, closest_pair and farthest_partners on Gaussian rows."""
+
+    params, param_names = with_runtime(
+        ([(1024, 64)] if not realistic() else [(8192, 512)], DTYPES, BACKENDS, [None]),
+        ["V_d", "dtype", "backend", "tile_size"],
+    )
+    timeout = 1200
+
+    def setup(self, V_d, dtype, backend, tile_size, runtime):
+        require_backend(backend)
+        if backend == "reference" and realistic():
+            raise NotImplementedError("the reference backend is the oracle, not timed at realistic sizes")
+        V, d = V_d
+        self.S = rng(0).standard_normal((V, d)).astype(dtype)
+        self.backend = backend
+        self.tile_size = tile_size
+        environment(dtype, backend)
+
+    def _diameter(self):
+        with refgeo.use_backend(self.backend):
+            return refgeo.row_diameter(self.S, tile_size=self.tile_size)
+
+    def time_row_diameter(self, V_d, dtype, backend, tile_size, runtime):
+        """Certified diameter (value, pair, bound)."""
+        self._diameter()
+
+    def peakmem_row_diameter(self, V_d, dtype, backend, tile_size, runtime):
+        self._diameter()
+
+    def time_closest_pair(self, V_d, dtype, backend, tile_size, runtime):
+        with refgeo.use_backend(self.backend):
+            refgeo.closest_pair(self.S, tile_size=self.tile_size)
+
+    def peakmem_closest_pair(self, V_d, dtype, backend, tile_size, runtime):
+        with refgeo.use_backend(self.backend):
+            refgeo.closest_pair(self.S, tile_size=self.tile_size)
+
+    def time_farthest_partners(self, V_d, dtype, backend, tile_size, runtime):
+        with refgeo.use_backend(self.backend):
+            refgeo.farthest_partners(self.S, tile_size=self.tile_size)
+
+    def peakmem_farthest_partners(self, V_d, dtype, backend, tile_size, runtime):
+        with refgeo.use_backend(self.backend):
+            refgeo.farthest_partners(self.S, tile_size=self.tile_size)
+
+    def track_speedup_vs_pdist(self, V_d, dtype, backend, tile_size, runtime):
+        """pdist(S).max() time over row_diameter time (same process, same data)."""
+        from scipy.spatial.distance import pdist
+
+        S = self.S
+        return best_time(lambda: pdist(S).max(), 1) / best_time(self._diameter, 2)
+
+    track_speedup_vs_pdist.unit = "x"
+
+    def track_roofline_fraction(self, V_d, dtype, backend, tile_size, runtime):
+        """(V^2 d flops / dgemm rate on 4096 x 4096) over row_diameter time."""
+        V, d = V_d
+        rate = dgemm_rate(4096 if realistic() else 1024, np.float64)
+        return (V * V * d / rate) / best_time(self._diameter, 2)
+
+    track_roofline_fraction.unit = "fraction"
+
+    def track_refined_pairs(self, V_d, dtype, backend, tile_size, runtime):
+        """Candidate pairs refined in float64 by the certification."""
+        return self._diameter().n_refined
+
+    track_refined_pairs.unit = "pairs"
+
+    def track_distance_ratio(self, V_d, dtype, backend, tile_size, runtime):
+        with refgeo.use_backend(self.backend):
+            return refgeo.distance_ratio(self.S, tile_size=self.tile_size)
+
+    track_distance_ratio.unit = "m/D"
+
+
+class Float32Speedup:
+    """float64 time over float32 time of row_diameter on the same float32-representable data."""
+
+    params, param_names = with_runtime(
+        ([(1024, 64)] if not realistic() else [(8192, 512)],), ["V_d"]
+    )
+    timeout = 1200
+
+    def setup(self, V_d, runtime):
+        require_backend("cython")
+        V, d = V_d
+        self.S32 = rng(0).standard_normal((V, d)).astype(np.float32)
+        self.S64 = self.S32.astype(np.float64)
+        environment("float32/float64", "cython")
+
+    def track_float32_speedup(self, V_d, runtime):
+        """Also asserts the same certified answer for both dtypes."""
+        with refgeo.use_backend("cython"):
+            a = refgeo.row_diameter(self.S32)
+            b = refgeo.row_diameter(self.S64)
+            if (a.value, a.i, a.j) != (b.value, b.i, b.j):
+                raise AssertionError(f"float32 and float64 answers differ: {a} vs {b}")
+            return best_time(lambda: refgeo.row_diameter(self.S64), 2) / best_time(
+                lambda: refgeo.row_diameter(self.S32), 2
+            )
+
+    track_float32_speedup.unit = "x"
+
+
+class PeakMemoryLarge:
+    """Peak memory of row_diameter at V = 65536, d = 1024, float32 (realistic only)."""
+
+    params, param_names = with_runtime(
+        ([(2048, 128)] if not realistic() else [(65536, 1024)],), ["V_d"]
+    )
+    timeout = 3600
+
+    def setup(self, V_d, runtime):
+        require_backend("cython")
+        V, d = V_d
+        self.S = rng(0).standard_normal((V, d), dtype=np.float32)
+        environment("float32", "cython")
+
+    def peakmem_row_diameter_float32(self, V_d, runtime):
+        with refgeo.use_backend("cython"):
+            refgeo.row_diameter(self.S)
+
+
+class KNN:
+    """knn of X against X (self excluded)."""
+
+    params, param_names = with_runtime(
+        ([(4000, 64, 8)] if not realistic() else [(50000, 768, 32)], DTYPES, BACKENDS),
+        ["N_d_k", "dtype", "backend"],
+    )
+    timeout = 3600
+
+    def setup(self, N_d_k, dtype, backend, runtime):
+        require_backend(backend)
+        if backend == "reference" and realistic():
+            raise NotImplementedError("the reference backend is the oracle, not timed at realistic sizes")
+        N, d, k = N_d_k
+        self.X = rng(0).standard_normal((N, d)).astype(dtype)
+        self.k = k
+        self.backend = backend
+        environment(dtype, backend)
+
+    def _run(self):
+        with refgeo.use_backend(self.backend):
+            return refgeo.knn(self.X, self.k)
+
+    def time_knn(self, N_d_k, dtype, backend, runtime):
+        self._run()
+
+    def peakmem_knn(self, N_d_k, dtype, backend, runtime):
+        self._run()
+
+    def track_speedup_vs_sklearn_brute(self, N_d_k, dtype, backend, runtime):
+        """sklearn NearestNeighbors(algorithm="brute").kneighbors time over knn time."""
+        try:
+            from sklearn.neighbors import NearestNeighbors
+        except ImportError:  # pragma: no cover - benchmark-only dependency
+            raise NotImplementedError("scikit-learn is not installed") from None
+        X, k = self.X, self.k
+        nn = NearestNeighbors(n_neighbors=k, algorithm="brute").fit(X)
+        return best_time(lambda: nn.kneighbors(), 1) / best_time(self._run, 1)
+
+    track_speedup_vs_sklearn_brute.unit = "x"

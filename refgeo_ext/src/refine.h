@@ -1,0 +1,95 @@
+/* Float64 refinement and small helpers of the certified pairwise engine.
+ *
+ * refgeo_sqdist_f64 / _f32 compute the *refined* squared distance of two rows by
+ * direct differences in float64, in the one summation order that refgeo's
+ * reference backend also uses (refgeo/rows.py, `_canonical_sq`): eight lanes
+ * p[k mod 8] accumulated in increasing k, then ((p0+p1)+(p2+p3))+((p4+p5)+(p6+p7)).
+ * Every operation is a correctly rounded IEEE double operation: this file must be
+ * compiled without -ffast-math and without FMA contraction (meson passes
+ * -ffp-contract=off), so both backends return bitwise identical values.
+ */
+#ifndef REFGEO_REFINE_H
+#define REFGEO_REFINE_H
+
+#include <stddef.h>
+#include <stdint.h>
+#include <stdlib.h>
+
+#define REFGEO_DEFINE_SQDIST(NAME, T)                                              \
+    static inline double NAME(const T *a, const T *b, ptrdiff_t d)                 \
+    {                                                                              \
+        double p[8] = {0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0};                    \
+        ptrdiff_t k = 0, r;                                                        \
+        for (; k + 8 <= d; k += 8) {                                               \
+            for (r = 0; r < 8; r++) {                                              \
+                double t = (double)a[k + r] - (double)b[k + r];                    \
+                double sq = t * t;                                                 \
+                p[r] = p[r] + sq;                                                  \
+            }                                                                      \
+        }                                                                          \
+        for (r = 0; k + r < d; r++) {                                              \
+            double t = (double)a[k + r] - (double)b[k + r];                        \
+            double sq = t * t;                                                     \
+            p[r] = p[r] + sq;                                                      \
+        }                                                                          \
+        return ((p[0] + p[1]) + (p[2] + p[3])) + ((p[4] + p[5]) + (p[6] + p[7])); \
+    }
+
+REFGEO_DEFINE_SQDIST(refgeo_sqdist_f64, double)
+REFGEO_DEFINE_SQDIST(refgeo_sqdist_f32, float)
+
+/* Max-heap of n (key, id) pairs, largest key at position 0: replace the top by
+ * (key, id) and sift it down.  A heap filled with +inf keys is valid. */
+static inline void refgeo_heap_replace_top(double *key, int64_t *id, ptrdiff_t n,
+                                           double k, int64_t j)
+{
+    ptrdiff_t pos = 0;
+    for (;;) {
+        ptrdiff_t l = 2 * pos + 1, r = l + 1, big;
+        if (l >= n)
+            break;
+        big = (r < n && key[r] > key[l]) ? r : l;
+        if (key[big] <= k)
+            break;
+        key[pos] = key[big];
+        id[pos] = id[big];
+        pos = big;
+    }
+    key[pos] = k;
+    id[pos] = j;
+}
+
+/* (value, index) records, sorted by value then index: the engine's one tie rule. */
+typedef struct {
+    double v;
+    int64_t j;
+} refgeo_vj;
+
+static int refgeo_vj_cmp(const void *pa, const void *pb)
+{
+    const refgeo_vj *a = (const refgeo_vj *)pa, *b = (const refgeo_vj *)pb;
+    if (a->v < b->v)
+        return -1;
+    if (a->v > b->v)
+        return 1;
+    return (a->j > b->j) - (a->j < b->j);
+}
+
+static inline void refgeo_sort_vj(refgeo_vj *a, ptrdiff_t n)
+{
+    qsort(a, (size_t)n, sizeof(refgeo_vj), refgeo_vj_cmp);
+}
+
+/* Ascending sort of n doubles (small n: the certification of one k-NN row). */
+static int refgeo_double_cmp(const void *pa, const void *pb)
+{
+    double a = *(const double *)pa, b = *(const double *)pb;
+    return (a > b) - (a < b);
+}
+
+static inline void refgeo_sort_double(double *a, ptrdiff_t n)
+{
+    qsort(a, (size_t)n, sizeof(double), refgeo_double_cmp);
+}
+
+#endif /* REFGEO_REFINE_H */

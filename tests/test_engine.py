@@ -1,0 +1,324 @@
+"""The certified pairwise engine against a float64 brute-force oracle.
+
+The oracle (``_oracle_sq``) is written here, independently of refgeo: direct float64
+differences summed in the documented canonical order (eight lanes ``k mod 8`` in
+increasing ``k``, then ``((p0+p1)+(p2+p3))+((p4+p5)+(p6+p7))``), so certified results
+must match it *exactly*: same indices, same values.  Strategies draw the adversarial
+cases of issue 3: common offsets up to 1e8 times the spread, exact duplicates,
+near-duplicates at 1e-12 relative distance, integer grids full of ties, float32,
+V = 2, d = 1, ragged last tiles, tile sizes and n_threads in {1, 2}.
+Each kernel gets >= 2000 hypothesis examples in total.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from hypothesis.extra import numpy as hnp
+
+import refgeo
+from refgeo import rows as _rows
+
+finite = dict(allow_nan=False, allow_infinity=False, allow_subnormal=False)
+
+
+# ------------------------------------------------------------------ oracle
+
+
+def _oracle_sq(A, B):
+    """(nA, nB) squared distances, float64 direct differences, canonical order."""
+    A = np.asarray(A, dtype=np.float64)
+    B = np.asarray(B, dtype=np.float64)
+    d = A.shape[1]
+    pad = (-d) % 8
+    Ap = np.pad(A, ((0, 0), (0, pad)))
+    Bp = np.pad(B, ((0, 0), (0, pad)))
+    lanes = np.zeros((A.shape[0], B.shape[0], 8))
+    for k0 in range(0, d + pad, 8):
+        t = Ap[:, None, k0 : k0 + 8] - Bp[None, :, k0 : k0 + 8]
+        lanes = lanes + t * t
+    p = [lanes[..., r] for r in range(8)]
+    return ((p[0] + p[1]) + (p[2] + p[3])) + ((p[4] + p[5]) + (p[6] + p[7]))
+
+
+def _oracle_extreme(S, maximise, D2=None):
+    D2 = _oracle_sq(S, S) if D2 is None else D2
+    iu = np.triu_indices(len(S), 1)
+    vals = D2[iu]
+    k = int(np.argmax(vals) if maximise else np.argmin(vals))  # first = smallest (i, j)
+    return math.sqrt(vals[k]), int(iu[0][k]), int(iu[1][k])
+
+
+def _oracle_knn(X, k, Y=None, exclude_self=True):
+    D2 = _oracle_sq(X, X if Y is None else Y)
+    if Y is None and exclude_self:
+        np.fill_diagonal(D2, np.inf)
+    order = np.argsort(D2, axis=1, kind="stable")[:, :k]  # ties: smaller index first
+    return order, np.sqrt(np.take_along_axis(D2, order, 1))
+
+
+# ------------------------------------------------------------------ strategies
+
+
+@st.composite
+def adversarial_clouds(draw, max_v=24, max_d=9):
+    """Row clouds with the adversarial structure of issue 3 built in.
+
+    Hypothesis draws the structure (sizes, kind, duplicates, scale, offset, dtype) and
+    a seed; NumPy fills in the numbers (fast, so thousands of examples stay cheap).
+    """
+    V = draw(st.integers(2, max_v))
+    d = draw(st.integers(1, max_d))
+    kind = draw(st.sampled_from(["uniform", "grid", "near_duplicates"]))
+    rng = np.random.default_rng(draw(st.integers(0, 2**32 - 1)))
+    if kind == "grid":  # many exact ties
+        S = rng.integers(-2, 3, size=(V, d)).astype(np.float64)
+    else:
+        S = rng.uniform(-1.0, 1.0, size=(V, d))
+    if kind == "near_duplicates":  # pairs at 0 or ~1e-12 relative distance
+        for _ in range(draw(st.integers(1, V - 1))):
+            a, b = rng.integers(0, V, size=2)
+            eps = rng.choice([0.0, 1e-12, -1e-12, 3e-12])
+            S[b] = S[a] * (1.0 + eps) + eps
+    if draw(st.booleans()):  # an exact duplicate row
+        a, b = rng.integers(0, V, size=2)
+        S[b] = S[a]
+    spread = draw(st.sampled_from([1.0, 1e-3, 1e3]))
+    offset = draw(st.sampled_from([0.0, 1.0, 1e4, 1e8]))  # common offset, times the spread
+    S = S * spread + offset * spread * rng.uniform(-1.0, 1.0, size=d)
+    return S.astype(draw(st.sampled_from([np.float64, np.float32])))
+
+
+# n_threads = 2 in 1/32 of the examples (about 60 per test): on a loaded machine,
+# waking an OpenMP team costs far more than these tiny examples; the larger
+# agnosticism cases below run every kernel on 1 and 2 threads.
+engine_options = dict(tile_size=st.integers(1, 30), n_threads=st.sampled_from([1] * 31 + [2]))
+
+
+@pytest.fixture
+def parallel_always(monkeypatch):
+    """Use the requested threads even for tiny inputs, so the thread merge is tested."""
+    monkeypatch.setattr(_rows, "_MIN_PARALLEL_WORK", 0)
+
+
+def _examples(backend, n=2000):
+    """n examples on compiled backends; the reference is the oracle's twin (checked in
+    test_rows.py against naive NumPy), a tenth is enough for it."""
+    return n if backend != "reference" else n // 10
+
+
+def _assert_pair(r, want, S, backend):
+    value, i, j = want
+    assert (r.i, r.j) == (i, j)
+    assert r.value == value  # certified: bitwise equal to the float64 oracle
+    assert r.error_bound >= 0.0
+    assert r.dtype == str(S.dtype)
+    assert r.backend == backend
+    assert r.n_refined >= 1
+
+
+# ------------------------------------------------------------------ >= 2000 examples per kernel
+
+
+def test_extreme_pairs_exact(backend, parallel_always):
+    """row_diameter, closest_pair and farthest_partners: 2000 examples each."""
+
+    @settings(max_examples=_examples(backend))
+    @given(S=adversarial_clouds(), **engine_options)
+    def check(S, tile_size, n_threads):
+        opts = dict(tile_size=tile_size, n_threads=n_threads)
+        D2 = _oracle_sq(S, S)
+        _assert_pair(refgeo.row_diameter(S, **opts), _oracle_extreme(S, True, D2), S, backend)
+        _assert_pair(refgeo.closest_pair(S, **opts), _oracle_extreme(S, False, D2), S, backend)
+        fp = refgeo.farthest_partners(S, **opts)
+        np.fill_diagonal(D2, -np.inf)
+        want = np.argmax(D2, axis=1)
+        np.testing.assert_array_equal(fp.indices, want)
+        np.testing.assert_array_equal(fp.distances, np.sqrt(D2[np.arange(len(S)), want]))
+
+    check()
+
+
+def test_knn_exact(backend, parallel_always):
+    """knn of X against X (with and without self) and against Y: 2000 examples."""
+
+    @settings(max_examples=_examples(backend))
+    @given(S=adversarial_clouds(), data=st.data(), **engine_options)
+    def check(S, data, tile_size, n_threads):
+        opts = dict(tile_size=tile_size, n_threads=n_threads)
+        exclude_self = data.draw(st.booleans())
+        k = data.draw(st.integers(1, len(S) - int(exclude_self)))
+        r = refgeo.knn(S, k, exclude_self=exclude_self, **opts)
+        idx, dist = _oracle_knn(S, k, exclude_self=exclude_self)
+        np.testing.assert_array_equal(r.indices, idx)
+        np.testing.assert_array_equal(r.distances, dist)
+        # against Y: rows of S copied or perturbed, so ties and near-ties cross X and Y
+        nY = data.draw(st.integers(1, 20))
+        rng = np.random.default_rng(data.draw(st.integers(0, 2**32 - 1)))
+        pick = rng.integers(0, len(S), size=nY)
+        noise = data.draw(st.sampled_from([0.0, 1e-12, 1e-3]))
+        Y = (S[pick].astype(np.float64) * (1.0 + noise * rng.standard_normal(S.shape[1]))).astype(S.dtype)
+        k = data.draw(st.integers(1, nY))
+        r = refgeo.knn(S, k, Y, **opts)
+        idx, dist = _oracle_knn(S, k, Y)
+        np.testing.assert_array_equal(r.indices, idx)
+        np.testing.assert_array_equal(r.distances, dist)
+
+    check()
+
+
+# ------------------------------------------------------------------ agnosticism on larger inputs
+
+
+def _larger_cases():
+    rng = np.random.default_rng(7)
+    g = rng.standard_normal((300, 40))
+    yield "gaussian", g
+    yield "offset1e6_f32", (g * 1e-3 + 1e6).astype(np.float32)
+    clustered = np.repeat(rng.standard_normal((30, 12)), 10, axis=0)
+    clustered[::7] += 1e-12
+    yield "clusters", clustered
+    yield "simplex", np.eye(120) * 2.5  # every pair ties: buffers overflow and flush
+    yield "grid_f32", rng.integers(-1, 2, size=(257, 5)).astype(np.float32)
+
+
+@pytest.mark.parametrize("name,S", list(_larger_cases()), ids=[c[0] for c in _larger_cases()])
+def test_tile_and_thread_agnosticism(backend, name, S):
+    want_D = _oracle_extreme(S, True)
+    want_m = _oracle_extreme(S, False)
+    k = 5
+    want_knn = _oracle_knn(S, k)
+    D2 = _oracle_sq(S, S)
+    np.fill_diagonal(D2, -np.inf)
+    want_fp = np.argmax(D2, axis=1)
+    for tile in (16, 33, 256, len(S)):
+        for n_threads in (1, 2):
+            opts = dict(tile_size=tile, n_threads=n_threads)
+            _assert_pair(refgeo.row_diameter(S, **opts), want_D, S, backend)
+            _assert_pair(refgeo.closest_pair(S, **opts), want_m, S, backend)
+            r = refgeo.knn(S, k, **opts)
+            np.testing.assert_array_equal(r.indices, want_knn[0])
+            np.testing.assert_array_equal(r.distances, want_knn[1])
+            np.testing.assert_array_equal(refgeo.farthest_partners(S, **opts).indices, want_fp)
+
+
+def test_regular_simplex_ties_resolve_to_smallest_pair(backend):
+    E = np.eye(150)
+    for fn in (refgeo.row_diameter, refgeo.closest_pair):
+        r = fn(E, tile_size=16, n_threads=2)
+        assert (r.i, r.j, r.value) == (0, 1, math.sqrt(2.0))
+    fp = refgeo.farthest_partners(E, tile_size=16, n_threads=2)
+    assert fp.indices[0] == 1 and np.all(fp.indices[1:] == 0)
+    kn = refgeo.knn(E, 3, tile_size=16, n_threads=2)
+    np.testing.assert_array_equal(kn.indices[0], [1, 2, 3])
+    np.testing.assert_array_equal(kn.indices[5], [0, 1, 2])
+
+
+def test_all_rows_equal(backend):
+    S = np.full((40, 3), 7.0)
+    r = refgeo.row_diameter(S, tile_size=8)
+    assert (r.value, r.i, r.j) == (0.0, 0, 1)
+    m = refgeo.closest_pair(S, tile_size=8)
+    assert (m.value, m.i, m.j) == (0.0, 0, 1)
+    kn = refgeo.knn(S, 4, tile_size=8, n_threads=2)
+    np.testing.assert_array_equal(kn.indices[0], [1, 2, 3, 4])
+    np.testing.assert_array_equal(kn.indices[39], [0, 1, 2, 3])
+
+
+def test_near_duplicates_under_huge_offset(backend):
+    """The Gram trick alone cannot see a 1e-12 relative gap under a 1e8 offset."""
+    rng = np.random.default_rng(11)
+    S = rng.standard_normal((200, 16))
+    S[123] = S[45] * (1 + 1e-12)
+    S[77] = S[45] * (1 + 2e-12)
+    S = S + 1e8
+    want = _oracle_extreme(S, False)
+    r = refgeo.closest_pair(S, tile_size=32, n_threads=2)
+    _assert_pair(r, want, S, backend)
+    assert {r.i, r.j} <= {45, 77, 123}
+
+
+def test_float32_knn_exact_where_gram_trick_is_not(backend):
+    """A float32 Gram-trick k-NN answer is wrong here; the certified one is not."""
+    rng = np.random.default_rng(5)
+    base = rng.standard_normal((1, 64))
+    X = (base + 1e-3 * rng.standard_normal((400, 64)) + 30.0).astype(np.float32)
+    k = 4
+    # float32 Gram trick as a plain implementation would do it
+    n = np.einsum("ij,ij->i", X, X)
+    G = n[:, None] + n[None, :] - 2 * (X @ X.T)
+    np.fill_diagonal(G, np.inf)
+    gram = np.argsort(G, axis=1, kind="stable")[:, :k]
+    want_idx, want_dist = _oracle_knn(X, k)
+    assert not np.array_equal(gram, want_idx)  # the trap is real
+    r = refgeo.knn(X, k, tile_size=64, n_threads=2)
+    np.testing.assert_array_equal(r.indices, want_idx)
+    np.testing.assert_array_equal(r.distances, want_dist)
+
+
+def test_float32_and_float64_agree_on_float32_values(backend):
+    rng = np.random.default_rng(3)
+    S32 = rng.standard_normal((500, 24)).astype(np.float32)
+    a = refgeo.row_diameter(S32)
+    b = refgeo.row_diameter(S32.astype(np.float64))
+    assert (a.value, a.i, a.j) == (b.value, b.i, b.j)
+    assert a.dtype == "float32" and b.dtype == "float64"
+
+
+def test_layouts_and_read_only_input(backend):
+    rng = np.random.default_rng(8)
+    S = rng.standard_normal((50, 7))
+    want = _oracle_extreme(S, True)
+    F = np.asfortranarray(S)
+    _assert_pair(refgeo.row_diameter(F), want, S, backend)
+    R = S.copy()
+    R.setflags(write=False)
+    _assert_pair(refgeo.row_diameter(R), want, S, backend)
+    strided = np.repeat(S, 2, axis=1)[:, ::2]
+    _assert_pair(refgeo.row_diameter(strided), want, S, backend)
+
+
+# ------------------------------------------------------------------ the rounding bound itself
+
+
+@settings(max_examples=300)
+@given(S=adversarial_clouds(max_v=16, max_d=40))
+def test_rounding_bound_holds_for_blas_filter(S):
+    """|f - r| <= c (n_i + n_j) + e_abs for the filtered values BLAS actually produces."""
+    dt = "float32" if S.dtype == np.float32 else "float64"
+    c, eabs = _rows._rounding_bound(S.shape[1], dt)
+    mu = S.astype(np.float64).mean(0)
+    X = (S.astype(np.float64) - mu).astype(S.dtype)
+    n = np.sum(X.astype(np.float64) ** 2, axis=1)
+    f = n[:, None] + n[None, :] - 2.0 * (X @ X.T).astype(np.float64)
+    r = _oracle_sq(S, S)
+    assert np.all(np.abs(f - r) <= c * (n[:, None] + n[None, :]) + eabs)
+
+
+def test_rounding_bound_shape():
+    c64, e64 = _rows._rounding_bound(512, "float64")
+    c32, e32 = _rows._rounding_bound(512, "float32")
+    assert 512 * 2.0**-53 < c64 < 5 * 512 * 2.0**-53  # float64: GEMM, norms and refinement each ~d u
+    assert 512 * 2.0**-24 < c32 < 2 * 512 * 2.0**-24
+    assert 0 < e64 < e32 < 1e-40
+    assert _rows._rounding_bound(2**24, "float32")[0] == math.inf
+
+
+def test_certificate_fields():
+    pytest.importorskip("refgeo_ext")
+    rng = np.random.default_rng(2)
+    S = rng.standard_normal((400, 32))
+    with refgeo.use_backend("cython"):
+        r = refgeo.row_diameter(S)
+    assert r.backend == "cython"
+    c, eabs = _rows._rounding_bound(32, "float64")
+    Sc = S - S.mean(0)
+    assert r.error_bound == pytest.approx(c * 2 * np.max(np.sum(Sc**2, 1)), rel=1e-6)
+    assert 1 <= r.n_refined < 400 * 399 // 2  # the filter discarded almost every pair
+    with refgeo.use_backend("reference"):
+        ref = refgeo.row_diameter(S)
+    assert ref.error_bound == 0.0 and ref.n_refined == 400 * 399 // 2
