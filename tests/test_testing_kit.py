@@ -368,6 +368,33 @@ def test_spec_rownorm_reference_agrees_with_refgeo_optim(grads, lr, mu, eps):
     np.testing.assert_allclose(ours, spec, rtol=0, atol=8 * u * (1 + lr) * grads.shape[0])
 
 
+# --------------------------------------------------------------------------- tokenwise
+
+
+def diagonal_fit_numpy(X, Y, neighbors, *, lam, prior=1.0, self_included=False):
+    X = np.asarray(X, dtype=np.float64)
+    Y = np.asarray(Y, dtype=np.float64)
+    nb = np.asarray(neighbors)
+    if self_included:  # a classic leak: the token's own pair in its neighbourhood
+        nb = np.concatenate([np.arange(len(X))[:, None], nb[:, :-1]], axis=1)
+    num = (X[nb] * Y[nb]).sum(axis=1) + lam * prior
+    den = (X[nb] ** 2).sum(axis=1) + lam
+    a = np.where(den > 0, num / np.where(den > 0, den, 1.0), 1.0)
+    return a * X
+
+
+def test_local_diagonal_fit_passes_refgeo_and_numpy():
+    check_against_reference(
+        lambda X, Y, nb, lam: refgeo.fit_local_maps(X, Y, neighbors=nb, cls="diagonal", ridge=lam).fitted,
+        "local_diagonal_fit", max_examples=N)
+    check_against_reference(diagonal_fit_numpy, "local_diagonal_fit", max_examples=N)
+
+
+@pytest.mark.parametrize("bug", [{"prior": 0.0}, {"self_included": True}], ids=["zero_prior", "self_included"])
+def test_catches_local_fit_bugs(bug):
+    _caught(lambda X, Y, nb, lam: diagonal_fit_numpy(X, Y, nb, lam=lam, **bug), "local_diagonal_fit")
+
+
 # --------------------------------------------------------------------------- the report
 
 
@@ -526,7 +553,7 @@ def test_registry_lists_available_quantities():
     names = rt.reference_names()
     assert names == sorted(names)
     for name in ("hilbert_distance_logits", "pdist_hilbert", "row_diameter", "closest_pair", "knn",
-                 "projected_rownorm", "rownorm_step"):
+                 "projected_rownorm", "rownorm_step", "local_diagonal_fit"):
         assert name in names
         assert rt.signature(name).startswith("candidate(")
 

@@ -23,6 +23,7 @@ refgeo").  It needs ``hypothesis`` (``pip install hypothesis``).
    assert_cdist_close
    assert_extreme_pair_close
    assert_knn_close
+   assert_local_diagonal_fit_close
    assert_projected_rownorm_close
    assert_rownorm_steps_close
    rownorm_reference_steps
@@ -52,6 +53,7 @@ from ._assertions import (
     assert_hilbert_close,
     assert_hilbert_logits_close,
     assert_knn_close,
+    assert_local_diagonal_fit_close,
     assert_pdist_close,
     assert_projected_rownorm_close,
     assert_rownorm_steps_close,
@@ -74,6 +76,7 @@ __all__ = [
     "assert_hilbert_close",
     "assert_hilbert_logits_close",
     "assert_knn_close",
+    "assert_local_diagonal_fit_close",
     "assert_pdist_close",
     "assert_projected_rownorm_close",
     "assert_rownorm_steps_close",

@@ -35,6 +35,7 @@ __all__ = [
     "assert_hilbert_close",
     "assert_hilbert_logits_close",
     "assert_knn_close",
+    "assert_local_diagonal_fit_close",
     "assert_pdist_close",
     "assert_projected_rownorm_close",
     "assert_rownorm_steps_close",
@@ -936,3 +937,86 @@ def assert_rownorm_steps_close(
                 f"step {steps[first]}: {exc.reason}", expected=exc.expected, got=exc.got, tolerance=exc.tolerance
             ) from None
         raise
+
+
+# --------------------------------------------------------------------------- tokenwise
+
+
+def assert_local_diagonal_fit_close(
+    actual: Any,
+    X: Any,
+    Y: Any,
+    neighbors: Any,
+    /,
+    *,
+    lam: float = 0.0,
+    rtol: float | None = None,
+    atol: float | None = None,
+) -> None:
+    """Assert a candidate's tokenwise prediction :math:`A_i x_i` matches ``refgeo.fit_local_maps``.
+
+    The diagonal class with identity prior on given neighbourhoods:
+    ``refgeo.fit_local_maps(X, Y, neighbors=neighbors, cls="diagonal", ridge=lam).fitted``.
+
+    Parameters
+    ----------
+    actual : array_like of shape (N, d)
+        The candidate's :math:`A_i x_i`.
+    X, Y : ndarray of shape (N, d)
+        Hidden states before and after the layer.
+    neighbors : ndarray of int of shape (N, k)
+        Neighbourhood :math:`N_k(i)` of every token.
+    lam : float, default=0.0
+        Ridge :math:`\\lambda` towards :math:`A_0 = I`.
+    rtol, atol : float, default=None
+        Replace the default tolerance by ``atol + rtol * |expected|``.
+
+    Raises
+    ------
+    ConformanceError
+        On a wrong shape or an entry out of tolerance.
+
+    Notes
+    -----
+    Per coordinate c, :math:`a_{ic} = (\\sum_j x_{jc} y_{jc} + \\lambda)/(\\sum_j x_{jc}^2 + \\lambda)`
+    over :math:`j \\in N_k(i)`.  Default tolerance of the entry :math:`(i, c)`, from the
+    rounding of the two sums and the division in the input precision (:math:`u`):
+
+    .. math:: 2\\gamma_{k+3}(u)\\,|x_{ic}|\\,
+              \\frac{\\sum_j |x_{jc} y_{jc}| + \\lambda + |a_{ic}| (\\sum_j x_{jc}^2 + \\lambda)}
+                   {\\sum_j x_{jc}^2 + \\lambda} + u\\,|a_{ic} x_{ic}|
+
+    (infinite where the denominator vanishes: refgeo then returns the prior, a
+    convention, not a numerical result).
+
+    Examples
+    --------
+    >>> import numpy as np, refgeo
+    >>> from refgeo.testing import assert_local_diagonal_fit_close
+    >>> X = np.array([[1.0, 2.0], [2.0, 1.0], [3.0, 5.0], [4.0, 3.0]])
+    >>> nb = refgeo.knn(X, 2).indices
+    >>> assert_local_diagonal_fit_close(2.0 * X, X, 2.0 * X, nb)
+    """
+    import refgeo
+
+    X = np.asarray(X)
+    Y = np.asarray(Y)
+    nb = np.asarray(neighbors)
+    fit = _reference(refgeo.fit_local_maps, X, Y, neighbors=nb, cls="diagonal", ridge=lam, prior="identity")
+    expected = np.asarray(fit.fitted, dtype=np.float64)
+    got = as_numpy(actual)
+    if rtol is None and atol is None:
+        u = _unit_roundoff(np.result_type(X, Y))
+        X64, Y64 = X.astype(np.float64), Y.astype(np.float64)
+        Xn, Yn = X64[nb], Y64[nb]  # (N, k, d)
+        den = (Xn * Xn).sum(axis=1) + lam
+        num_abs = np.abs(Xn * Yn).sum(axis=1) + lam
+        a = np.asarray(fit.coefficients, dtype=np.float64)
+        with np.errstate(divide="ignore", invalid="ignore"):
+            rel = np.where(den > 0, (num_abs + np.abs(a) * den) / den, np.inf)
+        tol = 2 * _gamma(nb.shape[1] + 3, u) * np.abs(X64) * rel + u * np.abs(expected)
+        tol = np.where(np.isnan(tol), np.inf, tol)
+        text = "2 gamma_(k+3)(u) |x_ic| (sum|x y| + lam + |a| (sum x^2 + lam)) / (sum x^2 + lam) + u |a x| (see Notes)"
+    else:
+        tol, text = _user_tol(rtol, atol, expected), _user_tol_text(rtol, atol)
+    _compare_arrays(expected, got, tol, what="prediction", tol_text=text)

@@ -27,6 +27,7 @@ from ._assertions import (
     assert_hilbert_close,
     assert_hilbert_logits_close,
     assert_knn_close,
+    assert_local_diagonal_fit_close,
     assert_pdist_close,
     assert_projected_rownorm_close,
     assert_rownorm_steps_close,
@@ -431,6 +432,45 @@ _register(
         compare=_cmp_rownorm,
         strategy=lambda dts: {"gradient_sequences": _rownorm_step_case(dts)},
         requires="RowNorm",
+    )
+)
+
+
+def _cmp_local_diagonal(got, expected, case, rtol, atol, tie_break):
+    assert_local_diagonal_fit_close(got, *case.args, lam=case.kwargs["lam"], rtol=rtol, atol=atol)
+
+
+@st.composite
+def _local_fit_case(draw, dts, map_class):
+    import refgeo
+
+    h = draw(rst.hidden_state_pairs(dtypes=dts, map_classes=(map_class,)))
+    n = h.X.shape[0]
+    k = draw(st.integers(1, min(6, n - 1)))
+    with refgeo.use_backend("reference"):
+        nb = np.asarray(refgeo.knn(h.X, k).indices)
+    X, Y = np.array(h.X), np.array(h.Y)  # writable copies
+    return Case(args=(X, Y, nb), names=("X", "Y", "neighbors"), kwargs={"lam": draw(st.sampled_from([1e-3, 1.0, 0.0]))})
+
+
+def _local_diagonal_reference(X, Y, neighbors, *, lam):
+    import refgeo
+
+    return refgeo.fit_local_maps(X, Y, neighbors=neighbors, cls="diagonal", ridge=lam, prior="identity")
+
+
+_register(
+    Reference(
+        name="local_diagonal_fit",
+        signature=(
+            "candidate(X, Y, neighbors, lam=lam) -> A_i x_i of shape (N, d): the diagonal map per token, "
+            "a_c = (sum_j x_jc y_jc + lam) / (sum_j x_jc^2 + lam) over j in neighbors[i] (identity prior)"
+        ),
+        arg_names=("X", "Y", "neighbors"),
+        reference=_local_diagonal_reference,
+        compare=_cmp_local_diagonal,
+        strategy=lambda dts: _scenarios(rst.MAP_CLASSES, lambda c: _local_fit_case(dts, c)),
+        requires="fit_local_maps",
     )
 )
 
