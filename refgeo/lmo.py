@@ -556,7 +556,7 @@ def _closed_form_result(Gc, kind, eta, t0) -> LMOResult:
                 q += 1
         pairs = np.asarray(pairs_l, dtype=np.int64).reshape(-1, 2)
         flows = np.asarray(flows_l, dtype=np.float64)
-        value = _closed_form_value(Gc, 1 if kind == "rank1" else 1)[1]
+        value = _closed_form_value(Gc, 1)[1]  # "two_rows" when V == 2, "rank1" otherwise
     decrease = -float(np.sum(Gc * S))
     lower = decrease / eta
     upper = max(value, lower)
@@ -577,11 +577,11 @@ def _closed_form_result(Gc, kind, eta, t0) -> LMOResult:
     )
 
 
-def _incidence(E: np.ndarray, V: int):
+def _incidence(E: np.ndarray, V: int, dtype=np.float64):
     m = E.shape[0]
     rows = np.concatenate([np.arange(m), np.arange(m)])
     cols = np.concatenate([E[:, 0], E[:, 1]])
-    vals = np.concatenate([np.ones(m), -np.ones(m)])
+    vals = np.concatenate([np.ones(m, dtype=dtype), -np.ones(m, dtype=dtype)])
     return _sp.csr_matrix((vals, (rows, cols)), shape=(m, V))
 
 
@@ -632,6 +632,20 @@ def _far_pairs(X: np.ndarray, m: int, threshold2: float | None) -> tuple[np.ndar
     return _unique_pairs(E.astype(np.int64)), best
 
 
+def _max_sq_distance(X: np.ndarray) -> float:
+    """Largest squared row distance by the Gram expansion in row blocks (an estimate;
+    certificates use :func:`refgeo.row_diameter`)."""
+    V = X.shape[0]
+    n2 = np.einsum("ij,ij->i", X, X)
+    block = max(1, min(V, (1 << 22) // max(V, 1)))
+    best = 0.0
+    for i0 in range(0, V, block):
+        i1 = min(V, i0 + block)
+        D2 = n2[i0:i1, None] + n2[None, :] - 2.0 * (X[i0:i1] @ X.T)
+        best = max(best, float(D2.max()))
+    return best
+
+
 class _LaplacianSolver:
     """Solves (B^T B + 11^T/V) z = b for centred right-hand sides.
 
@@ -677,10 +691,12 @@ class _LaplacianSolver:
 
 
 # Solver constants (measured on synthetic cross-entropy gradients, V = 500..8000):
-_INITIAL_PARTNERS = 10  # farthest partners per row in the first working set
-_SEPARATION_PARTNERS = 5  # violated pairs added per row and round
+_INITIAL_PARTNERS = 20  # farthest partners per row in the first working set
+_SEPARATION_PARTNERS = 10  # violated pairs added per row and round
 _RHO_FACTOR = 0.3  # ADMM penalty rho = factor * (pairs) for gradients scaled to sum ||g|| = 1
-_CHECK_EVERY = 50  # ADMM iterations between separation rounds
+_CHECK_EVERY = 25  # ADMM iterations between separation rounds
+_RELAXATION = 1.0  # ADMM over-relaxation alpha in [1, 2)
+_AVERAGE = True  # also try the average potentials of each round as a lower-bound candidate
 _DENSE_LIMIT = 1500  # dense Cholesky up to this many rows, block CG above
 
 
@@ -758,10 +774,12 @@ def diameter_lmo(
     Laplacian solve with :math:`B^\top B`, factorised once per working set: dense
     Cholesky up to 1500 rows, warm-started block CG above), a group soft-threshold,
     and a multiplier update whose value is the potential X (:math:`\lVert x_i - x_j
-    \rVert \le 1` on E).  Every 50 iterations the potentials' farthest partners with
-    :math:`\lVert x_i - x_j \rVert > 1` join E (separation).  E starts from the 10
-    farthest partners of every row of the RowNorm direction (and a warm start's pairs),
-    made connected.
+    \rVert \le 1` on E).  Every 25 iterations up to 10 farthest partners per row with
+    :math:`\lVert x_i - x_j \rVert > 1 + \mathrm{rtol}/4` join E (separation), and the
+    last and the round-averaged potentials are lower-bound candidates.  E starts from
+    the 20 farthest partners of every row of the RowNorm direction (and a warm start's
+    pairs), made connected.  The solver runs in float64 NumPy (other array types are
+    copied to NumPy).
 
     *Certificate.*  For any potentials X, :math:`\langle G, XQ^\top\rangle /
     D(XQ^\top) \le T(G)`, with D from the certified :func:`refgeo.row_diameter`; for
@@ -841,6 +859,11 @@ class _ADMM:
         self.eta, self.rtol, self.max_time, self.max_iter = eta, rtol, max_time, max_iter
         self.callback, self.t0 = callback, t0
         self.V, self.r = H.shape
+        # Large problems at a loose tolerance iterate in float32 (half the memory
+        # traffic); separation uses a margin of rtol/4 >> float32 rounding, and every
+        # certificate is evaluated in float64 on G itself.
+        self.wdt = np.float32 if (self.V > _DENSE_LIMIT and rtol >= 1e-3) else np.float64
+        self.Hw = H.astype(self.wdt)
         self.bar = None
         if progress:
             try:
@@ -856,9 +879,10 @@ class _ADMM:
         if warm is not None and warm.eta > 0:
             X0 = (-np.asarray(warm.update, dtype=np.float64) / warm.eta) @ Q
             X0 -= X0.mean(axis=0, keepdims=True)
+            X0 = X0.astype(self.wdt)
             Ewarm = np.asarray(warm.pairs, dtype=np.int64).reshape(-1, 2)
             wflows = np.asarray(warm.flows, dtype=np.float64)
-        N = H / np.maximum(np.linalg.norm(H, axis=1, keepdims=True), 1e-300)
+        N = self.Hw / np.maximum(np.linalg.norm(self.Hw, axis=1, keepdims=True), 1e-30)
         E0, _ = _far_pairs(N, _INITIAL_PARTNERS, None)
         parts = [E0, Ewarm]
         if X0 is not None:
@@ -867,8 +891,8 @@ class _ADMM:
         E = _connect(_unique_pairs(np.concatenate(parts)), self.V)
         self._set_working_set(E)
         m = len(self.E)
-        self.Y = np.zeros((m, self.r))
-        self.U = np.zeros((m, self.r))
+        self.Y = np.zeros((m, self.r), dtype=self.wdt)
+        self.U = np.zeros((m, self.r), dtype=self.wdt)
         if X0 is not None:
             Lam = X0[self.E[:, 0]] - X0[self.E[:, 1]]
             nl = np.linalg.norm(Lam, axis=1, keepdims=True)
@@ -876,7 +900,7 @@ class _ADMM:
             self.U = Lam / self.rho
             if len(Ewarm) and wflows is not None and len(wflows) == len(Ewarm):
                 pos = self._positions(Ewarm)
-                dirs = Lam[pos] / np.maximum(np.linalg.norm(Lam[pos], axis=1, keepdims=True), 1e-300)
+                dirs = Lam[pos] / np.maximum(np.linalg.norm(Lam[pos], axis=1, keepdims=True), 1e-30)
                 self.Y[pos] = (wflows / scale)[:, None] * dirs
         self.W = self.Y.copy()
         self.zeta = None
@@ -887,12 +911,16 @@ class _ADMM:
         self.best_upper = np.inf
         self.best_Y = None
         self.best_E = None
-        self.cg_tol = 1e-6
+        self.cg_floor = 1e-5 if self.wdt == np.float32 else 1e-12
+        self.cg_tol = max(1e-6, self.cg_floor)
+        self.cert_time = None
+        self.sep_time = 0.0
+        self.cert_trigger = 0.9 * rtol
 
     # ---------------------------------------------------------------- working set
     def _set_working_set(self, E):
         self.E = E
-        self.B = _incidence(E, self.V)
+        self.B = _incidence(E, self.V, self.wdt)
         self.BT = self.B.T.tocsr()
         self.lin = _LaplacianSolver(self.B, self.V, _DENSE_LIMIT)
         self.rho = _RHO_FACTOR * len(E)
@@ -912,47 +940,56 @@ class _ADMM:
         self._set_working_set(E)
         pos = self._positions(old)
         m = len(E)
-        self.Y = np.zeros((m, self.r))
-        self.W = np.zeros((m, self.r))
-        self.U = np.zeros((m, self.r))
+        self.Y = np.zeros((m, self.r), dtype=self.wdt)
+        self.W = np.zeros((m, self.r), dtype=self.wdt)
+        self.U = np.zeros((m, self.r), dtype=self.wdt)
         self.Y[pos], self.W[pos] = Y, W
         self.U[pos] = U * (rho_old / self.rho)  # keep the multiplier rho * U
         return True
 
     # ---------------------------------------------------------------- iteration
     def _step(self):
-        B, H = self.B, self.H
+        B, H = self.B, self.Hw
         V0 = self.W - self.U
         rhs = self.BT @ V0 - H
         self.zeta = self.lin.solve(rhs, self.zeta, self.cg_tol)
         self.zeta -= self.zeta.mean(axis=0, keepdims=True)
         self.Y = V0 - B @ self.zeta
-        Z = self.Y + self.U
+        a = _RELAXATION
+        Yr = self.Y if a == 1.0 else a * self.Y + (1.0 - a) * self.W
+        Z = Yr + self.U
         nz = np.sqrt(np.einsum("ij,ij->i", Z, Z))
         thr = 1.0 / self.rho
         shrink = np.where(nz > thr, 1.0 - thr / np.where(nz > 0, nz, 1.0), 0.0)
         self.W = Z * shrink[:, None]
-        self.U += self.Y - self.W
+        self.U = Z - self.W
         self.iterations += 1
 
     def _elapsed(self):
         return time.perf_counter() - self.t0
 
     def _out_of_budget(self):
-        if self.max_time is not None and self._elapsed() >= self.max_time:
-            return True
+        # keep time for one certification (its last measured cost, or 8 separation
+        # passes before the first: the reference diameter costs about that)
+        if self.max_time is not None:
+            reserve = self.cert_time if self.cert_time is not None else 8.0 * self.sep_time
+            if self._elapsed() + reserve >= self.max_time:
+                return True
         return self.max_iter is not None and self.iterations >= self.max_iter
 
     def _flow_upper(self):
         """Flow cost + residual bound, in the scaled reduced coordinates (estimate)."""
-        R = self.H - self.BT @ self.Y
+        R = (self.Hw - self.BT @ self.Y).astype(np.float64)
         R -= R.mean(axis=0, keepdims=True)
-        cost = float(np.sum(np.sqrt(np.einsum("ij,ij->i", self.Y, self.Y))))
+        Y = self.Y.astype(np.float64)
+        cost = float(np.sum(np.sqrt(np.einsum("ij,ij->i", Y, Y))))
         return cost + _upper_bound_cheap(R)
 
     # ---------------------------------------------------------------- certificate
     def _certify(self, X, Y, E):
         """Certified (lower, upper) on T(G) (unscaled) and the potentials in R^{V x d}."""
+        X = X.astype(np.float64)
+        Y = Y.astype(np.float64)
         Phi = X @ self.Q.T
         Phi -= Phi.mean(axis=0, keepdims=True)
         D = row_diameter(Phi).value
@@ -972,18 +1009,31 @@ class _ADMM:
         certified = None
         stop_requested = False
         while True:
+            Xsum, n_avg = None, 0
             for _ in range(_CHECK_EVERY):
                 if self._out_of_budget():
                     break
                 self._step()
+                if _AVERAGE:
+                    Xsum = -self.rho * self.zeta if Xsum is None else Xsum - self.rho * self.zeta
+                    n_avg += 1
             if self.zeta is None:  # max_iter == 0: certify the initial guess
                 self._step()
             X = -self.rho * self.zeta
+            if n_avg > 1:
+                # the average of the round's potentials oscillates less than the last one
+                Xa = Xsum / n_avg
+                ina = float(np.sum(self.Hw * Xa, dtype=np.float64))
+                da = _max_sq_distance(Xa)
+                if da > 0 and ina / math.sqrt(da) > self.best_lower_est:
+                    self.best_lower_est, self.best_X = ina / math.sqrt(da), Xa
             upper_est = self._flow_upper()
             if upper_est < self.best_upper:
                 self.best_upper, self.best_Y, self.best_E = upper_est, self.Y.copy(), self.E
+            ts = time.perf_counter()
             Enew, d2max = _far_pairs(X, _SEPARATION_PARTNERS, (1.0 + sep_tol) ** 2)
-            inner = float(np.sum(self.H * X))
+            self.sep_time = time.perf_counter() - ts
+            inner = float(np.sum(self.Hw * X, dtype=np.float64))
             lower_est = inner / math.sqrt(d2max) if d2max > 0 else 0.0
             if lower_est > self.best_lower_est:
                 self.best_lower_est, self.best_X = lower_est, X.copy()
@@ -1003,17 +1053,21 @@ class _ADMM:
                 self.bar.set_postfix(gap=f"{gap_est:.2e}", pairs=len(self.E))
             if self.callback is not None and self.callback(info) is True:
                 stop_requested = True
-            if gap_est <= self.rtol * 0.9 or stop_requested or self._out_of_budget():
+            if gap_est <= self.cert_trigger or stop_requested or self._out_of_budget():
+                tc = time.perf_counter()
                 certified = self._certify(self.best_X, self.best_Y, self.best_E)
+                self.cert_time = time.perf_counter() - tc
                 if _relative_gap(certified[0], certified[1]) <= self.rtol:
                     break
                 if stop_requested or self._out_of_budget():
                     break
-                self.cg_tol = max(self.cg_tol * 0.1, 1e-12)
+                # the estimate was optimistic: certify again only after it halves
+                self.cert_trigger = min(self.cert_trigger, gap_est) / 2.0
+                self.cg_tol = max(self.cg_tol * 0.1, self.cg_floor)
             if len(Enew):
                 self._grow(Enew)
             else:
-                self.cg_tol = max(self.cg_tol * 0.1, 1e-12)
+                self.cg_tol = max(self.cg_tol * 0.1, self.cg_floor)
         if self.bar is not None:
             self.bar.close()
         lower, upper, S, decrease = certified
