@@ -488,15 +488,17 @@ class _Candidate:
     name: str
     rho: float
     build: Callable[[], np.ndarray]
-    exact: bool = True  # entries exact, inner products known: algebraic certificate
+    diameter: float | None = None  # exact D of build() when its distances are known exactly
 
 
 def _kerdock_tagged(q: int, V: int, d: int, tags: bool) -> np.ndarray:
     """Stacked copies of kerdock_code(q) in orthogonal blocks of R^d, optionally tagged.
 
     With ``tags`` each basis b of a copy gets its own extra coordinate t_b and its
-    vectors become sqrt(c) v + sqrt(1 - c) t_b with c = sqrt(q)/(sqrt(q) + 1): cross-basis
-    inner products c/sqrt(q), same-basis ones 1 - c, both 1/(sqrt(q) + 1).
+    vectors become v + q^(-1/4) t_b: cross-basis inner products +-1/sqrt(q) (from v),
+    same-basis ones 1/sqrt(q) (from the tag), all norms^2 1 + 1/sqrt(q); so
+    rho^2 = sqrt(q)/(sqrt(q) + 2) (coherence 1/(sqrt(q) + 1) after normalisation).
+    Entries are exact dyadic numbers when q^(1/4) is a power of 2 (q = 16, 256, ...).
     """
     per = q * (q // 2 + 1)
     n_bases = -(-V // q)
@@ -506,14 +508,14 @@ def _kerdock_tagged(q: int, V: int, d: int, tags: bool) -> np.ndarray:
     X = np.zeros((V, d))
     row = 0
     col = 0
-    c = math.sqrt(q) / (math.sqrt(q) + 1.0)
+    tag = q**-0.25
     for nb in bases:
         take = min(nb * q, V - row, per)
         K = kerdock_code(q, take)
         if tags:
-            X[row : row + take, col : col + q] = math.sqrt(c) * K
+            X[row : row + take, col : col + q] = K
             b_of_row = np.arange(take) // q
-            X[row + np.arange(take), col + q + b_of_row] = math.sqrt(1.0 - c)
+            X[row + np.arange(take), col + q + b_of_row] = tag
             col += q + nb
         else:
             X[row : row + take, col : col + q] = K
@@ -527,14 +529,15 @@ def _candidates(V: int, d: int) -> list[_Candidate]:
     """Constructions usable for (V, d), each with its closed-form ratio."""
     out: list[_Candidate] = []
     if V <= d + 1:
-        out.append(_Candidate("regular_simplex", 1.0, lambda: regular_simplex(V, d)))
+        out.append(_Candidate("regular_simplex", 1.0, lambda: regular_simplex(V, d),
+                              math.sqrt(2.0 * V / (V - 1.0))))
         return out
     if V == d + 2:
         a, b = d // 2, d - d // 2
         rho = math.sqrt(0.5 * (a / (a + 1.0) + b / (b + 1.0)))
-        out.append(_Candidate("orthogonal_simplices", rho, lambda: orthogonal_simplices(d), exact=False))
+        out.append(_Candidate("orthogonal_simplices", rho, lambda: orthogonal_simplices(d)))
     if V <= 2 * d and d >= 2:
-        out.append(_Candidate("cross_polytope", math.sqrt(0.5), lambda: cross_polytope(d)[:V]))
+        out.append(_Candidate("cross_polytope", math.sqrt(0.5), lambda: cross_polytope(d)[:V], 2.0))
     q = 4
     while q <= d:
         sq = math.sqrt(q)
@@ -544,15 +547,17 @@ def _candidates(V: int, d: int) -> list[_Candidate]:
             if n_copies * q <= d:
                 rho = math.sqrt((sq - 1.0) / (sq + 1.0))
                 out.append(_Candidate(f"kerdock({q})x{n_copies}", rho,
-                                      lambda q=q: _kerdock_tagged(q, V, d, False)))
+                                      lambda q=q: _kerdock_tagged(q, V, d, False), math.sqrt(2.0 + 2.0 / sq)))
             if n_copies * q + n_bases <= d:
                 rho = math.sqrt(sq / (sq + 2.0))
+                dyadic = int(round(math.log(q, 4))) % 2 == 0  # q^(1/4) a power of 2
                 out.append(_Candidate(f"kerdock({q})x{n_copies}+tags", rho,
-                                      lambda q=q: _kerdock_tagged(q, V, d, True), exact=False))
+                                      lambda q=q: _kerdock_tagged(q, V, d, True),
+                                      math.sqrt(2.0 + 4.0 / sq) if dyadic else None))
             if q >= 16 and V > q * (q // 2 + 1) and V <= q + q**3 // 4:
                 rho = math.sqrt((sq - 2.0) / (sq + 2.0))
                 out.append(_Candidate(f"delsarte_goethals({q})", rho,
-                                      lambda q=q: embed(delsarte_goethals_code(q, V), d=d)))
+                                      lambda q=q: embed(delsarte_goethals_code(q, V), d=d), math.sqrt(2.0 + 4.0 / sq)))
         q *= 4
     return out
 
@@ -988,9 +993,11 @@ def spread(
         Neighbourhood refreshes of the smoothed iteration.
     certify : bool or "auto", default="auto"
         True: certify m and D with :func:`refgeo.closest_pair` and
-        :func:`refgeo.row_diameter`.  ``"auto"``: the same when the compiled engine is
-        available or V is small; an unmodified exact construction is certified
-        algebraically; otherwise an uncertified Gram estimate.  False: estimate only.
+        :func:`refgeo.row_diameter` (the engine).  ``"auto"``: the engine, except for an
+        unmodified construction whose distances are known in closed form and whose
+        engine certification would be expensive (V > 4000 and :math:`V^2 d > 5 \cdot
+        10^{10}`): that one is certified algebraically.  False: an uncertified float64
+        Gram estimate.
 
     Returns
     -------
@@ -1065,13 +1072,13 @@ def spread(
     cands = _candidates(V, d) if user_X is None and init != "random" else []
     best_c = max(cands, key=lambda c: c.rho) if cands else None
     if user_X is not None:
-        X, init_name, exact = user_X, "user", False
+        X, init_name = user_X, "user"
     elif best_c is not None:
-        X, init_name, exact = best_c.build(), best_c.name, best_c.exact
+        X, init_name = best_c.build(), best_c.name
     else:
         X = rng.standard_normal((V, d))
         X /= np.linalg.norm(X, axis=1, keepdims=True)
-        init_name, exact = "random", False
+        init_name = "random"
     start_rho = best_c.rho if (best_c is not None and user_X is None) else None
 
     if method == "auto":
@@ -1124,44 +1131,39 @@ def spread(
     # ---- scale, centre, certify
     X = np.asarray(X, dtype=np.float64)
     V_ = X.shape[0]
-    algebraic = (not modified) and exact and start_rho is not None
-    use_engine = certify is True or (
-        certify == "auto" and not algebraic and (V_ <= 4000 or _engine_is_compiled(X))
-    )
-    if algebraic and not use_engine:
-        X = X - X.mean(axis=0)
-        _, D0, _, _ = _gram_extremes(X) if V_ <= 4000 else (None, None, None, None)
-        D_exact = D0 if D0 is not None else None
-        # Closed form: the rows are unit vectors with coherence c, D^2 = 2 + 2c, m^2 = 2 - 2c
-        # (or the simplex / cross-polytope values); rho is the construction's.
-        if D_exact is None:
-            D_exact = float(np.sqrt(np.max(np.einsum("ij,ij->i", X, X)))) * 0 + _construction_diameter(best_c, X)
-        s = eta / D_exact
-        X = X * s
-        diameter = eta
-        min_dist = start_rho * eta
+    algebraic = (not modified) and best_c is not None and best_c.diameter is not None and user_X is None
+    cheap = V_ <= 4000 or (_engine_is_compiled(X) and V_ * V_ * X.shape[1] <= 5e10)
+    if certify is True or (certify == "auto" and (cheap or not algebraic)):
+        mode = "engine"
+    elif certify == "auto":
+        mode = "algebraic"
+    else:
+        mode = "none"
+    X = X - X.mean(axis=0)
+    if mode == "algebraic":
+        # Exact construction: every pairwise distance is known in closed form (the
+        # inner-product spectrum, verified in the tests); scaling by eta/D rounds each
+        # entry once, which moves every distance by at most a few ulps (relative).
+        X = X * (eta / best_c.diameter)
+        diameter, min_dist = eta, best_c.rho * eta
         pm, pd = (-1, -1), (-1, -1)
         err = 8.0 * 2.0**-52
-        certificate = "algebraic"
-    else:
-        X = X - X.mean(axis=0)
-        if use_engine:
-            from .rows import closest_pair, row_diameter
+    elif mode == "engine":
+        from .rows import closest_pair, row_diameter
 
-            Dp = row_diameter(X)
-            X = X * (eta / Dp.value)
-            Dp = row_diameter(X)
-            mp = closest_pair(X)
-            diameter, min_dist = Dp.value, mp.value
-            pd, pm = (Dp.i, Dp.j), (mp.i, mp.j)
-            err = 0.0
-            certificate = "engine"
-        else:
-            m0, D0, pm, pd = _gram_extremes(X)
-            X = X * (eta / D0)
-            min_dist, diameter = m0 * eta / D0, eta
-            err = math.sqrt(X.shape[1]) * 2.0**-50
-            certificate = "none"
+        Dp = row_diameter(X)
+        X = X * (eta / Dp.value)
+        Dp = row_diameter(X)
+        mp = closest_pair(X)
+        diameter, min_dist = Dp.value, mp.value
+        pd, pm = (Dp.i, Dp.j), (mp.i, mp.j)
+        err = 0.0
+    else:
+        m0, D0, pm, pd = _gram_extremes(X)
+        X = X * (eta / D0)
+        min_dist, diameter = m0 * eta / D0, eta
+        err = math.sqrt(X.shape[1]) * 2.0**-50
+    certificate = mode
     ratio = min_dist / diameter
     if callback is not None:
         callback(SpreadProgress("done", n_iter, clock.elapsed(), ratio, bound.value))
@@ -1183,13 +1185,6 @@ def spread(
         elapsed=clock.elapsed(),
         history=tuple(history),
     )
-
-
-def _construction_diameter(c: _Candidate, X: np.ndarray) -> float:
-    """Diameter of an exact construction from its closed form (unit rows, coherence c)."""
-    # Exact constructions are unit vectors whose most negative inner product is -c with
-    # rho^2 = (1 - c)/(1 + c); so D^2 = 2 + 2c = 4/(1 + rho^2).
-    return math.sqrt(4.0 / (1.0 + c.rho**2))
 
 
 def _multistart(X_first, V, d, *, n_starts, rng, clock, bound, report):

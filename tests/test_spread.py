@@ -183,8 +183,8 @@ def test_delsarte_goethals_forms_rank(n):
 
 
 def test_delsarte_goethals_64_sampled():
-    X = refgeo.delsarte_goethals_code(64)
-    assert X.shape == (64 + 64**3 // 4, 64)
+    assert refgeo.delsarte_goethals_code(64, 7).shape == (7, 64)
+    X = refgeo.delsarte_goethals_code(64, 16000)
     G = np.abs(X[::101] @ X.T)
     G[np.arange(G.shape[0]), np.arange(0, X.shape[0], 101)] = 0.0
     assert set(np.unique(G).tolist()) <= {0.0, 0.125, 0.25}
@@ -195,7 +195,8 @@ def test_delsarte_goethals_64_sampled():
 
 @pytest.mark.parametrize(
     "V, d",
-    [(3, 2), (5, 3), (6, 4), (7, 5), (8, 4), (10, 8), (20, 16), (100, 20), (150, 40), (300, 32), (200, 40), (40, 16)],
+    [(3, 2), (5, 3), (6, 4), (7, 5), (8, 4), (10, 8), (20, 16), (100, 20), (150, 40), (300, 32), (200, 40), (40, 16),
+     (100, 24), (130, 34)],
 )
 def test_candidates_closed_form_rho(V, d):
     """Every construction the solver may start from has the ratio it claims."""
@@ -204,6 +205,8 @@ def test_candidates_closed_form_rho(V, d):
         assert X.shape == (V, d), c.name
         assert _rho(X) == pytest.approx(c.rho, abs=1e-12), c.name
         assert c.rho <= refgeo.ratio_upper_bound(V, d).value
+        if c.diameter is not None:  # closed-form diameter, used by the algebraic certificate
+            assert math.sqrt(_sq_dists(X).max()) == pytest.approx(c.diameter, rel=1e-15), c.name
 
 
 def test_tagged_kerdock_beats_plain():
@@ -271,10 +274,21 @@ def test_solver_outputs_respect_every_bound(V, d, seed):
 
 
 def test_construction_large_algebraic_certificate():
-    r = refgeo.spread(4096, 256)
+    r = refgeo.spread(20000, 256)
     assert r.init == "kerdock(256)x1" and r.method == "construction"
-    assert r.ratio == pytest.approx(math.sqrt(15 / 17), abs=1e-12) and r.ratio >= 0.939
-    assert r.certified and r.certificate == "algebraic"
+    assert r.ratio == pytest.approx(math.sqrt(15 / 17), abs=1e-15)
+    assert r.certified and r.certificate == "algebraic" and r.error_bound < 1e-14
+    assert r.diameter == 1.0 and not r.points.flags.writeable
+    # spot check: rows of two bases and the standard basis
+    X = np.asarray(r.points)[[0, 1, 256, 257, 5000, 19999]]
+    e = np.sqrt(_sq_dists(X))
+    assert e.min() >= r.min_dist * (1 - 1e-14) and e.max() <= r.diameter * (1 + 1e-14)
+
+
+def test_acceptance_4096_256_engine():
+    r = refgeo.spread(4096, 256)
+    assert r.certificate == "engine" and r.ratio >= 0.939
+    assert r.ratio == pytest.approx(math.sqrt(15 / 17), abs=1e-12)
 
 
 def test_construction_engine_certificate_matches_closed_form():
