@@ -395,6 +395,38 @@ def test_catches_local_fit_bugs(bug):
     _caught(lambda X, Y, nb, lam: diagonal_fit_numpy(X, Y, nb, lam=lam, **bug), "local_diagonal_fit")
 
 
+# --------------------------------------------------------------------------- pinned regressions
+# Minimal examples the kit found (see docs/testing.md), kept as fixed cases.
+
+PINNED_ROWS = [
+    pytest.param(np.array([[10000.0], [10001.0]], dtype=np.float32), True, id="offset-1e4"),
+    pytest.param(np.array([[100.96875], [100.0]], dtype=np.float32), True, id="offset-1e2"),
+    pytest.param(np.array([[1.0], [1.0000001]], dtype=np.float32), True, id="one-ulp"),
+    pytest.param(np.array([[0.734375], [0.0], [0.75]], dtype=np.float32), False, id="closest-after-centring"),
+]
+
+
+@pytest.mark.parametrize("S, diameter", PINNED_ROWS)
+def test_pinned_gram_failures(S, diameter):
+    ref = refgeo.row_diameter(S) if diameter else refgeo.closest_pair(S)
+    if diameter:  # no centring
+        naive = gram_extreme(S, dtype=np.float32, centre=False)
+    else:  # rows centred in float64, then the float32 Gram identity
+        S64 = S.astype(np.float64)
+        naive = gram_extreme(S64 - S64.mean(axis=0), maximise=False, dtype=np.float32, centre=False)
+    with pytest.raises(ConformanceError):
+        rt.assert_extreme_pair_close(*naive, ref, S)
+    rt.assert_extreme_pair_close(*direct_extreme(S, maximise=diameter, dtype=np.float32), ref, S)
+
+
+def test_pinned_rownorm_without_bias_correction():
+    W0, G = np.zeros((2, 1)), np.array([[[-0.5], [0.5]]])
+    kw = {"lr": 0.02, "mu": 0.95, "eps": 1e-8}
+    rt.assert_rownorm_steps_close(rownorm_numpy(W0, G, **kw), W0, G, **kw)
+    with pytest.raises(ConformanceError, match=re.escape("step 1: parameter at index (0, 0, 0)")):
+        rt.assert_rownorm_steps_close(rownorm_numpy(W0, G, bias_correction=False, **kw), W0, G, **kw)
+
+
 # --------------------------------------------------------------------------- the report
 
 

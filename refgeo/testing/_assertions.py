@@ -15,7 +15,11 @@ the received values and the tolerance that was applied.  Tolerances (unit roundo
   to :math:`\\gamma_{d+3}(u_{64})` relative; a candidate computing in the input
   precision is allowed :math:`2\\gamma_{d+3}(u_{in})` relative on top, which covers
   direct differences and the centred Gram identity for the diameter (not for the
-  closest pair, where cancellation is unbounded: that is what the check catches).
+  closest pair, where cancellation is unbounded: that is what the check catches), plus
+  the underflow floor :math:`\\sqrt{(d+1)\\,\\mathrm{tiny}_{in}}`;
+* projected RowNorm, the RowNorm optimizer and local diagonal fits: the rounding of
+  their closed forms in the input precision, scaled by the conditioning of each row
+  (see each helper's Notes).
 
 Passing ``rtol``/``atol`` replaces the default by ``atol + rtol * |expected|``.
 """

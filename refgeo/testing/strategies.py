@@ -748,6 +748,4 @@ def hidden_state_pairs(
         residual[t] = outlier_size * r / np.linalg.norm(r)
     X = X.astype(dtype)
     Y = (np.einsum("nij,nj->ni", maps[labels], X.astype(np.float64)) + residual).astype(dtype)
-    for a in (X, Y, maps, labels, residual, outliers):
-        a.setflags(write=False)
     return HiddenStatePair(X, Y, maps, labels, residual, outliers, map_class)
