@@ -971,8 +971,9 @@ def spread(
         :math:`t \le \lVert x_i - x_j \rVert^2 \le 1` with analytic Jacobians (small V);
         ``"smooth"``: the annealed k-NN iteration on the sphere (large V);
         ``"construction"``: no optimisation.  ``"auto"``: the regular simplex for
-        :math:`V \le d + 1`, ``"epigraph"`` for :math:`V \le 50`, else ``"smooth"``
-        (skipped when the construction is within 1% of the bound).
+        :math:`V \le d + 1`, ``"epigraph"`` for :math:`V \le 50`, else ``"smooth"``,
+        except that a construction is returned as is when it is within 1% of the bound
+        or when :math:`V^2 d > 5 \cdot 10^{10}`.
     seed : int, default=None
         Seed of the random starts (results are reproducible for a given seed, up to the
         time budget).
@@ -1086,7 +1087,10 @@ def spread(
             method = "construction"
         elif V <= _SMALL_V:
             method = "epigraph"
-        elif start_rho is not None and start_rho >= 0.99 * bound.value:
+        elif start_rho is not None and (start_rho >= 0.99 * bound.value or V * V * d > 5e10):
+            # Near the bound, or too large for O(V^2 d) neighbourhood refreshes to pay off
+            # against an algebraic construction (whose massive ties the local iteration
+            # cannot break): return the construction.
             method = "construction"
         else:
             method = "smooth"

@@ -1,0 +1,165 @@
+"""Benchmarks for refgeo.spread and refgeo.bounds: max-min spreading (SPEC §4).
+
+Quality trackers: ``track_ratio`` (the certified distance ratio rho reached) and
+``track_ratio_over_bound`` (rho / ratio_upper_bound: 1 means provably optimal).  Small
+sizes run by default; ``REFGEO_BENCH_SIZE=realistic`` selects the acceptance cases of
+issue 5 (LM-head sizes), which take minutes.
+"""
+
+from ._common import environment, realistic, records_runtime, refgeo, require_backend, rng
+
+# (V, d, max_time): small cases solved by the epigraph method, constructions, and one
+# smoothed run from random points.
+_SMALL = [(8, 2, None), (16, 5, None), (1000, 64, None), (4096, 256, None)]
+_REALISTIC = [
+    (4096, 256, None),
+    (50000, 1024, 120.0),
+    (32768, 512, 300.0),
+    (50257, 768, 600.0),
+    (1000, 64, None),
+    (50000, 64, 600.0),
+]
+
+
+@records_runtime
+class Spread:
+    """spread(V, d): time, peak memory and the quality reached."""
+
+    params = ([c for c in (_REALISTIC if realistic() else _SMALL)],)
+    param_names = ["V_d_maxtime"]
+    timeout = 1800
+
+    def setup(self, case):
+        require_backend("reference")
+        environment("float64", "auto")
+        V, d, t = case
+        self.kw = dict(seed=0, max_time=t)
+        if V <= 50:
+            self.kw["n_starts"] = 4
+
+    def _run(self, case):
+        V, d, _ = case
+        return refgeo.spread(V, d, **self.kw)
+
+    def time_spread(self, case):
+        self._run(case)
+
+    def peakmem_spread(self, case):
+        self._run(case)
+
+    def track_ratio(self, case):
+        """Certified m/D."""
+        return self._run(case).ratio
+
+    track_ratio.unit = "ratio"
+
+    def track_ratio_over_bound(self, case):
+        """rho / ratio_upper_bound(V, d) (1 = provably optimal)."""
+        r = self._run(case)
+        return r.ratio / r.upper_bound
+
+    track_ratio_over_bound.unit = "ratio"
+
+
+@records_runtime
+class SmoothFromRandom:
+    """The smoothed k-NN iteration alone, from random points on the sphere."""
+
+    params = ([(300, 16)] if not realistic() else [(1000, 64)],)
+    param_names = ["V_d"]
+    timeout = 1800
+
+    def setup(self, case):
+        require_backend("reference")
+        environment("float64", "auto")
+
+    def _run(self, case):
+        V, d = case
+        return refgeo.spread(V, d, init="random", method="smooth", seed=0, max_rounds=8, certify=False)
+
+    def time_smooth(self, case):
+        self._run(case)
+
+    def track_ratio(self, case):
+        return self._run(case).ratio
+
+    track_ratio.unit = "ratio"
+
+    def track_ratio_over_bound(self, case):
+        r = self._run(case)
+        return r.ratio / r.upper_bound
+
+    track_ratio_over_bound.unit = "ratio"
+
+
+@records_runtime
+class Constructions:
+    """Kerdock and Delsarte-Goethals line sets (FWHT-built)."""
+
+    params = ([(256, 33024), (64, 65600)] if not realistic() else [(1024, 50000), (64, 65600)],)
+    param_names = ["d_V"]
+
+    def setup(self, case):
+        require_backend("reference")
+
+    def _build(self, case):
+        d, V = case
+        if V <= d * (d // 2 + 1):
+            return refgeo.kerdock_code(d, V)
+        return refgeo.delsarte_goethals_code(d, V)
+
+    def time_build(self, case):
+        self._build(case)
+
+    def peakmem_build(self, case):
+        self._build(case)
+
+
+@records_runtime
+class Bounds:
+    """ratio_upper_bound (B0-B3, best Hadamard power)."""
+
+    params = ([(50000, 64), (50257, 768), (10**7, 8)],)
+    param_names = ["V_d"]
+
+    def time_ratio_upper_bound(self, case):
+        refgeo.ratio_upper_bound(*case)
+
+    def track_bound(self, case):
+        return refgeo.ratio_upper_bound(*case).value
+
+    track_bound.unit = "ratio"
+
+
+@records_runtime
+class SpreadUpdate:
+    """spread_update on a random centred gradient: m gained over the exact LMO step."""
+
+    params = ([(24, 4)] if not realistic() else [(200, 16)],)
+    param_names = ["V_d"]
+    timeout = 1800
+
+    def setup(self, case):
+        require_backend("reference")
+        V, d = case
+        G = rng(0).standard_normal((V, d))
+        self.G = G - G.mean(axis=0)
+
+    def _run(self):
+        return refgeo.spread_update(self.G, eta=1.0, eps=0.05, seed=0, n_starts=2, n_points=5)
+
+    def time_spread_update(self, case):
+        self._run()
+
+    def track_ratio(self, case):
+        """Certified m/D of the chosen step (at most 5% less decrease than the LMO)."""
+        return self._run().ratio
+
+    track_ratio.unit = "ratio"
+
+    def track_decrease_over_rownorm(self, case):
+        """Decrease of the chosen step over projected RowNorm's."""
+        st = self._run()
+        return st.decrease / st.rownorm_decrease
+
+    track_decrease_over_rownorm.unit = "x"
