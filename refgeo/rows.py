@@ -359,6 +359,10 @@ _MAX_NORM2 = {"float64": 1e300, "float32": 1e36}
 # OpenMP team costs more than the work (tests set it to 0 to exercise the merge).
 _MIN_PARALLEL_WORK = 1 << 20
 
+# k-NN of float64 rows filters in float32 (half the GEMM time) from this many
+# multiply-adds on; rows the float32 certificate cannot settle are redone in float64.
+_KNN_MIXED_MIN_WORK = 1 << 26
+
 _THREADPOOL = None
 
 
@@ -530,6 +534,31 @@ def _farthest_cython(S, *, tile_size=None, n_threads=None):
     return j, np.sqrt(r), cp * 2.0 * float(nrm.max()) + eabs, int(nref.sum())
 
 
+def _knn_pass(fn, XA, nA, SA, XB, nB, SB, *, symmetric, exclude_self, self_idx, defer, k, dt,
+              tile_size, n):
+    """One run of a compiled k-NN kernel; returns (indices, distances, stats)."""
+    nA_rows, d = SA.shape
+    nB_rows = SB.shape[0]
+    excluded = int(symmetric and exclude_self) if symmetric else int(np.any(self_idx >= 0))
+    n_cand = nB_rows - excluded
+    cp, eabs = _rounding_bound(d, dt)
+    # heap size: k plus slack, so that the certificate usually holds from the heap alone
+    K = min(n_cand, k + max(8, k // 2))
+    tile = max(1, min(max(nA_rows, nB_rows), tile_size or _DEFAULT_TILE))
+    ntA, ntB = -(-nA_rows // tile), -(-nB_rows // tile)
+    npairs = ntA * (ntA + 1) // 2 if symmetric else ntA * ntB
+    n_eff = _effective_threads(n, npairs, nA_rows * nB_rows * d // (2 if symmetric else 1))
+    keys = np.full((n_eff, nA_rows, K), np.inf)
+    ids = np.full((n_eff, nA_rows, K), -1, dtype=np.int64)
+    out_idx = np.empty((nA_rows, k), dtype=np.int64)
+    out_dist = np.empty((nA_rows, k))
+    stats = np.zeros(2, dtype=np.int64)
+    with _blas_single_thread(n_eff):
+        fn(XA, nA, SA, XB, nB, SB, symmetric, exclude_self, self_idx, defer, k, cp, eabs, tile,
+           n_eff, keys, ids, out_idx, out_dist, stats)
+    return out_idx, out_dist, stats
+
+
 def _knn_cython(X, k, Y, *, exclude_self, tile_size=None, n_threads=None):
     ext = _backend.extension()
     n = _backend.resolve_n_threads(n_threads)
@@ -537,28 +566,54 @@ def _knn_cython(X, k, Y, *, exclude_self, tile_size=None, n_threads=None):
     origs, cents, norms, dt = _center([X] if symmetric else [X, Y], n)
     if not _engine_usable(norms, dt):
         return _knn_reference(X, k, Y, exclude_self=exclude_self)
-    SA, XA, nA = origs[0], cents[0], norms[0]
-    SB, XB, nB = (SA, XA, nA) if symmetric else (origs[1], cents[1], norms[1])
-    self_pairs = symmetric and exclude_self
+    SA = origs[0]
+    SB = SA if symmetric else origs[1]
     nA_rows, d = SA.shape
-    n_cand = SB.shape[0] - int(self_pairs)
-    cp, eabs = _rounding_bound(d, dt)
-    # heap size: k plus slack, so that the certificate usually holds from the heap alone
-    K = min(n_cand, k + max(8, k // 2))
-    tile = max(1, min(max(nA_rows, SB.shape[0]), tile_size or _DEFAULT_TILE))
-    ntA, ntB = -(-nA_rows // tile), -(-SB.shape[0] // tile)
-    npairs = ntA * (ntA + 1) // 2 if symmetric else ntA * ntB
-    n_eff = _effective_threads(n, npairs, nA_rows * SB.shape[0] * d // (2 if symmetric else 1))
-    keys = np.full((n_eff, nA_rows, K), np.inf)
-    ids = np.full((n_eff, nA_rows, K), -1, dtype=np.int64)
-    out_idx = np.empty((nA_rows, k), dtype=np.int64)
-    out_dist = np.empty((nA_rows, k))
-    stats = np.zeros(2, dtype=np.int64)
-    fn = getattr(ext._knn, "knn" + _suffix(XA))
-    with _blas_single_thread(n_eff):
-        fn(XA, nA, SA, XB, nB, SB, symmetric, self_pairs, k, cp, eabs, tile, n_eff, keys, ids,
-           out_idx, out_dist, stats)
-    return out_idx, out_dist, cp * 2.0 * float(max(nA.max(), nB.max())) + eabs, int(stats[1])
+    no_self = np.full(nA_rows, -1, dtype=np.int64)
+    mixed = (
+        dt == "float64"
+        and nA_rows * SB.shape[0] * d >= _KNN_MIXED_MIN_WORK
+        and math.isfinite(_rounding_bound(d, "float32")[0])
+        and max(float(nm.max()) for nm in norms) <= _MAX_NORM2["float32"]
+    )
+    if not mixed:
+        XA, nA = cents[0], norms[0]
+        XB, nB = (XA, nA) if symmetric else (cents[1], norms[1])
+        idx, dist, stats = _knn_pass(
+            getattr(ext._knn, "knn" + _suffix(XA)), XA, nA, SA, XB, nB, SB, symmetric=symmetric,
+            exclude_self=exclude_self, self_idx=no_self, defer=False, k=k, dt=dt,
+            tile_size=tile_size, n=n,
+        )
+        return idx, dist, _rounding_bound(d, dt)[0] * 2.0 * float(max(nm.max() for nm in norms)), int(stats[1])
+    # float64 rows, float32 filter (half the GEMM time); rows the float32 certificate
+    # cannot settle are redone against every candidate with a float64 filter.
+    mu = sum(np.sum(a, axis=0, dtype=np.float64) for a in origs) / sum(a.shape[0] for a in origs)
+    c32 = []
+    for a in [SA] if symmetric else [SA, SB]:
+        X32 = np.empty(a.shape, dtype=np.float32)
+        n32 = np.empty(a.shape[0])
+        ext._extreme_pairs.center32s64(a, mu, X32, n32, n if a.size >= _MIN_PARALLEL_WORK else 1)
+        c32.append((X32, n32))
+    XA, nA = c32[0]
+    XB, nB = (XA, nA) if symmetric else c32[1]
+    idx, dist, stats = _knn_pass(
+        ext._knn.knn32s64, XA, nA, SA, XB, nB, SB, symmetric=symmetric, exclude_self=exclude_self,
+        self_idx=no_self, defer=True, k=k, dt="float32", tile_size=tile_size, n=n,
+    )
+    n_refined = int(stats[1])
+    if stats[0] > 0:
+        F = np.flatnonzero(idx[:, 0] < 0)
+        XB64, nB64 = (cents[0], norms[0]) if symmetric else (cents[1], norms[1])
+        self_idx = F.astype(np.int64) if (symmetric and exclude_self) else np.full(F.size, -1, np.int64)
+        sub_idx, sub_dist, sub_stats = _knn_pass(
+            ext._knn.knn64, np.ascontiguousarray(cents[0][F]), np.ascontiguousarray(norms[0][F]),
+            np.ascontiguousarray(SA[F]), XB64, nB64, SB, symmetric=False, exclude_self=False,
+            self_idx=self_idx, defer=False, k=k, dt="float64", tile_size=tile_size, n=n,
+        )
+        idx[F] = sub_idx
+        dist[F] = sub_dist
+        n_refined += int(sub_stats[1])
+    return idx, dist, _rounding_bound(d, "float32")[0] * 2.0 * float(max(nA.max(), nB.max())), n_refined
 
 
 # --------------------------------------------------------------------------- dispatch

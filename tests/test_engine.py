@@ -143,13 +143,16 @@ def test_extreme_pairs_exact(backend, parallel_always):
     check()
 
 
-def test_knn_exact(backend, parallel_always):
+def test_knn_exact(backend, parallel_always, monkeypatch):
     """knn of X against X (with and without self) and against Y: 2000 examples."""
+    monkeypatch.setattr(_rows, "_KNN_MIXED_MIN_WORK", _rows._KNN_MIXED_MIN_WORK)  # restored after
 
     @settings(max_examples=_examples(backend))
     @given(S=adversarial_clouds(), data=st.data(), **engine_options)
     def check(S, data, tile_size, n_threads):
         opts = dict(tile_size=tile_size, n_threads=n_threads)
+        # float64 rows: float32 filter plus float64 redo of uncertified rows, or not
+        _rows._KNN_MIXED_MIN_WORK = data.draw(st.sampled_from([0, 1 << 62]))
         exclude_self = data.draw(st.booleans())
         k = data.draw(st.integers(1, len(S) - int(exclude_self)))
         r = refgeo.knn(S, k, exclude_self=exclude_self, **opts)
@@ -258,6 +261,25 @@ def test_float32_knn_exact_where_gram_trick_is_not(backend):
     r = refgeo.knn(X, k, tile_size=64, n_threads=2)
     np.testing.assert_array_equal(r.indices, want_idx)
     np.testing.assert_array_equal(r.distances, want_dist)
+
+
+@pytest.mark.parametrize("exclude_self", [True, False])
+def test_knn_float32_filter_of_float64_rows_redoes_uncertified_rows(backend, monkeypatch, exclude_self):
+    """Clusters 1e-9 wide: the float32 filter cannot order them, the float64 redo does."""
+    monkeypatch.setattr(_rows, "_KNN_MIXED_MIN_WORK", 0)
+    rng = np.random.default_rng(9)
+    centres = rng.standard_normal((12, 20))
+    X = np.repeat(centres, 25, axis=0) + 1e-9 * rng.standard_normal((300, 20))
+    Y = X[::3] + 1e-10
+    for tile, n_threads in ((32, 2), (300, 1)):
+        r = refgeo.knn(X, 6, exclude_self=exclude_self, tile_size=tile, n_threads=n_threads)
+        want = _oracle_knn(X, 6, exclude_self=exclude_self)
+        np.testing.assert_array_equal(r.indices, want[0])
+        np.testing.assert_array_equal(r.distances, want[1])
+        r = refgeo.knn(X, 4, Y, tile_size=tile, n_threads=n_threads)
+        want = _oracle_knn(X, 4, Y)
+        np.testing.assert_array_equal(r.indices, want[0])
+        np.testing.assert_array_equal(r.distances, want[1])
 
 
 def test_float32_and_float64_agree_on_float32_values(backend):
