@@ -1,0 +1,505 @@
+"""The ``refgeo`` command: every subcommand, its --help, and each error path.
+
+Error paths must print exactly one line to stderr (no traceback) and return 2.
+Expected values come from brute force (scipy's pdist) or closed forms of SPEC.md,
+never from the code under test.
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+import math
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+from scipy.spatial.distance import pdist
+
+import refgeo
+from refgeo import cli
+
+COMMANDS = ["demo", "inspect", "spread", "lmo", "tokenwise", "config"]
+
+
+def run(capsys, *argv):
+    rc = cli.main(list(argv))
+    out, err = capsys.readouterr()
+    return rc, out, err
+
+
+def assert_one_line_error(rc, err, *fragments):
+    assert rc == 2, err
+    assert "Traceback" not in err
+    lines = err.strip().splitlines()
+    assert len(lines) == 1, err
+    assert lines[0].startswith("refgeo")
+    assert ": error: " in lines[0]
+    for f in fragments:
+        assert f in lines[0], (f, lines[0])
+
+
+def mod(name):
+    # not refgeo.<name>: ``from .spread import *`` makes refgeo.spread the function
+    return importlib.import_module(f"refgeo.{name}")
+
+
+def has(module, name):
+    return getattr(mod(module), name, None) is not None
+
+
+@pytest.fixture
+def files(tmp_path):
+    """A regular simplex, a random cloud, a .npz with two arrays and some broken files."""
+    rng = np.random.default_rng(7)
+    p = {}
+    p["simplex"] = tmp_path / "simplex.npy"
+    np.save(p["simplex"], np.eye(5))
+    p["cloud"] = tmp_path / "cloud.npy"
+    np.save(p["cloud"], rng.standard_normal((40, 3)))
+    p["npz"] = tmp_path / "two.npz"
+    np.savez(p["npz"], W=rng.standard_normal((12, 4)), b=rng.standard_normal((12, 4)))
+    p["one"] = tmp_path / "one.npz"
+    np.savez(p["one"], only=np.eye(3))
+    p["vec"] = tmp_path / "vec.npy"
+    np.save(p["vec"], np.arange(5.0))
+    p["nan"] = tmp_path / "nan.npy"
+    np.save(p["nan"], np.array([[0.0, np.nan], [1.0, 2.0]]))
+    p["onerow"] = tmp_path / "onerow.npy"
+    np.save(p["onerow"], np.ones((1, 3)))
+    p["text"] = tmp_path / "data.txt"
+    p["text"].write_text("1 2 3\n")
+    p["corrupt"] = tmp_path / "corrupt.npy"
+    p["corrupt"].write_bytes(b"this is not a numpy file")
+    p["pickled"] = tmp_path / "pickled.npy"
+    np.save(p["pickled"], np.array([{"a": 1}, None], dtype=object), allow_pickle=True)
+    p["strings"] = tmp_path / "strings.npy"
+    np.save(p["strings"], np.array([["a", "b"], ["c", "d"]]))
+    return {k: str(v) for k, v in p.items()}
+
+
+# ------------------------------------------------------------------ help and dispatch
+
+@pytest.mark.parametrize("command", COMMANDS)
+def test_help_of_every_command(capsys, command):
+    rc, out, _ = run(capsys, command, "--help")
+    assert rc == 0
+    assert out.startswith(f"usage: refgeo {command}")
+
+
+def test_top_level_help_lists_every_command(capsys):
+    rc, out, _ = run(capsys, "--help")
+    assert rc == 0
+    for c in COMMANDS:
+        assert c in out
+
+
+def test_version(capsys):
+    rc, out, _ = run(capsys, "--version")
+    assert rc == 0
+    assert out.strip() == f"refgeo {refgeo.__version__}"
+
+
+def test_no_command_is_an_error(capsys):
+    rc, _, err = run(capsys)
+    assert_one_line_error(rc, err, "choose a command")
+
+
+def test_unknown_command_is_an_error(capsys):
+    rc, _, err = run(capsys, "frobnicate")
+    assert_one_line_error(rc, err, "invalid choice")
+
+
+def test_unknown_option_is_an_error(capsys, files):
+    rc, _, err = run(capsys, "inspect", files["simplex"], "--bogus")
+    assert_one_line_error(rc, err, "unrecognized arguments")
+
+
+# ------------------------------------------------------------------ config
+
+def test_config_prints_show_config(capsys):
+    rc, out, _ = run(capsys, "config")
+    assert rc == 0
+    assert out.startswith(f"refgeo {refgeo.__version__}")
+    assert "backends:" in out
+
+
+def test_config_json(capsys):
+    rc, out, _ = run(capsys, "config", "--json")
+    assert rc == 0
+    cfg = json.loads(out)
+    assert cfg["refgeo"] == refgeo.__version__
+    assert cfg["backends"]["reference"]["available"] is True
+
+
+# ------------------------------------------------------------------ inspect
+
+def test_inspect_regular_simplex_closed_form(capsys, files):
+    # rows e_1..e_5: every distance sqrt(2), rho = 1, rank 4, rad = sqrt(4/5) = J_4 D
+    rc, out, _ = run(capsys, "inspect", files["simplex"], "--json")
+    assert rc == 0
+    rep = json.loads(out)
+    assert rep["shape"] == [5, 5]
+    assert rep["diameter"]["value"] == pytest.approx(math.sqrt(2), rel=1e-12)
+    assert rep["closest_pair"]["value"] == pytest.approx(math.sqrt(2), rel=1e-12)
+    assert rep["ratio"] == pytest.approx(1.0, rel=1e-12)
+    assert rep["rank_centred"] == 4
+    J4 = math.sqrt(4 / 10)
+    assert rep["jung"]["J_k"] == pytest.approx(J4, rel=1e-12)
+    assert rep["covering_radius"]["radius"] == pytest.approx(math.sqrt(4 / 5), rel=1e-6)
+    assert rep["covering_radius"]["lower_bound"] <= math.sqrt(4 / 5) + 1e-12
+    if "ratio_upper_bound" in rep:
+        assert rep["ratio_upper_bound"] == pytest.approx(1.0)  # V <= d + 1: the simplex is optimal
+    w = rep["worst_case_hidden_state"]
+    assert np.linalg.norm(w["h"]) == pytest.approx(1.0, rel=1e-12)
+    assert w["value"] == pytest.approx(math.sqrt(2), rel=1e-12)
+
+
+def test_inspect_random_cloud_against_brute_force(capsys, files):
+    S = np.load(files["cloud"])
+    dist = pdist(S)
+    rc, out, _ = run(capsys, "inspect", files["cloud"], "--json", "--H", "2.5")
+    assert rc == 0
+    rep = json.loads(out)
+    assert rep["diameter"]["value"] == pytest.approx(dist.max(), rel=1e-12)
+    assert rep["closest_pair"]["value"] == pytest.approx(dist.min(), rel=1e-12)
+    assert rep["ratio"] == pytest.approx(dist.min() / dist.max(), rel=1e-12)
+    i, j = rep["diameter"]["pair"]
+    assert np.linalg.norm(S[i] - S[j]) == pytest.approx(dist.max(), rel=1e-12)
+    w = rep["worst_case_hidden_state"]
+    h = np.asarray(w["h"])
+    assert np.linalg.norm(h) == pytest.approx(2.5, rel=1e-12)
+    z = S @ h
+    assert z.max() - z.min() == pytest.approx(2.5 * dist.max(), rel=1e-10)  # attains H D(S)
+    lo, hi = rep["jung"]["lower"], rep["jung"]["upper"]
+    assert lo <= rep["covering_radius"]["radius"] * (1 + 1e-9)
+    assert rep["covering_radius"]["lower_bound"] <= hi * (1 + 1e-9)
+
+
+def test_inspect_text_output(capsys, files):
+    rc, out, err = run(capsys, "inspect", files["simplex"])
+    assert rc == 0 and err == ""
+    assert "diameter D" in out and "closest pair m" in out and "h*" in out
+    assert "1.414213562" in out
+
+
+def test_inspect_npz_with_key(capsys, files):
+    S = np.load(files["npz"])["b"]
+    rc, out, _ = run(capsys, "inspect", files["npz"], "--key", "b", "--json")
+    assert rc == 0
+    rep = json.loads(out)
+    assert rep["source"].endswith("two.npz[b]")
+    assert rep["diameter"]["value"] == pytest.approx(pdist(S).max(), rel=1e-12)
+
+
+def test_inspect_npz_with_one_array_needs_no_key(capsys, files):
+    rc, out, _ = run(capsys, "inspect", files["one"], "--json")
+    assert rc == 0
+    assert json.loads(out)["shape"] == [3, 3]
+
+
+def test_inspect_duplicate_rows_give_zero_ratio(capsys, tmp_path):
+    f = tmp_path / "dup.npy"
+    np.save(f, np.array([[0.0, 0.0], [1.0, 0.0], [1.0, 0.0]]))
+    rc, out, _ = run(capsys, "inspect", str(f), "--json")
+    assert rc == 0
+    rep = json.loads(out)
+    assert rep["ratio"] == 0.0
+    assert rep["condition_number"] is None  # infinite: JSON null, never Infinity
+
+
+@pytest.mark.parametrize(
+    "case, args, fragments",
+    [
+        ("missing", ["inspect", "{tmp}/nope.npy"], ["does not exist"]),
+        ("directory", ["inspect", "{tmp}"], ["is a directory"]),
+        ("suffix", ["inspect", "{text}"], [".npy or .npz"]),
+        ("1-D", ["inspect", "{vec}"], ["2-D array", "(5,)"]),
+        ("nan", ["inspect", "{nan}"], ["finite"]),
+        ("one row", ["inspect", "{onerow}"], ["at least 2 rows"]),
+        ("corrupt", ["inspect", "{corrupt}"], ["cannot read"]),
+        ("pickled", ["inspect", "{pickled}"], ["cannot read"]),
+        ("strings", ["inspect", "{strings}"], ["real numbers"]),
+        ("several arrays", ["inspect", "{npz}"], ["several arrays", "W, b", "--key"]),
+        ("bad key", ["inspect", "{npz}", "--key", "Z"], ["'Z'", "W, b"]),
+        ("key on npy", ["inspect", "{simplex}", "--key", "W"], [".npz files only"]),
+        ("bad H", ["inspect", "{simplex}", "--H", "abc"], ["--H", "number"]),
+        ("nan H", ["inspect", "{simplex}", "--H", "nan"], ["--H", "finite"]),
+        ("no file", ["inspect"], ["required"]),
+    ],
+)
+def test_inspect_errors(capsys, files, tmp_path, case, args, fragments):
+    argv = [a.format(tmp=tmp_path, **files) for a in args]
+    rc, out, err = run(capsys, *argv)
+    assert out == ""
+    assert_one_line_error(rc, err, *fragments)
+
+
+# ------------------------------------------------------------------ spread
+
+needs_spread = pytest.mark.skipif(not has("spread", "spread"), reason="refgeo.spread.spread not available")
+
+
+@needs_spread
+def test_spread_pentagon(capsys, tmp_path):
+    # V = 5 in the plane: the regular pentagon is optimal, rho = 1/phi = 0.61803 (SPEC §4)
+    out_file = tmp_path / "points.npy"
+    rc, out, _ = run(capsys, "spread", "--V", "5", "--d", "2", "--out", str(out_file), "--json",
+                     "--max-time", "5")
+    assert rc == 0
+    rep = json.loads(out)
+    X = np.load(out_file)
+    assert X.shape == (5, 2)
+    dist = pdist(X)
+    assert rep["min_dist"] == pytest.approx(dist.min(), rel=1e-9)
+    assert rep["diameter"] == pytest.approx(dist.max(), rel=1e-9)
+    assert rep["ratio"] == pytest.approx(dist.min() / dist.max(), rel=1e-9)
+    assert rep["ratio"] <= rep["upper_bound"] + 1e-12
+    assert rep["ratio"] == pytest.approx((math.sqrt(5) - 1) / 2, abs=1e-3)
+
+
+@needs_spread
+def test_spread_text_output(capsys):
+    rc, out, _ = run(capsys, "spread", "--V", "4", "--d", "3", "--max-time", "2")
+    assert rc == 0
+    assert "ratio" in out and "upper_bound" in out
+
+
+@pytest.mark.parametrize(
+    "args, fragments",
+    [
+        (["--V", "abc", "--d", "2"], ["--V", "integer"]),
+        (["--V", "1", "--d", "2"], ["--V", ">= 2"]),
+        (["--V", "5", "--d", "0"], ["--d", ">= 1"]),
+        (["--V", "5", "--d", "2.5"], ["--d", "integer"]),
+        (["--d", "2"], ["--V", "required"]),
+        (["--V", "5", "--d", "2", "--eta", "-1"], ["--eta", "> 0"]),
+        (["--V", "5", "--d", "2", "--out", "{tmp}/points.txt"], [".npy"]),
+        (["--V", "5", "--d", "2", "--out", "{tmp}/no/such/dir/p.npy"], ["does not exist"]),
+    ],
+)
+def test_spread_errors(capsys, tmp_path, args, fragments):
+    if any("--out" in a for a in args) and not has("spread", "spread"):
+        pytest.skip("refgeo.spread.spread not available")
+    rc, _, err = run(capsys, "spread", *[a.format(tmp=tmp_path) for a in args])
+    assert_one_line_error(rc, err, *fragments)
+
+
+def test_spread_missing_module_is_a_clean_error(capsys, monkeypatch):
+    monkeypatch.delattr(mod("spread"), "spread", raising=False)
+    rc, _, err = run(capsys, "spread", "--V", "5", "--d", "2")
+    assert_one_line_error(rc, err, "refgeo.spread.spread is not available")
+
+
+# ------------------------------------------------------------------ lmo
+
+needs_lmo = pytest.mark.skipif(not has("lmo", "diameter_lmo"), reason="refgeo.lmo.diameter_lmo not available")
+
+
+@needs_lmo
+def test_lmo_rank_one_closed_form(capsys, tmp_path):
+    # G = a b^T with 1^T a = 0: T(G) = ||a||_1 ||b|| / 2 (SPEC §3), RowNorm is exact
+    a = np.array([1.0, -2.0, 0.5, 0.5])
+    b = np.array([3.0, 4.0])
+    f = tmp_path / "g.npy"
+    np.save(f, np.outer(a, b))
+    out_file = tmp_path / "S.npy"
+    rc, out, _ = run(capsys, "lmo", str(f), "--eta", "2", "--json", "--out", str(out_file))
+    assert rc == 0
+    rep = json.loads(out)
+    T = 0.5 * np.abs(a).sum() * np.linalg.norm(b)
+    assert rep["lower_bound"] <= T * (1 + 1e-9)
+    assert rep["upper_bound"] >= T * (1 - 1e-9)
+    assert rep["decrease"] == pytest.approx(2 * T, rel=1e-6)
+    assert rep["rownorm_over_exact"][0] == pytest.approx(1.0, rel=1e-6)
+    S = np.load(out_file)
+    assert S.shape == (4, 2)
+    assert pdist(S).max() <= 2 * (1 + 1e-9)  # D(S) <= eta
+    assert -np.sum(np.outer(a, b) * S) == pytest.approx(2 * T, rel=1e-6)
+
+
+@needs_lmo
+def test_lmo_regular_simplex_ratio(capsys, tmp_path):
+    # rows of a centred regular simplex with k = 2: RowNorm / exact = sqrt(3/4) = 0.8660 (SPEC §3)
+    G = np.array([[1.0, 0.0], [-0.5, math.sqrt(3) / 2], [-0.5, -math.sqrt(3) / 2]])
+    f = tmp_path / "tri.npy"
+    np.save(f, G)
+    rc, out, _ = run(capsys, "lmo", str(f), "--json", "--rtol", "1e-8", "--max-time", "20")
+    assert rc == 0
+    lo, hi = json.loads(out)["rownorm_over_exact"]
+    assert lo <= math.sqrt(3) / 2 + 1e-6 and hi >= math.sqrt(3) / 2 - 1e-6
+    assert hi - lo < 1e-4
+
+
+@needs_lmo
+def test_lmo_text_output_and_center(capsys, tmp_path):
+    f = tmp_path / "g.npy"
+    np.save(f, np.array([[1.0, 2.0], [3.0, 5.0], [0.0, 1.0]]))  # rows do not sum to zero
+    rc, out, _ = run(capsys, "lmo", str(f), "--center")
+    assert rc == 0
+    assert "RowNorm / exact decrease" in out
+
+
+@pytest.mark.parametrize(
+    "args, fragments",
+    [
+        (["{tmp}/nope.npy"], ["GRAD", "does not exist"]),
+        (["{vec}"], ["2-D array"]),
+        (["{nan}"], ["finite"]),
+        (["{onerow}"], ["at least 2 rows"]),
+        (["{simplex}", "--eta", "0"], ["--eta", "> 0"]),
+        (["{simplex}", "--eta", "inf"], ["--eta", "finite"]),
+        (["{simplex}", "--out", "{tmp}/S.csv"], [".npy"]),
+        (["{npz}"], ["several arrays"]),
+    ],
+)
+def test_lmo_errors(capsys, files, tmp_path, args, fragments):
+    rc, _, err = run(capsys, "lmo", *[a.format(tmp=tmp_path, **files) for a in args])
+    assert_one_line_error(rc, err, *fragments)
+
+
+@needs_lmo
+def test_lmo_uncentred_gradient_library_error(capsys, files):
+    # the simplex rows e_i do not sum to zero: the library's ValueError becomes one line
+    rc, _, err = run(capsys, "lmo", files["simplex"])
+    assert_one_line_error(rc, err)
+
+
+def test_lmo_missing_module_is_a_clean_error(capsys, monkeypatch, files):
+    monkeypatch.delattr(mod("lmo"), "diameter_lmo", raising=False)
+    rc, _, err = run(capsys, "lmo", files["simplex"])
+    assert_one_line_error(rc, err, "refgeo.lmo.diameter_lmo is not available")
+
+
+# ------------------------------------------------------------------ tokenwise
+
+needs_tokenwise = pytest.mark.skipif(not has("tokenwise", "decompose"), reason="refgeo.tokenwise not available")
+
+
+@needs_tokenwise
+def test_tokenwise_linear_layer_is_fully_tokenwise(capsys, tmp_path):
+    # Y = X diag(c): a diagonal map fits exactly, residual energy 0 (SPEC §5)
+    rng = np.random.default_rng(3)
+    X = rng.standard_normal((50, 4))
+    Y = X * np.array([2.0, -1.0, 0.5, 3.0])
+    np.save(tmp_path / "x.npy", X)
+    np.save(tmp_path / "y.npy", Y)
+    rc, out, _ = run(capsys, "tokenwise", str(tmp_path / "x.npy"), str(tmp_path / "y.npy"), "--k", "8", "--json")
+    assert rc == 0
+    rep = json.loads(out)
+    assert rep["N"] == 50 and rep["d"] == 4
+    assert rep["energy_fraction"] == pytest.approx(0.0, abs=1e-20)
+
+
+@needs_tokenwise
+def test_tokenwise_text_output(capsys, tmp_path):
+    rng = np.random.default_rng(4)
+    X = rng.standard_normal((30, 3))
+    np.save(tmp_path / "x.npy", X)
+    np.save(tmp_path / "y.npy", X + 0.1 * np.tanh(X))
+    rc, out, _ = run(capsys, "tokenwise", str(tmp_path / "x.npy"), str(tmp_path / "y.npy"), "--k", "6",
+                     "--cls", "full", "--ridge", "1e-3")
+    assert rc == 0
+    assert "energy_fraction" in out
+
+
+@pytest.mark.parametrize(
+    "args, fragments",
+    [
+        (["{tmp}/nope.npy", "{cloud}"], ["X", "does not exist"]),
+        (["{cloud}", "{tmp}/nope.npy"], ["Y", "does not exist"]),
+        (["{cloud}", "{simplex}"], ["same shape", "(40, 3)", "(5, 5)"]),
+        (["{cloud}", "{cloud}", "--k", "40"], ["--k", "smaller than", "40"]),
+        (["{cloud}", "{cloud}", "--k", "0"], ["--k", ">= 1"]),
+        (["{cloud}"], ["required"]),
+    ],
+)
+def test_tokenwise_errors(capsys, files, tmp_path, args, fragments):
+    rc, _, err = run(capsys, "tokenwise", *[a.format(tmp=tmp_path, **files) for a in args])
+    assert_one_line_error(rc, err, *fragments)
+
+
+@needs_tokenwise
+def test_tokenwise_bad_class_library_error(capsys, files):
+    rc, _, err = run(capsys, "tokenwise", files["cloud"], files["cloud"], "--cls", "banana")
+    assert_one_line_error(rc, err, "cls")
+
+
+def test_tokenwise_missing_module_is_a_clean_error(capsys, monkeypatch, files):
+    monkeypatch.delattr(mod("tokenwise"), "decompose", raising=False)
+    rc, _, err = run(capsys, "tokenwise", files["cloud"], files["cloud"])
+    assert_one_line_error(rc, err, "refgeo.tokenwise.decompose is not available")
+
+
+# ------------------------------------------------------------------ unexpected errors
+
+def test_internal_error_is_one_line(capsys, monkeypatch, files):
+    def boom(*args, **kwargs):
+        raise ZeroDivisionError("planted")
+
+    monkeypatch.setattr(cli, "_inspect_report", boom)
+    rc, _, err = run(capsys, "inspect", files["simplex"])
+    assert_one_line_error(rc, err, "internal error", "ZeroDivisionError", "planted")
+
+
+def test_internal_error_traceback_with_debug(monkeypatch, files):
+    def boom(*args, **kwargs):
+        raise ZeroDivisionError("planted")
+
+    monkeypatch.setattr(cli, "_inspect_report", boom)
+    monkeypatch.setenv("REFGEO_DEBUG", "1")
+    with pytest.raises(ZeroDivisionError):
+        cli.main(["inspect", files["simplex"]])
+
+
+def test_multiline_library_message_is_flattened(capsys, monkeypatch, files):
+    def bad(*args, **kwargs):
+        raise ValueError("first line\nsecond line")
+
+    monkeypatch.setattr(cli, "_inspect_report", bad)
+    rc, _, err = run(capsys, "inspect", files["simplex"])
+    assert_one_line_error(rc, err, "first line second line")
+
+
+@pytest.mark.slow  # a fresh interpreter: seconds with a wheel, much longer with an editable build
+def test_python_m_refgeo_error_has_no_traceback(tmp_path):
+    # a real process: exit status and stderr as a user sees them
+    proc = subprocess.run([sys.executable, "-m", "refgeo", "inspect", str(tmp_path / "nope.npy")],
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2
+    assert proc.stdout == ""
+    assert proc.stderr.strip() == f"refgeo inspect: error: FILE {str(tmp_path / 'nope.npy')!r} does not exist"
+
+
+# ------------------------------------------------------------------ demo (argument errors)
+
+def test_demo_out_is_a_file(capsys, files):
+    rc, _, err = run(capsys, "demo", "--out", files["simplex"], "--size", "tiny")
+    assert_one_line_error(rc, err, "not a directory")
+
+
+def test_demo_bad_seed(capsys, tmp_path):
+    rc, _, err = run(capsys, "demo", "--out", str(tmp_path), "--seed", "-3")
+    assert_one_line_error(rc, err, "--seed")
+
+
+def test_demo_bad_size(capsys, tmp_path):
+    rc, _, err = run(capsys, "demo", "--out", str(tmp_path), "--size", "huge")
+    assert_one_line_error(rc, err, "invalid choice")
+
+
+def test_main_reads_sys_argv(monkeypatch, capsys):
+    monkeypatch.setattr(sys, "argv", ["refgeo", "config", "--json"])
+    assert cli.main() == 0
+    assert json.loads(capsys.readouterr().out)["refgeo"] == refgeo.__version__
+
+
+def test_no_stray_files(tmp_path, capsys, monkeypatch):
+    # --help never writes anything
+    monkeypatch.chdir(tmp_path)
+    for c in COMMANDS:
+        cli.main([c, "--help"])
+    capsys.readouterr()
+    assert os.listdir(tmp_path) == []
