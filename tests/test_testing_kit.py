@@ -167,6 +167,25 @@ def test_catches_off_by_one_knn_index():
     assert "out of range" in err.reason or "own neighbour" in err.reason or "rank" in err.reason
 
 
+def farthest_numpy(S):
+    X = np.asarray(S, dtype=np.float64)
+    D = np.sqrt(((X[:, None, :] - X[None, :, :]) ** 2).sum(axis=-1))
+    np.fill_diagonal(D, -np.inf)
+    idx = D.argmax(axis=1)
+    return idx, D[np.arange(len(X)), idx]
+
+
+def test_farthest_partners_kernel_and_its_off_by_one():
+    check_against_reference(farthest_numpy, "farthest_partners", max_examples=N)
+
+    def off_by_one(S):
+        idx, dist = farthest_numpy(S)
+        return (idx + 1) % len(idx), dist
+
+    err = _caught(off_by_one, "farthest_partners")
+    assert err.reason.startswith("row ")
+
+
 def test_catches_missing_centring():
     # float64 Gram identity without centring: exact on centred data, wrong by the
     # cancellation of |x|^2 ~ offset^2 on rows sharing a large offset.
@@ -328,10 +347,10 @@ def test_correct_user_rownorm_kernels_pass():
                             strategy=_rownorm_cases("float32"), max_examples=N)
 
 
-def _rownorm_cases(dtype):
+def _rownorm_cases(dtype, scales=(1.0, 2.0**-20, 2.0**-27, 2.0**-30)):
     @st.composite
     def cases(draw):
-        grads = draw(rst.gradient_sequences(dtypes=dtype))
+        grads = draw(rst.gradient_sequences(dtypes=dtype, scales=scales))
         W0 = draw(rst.row_clouds(n_rows=grads.shape[1], n_cols=grads.shape[2], dtypes=dtype, layouts="C"))
         kw = {"lr": 0.02, "mu": 0.95, "eps": 1e-8}
         return rt.Case(args=(W0, grads), names=("W0", "grads"), kwargs=kw)
@@ -342,9 +361,9 @@ def _rownorm_cases(dtype):
 def test_catches_rownorm_without_bias_correction():
     err = _caught(lambda W0, g, **kw: rownorm_numpy(W0, g, bias_correction=False, **kw), "rownorm_step")
     assert err.reason.startswith("step ")
-    # Also in float32, where eps only matters for small gradients.
+    # Also in float32, where eps only matters for small gradients (1e-8 here).
     _caught(lambda W0, g, **kw: rownorm_numpy(W0, g, bias_correction=False, dtype=np.float32, **kw),
-            "rownorm_step", strategy=_rownorm_cases("float32"))
+            "rownorm_step", strategy=_rownorm_cases("float32", scales=(2.0**-27,)))
 
 
 def test_catches_rownorm_eps_inside_the_square_root():

@@ -223,9 +223,13 @@ def _cmp_farthest(got, expected, case, rtol, atol, tie_break):
         a, b = min(r, int(idx[r])), max(r, int(idx[r]))
         ra, rb = min(r, int(ref_idx[r])), max(r, int(ref_idx[r]))
         ref = _PairView(float(ref_dist[r]), ra, rb)
+        if a == b:
+            raise ConformanceError(
+                f"row {r} is listed as its own farthest partner.",
+                expected={"indices": ref_idx, "distances": ref_dist},
+                got={"indices": idx, "distances": dist},
+            )
         try:
-            if a == b:
-                raise ConformanceError(f"row {r} is listed as its own farthest partner.")
             assert_extreme_pair_close(dist[r], a, b, ref, S, rtol=rtol, atol=atol, tie_break=tie_break)
         except ConformanceError as exc:
             raise ConformanceError(
