@@ -903,11 +903,17 @@ def knn(
     -----
     .. math:: N_k(i) = \operatorname{arg\,min}^{(k)}_{j} \lVert x_i - y_j \rVert_2
 
-    Time O(n n_Y d), extra memory O(n k + b^2 p) in the compiled engine (one GEMM per
-    tile pair, per-row top-k kept in the epilogue); every pair within the rounding
-    bound of a row's current k-th neighbour is refined in float64, so the answer is
-    the exact one even where a float32 Gram-trick answer is wrong.  Invariant under a
-    common translation, orthogonal maps and scaling of ``X`` and ``Y``.
+    Time O(n n_Y d) (half of it for X against X: each pair's GEMM entry serves both
+    rows), extra memory O(n K p + b^2 p) in the compiled engine for K = k + max(8, k/2)
+    heap entries per row and thread.  Per-row heaps of filtered values are kept in
+    the GEMM epilogue; a row is certified when every pair left out of its heap has a
+    filtered value beyond the rounding bound (see :func:`row_diameter`) of its k-th
+    upper bound, and then every kept pair within that bound is refined in float64;
+    an uncertified row is redone against all candidates.  So the answer is the exact
+    one even where a float32 Gram-trick answer is wrong.  Large float64 inputs are
+    filtered in float32 (half the GEMM time; the float32 bound is used) and the rows
+    it cannot certify are redone with a float64 filter.  Invariant under a common
+    translation, orthogonal maps and scaling of ``X`` and ``Y``.
 
     References
     ----------
