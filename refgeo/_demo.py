@@ -64,8 +64,9 @@ class DemoSize:
     max_files : int or None
         Standard-library files read for docstrings (None: all).
     budget_s : float
-        Seconds of updates allowed per optimizer; a slower one stops early (the report
-        says so).
+        Seconds of updates allowed for rescaled RowNorm (one certified diameter per
+        step); past it, it stops early and the report says so.  AdamW and RowNorm
+        (O(B V d) per step) always run every step.
     lmo_budget_s : float
         The same for the two optimizers that solve an exact LMO every step (the exact
         diameter LMO and the spreading update).
@@ -85,6 +86,9 @@ class DemoSize:
         Seconds for each of the LMO-certificate and head-geometry analyses.
     lr_adamw, gamma : float
         AdamW learning rate; RowNorm step ``gamma`` (the diameter budget is ``2 gamma``).
+    top_rows : int
+        The final-head geometry is also reported on the rows of the ``top_rows`` most
+        frequent training targets.
     """
 
     vocab: int
@@ -109,18 +113,19 @@ class DemoSize:
     stage_budget_s: float
     lr_adamw: float
     gamma: float
+    top_rows: int = 256
 
 
 SIZES: dict[str, DemoSize] = {
     "full": DemoSize(vocab=3000, d=64, context=3, batch=256, steps=400, diag_every=4, eval_every=25,
                      lmo_every=50, n_eval=2048, n_panel=512, n_tokenwise=1500, max_files=None,
-                     budget_s=25.0, lmo_budget_s=30.0, lmo_step_s=0.3, spread_max_vocab=600, lmo_rows=300,
-                     lmo_solve_s=2.0, diag_budget_s=6.0, stage_budget_s=20.0, lr_adamw=0.04, gamma=0.025),
+                     budget_s=25.0, lmo_budget_s=25.0, lmo_step_s=0.3, spread_max_vocab=600, lmo_rows=300,
+                     lmo_solve_s=2.0, diag_budget_s=4.0, stage_budget_s=15.0, lr_adamw=0.04, gamma=0.025),
     "quick": DemoSize(vocab=2000, d=32, context=3, batch=128, steps=120, diag_every=4, eval_every=20,
                       lmo_every=40, n_eval=1024, n_panel=256, n_tokenwise=600, max_files=40,
-                      budget_s=2.5, lmo_budget_s=3.0, lmo_step_s=0.1, spread_max_vocab=600, lmo_rows=150,
+                      budget_s=3.0, lmo_budget_s=3.0, lmo_step_s=0.1, spread_max_vocab=600, lmo_rows=150,
                       lmo_solve_s=0.6, diag_budget_s=1.0, stage_budget_s=3.0, lr_adamw=0.04, gamma=0.025),
-    "tiny": DemoSize(vocab=300, d=16, context=2, batch=64, steps=24, diag_every=3, eval_every=8,
+    "tiny": DemoSize(top_rows=64, vocab=300, d=16, context=2, batch=64, steps=24, diag_every=3, eval_every=8,
                      lmo_every=12, n_eval=256, n_panel=64, n_tokenwise=200, max_files=6,
                      budget_s=0.5, lmo_budget_s=0.5, lmo_step_s=0.05, spread_max_vocab=600, lmo_rows=60,
                      lmo_solve_s=0.2, diag_budget_s=0.3, stage_budget_s=0.5, lr_adamw=0.04, gamma=0.025),
@@ -384,7 +389,8 @@ def _train(name, label, factory, *, size, batches, feats, ids, H_eval, y_eval, H
     run.eval_steps.append(0)
     run.eval_loss.append(_loss(W, H_eval, y_eval))
     every = size.diag_every
-    budget = size.lmo_budget_s if name in ("exact_lmo", "spread") else size.budget_s
+    # cheap O(B V d) steps always run to the end; the O(V^2 d)-per-step methods have budgets
+    budget = {"rescaled": size.budget_s, "exact_lmo": size.lmo_budget_s, "spread": size.lmo_budget_s}.get(name, math.inf)
     for t in range(1, size.steps + 1):
         t0 = time.perf_counter()
         pos = batches[t - 1]
@@ -481,7 +487,7 @@ def _lmo_track(run: _Run, size: DemoSize) -> tuple[dict[str, Any] | None, str | 
     return out, None
 
 
-def _head_geometry(runs: list[_Run], size: DemoSize, seen: np.ndarray,
+def _head_geometry(runs: list[_Run], size: DemoSize, targets: np.ndarray,
                    rng: np.random.Generator) -> tuple[dict[str, Any] | None, list[str]]:
     """Distance ratio of each trained head (all rows, and rows of tokens seen as targets)."""
     row_diameter = _lib("rows", "row_diameter")
@@ -493,10 +499,9 @@ def _head_geometry(runs: list[_Run], size: DemoSize, seen: np.ndarray,
     jung_constant = _lib("rows", "jung_constant")
     ratio_upper_bound = _lib("bounds", "ratio_upper_bound")
     V, d = size.vocab, size.d
-    out: dict[str, Any] = {"V": V, "d": d, "n_seen": int(len(seen)), "methods": {}}
+    out: dict[str, Any] = {"V": V, "d": d, "methods": {}}
     if ratio_upper_bound is not None:
         out["upper_bound"] = _value(ratio_upper_bound(V, d))
-        out["upper_bound_seen"] = _value(ratio_upper_bound(int(len(seen)), d))
     else:
         notes.append("rho upper bound: `refgeo.bounds.ratio_upper_bound` is not available in this installation.")
     X = rng.standard_normal((V, d))
@@ -512,11 +517,17 @@ def _head_geometry(runs: list[_Run], size: DemoSize, seen: np.ndarray,
     for run in runs:
         W = run.W
         D, m = row_diameter(W), closest_pair(W)
+        # the most frequent targets of this run: rows the head has evidence on
+        counts = np.bincount(targets[: run.steps_done].ravel(), minlength=V)
+        seen = np.sort(np.argsort(-counts, kind="stable")[: min(size.top_rows, int(np.count_nonzero(counts)))])
         Ws = W[seen]
         Ds, ms = row_diameter(Ws), closest_pair(Ws)
         rec: dict[str, Any] = {"D": float(D.value), "m": float(m.value),
                                "rho": float(m.value / D.value) if D.value > 0 else 0.0,
-                               "rho_seen": float(ms.value / Ds.value) if Ds.value > 0 else 0.0}
+                               "rho_seen": float(ms.value / Ds.value) if Ds.value > 0 else 0.0,
+                               "n_seen": int(len(seen))}
+        if ratio_upper_bound is not None:
+            rec["upper_bound_seen"] = _value(ratio_upper_bound(int(len(seen)), d))
         k = int(np.linalg.matrix_rank(W - W.mean(axis=0)))
         rec["rank"] = k
         if covering_radius is not None and time.perf_counter() - t_start < size.stage_budget_s:
@@ -607,7 +618,7 @@ def _plots(out_dir: str, runs: list[_Run], size: DemoSize, lmo: dict | None, geo
     eta = 2.0 * size.gamma
     title_sfx = f"(V={size.vocab}, d={size.d}, batch {size.batch})"
 
-    fig, ax = plt.subplots(figsize=(8, 4.8))
+    fig, ax = plt.subplots(figsize=(11, 4.8))
     for r in runs:
         c = _COLORS.get(r.name)
         ax.plot(r.steps, _smooth(r.train_loss, max(1, size.steps // 20)), color=c, lw=1.4,
@@ -617,7 +628,7 @@ def _plots(out_dir: str, runs: list[_Run], size: DemoSize, lmo: dict | None, geo
     ax.set_ylabel("cross-entropy (nats / token)")
     ax.set_title(f"Next-token loss of the LM head on Python's documentation {title_sfx}")
     ax.axhline(math.log(size.vocab), color="k", lw=0.6, ls=":", label=f"uniform, log V = {math.log(size.vocab):.2f}")
-    ax.legend(fontsize=7, ncol=1)
+    ax.legend(fontsize=7, ncol=1, loc="upper left", bbox_to_anchor=(1.01, 1.0))
     ax.grid(alpha=0.3)
     fig.tight_layout()
     fig.savefig(os.path.join(out_dir, "loss.png"), dpi=110)
@@ -625,11 +636,11 @@ def _plots(out_dir: str, runs: list[_Run], size: DemoSize, lmo: dict | None, geo
     files["loss"] = "loss.png"
 
     if any(r.D for r in runs):
-        fig, axes = plt.subplots(1, 2, figsize=(12, 4.6))
+        fig, axes = plt.subplots(1, 2, figsize=(15, 4.8), gridspec_kw={"width_ratios": [1, 1]})
         ax = axes[0]
         for r in runs:
             if r.D:
-                ax.plot(r.diag_steps, r.D, color=_COLORS.get(r.name), lw=1.2, label=r.label)
+                ax.plot(r.diag_steps, r.D, color=_COLORS.get(r.name), lw=1.2, marker=".", ms=4, label=r.label)
         ax.axhline(eta, color="k", ls=":", lw=1, label=f"diameter budget eta = 2 gamma = {eta:g}")
         ax.set_yscale("log")
         ax.set_xlabel("training step t")
@@ -641,13 +652,14 @@ def _plots(out_dir: str, runs: list[_Run], size: DemoSize, lmo: dict | None, geo
         for r in runs:
             if r.rms:
                 c = _COLORS.get(r.name)
-                ax.plot(r.diag_steps, r.rms, color=c, lw=1.2, label=f"{r.label}: Hilbert RMS")
-                ax.plot(r.diag_steps, r.bound, color=c, lw=1, ls="--", label=f"{r.label}: bound max||h|| D(S_t)")
+                ax.plot(r.diag_steps, r.rms, color=c, lw=1.2, marker=".", ms=4, label=f"{r.label}: Hilbert RMS")
+                ax.plot(r.diag_steps, r.bound, color=c, lw=1, ls="--", marker="x", ms=3,
+                        label=f"{r.label}: bound max||h|| D(S_t)")
         ax.set_yscale("log")
         ax.set_xlabel("training step t")
         ax.set_ylabel("Hilbert distance of output distributions")
         ax.set_title(f"Hilbert RMS of each step over {size.n_panel} held-out states vs its bound")
-        ax.legend(fontsize=6, ncol=1)
+        ax.legend(fontsize=7, ncol=1, loc="upper left", bbox_to_anchor=(1.01, 1.0))
         ax.grid(alpha=0.3, which="both")
         fig.tight_layout()
         fig.savefig(os.path.join(out_dir, "step_geometry.png"), dpi=110)
@@ -671,10 +683,10 @@ def _plots(out_dir: str, runs: list[_Run], size: DemoSize, lmo: dict | None, geo
         ax.legend(fontsize=7)
         ax.grid(alpha=0.3, which="both")
         ax = axes[1]
-        ax.fill_between(lmo["steps"], lmo["ratio_lo"], lmo["ratio_hi"], color="tab:blue", alpha=0.3,
-                        label="certified range of RowNorm / exact")
-        ax.plot(lmo["steps"], lmo["ratio_lo"], "o-", color="tab:blue", ms=3,
-                label="(1/2) sum ||g_i|| / (certified upper bound on T(G))")
+        lo_r, hi_r = np.asarray(lmo["ratio_lo"], dtype=float), np.asarray(lmo["ratio_hi"], dtype=float)
+        ax.errorbar(lmo["steps"], lo_r, yerr=[np.zeros_like(lo_r), hi_r - lo_r], fmt="o-", color="tab:blue",
+                    ms=4, capsize=4, lw=1,
+                    label="RowNorm / exact: (1/2) sum ||g_i|| / T(G), certified range (bar)")
         ax.axhline(1 / math.sqrt(2), color="k", ls=":", label="guarantee 1/sqrt(2)")
         ax.axhline(1.0, color="k", ls="-", lw=0.6)
         ax.set_ylim(0.65, 1.02)
@@ -700,7 +712,7 @@ def _plots(out_dir: str, runs: list[_Run], size: DemoSize, lmo: dict | None, geo
         ax.bar(x - 0.2, [max(v, floor) for v in all_rho], width=0.4, color=cols, alpha=0.45, edgecolor="k",
                label=f"all {geo['V']} rows")
         ax.bar(x + 0.2, [max(v, floor) for v in seen_rho], width=0.4, color=cols, edgecolor="k", hatch="//",
-               label=f"rows of the {geo['n_seen']} tokens seen as targets")
+               label="rows of the most frequent training targets")
         for xi, v in zip(x, all_rho):
             ax.text(xi - 0.2, max(v, floor) * 1.15, "0 (equal rows)" if v == 0 else f"{v:.3g}", ha="center",
                     fontsize=7, rotation=90 if v == 0 else 0, va="bottom")
@@ -869,22 +881,24 @@ def _write_report(out_dir: str, *, size_name: str, size: DemoSize, seed: int, co
         if "head_geometry" in files:
             L.append(f"![Distance ratio of the trained heads against the upper bound]({files['head_geometry']})\n")
         ub = f"{_f(geo['upper_bound'])}" if "upper_bound" in geo else "not available"
-        ubs = f"{_f(geo['upper_bound_seen'])}" if "upper_bound_seen" in geo else "not available"
-        L.append(f"Upper bound on rho = m/D for (V, d) = ({geo['V']}, {geo['d']}): {ub} "
-                 f"(for the {geo['n_seen']} seen tokens: {ubs}); random unit rows reach "
+        L.append(f"Upper bound on rho = m/D for (V, d) = ({geo['V']}, {geo['d']}): {ub}; random unit rows reach "
                  f"rho = {_f(geo['random_sphere_rho'])}"
                  + (f", the max-min solver `refgeo.spread` {_f(geo['spread_rho'])}" if "spread_rho" in geo else "")
                  + ". Rows of tokens never seen as a training target receive "
                  "identical updates from W = 0 (their gradients coincide), so they stay equal and m(W) = 0 "
-                 "over all rows; the second rho column uses the rows of the seen tokens only.\n")
-        L.append("| optimizer | D(W) | m(W) | rho, all rows | rho, seen rows | covering radius (certified range) "
+                 "over all rows. Tokens seen only after identical contexts are just as indistinguishable. The "
+                 "second rho column uses the rows of the most frequent training targets of that run (their "
+                 "number and the upper bound for that number of rows in brackets).\n")
+        L.append("| optimizer | D(W) | m(W) | rho, all rows | rho, frequent-token rows | covering radius (certified range) "
                  "| Jung bounds D/2 .. J_k D |")
         L.append("|---|---|---|---|---|---|---|")
         for r in runs:
             g = geo["methods"][r.name]
             rad = f"{_f(g['rad_lower'])} - {_f(g['rad'])}" if "rad" in g else "not computed (time budget)"
             jung = f"{_f(g['D'] / 2)} .. {_f(g['jung_upper'])}" if "jung_upper" in g else "not computed"
-            L.append(f"| {r.label} | {_f(g['D'])} | {_f(g['m'])} | {_f(g['rho'])} | {_f(g['rho_seen'])} | "
+            ubs = f", bound {_f(g['upper_bound_seen'])}" if "upper_bound_seen" in g else ""
+            L.append(f"| {r.label} | {_f(g['D'])} | {_f(g['m'])} | {_f(g['rho'])} | "
+                     f"{_f(g['rho_seen'])} ({g['n_seen']} rows{ubs}) | "
                      f"{rad} | {jung} |")
         L.append("")
     else:
@@ -1016,7 +1030,6 @@ def run_demo(out_dir: str, *, size: str = "full", seed: int = 0, progress: bool 
     y_eval = ids[eval_pos]
     _, H_panel = feats(ids, panel_pos)
     batches = rng.integers(c, split, size=(cfg.steps, cfg.batch))
-    seen = np.unique(ids[batches])  # tokens that are a training target at least once
 
     methods, skipped = _make_methods(cfg)
     if _lib("rows", "row_diameter") is None:
@@ -1032,7 +1045,7 @@ def run_demo(out_dir: str, *, size: str = "full", seed: int = 0, progress: bool 
             if runs[-1].stopped_early:
                 skipped.append(f"{label}: stopped after {runs[-1].steps_done} of {cfg.steps} steps "
                                f"(time budget of {cfg.lmo_budget_s if name in ('exact_lmo', 'spread') else cfg.budget_s:g} s "
-                               "of updates per optimizer).")
+                               "of updates for this optimizer).")
     finally:
         bar.close()
 
@@ -1060,7 +1073,7 @@ def run_demo(out_dir: str, *, size: str = "full", seed: int = 0, progress: bool 
 
     t0 = time.perf_counter()
     geo = None
-    res = _guard("final-head geometry", lambda: _head_geometry(runs, cfg, seen, rng), skipped)
+    res = _guard("final-head geometry", lambda: _head_geometry(runs, cfg, ids[batches], rng), skipped)
     if res is not None:
         geo, notes = res
         skipped.extend(notes)
