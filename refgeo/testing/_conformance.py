@@ -55,6 +55,7 @@ class Case:
     kwargs: dict = dataclasses.field(default_factory=dict)
 
     def inputs(self) -> dict[str, Any]:
+        """All arguments by name (positional, then keyword), as shown in reports."""
         out = dict(zip(self.names, self.args))
         out.update(self.kwargs)
         return out
@@ -582,6 +583,14 @@ def check_against_reference(
         For the minimal failing example of the first failing scenario.
     ValueError
         For an unknown or unavailable ``name``, or bad options.
+
+    Notes
+    -----
+    Each scenario is one hypothesis test run with ``report_multiple_bugs=False``; with
+    a derandomised profile its seed depends only on the quantity and the scenario.  Do
+    not call this function inside a test decorated with ``@given`` (hypothesis refuses
+    nested ``@given``); there, draw inputs with :mod:`refgeo.testing.strategies` and
+    compare with an ``assert_*`` helper.
 
     Examples
     --------
