@@ -310,7 +310,7 @@ class TokenwiseResult:
     coefficients : ndarray or None
         As in :class:`LocalFit`.
     baselines : tuple of GlobalBaseline
-        The global linear and Procrustes fits.
+        The global linear and Procrustes fits (empty with ``baselines=False``).
     config : dict
         Every choice of SPEC §5 that produced this result.
     """
@@ -936,6 +936,7 @@ def decompose(
     subspace_rank: int | None = None,
     center_subspace: bool = False,
     mlp_options: Mapping[str, Any] | None = None,
+    baselines: bool = True,
     chunk_size: int | None = None,
     layer: Any = None,
 ) -> TokenwiseResult:
@@ -957,6 +958,9 @@ def decompose(
         energies) by its mean over the evaluated tokens.
     mlp_options : mapping, default=None
         Keyword arguments of :func:`fit_tokenwise_mlp` for ``cls="mlp"``.
+    baselines : bool, default=True
+        Also fit the global linear and Procrustes baselines (four O(N d^2) GEMMs;
+        ``False`` leaves ``result.baselines`` empty).
     layer : object, default=None
         A label recorded in ``config["layer"]`` (used by :func:`layer_report`).
 
@@ -1002,6 +1006,7 @@ def decompose(
         subspace_rank = min(8, d)
     subspace_rank = check_int(subspace_rank, "subspace_rank", min_value=1, max_value=d)
     center_subspace = _check_bool(center_subspace, "center_subspace")
+    baselines = _check_bool(baselines, "baselines")
     X64, Y64 = _f64(X), _f64(Y)
     if cls == "mlp":
         opts = dict(mlp_options or {})
@@ -1068,9 +1073,12 @@ def decompose(
     p_d, e_d = proj(delta, dn2)
     p_t, e_t = proj(tau, tn2)
     p_r, e_r = proj(rho, rn2)
-    baselines = _global_baselines(X64, Y64, fit_mask, eval_mask, dn2, config["ridge"],
-                                  config["prior"] == "identity")
-    config.update(subspace_rank=subspace_rank, center_subspace=center_subspace, layer=layer)
+    fits = (
+        _global_baselines(X64, Y64, fit_mask, eval_mask, dn2, config["ridge"], config["prior"] == "identity")
+        if baselines
+        else ()
+    )
+    config.update(subspace_rank=subspace_rank, center_subspace=center_subspace, baselines=baselines, layer=layer)
     return TokenwiseResult(
         delta=_ro(delta), tau=_ro(tau), rho=_ro(rho), relative_error=_ro(rel), energy_fraction=energy,
         cos_delta_tau=_ro(c_dt), cos_rho_tau=_ro(c_rt), cos_rho_delta=_ro(c_rd),
@@ -1080,7 +1088,7 @@ def decompose(
         projection_delta=_ro(p_d), projection_tau=_ro(p_t), projection_rho=_ro(p_r),
         subspace_energy_delta=e_d, subspace_energy_tau=e_t, subspace_energy_rho=e_r,
         dof=int(dof), n_targets=int(n_targets), neighbors=nbr, eval_mask=_ro(eval_mask),
-        coefficients=coef, baselines=baselines, config=config,
+        coefficients=coef, baselines=fits, config=config,
     )
 
 

@@ -400,6 +400,7 @@ def test_global_baselines_match_lstsq_and_procrustes():
     Y = X @ g.standard_normal((5, 5)) + 0.1 * g.standard_normal((70, 5))
     r = refgeo.decompose(X, Y, k=10, cls="diagonal", subspace_rank=2)
     lin, pro = r.baselines
+    assert refgeo.decompose(X, Y, k=10, cls="diagonal", baselines=False).baselines == ()
     assert (lin.kind, pro.kind) == ("linear", "procrustes")
     A = np.linalg.lstsq(X, Y, rcond=None)[0].T
     np.testing.assert_allclose(lin.map, A, rtol=1e-9, atol=1e-12)
