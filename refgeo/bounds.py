@@ -333,9 +333,13 @@ def ratio_upper_bound(V: int, d: int) -> RatioBound:
     .. math:: \rho(X) \le \min(B_0, B_1, B_2, B_3) \quad \text{for every } X \in \mathbb{R}^{V \times d}
 
     See :func:`simplex_bound`, :func:`welch_bound`, :func:`hadamard_power_bound` and
-    :func:`volume_bound` for the formulas and proofs.  The bound is invariant in the
-    sense that it depends on :math:`(V, d)` only; it is non-increasing in ``V`` and
-    non-decreasing in ``d``.  Exact (the value is 1) for :math:`V \le d + 1`.
+    :func:`volume_bound` for the formulas and proofs.  The bound depends on
+    :math:`(V, d)` only (invariant under every isometry and scaling of the points); it
+    is non-increasing in ``V`` and non-decreasing in ``d``, and equals 1 (attained by
+    the regular simplex) for :math:`V \le d + 1`.  Numerical guarantee: every bound is
+    computed in float64 and rounded outward by 8 ulps, so the returned float is itself
+    a valid bound, also where it is attained (:math:`V = d + 2` for even ``d``,
+    :math:`(10, 4)`, :math:`(16, 5)`).  Time O(k) for the Hadamard power ``k``.
 
     References
     ----------

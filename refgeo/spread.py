@@ -16,9 +16,13 @@ and the gradient-coupled form that trades loss decrease against :math:`m(S)`.
    orthogonal_simplices
    cross_polytope
    kerdock_code
+   delsarte_goethals_code
    embed
    spread
    spread_update
+   SpreadResult
+   SpreadProgress
+   SpreadUpdate
 
 Every result reports how far it is from the limit: ``SpreadResult.upper_bound`` is
 :func:`refgeo.ratio_upper_bound` for ``(V, d)``.
@@ -853,7 +857,7 @@ def _smooth(
             break
         if rho >= target:
             break
-        log_gap = max(2.0 * math.log(target / rho), 1e-12)
+        log_gap = max(2.0 * math.log(target / rho), 1e-12) if rho > 0 else 1.0
         t = frac * log_gap
         b = 1.0 - (1.0 - M) * math.exp(t / 2.0)
         a = 1.0 - (1.0 - mu) * math.exp(-t / 2.0)

@@ -516,7 +516,7 @@ def _dispatch_fit(X64, Y64, idx, w, cls, rank, ridge, ident, chunk, return_maps)
 
 
 def _fit_local(X, Y, k, cls, rank, ridge, prior, metric, standardize, exclude_self, weights, neighbors,
-               chunk_size, return_maps, stacklevel):
+               chunk_size, return_maps, stacklevel, readonly=True):
     n, d = X.shape
     ridge, standardize, exclude_self = _validate_fit_options(
         n, d, k, cls, rank, ridge, prior, metric, standardize, exclude_self, neighbors
@@ -551,7 +551,7 @@ def _fit_local(X, Y, k, cls, rank, ridge, prior, metric, standardize, exclude_se
         "d": int(d),
     }
     return LocalFit(
-        fitted=_ro(fitted),
+        fitted=_ro(fitted) if readonly else fitted,
         neighbors=_ro(idx),
         distances=_ro(dist),
         weights=_ro(w),
@@ -817,24 +817,26 @@ def _cosine(ab, na, nb):
     return np.clip(c, -1.0, 1.0)
 
 
-def _angle(a, b, na, nb, block=4096):
-    """Angle in degrees by Kahan's formula ``2 atan2(|u - v|, |u + v|)`` on unit vectors
-    (accurate near 0 and 180 degrees, where arccos of the cosine is not); NaN for a
-    zero vector.  Rows are processed ``block`` at a time (O(block d) extra memory)."""
-    out = np.full(a.shape[0], np.nan)
-    ok = (na > 0) & (nb > 0)
-    for s in range(0, a.shape[0], block):
-        sl = slice(s, s + block)
-        o = ok[sl]
-        if not np.any(o):
-            continue
-        u = a[sl][o] / na[sl][o, None]
-        v = b[sl][o] / nb[sl][o, None]
+def _angle(a, b, na, nb, c, block=4096):
+    """Angle in degrees; NaN for a zero vector.
+
+    ``arccos(c)`` where ``|c| < 0.99`` (there its error is below 1e-14 degrees);
+    elsewhere Kahan's ``2 atan2(|u - v|, |u + v|)`` on the unit vectors, which stays
+    accurate near 0 and 180 degrees where arccos of a rounded cosine does not (those
+    rows only, ``block`` at a time).
+    """
+    out = np.full(c.shape, np.nan)
+    ok = np.isfinite(c)
+    mid = ok & (np.abs(c) < 0.99)
+    out[mid] = np.degrees(np.arccos(c[mid]))
+    rows = np.flatnonzero(ok & ~mid)
+    for s in range(0, rows.size, block):
+        r = rows[s : s + block]
+        u = a[r] / na[r, None]
+        v = b[r] / nb[r, None]
         dm = u - v
         u += v
-        out[s + np.flatnonzero(o)] = np.degrees(
-            2.0 * np.arctan2(np.sqrt(_rowdot(dm, dm)), np.sqrt(_rowdot(u, u)))
-        )
+        out[r] = np.degrees(2.0 * np.arctan2(np.sqrt(_rowdot(dm, dm)), np.sqrt(_rowdot(u, u))))
     return out
 
 
@@ -1027,8 +1029,8 @@ def decompose(
         }
     else:
         fit = _fit_local(X, Y, k, cls, rank, ridge, prior, metric, standardize, exclude_self, weights,
-                         neighbors, chunk_size, False, stacklevel=3)
-        fitted = np.array(fit.fitted)
+                         neighbors, chunk_size, False, stacklevel=3, readonly=False)
+        fitted = fit.fitted  # owned, writable: becomes tau in place
         eval_mask = np.ones(n, dtype=bool)
         fit_mask = eval_mask
         dof, n_targets, nbr, coef = fit.dof, fit.n_targets, fit.neighbors, fit.coefficients
@@ -1082,8 +1084,8 @@ def decompose(
     return TokenwiseResult(
         delta=_ro(delta), tau=_ro(tau), rho=_ro(rho), relative_error=_ro(rel), energy_fraction=energy,
         cos_delta_tau=_ro(c_dt), cos_rho_tau=_ro(c_rt), cos_rho_delta=_ro(c_rd),
-        angle_delta_tau=_ro(_angle(delta, tau, dn, tn)), angle_rho_tau=_ro(_angle(rho, tau, rn, tn)),
-        angle_rho_delta=_ro(_angle(rho, delta, rn, dn)),
+        angle_delta_tau=_ro(_angle(delta, tau, dn, tn, c_dt)), angle_rho_tau=_ro(_angle(rho, tau, rn, tn, c_rt)),
+        angle_rho_delta=_ro(_angle(rho, delta, rn, dn, c_rd)),
         subspace=_ro(U), subspace_singular_values=_ro(sv),
         projection_delta=_ro(p_d), projection_tau=_ro(p_t), projection_rho=_ro(p_r),
         subspace_energy_delta=e_d, subspace_energy_tau=e_t, subspace_energy_rho=e_r,

@@ -298,6 +298,23 @@ def test_warm_start_reuses_the_solution():
     assert w2.lower_bound == pytest.approx(c2.lower_bound, rel=1e-6)
 
 
+@pytest.mark.parametrize("rtol", [1e-3, 1e-7])
+def test_iterative_laplacian_path(monkeypatch, rtol):
+    """Above the dense limit the solver uses block CG (float32 iterates when rtol >= 1e-3);
+    the certificate is still evaluated in float64 and must bracket the optimum."""
+    rng = np.random.default_rng(11)
+    G = ce_gradient(rng, 40, 5, n_tokens=64)
+    exact = refgeo.diameter_lmo(G, rtol=1e-9)
+    monkeypatch.setattr(refgeo.lmo, "_DENSE_LIMIT", 8)
+    res = refgeo.diameter_lmo(G, eta=0.5, rtol=rtol)
+    assert res.converged and res.gap <= rtol
+    assert res.lower_bound <= exact.upper_bound * (1 + 1e-12)
+    assert res.upper_bound >= exact.lower_bound * (1 - 1e-12)
+    assert res.lower_bound >= exact.lower_bound * (1 - rtol)
+    assert refgeo.row_diameter(res.update).value <= 0.5
+    assert res.update.dtype == np.float64
+
+
 def test_callback_limits_and_progress():
     rng = np.random.default_rng(0)
     G = random_gradient(rng, 30, 5)

@@ -157,6 +157,14 @@ def test_refgeo_fast_paths_pass(name, backend):
         assert "cython" in used  # the compiled engine was really exercised
 
 
+@pytest.mark.parametrize("name", ["row_diameter", "knn", "hilbert_distance"])
+def test_refgeo_array_api_reference_passes(name):
+    # refgeo's reference code on array-api-strict arrays (DLPack on the way back).
+    xps = pytest.importorskip("array_api_strict")
+    fn = getattr(refgeo, name)
+    check_against_reference(lambda *a, **k: fn(*a, **k), name, convert=xps.asarray, max_examples=30)
+
+
 # --------------------------------------------------------------------------- planted bugs
 
 
