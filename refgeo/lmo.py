@@ -790,8 +790,8 @@ def diameter_lmo(
     bracket holds up to float64 rounding of these sums (relative ~1e-15).  Closed
     forms (G = 0, rank 1, V = 2) are used automatically.
 
-    *Cost.*  Per ADMM iteration O(|E| r) plus the Laplacian solve (O(V^2 r) dense,
-    O(|E| r) per CG step); per separation round O(V^2 r) (Gram filter); a
+    *Cost.*  Per ADMM iteration :math:`O(|E| r)` plus the Laplacian solve (O(V^2 r) dense,
+    :math:`O(|E| r)` per CG step); per separation round O(V^2 r) (Gram filter); a
     certification costs one certified diameter, O(V^2 d).  The working set holds
     about 5-25 pairs per row on cross-entropy gradients.  Measured on this project's
     shared 2-core machine: V = 2000, d = 64 reaches a gap of 1e-3 in about a minute.
