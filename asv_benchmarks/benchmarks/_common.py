@@ -89,31 +89,38 @@ def with_runtime(params, param_names):
 _BENCH_PREFIXES = ("time_", "timeraw_", "peakmem_", "mem_", "track_")
 
 
-def _drop_last_argument(fn):
+def _drop_trailing_arguments(fn, n):
     @functools.wraps(fn)  # keeps .unit, .timeout, ... and __wrapped__ (asv reads the source)
     def wrapper(*args):
-        return fn(*args[:-1])
+        return fn(*args[:-n])
 
     return wrapper
 
 
-def records_runtime(cls):
+def records_runtime(cls=None, *, dtype=None, backend=None):
     """Class decorator: add the one-value ``runtime`` parameter (BLAS, OpenMP, threads).
 
     Every result of the class then stores the BLAS libraries and thread counts in asv's
-    results, next to the class's own parameters.  The methods (``setup``, ``teardown``,
-    ``time_*``, ``peakmem_*``, ``track_*``, ...) keep their signatures: the extra
-    trailing argument is dropped before they are called.
+    results, next to the class's own parameters.  ``dtype=`` and ``backend=`` add
+    one-value ``dtype`` and ``backend`` parameters for classes that do not vary them
+    (a solver that always works in float64, say), so that those are recorded as well:
+    ``@records_runtime(dtype="float64", backend="reference")``.  The methods
+    (``setup``, ``teardown``, ``time_*``, ``peakmem_*``, ``track_*``, ...) keep their
+    signatures: the extra trailing arguments are dropped before they are called.
     """
+    if cls is None:
+        return functools.partial(records_runtime, dtype=dtype, backend=backend)
     params = list(getattr(cls, "params", []))
     names = list(getattr(cls, "param_names", []))
     if params and not isinstance(params[0], (tuple, list)):  # asv's one-parameter form
         params = [params]
-    cls.params = params + [RUNTIME]
-    cls.param_names = names + ["runtime"]
+    extra = [(n, [v]) for n, v in (("dtype", dtype), ("backend", backend)) if v is not None]
+    extra.append(("runtime", RUNTIME))
+    cls.params = params + [v for _, v in extra]
+    cls.param_names = names + [n for n, _ in extra]
     for attr, fn in list(vars(cls).items()):
         if callable(fn) and (attr in ("setup", "teardown") or attr.startswith(_BENCH_PREFIXES)):
-            setattr(cls, attr, _drop_last_argument(fn))
+            setattr(cls, attr, _drop_trailing_arguments(fn, len(extra)))
     return cls
 
 

@@ -22,6 +22,7 @@ from ._common import (
     dgemm_rate,
     environment,
     realistic,
+    records_runtime,
     refgeo,
     require_backend,
     rng,
@@ -105,22 +106,22 @@ class RowDiameter:
     track_distance_ratio.unit = "m/D"
 
 
+@records_runtime(dtype="float32/float64", backend="cython")
 class Float32Speedup:
     """float64 time over float32 time of row_diameter on the same float32-representable data."""
 
-    params, param_names = with_runtime(
-        ([(1024, 64)] if not realistic() else [(8192, 512)],), ["V_d"]
-    )
+    params = ([(1024, 64)] if not realistic() else [(8192, 512)],)
+    param_names = ["V_d"]
     timeout = 1200
 
-    def setup(self, V_d, runtime):
+    def setup(self, V_d):
         require_backend("cython")
         V, d = V_d
         self.S32 = rng(0).standard_normal((V, d)).astype(np.float32)
         self.S64 = self.S32.astype(np.float64)
         environment("float32/float64", "cython")
 
-    def track_float32_speedup(self, V_d, runtime):
+    def track_float32_speedup(self, V_d):
         """Also asserts the same certified answer for both dtypes."""
         with refgeo.use_backend("cython"):
             a = refgeo.row_diameter(self.S32)
@@ -134,21 +135,21 @@ class Float32Speedup:
     track_float32_speedup.unit = "x"
 
 
+@records_runtime(dtype="float32", backend="cython")
 class PeakMemoryLarge:
     """Peak memory of row_diameter at V = 65536, d = 1024, float32 (realistic only)."""
 
-    params, param_names = with_runtime(
-        ([(2048, 128)] if not realistic() else [(65536, 1024)],), ["V_d"]
-    )
+    params = ([(2048, 128)] if not realistic() else [(65536, 1024)],)
+    param_names = ["V_d"]
     timeout = 3600
 
-    def setup(self, V_d, runtime):
+    def setup(self, V_d):
         require_backend("cython")
         V, d = V_d
         self.S = rng(0).standard_normal((V, d), dtype=np.float32)
         environment("float32", "cython")
 
-    def peakmem_row_diameter_float32(self, V_d, runtime):
+    def peakmem_row_diameter_float32(self, V_d):
         with refgeo.use_backend("cython"):
             refgeo.row_diameter(self.S)
 

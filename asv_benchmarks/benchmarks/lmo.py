@@ -10,7 +10,7 @@ import math
 
 import numpy as np
 
-from ._common import environment, realistic, refgeo, require_backend, rng
+from ._common import environment, realistic, records_runtime, refgeo, require_backend, rng
 
 
 def ce_gradient(V, d, n_tokens, seed=0, scale=2.0):
@@ -30,6 +30,7 @@ def ce_gradient(V, d, n_tokens, seed=0, scale=2.0):
 _CASES = [(200, 16, 256)] if not realistic() else [(2000, 64, 1024)]
 
 
+@records_runtime(dtype="float64", backend="auto")
 class RowNormSteps:
     """projected_rownorm and rescaled_rownorm on a cross-entropy gradient."""
 
@@ -63,6 +64,7 @@ class RowNormSteps:
     track_rescaled_gain.unit = "x"
 
 
+@records_runtime(dtype="float64", backend="auto")
 class DiameterLMO:
     """Exact LMO with a certified gap on a small fixed cross-entropy gradient."""
 

@@ -21,7 +21,7 @@ _REALISTIC = [
 ]
 
 
-@records_runtime
+@records_runtime(dtype="float64", backend="auto")
 class Spread:
     """spread(V, d): time, peak memory and the quality reached."""
 
@@ -61,7 +61,7 @@ class Spread:
     track_ratio_over_bound.unit = "ratio"
 
 
-@records_runtime
+@records_runtime(dtype="float64", backend="auto")
 class SmoothFromRandom:
     """The smoothed k-NN iteration alone, from random points on the sphere."""
 
@@ -92,7 +92,7 @@ class SmoothFromRandom:
     track_ratio_over_bound.unit = "ratio"
 
 
-@records_runtime
+@records_runtime(dtype="float64", backend="auto")
 class Constructions:
     """Kerdock and Delsarte-Goethals line sets (FWHT-built)."""
 
@@ -115,7 +115,7 @@ class Constructions:
         self._build(case)
 
 
-@records_runtime
+@records_runtime(dtype="float64", backend="auto")
 class Bounds:
     """ratio_upper_bound (B0-B3, best Hadamard power)."""
 
@@ -131,7 +131,7 @@ class Bounds:
     track_bound.unit = "ratio"
 
 
-@records_runtime
+@records_runtime(dtype="float64", backend="auto")
 class SpreadUpdate:
     """spread_update on a random centred gradient: m gained over the exact LMO step."""
 

@@ -9,7 +9,7 @@ import warnings
 
 import numpy as np
 
-from ._common import DTYPES, environment, realistic, refgeo, require_backend, rng
+from ._common import DTYPES, environment, realistic, records_runtime, refgeo, require_backend, rng
 
 # (N, d, k): small for CI, realistic = the acceptance size of issue 6.
 SIZES = [(400, 64, 16)] if not realistic() else [(20000, 768, 64)]
@@ -27,6 +27,7 @@ def _kw(cls):
     return {"rank": 8} if cls == "lowrank" else {}
 
 
+@records_runtime(backend="auto")
 class FitLocalMaps:
     """fit_local_maps on precomputed neighbourhoods, per class."""
 
@@ -55,6 +56,7 @@ class FitLocalMaps:
         self._run(cls)
 
 
+@records_runtime(backend="auto")
 class Decompose:
     """decompose end to end (k-NN search included) for the acceptance classes."""
 
@@ -86,6 +88,7 @@ class Decompose:
     track_energy_fraction.unit = "fraction"
 
 
+@records_runtime(backend="auto")
 class KNN:
     """The k-NN search that decompose runs first (refgeo.knn, auto backend)."""
 
@@ -102,6 +105,7 @@ class KNN:
         refgeo.knn(self.X, self.k)
 
 
+@records_runtime(dtype="float64", backend="reference")
 class Perturbation:
     """output_perturbation per token through a small causal toy model."""
 
