@@ -8,7 +8,7 @@ import platform
 import sys
 from typing import Any
 
-from . import _backend
+from . import _backend, _tiled
 
 __all__ = ["show_config"]
 
@@ -44,6 +44,10 @@ def _config_dict() -> dict[str, Any]:
             "max_threads": int(ext.openmp_max_threads()) if ext is not None else 1,
         },
         "threadpools": blas,
+        "cupy_matmul": (
+            "float32 inputs: IEEE float32 GEMM" if _tiled.matmul_precision("float32") == "float32"
+            else "float32 inputs: float64 GEMM (CUPY_TF32=1 is set; TF32 would void the rounding bound)"
+        ) + "; float64 inputs: float64 GEMM; refinement in float64",
         "dtype_policy": (
             "float32/float64 kept; integer/bool converted to float64; reference accumulates in "
             "float64; certified results are refined in float64"
@@ -89,5 +93,6 @@ def show_config(mode: str = "stdout") -> dict[str, Any] | None:
     print("thread pools (threadpoolctl):")
     for tp in cfg["threadpools"]:
         print("  " + json.dumps(tp))
+    print(f"cupy matmul precision: {cfg['cupy_matmul']}")
     print(f"dtype policy: {cfg['dtype_policy']}")
     return None

@@ -618,12 +618,19 @@ def _knn_cython(X, k, Y, *, exclude_self, tile_size=None, n_threads=None):
 
 # --------------------------------------------------------------------------- dispatch
 
-_DIAMETER = _backend.KernelInfo(name="row_diameter", reference=_diameter_reference, cython=_diameter_cython)
-_CLOSEST = _backend.KernelInfo(name="closest_pair", reference=_closest_reference, cython=_closest_cython)
-_FARTHEST = _backend.KernelInfo(
-    name="farthest_partners", reference=_farthest_reference, cython=_farthest_cython
+# CuPy arrays run the same certified algorithm written against the array API.
+from . import _tiled  # noqa: E402  (needs the helpers above)
+
+_DIAMETER = _backend.KernelInfo(
+    name="row_diameter", reference=_diameter_reference, cython=_diameter_cython, cupy=_tiled.diameter
 )
-_KNN = _backend.KernelInfo(name="knn", reference=_knn_reference, cython=_knn_cython)
+_CLOSEST = _backend.KernelInfo(
+    name="closest_pair", reference=_closest_reference, cython=_closest_cython, cupy=_tiled.closest
+)
+_FARTHEST = _backend.KernelInfo(
+    name="farthest_partners", reference=_farthest_reference, cython=_farthest_cython, cupy=_tiled.farthest
+)
+_KNN = _backend.KernelInfo(name="knn", reference=_knn_reference, cython=_knn_cython, cupy=_tiled.knn)
 
 
 def _check_rows(S, name="S", min_rows=2):
