@@ -454,6 +454,11 @@ def _tile_option(tile_size):
     return check_int(tile_size, "tile_size", min_value=1, allow_none=True)
 
 
+def _threads_option(n_threads):
+    # checked here, not in the kernel, so every backend rejects the same bad values
+    return check_int(n_threads, "n_threads", min_value=1, allow_none=True)
+
+
 def pdist_hilbert(
     X: Any,
     /,
@@ -511,6 +516,7 @@ def pdist_hilbert(
     form = check_choice(form, "form", ("condensed", "square"))
     X = _check_pairwise_input(X, "X", kind)
     tile_size = _tile_option(tile_size)
+    n_threads = _threads_option(n_threads)
     info = _PDIST
     if kind == "probabilities" and not _all_positive(X):
         info = _backend.KernelInfo(name=_PDIST.name, reference=_PDIST.reference)
@@ -578,6 +584,7 @@ def cdist_hilbert(
     XB = _check_pairwise_input(XB, "XB", kind)
     check_same_trailing(XA, XB, ("XA", "XB"), "number of columns (vocabulary size)")
     tile_size = _tile_option(tile_size)
+    n_threads = _threads_option(n_threads)
     info = _CDIST
     if kind == "probabilities" and not _all_positive(XA, XB):
         info = _backend.KernelInfo(name=_CDIST.name, reference=_CDIST.reference)

@@ -287,7 +287,10 @@ def test_construction_large_algebraic_certificate():
 
 def test_acceptance_4096_256_engine():
     r = refgeo.spread(4096, 256)
-    assert r.certificate == "engine" and r.ratio >= 0.939
+    # Without the compiled engine (REFGEO_BACKEND=reference) an unmodified construction
+    # this large is certified from its closed-form distances instead (documented).
+    want = "algebraic" if refgeo.get_backend() == "reference" else "engine"
+    assert r.certificate == want and r.ratio >= 0.939
     assert r.ratio == pytest.approx(math.sqrt(15 / 17), abs=1e-12)
 
 
