@@ -30,7 +30,9 @@ interleaved partial sums, lane ``k mod 8``, combined as
 agree bit for bit.  The compiled backend filters pairs with the Gram expansion and
 refines, in float64, every pair whose filtered value lies within an a-priori rounding
 bound of the running extreme (see :func:`row_diameter`, Notes); the reference
-evaluates every pair directly.  Ties go to the lexicographically smallest ``(i, j)``
+evaluates every pair directly.  CuPy arrays run the same filter and refinement with
+whole-tile array operations (cuBLAS GEMM in IEEE float32/float64, never TF32; float64
+refinement on the device), written against the array API.  Ties go to the lexicographically smallest ``(i, j)``
 (for k-NN: the smaller index), so every backend, tile size and thread count returns
 the same value and the same indices.
 """
