@@ -67,6 +67,8 @@ def main(argv=None) -> int:
     ap.add_argument("--out", required=True)
     ap.add_argument("--command", required=True, help="the command that produced the results")
     ap.add_argument("--note", default="", help="extra paragraph (e.g. machine sharing)")
+    ap.add_argument("--sizes", choices=("small", "realistic"), default="small",
+                    help="which benchmark sizes the results are for (REFGEO_BENCH_SIZE of the run)")
     args = ap.parse_args(argv)
 
     with open(os.path.join(args.results_dir, "benchmarks.json")) as f:
@@ -121,8 +123,10 @@ def main(argv=None) -> int:
         "# Benchmarks",
         "",
         "Numbers from one run of refgeo's [asv](https://asv.readthedocs.io) benchmarks "
-        "(`asv_benchmarks/`) at the small (CI) sizes. Realistic sizes are run by hand with "
-        "`REFGEO_BENCH_SIZE=realistic`. `track_speedup_vs_*` are speed ratios against a "
+        + ("(`asv_benchmarks/`) at the small (CI) sizes. Realistic sizes are run by hand with "
+           "`REFGEO_BENCH_SIZE=realistic`. " if args.sizes == "small" else
+           "(`asv_benchmarks/`) at the realistic (acceptance) sizes, `REFGEO_BENCH_SIZE=realistic`. ")
+        + "`track_speedup_vs_*` are speed ratios against a "
         "baseline measured in the same process (higher is better); `track_*` quality "
         "numbers are described in each benchmark's docstring.",
         "",
