@@ -143,6 +143,35 @@ def test_backward_bound(backend, S):
     assert np.all(np.linalg.norm(R @ S, axis=1) <= b * (1 + 1e-12) + 1e-12)
 
 
+@settings(max_examples=100)
+@given(clouds(max_v=9, max_d=5), st.integers(0, 2**32 - 1), st.floats(0.125, 8.0))
+def test_row_geometry_invariances(backend, S, seed, alpha):
+    """D and m are invariant under a common translation, right-orthogonal maps and row
+    permutations, and scale with |alpha|.  Permutations and power-of-two scalings are
+    exact in floating point; translations and rotations hold to the rounding of the
+    transformed rows."""
+    rng = np.random.default_rng(seed)
+    D, m = refgeo.row_diameter(S), refgeo.closest_pair(S)
+    scale = max(1.0, float(np.abs(S).max()))
+    tol = 1e-12 * scale * math.sqrt(S.shape[1])
+    # permutation: the same values exactly; the pair is the image of a tied pair
+    perm = rng.permutation(len(S))
+    Dp, mp = refgeo.row_diameter(S[perm]), refgeo.closest_pair(S[perm])
+    assert Dp.value == D.value and mp.value == m.value
+    assert np.linalg.norm(S[perm[Dp.i]] - S[perm[Dp.j]]) == pytest.approx(D.value, abs=tol)
+    # power-of-two scaling: exact
+    a = 2.0 ** round(math.log2(alpha))
+    assert refgeo.row_diameter(-a * S).value == a * D.value
+    assert refgeo.closest_pair(a * S).value == a * m.value
+    # translation and orthogonal maps: up to rounding of the new rows
+    shift = rng.uniform(-10, 10, size=S.shape[1])
+    assert refgeo.row_diameter(S + shift).value == pytest.approx(D.value, abs=4 * tol)
+    assert refgeo.closest_pair(S + shift).value == pytest.approx(m.value, abs=4 * tol)
+    Q, _ = np.linalg.qr(rng.standard_normal((S.shape[1], S.shape[1])))
+    assert refgeo.row_diameter(S @ Q).value == pytest.approx(D.value, abs=4 * tol)
+    assert refgeo.closest_pair(S @ Q).value == pytest.approx(m.value, abs=4 * tol)
+
+
 @settings(max_examples=50)
 @given(clouds(max_v=8, max_d=4))
 def test_covering_radius_bounds(S):
