@@ -103,6 +103,17 @@ def _scatter(xp, mask, values, fill):
     return R
 
 
+def _row_blocks(xp, XA, nA, XB, nB, c, eabs, b):
+    """Per block of ``b`` rows of A against all rows of B: ``(i0, F, E, diagonal)``,
+    ``diagonal`` marking the entries with equal row and column index."""
+    n_a = XA.shape[0]
+    jj = xp.expand_dims(xp.arange(0, XB.shape[0]), axis=0)
+    for i0 in range(0, n_a, b):
+        i1 = min(i0 + b, n_a)
+        F, E = _filter(xp, XA[i0:i1, :], nA[i0:i1], XB, nB, c, eabs)
+        yield i0, F, E, xp.expand_dims(xp.arange(i0, i1), axis=1) == jj
+
+
 def _block_rows(n_rows, n_cols, tile_size):
     if tile_size:
         return max(1, min(n_rows, tile_size))
@@ -170,12 +181,8 @@ def farthest(S, *, tile_size=None, n_threads=None):
     c, eabs = _rows._rounding_bound(d, dt)
     b = _block_rows(V, V, tile_size)
     idx, dist, n_refined = [], [], 0
-    for i0 in range(0, V, b):
-        i1 = min(i0 + b, V)
-        F, E = _filter(xp, X[i0:i1, :], nrm[i0:i1], X, nrm, c, eabs)
-        ii = xp.expand_dims(xp.arange(i0, i1), axis=1)
-        jj = xp.expand_dims(xp.arange(0, V), axis=0)
-        valid = ii != jj
+    for i0, F, E, diagonal in _row_blocks(xp, X, nrm, X, nrm, c, eabs, b):
+        valid = ~diagonal
         thr = xp.max(xp.where(valid, F - E, _const(xp, -math.inf)), axis=1)
         cand = valid & (F + E >= xp.expand_dims(thr, axis=1))
         r, q = xp.nonzero(cand)
@@ -201,15 +208,11 @@ def knn(X, k, Y, *, exclude_self, tile_size=None, n_threads=None):
     c, eabs = _rows._rounding_bound(d, dt)
     b = _block_rows(n_a, n_b, tile_size)
     idx, dist, n_refined = [], [], 0
-    for i0 in range(0, n_a, b):
-        i1 = min(i0 + b, n_a)
-        F, E = _filter(xp, XA[i0:i1, :], nA[i0:i1], XB, nB, c, eabs)
+    for i0, F, E, diagonal in _row_blocks(xp, XA, nA, XB, nB, c, eabs, b):
         hi = F + E
         if symmetric and exclude_self:
-            ii = xp.expand_dims(xp.arange(i0, i1), axis=1)
-            jj = xp.expand_dims(xp.arange(0, n_b), axis=0)
-            hi = xp.where(ii == jj, _const(xp, math.inf), hi)
-            F = xp.where(ii == jj, _const(xp, math.inf), F)
+            hi = xp.where(diagonal, _const(xp, math.inf), hi)
+            F = xp.where(diagonal, _const(xp, math.inf), F)
         # the k-th smallest upper bound: k pairs are certainly within it
         kth = xp.sort(hi, axis=1)[:, k - 1]
         cand = (F - E) <= xp.expand_dims(kth, axis=1)
