@@ -124,12 +124,15 @@ def _assert_pair(r, want, S, backend):
 # ------------------------------------------------------------------ >= 2000 examples per kernel
 
 
-def test_extreme_pairs_exact(backend, parallel_always):
+def test_extreme_pairs_exact(backend, parallel_always, monkeypatch):
     """row_diameter, closest_pair and farthest_partners: 2000 examples each."""
+    monkeypatch.setattr(_rows, "_MAX_MIXED_MIN_WORK", _rows._MAX_MIXED_MIN_WORK)  # restored after
 
     @settings(max_examples=_examples(backend))
-    @given(S=adversarial_clouds(), **engine_options)
-    def check(S, tile_size, n_threads):
+    @given(S=adversarial_clouds(), mixed=st.booleans(), **engine_options)
+    def check(S, mixed, tile_size, n_threads):
+        # float64 rows: float32 filter (maximum modes) or not
+        _rows._MAX_MIXED_MIN_WORK = 0 if mixed else 1 << 62
         opts = dict(tile_size=tile_size, n_threads=n_threads)
         D2 = _oracle_sq(S, S)
         _assert_pair(refgeo.row_diameter(S, **opts), _oracle_extreme(S, True, D2), S, backend)
