@@ -173,7 +173,7 @@ def test_cython_backend_reported_available_when_required():
 
 
 def test_subnormals_survive_import():
-    # A library compiled with -ffast-math sets flush-to-zero at load time; ours must not.
+    # A library compiled with fast-math flags sets flush-to-zero at load time; ours must not.
     code = (
         "import numpy as np\n"
         "import refgeo, refgeo_ext\n"

@@ -5,7 +5,7 @@
  * reference backend also uses (refgeo/rows.py, `_canonical_sq`): eight lanes
  * p[k mod 8] accumulated in increasing k, then ((p0+p1)+(p2+p3))+((p4+p5)+(p6+p7)).
  * Every operation is a correctly rounded IEEE double operation: this file must be
- * compiled without -ffast-math and without FMA contraction (meson passes
+ * compiled without fast-math flags and without FMA contraction (meson passes
  * -ffp-contract=off), so both backends return bitwise identical values.
  */
 #ifndef REFGEO_REFINE_H

@@ -12,7 +12,7 @@
  *
  * Exactness: b_k - a_k is one IEEE subtraction in the input type, and max/min select
  * values without rounding, so the float64 kernel returns bit-for-bit the values of the
- * float64 reference.  No -ffast-math: comparisons and selects only, NaN never reaches
+ * float64 reference.  No fast-math flags: comparisons and selects only, NaN never reaches
  * here (inputs are validated finite in Python).
  */
 #ifndef REFGEO_TROPICAL_H
