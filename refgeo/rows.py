@@ -32,9 +32,9 @@ refines, in float64, every pair whose filtered value lies within an a-priori rou
 bound of the running extreme (see :func:`row_diameter`, Notes); the reference
 evaluates every pair directly.  CuPy arrays run the same filter and refinement with
 whole-tile array operations (cuBLAS GEMM in IEEE float32/float64, never TF32; float64
-refinement on the device), written against the array API.  Ties go to the lexicographically smallest ``(i, j)``
-(for k-NN: the smaller index), so every backend, tile size and thread count returns
-the same value and the same indices.
+refinement on the device), written against the array API.  Ties go to the
+lexicographically smallest ``(i, j)`` (for k-NN: the smaller index), so every backend,
+tile size and thread count returns the same value and the same indices.
 """
 
 from __future__ import annotations
