@@ -158,7 +158,7 @@ def _extreme_pair(S, *, maximise, tile_size=None, n_threads=None):
             if _rows._better(*cand_best, best, maximise):
                 best = cand_best
     v, i, j = best
-    return math.sqrt(v), i, j, c * 2.0 * float(xp.max(nrm)) + eabs, n_refined
+    return math.sqrt(v), i, j, _rows._reported_bound(d, dt, float(xp.max(nrm))), n_refined
 
 
 def diameter(S, *, tile_size=None, n_threads=None):
@@ -191,7 +191,7 @@ def farthest(S, *, tile_size=None, n_threads=None):
         R = _scatter(xp, cand, vals, -math.inf)
         idx.append(xp.astype(xp.argmax(R, axis=1), xp.int64))  # ties: smallest j
         dist.append(xp.sqrt(xp.max(R, axis=1)))
-    return xp.concat(idx), xp.concat(dist), c * 2.0 * float(xp.max(nrm)) + eabs, n_refined
+    return xp.concat(idx), xp.concat(dist), _rows._reported_bound(d, dt, float(xp.max(nrm))), n_refined
 
 
 def knn(X, k, Y, *, exclude_self, tile_size=None, n_threads=None):
@@ -223,7 +223,7 @@ def knn(X, k, Y, *, exclude_self, tile_size=None, n_threads=None):
         order = xp.argsort(R, axis=1, stable=True)[:, :k]  # ties: smaller index first
         idx.append(xp.astype(order, xp.int64))
         dist.append(xp.sqrt(xp.take_along_axis(R, order, axis=1)))
-    bound = c * 2.0 * max(float(xp.max(nA)), float(xp.max(nB))) + eabs
+    bound = _rows._reported_bound(d, dt, max(float(xp.max(nA)), float(xp.max(nB))))
     return xp.concat(idx, axis=0), xp.concat(dist, axis=0), bound, n_refined
 
 

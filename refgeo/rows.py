@@ -348,9 +348,14 @@ def _knn_reference(X, k, Y, *, exclude_self, tile_size=None, n_threads=None):
 # thread while OpenMP runs the tiles, and merge per-thread results with the tie rule.
 
 _U64 = 2.0**-53
-# unit roundoff u and smallest subnormal eta of the dtype the centred copy is stored in
+# unit roundoff u and smallest *normal* number eta of the dtype the centred copy is
+# stored in.  With gradual underflow an underflowing operation errs by at most half the
+# smallest subnormal; a library elsewhere in the process may switch on flush-to-zero
+# (torch.set_flush_denormal, code built with fast-math flags, a GPU's SGEMM), and then
+# it errs by up to the smallest normal.  Using the latter keeps the certificate valid
+# in both modes, at no measurable cost.
 _UNIT_ROUNDOFF = {"float64": 2.0**-53, "float32": 2.0**-24}
-_ETA = {"float64": 2.0**-1074, "float32": 2.0**-149}
+_ETA = {"float64": 2.0**-1022, "float32": 2.0**-126}
 # Rows per tile: a float64 256 x 256 cross-term block is 512 KiB (fits in L2), and a
 # (256 x d) @ (d x 256) GEMM already runs near the BLAS peak.
 _DEFAULT_TILE = 256
@@ -388,7 +393,8 @@ def _rounding_bound(d: int, dtype: str) -> tuple[float, float]:
     rounding of the centred copy ``4.01 (u + u64) a`` and of the refined value
     ``2.01 gamma_{d+2}(u64) a``; 1.01 covers second-order terms.  ``16 u64`` more
     covers the rounding of the comparisons in the kernels, and ``e_abs`` (32 d eta,
-    eta the smallest subnormal) covers underflow in products and the centring.
+    eta the smallest normal number) covers underflow in products and the centring,
+    with or without flush-to-zero.
     """
     u = _UNIT_ROUNDOFF[dtype]
     if d * u >= 0.1:
@@ -397,6 +403,12 @@ def _rounding_bound(d: int, dtype: str) -> tuple[float, float]:
         _gamma(d, u) + _gamma(d, _U64) + 4 * _U64 + 4.01 * (u + _U64) + 2.01 * _gamma(d + 2, _U64)
     )
     return c + 16 * _U64, 32.0 * d * _ETA[dtype]
+
+
+def _reported_bound(d: int, dtype: str, max_norm: float) -> float:
+    """The certificate's ``error_bound``: ``c * 2 max n + e_abs`` (largest a_ij)."""
+    c, eabs = _rounding_bound(d, dtype)
+    return c * 2.0 * max_norm + eabs
 
 
 def _blas_single_thread(n_threads: int):
@@ -516,7 +528,7 @@ def _extreme_pair_cython(S, *, maximise, tile_size, n_threads):
         if i < V and _better(float(out_r[t]), i, j, best, maximise):
             best = (float(out_r[t]), i, j)
     v, i, j = best
-    return math.sqrt(v), i, j, cp * 2.0 * float(nrm.max()) + eabs, int(out_nref.sum())
+    return math.sqrt(v), i, j, _reported_bound(d, dt, float(nrm.max())), int(out_nref.sum())
 
 
 def _diameter_cython(S, *, tile_size=None, n_threads=None):
@@ -550,7 +562,7 @@ def _farthest_cython(S, *, tile_size=None, n_threads=None):
         better = (B[t] > r) | ((B[t] == r) & (Bj[t] < j))
         r = np.where(better, B[t], r)
         j = np.where(better, Bj[t], j)
-    return j, np.sqrt(r), cp * 2.0 * float(nrm.max()) + eabs, int(nref.sum())
+    return j, np.sqrt(r), _reported_bound(d, dt, float(nrm.max())), int(nref.sum())
 
 
 def _knn_pass(fn, XA, nA, SA, XB, nB, SB, *, symmetric, exclude_self, self_idx, defer, k, dt,
@@ -603,7 +615,7 @@ def _knn_cython(X, k, Y, *, exclude_self, tile_size=None, n_threads=None):
             exclude_self=exclude_self, self_idx=no_self, defer=False, k=k, dt=dt,
             tile_size=tile_size, n=n,
         )
-        return idx, dist, _rounding_bound(d, dt)[0] * 2.0 * float(max(nm.max() for nm in norms)), int(stats[1])
+        return idx, dist, _reported_bound(d, dt, float(max(nm.max() for nm in norms))), int(stats[1])
     # float64 rows, float32 filter (half the GEMM time); rows the float32 certificate
     # cannot settle are redone against every candidate with a float64 filter.
     mu = sum(np.sum(a, axis=0, dtype=np.float64) for a in origs) / sum(a.shape[0] for a in origs)
@@ -632,7 +644,7 @@ def _knn_cython(X, k, Y, *, exclude_self, tile_size=None, n_threads=None):
         idx[F] = sub_idx
         dist[F] = sub_dist
         n_refined += int(sub_stats[1])
-    return idx, dist, _rounding_bound(d, "float32")[0] * 2.0 * float(max(nA.max(), nB.max())), n_refined
+    return idx, dist, _reported_bound(d, "float32", float(max(nA.max(), nB.max()))), n_refined
 
 
 # --------------------------------------------------------------------------- dispatch
@@ -735,7 +747,8 @@ def row_diameter(S: Any, /, *, tile_size: int | None = None, n_threads: int | No
     operations, the rounding of the centred copy and the rounding of the refined value
     itself (SPEC.md §2, "Exact means certified"); the kernels add :math:`16 u_{64}` to
     c for the rounding of their own comparisons and an absolute
-    :math:`32\, d\, \eta` (:math:`\eta` the smallest subnormal of the dtype) for
+    :math:`32\, d\, \eta` (:math:`\eta` the smallest normal number of the dtype, so that
+    the bound also holds when another library has switched on flush-to-zero) for
     underflow.  A pair is dropped only when its filtered value proves it cannot reach
     or tie an already certified value; every other pair is refined, so the result
     equals the reference's for every tile size and thread count.  The reported

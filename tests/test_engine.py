@@ -329,7 +329,8 @@ def test_rounding_bound_shape():
     c32, e32 = _rows._rounding_bound(512, "float32")
     assert 512 * 2.0**-53 < c64 < 5 * 512 * 2.0**-53  # float64: GEMM, norms and refinement each ~d u
     assert 512 * 2.0**-24 < c32 < 2 * 512 * 2.0**-24
-    assert 0 < e64 < e32 < 1e-40
+    # absolute term: 32 d times the smallest normal number (valid under flush-to-zero too)
+    assert e64 == 32 * 512 * 2.0**-1022 and e32 == 32 * 512 * 2.0**-126
     assert _rows._rounding_bound(2**24, "float32")[0] == math.inf
 
 
@@ -347,3 +348,22 @@ def test_certificate_fields():
     with refgeo.use_backend("reference"):
         ref = refgeo.row_diameter(S)
     assert ref.error_bound == 0.0 and ref.n_refined == 400 * 399 // 2
+
+
+def test_certificate_survives_flush_to_zero(backend):
+    """Another library in the process may switch on flush-to-zero (here torch); float32
+    products below the normal range are then zeroed, and the absolute term of the
+    rounding bound must cover that (it uses the smallest normal number)."""
+    torch = pytest.importorskip("torch")
+    if not torch.set_flush_denormal(True):
+        pytest.skip("this CPU cannot flush denormals")
+    try:
+        S = (np.array([[-0.5, 0], [0.5, 0], [10, 0], [10.001, 0], [-10, 0], [-10, 0.5]]) * 1e-21).astype(
+            np.float32
+        )
+        for fn, maximise in ((refgeo.closest_pair, False), (refgeo.row_diameter, True)):
+            r = fn(S, tile_size=2)
+            assert (r.value, r.i, r.j) == _oracle_extreme(S, maximise)
+        np.testing.assert_array_equal(refgeo.knn(S, 1).indices, _oracle_knn(S, 1)[0])
+    finally:
+        torch.set_flush_denormal(False)

@@ -143,3 +143,19 @@ def test_cupy_arrays_dispatch_to_the_gpu_engine():
         got = refgeo.knn(cp.asarray(S[:1000]), 8)
         np.testing.assert_array_equal(cp.asnumpy(got.indices), _oracle_knn(S[:1000], 8)[0])
         assert math.isfinite(r.error_bound)
+
+
+def test_certificate_survives_flush_to_zero():
+    # as test_engine.py::test_certificate_survives_flush_to_zero, for this engine
+    torch = pytest.importorskip("torch")
+    if not torch.set_flush_denormal(True):
+        pytest.skip("this CPU cannot flush denormals")
+    try:
+        S = (np.array([[-0.5, 0], [0.5, 0], [10, 0], [10.001, 0], [-10, 0], [-10, 0.5]]) * 1e-21).astype(
+            np.float32
+        )
+        assert _tiled.closest(S, tile_size=2)[:3] == _oracle_extreme(S, False)
+        assert _tiled.diameter(S, tile_size=2)[:3] == _oracle_extreme(S, True)
+        np.testing.assert_array_equal(_np(_tiled.knn(S, 1, None, exclude_self=True)[0]), _oracle_knn(S, 1)[0])
+    finally:
+        torch.set_flush_denormal(False)
