@@ -350,20 +350,25 @@ def test_certificate_fields():
     assert ref.error_bound == 0.0 and ref.n_refined == 400 * 399 // 2
 
 
-def test_certificate_survives_flush_to_zero(backend):
-    """Another library in the process may switch on flush-to-zero (here torch); float32
-    products below the normal range are then zeroed, and the absolute term of the
-    rounding bound must cover that (it uses the smallest normal number)."""
+# Rows whose float32 Gram products fall below the normal range (1e-21 scale): under
+# flush-to-zero the filter loses them, and only a bound whose absolute term uses the
+# smallest normal number still keeps the true closest pair.
+FTZ_ROWS = (np.array([[-0.5, 0], [0.5, 0], [10, 0], [10.001, 0], [-10, 0], [-10, 0.5]]) * 1e-21).astype(np.float32)
+
+
+@pytest.fixture
+def flush_to_zero():
+    """Flush-to-zero switched on by another library in the process (here torch)."""
     torch = pytest.importorskip("torch")
     if not torch.set_flush_denormal(True):
         pytest.skip("this CPU cannot flush denormals")
-    try:
-        S = (np.array([[-0.5, 0], [0.5, 0], [10, 0], [10.001, 0], [-10, 0], [-10, 0.5]]) * 1e-21).astype(
-            np.float32
-        )
-        for fn, maximise in ((refgeo.closest_pair, False), (refgeo.row_diameter, True)):
-            r = fn(S, tile_size=2)
-            assert (r.value, r.i, r.j) == _oracle_extreme(S, maximise)
-        np.testing.assert_array_equal(refgeo.knn(S, 1).indices, _oracle_knn(S, 1)[0])
-    finally:
-        torch.set_flush_denormal(False)
+    yield
+    torch.set_flush_denormal(False)
+
+
+def test_certificate_survives_flush_to_zero(backend, flush_to_zero):
+    S = FTZ_ROWS
+    for fn, maximise in ((refgeo.closest_pair, False), (refgeo.row_diameter, True)):
+        r = fn(S, tile_size=2)
+        assert (r.value, r.i, r.j) == _oracle_extreme(S, maximise)
+    np.testing.assert_array_equal(refgeo.knn(S, 1).indices, _oracle_knn(S, 1)[0])

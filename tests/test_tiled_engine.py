@@ -19,7 +19,7 @@ from hypothesis import strategies as st
 import refgeo
 from refgeo import _backend, _tiled
 
-from .test_engine import _oracle_extreme, _oracle_knn, _oracle_sq, adversarial_clouds
+from .test_engine import FTZ_ROWS, _oracle_extreme, _oracle_knn, _oracle_sq, adversarial_clouds, flush_to_zero  # noqa: F401
 
 xps = pytest.importorskip("array_api_strict")
 
@@ -145,17 +145,8 @@ def test_cupy_arrays_dispatch_to_the_gpu_engine():
         assert math.isfinite(r.error_bound)
 
 
-def test_certificate_survives_flush_to_zero():
-    # as test_engine.py::test_certificate_survives_flush_to_zero, for this engine
-    torch = pytest.importorskip("torch")
-    if not torch.set_flush_denormal(True):
-        pytest.skip("this CPU cannot flush denormals")
-    try:
-        S = (np.array([[-0.5, 0], [0.5, 0], [10, 0], [10.001, 0], [-10, 0], [-10, 0.5]]) * 1e-21).astype(
-            np.float32
-        )
-        assert _tiled.closest(S, tile_size=2)[:3] == _oracle_extreme(S, False)
-        assert _tiled.diameter(S, tile_size=2)[:3] == _oracle_extreme(S, True)
-        np.testing.assert_array_equal(_np(_tiled.knn(S, 1, None, exclude_self=True)[0]), _oracle_knn(S, 1)[0])
-    finally:
-        torch.set_flush_denormal(False)
+def test_certificate_survives_flush_to_zero(flush_to_zero):
+    S = FTZ_ROWS
+    assert _tiled.closest(S, tile_size=2)[:3] == _oracle_extreme(S, False)
+    assert _tiled.diameter(S, tile_size=2)[:3] == _oracle_extreme(S, True)
+    np.testing.assert_array_equal(_np(_tiled.knn(S, 1, None, exclude_self=True)[0]), _oracle_knn(S, 1)[0])
