@@ -597,57 +597,47 @@ def _knn_cython(X, k, Y, *, exclude_self, tile_size=None, n_threads=None):
     ext = _backend.extension()
     n = _backend.resolve_n_threads(n_threads)
     symmetric = Y is None
-    origs, cents, norms, dt = _center([X] if symmetric else [X, Y], n)
+    arrays = [X] if symmetric else [X, Y]
+    # float64 rows with enough work are filtered through a float32 centred copy (half
+    # the GEMM time); _center falls back to float64 where float32 cannot hold them.
+    # The float64 centred copy is then made only if some row needs it (below): at
+    # N = 50000, d = 768 it is 300 MB that the common case never reads.
+    want_mixed = (
+        any(a.dtype == np.float64 for a in arrays)
+        and X.shape[0] * arrays[-1].shape[0] * X.shape[1] >= _KNN_MIXED_MIN_WORK
+    )
+    origs, cents, norms, dt = _center(arrays, n, float32_filter=want_mixed)
     if not _engine_usable(norms, dt):
         return _knn_reference(X, k, Y, exclude_self=exclude_self)
     SA = origs[0]
     SB = SA if symmetric else origs[1]
-    nA_rows, d = SA.shape
-    no_self = np.full(nA_rows, -1, dtype=np.int64)
-    mixed = (
-        dt == "float64"
-        and nA_rows * SB.shape[0] * d >= _KNN_MIXED_MIN_WORK
-        and math.isfinite(_rounding_bound(d, "float32")[0])
-        and max(float(nm.max()) for nm in norms) <= _MAX_NORM2["float32"]
-    )
-    if not mixed:
-        XA, nA = cents[0], norms[0]
-        XB, nB = (XA, nA) if symmetric else (cents[1], norms[1])
-        idx, dist, stats = _knn_pass(
-            getattr(ext._knn, "knn" + _suffix(XA)), XA, nA, SA, XB, nB, SB, symmetric=symmetric,
-            exclude_self=exclude_self, self_idx=no_self, defer=False, k=k, dt=dt,
-            tile_size=tile_size, n=n,
-        )
-        return idx, dist, _reported_bound(d, dt, float(max(nm.max() for nm in norms))), int(stats[1])
-    # float64 rows, float32 filter (half the GEMM time); rows the float32 certificate
-    # cannot settle are redone against every candidate with a float64 filter.
-    mu = sum(np.sum(a, axis=0, dtype=np.float64) for a in origs) / sum(a.shape[0] for a in origs)
-    c32 = []
-    for a in [SA] if symmetric else [SA, SB]:
-        X32 = np.empty(a.shape, dtype=np.float32)
-        n32 = np.empty(a.shape[0])
-        ext._extreme_pairs.center32s64(a, mu, X32, n32, n if a.size >= _MIN_PARALLEL_WORK else 1)
-        c32.append((X32, n32))
-    XA, nA = c32[0]
-    XB, nB = (XA, nA) if symmetric else c32[1]
+    d = SA.shape[1]
+    XA, nA = cents[0], norms[0]
+    XB, nB = (XA, nA) if symmetric else (cents[1], norms[1])
+    mixed = SA.dtype == np.float64 and XA.dtype == np.float32
+    no_self = np.full(SA.shape[0], -1, dtype=np.int64)
     idx, dist, stats = _knn_pass(
-        ext._knn.knn32s64, XA, nA, SA, XB, nB, SB, symmetric=symmetric, exclude_self=exclude_self,
-        self_idx=no_self, defer=True, k=k, dt="float32", tile_size=tile_size, n=n,
+        getattr(ext._knn, "knn" + _kernel_suffix(XA, SA)), XA, nA, SA, XB, nB, SB,
+        symmetric=symmetric, exclude_self=exclude_self, self_idx=no_self, defer=mixed, k=k,
+        dt=dt, tile_size=tile_size, n=n,
     )
     n_refined = int(stats[1])
-    if stats[0] > 0:
+    if mixed and stats[0] > 0:
+        # rows the float32 certificate cannot settle are redone against every
+        # candidate with a float64 filter (same mean, so the same centred rows)
+        _, cents64, norms64, _ = _center(arrays, n)
         F = np.flatnonzero(idx[:, 0] < 0)
-        XB64, nB64 = (cents[0], norms[0]) if symmetric else (cents[1], norms[1])
+        XB64, nB64 = (cents64[0], norms64[0]) if symmetric else (cents64[1], norms64[1])
         self_idx = F.astype(np.int64) if (symmetric and exclude_self) else np.full(F.size, -1, np.int64)
         sub_idx, sub_dist, sub_stats = _knn_pass(
-            ext._knn.knn64, np.ascontiguousarray(cents[0][F]), np.ascontiguousarray(norms[0][F]),
+            ext._knn.knn64, np.ascontiguousarray(cents64[0][F]), np.ascontiguousarray(norms64[0][F]),
             np.ascontiguousarray(SA[F]), XB64, nB64, SB, symmetric=False, exclude_self=False,
             self_idx=self_idx, defer=False, k=k, dt="float64", tile_size=tile_size, n=n,
         )
         idx[F] = sub_idx
         dist[F] = sub_dist
         n_refined += int(sub_stats[1])
-    return idx, dist, _reported_bound(d, "float32", float(max(nA.max(), nB.max()))), n_refined
+    return idx, dist, _reported_bound(d, dt, float(max(nA.max(), nB.max()))), n_refined
 
 
 # --------------------------------------------------------------------------- dispatch
