@@ -29,8 +29,13 @@ _PANEL_BYTES = 48 * 2**20
 
 
 def default_chunk(k: int, d: int, n: int) -> int:
-    """Tokens per chunk so that one (chunk, k, d) float64 panel stays near 48 MiB."""
-    return int(max(1, min(n, _PANEL_BYTES // max(1, 8 * k * d))))
+    """Tokens per chunk so that one (chunk, k, max(d, 4k)) float64 block stays near 48 MiB.
+
+    ``4k``: the kernel-form fits also hold about four (chunk, k, k) arrays at once
+    (Gram matrix, eigenvectors, and for low rank two more), which dominate when k is
+    large compared with d.
+    """
+    return int(max(1, min(n, _PANEL_BYTES // max(1, 8 * k * max(d, 4 * k)))))
 
 
 # --------------------------------------------------------------------- diagonal
@@ -72,16 +77,19 @@ def fit_diagonal(X, Y, nbr, w, lam, a0, nonneg, chunk):
 
 
 def _kernel_pinv_weights(mu, lam, rcond):
-    """1/(mu + lam) on the numerical range of the Gram matrix, 0 off it (lam = 0)."""
+    """``1/(mu + lam)`` and ``mu/(mu + lam)`` on the numerical range of the Gram matrix.
+
+    Eigenvalues below ``rcond * mu_max`` count as zero for every ``lam``, not only for
+    ``lam = 0``: the query ``kappa = Xt x`` and the targets lie in the range of ``Xt``,
+    so the null space contributes nothing in exact arithmetic, while ``1/lam`` on it
+    would amplify rounding noise (a rank-deficient panel, e.g. ``k > d``, with
+    ``lam = 1e-14`` gave errors of order one).  It also makes ``lam -> 0+`` continuous
+    with the minimum-norm answer at ``lam = 0``.
+    """
     mu = np.maximum(mu, 0.0)
-    if lam > 0:
-        inv = 1.0 / (mu + lam)
-        h = mu * inv
-    else:
-        tol = rcond * mu[..., -1:]
-        keep = mu > tol
-        inv = np.where(keep, 1.0 / np.where(keep, mu, 1.0), 0.0)
-        h = keep.astype(np.float64)
+    keep = mu > rcond * mu[..., -1:]
+    inv = np.where(keep, 1.0 / np.where(keep, mu + lam, 1.0), 0.0)
+    h = np.where(keep, mu * inv, 0.0)
     return inv, h
 
 
@@ -98,7 +106,7 @@ def fit_linear(X, Y, nbr, w, lam, identity_prior, rank, chunk, return_maps=False
     singular vectors of the augmented fitted values, whose Gram matrix is
     ``Rt^T H Rt`` with ``H = K (K + lam I)^+``; with ``H = L L^T`` these are
     ``V_r = Rt^T L Phi_r nu_r^{-1/2}`` from the k x k eigenproblem of
-    ``L^T Rt Rt^T L``.  Cost O(k^2 d) per token, no d x d matrix.
+    ``L^T Rt Rt^T L``.  Cost O(k^2 d + k^3) per token, no d x d matrix.
     """
     n, d = X.shape
     k = nbr.shape[1]

@@ -79,7 +79,8 @@ def _ro(a):
     """Read-only view (results are immutable)."""
     if a is None:
         return None
-    a = np.asarray(a)
+    # a view, so that freezing never reaches an array the caller still owns
+    a = np.asarray(a).view()
     a.setflags(write=False)
     return a
 
@@ -209,7 +210,11 @@ class MLPFit:
     train_index, test_index : ndarray of int64
         The seeded split of the tokens.
     train_loss, test_loss : ndarray of shape (epochs,)
-        Mean squared error per coordinate (standardised units) after each epoch.
+        Mean squared error per coordinate (standardised units).  ``train_loss[e]`` is
+        the running loss of epoch ``e``: each mini-batch's loss before its own update
+        (with full batches, ``train_loss[0]`` is the loss at initialisation);
+        ``test_loss[e]`` is the held-out loss after epoch ``e`` (NaN without held-out
+        tokens).  The two curves are therefore up to one epoch apart.
     n_parameters : int
         Number of trained parameters (the MLP's degrees of freedom).
     config : dict
@@ -419,10 +424,10 @@ def _resolve_neighbors(X, k, neighbors, metric, standardize, exclude_self):
         if k is not None and k != idx.shape[1]:
             raise ValueError(f"k must equal neighbors.shape[1] = {idx.shape[1]}, got {k} instead.")
         if dist is not None:
-            dist = _f64(np.asarray(dist))
+            dist = np.array(dist, dtype=np.float64)  # a copy: results never alias inputs
             if dist.shape != idx.shape:
                 dist = None
-        return idx.astype(np.int64, copy=False), dist
+        return np.array(idx, dtype=np.int64), dist
     from .rows import knn
 
     Z = X
@@ -540,9 +545,9 @@ def _fit_local(X, Y, k, cls, rank, ridge, prior, metric, standardize, exclude_se
         "rank": rank,
         "ridge": ridge,
         "prior": prior,
-        "metric": metric,
-        "standardize": standardize,
-        "exclude_self": exclude_self,
+        "metric": metric if neighbors is None else None,
+        "standardize": standardize if neighbors is None else None,
+        "exclude_self": exclude_self if neighbors is None else None,
         "weights": wkind,
         "neighbors": "given" if neighbors is not None else "refgeo.knn",
         "chunk_size": int(chunk),
@@ -608,14 +613,19 @@ def fit_local_maps(
     exclude_self : bool, default=True
         Leave-one-out neighbourhoods.  Without exclusion ``x_i`` is its own nearest
         neighbour, and with ``k = 1`` and the full class the residual vanishes
-        identically: the degeneracy SPEC §5 warns about.
+        identically: the degeneracy SPEC §5 warns about.  Exclusion removes token
+        ``i`` only, not other tokens with the same hidden state: exact duplicates
+        (e.g. repeated BOS positions) are each other's neighbours at distance 0 and
+        can fit one another exactly, the same degeneracy.
     weights : {None, "uniform", "gaussian"} or array_like of shape (N, k), default=None
         Neighbour weights :math:`w_{ij}`, normalised to mean 1 per token.
         ``"gaussian"``: :math:`\exp(-\tfrac12 (\delta_{ij}/\delta_{ik})^2)` with
         :math:`\delta_{ik}` the distance to the k-th neighbour.
     neighbors : KNNResult or array_like of int of shape (N, k), default=None
-        Precomputed neighbourhoods (e.g. shared across classes); otherwise
-        :func:`refgeo.knn` is called.
+        Precomputed neighbourhoods (e.g. shared across classes), used as given (a
+        token listed as its own neighbour stays in its panel); ``metric``,
+        ``standardize`` and ``exclude_self`` then do not apply and are recorded as
+        None in ``config``.  Otherwise :func:`refgeo.knn` is called.
     chunk_size : int, default=None
         Tokens per gathered neighbour panel; default keeps a (chunk, k, d) float64
         panel near 48 MiB.
@@ -663,13 +673,15 @@ def fit_local_maps(
       ``scaled_orthogonal`` adds :math:`s = \operatorname{tr}(Q^T M_\lambda)/
       (\sum_j w_{ij}\lVert x_j\rVert^2 + \lambda d)`.
 
-    Time O(N k d) (diagonal), O(N k^2 d) (full, low rank), O(N k^2 d + N k^3)
-    (orthogonal), plus the k-NN search; extra memory O(chunk k d + N d), never
-    N k d.  Numerical guarantee: float64 closed forms; the kernel forms square the
-    condition number of each neighbour panel (eigenvalues below
-    ``100 max(k, d) eps`` relative are treated as zero).  Invariances: a global
+    Time O(N k d) (diagonal), O(N k^2 d + N k^3) (full, low rank, orthogonal), plus
+    the k-NN search; extra memory O(chunk k max(k, d) + N d), never N k d.
+    Numerical guarantee: float64 closed forms; the kernel forms square the condition
+    number of each neighbour panel (eigenvalues below ``100 max(k, d) eps`` relative
+    are treated as zero, with or without ridge).  Invariances: a global
     rotation of X and Y (not for the diagonal classes), a common scaling of X and Y
-    (every class without ridge), token permutations.
+    (every class without ridge), token permutations (when no neighbour distances
+    tie: :func:`knn` breaks ties by the smaller index, so a permutation can change
+    which of two equidistant tokens is a neighbour).
 
     References
     ----------
@@ -771,7 +783,7 @@ def _fit_mlp(X, Y, hidden, activation, train_fraction, epochs, learning_rate, ba
     lr = check_real(learning_rate, "learning_rate", min_value=0.0, strict=True)
     batch_size = check_int(batch_size, "batch_size", min_value=1, allow_none=True)
     wd = check_real(weight_decay, "weight_decay", min_value=0.0)
-    seed = check_int(seed, "seed")
+    seed = check_int(seed, "seed", min_value=0)
     n_train = int(round(tf * n))
     if not 1 <= n_train <= n - 1:
         raise ValueError(
@@ -1011,6 +1023,10 @@ def decompose(
     baselines = _check_bool(baselines, "baselines")
     X64, Y64 = _f64(X), _f64(Y)
     if cls == "mlp":
+        # the neighbour options are unused here, but a misspelt choice is still an error
+        check_choice(metric, "metric", _METRICS)
+        if isinstance(weights, str):
+            check_choice(weights, "weights", _WEIGHTS)
         opts = dict(mlp_options or {})
         mfit = _fit_mlp(X, Y, **{**_MLP_DEFAULTS, **opts}) if set(opts) <= set(_MLP_DEFAULTS) else None
         if mfit is None:
@@ -1052,11 +1068,13 @@ def decompose(
     c_rd = _cosine(_rowdot(rho, delta), rn, dn)
 
     # dominant tokenwise subspace
+    # Centring subtracts the mean explicitly: the shortcut G - n m m^T (and
+    # |v|^2 - 2 v.m + |m|^2) cancels catastrophically when the mean update is large
+    # against its spread, as in residual streams (review: NaN projections at 1e8).
     te = tau[eval_mask]
-    mean_t = te.mean(axis=0) if center_subspace else np.zeros(d)
-    G = te.T @ te
     if center_subspace:
-        G -= te.shape[0] * np.outer(mean_t, mean_t)
+        te = te - te.mean(axis=0)
+    G = te.T @ te
     with _one_blas_thread():
         evals, evecs = np.linalg.eigh(G)
     U = np.ascontiguousarray(evecs[:, ::-1][:, :subspace_rank])
@@ -1064,11 +1082,9 @@ def decompose(
 
     def proj(v, vn2):
         if center_subspace:
-            mv = v[eval_mask].mean(axis=0)
-            p = v @ U - mv @ U
-            vn2 = vn2 - 2.0 * (v @ mv) + mv @ mv
-        else:
-            p = v @ U
+            v = v - v[eval_mask].mean(axis=0)
+            vn2 = _rowdot(v, v)
+        p = v @ U
         p2 = _rowdot(p, p)
         return _ratio(p2, vn2), _energy(np.sum(p2[eval_mask]), np.sum(vn2[eval_mask]))
 
@@ -1104,25 +1120,36 @@ _MLP_DEFAULTS = {
 
 
 def log_softmax(z, axis=-1):
-    """Max-shifted float64 log-softmax (finite for any finite logits)."""
+    """Max-shifted float64 log-softmax.
+
+    Finite wherever the probability is positive in float64; a logit more than the
+    float64 range below the largest one gets ``-inf`` (probability exactly 0).
+    """
     z = _f64(np.asarray(z))
     m = np.max(z, axis=axis, keepdims=True)
-    s = z - m
+    with np.errstate(over="ignore"):
+        s = z - m
     return s - np.log(np.sum(np.exp(s), axis=axis, keepdims=True))
+
+
+def _xlogratio(p, la, lb):
+    """``p (la - lb)`` with the convention ``0 * anything = 0`` (where p == 0)."""
+    with np.errstate(invalid="ignore"):
+        return np.where(p > 0, p * (la - lb), 0.0)
 
 
 def _divergence(lp, lq, kind):
     p = np.exp(lp)
     if kind == "kl":
-        v = np.sum(p * (lp - lq), axis=-1)
+        v = np.sum(_xlogratio(p, lp, lq), axis=-1)
     elif kind == "reverse_kl":
         q = np.exp(lq)
-        v = np.sum(q * (lq - lp), axis=-1)
+        v = np.sum(_xlogratio(q, lq, lp), axis=-1)
     else:
         q = np.exp(lq)
         # log of the midpoint; exactly log p where the two agree (so JS(p, p) = 0 exactly)
         lm = np.where(lp == lq, lp, np.logaddexp(lp, lq) - math.log(2.0))
-        v = 0.5 * np.sum(p * (lp - lm), axis=-1) + 0.5 * np.sum(q * (lq - lm), axis=-1)
+        v = 0.5 * np.sum(_xlogratio(p, lp, lm), axis=-1) + 0.5 * np.sum(_xlogratio(q, lq, lm), axis=-1)
     return np.maximum(v, 0.0)
 
 
@@ -1359,7 +1386,9 @@ def layer_report(
         row.update(r.summary())
         p = None if perturbations is None else perturbations[i]
         if p is not None:
-            p = np.asarray(p, dtype=np.float64).reshape(-1)
+            # NaN/inf allowed (a diverged token): they are left out of the statistics
+            p = as_float_array(p, f"perturbations[{i}]", ndim=1, finite=False, shape_hint="1-D array of shape (N,)")
+            p = np.asarray(p, dtype=np.float64)
             if p.shape[0] != r.relative_error.shape[0]:
                 raise ValueError(
                     f"perturbations[{i}] must have one value per token ({r.relative_error.shape[0]}), "

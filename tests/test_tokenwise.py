@@ -394,6 +394,52 @@ def test_decompose_metrics_match_their_definitions():
         assert r.subspace_energy_tau >= r.subspace_energy_rho - 1e-12
 
 
+@pytest.mark.parametrize("cls", ["full", "lowrank"])
+@pytest.mark.parametrize("lam", [1e-16, 1e-14, 1e-12, 1e-6])
+def test_tiny_ridge_on_rank_deficient_panels_matches_brute_force(cls, lam):
+    """k > d makes every neighbour Gram matrix singular: a tiny ridge must not divide the
+    rounding noise on its null space by lam (review finding: errors of order one)."""
+    g = np.random.default_rng(4)
+    n, d, k = 60, 3, 40
+    X = g.standard_normal((n, d))
+    Y = X @ g.standard_normal((d, d)) + 0.3 * g.standard_normal((n, d))
+    nbr = brute_knn(X, k)
+    fit = refgeo.fit_local_maps(X, Y, cls=cls, neighbors=nbr, ridge=lam, prior="zero", **_kw(cls))
+    for i in range(n):
+        A = brute_map(X, Y, nbr[i], np.ones(k), cls, 2, lam, "zero")
+        np.testing.assert_allclose(fit.fitted[i], A @ X[i], rtol=1e-9, atol=1e-9)
+
+
+def test_centred_subspace_metrics_survive_a_large_mean_update():
+    """Centring subtracts the mean explicitly: a mean update 1e8 times the spread gave
+    NaN projections through the |v|^2 - 2 v.m + |m|^2 shortcut."""
+    g = np.random.default_rng(8)
+    n, d = 60, 4
+    X = g.standard_normal((n, d))
+    Y = X + 1e2 + 1e-6 * g.standard_normal((n, d))
+    r = refgeo.decompose(X, Y, k=6, cls="diagonal", subspace_rank=1, center_subspace=True, baselines=False)
+    for v, name in ((r.delta, "delta"), (r.tau, "tau"), (r.rho, "rho")):
+        vc = v - v.mean(0)
+        want = np.sum((vc @ r.subspace) ** 2, 1) / np.sum(vc**2, 1)
+        got = getattr(r, "projection_" + name)
+        assert np.all(np.isfinite(got)) and np.all((got >= 0) & (got <= 1 + 1e-12))
+        np.testing.assert_allclose(got, want, rtol=1e-9, atol=1e-12)
+
+
+def test_given_neighbours_are_copied_and_config_says_which_options_applied():
+    g = np.random.default_rng(2)
+    X = g.standard_normal((30, 4))
+    nbr = refgeo.knn(X, 3)
+    idx = np.array(nbr.indices)
+    fit = refgeo.fit_local_maps(X, 2 * X, cls="diagonal", neighbors=idx, metric="cosine")
+    idx[0, 0] = (idx[0, 0] + 1) % 30  # the caller's array stays writable ...
+    assert fit.neighbors[0, 0] == nbr.indices[0, 0]  # ... and the result does not alias it
+    assert not fit.neighbors.flags.writeable
+    assert fit.config["metric"] is None and fit.config["exclude_self"] is None
+    own = refgeo.fit_local_maps(X, 2 * X, cls="diagonal", k=3, metric="cosine")
+    assert own.config["metric"] == "cosine" and own.config["exclude_self"] is True
+
+
 def test_global_baselines_match_lstsq_and_procrustes():
     g = np.random.default_rng(15)
     X = g.standard_normal((70, 5))
@@ -524,6 +570,24 @@ def test_perturbation_matches_probability_formulas(zw):
     m = 0.5 * (p + q)
     js_ref = 0.5 * np.sum(scipy.special.rel_entr(p, m), -1) + 0.5 * np.sum(scipy.special.rel_entr(q, m), -1)
     np.testing.assert_allclose(js, js_ref, rtol=1e-8, atol=1e-12)
+
+
+def test_perturbation_of_logits_wider_than_the_float64_range():
+    """A logit range above 1.8e308 underflows probabilities to exactly 0: 0 log 0 = 0."""
+    a = np.array([[1e308, -1e308, 0.0]])
+    b = np.array([[-1e308, 1e308, 0.0]])
+    ident = lambda h: h  # noqa: E731
+    for div in ("kl", "reverse_kl", "js"):
+        assert refgeo.output_perturbation(ident, a, a, divergence=div)[0] == 0.0
+    assert refgeo.output_perturbation(ident, a, b, divergence="kl")[0] == math.inf
+    assert refgeo.output_perturbation(ident, a, b, divergence="reverse_kl")[0] == math.inf
+    assert refgeo.output_perturbation(ident, a, b, divergence="js")[0] == pytest.approx(math.log(2.0), rel=1e-15)
+    # a third, finite-probability token: KL over the two that keep mass
+    c = np.array([[1.0, 0.0, -1e308]])
+    e = np.array([[0.0, 1.0, -1e308]])
+    p = np.exp([1.0, 0.0]) / np.exp([1.0, 0.0]).sum()
+    q = p[::-1]
+    assert refgeo.output_perturbation(ident, c, e)[0] == pytest.approx(np.sum(p * np.log(p / q)), rel=1e-12)
 
 
 def test_per_token_perturbation_matches_a_manual_loop():
@@ -700,6 +764,12 @@ def test_errors_name_the_argument():
         refgeo.decompose(X, Y, cls="mlp", mlp_options={"width": 3})
     with pytest.raises(ValueError, match=re.escape("train_fraction must leave at least one training")):
         refgeo.fit_tokenwise_mlp(X, Y, train_fraction=0.99)
+    with pytest.raises(ValueError, match=re.escape("seed == -1, must be >= 0.")):
+        refgeo.fit_tokenwise_mlp(X, Y, seed=-1)
+    with pytest.raises(ValueError, match=re.escape("metric must be one of ('euclidean', 'cosine'), got 'junk'")):
+        refgeo.decompose(X, Y, cls="mlp", metric="junk")
+    with pytest.raises(ValueError, match=re.escape("weights must be one of ('uniform', 'gaussian'), got 'junk'")):
+        refgeo.decompose(X, Y, cls="mlp", weights="junk")
 
 
 def test_underdetermined_warning_states_degrees_of_freedom():
@@ -739,6 +809,12 @@ def test_perturbation_and_spearman_errors():
         refgeo.spearman([1.0, 2.0], [2.0, np.nan])
     with pytest.raises(TypeError, match=re.escape("results must be a sequence of TokenwiseResult")):
         refgeo.layer_report(3)
+    X, Y = _xy(30, 3)
+    r = refgeo.decompose(X, Y, k=4, cls="diagonal", baselines=False)
+    with pytest.raises(TypeError, match=re.escape("perturbations[0] must have a real floating dtype")):
+        refgeo.layer_report([r], perturbations=[np.ones(30, dtype=complex)])
+    with pytest.raises(ValueError, match=re.escape("perturbations[0] must be a 1-D array of shape (N,)")):
+        refgeo.layer_report([r], perturbations=[np.ones((30, 1))])
 
 
 # ------------------------------------------------------------- acceptance (slow)
