@@ -21,6 +21,7 @@ from array_api_compat import array_namespace, is_array_api_obj, is_numpy_array
 
 __all__ = [
     "as_float_array",
+    "check_bool",
     "check_axis",
     "check_finite",
     "check_int",
@@ -157,6 +158,14 @@ def check_int(
     if max_value is not None and value > max_value:
         raise ValueError(f"{name} == {value}, must be <= {max_value}.")
     return value
+
+
+def check_bool(value: Any, name: str) -> bool:
+    """Return ``value`` as bool; only ``bool`` and ``numpy.bool_`` are accepted
+    (``"no"`` or ``0`` for a flag is a mistake, not a value)."""
+    if not isinstance(value, (bool, np.bool_)):
+        raise TypeError(f"{name} must be a bool, got {type(value).__name__} instead.")
+    return bool(value)
 
 
 def check_real(

@@ -42,11 +42,12 @@ from array_api_compat import array_namespace, is_numpy_array
 
 from ._validate import (
     as_float_array,
+    check_bool,
     check_callable,
     check_centred_rows,
+    check_int,
     check_min_rows,
     check_real,
-    check_int,
 )
 from .rows import row_diameter
 
@@ -68,6 +69,9 @@ __all__ = [
 _CENTRED_RTOL = 1e-4
 
 _EPS64 = float(np.finfo(np.float64).eps)
+_TINY64 = float(np.finfo(np.float64).tiny)
+# Relative gap below which the solver's float64 estimates are rounding noise.
+_GAP_FLOOR = 16.0 * _EPS64
 
 
 def _f64(xp, x):
@@ -81,7 +85,12 @@ def _readonly(a):
 
 
 def _check_eta(eta) -> float:
-    return check_real(eta, "eta", min_value=0.0, strict=True)
+    eta = check_real(eta, "eta", min_value=0.0, strict=True)
+    if eta < _TINY64:
+        # a subnormal budget cannot carry the step: eta * S rounds to a few subnormal
+        # values whose diameter no longer respects eta
+        raise ValueError(f"eta == {eta!r}, must be >= {_TINY64!r} (the smallest normal float64).")
+    return eta
 
 
 def _check_gradient(G, name="G"):
@@ -164,10 +173,26 @@ def row_normalize(A: Any, /, *, eps: float = 0.0):
     eps = check_real(eps, "eps", min_value=0.0)
     xp = array_namespace(A)
     Af = _f64(xp, A)
-    n = xp.linalg.vector_norm(Af, axis=1, keepdims=True) + eps
+    n = _row_norms(xp, Af) + eps
     safe = xp.where(n > 0, n, xp.ones_like(n))
     N = xp.where(n > 0, Af / safe, xp.zeros_like(Af))
     return xp.astype(N, A.dtype) if A.dtype != xp.float64 else N
+
+
+def _row_norms(xp, A):
+    """Euclidean row norms (column vector), scale-safe: each row is divided by its
+    largest magnitude before squaring, so rows near 1e-200 or 1e200 neither underflow
+    to 0 nor overflow (a plain sum of squares does both)."""
+    m = xp.max(xp.abs(A), axis=1, keepdims=True)
+    safe = xp.where(m > 0, m, xp.ones_like(m))
+    return m * xp.linalg.vector_norm(A / safe, axis=1, keepdims=True)
+
+
+def _pow2_exponent(A: np.ndarray) -> int:
+    """``e`` with ``max |A| * 2**-e`` in [0.5, 1): the exact rescaling that keeps the
+    solvers' sums of squares inside the float64 range (0 for a zero array)."""
+    m = float(np.max(np.abs(A))) if A.size else 0.0
+    return math.frexp(m)[1] if 0.0 < m < math.inf else 0
 
 
 def projected_rownorm(G: Any, /, *, eta: float = 1.0):
@@ -184,7 +209,10 @@ def projected_rownorm(G: Any, /, *, eta: float = 1.0):
     Returns
     -------
     S : ndarray of shape (V, d)
-        The step, dtype of ``G``; :math:`D(S) \le \eta` and :math:`\mathbf{1}^\top S = 0`.
+        The step, dtype of ``G``; :math:`D(S) \le \eta` and :math:`\mathbf{1}^\top S = 0`
+        up to rounding: the computed D(S) can exceed η by a few units of roundoff of
+        the dtype (the row norms and a float32 cast round).  :func:`rescaled_rownorm`
+        returns a step shrunk to stay strictly inside the budget.
 
     Notes
     -----
@@ -212,7 +240,11 @@ def projected_rownorm(G: Any, /, *, eta: float = 1.0):
     G = as_float_array(G, "G", ndim=2, shape_hint="2-D array of shape (V, d)")
     eta = _check_eta(eta)
     xp = array_namespace(G)
-    N = _f64(xp, row_normalize(center_rows(_f64(xp, G))))
+    Gf = _f64(xp, G)
+    Gc = Gf - xp.mean(Gf, axis=0, keepdims=True)
+    N = row_normalize(Gc)
+    # the textbook formula, not shrunk: it is the oracle user kernels are compared with
+    # (refgeo.testing), so D(S) <= eta holds up to rounding, as documented
     S = (-eta / 2.0) * (N - xp.mean(N, axis=0, keepdims=True))
     return xp.astype(S, G.dtype) if G.dtype != xp.float64 else S
 
@@ -243,7 +275,8 @@ def rescaled_rownorm(G: Any, /, *, eta: float = 1.0):
     is usually below the budget; rescaling spends the whole budget for one certified
     diameter computation (time O(V^2 d), see :func:`refgeo.row_diameter`).  On
     cross-entropy gradients it recovers about half of the gap between RowNorm and
-    the exact LMO.  Same invariances as :func:`projected_rownorm`.
+    the exact LMO.  Equivariant under row permutations and right-orthogonal
+    transforms; invariant under positive scaling of ``G`` (G must be centred).
 
     References
     ----------
@@ -259,7 +292,7 @@ def rescaled_rownorm(G: Any, /, *, eta: float = 1.0):
     """
     G = _check_gradient(G)
     eta = _check_eta(eta)
-    Gc = _centred_float64(G)
+    Gc, _ = _centred_float64(G)  # the direction does not depend on the scale
     N = row_normalize(Gc)
     N = N - N.mean(axis=0, keepdims=True)
     D = row_diameter(N).value
@@ -268,15 +301,24 @@ def rescaled_rownorm(G: Any, /, *, eta: float = 1.0):
     return _scale_to_budget(N, D, -eta)
 
 
-def _centred_float64(G) -> np.ndarray:
-    """Checked, centred float64 NumPy copy of a gradient."""
+def _centred_float64(G) -> tuple[np.ndarray, int]:
+    """Checked, centred float64 NumPy copy of a gradient, times ``2**-e``; returns it and ``e``.
+
+    The LMO step does not depend on the scale of G and every bound is positively
+    homogeneous, so the solvers work on the rescaled copy (max magnitude in [0.5, 1))
+    and multiply values by ``2**e`` at the end: no sum of squares underflows or
+    overflows, whatever the scale of G.
+    """
     xp = array_namespace(G)
     if not is_numpy_array(G):
         G = np.asarray(G)  # the solver is NumPy code (device arrays are copied)
     del xp
     Gf = np.asarray(G, dtype=np.float64)
+    e = _pow2_exponent(Gf)
+    if e:
+        Gf = np.ldexp(Gf, -e)
     check_centred_rows(Gf, "G", _CENTRED_RTOL)
-    return Gf - Gf.mean(axis=0, keepdims=True)
+    return Gf - Gf.mean(axis=0, keepdims=True), e
 
 
 def _scale_to_budget(S: np.ndarray, D: float, factor: float) -> np.ndarray:
@@ -402,9 +444,10 @@ def tension_bounds(G: Any, /, *, pairwise: bool = True) -> TensionBounds:
     The rank k is numerical: the number of singular values of G above
     ``max(V, d) * eps * s_max`` (NumPy's ``matrix_rank`` rule, eps = 2**-52).  Time
     O(Vd min(V, d)) for the singular values plus O(V^2 d) for the pairwise bound;
-    all sums in float64 (results exact to a few ulps).  Invariant under row
-    permutations, right-orthogonal transforms and a common row shift; positively
-    homogeneous.
+    all sums in float64 on G rescaled by a power of two (results exact to a few ulps
+    at any scale).  Invariant under row permutations and right-orthogonal
+    transforms; positively homogeneous.  A common row shift is not accepted (G must
+    be centred, see :func:`diameter_lmo`).
 
     References
     ----------
@@ -418,7 +461,8 @@ def tension_bounds(G: Any, /, *, pairwise: bool = True) -> TensionBounds:
     (2.0, 2.0, 'rank1')
     """
     G = _check_gradient(G)
-    Gc = _centred_float64(G)
+    pairwise = check_bool(pairwise, "pairwise")
+    Gc, e = _centred_float64(G)
     V, d = Gc.shape
     norms = np.sqrt(np.einsum("ij,ij->i", Gc, Gc))
     s1, prod = _row_norm_sum_bounds(norms)
@@ -433,23 +477,30 @@ def tension_bounds(G: Any, /, *, pairwise: bool = True) -> TensionBounds:
     closed = None
     exact = _closed_form_value(Gc, k)
     if exact is not None:
-        closed, value = exact
-        lower = upper = value
+        closed, value, residual = exact
+        # T is a norm: |T(G) - T(a b^T)| <= T(G - a b^T) <= residual (the part of G
+        # below the numerical-rank threshold, zero for an exactly rank-one G)
+        lower = max(lower, value - residual)
+        upper = min(upper, value + residual)
     upper = max(upper, lower)  # guard the few-ulp rounding of different formulas
-    return TensionBounds(half, jung, prod, pw, lower, upper, k, closed)
+    return TensionBounds(*(math.ldexp(v, e) for v in (half, jung, prod, pw, lower, upper)), k, closed)
 
 
-def _closed_form_value(Gc: np.ndarray, k: int) -> tuple[str, float] | None:
+def _closed_form_value(Gc: np.ndarray, k: int) -> tuple[str, float, float] | None:
+    """(kind, T of the closed-form part, upper bound on T of what the form leaves out)."""
     V = Gc.shape[0]
     if k == 0:
-        return "zero", 0.0
+        return "zero", 0.0, 0.0
     if V == 2:
-        return "two_rows", float(np.linalg.norm(Gc[0]))
+        return "two_rows", float(np.linalg.norm(Gc[0])), 0.0
     if k == 1:
-        # G = a b^T with ||b|| = 1: a = G b, b = the top right singular vector.
+        # G = a b^T with ||b|| = 1: a = G b, b = the top right singular vector.  G has
+        # numerical rank one, not rank one: the rest G - a b^T is bounded, not dropped.
         b = _top_right_singular_vector(Gc)
         a = Gc @ b
-        return "rank1", 0.5 * float(np.sum(np.abs(a)))
+        R = Gc - np.outer(a, b)
+        R -= R.mean(axis=0, keepdims=True)
+        return "rank1", 0.5 * float(np.sum(np.abs(a))), _upper_bound_cheap(R)
     return None
 
 
@@ -519,7 +570,8 @@ def _relative_gap(lower: float, upper: float) -> float:
     return max(0.0, (upper - lower) / upper)
 
 
-def _closed_form_result(Gc, kind, eta, t0) -> LMOResult:
+def _closed_form_result(Gc, kind, t0) -> LMOResult:
+    """Closed-form LMO for budget 1 (rescaled by :func:`_for_budget`)."""
     V, d = Gc.shape
     if kind == "zero":
         S = np.zeros((V, d))
@@ -534,7 +586,7 @@ def _closed_form_result(Gc, kind, eta, t0) -> LMOResult:
         Phi = 0.5 * np.sign(a)[:, None] * b[None, :]
         Phi -= Phi.mean(axis=0, keepdims=True)
         D = row_diameter(Phi).value
-        S = _scale_to_budget(Phi, D, -eta)
+        S = _scale_to_budget(Phi, D, -1.0)
         pos = np.flatnonzero(a > 0)
         neg = np.flatnonzero(a < 0)
         # a transport plan (north-west corner rule) between the positive and negative parts
@@ -556,9 +608,10 @@ def _closed_form_result(Gc, kind, eta, t0) -> LMOResult:
                 q += 1
         pairs = np.asarray(pairs_l, dtype=np.int64).reshape(-1, 2)
         flows = np.asarray(flows_l, dtype=np.float64)
-        value = _closed_form_value(Gc, 1)[1]  # "two_rows" when V == 2, "rank1" otherwise
+        _, value, residual = _closed_form_value(Gc, 1)  # "two_rows" if V == 2, else "rank1"
+        value += residual
     decrease = -float(np.sum(Gc * S))
-    lower = decrease / eta
+    lower = decrease
     upper = max(value, lower)
     return LMOResult(
         update=_readonly(S),
@@ -570,7 +623,7 @@ def _closed_form_result(Gc, kind, eta, t0) -> LMOResult:
         flows=_readonly(flows),
         iterations=0,
         rounds=0,
-        eta=eta,
+        eta=1.0,
         method=kind,
         converged=True,
         elapsed=time.perf_counter() - t0,
@@ -728,7 +781,9 @@ def diameter_lmo(
     eta : float, default=1.0
         Diameter budget, ``> 0``.
     rtol : float, default=1e-4
-        Stop when the certified relative gap ``(upper - lower) / upper <= rtol``.
+        Stop when the certified relative gap ``(upper - lower) / upper <= rtol``.  A
+        gap near float64 rounding (below about ``16 eps``) cannot be certified: the
+        solver then stops there and returns ``converged=False`` instead of looping.
     max_time : float, default=None
         Wall-time limit in seconds (None: no limit).  The best certified answer so far
         is returned (``converged=False`` if the gap is above ``rtol``).
@@ -740,8 +795,8 @@ def diameter_lmo(
     callback : callable, default=None
         Called after each separation round with a dict (``iteration``, ``rounds``,
         ``pairs``, ``lower``, ``upper``, ``gap``, ``elapsed``; ``lower``/``gap`` are
-        estimates from the Gram filter, certified only in the result).  Returning True
-        stops the solver.
+        estimates from the Gram filter, certified only in the result).  Returning a true
+        value stops the solver.
     progress : bool, default=False
         Show a tqdm progress bar (when tqdm is installed; silently nothing otherwise).
 
@@ -796,8 +851,10 @@ def diameter_lmo(
     about 5-25 pairs per row on cross-entropy gradients.  Measured on this project's
     shared 2-core machine: V = 2000, d = 64 reaches a gap of 1e-3 in about a minute.
 
-    Invariant under row permutations, right-orthogonal transforms and a common row
-    shift of G; positively homogeneous (the update is scale-invariant).
+    Invariant under row permutations and right-orthogonal transforms; positively
+    homogeneous (the update is scale-invariant; G is rescaled by a power of two
+    internally, so any finite scale works).  A common row shift is not accepted: G
+    must be centred (see ``G`` above).
 
     References
     ----------
@@ -828,35 +885,62 @@ def diameter_lmo(
         raise TypeError(
             f"warm_start must be an LMOResult or None, got {type(warm_start).__name__} instead."
         )
-    Gc = _centred_float64(G)
+    progress = check_bool(progress, "progress")
+    Gc, e = _centred_float64(G)
     V, d = Gc.shape
     if warm_start is not None and tuple(warm_start.update.shape) != (V, d):
         raise ValueError(
             f"warm_start must come from a gradient of shape {(V, d)}, got an update of "
             f"shape {tuple(warm_start.update.shape)} instead."
         )
+    # Solved for eta = 1 on G * 2**-e, then rescaled: the bounds never depend on how
+    # eta rounds the step (eta = 1e300 or 1e-320 gave inf or crossed bounds), and no
+    # sum of squares leaves the float64 range.
+    if warm_start is not None and e:
+        warm_start = dataclasses.replace(warm_start, flows=np.ldexp(np.asarray(warm_start.flows), -e))
+    if callback is not None and e:
+        user_callback = callback
+
+        def callback(info):
+            return user_callback({**info, "lower": math.ldexp(info["lower"], e), "upper": math.ldexp(info["upper"], e)})
+
     scale = float(np.sum(np.sqrt(np.einsum("ij,ij->i", Gc, Gc))))
+    U_, s, Vt = np.linalg.svd(Gc / scale, full_matrices=False) if scale > 0 else (None, None, None)
     if scale == 0.0:
-        return _closed_form_result(Gc, "zero", eta, t0)
-    U_, s, Vt = np.linalg.svd(Gc / scale, full_matrices=False)
-    r = _numerical_rank(s, (V, d))
-    if V == 2:
-        return _closed_form_result(Gc, "two_rows", eta, t0)
-    if r == 1:
-        return _closed_form_result(Gc, "rank1", eta, t0)
-    Q = Vt[:r].T  # (d, r), orthonormal columns
-    H = U_[:, :r] * s[:r]  # (V, r), sum of row norms ~ 1
-    H -= H.mean(axis=0, keepdims=True)
-    solver = _ADMM(H, Q, Gc, scale, eta, rtol, max_time, max_iter, warm_start, callback, progress, t0)
-    return solver.run()
+        res = _closed_form_result(Gc, "zero", t0)
+    elif V == 2:
+        res = _closed_form_result(Gc, "two_rows", t0)
+    elif _numerical_rank(s, (V, d)) == 1:
+        res = _closed_form_result(Gc, "rank1", t0)
+    else:
+        r = _numerical_rank(s, (V, d))
+        Q = Vt[:r].T  # (d, r), orthonormal columns
+        H = U_[:, :r] * s[:r]  # (V, r), sum of row norms ~ 1
+        H -= H.mean(axis=0, keepdims=True)
+        res = _ADMM(H, Q, Gc, scale, rtol, max_time, max_iter, warm_start, callback, progress, t0).run()
+    return _for_budget(res, eta, e)
+
+
+def _for_budget(res: LMOResult, eta: float, e: int) -> LMOResult:
+    """The unit-budget result on ``G * 2**-e`` as the result for budget eta on G."""
+    S = res.update * eta if eta != 1.0 else res.update
+    return dataclasses.replace(
+        res,
+        update=_readonly(S),
+        decrease=math.ldexp(res.decrease, e) * eta,
+        lower_bound=math.ldexp(res.lower_bound, e),
+        upper_bound=math.ldexp(res.upper_bound, e),
+        flows=_readonly(np.ldexp(res.flows, e)),
+        eta=eta,
+    )
 
 
 class _ADMM:
     """State of one diameter_lmo solve in the reduced, scaled coordinates."""
 
-    def __init__(self, H, Q, Gc, scale, eta, rtol, max_time, max_iter, warm, callback, progress, t0):
+    def __init__(self, H, Q, Gc, scale, rtol, max_time, max_iter, warm, callback, progress, t0):
         self.H, self.Q, self.Gc, self.scale = H, Q, Gc, scale
-        self.eta, self.rtol, self.max_time, self.max_iter = eta, rtol, max_time, max_iter
+        self.rtol, self.max_time, self.max_iter = rtol, max_time, max_iter
         self.callback, self.t0 = callback, t0
         self.V, self.r = H.shape
         # Large problems at a loose tolerance iterate in float32 (half the memory
@@ -915,7 +999,7 @@ class _ADMM:
         self.cg_tol = max(1e-6, self.cg_floor)
         self.cert_time = None
         self.sep_time = 0.0
-        self.cert_trigger = 0.9 * rtol
+        self.cert_trigger = max(0.9 * rtol, 2.0 * _GAP_FLOOR)
 
     # ---------------------------------------------------------------- working set
     def _set_working_set(self, E):
@@ -993,9 +1077,9 @@ class _ADMM:
         Phi = X @ self.Q.T
         Phi -= Phi.mean(axis=0, keepdims=True)
         D = row_diameter(Phi).value
-        S = _scale_to_budget(Phi, D, -self.eta)
+        S = _scale_to_budget(Phi, D, -1.0)
         decrease = -float(np.sum(self.Gc * S))
-        lower = decrease / self.eta
+        lower = decrease
         B = _incidence(E, self.V)
         div = (B.T @ Y) @ self.Q.T * self.scale
         R = self.Gc - div
@@ -1051,7 +1135,7 @@ class _ADMM:
             if self.bar is not None:
                 self.bar.update(1)
                 self.bar.set_postfix(gap=f"{gap_est:.2e}", pairs=len(self.E))
-            if self.callback is not None and self.callback(info) is True:
+            if self.callback is not None and bool(self.callback(info)):
                 stop_requested = True
             if gap_est <= self.cert_trigger or stop_requested or self._out_of_budget():
                 tc = time.perf_counter()
@@ -1063,6 +1147,10 @@ class _ADMM:
                     break
                 # the estimate was optimistic: certify again only after it halves
                 self.cert_trigger = min(self.cert_trigger, gap_est) / 2.0
+                if self.cert_trigger < _GAP_FLOOR:
+                    # the estimates are at rounding level: an rtol below what float64
+                    # can certify would loop forever; return the best certificate
+                    break
                 self.cg_tol = max(self.cg_tol * 0.1, self.cg_floor)
             if len(Enew):
                 self._grow(Enew)
@@ -1085,7 +1173,7 @@ class _ADMM:
             flows=_readonly(fl[keep]),
             iterations=self.iterations,
             rounds=self.rounds,
-            eta=self.eta,
+            eta=1.0,
             method="admm",
             converged=gap <= self.rtol,
             elapsed=self._elapsed(),

@@ -19,7 +19,7 @@ from typing import Any
 
 import numpy as np
 
-from ._validate import as_float_array, check_real, check_same_shape
+from ._validate import as_float_array, check_bool, check_int, check_real, check_same_shape
 from .lmo import LMOResult, diameter_lmo, row_normalize
 
 __all__ = ["DiameterLMO", "RowNorm"]
@@ -45,6 +45,27 @@ def _check_unit_interval(value, name):
     if not value < 1.0:
         raise ValueError(f"{name} must be in [0, 1), got {value} instead.")
     return value
+
+
+def _check_open_unit_interval(value, name):
+    value = check_real(value, name, min_value=0.0, strict=True)
+    if not value < 1.0:
+        raise ValueError(f"{name} must be in (0, 1), got {value} instead.")
+    return value
+
+
+def _check_step_count(t):
+    return check_int(t, "state['t']", min_value=0)
+
+
+def _check_buffer(buf, shape=None):
+    """A restored momentum buffer: None or a finite 2-D float array (of ``shape``)."""
+    if buf is None:
+        return None
+    buf = as_float_array(buf, "state['buffer']", ndim=2, shape_hint="2-D array of shape (V, d)")
+    if shape is not None and tuple(buf.shape) != tuple(shape):
+        raise ValueError(f"state['buffer'] must have shape {tuple(shape)}, got shape {tuple(buf.shape)} instead.")
+    return np.array(buf, dtype=np.float64)
 
 
 class RowNorm:
@@ -111,21 +132,35 @@ class RowNorm:
         weight_decay: float = 0.0,
         center: bool = True,
     ):
-        self.lr = check_real(lr, "lr", min_value=0.0, strict=True)
-        self.mu = _check_unit_interval(mu, "mu")
-        self.eps = check_real(eps, "eps", min_value=0.0)
-        self.bias_correction = bool(bias_correction)
-        self.project = bool(project)
-        self.weight_decay = check_real(weight_decay, "weight_decay", min_value=0.0)
-        self.center = bool(center)
+        self.lr = lr
+        self.mu = mu
+        self.eps = eps
+        self.bias_correction = bias_correction
+        self.project = project
+        self.weight_decay = weight_decay
+        self.center = center
+        self._checked_hyperparameters()
         self.t = 0
         self.buffer: np.ndarray | None = None
         self._last: np.ndarray | None = None
 
+    def _checked_hyperparameters(self):
+        """Validated hyper-parameters; run at construction and at every step, since any
+        of them may be changed between steps through the attributes."""
+        return (
+            check_real(self.lr, "lr", min_value=0.0, strict=True),
+            _check_unit_interval(self.mu, "mu"),
+            check_real(self.eps, "eps", min_value=0.0),
+            check_bool(self.bias_correction, "bias_correction"),
+            check_bool(self.project, "project"),
+            check_real(self.weight_decay, "weight_decay", min_value=0.0),
+            check_bool(self.center, "center"),
+        )
+
     def step(self, param: np.ndarray, grad: Any, /) -> np.ndarray:
         """Update ``param`` (V, d) in place with the gradient ``grad`` (V, d); return it."""
         g = _check_param_grad(param, grad)
-        lr = check_real(self.lr, "lr", min_value=0.0, strict=True)
+        lr = self._checked_hyperparameters()[0]
         if self.center:
             g = g - g.mean(axis=0, keepdims=True)
         if self.buffer is None:
@@ -178,9 +213,8 @@ class RowNorm:
             weight_decay=state["weight_decay"],
             center=state["center"],
         )
-        self.t = int(state["t"])
-        buf = state["buffer"]
-        self.buffer = None if buf is None else np.array(buf, dtype=np.float64)
+        self.t = _check_step_count(state["t"])
+        self.buffer = _check_buffer(state["buffer"])
 
 
 class DiameterLMO:
@@ -208,7 +242,8 @@ class DiameterLMO:
     computed by :func:`refgeo.diameter_lmo` warm-started from the previous solve, so
     :math:`D(S_t) \le \eta` is certified and the decrease
     :math:`-\langle M_t, S_t \rangle` is within ``rtol`` of the optimum
-    :math:`\eta T(M_t)`, which is at least :math:`\sqrt{2k/(k+1)}` times RowNorm's.
+    :math:`\eta T(M_t)`, which is at least RowNorm's and at most :math:`\sqrt{2k/(k+1)}`
+    times it (k = rank of :math:`M_t`).
     Gradients are centred before use (a no-op for cross-entropy gradients; rows that
     do not sum to about zero raise ``ValueError``).  Time per step: one LMO solve
     (see :func:`refgeo.diameter_lmo`).
@@ -235,31 +270,50 @@ class DiameterLMO:
         max_time: float | None = None,
         weight_decay: float = 0.0,
     ):
-        self.lr = check_real(lr, "lr", min_value=0.0, strict=True)
-        self.momentum = _check_unit_interval(momentum, "momentum")
-        self.rtol = check_real(rtol, "rtol", min_value=0.0, strict=True)
-        self.max_time = None if max_time is None else check_real(max_time, "max_time", min_value=0.0, strict=True)
-        self.weight_decay = check_real(weight_decay, "weight_decay", min_value=0.0)
+        self.lr = lr
+        self.momentum = momentum
+        self.rtol = rtol
+        self.max_time = max_time
+        self.weight_decay = weight_decay
+        self._checked_hyperparameters()
         self.t = 0
         self.buffer: np.ndarray | None = None
         self.last_result: LMOResult | None = None
 
+    def _checked_hyperparameters(self):
+        """Validated (lr, momentum, rtol, max_time, weight_decay); run at construction
+        and at every step (the attributes may be changed between steps)."""
+        return (
+            check_real(self.lr, "lr", min_value=0.0, strict=True),
+            _check_unit_interval(self.momentum, "momentum"),
+            _check_open_unit_interval(self.rtol, "rtol"),
+            None if self.max_time is None else check_real(self.max_time, "max_time", min_value=0.0, strict=True),
+            check_real(self.weight_decay, "weight_decay", min_value=0.0),
+        )
+
     def step(self, param: np.ndarray, grad: Any, /) -> np.ndarray:
-        """Update ``param`` (V, d) in place with the gradient ``grad`` (V, d); return it."""
+        """Update ``param`` (V, d) in place with the gradient ``grad`` (V, d); return it.
+
+        Nothing (parameter, momentum buffer, warm start) changes when it raises.
+        """
         g = _check_param_grad(param, grad)
-        lr = check_real(self.lr, "lr", min_value=0.0, strict=True)
-        if self.momentum > 0.0:
-            if self.buffer is None:
-                self.buffer = np.zeros_like(g)
-            self.buffer *= self.momentum
-            self.buffer += (1.0 - self.momentum) * g
-            M = self.buffer
+        lr, momentum, rtol, max_time, _ = self._checked_hyperparameters()
+        if self.buffer is not None and self.buffer.shape != g.shape:
+            raise ValueError(
+                f"grad must keep the shape of the optimizer state {self.buffer.shape}, got "
+                f"shape {g.shape} instead."
+            )
+        if momentum > 0.0:
+            # a new array: the buffer is replaced only once the solve has succeeded
+            M = (1.0 - momentum) * g if self.buffer is None else momentum * self.buffer + (1.0 - momentum) * g
         else:
             M = g
         warm = self.last_result
         if warm is not None and tuple(warm.update.shape) != M.shape:
             warm = None
-        res = diameter_lmo(M, eta=lr, rtol=self.rtol, max_time=self.max_time, warm_start=warm)
+        res = diameter_lmo(M, eta=lr, rtol=rtol, max_time=max_time, warm_start=warm)
+        if momentum > 0.0:
+            self.buffer = M
         self.t += 1
         self.last_result = res
         if self.weight_decay:
@@ -297,20 +351,36 @@ class DiameterLMO:
             max_time=state["max_time"],
             weight_decay=state["weight_decay"],
         )
-        self.t = int(state["t"])
-        buf = state["buffer"]
-        self.buffer = None if buf is None else np.array(buf, dtype=np.float64)
+        self.t = _check_step_count(state["t"])
+        self.buffer = _check_buffer(state["buffer"])
         if state.get("warm_update") is not None:
-            upd = np.array(state["warm_update"], dtype=np.float64)
+            upd = as_float_array(state["warm_update"], "state['warm_update']", ndim=2,
+                                 shape_hint="2-D array of shape (V, d)")
+            upd = np.array(upd, dtype=np.float64)
+            if self.buffer is not None and upd.shape != self.buffer.shape:
+                raise ValueError(
+                    f"state['warm_update'] must have the buffer's shape {self.buffer.shape}, got "
+                    f"shape {upd.shape} instead."
+                )
             upd.setflags(write=False)
+            pairs = np.asarray(state["warm_pairs"])
+            flows = np.asarray(state["warm_flows"], dtype=np.float64).reshape(-1)
+            V = upd.shape[0]
+            if (pairs.dtype.kind not in "iu" or pairs.size % 2 or flows.size != pairs.size // 2
+                    or (pairs.size and (pairs.min() < 0 or pairs.max() >= V))):
+                raise ValueError(
+                    f"state['warm_pairs'] must be integer pairs of rows in [0, {V - 1}] with one "
+                    f"state['warm_flows'] entry each, got {pairs.dtype} pairs of shape {pairs.shape} "
+                    f"and {flows.size} flows instead."
+                )
             self.last_result = LMOResult(
                 update=upd,
                 decrease=math.nan,
                 lower_bound=math.nan,
                 upper_bound=math.nan,
                 gap=math.nan,
-                pairs=np.array(state["warm_pairs"], dtype=np.int64).reshape(-1, 2),
-                flows=np.array(state["warm_flows"], dtype=np.float64),
+                pairs=pairs.astype(np.int64).reshape(-1, 2),
+                flows=flows,
                 iterations=0,
                 rounds=0,
                 eta=float(state["warm_eta"]),

@@ -50,6 +50,7 @@ from array_api_compat import array_namespace, is_numpy_array
 from . import _backend
 from ._validate import (
     as_float_array,
+    check_bool,
     check_int,
     check_min_rows,
     check_real,
@@ -968,8 +969,7 @@ def knn(
     if Y is not None:
         Y = as_float_array(Y, "Y", ndim=2, shape_hint="2-D array of shape (n_Y, d)")
         check_same_trailing(X, Y, ("X", "Y"))
-    if not isinstance(exclude_self, bool):
-        raise TypeError(f"exclude_self must be a bool, got {type(exclude_self).__name__} instead.")
+    exclude_self = check_bool(exclude_self, "exclude_self")
     n_cand = (X.shape[0] - int(exclude_self)) if Y is None else Y.shape[0]
     if n_cand < 1:
         raise ValueError(

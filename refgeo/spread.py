@@ -38,7 +38,7 @@ from typing import Any
 
 import numpy as np
 
-from ._validate import as_float_array, check_choice, check_int, check_real
+from ._validate import as_float_array, check_bool, check_choice, check_int, check_real
 from .bounds import RatioBound, ratio_upper_bound
 
 __all__ = [
@@ -1054,8 +1054,7 @@ def spread(
         max_time = check_real(max_time, "max_time", min_value=0.0)
     if callback is not None and not callable(callback):
         raise TypeError(f"callback must be callable or None, got {type(callback).__name__} instead.")
-    if not isinstance(progress, bool):
-        raise TypeError(f"progress must be a bool, got {type(progress).__name__} instead.")
+    progress = check_bool(progress, "progress")
     n_starts = check_int(n_starts, "n_starts", min_value=1, allow_none=True)
     k = check_int(k, "k", min_value=1)
     max_rounds = check_int(max_rounds, "max_rounds", min_value=0)

@@ -47,6 +47,7 @@ import numpy as np
 from . import _tokenwise_fit as _fit
 from ._validate import (
     as_float_array,
+    check_bool,
     check_callable,
     check_choice,
     check_finite,
@@ -87,12 +88,6 @@ def _ro(a):
 
 def _f64(a):
     return a if a.dtype == np.float64 else a.astype(np.float64)
-
-
-def _check_bool(value, name):
-    if not isinstance(value, (bool, np.bool_)):
-        raise TypeError(f"{name} must be a bool, got {type(value).__name__} instead.")
-    return bool(value)
 
 
 def _panels(X, Y):
@@ -479,8 +474,8 @@ def _validate_fit_options(n, d, k, cls, rank, ridge, prior, metric, standardize,
     check_choice(cls, "cls", CLASSES)
     check_choice(prior, "prior", _PRIORS)
     check_choice(metric, "metric", _METRICS)
-    standardize = _check_bool(standardize, "standardize")
-    exclude_self = _check_bool(exclude_self, "exclude_self")
+    standardize = check_bool(standardize, "standardize")
+    exclude_self = check_bool(exclude_self, "exclude_self")
     ridge = check_real(ridge, "ridge", min_value=0.0)
     if neighbors is None:
         if k is None:
@@ -527,7 +522,7 @@ def _fit_local(X, Y, k, cls, rank, ridge, prior, metric, standardize, exclude_se
         n, d, k, cls, rank, ridge, prior, metric, standardize, exclude_self, neighbors
     )
     chunk_size = check_int(chunk_size, "chunk_size", min_value=1, allow_none=True)
-    return_maps = _check_bool(return_maps, "return_maps")
+    return_maps = check_bool(return_maps, "return_maps")
     idx, dist = _resolve_neighbors(X, k, neighbors, metric, standardize, exclude_self)
     k = idx.shape[1]
     w, wkind = _resolve_weights(weights, idx, dist)
@@ -1019,8 +1014,8 @@ def decompose(
     if subspace_rank is None:
         subspace_rank = min(8, d)
     subspace_rank = check_int(subspace_rank, "subspace_rank", min_value=1, max_value=d)
-    center_subspace = _check_bool(center_subspace, "center_subspace")
-    baselines = _check_bool(baselines, "baselines")
+    center_subspace = check_bool(center_subspace, "center_subspace")
+    baselines = check_bool(baselines, "baselines")
     X64, Y64 = _f64(X), _f64(Y)
     if cls == "mlp":
         # the neighbour options are unused here, but a misspelt choice is still an error

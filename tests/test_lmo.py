@@ -433,6 +433,96 @@ def test_bad_input():
         refgeo.diameter_lmo(G, warm_start=other)
 
 
+def test_unreachable_rtol_returns_instead_of_looping():
+    """rtol below float64 rounding: the solver stops at the rounding floor (it hung)."""
+    G = random_gradient(np.random.default_rng(0), 5, 3)
+    rounds = []
+
+    def guard(info):
+        rounds.append(info["rounds"])
+        assert len(rounds) < 20000, "diameter_lmo keeps iterating at an unreachable rtol"
+
+    r = refgeo.diameter_lmo(G, rtol=1e-16, callback=guard)
+    assert r.lower_bound <= r.upper_bound and r.gap < 1e-13
+    assert r.converged == (r.gap <= 1e-16)
+
+
+@pytest.mark.parametrize("e", [-1000, -700, -540, 0, 500, 1000])
+def test_power_of_two_scales_give_exactly_scaled_results(e):
+    """No sum of squares may under- or overflow: at 2^-1000 .. 2^1000 every result is the
+    unit-scale one times 2^e exactly (power-of-two scaling is exact)."""
+    rng = np.random.default_rng(3)
+    G = random_gradient(rng, 7, 3)
+    Ge = np.ldexp(G, e)
+    a, b = refgeo.diameter_lmo(G, rtol=1e-8), refgeo.diameter_lmo(Ge, rtol=1e-8)
+    np.testing.assert_array_equal(a.update, b.update)
+    assert (math.ldexp(a.lower_bound, e), math.ldexp(a.upper_bound, e)) == (b.lower_bound, b.upper_bound)
+    np.testing.assert_array_equal(np.ldexp(a.flows, e), b.flows)
+    ta, tb = refgeo.tension_bounds(G), refgeo.tension_bounds(Ge)
+    assert (math.ldexp(ta.lower, e), math.ldexp(ta.upper, e), math.ldexp(ta.half_sum, e)) == (
+        tb.lower, tb.upper, tb.half_sum)
+    for fn in (refgeo.projected_rownorm, refgeo.rescaled_rownorm, refgeo.row_normalize):
+        np.testing.assert_array_equal(fn(G), fn(Ge))
+
+
+@pytest.mark.parametrize("c", [1e-300, 1.3e-162, 1e-200, 1e155, 1e300])
+def test_extreme_scales_keep_the_budget_and_the_bracket(c):
+    rng = np.random.default_rng(5)
+    G = random_gradient(rng, 6, 2)
+    Gc = G * c
+    T = refgeo.tension_bounds(G)
+    b = refgeo.tension_bounds(Gc)
+    assert b.lower == pytest.approx(c * T.lower, rel=1e-12) and b.upper == pytest.approx(c * T.upper, rel=1e-12)
+    for fn in (refgeo.projected_rownorm, refgeo.rescaled_rownorm):
+        S = fn(Gc, eta=1.0)
+        assert 0.45 < _brute_diameter(S) <= 1.0
+    r = refgeo.diameter_lmo(Gc, rtol=1e-6)
+    assert r.lower_bound <= r.upper_bound and r.lower_bound >= c * T.lower * (1 - 1e-9)
+    assert _brute_diameter(r.update) <= 1.0 and r.method == "admm"
+
+
+@pytest.mark.parametrize("eta", [1e-300, 1e-3, 1e300])
+def test_bounds_do_not_depend_on_the_budget(eta):
+    G = random_gradient(np.random.default_rng(6), 8, 3)
+    a, b = refgeo.diameter_lmo(G, rtol=1e-8), refgeo.diameter_lmo(G, eta=eta, rtol=1e-8)
+    assert (a.lower_bound, a.upper_bound) == (b.lower_bound, b.upper_bound)
+    np.testing.assert_array_equal(b.update, a.update * eta)
+    assert b.decrease == pytest.approx(-float(np.sum(G * b.update)), rel=1e-12)
+    with pytest.raises(ValueError, match=re.escape("eta == 1e-310, must be >= 2.2250738585072014e-308")):
+        refgeo.diameter_lmo(G, eta=1e-310)
+
+
+def test_numerically_rank_one_gradient_bounds_its_residual():
+    """Rank one up to a residual below the numerical-rank threshold: the closed form must
+    not drop it (the half-sum lower bound exceeded the reported upper bound)."""
+    V, d = 4000, 2
+    rng = np.random.default_rng(0)
+    G = np.zeros((V, d))
+    G[0, 0], G[1, 0] = 1.0, -1.0
+    E = np.zeros((V, d))
+    E[:, 1] = rng.standard_normal(V)
+    E[:, 1] -= E[:, 1].mean()
+    E *= 0.5 * V * np.finfo(float).eps * np.linalg.norm(G, 2) / np.linalg.norm(E, 2)
+    G2 = G + E
+    half = 0.5 * float(np.sum(np.linalg.norm(G2, axis=1)))
+    b = refgeo.tension_bounds(G2, pairwise=False)
+    r = refgeo.diameter_lmo(G2)
+    assert b.closed_form == "rank1" and r.method == "rank1"
+    assert b.lower <= b.upper and half <= b.upper * (1 + 1e-15)
+    assert half <= r.upper_bound * (1 + 1e-15) and r.lower_bound <= r.upper_bound
+
+
+def test_projected_rownorm_budget_holds_to_a_few_roundoffs_of_its_dtype():
+    rng = np.random.default_rng(11)
+    for dtype in (np.float64, np.float32):
+        worst = 0.0
+        for _ in range(200):
+            G = rng.standard_normal((2, 2)).astype(dtype)
+            S = refgeo.projected_rownorm(G, eta=3.0)
+            worst = max(worst, _brute_diameter(S.astype(np.float64)) / 3.0)
+        assert 1.0 - 1e-3 < worst <= 1.0 + 4 * np.finfo(dtype).eps
+
+
 # ------------------------------------------------------------------ acceptance (slow)
 
 

@@ -221,3 +221,56 @@ def test_bad_input():
         refgeo.DiameterLMO(lr=0.1, momentum=1.5)
     with pytest.raises(ValueError, match=re.escape("G must have rows summing to zero")):
         refgeo.DiameterLMO(lr=0.1).step(W, np.ones((3, 2)))
+
+
+def test_failed_step_changes_no_state():
+    """A gradient the LMO rejects (rows not summing to zero) leaves buffer and warm start
+    as they were: the next valid steps match an optimizer that never saw it."""
+    grads = _grads(4, n=3)
+    W1, W2 = np.zeros((7, 3)), np.zeros((7, 3))
+    a = refgeo.DiameterLMO(lr=0.1, momentum=0.9, rtol=1e-6)
+    b = refgeo.DiameterLMO(lr=0.1, momentum=0.9, rtol=1e-6)
+    a.step(W1, grads[0])
+    b.step(W2, grads[0])
+    with pytest.raises(ValueError, match=re.escape("G must have rows summing to zero")):
+        a.step(W1, grads[1] + 1.0)
+    np.testing.assert_array_equal(a.buffer, b.buffer)
+    for g in grads[1:]:
+        a.step(W1, g)
+        b.step(W2, g)
+    np.testing.assert_array_equal(W1, W2)
+    with pytest.raises(ValueError, match=re.escape("grad must keep the shape of the optimizer state (7, 3)")):
+        a.step(np.zeros((7, 1)), np.zeros((7, 1)))
+
+
+def test_hyperparameters_changed_between_steps_are_checked():
+    W, g = np.zeros((7, 3)), _grads(5, n=1)[0]
+    opt = refgeo.RowNorm(lr=0.1)
+    opt.mu = 1.0
+    with pytest.raises(ValueError, match=re.escape("mu must be in [0, 1), got 1.0 instead.")):
+        opt.step(W, g)
+    opt = refgeo.DiameterLMO(lr=0.1)
+    opt.momentum = 1.0
+    with pytest.raises(ValueError, match=re.escape("momentum must be in [0, 1), got 1.0 instead.")):
+        opt.step(W, g)
+    assert not W.any()
+    with pytest.raises(ValueError, match=re.escape("rtol must be in (0, 1), got 2.0 instead.")):
+        refgeo.DiameterLMO(lr=0.1, rtol=2.0)
+    with pytest.raises(TypeError, match=re.escape("project must be a bool, got str instead.")):
+        refgeo.RowNorm(lr=0.1, project="no")
+
+
+def test_load_state_dict_rejects_inconsistent_state():
+    W, g = np.zeros((7, 3)), _grads(6, n=1)[0]
+    opt = refgeo.DiameterLMO(lr=0.1, momentum=0.5)
+    opt.step(W, g)
+    good = opt.state_dict()
+    with pytest.raises(ValueError, match=re.escape("state['t'] == -1, must be >= 0.")):
+        refgeo.RowNorm(lr=0.1).load_state_dict({**refgeo.RowNorm(lr=0.1).state_dict(), "t": -1})
+    with pytest.raises(ValueError, match=re.escape("state['warm_pairs'] must be integer pairs of rows in [0, 6]")):
+        refgeo.DiameterLMO(lr=0.1).load_state_dict({**good, "warm_pairs": np.array([[0, 99]])})
+    with pytest.raises(ValueError, match=re.escape("state['warm_update'] must have the buffer's shape (7, 3)")):
+        refgeo.DiameterLMO(lr=0.1).load_state_dict({**good, "warm_update": np.zeros((4, 3))})
+    fresh = refgeo.DiameterLMO(lr=1.0)
+    fresh.load_state_dict(good)
+    np.testing.assert_array_equal(fresh.buffer, opt.buffer)
