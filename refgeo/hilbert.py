@@ -408,7 +408,8 @@ def _pdist_cython(X, *, kind, tile_size, n_threads):
     n = Z.shape[0]
     out = np.empty(n * (n - 1) // 2, dtype=np.float64)
     fn = getattr(_tropical, "pdist_logits" + _kernel_suffix(Z))
-    fn(Z, out, tile_size or _DEFAULT_TILE_ROWS, _DEFAULT_CHUNK, _backend.resolve_n_threads(n_threads))
+    # at most n rows per tile: a larger tile_size only over-allocates the tile buffers
+    fn(Z, out, min(tile_size or _DEFAULT_TILE_ROWS, n), _DEFAULT_CHUNK, _backend.resolve_n_threads(n_threads))
     return out
 
 
@@ -422,7 +423,8 @@ def _cdist_cython(XA, XB, *, kind, tile_size, n_threads):
         B = B.astype(np.float64)
     out = np.empty((A.shape[0], B.shape[0]), dtype=np.float64)
     fn = getattr(_tropical, "cdist_logits" + _kernel_suffix(A))
-    fn(A, B, out, tile_size or _DEFAULT_TILE_ROWS, _DEFAULT_CHUNK, _backend.resolve_n_threads(n_threads))
+    fn(A, B, out, min(tile_size or _DEFAULT_TILE_ROWS, A.shape[0]), _DEFAULT_CHUNK,
+       _backend.resolve_n_threads(n_threads))
     return out
 
 

@@ -754,6 +754,12 @@ def row_diameter(S: Any, /, *, tile_size: int | None = None, n_threads: int | No
     closest pair keeps the float64 filter (near-duplicate clusters would fill the wider
     float32 band with candidates).
 
+    Exact means: equal to the refined float64 values of the rows as given.  Rows whose
+    squared differences leave the normal float64 range (entries below about 1e-154 or
+    above about 1e154) have refined values that underflow or overflow, and every
+    backend reports those; rescale such rows by a power of two first (exact, and D
+    scales back exactly).  :func:`refgeo.spread` does this for its ``eta``.
+
     References
     ----------
     .. [1] LM-head update geometry, arXiv:2608.22253.

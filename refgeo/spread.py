@@ -620,7 +620,9 @@ class SpreadResult:
         ``"engine"``, ``"algebraic"`` or ``"none"``.
     error_bound : float
         Bound on the relative error of ``min_dist`` and ``diameter`` (0 when computed
-        by the engine: those are the exact refined float64 values).
+        by the engine with ``eta = 1``: those are the exact refined float64 values;
+        otherwise they are certified at diameter 1 and scaled by ``eta``, and ``ratio``
+        is the certified ratio itself).
     min_pair, diameter_pair : tuple of int
         A closest pair and a diameter pair ``(i, j)``, ``i < j`` (``(-1, -1)`` when
         not computed, with the algebraic certificate).
@@ -777,12 +779,15 @@ def _sphere_prephase(X: np.ndarray, betas=(4.0, 8.0, 16.0, 32.0, 64.0)) -> np.nd
 def _near_far(X: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
     """For unit rows: the k largest and k smallest inner products of every row (j != i).
 
-    One float32 GEMM pass over row blocks (the neighbourhoods are candidate sets only;
-    every value used afterwards is recomputed in float64).  Time O(V^2 d).
+    One GEMM pass over row blocks (the neighbourhoods are candidate sets only; every
+    value used afterwards is recomputed in float64).  float32 for large problems;
+    float64 up to V^2 d = 2^30, where float32 cannot rank inner products that all lie
+    within 1e-7 of 1 (crowded points in small d: the near sets were wrong and the
+    measured ratio with them).  Time O(V^2 d).
     """
-    V = X.shape[0]
+    V, d = X.shape
     k = min(k, V - 1)
-    X32 = np.ascontiguousarray(X, dtype=np.float32)
+    X32 = np.ascontiguousarray(X, dtype=np.float64 if V * V * d <= (1 << 30) else np.float32)
     near = np.empty((V, k), dtype=np.int64)
     far = np.empty((V, k), dtype=np.int64)
     b = max(1, min(V, (1 << 24) // max(V, 1)))
@@ -838,7 +843,15 @@ def _smooth(
     from scipy import sparse
 
     V, d = X.shape
-    X = X / np.linalg.norm(X, axis=1, keepdims=True)
+    nrm = np.linalg.norm(X, axis=1, keepdims=True)
+    zero = nrm[:, 0] == 0.0
+    if np.any(zero):
+        # a zero row (the origin, e.g. in a user init) has no direction on the sphere:
+        # give it a fixed pseudo-random one
+        X = X.copy()
+        X[zero] = np.random.default_rng(0).standard_normal((int(zero.sum()), d))
+        nrm = np.linalg.norm(X, axis=1, keepdims=True)
+    X = X / nrm
     best_X, best_rho = X.copy(), -1.0
     frac = _FRAC0  # fraction of the log-gap to the bound asked for in one round
     lr = 1e-2  # step: the largest rotation of a row, in radians
@@ -1058,8 +1071,10 @@ def spread(
     n_starts = check_int(n_starts, "n_starts", min_value=1, allow_none=True)
     k = check_int(k, "k", min_value=1)
     max_rounds = check_int(max_rounds, "max_rounds", min_value=0)
-    if certify not in (True, False, "auto"):
-        raise ValueError(f"certify must be True, False or 'auto', got {certify!r} instead.")
+    if not (isinstance(certify, str) and certify == "auto"):
+        if not isinstance(certify, (bool, np.bool_)):
+            raise ValueError(f"certify must be True, False or 'auto', got {certify!r} instead.")
+        certify = bool(certify)  # np.True_ would fail the `certify is True` test below
     user_X = None
     if isinstance(init, str):
         init = check_choice(init, "init", _INITS)
@@ -1068,6 +1083,10 @@ def spread(
         user_X = np.array(user_X, dtype=np.float64)
         if user_X.shape != (V, d):
             raise ValueError(f"init must have shape ({V}, {d}), got shape {user_X.shape} instead.")
+        centred = user_X - user_X.mean(axis=0)
+        if not np.any(centred):
+            raise ValueError(f"init must have at least two distinct rows, got {V} identical rows instead.")
+    seed = check_int(seed, "seed", min_value=0, allow_none=True)
     rng = np.random.default_rng(seed)
     bound = ratio_upper_bound(V, d)
     opt_clock = _Clock(max_time)
@@ -1158,20 +1177,29 @@ def spread(
     elif mode == "engine":
         from .rows import closest_pair, row_diameter
 
+        # certified at diameter ~1, then scaled by eta: squared distances of points at
+        # eta = 1e-160 would be subnormal (and at 1e160 overflow), and the refined
+        # values with them (review: ratio above the proven bound at eta = 3e-161)
         Dp = row_diameter(X)
-        X = X * (eta / Dp.value)
+        X = X * (1.0 / Dp.value)
         Dp = row_diameter(X)
         mp = closest_pair(X)
-        diameter, min_dist = Dp.value, mp.value
         pd, pm = (Dp.i, Dp.j), (mp.i, mp.j)
-        err = 0.0
+        ratio = mp.value / Dp.value
+        if eta != 1.0:
+            X = X * eta
+        diameter, min_dist = Dp.value * eta, mp.value * eta
+        # exact refined values at eta = 1; otherwise one rounding per coordinate and
+        # one per reported value
+        err = 0.0 if eta == 1.0 else 4.0 * 2.0**-53
     else:
         m0, D0, pm, pd = _gram_extremes(X)
         X = X * (eta / D0)
         min_dist, diameter = m0 * eta / D0, eta
         err = math.sqrt(X.shape[1]) * 2.0**-50
     certificate = mode
-    ratio = min_dist / diameter
+    if mode != "engine":
+        ratio = min_dist / diameter
     if callback is not None:
         callback(SpreadProgress("done", n_iter, clock.elapsed(), ratio, bound.value))
     return SpreadResult(

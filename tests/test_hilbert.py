@@ -273,9 +273,11 @@ def test_pdist_results_do_not_depend_on_tiles_or_threads():
     rng = np.random.default_rng(3)
     X = rng.standard_normal((45, 300)).astype(np.float32)
     base = refgeo.pdist_hilbert(X, tile_size=64, n_threads=1)
-    for tile in (1, 3, 16, 45, 100):
+    for tile in (1, 3, 16, 45, 100, 2**40):  # 2**40 rows per tile crashed the process
         for threads in (1, 2):
             np.testing.assert_array_equal(refgeo.pdist_hilbert(X, tile_size=tile, n_threads=threads), base)
+    Y = X[:7]
+    np.testing.assert_array_equal(refgeo.cdist_hilbert(X, Y, tile_size=2**62), refgeo.cdist_hilbert(X, Y))
 
 
 def test_pdist_square_form_and_probabilities():

@@ -340,6 +340,10 @@ def test_max_time_zero_still_returns():
         ({"progress": 1}, TypeError, "progress must be a bool, got int instead."),
         ({"k": 0}, ValueError, "k == 0, must be >= 1."),
         ({"max_time": -1.0}, ValueError, "max_time == -1.0, must be >= 0.0."),
+        ({"certify": 1}, ValueError, "certify must be True, False or 'auto', got 1 instead."),
+        ({"init": np.ones((5, 2))}, ValueError, "init must have at least two distinct rows, got 5 identical rows"),
+        ({"seed": -1}, ValueError, "seed == -1, must be >= 0."),
+        ({"seed": 1.5}, TypeError, "seed must be an integer, got float (1.5) instead."),
     ],
 )
 def test_spread_errors(kwargs, exc, msg):
@@ -410,3 +414,22 @@ def test_spread_update_errors():
         refgeo.spread_update(G, n_points=1)
     with pytest.raises(ValueError, match=re.escape("eta == -1.0, must be > 0.0.")):
         refgeo.spread_update(G, eta=-1.0)
+
+
+@pytest.mark.parametrize("eta", [3e-161, 1e-300, 2.5, 1e160, 1e300])
+def test_certificates_hold_at_any_budget(eta):
+    """Certified at diameter 1, then scaled: at eta = 3e-161 the squared distances were
+    subnormal and the reported ratio exceeded the proven bound."""
+    r = refgeo.spread(4, 2, eta=eta, method="construction", certify=True)
+    assert r.certificate == "engine" and r.ratio <= r.upper_bound
+    assert r.ratio == pytest.approx(math.sqrt(0.5), rel=1e-15)
+    assert r.diameter == pytest.approx(eta, rel=1e-15) and r.min_dist == pytest.approx(eta * math.sqrt(0.5), rel=1e-15)
+    assert r.error_bound <= 1e-15
+
+
+def test_certify_accepts_numpy_bools_and_smooth_accepts_a_zero_row():
+    assert refgeo.spread(5, 2, certify=np.True_).certificate == "engine"
+    init = np.random.default_rng(0).standard_normal((60, 3))
+    init[0] = 0.0
+    r = refgeo.spread(60, 3, init=init, method="smooth", seed=0)
+    assert np.all(np.isfinite(r.points)) and r.ratio > 0
