@@ -529,13 +529,77 @@ def _kerdock_tagged(q: int, V: int, d: int, tags: bool) -> np.ndarray:
     return X
 
 
+# Lattice balls: in small dimension the best configurations are packings, not points
+# on a sphere (every sphere-based construction has ratio O(V^(-1/(d-1)))); the V points
+# of a dense lattice nearest to a centre give ratio about V^(-1/d).
+_LATTICE_MAX_D = 8
+_LATTICE_MAX_V = 20000
+_LATTICE_MAX_BOX = 1 << 21  # lattice points enumerated at most
+
+
+def _lattice_points(d: int, m: int) -> tuple[np.ndarray, float]:
+    """Points of a dense lattice in the box [-m, m]^d and its minimal distance.
+
+    d = 1: Z; d = 2: the hexagonal lattice A2; 3 <= d <= 8: the checkerboard lattice
+    D_d (integer vectors with even coordinate sum; D_3 is the FCC packing).
+    """
+    axes = [np.arange(-m, m + 1, dtype=np.float64)] * d
+    P = np.stack(np.meshgrid(*axes, indexing="ij"), axis=-1).reshape(-1, d)
+    if d == 1:
+        return P, 1.0
+    if d == 2:
+        # basis (1, 0), (1/2, sqrt(3)/2)
+        return np.column_stack([P[:, 0] + 0.5 * P[:, 1], (math.sqrt(3.0) / 2.0) * P[:, 1]]), 1.0
+    return P[np.sum(P, axis=1) % 2 == 0], math.sqrt(2.0)
+
+
+def _lattice_ball(V: int, d: int) -> tuple[np.ndarray, float] | None:
+    """The V lattice points nearest to the best of a few centres, with their ratio."""
+    from .rows import row_diameter
+
+    # smallest box whose inscribed ball (radius m - 1/2, any centre) holds about 1.5 V
+    # lattice points: ball volume over the covolume (1, sqrt(3)/2, 2 for Z, A2, D_d)
+    covolume = 1.0 if d == 1 else (math.sqrt(3.0) / 2.0 if d == 2 else 2.0)
+    unit_ball = math.pi ** (d / 2.0) / math.gamma(d / 2.0 + 1.0)
+    m = 1
+    while unit_ball * (m - 0.5) ** d / covolume < 1.5 * V:
+        m += 1
+    if (2 * m + 1) ** d > _LATTICE_MAX_BOX:
+        return None
+    P, lam = _lattice_points(d, m)
+    rng = np.random.default_rng(0)
+    # a lattice point, a deep-hole-like point and (for smaller V) random offsets; each
+    # costs one O(V^2 d) diameter
+    centres = [np.zeros(d), np.full(d, 0.5)]
+    if d > 1 and V <= 5000:
+        centres += [rng.uniform(-0.5, 0.5, d) for _ in range(4)]
+    best = None
+    for c in centres:
+        r2 = np.einsum("ij,ij->i", P - c, P - c)
+        idx = np.argsort(r2, kind="stable")[:V]
+        if math.sqrt(r2[idx[-1]]) + float(np.max(np.abs(c))) >= m:
+            continue  # the ball around c leaves the box: points outside it are missing
+        X = P[idx]
+        D = row_diameter(X).value
+        if best is None or lam / D > best[1]:
+            best = (X, lam / D)
+    return best
+
+
 def _candidates(V: int, d: int) -> list[_Candidate]:
-    """Constructions usable for (V, d), each with its closed-form ratio."""
+    """Constructions usable for (V, d), each with its closed-form ratio (the lattice
+    balls of small d with a computed one)."""
     out: list[_Candidate] = []
     if V <= d + 1:
         out.append(_Candidate("regular_simplex", 1.0, lambda: regular_simplex(V, d),
                               math.sqrt(2.0 * V / (V - 1.0))))
         return out
+    if d <= _LATTICE_MAX_D and V <= _LATTICE_MAX_V and V > 2 * d:
+        lb = _lattice_ball(V, d)
+        if lb is not None:
+            X, rho = lb
+            name = {1: "lattice(Z)", 2: "lattice(A2)"}.get(d, f"lattice(D{d})")
+            out.append(_Candidate(name, rho, lambda X=X: X.copy()))
     if V == d + 2:
         a, b = d // 2, d - d // 2
         rho = math.sqrt(0.5 * (a / (a + 1.0) + b / (b + 1.0)))
@@ -989,8 +1053,12 @@ def spread(
         ``"smooth"``: the annealed k-NN iteration on the sphere (large V);
         ``"construction"``: no optimisation.  ``"auto"``: the regular simplex for
         :math:`V \le d + 1`, ``"epigraph"`` for :math:`V \le 50`, else ``"smooth"``,
-        except that a construction is returned as is when it is within 1% of the bound
-        or when :math:`V^2 d > 5 \cdot 10^{10}`.
+        except that a construction is returned as is when it is within 1% of the bound,
+        when :math:`V^2 d > 5 \cdot 10^{10}`, or when it is a lattice ball in
+        :math:`d \le 4` (the V points of the hexagonal or checkerboard lattice nearest
+        to a centre; offered for :math:`d \le 8`, :math:`2d < V \le 20000`; from
+        d = 5 on ``"smooth"`` starts from random points and its result is kept only
+        when it beats the lattice).
     seed : int, default=None
         Seed of the random starts (results are reproducible for a given seed, up to the
         time budget).
@@ -1109,6 +1177,11 @@ def spread(
             method = "construction"
         elif V <= _SMALL_V:
             method = "epigraph"
+        elif best_c is not None and best_c.name.startswith("lattice") and d <= 4:
+            # a packing in the ball: the smooth iteration works on the sphere, where
+            # every configuration is worse in d <= 4 (from d = 5 on it can win: it then
+            # starts from random points and is kept only if it beats the lattice)
+            method = "construction"
         elif start_rho is not None and (start_rho >= 0.99 * bound.value or V * V * d > 5e10):
             # Near the bound, or too large for O(V^2 d) neighbourhood refreshes to pay off
             # against an algebraic construction (whose massive ties the local iteration
@@ -1145,12 +1218,15 @@ def spread(
     elif method == "smooth":
         X0 = X.copy()
         rho0 = start_rho
-        if user_X is None and best_c is not None:
+        if user_X is None and best_c is not None and best_c.name.startswith("lattice"):
+            X = rng.standard_normal((V, d))  # projecting a ball packing on the sphere collapses it
+        elif user_X is None and best_c is not None:
             X = X + 1e-6 * rng.standard_normal(X.shape)  # break the ties of the construction
         X, rho, n_iter = _smooth(X, k=k, clock=opt_clock, max_rounds=max_rounds, inner=_INNER,
                                  target=bound.value, report=lambda r, rho: report("round", r, rho))
         if rho0 is not None and rho <= rho0:
-            X, modified = X0, False  # the iteration did not beat the construction
+            # the iteration did not beat the construction: say what is returned
+            X, modified, method = X0, False, "construction"
     if bar is not None:
         bar.close()
 

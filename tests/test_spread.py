@@ -433,3 +433,25 @@ def test_certify_accepts_numpy_bools_and_smooth_accepts_a_zero_row():
     init[0] = 0.0
     r = refgeo.spread(60, 3, init=init, method="smooth", seed=0)
     assert np.all(np.isfinite(r.points)) and r.ratio > 0
+
+
+@pytest.mark.parametrize("V, d", [(51, 2), (100, 3), (300, 4), (200, 5), (60, 1)])
+def test_small_dimensions_use_lattice_balls(V, d):
+    """In small d the best configurations fill a ball; on the sphere (the smooth solver's
+    domain) the ratio collapsed to 7e-5 at (51, 2).  The lattice candidate's ratio is
+    checked against pdist, and spread reaches at least the regular polygon / lattice."""
+    from scipy.spatial.distance import pdist
+
+    cand = [c for c in _candidates(V, d) if c.name.startswith("lattice")]
+    assert len(cand) == 1
+    X = cand[0].build()
+    dd = pdist(X)
+    assert cand[0].rho == pytest.approx(dd.min() / dd.max(), rel=1e-12)
+    r = refgeo.spread(V, d, seed=0)
+    dd = pdist(r.points)
+    assert r.ratio == pytest.approx(dd.min() / dd.max(), rel=1e-12)
+    assert cand[0].rho * (1 - 1e-12) <= r.ratio <= r.upper_bound
+    if d == 1:
+        assert r.ratio == pytest.approx(1.0 / (V - 1), rel=1e-12)  # equal spacing: optimal
+    if d == 2:
+        assert r.ratio > 2.0 * math.sin(math.pi / V)  # beats the regular V-gon
