@@ -586,6 +586,33 @@ def _lattice_ball(V: int, d: int) -> tuple[np.ndarray, float] | None:
     return best
 
 
+def _simplex_blocks(V: int, d: int) -> tuple[list[int], float]:
+    """Block sizes and ratio of V - d regular simplices (unit edge) in orthogonal blocks.
+
+    Blocks of p and q points (circumradii R^2 = (p-1)/(2p)) are at distance^2
+    R_p^2 + R_q^2 < 1 from each other, so the diameter is 1 and m^2 is that sum for the
+    two smallest blocks; V - t dimensions are used for t blocks, hence t = V - d.
+    """
+    t = V - d
+    sizes = [V // t + (1 if i < V % t else 0) for i in range(t)]
+    a, b = sorted(sizes)[:2]
+    return sizes, math.sqrt((a - 1) / (2.0 * a) + (b - 1) / (2.0 * b))
+
+
+def _build_simplex_blocks(V: int, d: int) -> np.ndarray:
+    sizes, _ = _simplex_blocks(V, d)
+    X = np.zeros((V, d))
+    row = col = 0
+    for p in sizes:
+        block = regular_simplex(p, p - 1) if p > 1 else np.zeros((1, 0))
+        if p > 1:
+            block = block / math.sqrt(2.0 * p / (p - 1.0))  # unit edge (unit circumradius before)
+        X[row : row + p, col : col + p - 1] = block
+        row += p
+        col += p - 1
+    return X
+
+
 def _candidates(V: int, d: int) -> list[_Candidate]:
     """Constructions usable for (V, d), each with its closed-form ratio (the lattice
     balls of small d with a computed one)."""
@@ -606,6 +633,11 @@ def _candidates(V: int, d: int) -> list[_Candidate]:
         out.append(_Candidate("orthogonal_simplices", rho, lambda: orthogonal_simplices(d)))
     if V <= 2 * d and d >= 2:
         out.append(_Candidate("cross_polytope", math.sqrt(0.5), lambda: cross_polytope(d)[:V], 2.0))
+    if d + 2 < V <= 2 * d:
+        # generalises orthogonal_simplices (V = d + 2, two blocks) to V - d blocks
+        t = V - d
+        out.append(_Candidate(f"orthogonal_simplices(x{t})", _simplex_blocks(V, d)[1],
+                              lambda: _build_simplex_blocks(V, d)))
     q = 4
     while q <= d:
         sq = math.sqrt(q)
@@ -686,7 +718,9 @@ class SpreadResult:
         Bound on the relative error of ``min_dist`` and ``diameter`` (0 when computed
         by the engine with ``eta = 1``: those are the exact refined float64 values;
         otherwise they are certified at diameter 1 and scaled by ``eta``, and ``ratio``
-        is the certified ratio itself).
+        is the certified ratio itself).  With ``certify=False`` it is the a-priori
+        bound of the float64 Gram expansion relative to ``min_dist**2``, large (even
+        inf) when the closest pair is short against the row norms.
     min_pair, diameter_pair : tuple of int
         A closest pair and a diameter pair ``(i, j)``, ``i < j`` (``(-1, -1)`` when
         not computed, with the algebraic certificate).
@@ -757,15 +791,16 @@ class _Clock:
 # --------------------------------------------------------------------------- small: epigraph
 
 
-def _epigraph_solve(X0: np.ndarray, *, maxiter: int = 500) -> np.ndarray:
+def _epigraph_solve(X0: np.ndarray, *, maxiter: int = 500, deadline: float | None = None) -> np.ndarray:
     r"""Local solve of max t s.t. t <= ||x_i - x_j||^2 <= 1 over all pairs (SLSQP, analytic
-    Jacobians)."""
+    Jacobians), stopped at ``deadline`` (time.perf_counter()); never worse than X0."""
     iu, ju, e = _pair_sq(X0)
     X = X0 / math.sqrt(max(float(e.max()), 1e-300))
-    return _epigraph_slsqp(X, iu, ju, iu, ju, maxiter)
+    Y = _epigraph_slsqp(X, iu, ju, iu, ju, maxiter, deadline)
+    return Y if _ratio_small(Y) >= _ratio_small(X) else X
 
 
-def _epigraph_slsqp(X0, li, lj, hi_i, hi_j, maxiter):
+def _epigraph_slsqp(X0, li, lj, hi_i, hi_j, maxiter, deadline=None):
     from scipy.optimize import minimize
 
     V, d = X0.shape
@@ -799,6 +834,12 @@ def _epigraph_slsqp(X0, li, lj, hi_i, hi_j, maxiter):
         A[:L, n] = -1.0
         return A
 
+    def stop_at_deadline(_):
+        # the time budget is honoured inside a solve, not only between starts (one
+        # SLSQP solve at (50, 8) takes seconds)
+        if deadline is not None and time.perf_counter() > deadline:
+            raise StopIteration
+
     res = minimize(
         lambda z: -z[n],
         z0,
@@ -806,6 +847,7 @@ def _epigraph_slsqp(X0, li, lj, hi_i, hi_j, maxiter):
         constraints=[{"type": "ineq", "fun": cons, "jac": jac}],
         method="SLSQP",
         options={"maxiter": maxiter, "ftol": 1e-16},
+        callback=stop_at_deadline,
     )
     X = res.x[:n].reshape(V, d)
     return X if np.all(np.isfinite(X)) else X0
@@ -1270,9 +1312,17 @@ def spread(
         err = 0.0 if eta == 1.0 else 4.0 * 2.0**-53
     else:
         m0, D0, pm, pd = _gram_extremes(X)
+        # the Gram expansion's error on a squared distance is about c (n_i + n_j) (the
+        # engine's a-priori bound, rows.py): relative to m0^2 it is large when the
+        # closest pair is short against the norms (cancellation), so say so
+        from .rows import _rounding_bound
+
+        Xc = X - X.mean(axis=0)
+        c, _ = _rounding_bound(X.shape[1], "float64")
+        n_max = float(np.max(np.einsum("ij,ij->i", Xc, Xc)))
+        err = c * 2.0 * n_max / (m0 * m0) if m0 > 0 else math.inf
         X = X * (eta / D0)
         min_dist, diameter = m0 * eta / D0, eta
-        err = math.sqrt(X.shape[1]) * 2.0**-50
     certificate = mode
     if mode != "engine":
         ratio = min_dist / diameter
@@ -1312,7 +1362,7 @@ def _multistart(X_first, V, d, *, n_starts, rng, clock, bound, report):
             X0 = _sphere_prephase(rng.standard_normal((V, d)))
         else:
             X0 = rng.standard_normal((V, d))
-        X = _epigraph_solve(X0)
+        X = _epigraph_solve(X0, deadline=clock.deadline)
         rho = _ratio_small(X)
         done += 1
         if rho > best_rho:
