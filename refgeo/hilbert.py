@@ -53,6 +53,31 @@ _KINDS = ("logits", "probabilities")
 _REF_BLOCK_ELEMENTS = 1 << 22
 
 
+def _difference_range(xp, z, w, axis):
+    """``max(w - z) - min(w - z)`` in float64, also when a difference overflows.
+
+    Logits near +-1e308 make ``w - z`` overflow (inf - inf = NaN for a distance that
+    is 0); the halves ``w/2 - z/2`` cannot overflow, and doubling their range is exact
+    (it overflows only when the distance itself exceeds the float64 range).  The fast
+    path is taken whenever it is finite, so ordinary inputs keep their exact values.
+    """
+    with np.errstate(over="ignore", invalid="ignore"):
+        d = w - z
+        r = xp.max(d, axis=axis) - xp.min(d, axis=axis)
+    if bool(xp.all(xp.isfinite(r))):
+        return r
+    h = w * 0.5 - z * 0.5
+    with np.errstate(over="ignore"):
+        r2 = (xp.max(h, axis=axis) - xp.min(h, axis=axis)) * 2.0
+    return xp.where(xp.isfinite(r), r, r2)
+
+
+def _log_sum(xp, p, axis):
+    """``log(sum(p))`` for non-negative p whose sum may overflow (largest entry factored out)."""
+    m = xp.max(p, axis=axis, keepdims=True)
+    return xp.log(xp.squeeze(m, axis=axis)) + xp.log(xp.sum(p / m, axis=axis))
+
+
 def _scalar_or_array(xp, out):
     """0-d NumPy results become NumPy scalars (like numpy reductions)."""
     if is_numpy_array(out) and out.ndim == 0:
@@ -152,8 +177,7 @@ def hilbert_distance_logits(z: Any, w: Any, /, *, axis: int = -1):
     xp = array_namespace(z, w)
     z, w = _broadcast_pair(xp, z, w, ("z", "w"))
     axis = check_axis(axis, z.ndim)
-    d = _f64(xp, w) - _f64(xp, z)
-    return _scalar_or_array(xp, xp.max(d, axis=axis) - xp.min(d, axis=axis))
+    return _scalar_or_array(xp, _difference_range(xp, _f64(xp, z), _f64(xp, w), axis))
 
 
 def _check_probabilities(p, name, axis):
@@ -276,7 +300,7 @@ def funk_distance(p: Any, q: Any, /, *, axis: int = -1):
     r, sp, sq = _log_ratio_on_support(xp, p, q)
     inf = xp.asarray(float("inf"), dtype=xp.float64)
     hi = xp.max(xp.where(sp, r, -inf), axis=axis)
-    shift = xp.log(xp.sum(_f64(xp, q), axis=axis)) - xp.log(xp.sum(_f64(xp, p), axis=axis))
+    shift = _log_sum(xp, _f64(xp, q), axis) - _log_sum(xp, _f64(xp, p), axis)
     f = xp.maximum(hi + shift, xp.asarray(0.0, dtype=xp.float64))
     escape = xp.any(sp & ~sq, axis=axis)
     return _scalar_or_array(xp, xp.where(escape, inf, f))
@@ -347,8 +371,7 @@ def _pairwise_logits_reference(XA, XB, *, triangle: bool):
         start = i + 1 if triangle else 0
         parts = []
         for j0 in range(start, nB, block):
-            D = B[j0 : min(j0 + block, nB), :] - A[i, :]
-            parts.append(xp.max(D, axis=1) - xp.min(D, axis=1))
+            parts.append(_difference_range(xp, A[i : i + 1, :], B[j0 : min(j0 + block, nB), :], 1))
         if parts:
             rows.append(xp.concat(parts) if len(parts) > 1 else parts[0])
     if triangle:
@@ -410,6 +433,10 @@ def _pdist_cython(X, *, kind, tile_size, n_threads):
     fn = getattr(_tropical, "pdist_logits" + _kernel_suffix(Z))
     # at most n rows per tile: a larger tile_size only over-allocates the tile buffers
     fn(Z, out, min(tile_size or _DEFAULT_TILE_ROWS, n), _DEFAULT_CHUNK, _backend.resolve_n_threads(n_threads))
+    if kind == "logits" and not np.all(np.isfinite(out)):
+        # a difference overflowed in the kernel's dtype (float32 logits near 3e38, or
+        # float64 near 1e308): the float64 reference handles those
+        return np.asarray(_pairwise_logits_reference(X, X, triangle=True))
     return out
 
 
@@ -425,6 +452,8 @@ def _cdist_cython(XA, XB, *, kind, tile_size, n_threads):
     fn = getattr(_tropical, "cdist_logits" + _kernel_suffix(A))
     fn(A, B, out, min(tile_size or _DEFAULT_TILE_ROWS, A.shape[0]), _DEFAULT_CHUNK,
        _backend.resolve_n_threads(n_threads))
+    if kind == "logits" and not np.all(np.isfinite(out)):
+        return np.asarray(_pairwise_logits_reference(XA, XB, triangle=False))  # see _pdist_cython
     return out
 
 

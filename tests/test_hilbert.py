@@ -346,3 +346,19 @@ def test_bad_keyword_arguments():
 def test_integer_inputs_are_converted_to_float64():
     assert refgeo.variation(np.array([1, 5, 3])) == 4.0
     assert refgeo.pdist_hilbert(np.array([[0, 0], [0, 3]])).dtype == np.float64
+
+
+@pytest.mark.parametrize("dtype, big", [(np.float32, 3e38), (np.float64, 1e308)])
+def test_logits_at_the_edge_of_the_float_range(backend, dtype, big):
+    """Differences that overflow the dtype: equal shifts are distance 0, the rest is the
+    float64 value (the float32 kernel returned NaN, the float64 formula inf - inf)."""
+    X = np.array([[big, big], [-big, -big], [big, 0.0], [-big, 0.0]], dtype=dtype)
+    b = float(X[0, 0])  # the float32-rounded value
+    want = np.array([0.0, b, b, b, b, 2 * b])
+    np.testing.assert_array_equal(refgeo.pdist_hilbert(X), want)
+    np.testing.assert_array_equal(refgeo.cdist_hilbert(X, X[:2]), [[0, 0], [0, 0], [b, b], [b, b]])
+    assert refgeo.hilbert_distance_logits(X[0], X[1]) == 0.0
+
+
+def test_funk_distance_of_vectors_whose_sum_overflows():
+    assert refgeo.funk_distance([1e308, 1e308], [1.0, 3.0]) == pytest.approx(math.log(2.0), rel=1e-12)
