@@ -74,6 +74,10 @@ def _difference_range(xp, z, w, axis):
 
 def _log_sum(xp, p, axis):
     """``log(sum(p))`` for non-negative p whose sum may overflow (largest entry factored out)."""
+    with np.errstate(over="ignore"):
+        total = xp.sum(p, axis=axis)
+    if bool(xp.all(xp.isfinite(total))):
+        return xp.log(total)  # the usual case, rounded as before
     m = xp.max(p, axis=axis, keepdims=True)
     return xp.log(xp.squeeze(m, axis=axis)) + xp.log(xp.sum(p / m, axis=axis))
 
