@@ -43,8 +43,9 @@ __all__ = [
 
 
 def _check_vd(V, d) -> tuple[int, int]:
-    V = check_int(V, "V", min_value=2)
-    d = check_int(d, "d", min_value=1)
+    # up to 2^53: the bounds are float64 formulas in V and d, exact for such integers
+    V = check_int(V, "V", min_value=2, max_value=2**53)
+    d = check_int(d, "d", min_value=1, max_value=2**53)
     return V, d
 
 
@@ -168,17 +169,29 @@ def _hadamard_terms(V: int, d: int, k: int) -> float | None:
     return ((V - r) / (r * (V - 1.0))) ** (1.0 / (2 * k))
 
 
+_HADAMARD_PATIENCE = 16
+# Largest power tried: only d = 1 or 2 with huge V reach it (their best k grows like
+# sqrt(V)), where the volume bound is far tighter anyway.
+_HADAMARD_MAX_K = 4096
+
+
 def _best_hadamard(V: int, d: int, k: int | None) -> tuple[float, int]:
     if k is not None:
         u = _hadamard_terms(V, d, k)
         return (1.0 if u is None else _rho_from_u(u)), k
+    # Scan k upward; stop after _HADAMARD_PATIENCE powers without improvement or at
+    # _HADAMARD_MAX_K (every k gives a valid bound; on d <= 40 and 512, V <= 1e7 the
+    # result equals the exhaustive scan, which grows like sqrt(V) for d = 1 and took
+    # minutes near V = 2^53).
     best, best_k = 1.0, 1
-    kk = 1
-    while math.comb(d + kk + 1, kk) < V:
+    kk, since = 1, 0
+    while math.comb(d + kk + 1, kk) < V and since < _HADAMARD_PATIENCE and kk <= _HADAMARD_MAX_K:
         u = _hadamard_terms(V, d, kk)
         rho = _rho_from_u(u)
         if rho < best:
-            best, best_k = rho, kk
+            best, best_k, since = rho, kk, 0
+        else:
+            since += 1
         kk += 1
     return best, best_k
 
@@ -193,7 +206,8 @@ def hadamard_power_bound(V: int, d: int, /, *, k: int | None = None) -> float:
     d : int
         Dimension, ``d >= 1``.
     k : int, default=None
-        Hadamard power to use; ``None`` takes the best :math:`k \ge 1`.
+        Hadamard power to use; ``None`` takes the best :math:`k \ge 1` of an upward
+        scan that stops after 16 powers without improvement or at k = 4096.
 
     Returns
     -------

@@ -684,8 +684,11 @@ def ce_bound(d: Any, /):
     -----
     For normalised p, q, :math:`\log(p_c/q_c)` lies between the minimum and the maximum
     of the log-ratios, and the minimum is <= 0 <= the maximum, so
-    :math:`|\log p_c - \log q_c| \le \max - \min = d_H(p, q)`.  The bound is attained by
-    two-point distributions.
+    :math:`|\log p_c - \log q_c| \le \max - \min = d_H(p, q)`.  Equality needs the
+    minimum or the maximum log-ratio to be 0, which forces p = q; for p != q the bound
+    is approached, not attained: two-point distributions :math:`p = (1-\varepsilon,
+    \varepsilon)`, :math:`q = (1-\delta, \delta)` with :math:`\varepsilon/\delta` fixed
+    and :math:`\delta \to 0`.
 
     Examples
     --------

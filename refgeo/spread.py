@@ -453,7 +453,10 @@ def kerdock_code(d: int, V: int | None = None) -> np.ndarray:
     :math:`\pm 1/\sqrt{d}`, because :math:`Q_u - Q_v` has a nonsingular symplectic part
     (a bent function), so
 
-    .. math:: \rho^2 = \frac{\sqrt d - 1}{\sqrt d + 1} \quad (V > d),
+    .. math:: \rho^2 = \frac{\sqrt d - 1}{\sqrt d + 1} \quad (V \ge d + 2),
+
+    (at :math:`V = d + 1` the one extra row is the all-positive Hadamard row, so no
+    inner product is negative and :math:`\rho^2 = 1 - 1/\sqrt d`),
 
     within 0.5% of :func:`refgeo.welch_bound` wherever :math:`V \le d^2/2 + d`
     (e.g. :math:`(50000, 1024)`: 0.96922 against 0.96955).  The quadratic forms come
@@ -1093,9 +1096,12 @@ def spread(
         ``"epigraph"``: multistart SLSQP on :math:`\max t` s.t.
         :math:`t \le \lVert x_i - x_j \rVert^2 \le 1` with analytic Jacobians (small V);
         ``"smooth"``: the annealed k-NN iteration on the sphere (large V);
-        ``"construction"``: no optimisation.  ``"auto"``: the regular simplex for
-        :math:`V \le d + 1`, ``"epigraph"`` for :math:`V \le 50`, else ``"smooth"``,
-        except that a construction is returned as is when it is within 1% of the bound,
+        ``"construction"``: no optimisation (the start is returned: the best
+        construction, or random points where none exists; ``result.init`` says which).
+        ``"auto"``: the regular simplex for :math:`V \le d + 1`, ``"epigraph"`` for
+        :math:`V \le 50` (started from the best construction), else ``"smooth"``,
+        except that for :math:`V > 50` a construction is returned as is when it is
+        within 1% of the bound,
         when :math:`V^2 d > 5 \cdot 10^{10}`, or when it is a lattice ball in
         :math:`d \le 4` (the V points of the hexagonal or checkerboard lattice nearest
         to a centre; offered for :math:`d \le 8`, :math:`2d < V \le 20000`; from
@@ -1545,6 +1551,9 @@ def spread_update(
     if eps > 1.0:
         raise ValueError(f"eps == {eps}, must be <= 1.")
     n_points = check_int(n_points, "n_points", min_value=2)
+    lmo_rtol = check_real(lmo_rtol, "lmo_rtol", min_value=0.0, strict=True)
+    if not lmo_rtol < 1.0:
+        raise ValueError(f"lmo_rtol must be in (0, 1), got {lmo_rtol} instead.")
     Gc = G - G.mean(axis=0)
 
     rn = np.asarray(projected_rownorm(Gc, eta=eta), dtype=np.float64)

@@ -282,3 +282,14 @@ def test_argument_errors(f):
 def test_hadamard_k_error():
     with pytest.raises(ValueError, match=re.escape("k == 0, must be >= 1.")):
         refgeo.hadamard_power_bound(100, 3, k=0)
+
+
+def test_huge_sizes_are_fast_or_rejected_by_name():
+    import time
+
+    t0 = time.perf_counter()
+    b = refgeo.ratio_upper_bound(2**53, 1)
+    assert time.perf_counter() - t0 < 5.0  # the Hadamard scan grew like sqrt(V) (minutes)
+    assert 0.0 < b.value <= 1.0 / (2**53 - 1) * (1 + 1e-12)
+    with pytest.raises(ValueError, match=re.escape("V == 2**53 + 1".replace("2**53 + 1", str(2**53 + 1)))):
+        refgeo.ratio_upper_bound(2**53 + 1, 3)

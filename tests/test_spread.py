@@ -468,3 +468,11 @@ def test_orthogonal_simplex_blocks_closed_form(V, d):
     dd = pdist(X)
     assert X.shape == (V, d) and c.rho == pytest.approx(dd.min() / dd.max(), rel=1e-12)
     assert refgeo.spread(V, d, seed=0, max_time=2.0).ratio >= c.rho * (1 - 1e-12)
+
+
+def test_spread_update_names_lmo_rtol():
+    G = refgeo.center_rows(np.random.default_rng(0).standard_normal((5, 3)))
+    with pytest.raises(ValueError, match=re.escape("lmo_rtol == 0.0, must be > 0.0.")):
+        refgeo.spread_update(G, lmo_rtol=0.0)
+    with pytest.raises(ValueError, match=re.escape("lmo_rtol must be in (0, 1), got 1.0 instead.")):
+        refgeo.spread_update(G, lmo_rtol=1.0)
