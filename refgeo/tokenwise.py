@@ -459,6 +459,9 @@ def _resolve_weights(weights, idx, dist):
         raise ValueError(f"weights must have shape {(n, k)} (N, k), got shape {w.shape} instead.")
     if np.any(w < 0):
         raise ValueError(f"weights must be non-negative, got min {float(w.min()):.3g} instead.")
+    # divide by the row maximum first: a row mean of weights near 1e308 overflows
+    wmax = w.max(axis=1, keepdims=True)
+    w = w / np.where(wmax > 0, wmax, 1.0)
     s = w.mean(axis=1, keepdims=True)
     if np.any(s <= 0):
         raise ValueError(

@@ -410,6 +410,16 @@ def test_tiny_ridge_on_rank_deficient_panels_matches_brute_force(cls, lam):
         np.testing.assert_allclose(fit.fitted[i], A @ X[i], rtol=1e-9, atol=1e-9)
 
 
+def test_weights_near_the_float64_limit_are_normalised_like_small_ones():
+    """The row mean of weights near 1e308 overflowed, every weight became 0 and the fit
+    silently returned the prior."""
+    X, Y = _xy(30, 3)
+    a = refgeo.fit_local_maps(X, 2 * X + 0.1 * Y, k=4, cls="diagonal", weights=np.full((30, 4), 1e308))
+    b = refgeo.fit_local_maps(X, 2 * X + 0.1 * Y, k=4, cls="diagonal")
+    np.testing.assert_array_equal(a.fitted, b.fitted)
+    np.testing.assert_array_equal(a.weights, b.weights)
+
+
 def test_centred_subspace_metrics_survive_a_large_mean_update():
     """Centring subtracts the mean explicitly: a mean update 1e8 times the spread gave
     NaN projections through the |v|^2 - 2 v.m + |m|^2 shortcut."""
