@@ -58,13 +58,11 @@ def _check_step_count(t):
     return check_int(t, "state['t']", min_value=0)
 
 
-def _check_buffer(buf, shape=None):
-    """A restored momentum buffer: None or a finite 2-D float array (of ``shape``)."""
+def _check_buffer(buf):
+    """A restored momentum buffer: None or a finite 2-D float array."""
     if buf is None:
         return None
     buf = as_float_array(buf, "state['buffer']", ndim=2, shape_hint="2-D array of shape (V, d)")
-    if shape is not None and tuple(buf.shape) != tuple(shape):
-        raise ValueError(f"state['buffer'] must have shape {tuple(shape)}, got shape {tuple(buf.shape)} instead.")
     return np.array(buf, dtype=np.float64)
 
 
@@ -132,14 +130,11 @@ class RowNorm:
         weight_decay: float = 0.0,
         center: bool = True,
     ):
-        self.lr = lr
-        self.mu = mu
-        self.eps = eps
-        self.bias_correction = bias_correction
-        self.project = project
-        self.weight_decay = weight_decay
-        self.center = center
-        self._checked_hyperparameters()
+        self.lr, self.mu, self.eps = lr, mu, eps
+        self.bias_correction, self.project = bias_correction, project
+        self.weight_decay, self.center = weight_decay, center
+        (self.lr, self.mu, self.eps, self.bias_correction, self.project, self.weight_decay,
+         self.center) = self._checked_hyperparameters()
         self.t = 0
         self.buffer: np.ndarray | None = None
         self._last: np.ndarray | None = None
@@ -160,8 +155,8 @@ class RowNorm:
     def step(self, param: np.ndarray, grad: Any, /) -> np.ndarray:
         """Update ``param`` (V, d) in place with the gradient ``grad`` (V, d); return it."""
         g = _check_param_grad(param, grad)
-        lr = self._checked_hyperparameters()[0]
-        if self.center:
+        lr, mu, eps, bias_correction, project, weight_decay, center = self._checked_hyperparameters()
+        if center:
             g = g - g.mean(axis=0, keepdims=True)
         if self.buffer is None:
             self.buffer = np.zeros_like(g)
@@ -171,15 +166,15 @@ class RowNorm:
                 f"shape {g.shape} instead."
             )
         self.t += 1
-        self.buffer *= self.mu
-        self.buffer += (1.0 - self.mu) * g
-        Bhat = self.buffer / (1.0 - self.mu**self.t) if self.bias_correction else self.buffer
-        S = -lr * row_normalize(Bhat, eps=self.eps)
-        if self.project:
+        self.buffer *= mu
+        self.buffer += (1.0 - mu) * g
+        Bhat = self.buffer / (1.0 - mu**self.t) if bias_correction else self.buffer
+        S = -lr * row_normalize(Bhat, eps=eps)
+        if project:
             S -= S.mean(axis=0, keepdims=True)
         self._last = S
-        if self.weight_decay:
-            param *= 1.0 - lr * self.weight_decay
+        if weight_decay:
+            param *= 1.0 - lr * weight_decay
         param += S.astype(param.dtype, copy=False)
         return param
 
@@ -270,12 +265,9 @@ class DiameterLMO:
         max_time: float | None = None,
         weight_decay: float = 0.0,
     ):
-        self.lr = lr
-        self.momentum = momentum
-        self.rtol = rtol
-        self.max_time = max_time
-        self.weight_decay = weight_decay
-        self._checked_hyperparameters()
+        self.lr, self.momentum, self.rtol = lr, momentum, rtol
+        self.max_time, self.weight_decay = max_time, weight_decay
+        self.lr, self.momentum, self.rtol, self.max_time, self.weight_decay = self._checked_hyperparameters()
         self.t = 0
         self.buffer: np.ndarray | None = None
         self.last_result: LMOResult | None = None
