@@ -26,6 +26,7 @@ __all__ = [
     "check_finite",
     "check_int",
     "check_min_rows",
+    "check_open_unit_interval",
     "check_nonnegative",
     "check_choice",
     "check_real",
@@ -188,6 +189,14 @@ def check_real(
             raise ValueError(f"{name} == {value}, must be > {min_value}.")
         if not strict and not value >= min_value:
             raise ValueError(f"{name} == {value}, must be >= {min_value}.")
+    return value
+
+
+def check_open_unit_interval(value: Any, name: str) -> float:
+    """Return ``value`` as float after checking ``0 < value < 1`` (tolerances, fractions)."""
+    value = check_real(value, name, min_value=0.0, strict=True)
+    if not value < 1.0:
+        raise ValueError(f"{name} must be in (0, 1), got {value} instead.")
     return value
 
 

@@ -47,6 +47,7 @@ from ._validate import (
     check_centred_rows,
     check_int,
     check_min_rows,
+    check_open_unit_interval,
     check_real,
 )
 from .rows import row_diameter
@@ -873,9 +874,7 @@ def diameter_lmo(
     t0 = time.perf_counter()
     G = _check_gradient(G)
     eta = _check_eta(eta)
-    rtol = check_real(rtol, "rtol", min_value=0.0, strict=True)
-    if not rtol < 1.0:
-        raise ValueError(f"rtol must be in (0, 1), got {rtol} instead.")
+    rtol = check_open_unit_interval(rtol, "rtol")
     if max_time is not None:
         max_time = check_real(max_time, "max_time", min_value=0.0, strict=True)
     max_iter = check_int(max_iter, "max_iter", min_value=0, allow_none=True)

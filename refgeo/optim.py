@@ -19,7 +19,14 @@ from typing import Any
 
 import numpy as np
 
-from ._validate import as_float_array, check_bool, check_int, check_real, check_same_shape
+from ._validate import (
+    as_float_array,
+    check_bool,
+    check_int,
+    check_open_unit_interval,
+    check_real,
+    check_same_shape,
+)
 from .lmo import LMOResult, diameter_lmo, row_normalize
 
 __all__ = ["DiameterLMO", "RowNorm"]
@@ -44,13 +51,6 @@ def _check_unit_interval(value, name):
     value = check_real(value, name, min_value=0.0)
     if not value < 1.0:
         raise ValueError(f"{name} must be in [0, 1), got {value} instead.")
-    return value
-
-
-def _check_open_unit_interval(value, name):
-    value = check_real(value, name, min_value=0.0, strict=True)
-    if not value < 1.0:
-        raise ValueError(f"{name} must be in (0, 1), got {value} instead.")
     return value
 
 
@@ -278,7 +278,7 @@ class DiameterLMO:
         return (
             check_real(self.lr, "lr", min_value=0.0, strict=True),
             _check_unit_interval(self.momentum, "momentum"),
-            _check_open_unit_interval(self.rtol, "rtol"),
+            check_open_unit_interval(self.rtol, "rtol"),
             None if self.max_time is None else check_real(self.max_time, "max_time", min_value=0.0, strict=True),
             check_real(self.weight_decay, "weight_decay", min_value=0.0),
         )

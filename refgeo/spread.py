@@ -38,7 +38,14 @@ from typing import Any
 
 import numpy as np
 
-from ._validate import as_float_array, check_bool, check_choice, check_int, check_real
+from ._validate import (
+    as_float_array,
+    check_bool,
+    check_choice,
+    check_int,
+    check_open_unit_interval,
+    check_real,
+)
 from .bounds import RatioBound, ratio_upper_bound
 
 __all__ = [
@@ -1551,9 +1558,7 @@ def spread_update(
     if eps > 1.0:
         raise ValueError(f"eps == {eps}, must be <= 1.")
     n_points = check_int(n_points, "n_points", min_value=2)
-    lmo_rtol = check_real(lmo_rtol, "lmo_rtol", min_value=0.0, strict=True)
-    if not lmo_rtol < 1.0:
-        raise ValueError(f"lmo_rtol must be in (0, 1), got {lmo_rtol} instead.")
+    lmo_rtol = check_open_unit_interval(lmo_rtol, "lmo_rtol")
     Gc = G - G.mean(axis=0)
 
     rn = np.asarray(projected_rownorm(Gc, eta=eta), dtype=np.float64)
