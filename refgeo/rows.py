@@ -39,7 +39,6 @@ tile size and thread count returns the same value and the same indices.
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import math
 from typing import Any
@@ -48,6 +47,7 @@ import numpy as np
 from array_api_compat import array_namespace, is_numpy_array
 
 from . import _backend
+from ._threads import blas_single_thread
 from ._validate import (
     as_float_array,
     check_bool,
@@ -376,9 +376,6 @@ _KNN_MIXED_MIN_WORK = 1 << 26
 # put many pairs inside the wider float32 band.
 _MAX_MIXED_MIN_WORK = 1 << 26
 
-_THREADPOOL = None
-
-
 def _gamma(m: int, u: float) -> float:
     return m * u / (1.0 - m * u)
 
@@ -410,18 +407,6 @@ def _reported_bound(d: int, dtype: str, max_norm: float) -> float:
     """The certificate's ``error_bound``: ``c * 2 max n + e_abs`` (largest a_ij)."""
     c, eabs = _rounding_bound(d, dtype)
     return c * 2.0 * max_norm + eabs
-
-
-def _blas_single_thread(n_threads: int):
-    """OpenMP over tiles with BLAS at one thread; never both (no-op for one thread)."""
-    global _THREADPOOL
-    if n_threads <= 1:
-        return contextlib.nullcontext()
-    if _THREADPOOL is None:
-        from threadpoolctl import ThreadpoolController
-
-        _THREADPOOL = ThreadpoolController()
-    return _THREADPOOL.limit(limits=1, user_api="blas")
 
 
 def _suffix(a) -> str:
@@ -520,7 +505,7 @@ def _extreme_pair_cython(S, *, maximise, tile_size, n_threads):
     out_ij = np.empty((n_eff, 2), dtype=np.int64)
     out_nref = np.zeros(n_eff, dtype=np.int64)
     fn = getattr(ext._extreme_pairs, "extreme_pair" + _kernel_suffix(X, Sc))
-    with _blas_single_thread(n_eff):
+    with blas_single_thread(n_eff):
         # The seed's matrix-vector products run under the one-thread limit too: a
         # multi-threaded BLAS call just before the kernel leaves BLAS worker threads
         # spinning, and they steal cores from the OpenMP tiles (15% of samples in perf).
@@ -559,7 +544,7 @@ def _farthest_cython(S, *, tile_size=None, n_threads=None):
     Bj = np.full((n_eff, V), V, dtype=np.int64)
     nref = np.zeros(n_eff, dtype=np.int64)
     fn = getattr(ext._extreme_pairs, "farthest_partners" + _kernel_suffix(X, Sc))
-    with _blas_single_thread(n_eff):
+    with blas_single_thread(n_eff):
         fn(X, nrm, Sc, cp, eabs, tile, n_eff, L, B, Bj, nref)
     r, j = B[0].copy(), Bj[0].copy()
     for t in range(1, n_eff):
@@ -588,7 +573,7 @@ def _knn_pass(fn, XA, nA, SA, XB, nB, SB, *, symmetric, exclude_self, self_idx, 
     out_idx = np.empty((nA_rows, k), dtype=np.int64)
     out_dist = np.empty((nA_rows, k))
     stats = np.zeros(2, dtype=np.int64)
-    with _blas_single_thread(n_eff):
+    with blas_single_thread(n_eff):
         fn(XA, nA, SA, XB, nB, SB, symmetric, exclude_self, self_idx, defer, k, cp, eabs, tile,
            n_eff, keys, ids, out_idx, out_dist, stats)
     return out_idx, out_dist, stats

@@ -45,6 +45,7 @@ from typing import Any
 import numpy as np
 
 from . import _tokenwise_fit as _fit
+from ._threads import blas_single_thread
 from ._validate import (
     as_float_array,
     check_bool,
@@ -535,7 +536,7 @@ def _fit_local(X, Y, k, cls, rank, ridge, prior, metric, standardize, exclude_se
     chunk = chunk_size or _fit.default_chunk(k, d, n)
     ident = prior == "identity"
     coef = maps = None
-    with _one_blas_thread():  # many small batched GEMMs / eigh: threads only spin
+    with blas_single_thread():  # many small batched GEMMs / eigh: threads only spin
         fitted, coef, maps = _dispatch_fit(X64, Y64, idx, w, cls, rank, ridge, ident, chunk, return_maps)
     config = {
         "cls": cls,
@@ -859,25 +860,9 @@ def _energy(num, den):
     return float(num / den) if den > 0 else math.nan
 
 
-def _one_blas_thread():
-    """Dense LAPACK factorisations (eigh, svd) run with one BLAS thread: their
-    level-2 parts do not scale, and on a loaded machine threaded OpenBLAS can be tens of
-    times slower than one thread.  GEMMs outside this context keep every thread."""
-    global _CONTROLLER
-    if _CONTROLLER is None:
-        import scipy.linalg  # noqa: F401  (load SciPy's BLAS before the scan)
-        from threadpoolctl import ThreadpoolController
-
-        _CONTROLLER = ThreadpoolController()
-    return _CONTROLLER.limit(limits=1, user_api="blas")
-
-
-_CONTROLLER = None
-
-
 def _sym_pinv_solve(G, B):
     """``G^+ B`` for a symmetric PSD ``G`` (eigenvalues below ``d eps`` relative dropped)."""
-    with _one_blas_thread():
+    with blas_single_thread():
         mu, E = np.linalg.eigh(G)
     tol = G.shape[0] * _fit._EPS * max(float(mu[-1]), 0.0)
     keep = mu > tol
@@ -902,12 +887,12 @@ def _global_baselines(X, Y, mask_fit, mask_eval, dnorm2, ridge, identity_prior):
     if ridge > 0:
         import scipy.linalg
 
-        with _one_blas_thread():
+        with blas_single_thread():
             DT = scipy.linalg.solve(G + ridge * np.eye(d), B, assume_a="pos")
     else:
         DT = _sym_pinv_solve(G, B)
     AT = DT + np.eye(d) if identity_prior else DT
-    with _one_blas_thread():
+    with blas_single_thread():
         U, sv, Vt = np.linalg.svd(M)
     den = float(np.trace(G))
     sc = float(np.sum(sv)) / den if den > 0 else 1.0
@@ -1073,7 +1058,7 @@ def decompose(
     if center_subspace:
         te = te - te.mean(axis=0)
     G = te.T @ te
-    with _one_blas_thread():
+    with blas_single_thread():
         evals, evecs = np.linalg.eigh(G)
     U = np.ascontiguousarray(evecs[:, ::-1][:, :subspace_rank])
     sv = np.sqrt(np.maximum(evals[::-1][:subspace_rank], 0.0))
