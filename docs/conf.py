@@ -96,18 +96,32 @@ html_theme_options = {
 }
 
 # -- API pages generated from __all__ ----------------------------------------------------
-# (module, title).  ``core`` is the part of the flat namespace not owned by a module.
+# (page, title).  ``core`` is the part of the flat namespace not owned by a module; every
+# other page documents the module ``refgeo.<page>``.
 API_MODULES = [
     ("core", "Backends and configuration"),
     ("hilbert", "Hilbert projective distance"),
     ("rows", "Row geometry of an update"),
     ("lmo", "Steepest descent under the row diameter"),
     ("optim", "Head optimizers"),
-    ("spread", "Max-min spreading"),
+    ("spreading", "Max-min spreading"),
+    ("codes", "Algebraic codes and lattices"),
     ("bounds", "Upper bounds on the distance ratio"),
     ("tokenwise", "Tokenwise decomposition of layer updates"),
     ("testing", "Testing your own kernels"),
 ]
+# Earlier module names of a page, tried when ``refgeo.<page>`` is not in this build.
+API_EARLIER_NAMES = {"spreading": ("spread",)}
+
+
+def _api_module(key: str):
+    """``refgeo.<key>`` (or the module under an earlier name), or None if absent."""
+    for name in (key,) + API_EARLIER_NAMES.get(key, ()):
+        try:
+            return importlib.import_module(f"refgeo.{name}")
+        except ModuleNotFoundError:
+            continue
+    return None
 CORE_NAMES = ["ExtensionUnavailableError", "get_backend", "show_config", "use_backend"]
 
 
@@ -119,9 +133,21 @@ def _summary(module) -> str:
 
 
 def _public(module) -> list[str]:
-    """Sorted ``__all__`` without submodules (those get their own section)."""
+    """Sorted ``__all__`` without submodules (those get their own section) and without
+    objects that another API page's module defines (one page per object: a module that
+    re-exports, e.g. the spreading solver listing a code, leaves it to its own page)."""
     names = getattr(module, "__all__", []) or []
-    return sorted(n for n in names if not inspect.ismodule(getattr(module, n, None)))
+    pages = {m.__name__ for m in map(_api_module, (k for k, _ in API_MODULES if k not in
+                                                   ("core", "testing"))) if m is not None}
+
+    def elsewhere(obj) -> bool:
+        home = getattr(obj, "__module__", None)
+        return home in pages and home != module.__name__
+
+    return sorted(
+        n for n in names
+        if not inspect.ismodule(getattr(module, n, None)) and not elsewhere(getattr(module, n, None))
+    )
 
 
 def _api_page(key: str, title: str) -> str:
@@ -144,24 +170,27 @@ def _api_page(key: str, title: str) -> str:
             subnames = [n for n in _public(submod) if n not in sections[0][1]]
             sections.append((f"refgeo.testing.{sub}", subnames))
     else:
-        mod = importlib.import_module(f"refgeo.{key}")
-        heading = f"``refgeo.{key}``: {title}"
-        current, summary = "refgeo", _summary(mod)
-        names = _public(mod)
+        mod = _api_module(key)
+        modname = mod.__name__ if mod is not None else f"refgeo.{key}"
+        heading = f"``{modname}``: {title}"
+        current, summary = "refgeo", _summary(mod) if mod is not None else ""
+        names = _public(mod) if mod is not None else []
         flat = [n for n in names if getattr(refgeo, n, None) is getattr(mod, n)]
         sections = [("", flat)]
         if len(flat) < len(names):  # not re-exported at the top level
-            sections.append((f"refgeo.{key}", [n for n in names if n not in flat]))
-        summary += (
-            f"\n\nEverything here is exported at the top level: ``refgeo.{key}.f`` is "
-            "``refgeo.f``."
-        )
+            sections.append((modname, [n for n in names if n not in flat]))
+        if names:
+            summary += (
+                f"\n\nEverything here is exported at the top level: ``{modname}.f`` is "
+                "``refgeo.f``."
+            )
     lines = [heading, "=" * len(heading), "", f".. currentmodule:: {current}", "", summary, ""]
     if not any(names for _, names in sections):
         lines += [
             ".. note::",
             "",
-            f"   No public objects yet: ``refgeo.{key}.__all__`` is empty in this build.",
+            f"   No public objects: ``refgeo.{key}`` is absent or its ``__all__`` is empty "
+            "in this build.",
             "",
         ]
     for submodule, names in sections:
@@ -241,15 +270,5 @@ def _gate_tutorials(app, docname, source):
     )
 
 
-def _drop_missing_toctree_entries(app, docname, source):
-    """``docs/testing.md`` is written by another area: list it only once it exists."""
-    if (DOCS / "testing.md").exists():
-        return
-    if docname == "tutorials/index":
-        source[0] = source[0].replace("/testing\n", "")
-    source[0] = re.sub(r"\[([^\]]*)\]\((\.\./)?testing\.md\)", r"\1", source[0])
-
-
 def setup(app):
     app.connect("source-read", _gate_tutorials)
-    app.connect("source-read", _drop_missing_toctree_entries)

@@ -1,4 +1,4 @@
-"""Hilbert projective distance between output distributions (SPEC §1).
+"""Hilbert projective distance between output distributions.
 
 For logits z, z' the Hilbert distance of their softmaxes is the variation seminorm of
 the difference, ``d_H(softmax z, softmax z') = max(z' - z) - min(z' - z)``: shift
@@ -212,7 +212,7 @@ def hilbert_distance(p: Any, q: Any, /, *, axis: int = -1):
     ----------
     p, q : array_like of shape (..., V)
         Probability vectors or any non-negative vectors with a positive entry
-        (normalisation is irrelevant); broadcast against each other.
+        (normalization is irrelevant); broadcast against each other.
     axis : int, default=-1
         Axis holding the vector entries.
 
@@ -269,7 +269,7 @@ def funk_distance(p: Any, q: Any, /, *, axis: int = -1):
     Parameters
     ----------
     p, q : array_like of shape (..., V)
-        Non-negative vectors with a positive entry; normalised internally
+        Non-negative vectors with a positive entry; normalized internally
         (:math:`\hat p = p / \sum p`).
     axis : int, default=-1
         Axis holding the vector entries.
@@ -532,7 +532,7 @@ def pdist_hilbert(
 
     A max-minus-min ("tropical") reduction: no GEMM identity applies, so time is
     O(n^2 V) with extra memory O(tile_size * n) per thread.  The cython backend
-    streams row tiles and column chunks through a vectorised C kernel.
+    streams row tiles and column chunks through a vectorized C kernel.
 
     Precision: float64 input gives exactly the reference's values (each difference is
     rounded once, max and min are exact).  float32 input is differenced in float32:
@@ -682,7 +682,7 @@ def ce_bound(d: Any, /):
 
     Notes
     -----
-    For normalised p, q, :math:`\log(p_c/q_c)` lies between the minimum and the maximum
+    For normalized p, q, :math:`\log(p_c/q_c)` lies between the minimum and the maximum
     of the log-ratios, and the minimum is <= 0 <= the maximum, so
     :math:`|\log p_c - \log q_c| \le \max - \min = d_H(p, q)`.  Equality needs the
     minimum or the maximum log-ratio to be 0, which forces p = q; for p != q the bound
