@@ -110,6 +110,11 @@ API_MODULES = [
     ("tokenwise", "Tokenwise decomposition of layer updates"),
     ("testing", "Testing your own kernels"),
 ]
+# The theory page (the specification) of each API page.
+API_THEORY = {
+    "hilbert": "hilbert", "rows": "rows", "lmo": "lmo", "optim": "lmo", "spreading": "spreading",
+    "codes": "spreading", "bounds": "spreading", "tokenwise": "tokenwise",
+}
 # Earlier module names of a page, tried when ``refgeo.<page>`` is not in this build.
 API_EARLIER_NAMES = {"spreading": ("spread",)}
 
@@ -184,6 +189,8 @@ def _api_page(key: str, title: str) -> str:
                 f"\n\nEverything here is exported at the top level: ``{modname}.f`` is "
                 "``refgeo.f``."
             )
+    if key in API_THEORY:
+        summary += f"\n\nThe mathematics (definitions, statements, proofs): :doc:`/theory/{API_THEORY[key]}`."
     lines = [heading, "=" * len(heading), "", f".. currentmodule:: {current}", "", summary, ""]
     if not any(names for _, names in sections):
         lines += [

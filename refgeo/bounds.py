@@ -4,7 +4,8 @@ For any configuration :math:`X = (x_1, \dots, x_V)` of distinct points in
 :math:`\mathbb{R}^d`, the distance ratio :math:`\rho(X) = m(X)/D(X)` (closest pair over
 diameter) is at most a number that depends on :math:`(V, d)` alone.  Four bounds are
 implemented, each valid for *every* configuration (spherical or not), and
-:func:`ratio_upper_bound` returns the best of them with the one that binds.
+:func:`ratio_upper_bound` returns the best of them with the one that binds.  The
+full proofs are on the theory page :doc:`/theory/spreading` (``docs/theory/spreading.md``).
 
 .. autosummary::
 

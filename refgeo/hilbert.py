@@ -2,7 +2,8 @@
 
 For logits z, z' the Hilbert distance of their softmaxes is the variation seminorm of
 the difference, ``d_H(softmax z, softmax z') = max(z' - z) - min(z' - z)``: shift
-invariant, free of any epsilon, exact for any finite logits.
+invariant, free of any epsilon, exact for any finite logits.  Definitions and proofs:
+:doc:`/theory/hilbert` (``docs/theory/hilbert.md``).
 
 .. autosummary::
 
@@ -163,7 +164,8 @@ def hilbert_distance_logits(z: Any, w: Any, /, *, axis: int = -1):
     Probabilities are never formed, so the result is exact (to one float64 rounding of
     each difference) for any finite logits, including values of size 1e4 whose
     softmax underflows.  Invariant under adding a constant to ``z`` or ``w``;
-    symmetric; satisfies the triangle inequality.  Time O(V) per pair.
+    symmetric; satisfies the triangle inequality.  Time O(V) per pair.  Proof of the
+    identity: :doc:`/theory/hilbert`, "The logit identity".
 
     References
     ----------
@@ -532,7 +534,8 @@ def pdist_hilbert(
 
     A max-minus-min ("tropical") reduction: no GEMM identity applies, so time is
     O(n^2 V) with extra memory O(tile_size * n) per thread.  The cython backend
-    streams row tiles and column chunks through a vectorized C kernel.
+    streams row tiles and column chunks through a vectorized C kernel (see
+    :doc:`/theory/hilbert`, "Batched and pairwise forms").
 
     Precision: float64 input gives exactly the reference's values (each difference is
     rounded once, max and min are exact).  float32 input is differenced in float32:
@@ -655,7 +658,8 @@ def tv_bound(d: Any, /):
     -----
     .. math:: TV(p, q) \le \tanh\!\left(\frac{d_H(p, q)}{4}\right)
 
-    Sharp: two points with likelihood ratios :math:`e^{\mp d/2}` attain it.
+    Sharp: two points with likelihood ratios :math:`e^{\mp d/2}` attain it (proof:
+    :doc:`/theory/hilbert`, "What the distance controls").
 
     Examples
     --------
@@ -688,7 +692,7 @@ def ce_bound(d: Any, /):
     minimum or the maximum log-ratio to be 0, which forces p = q; for p != q the bound
     is approached, not attained: two-point distributions :math:`p = (1-\varepsilon,
     \varepsilon)`, :math:`q = (1-\delta, \delta)` with :math:`\varepsilon/\delta` fixed
-    and :math:`\delta \to 0`.
+    and :math:`\delta \to 0`.  See :doc:`/theory/hilbert`.
 
     Examples
     --------
