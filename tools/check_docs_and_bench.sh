@@ -82,6 +82,27 @@ PY
     )
 fi
 
+# The mathematics is cited from the theory pages (docs/theory/*.md, ``:doc:`/theory/rows```
+# in docstrings), never from a file outside the repository; list sources that still cite
+# one, or that name the place or the machine they were written in (a warning).
+python - "$ROOT" <<'PY'
+import pathlib, re, sys
+root = pathlib.Path(sys.argv[1])
+pattern = re.compile(r"SPEC(\.md)? ?§|SPEC\.md|ARCHITECTURE\.md|STYLE\.md|shared folder|"
+                     r"\bissues? \d|this project's shared machine")
+dirs = ["refgeo", "refgeo_ext", "tests", "docs", "asv_benchmarks/benchmarks", "tools"]
+files = [root / "README.md"] + [f for d in dirs for f in sorted((root / d).rglob("*"))
+                                if f.suffix in {".py", ".md", ".tp", ".pxd", ".pyx", ".h", ".sh"}
+                                and "_build" not in f.parts and "generated" not in f.parts]
+for f in files:
+    if f.name == "check_docs_and_bench.sh":
+        continue
+    for n, line in enumerate(f.read_text(errors="replace").splitlines(), 1):
+        if pattern.search(line):
+            print(f"warning: {f.relative_to(root)}:{n}: refers to something outside the repository: "
+                  f"{line.strip()[:90]}")
+PY
+
 if [ "${REFGEO_SKIP_BENCH:-0}" = 1 ]; then
     echo "docs OK (benchmarks skipped)"
     exit 0
