@@ -107,7 +107,7 @@ API_MODULES = [
     ("lmo", "Steepest descent under the row diameter"),
     ("optim", "Head optimizers"),
     ("spreading", "Max-min spreading"),
-    ("codes", "Algebraic codes and lattices"),
+    ("codes", "Spherical codes and lattices"),
     ("bounds", "Upper bounds on the distance ratio"),
     ("tokenwise", "Tokenwise decomposition of layer updates"),
     ("testing", "Testing your own kernels"),
