@@ -45,6 +45,16 @@ def _describe_dtype(x) -> str:
     return str(getattr(x, "dtype", type(x).__name__))
 
 
+def _dtype_error(name: str, x) -> TypeError:
+    return TypeError(
+        f"{name} must have a real floating dtype (float32 or float64), got dtype {_describe_dtype(x)} instead."
+    )
+
+
+def _bound_error(name: str, value, relation: str, bound) -> ValueError:
+    return ValueError(f"{name} == {value}, must be {relation} {bound}.")
+
+
 def as_float_array(
     x: Any,
     name: str,
@@ -69,10 +79,7 @@ def as_float_array(
         elif xp.isdtype(x.dtype, ("integral", "bool")):
             arr = xp.astype(x, xp.float64)
         else:
-            raise TypeError(
-                f"{name} must have a real floating dtype (float32 or float64), "
-                f"got dtype {_describe_dtype(x)} instead."
-            )
+            raise _dtype_error(name, x)
     else:
         try:
             arr = np.asarray(x)
@@ -86,10 +93,7 @@ def as_float_array(
                 # float16 / longdouble: compute in float64, which holds float16 exactly.
                 arr = arr.astype(np.float64)
         else:
-            raise TypeError(
-                f"{name} must have a real floating dtype (float32 or float64), "
-                f"got dtype {arr.dtype} instead."
-            )
+            raise _dtype_error(name, arr)
     shape = tuple(arr.shape)
     if ndim is not None:
         allowed = (ndim,) if isinstance(ndim, int) else tuple(ndim)
@@ -163,9 +167,9 @@ def check_int(
         raise TypeError(f"{name} must be an integer, got {type(value).__name__} ({value!r}) instead.")
     value = int(value)
     if min_value is not None and value < min_value:
-        raise ValueError(f"{name} == {value}, must be >= {min_value}.")
+        raise _bound_error(name, value, ">=", min_value)
     if max_value is not None and value > max_value:
-        raise ValueError(f"{name} == {value}, must be <= {max_value}.")
+        raise _bound_error(name, value, "<=", max_value)
     return value
 
 
@@ -194,9 +198,9 @@ def check_real(
         raise ValueError(f"{name} must be a finite number, got {value} instead.")
     if min_value is not None:
         if strict and not value > min_value:
-            raise ValueError(f"{name} == {value}, must be > {min_value}.")
+            raise _bound_error(name, value, ">", min_value)
         if not strict and not value >= min_value:
-            raise ValueError(f"{name} == {value}, must be >= {min_value}.")
+            raise _bound_error(name, value, ">=", min_value)
     return value
 
 
