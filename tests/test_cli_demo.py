@@ -9,8 +9,11 @@ from __future__ import annotations
 import importlib.util
 import json
 import math
+import os
 import pathlib
 import re
+import select
+import sys
 
 import numpy as np
 import pytest
@@ -37,12 +40,43 @@ def checker():
     return _load_checker()
 
 
+def _read_all(fd: int) -> str:
+    chunks = []
+    while select.select([fd], [], [], 0)[0]:
+        try:
+            chunk = os.read(fd, 65536)
+        except OSError:  # the slave side is closed
+            break
+        if not chunk:
+            break
+        chunks.append(chunk)
+    return b"".join(chunks).decode("utf-8", "replace")
+
+
 @pytest.fixture(scope="module")
-def tiny_report(tmp_path_factory):
+def tiny_run(tmp_path_factory):
+    """The tiny demo, run as ``refgeo demo`` with stderr on a real terminal (a pseudo-terminal)."""
+    pty = pytest.importorskip("pty")
     out = tmp_path_factory.mktemp("demo_tiny")
-    rc = cli.main(["demo", "--size", "tiny", "--out", str(out), "--no-progress"])
+    master, slave = pty.openpty()
+    saved = sys.stderr
+    try:
+        with os.fdopen(slave, "w") as stream:
+            sys.stderr = stream
+            try:
+                rc = cli.main(["demo", "--size", "tiny", "--out", str(out)])
+            finally:
+                sys.stderr = saved
+        terminal = _read_all(master)
+    finally:
+        os.close(master)
     assert rc == 0
-    return out
+    return out, terminal
+
+
+@pytest.fixture(scope="module")
+def tiny_report(tiny_run):
+    return tiny_run[0]
 
 
 # ------------------------------------------------------------------ the demo end to end
@@ -141,6 +175,13 @@ def test_progress_counter_without_tqdm(monkeypatch, capsys):
     bar.close()
     err = capsys.readouterr().err
     assert "[refgeo demo] adamw: 3/3 steps" in err
+
+
+def test_demo_shows_progress_on_a_terminal(tiny_run):
+    _, terminal = tiny_run
+    for name in ("adamw", "rownorm", "rescaled", "exact_lmo"):
+        assert name in terminal
+    assert "refgeo demo: wrote" in terminal
 
 
 def test_progress_disabled_is_silent(capsys):
