@@ -237,8 +237,13 @@ def _inspect_report(S, *, H: float, progress: bool = False) -> dict[str, Any]:
     out["closest_pair"] = {"value": m.value, "pair": [m.i, m.j], "error_bound": m.error_bound, "backend": m.backend}
     out["ratio"] = m.value / D.value if D.value > 0 else None
     out["condition_number"] = D.value / m.value if m.value > 0 else None
-    X = np.asarray(S, dtype=np.float64)
-    k = int(np.linalg.matrix_rank(X - X.mean(axis=0))) if D.value > 0 else 0
+    if D.value > 0:
+        X = np.array(S, dtype=np.float64)  # one float64 copy, centered in place
+        X -= X.mean(axis=0)
+        k = int(np.linalg.matrix_rank(X))
+        del X
+    else:
+        k = 0
     out["rank_centered"] = k
     ball = covering_radius(S, max_iter=20_000)
     out["covering_radius"] = {"radius": ball.radius, "lower_bound": ball.lower_bound, "n_iter": ball.n_iter}
