@@ -54,7 +54,7 @@ from refgeo import (
     worst_case_hidden_state,
 )
 
-from ._validate import as_float_array, check_min_rows
+from ._validate import as_float_array, check_min_rows, check_same_shape
 
 __all__ = ["main"]
 
@@ -362,8 +362,7 @@ def _cmd_lmo(args: argparse.Namespace) -> int:
 def _cmd_tokenwise(args: argparse.Namespace) -> int:
     X, wx = _load_matrix(args.x, label="X")
     Y, wy = _load_matrix(args.y, label="Y")
-    if X.shape != Y.shape:
-        raise CLIError(f"X and Y must have the same shape (N, d), got {X.shape} and {Y.shape} instead")
+    check_same_shape(X, Y, ("X", "Y"))
     if args.k >= X.shape[0]:
         raise CLIError(f"--k must be smaller than the number of tokens N = {X.shape[0]}, got {args.k} instead")
     kwargs: dict[str, Any] = {"k": args.k, "cls": args.cls}
