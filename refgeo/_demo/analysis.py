@@ -11,12 +11,6 @@ Each analysis returns a plain dict of numbers (what the report, the plots and
   (see docs/theory/rows.md and docs/theory/spreading.md);
 * :func:`tokenwise`: the tokenwise decomposition of the feature layer ``h0 -> h1`` and
   the KL of patching it (see docs/theory/tokenwise.md).
-
-Examples
---------
->>> from refgeo._demo.analysis import lmo_track
->>> callable(lmo_track)
-True
 """
 
 from __future__ import annotations
