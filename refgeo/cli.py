@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import importlib.util
 import inspect
 import json
 import math
@@ -209,13 +210,20 @@ def _show_progress(args: argparse.Namespace) -> bool:
         return False
 
 
-def _progress_kw(fn: Callable[..., Any], show: bool) -> dict[str, Any]:
-    """``{"progress": show}`` for a library call that takes ``progress=``, else ``{}``.
+def _progress_kw(fn: Callable[..., Any], args: argparse.Namespace) -> dict[str, Any]:
+    """``{"progress": ...}`` for a library call that takes ``progress=``, else ``{}``.
 
     The feature check of the ``--progress`` flag: the long calls gain ``progress=`` one
-    by one, and the command passes it to exactly those that accept it.
+    by one, and the command passes it to exactly those that accept it.  The library's
+    bar is tqdm; by default (a terminal, no flag) it is shown only where tqdm is
+    installed, so that a default never prints the library's "install tqdm" warning.
     """
-    return {"progress": show} if "progress" in inspect.signature(fn).parameters else {}
+    if "progress" not in inspect.signature(fn).parameters:
+        return {}
+    show = _show_progress(args)
+    if show and args.progress is None and importlib.util.find_spec("tqdm") is None:
+        show = False
+    return {"progress": show}
 
 
 # ------------------------------------------------------------------ commands
@@ -228,11 +236,12 @@ def _cmd_config(args: argparse.Namespace) -> int:
     return 0
 
 
-def _inspect_report(S, *, H: float, progress: bool = False) -> dict[str, Any]:
+def _inspect_report(S, args: argparse.Namespace) -> dict[str, Any]:
+    H = args.H
     V, d = S.shape
     out: dict[str, Any] = {"shape": [V, d], "dtype": str(S.dtype)}
-    D = row_diameter(S, **_progress_kw(row_diameter, progress))
-    m = closest_pair(S, **_progress_kw(closest_pair, progress))
+    D = row_diameter(S, **_progress_kw(row_diameter, args))
+    m = closest_pair(S, **_progress_kw(closest_pair, args))
     out["diameter"] = {"value": D.value, "pair": [D.i, D.j], "error_bound": D.error_bound, "backend": D.backend}
     out["closest_pair"] = {"value": m.value, "pair": [m.i, m.j], "error_bound": m.error_bound, "backend": m.backend}
     out["ratio"] = m.value / D.value if D.value > 0 else None
@@ -259,7 +268,7 @@ def _inspect_report(S, *, H: float, progress: bool = False) -> dict[str, Any]:
 def _cmd_inspect(args: argparse.Namespace) -> int:
     S, where = _load_matrix(args.file, key=args.key)
     check_min_rows(S, where, 2)
-    rep = _inspect_report(S, H=args.H, progress=_show_progress(args))
+    rep = _inspect_report(S, args)
     rep = {"source": where, **rep}
     if args.json:
         _print_json(rep)
@@ -288,7 +297,7 @@ def _cmd_inspect(args: argparse.Namespace) -> int:
 def _cmd_spread(args: argparse.Namespace) -> int:
     _check_out_path(args.out)
     res = spread(args.V, args.d, eta=args.eta, seed=args.seed, max_time=args.max_time,
-                 **_progress_kw(spread, _show_progress(args)))
+                 **_progress_kw(spread, args))
     rep: dict[str, Any] = {
         "V": args.V,
         "d": args.d,
@@ -325,7 +334,7 @@ def _cmd_lmo(args: argparse.Namespace) -> int:
     if args.center:
         G = G - G.mean(axis=0, dtype=np.float64)
     res = diameter_lmo(G, eta=args.eta, rtol=args.rtol, max_time=args.max_time,
-                       **_progress_kw(diameter_lmo, _show_progress(args)))
+                       **_progress_kw(diameter_lmo, args))
     G64 = np.asarray(G, dtype=np.float64)
     half_sum = 0.5 * float(np.linalg.norm(G64 - G64.mean(axis=0), axis=1).sum())
     lo, hi = float(res.lower_bound), float(res.upper_bound)
@@ -370,7 +379,7 @@ def _cmd_tokenwise(args: argparse.Namespace) -> int:
         kwargs["rank"] = args.rank
     if args.ridge is not None:
         kwargs["ridge"] = args.ridge
-    res = decompose(X, Y, **kwargs, **_progress_kw(decompose, _show_progress(args)))
+    res = decompose(X, Y, **kwargs, **_progress_kw(decompose, args))
     rep: dict[str, Any] = {"X": wx, "Y": wy, "N": X.shape[0], "d": X.shape[1]}
     rep.update(res.summary())
     if args.json:

@@ -586,6 +586,25 @@ def test_progress_defaults_to_on_for_a_terminal(monkeypatch):
         os.close(master)
 
 
+def test_library_progress_by_default_only_with_tqdm(monkeypatch):
+    # on a terminal the library's bar is passed on by default only where tqdm can draw
+    # it (no "install tqdm" warning for a default); an explicit --progress always passes
+    import importlib.util
+
+    pty = pytest.importorskip("pty")
+    master, slave = pty.openpty()
+    try:
+        with os.fdopen(slave, "w") as stream:
+            monkeypatch.setattr(sys, "stderr", stream)
+            has_tqdm = importlib.util.find_spec("tqdm") is not None
+            args = _parse("lmo", "g.npy")
+            assert cli._progress_kw(refgeo.diameter_lmo, args) == {"progress": has_tqdm}
+            assert cli._progress_kw(refgeo.diameter_lmo, _parse("lmo", "g.npy", "--progress")) == {"progress": True}
+            assert cli._progress_kw(refgeo.diameter_lmo, _parse("lmo", "g.npy", "--no-progress")) == {"progress": False}
+    finally:
+        os.close(master)
+
+
 def test_progress_defaults_to_off_otherwise(tmp_path, monkeypatch):
     with open(tmp_path / "log.txt", "w") as fh:
         monkeypatch.setattr(sys, "stderr", fh)
