@@ -566,10 +566,9 @@ def _tokenwise(feats: _Features, ids: np.ndarray, pos: np.ndarray, head: _Run | 
                 out["scalars"][key] = float(v)
     else:
         out["scalars"]["energy_fraction"] = float(res.energy_fraction)
-    for name in ("relative_error", "angle_rho_tau", "angle_delta_tau"):
-        v = getattr(res, name, None)
-        if v is not None:
-            out["per_token"][name] = np.asarray(v, dtype=float)
+    for name, v in (("relative_error", res.relative_error), ("angle_rho_tau", res.angles.rho_tau),
+                    ("angle_delta_tau", res.angles.delta_tau)):
+        out["per_token"][name] = np.asarray(v, dtype=float)
     output_perturbation = _lib("tokenwise", "output_perturbation")
     spearman = _lib("tokenwise", "spearman")
     patched = getattr(res, "patched", None)

@@ -1,10 +1,10 @@
-"""Numerical kernels of refgeo.tokenwise: closed-form local fits on neighbour panels.
+"""Numerical kernels of refgeo.tokenwise: closed-form local fits on neighbor panels.
 
 Every function here receives clean float64 NumPy arrays and resolved options (the
 public wrappers in :mod:`refgeo.tokenwise` validate); none of them checks arguments.
 
-Conventions (SPEC §5).  Token ``i`` has neighbours ``N_k(i)`` (row ``i`` of ``nbr``)
-with weights ``w_ij`` normalised to mean 1 over the neighbourhood.  The local problem is
+Conventions (docs/theory/tokenwise.md).  Token ``i`` has neighbors ``N_k(i)`` (row ``i`` of ``nbr``)
+with weights ``w_ij`` normalized to mean 1 over the neighborhood.  The local problem is
 
     min_A  sum_j w_ij ||y_j - A x_j||^2 + lam ||A - A0||_F^2,   A0 in {0, I},
 
@@ -12,7 +12,7 @@ written with ``D = A - A0`` and targets ``r_j = y_j - A0 x_j``.  Each kernel ret
 the fitted value ``A_i x_i`` of every token (and small per-token coefficients), never
 the d x d maps, except on request for tests (``return_maps``).
 
-Memory: the neighbour panels ``X[nbr[chunk]]`` are gathered ``chunk`` tokens at a
+Memory: the neighbor panels ``X[nbr[chunk]]`` are gathered ``chunk`` tokens at a
 time, so at most ``chunk * k * d`` float64 numbers per panel exist at once.
 """
 
@@ -24,7 +24,7 @@ import numpy as np
 _RCOND_SCALE = 100.0
 _EPS = float(np.finfo(np.float64).eps)
 
-# Target bytes of one gathered neighbour panel (chunk * k * d * 8).
+# Target bytes of one gathered neighbor panel (chunk * k * d * 8).
 _PANEL_BYTES = 48 * 2**20
 
 
@@ -44,11 +44,11 @@ def default_chunk(k: int, d: int, n: int) -> int:
 def fit_diagonal(X, Y, nbr, w, lam, a0, nonneg, chunk):
     """Coordinate-wise closed form ``a_c = (sum w x y + lam a0) / (sum w x^2 + lam)``.
 
-    The neighbour sums are products of the sparse N x N neighbour-weight matrix (k
+    The neighbor sums are products of the sparse N x N neighbor-weight matrix (k
     entries per row) with the dense (N, d) panels ``X*Y`` and ``X*X``: O(N k d) time,
     O(N d) extra memory, no (N, k, d) gather.  A coordinate with a zero denominator
-    (``lam = 0`` and all neighbours zero there) carries no information and takes the
-    prior value ``a0``.  ``nonneg`` clips at 0, the exact minimiser of the 1-D convex
+    (``lam = 0`` and all neighbors zero there) carries no information and takes the
+    prior value ``a0``.  ``nonneg`` clips at 0, the exact minimizer of the 1-D convex
     problem on ``a >= 0``.
     """
     import scipy.sparse as sp
@@ -93,7 +93,7 @@ def _kernel_pinv_weights(mu, lam, rcond):
     return inv, h
 
 
-def fit_linear(X, Y, nbr, w, lam, identity_prior, rank, chunk, return_maps=False):
+def fit_linear(X, Y, nbr, w, lam, identity_prior, rank, chunk, return_maps=False, tick=None):
     """Full ridge (``rank=None``) or reduced-rank ridge (rank ``r``) local fits.
 
     Kernel (dual) form, exact for any k and d: with weighted panels
@@ -166,6 +166,8 @@ def fit_linear(X, Y, nbr, w, lam, identity_prior, rank, chunk, return_maps=False
             if identity_prior:
                 A = A + np.eye(d)
             maps[s:e] = A
+        if tick is not None:
+            tick()  # between chunks: progress, and where an interrupt lands
     return fitted, maps
 
 
@@ -173,10 +175,10 @@ def fit_linear(X, Y, nbr, w, lam, identity_prior, rank, chunk, return_maps=False
 
 
 def polar_near_identity(M, rcond):
-    """Orthogonal maximiser of ``tr(Q^T M)``; ties broken by maximal ``tr(Q)``.
+    """Orthogonal maximizer of ``tr(Q^T M)``; ties broken by maximal ``tr(Q)``.
 
     With ``M = U S V^T`` and ``r`` numerically non-zero singular values, every
-    maximiser is ``U_1 V_1^T + U_2 Z V_2^T`` (Z orthogonal); the one closest to the
+    maximizer is ``U_1 V_1^T + U_2 Z V_2^T`` (Z orthogonal); the one closest to the
     identity takes ``Z = b a^T`` from the SVD ``V_2^T U_2 = a c b^T``.  This is the
     limit of the identity-prior solution as the ridge goes to 0.
     """
@@ -197,11 +199,11 @@ def polar_near_identity(M, rcond):
     return Q
 
 
-def fit_orthogonal(X, Y, nbr, w, lam, identity_prior, scaled, chunk, return_maps=False):
+def fit_orthogonal(X, Y, nbr, w, lam, identity_prior, scaled, chunk, return_maps=False, tick=None):
     """Weighted (scaled) orthogonal Procrustes per token, reduced to span(X_N, Y_N).
 
     ``M = sum_j w_j y_j x_j^T`` has rank <= k, so with an orthonormal basis ``P`` of
-    the span of the 2k neighbour vectors (batched QR; ``P = I`` when ``2k >= d``) the
+    the span of the 2k neighbor vectors (batched QR; ``P = I`` when ``2k >= d``) the
     problem is exactly an m-dimensional one, ``M_s = P^T M P + lam A0_s``, and
     ``Q = P Q_s P^T + (I - P P^T)``: the identity on the complement, which is the
     exact solution for the identity prior and the tie-break towards the identity for
@@ -258,6 +260,8 @@ def fit_orthogonal(X, Y, nbr, w, lam, identity_prior, scaled, chunk, return_maps
             else:
                 A = np.eye(d) - P @ P.swapaxes(1, 2) + P @ Q @ P.swapaxes(1, 2)
             maps[s:e] = A * scale_out[s:e, None, None]
+        if tick is not None:
+            tick()
     return fitted, scale_out, maps
 
 
@@ -290,8 +294,11 @@ def mlp_forward(params, Xs, act):
     return a @ W2 + b2, (z, a, da)
 
 
-def train_mlp(Xs, T, hidden, act, epochs, lr, batch, weight_decay, rng, Xv=None, Tv=None):
-    """Adam on the mean squared error ``mean ||MLP(x) - t||^2 / d`` (standardised data)."""
+def train_mlp(Xs, T, hidden, act, epochs, lr, batch, weight_decay, rng, Xv=None, Tv=None, tick=None):
+    """Adam on the mean squared error ``mean ||MLP(x) - t||^2 / d`` (standardized data).
+
+    ``tick()`` is called after each epoch (progress reports).
+    """
     n, d = Xs.shape
     W1 = rng.standard_normal((d, hidden)) / np.sqrt(d)
     b1 = np.zeros(hidden)
@@ -335,4 +342,6 @@ def train_mlp(Xs, T, hidden, act, epochs, lr, batch, weight_decay, rng, Xv=None,
         if Xv is not None and Xv.shape[0]:
             ov, _ = mlp_forward(params, Xv, act)
             hist_test[ep] = float(np.mean((ov - Tv) ** 2))
+        if tick is not None:
+            tick()
     return params, hist_train, hist_test

@@ -502,9 +502,9 @@ def _build_parser() -> argparse.ArgumentParser:
     p.add_argument("y", metavar="Y.npy", help="hidden states after the layer, shape (N, d)")
     p.add_argument("--k", type=_int_type("--k", 1), default=16, help="neighbours per token (default: %(default)s)")
     p.add_argument("--cls", default="diagonal", metavar="CLASS",
-                   help="class of local maps: diagonal, psd_diagonal, lowrank, orthogonal, scaled_orthogonal, "
+                   help="class of local maps: diagonal, psd_diagonal, low_rank, orthogonal, scaled_orthogonal, "
                    "full or mlp (default: %(default)s)")
-    p.add_argument("--rank", type=_int_type("--rank", 1), default=None, help="rank for --cls lowrank")
+    p.add_argument("--rank", type=_int_type("--rank", 1), default=None, help="rank for --cls low_rank")
     p.add_argument("--ridge", type=_float_type("--ridge", positive=False), default=None,
                    help="ridge penalty lambda >= 0 (library default if omitted)")
     p.add_argument("--json", action="store_true", help="print JSON instead of text")

@@ -23,7 +23,7 @@ import sys
 SPREAD = [(4096, 256, None), (1000, 64, None), (50000, 1024, 100.0), (32768, 512, 240.0),
           (50257, 768, 480.0), (50000, 64, 300.0)]
 LMO = [(60, 8, 256, 1e-5, None), (2000, 64, 1024, 1e-3, 120.0), (8000, 128, 1024, 1e-2, 300.0)]
-TOKENWISE = [(20000, 768, 64, "diagonal", None), (20000, 768, 64, "lowrank", 8)]
+TOKENWISE = [(20000, 768, 64, "diagonal", None), (20000, 768, 64, "low_rank", 8)]
 
 _CHILD = r"""
 import json, math, resource, sys, time

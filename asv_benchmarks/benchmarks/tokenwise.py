@@ -1,7 +1,7 @@
-"""Benchmarks for refgeo.tokenwise: local fits and the full decomposition (SPEC §5).
+"""Benchmarks for refgeo.tokenwise: local fits and the full decomposition (docs/theory/tokenwise.md).
 
 The k-NN search is timed separately (``KNN``) and the fits receive precomputed
-neighbourhoods, so the fit cost is visible on its own; ``Decompose.time_end_to_end``
+neighborhoods, so the fit cost is visible on its own; ``Decompose.time_end_to_end``
 includes the search.
 """
 
@@ -11,9 +11,9 @@ import numpy as np
 
 from ._common import DTYPES, environment, realistic, records_runtime, refgeo, require_backend, rng
 
-# (N, d, k): small for CI, realistic = the acceptance size of issue 6.
+# (N, d, k): small for CI, realistic = the size of the documented acceptance numbers.
 SIZES = [(400, 64, 16)] if not realistic() else [(20000, 768, 64)]
-CLASSES = ["diagonal", "lowrank", "orthogonal", "full"]
+CLASSES = ["diagonal", "low_rank", "orthogonal", "full"]
 
 
 def _panels(N, d, dtype):
@@ -24,12 +24,12 @@ def _panels(N, d, dtype):
 
 
 def _kw(cls):
-    return {"rank": 8} if cls == "lowrank" else {}
+    return {"rank": 8} if cls == "low_rank" else {}
 
 
 @records_runtime(backend="auto")
 class FitLocalMaps:
-    """fit_local_maps on precomputed neighbourhoods, per class."""
+    """fit_local_maps on precomputed neighborhoods, per class."""
 
     params = (SIZES, CLASSES, DTYPES)
     param_names = ["N_d_k", "cls", "dtype"]
@@ -60,7 +60,7 @@ class FitLocalMaps:
 class Decompose:
     """decompose end to end (k-NN search included) for the acceptance classes."""
 
-    params = (SIZES, ["diagonal", "lowrank"], DTYPES)
+    params = (SIZES, ["diagonal", "low_rank"], DTYPES)
     param_names = ["N_d_k", "cls", "dtype"]
     timeout = 1800
 
