@@ -3,8 +3,13 @@ planted structure, invariances, the intervention divergences and Spearman."""
 
 from __future__ import annotations
 
+import _thread
 import math
+import os
 import re
+import sys
+import threading
+import time
 import warnings
 
 import numpy as np
@@ -13,11 +18,13 @@ import scipy.linalg
 import scipy.optimize
 import scipy.special
 import scipy.stats
-from hypothesis import given, settings
+from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
 import refgeo
+import refgeo._progress
+from refgeo.testing.strategies import hidden_state_pairs
 from refgeo.tokenwise import CLASSES, degrees_of_freedom
 
 from ._tiny_transformer import TinyTransformer
@@ -884,3 +891,285 @@ print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss)
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=tmp_path)
     peak_gib = int(out.stdout.split()[-1]) / 2**20
     assert peak_gib < 4.0, peak_gib
+
+
+# ------------------------------------------------- planted maps (testing kit)
+
+# the kit's planted classes and the local class that contains each
+_KIT_CLASS = {"identity": "diagonal", "diagonal": "diagonal", "low_rank": "low_rank", "orthogonal": "orthogonal"}
+
+
+@given(hidden_state_pairs(n_tokens=(16, 30), n_cols=(1, 4), n_clusters=(1, 3), dtypes=np.float64))
+@settings(max_examples=40)
+def test_planted_maps_leave_exactly_the_planted_residual(pair):
+    """Clusters mapped by one A_c each, a few tokens with a planted residual r_i: where a
+    token's leave-one-out neighborhood lies in its cluster, holds no residual token and
+    spans the space, the fit recovers A_c and rho_i is the planted r_i."""
+    X, Y = pair.X, pair.Y
+    n, d = X.shape
+    cls = _KIT_CLASS[pair.map_class]
+    k = d
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)  # orthogonal classes with k = d are identified
+        r = refgeo.decompose(X, Y, k=k, cls=cls, subspace_rank=1, baselines=False, **_kw(cls, rank=1))
+    bad = np.zeros(n, dtype=bool)
+    bad[pair.outliers] = True
+    scale = np.abs(Y).max()
+    for i in range(n):
+        nb = r.neighbors[i]
+        if np.any(pair.labels[nb] != pair.labels[i]) or np.any(bad[nb]):
+            continue
+        sv = np.linalg.svd(X[nb], compute_uv=False)
+        if cls != "diagonal" and sv[-1] < 1e-3 * sv[0]:
+            continue  # nearly degenerate panel (hypothesis shrinks the noise to 0): not identified
+        np.testing.assert_allclose(r.rho[i], pair.residual[i], rtol=0, atol=1e-7 * scale)
+
+
+# ------------------------------------------------------- the whole float range
+
+
+def _fit_kw(cls, d):
+    return dict(cls=cls, subspace_rank=min(2, d), **_kw(cls, rank=1))
+
+
+@given(
+    hidden_state_pairs(n_tokens=(8, 20), n_cols=(1, 4), n_clusters=(1, 2), dtypes=np.float64),
+    st.integers(-900, 900),
+    st.sampled_from(["diagonal", "low_rank", "orthogonal", "scaled_orthogonal", "full"]),
+    st.sampled_from([0.0, 0.5]),
+)
+@settings(max_examples=40)
+def test_power_of_two_scaling_is_exact_over_the_float_range(pair, m, cls, lam):
+    """decompose(2^m X, 2^m Y, ridge=4^m lam) is 2^m decompose(X, Y, ridge=lam) bit for bit
+    for m in [-900, 900]: entries near 1e-270 or 1e270 fit like entries near 1.
+    (Squares of entries beyond about 1e154 overflow, and below 1e-154 underflow.)"""
+    if lam:
+        m //= 2  # 4^m lam must stay a normal number
+    X, Y = pair.X, pair.Y
+    c = math.ldexp(1.0, m)
+    Xm, Ym = X * c, Y * c
+    assume(np.array_equal(Xm / c, X) and np.array_equal(Ym / c, Y))  # exact, no subnormals
+    kw = dict(k=min(4, X.shape[0] - 1), **_fit_kw(cls, X.shape[1]))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)
+        r = refgeo.decompose(X, Y, ridge=lam, **kw)
+        rm = refgeo.decompose(Xm, Ym, ridge=math.ldexp(lam, 2 * m), **kw)
+    np.testing.assert_array_equal(rm.neighbors, r.neighbors)
+    for name in ("delta", "tau", "rho", "subspace_singular_values"):
+        np.testing.assert_array_equal(getattr(rm, name), getattr(r, name) * c, err_msg=name)
+    np.testing.assert_array_equal(rm.relative_error, r.relative_error)
+    np.testing.assert_array_equal(rm.cosines.rho_tau, r.cosines.rho_tau)
+    np.testing.assert_array_equal(rm.projections.tau, r.projections.tau)
+    assert rm.energy_fraction == r.energy_fraction or (math.isnan(rm.energy_fraction) and math.isnan(r.energy_fraction))
+    for b, bm in zip(r.baselines, rm.baselines):
+        np.testing.assert_array_equal(bm.map, b.map)
+
+
+@pytest.mark.parametrize("scale", [1e160, 1e-170, 1e300])
+@pytest.mark.parametrize("cls", ["diagonal", "low_rank", "scaled_orthogonal", "full"])
+def test_extreme_scales_match_the_brute_force_fit(cls, scale):
+    """Entries near 1e160 overflowed the Gram matrices (and 1e-170 underflowed them):
+    the fit is now the textbook fit of the scaled panels, and every metric is finite."""
+    g = np.random.default_rng(30)
+    n, d, k = 40, 4, 9
+    X = g.standard_normal((n, d))
+    Y = X + 0.5 * np.tanh(X @ g.standard_normal((d, d))) + 0.1 * g.standard_normal((n, d))
+    nbr = brute_knn(X, k)
+    Xs, Ys = X * scale, Y * scale
+    r = refgeo.decompose(Xs, Ys, k=k, cls=cls, subspace_rank=2, **_kw(cls))
+    np.testing.assert_array_equal(r.neighbors, nbr)
+    want = np.array([brute_map(X, Y, nbr[i], np.ones(k), cls, 2, 0.0, "identity") @ X[i] for i in range(n)])
+    np.testing.assert_allclose(r.patched(Xs) / scale, want, rtol=1e-8, atol=1e-9)
+    assert np.all(np.isfinite(r.relative_error)) and np.isfinite(r.energy_fraction)
+    assert np.all(np.isfinite(r.subspace_singular_values)) and np.all(np.isfinite(r.projections.rho))
+    fit = refgeo.fit_local_maps(Xs, Ys, k=k, cls=cls, **_kw(cls))
+    np.testing.assert_allclose(fit.distances / scale, np.linalg.norm(X[nbr] - X[:, None], axis=2), rtol=1e-12)
+    # a ridge scales with the square of the data: the same maps (1e150 keeps lam s^2 finite)
+    lam, s = 0.3, (1e150 if scale > 1 else 1e-150)
+    rl = refgeo.fit_local_maps(X * s, Y * s, k=k, cls=cls, ridge=lam * s**2, **_kw(cls))
+    want = np.array([brute_map(X, Y, nbr[i], np.ones(k), cls, 2, lam, "identity") @ X[i] for i in range(n)])
+    np.testing.assert_allclose(rl.fitted / s, want, rtol=1e-8, atol=1e-9)
+
+
+def test_huge_ridge_on_tiny_data_gives_the_prior_not_nan():
+    """ridge * 4**-e overflows for tiny data and a large ridge: it is capped, so the fit
+    is the prior (as an infinite ridge gives), not inf / inf."""
+    X, Y = _xy(30, 3)
+    for cls in CLASSES:
+        fit = refgeo.fit_local_maps(X * 1e-300, Y * 1e-300, k=8, cls=cls, ridge=1e10, **_kw(cls))
+        np.testing.assert_allclose(fit.fitted, X * 1e-300, rtol=1e-9, atol=0)
+
+
+# ------------------------------------------------- progress, interrupts, memory
+
+
+def _full_fit_panels(n, d=4, k=6, seed=31):
+    g = np.random.default_rng(seed)
+    X = g.standard_normal((n, d))
+    return X, X + 0.3 * g.standard_normal((n, d)), brute_knn(X, k) if n <= 2000 else g.integers(0, n, (n, k))
+
+
+def test_progress_callable_reports_between_chunks_from_the_calling_thread():
+    X, Y, nbr = _full_fit_panels(50)
+    seen = []
+    fit = refgeo.fit_local_maps(X, Y, cls="full", neighbors=nbr, chunk_size=7,
+                                progress=lambda info: seen.append((threading.get_ident(), dict(info))))
+    assert {t for t, _ in seen} == {threading.get_ident()}
+    infos = [i for _, i in seen]
+    assert all(set(i) == {"done", "total", "elapsed", "eta"} for i in infos)
+    assert infos[0]["done"] == 0 and math.isnan(infos[0]["eta"])
+    assert infos[-1]["done"] == infos[-1]["total"] == 8 and infos[-1]["eta"] == 0.0  # ceil(50 / 7) chunks
+    assert all(a["done"] <= b["done"] and a["elapsed"] <= b["elapsed"] for a, b in zip(infos, infos[1:]))
+    np.testing.assert_array_equal(fit.fitted, refgeo.fit_local_maps(X, Y, cls="full", neighbors=nbr, chunk_size=7).fitted)
+    # decompose: the k-NN search, 8 chunks, the metrics and the baselines
+    seen = []
+    refgeo.decompose(X, Y, k=6, cls="full", chunk_size=7, progress=seen.append)
+    assert seen[-1]["done"] == seen[-1]["total"] == 1 + 8 + 1 + 1
+    seen = []
+    refgeo.decompose(X, Y, cls="mlp", mlp_options=dict(hidden=4, epochs=5), baselines=False, progress=seen.append)
+    assert seen[-1]["done"] == seen[-1]["total"] == 5 + 1
+
+
+def test_progress_reports_at_most_four_times_a_second():
+    X, Y, nbr = _full_fit_panels(6000)
+    seen = []
+    refgeo.fit_local_maps(X, Y, cls="full", neighbors=nbr, chunk_size=1, progress=seen.append)
+    assert seen[-1]["done"] == 6000
+    times = [i["elapsed"] for i in seen]
+    # the start and the end are always reported; in between, 0.25 s apart at least
+    assert all(b - a >= 0.25 for a, b in zip(times[:-2], times[1:-1]))
+    assert len(seen) <= 3 + times[-1] / 0.25
+
+
+def test_progress_true_shows_a_tqdm_bar(capsys):
+    pytest.importorskip("tqdm")
+    X, Y, nbr = _full_fit_panels(50)
+    refgeo.fit_local_maps(X, Y, cls="full", neighbors=nbr, chunk_size=7, progress=True)
+    err = capsys.readouterr().err
+    assert "fit_local_maps" in err and "8/8" in err
+
+
+def test_progress_true_without_tqdm_warns_once(monkeypatch):
+    monkeypatch.setitem(sys.modules, "tqdm", None)  # import tqdm now raises ImportError
+    monkeypatch.setitem(sys.modules, "tqdm.auto", None)
+    monkeypatch.setattr(refgeo._progress, "_TQDM_WARNED", False)
+    X, Y, nbr = _full_fit_panels(30)
+    with pytest.warns(UserWarning, match=re.escape("progress=True shows a bar only when tqdm is installed")):
+        a = refgeo.fit_local_maps(X, Y, cls="diagonal", neighbors=nbr, progress=True)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        b = refgeo.decompose(X, Y, cls="diagonal", neighbors=nbr, progress=True)
+    np.testing.assert_array_equal(a.fitted, b.patched(X))
+
+
+def test_progress_errors_and_a_raising_callable_stops_the_call():
+    X, Y, nbr = _full_fit_panels(30)
+    for bad in (1, "yes", None):
+        with pytest.raises(TypeError, match=re.escape("progress must be False, True or a callable, got")):
+            refgeo.fit_local_maps(X, Y, cls="diagonal", neighbors=nbr, progress=bad)
+        with pytest.raises(TypeError, match=re.escape("progress must be False, True or a callable, got")):
+            refgeo.decompose(X, Y, cls="diagonal", neighbors=nbr, progress=bad)
+
+    class Stop(Exception):
+        pass
+
+    def stop(info):
+        raise Stop(info["done"])
+
+    with pytest.raises(Stop):
+        refgeo.decompose(X, Y, cls="full", neighbors=nbr, progress=stop)
+
+
+@pytest.mark.parametrize("fn", [refgeo.fit_local_maps, refgeo.decompose])
+def test_keyboard_interrupt_stops_the_fit_at_the_next_chunk(fn):
+    """An interrupt (SIGINT's handler, from another thread) 0.2 s into a fit that would
+    run for about 10 s reaches the caller within a few chunks, and the BLAS thread
+    limit of the fit is lifted again."""
+    import threadpoolctl
+
+    X, Y, nbr = _full_fit_panels(400_000, d=8, k=8)
+    before = [p["num_threads"] for p in threadpoolctl.threadpool_info()]
+    timers = []
+
+    def start_timer(info):
+        if not timers:
+            timers.append(threading.Timer(0.2, _thread.interrupt_main))
+            timers[0].start()
+
+    t0 = time.perf_counter()
+    with pytest.raises(KeyboardInterrupt):
+        fn(X, Y, cls="full", neighbors=nbr, chunk_size=64, progress=start_timer)
+    elapsed = time.perf_counter() - t0
+    timers[0].join()
+    assert elapsed < 2.0, elapsed  # a chunk of 64 tokens takes about 2 ms
+    assert [p["num_threads"] for p in threadpoolctl.threadpool_info()] == before
+
+
+@pytest.mark.slow
+def test_sigint_reaches_a_decompose_in_a_subprocess(tmp_path):
+    """A real SIGINT 1 s into a long decompose: the child exits within 2 s with a
+    KeyboardInterrupt traceback."""
+    import signal
+    import subprocess
+
+    code = """
+import numpy as np, refgeo, sys
+g = np.random.default_rng(0)
+N, d, k = 2_000_000, 8, 8
+X = g.standard_normal((N, d)); Y = X + g.standard_normal((N, d))
+nb = g.integers(0, N, (N, k))
+print("ready", flush=True)
+refgeo.decompose(X, Y, cls="full", neighbors=nb, chunk_size=64)
+"""
+    p = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                         cwd=tmp_path)
+    assert p.stdout.readline().strip() == "ready"
+    time.sleep(1.0)
+    t0 = time.perf_counter()
+    p.send_signal(signal.SIGINT)
+    _, err = p.communicate(timeout=30)
+    assert time.perf_counter() - t0 < 2.0
+    assert p.returncode != 0 and "KeyboardInterrupt" in err
+
+
+def test_memory_estimate_refuses_before_any_work(monkeypatch):
+    X, Y, nbr = _full_fit_panels(200, d=8, k=4)
+    monkeypatch.setattr(refgeo._progress, "available_memory", lambda: 2**14)
+    seen = []
+    with pytest.raises(MemoryError) as info:
+        refgeo.fit_local_maps(X, Y, k=4, cls="full", chunk_size=50, progress=seen.append)
+    msg = str(info.value)
+    assert msg.startswith("fit_local_maps(N=200, d=8, k=4, cls='full') needs about ")
+    assert "but only 16.0 KiB are available" in msg and "neighbor panels of chunk_size=50 tokens" in msg
+    assert "smaller chunk_size (now 50" in msg and "smaller k (now 4)" in msg and "return_maps" not in msg
+    assert seen == []  # refused before the neighbor search
+    with pytest.raises(MemoryError, match=re.escape("leave return_maps=False")):
+        refgeo.fit_local_maps(X, Y, neighbors=nbr, cls="diagonal", return_maps=True)
+    with pytest.raises(MemoryError, match=re.escape("decompose(N=200, d=8, cls='low_rank') needs about")):
+        refgeo.decompose(X, Y, k=4, cls="low_rank", rank=2)
+    with pytest.raises(MemoryError, match=re.escape("decompose(N=200, d=8, cls='mlp') needs about")):
+        refgeo.decompose(X, Y, cls="mlp")
+    monkeypatch.undo()
+    assert refgeo.fit_local_maps(X, Y, k=4, cls="diagonal").fitted.shape == (200, 8)
+
+
+def test_maps_larger_than_memory_raise_memory_error():
+    """No stand-in for the memory: return_maps for more (N, d, d) maps than fit."""
+    avail = refgeo._progress.available_memory()
+    if avail is None:
+        pytest.skip("the available memory is unknown on this system")
+    d = 1024
+    n = 2 * avail // (8 * d * d) + 2
+    if n > 20_000:
+        pytest.skip(f"too much memory ({avail} bytes) to exceed it cheaply")
+    X = np.zeros((n, d), dtype=np.float32)
+    with pytest.raises(MemoryError, match=re.escape("maps (N, d, d), return_maps=True")):
+        refgeo.fit_local_maps(X, X, neighbors=np.zeros((n, 1), dtype=np.int64), cls="diagonal", return_maps=True)
+
+
+def test_available_memory_is_a_plausible_number():
+    avail = refgeo._progress.available_memory()
+    if avail is None:
+        pytest.skip("the available memory is unknown on this system")
+    total = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    assert isinstance(avail, int) and 0 < avail <= total
