@@ -31,6 +31,12 @@ span of their inputs, at most ``k`` of the ``d`` directions: full and low-rank m
 refgeo returns the solution closest to the prior (the ``lam -> 0+`` limit of the
 identity/zero-prior ridge problem; for orthogonal maps the identity on the directions
 the data leave free) and warns with the degrees of freedom.
+
+Long calls.  :func:`fit_local_maps` and :func:`decompose` check their memory before
+any work (a ``MemoryError`` says what to change), report progress with
+``progress=True`` (tqdm) or a callable, stop at the next chunk on ``KeyboardInterrupt``,
+and work on exactly rescaled panels, so that hidden states anywhere in the float64
+range (1e-300 to 1e300) fit alike.
 """
 
 from __future__ import annotations
@@ -657,13 +663,12 @@ class _FitPlan:
     given: tuple | None  # (indices, distances) of given neighbors, else None
     chunk: int
     return_maps: bool
+    n_chunks: int
 
     @property
     def n_steps(self) -> int:
         """Progress steps: the neighbor search, then one per chunk (one for diagonal fits)."""
-        return int(self.given is None) + (1 if self.cls in ("diagonal", "psd_diagonal") else self._n_chunks)
-
-    _n_chunks: int = 1
+        return int(self.given is None) + (1 if self.cls in ("diagonal", "psd_diagonal") else self.n_chunks)
 
 
 def _plan_fit(X, k, cls, rank, ridge, prior, metric, standardize, exclude_self, weights, neighbors,
@@ -679,7 +684,7 @@ def _plan_fit(X, k, cls, rank, ridge, prior, metric, standardize, exclude_self, 
         k = given[0].shape[1]
     chunk = min(chunk_size or _fit.default_chunk(k, d, n), n)
     return _FitPlan(cls, int(k), rank, ridge, prior, metric, standardize, exclude_self, weights, given,
-                    int(chunk), return_maps, _n_chunks=-(-n // chunk))
+                    int(chunk), return_maps, -(-n // chunk))
 
 
 def _fit_bytes(plan, n, d, copies):
@@ -1029,13 +1034,19 @@ def _fit_mlp(X, Y, hidden, activation, train_fraction, epochs, learning_rate, ba
     rng = np.random.default_rng(seed)
     perm = rng.permutation(n)
     tr, te = np.sort(perm[:n_train]), np.sort(perm[n_train:])
-    X64, Y64 = _f64(np.asarray(X)), _f64(np.asarray(Y))
+    # the standardization constants come from the exactly rescaled panels (their mean
+    # squares would overflow for entries near 1e160) and are scaled back when stored
+    X, Y = np.asarray(X), np.asarray(Y)
+    e = _scale_exponent(X, Y)
+    X64, Y64 = _scaled64(X, e), _scaled64(Y, e)
     D = Y64 - X64
     mu = X64[tr].mean(axis=0)
     sx = float(np.sqrt(np.mean((X64[tr] - mu) ** 2))) or 1.0
     sd = float(np.sqrt(np.mean(D[tr] ** 2))) or 1.0
     Xs = (X64 - mu) / sx
     T = D / sd
+    del X64, Y64, D
+    mu, sx, sd = np.ldexp(mu, e), math.ldexp(sx, e), math.ldexp(sd, e)
     params, h_tr, h_te = _fit.train_mlp(
         Xs[tr], T[tr], hidden, activation, epochs, lr, batch_size, wd, rng, Xs[te], T[te], tick
     )

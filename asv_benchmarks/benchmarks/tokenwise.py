@@ -89,6 +89,33 @@ class Decompose:
 
 
 @records_runtime(backend="auto")
+class FitProgress:
+    """fit_local_maps with progress reports on against off (the overhead should be < 2%).
+
+    ``"callable"`` passes a no-op callable (the throttled reports, without drawing);
+    ``"off"`` is ``progress=False``.  Small chunks make the per-chunk cost visible.
+    """
+
+    params = (SIZES, ["off", "callable"])
+    param_names = ["N_d_k", "progress"]
+    timeout = 1200
+
+    def setup(self, N_d_k, progress):
+        require_backend("reference")
+        N, d, k = N_d_k
+        self.X, self.Y = _panels(N, d, np.float64)
+        self.nbr = refgeo.knn(self.X, k)
+        self.progress = (lambda info: None) if progress == "callable" else False
+        environment("float64", "reference")
+
+    def time_fit_local_maps(self, N_d_k, progress):
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", UserWarning)
+            refgeo.fit_local_maps(self.X, self.Y, cls="low_rank", rank=8, neighbors=self.nbr, chunk_size=64,
+                                  progress=self.progress)
+
+
+@records_runtime(backend="auto")
 class KNN:
     """The k-NN search that decompose runs first (refgeo.knn, auto backend)."""
 
