@@ -48,6 +48,8 @@ import warnings
 from collections.abc import Callable, Mapping
 from typing import Any
 
+import numpy as np
+
 from ._validate import check_real
 
 __all__ = ["Progress", "available_memory", "check_memory", "check_progress", "format_bytes"]
@@ -57,7 +59,9 @@ _TQDM_WARNED = False
 
 def check_progress(value: Any, name: str = "progress") -> bool | Callable[[dict], Any]:
     """Return ``value`` if it is ``False``, ``True`` or a callable; raise ``TypeError`` otherwise."""
-    if isinstance(value, bool) or callable(value):
+    if isinstance(value, (bool, np.bool_)):
+        return bool(value)
+    if callable(value):
         return value
     raise TypeError(f"{name} must be False, True or a callable, got {type(value).__name__} instead.")
 

@@ -984,6 +984,13 @@ def test_extreme_scales_match_the_brute_force_fit(cls, scale):
     assert np.all(np.isfinite(r.subspace_singular_values)) and np.all(np.isfinite(r.projections.rho))
     fit = refgeo.fit_local_maps(Xs, Ys, k=k, cls=cls, **_kw(cls))
     np.testing.assert_allclose(fit.distances / scale, np.linalg.norm(X[nbr] - X[:, None], axis=2), rtol=1e-12)
+    # the cosine and standardized searches are scale-free: the neighbors of the unit-scale rows
+    Z = X / np.linalg.norm(X, axis=1, keepdims=True)
+    cos = refgeo.fit_local_maps(Xs, Ys, k=k, cls=cls, metric="cosine", **_kw(cls))
+    np.testing.assert_array_equal(cos.neighbors, brute_knn(Z, k))
+    np.testing.assert_allclose(cos.distances, np.linalg.norm(Z[cos.neighbors] - Z[:, None], axis=2), rtol=1e-12)
+    std = refgeo.fit_local_maps(Xs, Ys, k=k, cls=cls, standardize=True, **_kw(cls))
+    np.testing.assert_array_equal(std.neighbors, brute_knn((X - X.mean(0)) / X.std(0), k))
     # a ridge scales with the square of the data: the same maps (1e150 keeps lam s^2 finite)
     lam, s = 0.3, (1e150 if scale > 1 else 1e-150)
     rl = refgeo.fit_local_maps(X * s, Y * s, k=k, cls=cls, ridge=lam * s**2, **_kw(cls))
