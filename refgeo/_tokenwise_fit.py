@@ -28,38 +28,51 @@ _EPS = float(np.finfo(np.float64).eps)
 _PANEL_BYTES = 48 * 2**20
 
 
-def default_chunk(k: int, d: int, n: int) -> int:
+def default_chunk(k: int, d: int, n: int, diagonal: bool = False) -> int:
     """Tokens per chunk so that one (chunk, k, max(d, 4k)) float64 block stays near 48 MiB.
 
     ``4k``: the kernel-form fits also hold about four (chunk, k, k) arrays at once
     (Gram matrix, eigenvectors, and for low rank two more), which dominate when k is
-    large compared with d.
+    large compared with d.  The diagonal fits gather no panels: their chunk holds one
+    (chunk, max(d, k)) block of the sparse products, and small chunks only add
+    per-chunk overhead.
     """
-    return int(max(1, min(n, _PANEL_BYTES // max(1, 8 * k * max(d, 4 * k)))))
+    per_token = 8 * (max(d, k) if diagonal else k * max(d, 4 * k))
+    return int(max(1, min(n, _PANEL_BYTES // max(1, per_token))))
 
 
 # --------------------------------------------------------------------- diagonal
 
 
-def fit_diagonal(X, Y, nbr, w, lam, a0, nonneg, chunk):
+def fit_diagonal(X, Y, nbr, w, lam, a0, nonneg, chunk, tick=None):
     """Coordinate-wise closed form ``a_c = (sum w x y + lam a0) / (sum w x^2 + lam)``.
 
-    The neighbor sums are products of the sparse N x N neighbor-weight matrix (k
-    entries per row) with the dense (N, d) panels ``X*Y`` and ``X*X``: O(N k d) time,
-    O(N d) extra memory, no (N, k, d) gather.  A coordinate with a zero denominator
-    (``lam = 0`` and all neighbors zero there) carries no information and takes the
-    prior value ``a0``.  ``nonneg`` clips at 0, the exact minimizer of the 1-D convex
-    problem on ``a >= 0``.
+    The neighbor sums are products of the sparse neighbor-weight matrix (k entries per
+    row) with the dense (N, d) panels ``X*Y`` and ``X*X``: O(N k d) time, O(N d) extra
+    memory, no (N, k, d) gather.  The products run ``chunk`` rows at a time (each row
+    on its own, so the result does not depend on ``chunk``), calling ``tick()`` after
+    each: 2 ceil(N / chunk) steps.  A coordinate with a zero denominator (``lam = 0``
+    and all neighbors zero there) carries no information and takes the prior value
+    ``a0``.  ``nonneg`` clips at 0, the exact minimizer of the 1-D convex problem on
+    ``a >= 0``.
     """
     import scipy.sparse as sp
 
     n, d = X.shape
     k = nbr.shape[1]
-    S = sp.csr_matrix((w.ravel(), nbr.ravel(), np.arange(0, n * k + 1, k)), shape=(n, n))
+    num = np.empty((n, d))
+    den = np.empty((n, d))
+    indptr = np.arange(0, min(chunk, n) * k + 1, k)
     P = np.multiply(X, Y)
-    num = S @ P
-    np.multiply(X, X, out=P)
-    den = S @ P
+    for out in (num, den):
+        for s in range(0, n, chunk):
+            e = min(n, s + chunk)
+            S = sp.csr_matrix((w[s:e].ravel(), nbr[s:e].ravel(), indptr[: e - s + 1]), shape=(e - s, n))
+            out[s:e] = S @ P
+            if tick is not None:
+                tick()
+        if out is num:
+            np.multiply(X, X, out=P)
     del P
     if lam:
         num += lam * a0

@@ -584,8 +584,7 @@ def _dispatch_fit(X64, Y64, idx, w, cls, rank, ridge, ident, chunk, return_maps,
     coef = maps = None
     if cls in ("diagonal", "psd_diagonal"):
         a0 = 1.0 if ident else 0.0
-        fitted, coef = _fit.fit_diagonal(X64, Y64, idx, w, ridge, a0, cls == "psd_diagonal", chunk)
-        tick()
+        fitted, coef = _fit.fit_diagonal(X64, Y64, idx, w, ridge, a0, cls == "psd_diagonal", chunk, tick)
         if return_maps:
             maps = np.zeros((n, d, d))
             maps[:, np.arange(d), np.arange(d)] = coef
@@ -667,8 +666,8 @@ class _FitPlan:
 
     @property
     def n_steps(self) -> int:
-        """Progress steps: the neighbor search, then one per chunk (one for diagonal fits)."""
-        return int(self.given is None) + (1 if self.cls in ("diagonal", "psd_diagonal") else self.n_chunks)
+        """Progress steps: the neighbor search, then one per chunk (two for diagonal fits)."""
+        return int(self.given is None) + (2 if self.cls in ("diagonal", "psd_diagonal") else 1) * self.n_chunks
 
 
 def _plan_fit(X, k, cls, rank, ridge, prior, metric, standardize, exclude_self, weights, neighbors,
@@ -682,7 +681,7 @@ def _plan_fit(X, k, cls, rank, ridge, prior, metric, standardize, exclude_self, 
     given = None if neighbors is None else _given_neighbors(n, k, neighbors)
     if given is not None:
         k = given[0].shape[1]
-    chunk = min(chunk_size or _fit.default_chunk(k, d, n), n)
+    chunk = min(chunk_size or _fit.default_chunk(k, d, n, cls in ("diagonal", "psd_diagonal")), n)
     return _FitPlan(cls, int(k), rank, ridge, prior, metric, standardize, exclude_self, weights, given,
                     int(chunk), return_maps, -(-n // chunk))
 
@@ -703,7 +702,7 @@ def _fit_bytes(plan, n, d, copies):
     if plan.given is None:
         parts["neighbor search (two (N, d) copies)"] = 2 * f * n * d
     if diagonal:
-        parts["one (N, d) product panel and the sparse neighbor matrix"] = f * n * d + 12 * n * k
+        parts[f"one (N, d) product panel, chunks of chunk_size={b} tokens"] = f * n * d + (f * d + 12 * k) * b
     elif plan.cls in ("low_rank", "full"):
         parts[f"neighbor panels of chunk_size={b} tokens"] = f * b * k * (3 * d + 6 * k)
     else:
@@ -828,8 +827,10 @@ def fit_local_maps(
         ``standardize`` and ``exclude_self`` then do not apply and are recorded as
         None in ``config``.  Otherwise :func:`refgeo.knn` is called.
     chunk_size : int, default=None
-        Tokens per gathered neighbor panel; default keeps a (chunk, k, d) float64
-        panel near 48 MiB.
+        Tokens per chunk (gathered neighbor panel); the default keeps a
+        (chunk, k, max(d, 4k)) float64 panel near 48 MiB, and for the diagonal
+        classes, which gather no panels, a (chunk, max(d, k)) block.  Progress
+        reports and interrupts land between chunks; the result does not depend on it.
     return_maps : bool, default=False
         Also return every :math:`A_i` (memory N d^2; for small problems and tests).
     progress : bool or callable, default=False

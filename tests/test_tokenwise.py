@@ -285,6 +285,8 @@ def test_chunk_size_does_not_change_the_fit(cls):
         warnings.simplefilter("ignore", UserWarning)
         fits = [refgeo.fit_local_maps(X, Y, k=4, cls=cls, chunk_size=c, **_kw(cls)) for c in (None, 1, 7)]
     for f in fits[1:]:
+        if cls in ("diagonal", "psd_diagonal"):  # row-wise sparse products: bit for bit
+            np.testing.assert_array_equal(f.fitted, fits[0].fitted)
         np.testing.assert_allclose(f.fitted, fits[0].fitted, rtol=1e-10, atol=1e-12)
 
 
@@ -1035,6 +1037,9 @@ def test_progress_callable_reports_between_chunks_from_the_calling_thread():
     seen = []
     refgeo.decompose(X, Y, cls="mlp", mlp_options=dict(hidden=4, epochs=5), baselines=False, progress=seen.append)
     assert seen[-1]["done"] == seen[-1]["total"] == 5 + 1
+    seen = []  # diagonal fits: two sparse products per chunk
+    refgeo.fit_local_maps(X, Y, cls="diagonal", neighbors=nbr, chunk_size=7, progress=seen.append)
+    assert seen[-1]["done"] == seen[-1]["total"] == 2 * 8
 
 
 def test_progress_reports_at_most_four_times_a_second():
@@ -1087,8 +1092,9 @@ def test_progress_errors_and_a_raising_callable_stops_the_call():
         refgeo.decompose(X, Y, cls="full", neighbors=nbr, progress=stop)
 
 
-@pytest.mark.parametrize("fn", [refgeo.fit_local_maps, refgeo.decompose])
-def test_keyboard_interrupt_stops_the_fit_at_the_next_chunk(fn):
+@pytest.mark.parametrize(("fn", "cls"), [(refgeo.fit_local_maps, "full"), (refgeo.fit_local_maps, "diagonal"),
+                                        (refgeo.decompose, "low_rank")])
+def test_keyboard_interrupt_stops_the_fit_at_the_next_chunk(fn, cls):
     """An interrupt (SIGINT's handler, from another thread) 0.2 s into a fit that would
     run for about 10 s reaches the caller within a few chunks, and the BLAS thread
     limit of the fit is lifted again."""
@@ -1105,7 +1111,7 @@ def test_keyboard_interrupt_stops_the_fit_at_the_next_chunk(fn):
 
     t0 = time.perf_counter()
     with pytest.raises(KeyboardInterrupt):
-        fn(X, Y, cls="full", neighbors=nbr, chunk_size=64, progress=start_timer)
+        fn(X, Y, cls=cls, neighbors=nbr, chunk_size=64, progress=start_timer, **_kw(cls, rank=2))
     elapsed = time.perf_counter() - t0
     timers[0].join()
     assert elapsed < 2.0, elapsed  # a chunk of 64 tokens takes about 2 ms
