@@ -830,7 +830,8 @@ def fit_local_maps(
         Tokens per chunk (gathered neighbor panel); the default keeps a
         (chunk, k, max(d, 4k)) float64 panel near 48 MiB, and for the diagonal
         classes, which gather no panels, a (chunk, max(d, k)) block.  Progress
-        reports and interrupts land between chunks; the result does not depend on it.
+        reports and interrupts land between chunks.  The result does not depend on
+        it (bit for bit for the diagonal classes, to rounding for the others).
     return_maps : bool, default=False
         Also return every :math:`A_i` (memory N d^2; for small problems and tests).
     progress : bool or callable, default=False
