@@ -233,7 +233,6 @@ def fit_orthogonal(X, Y, nbr, w, lam, identity_prior, scaled, chunk, return_maps
     for s in range(0, n, chunk):
         e = min(n, s + chunk)
         idx = nbr[s:e]
-        b = e - s
         Xn = X[idx]
         Yn = Y[idx]
         xi = X[s:e]

@@ -43,7 +43,6 @@ from __future__ import annotations
 
 import dataclasses
 import math
-import numbers
 import warnings
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
