@@ -959,6 +959,7 @@ def fit_tokenwise_mlp(
     batch_size: int | None = None,
     weight_decay: float = 0.0,
     seed: int = 0,
+    progress: Any = False,
 ) -> MLPFit:
     r"""Train a shallow residual MLP :math:`T(x) = x + W_2\,\phi(W_1 x + b_1) + b_2` in NumPy.
 
@@ -981,6 +982,8 @@ def fit_tokenwise_mlp(
         L2 penalty on ``W1`` and ``W2`` added to the gradient.
     seed : int, default=0
         Seeds the split, the initialization and the minibatch order.
+    progress : bool or callable, default=False
+        As in :func:`fit_local_maps`, one step per epoch.
 
     Returns
     -------
@@ -1011,8 +1014,11 @@ def fit_tokenwise_mlp(
     (31, 40, 10)
     """
     X, Y = _panels(X, Y)
-    return _fit_mlp(X, Y, hidden, activation, train_fraction, epochs, learning_rate, batch_size,
-                    weight_decay, seed)
+    progress = _progress.check_progress(progress)
+    epochs = check_int(epochs, "epochs", min_value=1)
+    with _progress.Progress(progress, epochs, desc="fit_tokenwise_mlp", unit="epoch") as bar:
+        return _fit_mlp(X, Y, hidden, activation, train_fraction, epochs, learning_rate, batch_size,
+                        weight_decay, seed, tick=bar.advance)
 
 
 def _fit_mlp(X, Y, hidden, activation, train_fraction, epochs, learning_rate, batch_size, weight_decay, seed,

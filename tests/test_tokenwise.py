@@ -1037,6 +1037,9 @@ def test_progress_callable_reports_between_chunks_from_the_calling_thread():
     seen = []
     refgeo.decompose(X, Y, cls="mlp", mlp_options=dict(hidden=4, epochs=5), baselines=False, progress=seen.append)
     assert seen[-1]["done"] == seen[-1]["total"] == 5 + 1
+    seen = []
+    refgeo.fit_tokenwise_mlp(X, Y, hidden=4, epochs=5, progress=seen.append)
+    assert seen[-1]["done"] == seen[-1]["total"] == 5
     seen = []  # diagonal fits: two sparse products per chunk
     refgeo.fit_local_maps(X, Y, cls="diagonal", neighbors=nbr, chunk_size=7, progress=seen.append)
     assert seen[-1]["done"] == seen[-1]["total"] == 2 * 8
