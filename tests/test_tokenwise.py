@@ -965,6 +965,14 @@ def test_power_of_two_scaling_is_exact_over_the_float_range(pair, m, cls, lam):
     assert rm.energy_fraction == r.energy_fraction or (math.isnan(rm.energy_fraction) and math.isnan(r.energy_fraction))
     for b, bm in zip(r.baselines, rm.baselines):
         np.testing.assert_array_equal(bm.map, b.map)
+    fkw = dict(k=kw["k"], cls=cls, **_kw(cls, rank=1))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)
+        f = refgeo.fit_local_maps(X, Y, ridge=lam, weights="gaussian", **fkw)
+        fm = refgeo.fit_local_maps(Xm, Ym, ridge=math.ldexp(lam, 2 * m), weights="gaussian", **fkw)
+    np.testing.assert_array_equal(fm.fitted, f.fitted * c)
+    np.testing.assert_array_equal(fm.distances, f.distances * c)
+    np.testing.assert_array_equal(fm.weights, f.weights)
 
 
 @pytest.mark.parametrize("scale", [1e160, 1e-170, 1e300])
