@@ -1139,7 +1139,7 @@ def test_sigint_reaches_a_decompose_in_a_subprocess(tmp_path):
     code = """
 import numpy as np, refgeo, sys
 g = np.random.default_rng(0)
-N, d, k = 2_000_000, 8, 8
+N, d, k = 1_000_000, 8, 8
 X = g.standard_normal((N, d)); Y = X + g.standard_normal((N, d))
 nb = g.integers(0, N, (N, k))
 print("ready", flush=True)
