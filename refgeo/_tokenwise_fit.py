@@ -14,6 +14,10 @@ the d x d maps, except on request for tests (``return_maps``).
 
 Memory: the neighbor panels ``X[nbr[chunk]]`` are gathered ``chunk`` tokens at a
 time, so at most ``chunk * k * d`` float64 numbers per panel exist at once.
+
+Scaling: the fits receive ``ex`` and work on ``X * 2**-ex`` and ``Y * 2**-ex``,
+scaling only the rows they gather (exact: a power of two), so that no scaled (N, d)
+copy is needed; the fitted values they return are those of the scaled panels.
 """
 
 from __future__ import annotations
@@ -44,7 +48,12 @@ def default_chunk(k: int, d: int, n: int, diagonal: bool = False) -> int:
 # --------------------------------------------------------------------- diagonal
 
 
-def fit_diagonal(X, Y, nbr, w, lam, a0, nonneg, chunk, tick=None):
+def _rows(A, ex, s, t):
+    """Rows ``s:t`` of ``A * 2**-ex`` (a view when ``ex == 0``)."""
+    return A[s:t] if ex == 0 else np.ldexp(A[s:t], -ex)
+
+
+def fit_diagonal(X, Y, nbr, w, lam, a0, nonneg, chunk, tick=None, ex=0):
     """Coordinate-wise closed form ``a_c = (sum w x y + lam a0) / (sum w x^2 + lam)``.
 
     The neighbor sums are products of the sparse neighbor-weight matrix (k entries per
@@ -63,7 +72,10 @@ def fit_diagonal(X, Y, nbr, w, lam, a0, nonneg, chunk, tick=None):
     num = np.empty((n, d))
     den = np.empty((n, d))
     indptr = np.arange(0, min(chunk, n) * k + 1, k)
-    P = np.multiply(X, Y)
+    P = np.empty((n, d))
+    for s in range(0, n, chunk):  # X * Y of the scaled panels
+        e = min(n, s + chunk)
+        np.multiply(_rows(X, ex, s, e), _rows(Y, ex, s, e), out=P[s:e])
     for out in (num, den):
         for s in range(0, n, chunk):
             e = min(n, s + chunk)
@@ -72,7 +84,10 @@ def fit_diagonal(X, Y, nbr, w, lam, a0, nonneg, chunk, tick=None):
             if tick is not None:
                 tick()
         if out is num:
-            np.multiply(X, X, out=P)
+            for s in range(0, n, chunk):
+                e = min(n, s + chunk)
+                xb = _rows(X, ex, s, e)
+                np.multiply(xb, xb, out=P[s:e])
     del P
     if lam:
         num += lam * a0
@@ -82,7 +97,9 @@ def fit_diagonal(X, Y, nbr, w, lam, a0, nonneg, chunk, tick=None):
     num[~pos] = a0
     if nonneg:
         np.maximum(num, 0.0, out=num)
-    np.multiply(X, num, out=den)
+    for s in range(0, n, chunk):
+        e = min(n, s + chunk)
+        np.multiply(_rows(X, ex, s, e), num[s:e], out=den[s:e])
     return den, num
 
 
@@ -106,7 +123,7 @@ def _kernel_pinv_weights(mu, lam, rcond):
     return inv, h
 
 
-def fit_linear(X, Y, nbr, w, lam, identity_prior, rank, chunk, return_maps=False, tick=None):
+def fit_linear(X, Y, nbr, w, lam, identity_prior, rank, chunk, return_maps=False, tick=None, ex=0):
     """Full ridge (``rank=None``) or reduced-rank ridge (rank ``r``) local fits.
 
     Kernel (dual) form, exact for any k and d: with weighted panels
@@ -137,13 +154,16 @@ def fit_linear(X, Y, nbr, w, lam, identity_prior, rank, chunk, return_maps=False
         idx = nbr[s:e]
         Xt = np.take(X, idx.ravel(), axis=0, out=bufX[: b * k], mode="clip").reshape(b, k, d)
         Rt = np.take(Y, idx.ravel(), axis=0, out=bufR[: b * k], mode="clip").reshape(b, k, d)
+        if ex:
+            np.ldexp(Xt, -ex, out=Xt)
+            np.ldexp(Rt, -ex, out=Rt)
         if identity_prior:
             Rt -= Xt
         if weighted:
             ws = sw[s:e, :, None]
             Rt *= ws
             Xt *= ws
-        xi = X[s:e]
+        xi = _rows(X, ex, s, e)
         K = Xt @ Xt.swapaxes(1, 2)
         kap = np.einsum("bkd,bd->bk", Xt, xi)
         mu, E = np.linalg.eigh(K)
@@ -212,7 +232,7 @@ def polar_near_identity(M, rcond):
     return Q
 
 
-def fit_orthogonal(X, Y, nbr, w, lam, identity_prior, scaled, chunk, return_maps=False, tick=None):
+def fit_orthogonal(X, Y, nbr, w, lam, identity_prior, scaled, chunk, return_maps=False, tick=None, ex=0):
     """Weighted (scaled) orthogonal Procrustes per token, reduced to span(X_N, Y_N).
 
     ``M = sum_j w_j y_j x_j^T`` has rank <= k, so with an orthonormal basis ``P`` of
@@ -235,7 +255,10 @@ def fit_orthogonal(X, Y, nbr, w, lam, identity_prior, scaled, chunk, return_maps
         idx = nbr[s:e]
         Xn = X[idx]
         Yn = Y[idx]
-        xi = X[s:e]
+        if ex:
+            np.ldexp(Xn, -ex, out=Xn)
+            np.ldexp(Yn, -ex, out=Yn)
+        xi = _rows(X, ex, s, e)
         wn = w[s:e]
         if full_space:
             xs, ys, xis = Xn, Yn, xi
