@@ -3,8 +3,9 @@
 Every function here receives clean float64 NumPy arrays and resolved options (the
 public wrappers in :mod:`refgeo.tokenwise` validate); none of them checks arguments.
 
-Conventions (docs/theory/tokenwise.md).  Token ``i`` has neighbors ``N_k(i)`` (row ``i`` of ``nbr``)
-with weights ``w_ij`` normalized to mean 1 over the neighborhood.  The local problem is
+Conventions (docs/theory/tokenwise.md).  Token ``i`` has neighbors ``N_k(i)`` (row
+``i`` of ``nbr``) with weights ``w_ij`` normalized to mean 1 over the neighborhood.
+The local problem is
 
     min_A  sum_j w_ij ||y_j - A x_j||^2 + lam ||A - A0||_F^2,   A0 in {0, I},
 

@@ -918,9 +918,10 @@ def fit_local_maps(
     ``X 2^{-e}, Y 2^{-e}`` (exact; rows are scaled as they are gathered, no copy),
     with ``e`` putting the largest entry in [1/2, 1) and the ridge scaled by
     ``4^{-e}``, so entries from about 1e-300 to 1e300 fit alike and
-    ``fit(2^m X, 2^m Y, ridge=4^m lam)`` is ``2^m fit(X, Y, ridge=lam)`` bit for bit.  What scaling cannot help: entries more than about 2^1000 below the
-    largest one lose their low bits (they are negligible against it), and a ridge
-    above ``2^600`` times the squared largest entry acts as an infinite one.  Invariances: a global
+    ``fit(2^m X, 2^m Y, ridge=4^m lam)`` is ``2^m fit(X, Y, ridge=lam)`` bit for bit.
+    What scaling cannot help: entries more than about 2^1000 below the largest one
+    lose their low bits (they are negligible against it), and a ridge above ``2^600``
+    times the squared largest entry acts as an infinite one.  Invariances: a global
     rotation of X and Y (not for the diagonal classes), a common scaling of X and Y
     (every class without ridge), token permutations (when no neighbor distances
     tie: :func:`knn` breaks ties by the smaller index, so a permutation can change

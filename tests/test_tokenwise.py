@@ -1037,7 +1037,8 @@ def test_progress_callable_reports_between_chunks_from_the_calling_thread():
     assert infos[0]["done"] == 0 and math.isnan(infos[0]["eta"])
     assert infos[-1]["done"] == infos[-1]["total"] == 8 and infos[-1]["eta"] == 0.0  # ceil(50 / 7) chunks
     assert all(a["done"] <= b["done"] and a["elapsed"] <= b["elapsed"] for a, b in zip(infos, infos[1:]))
-    np.testing.assert_array_equal(fit.fitted, refgeo.fit_local_maps(X, Y, cls="full", neighbors=nbr, chunk_size=7).fitted)
+    plain = refgeo.fit_local_maps(X, Y, cls="full", neighbors=nbr, chunk_size=7)
+    np.testing.assert_array_equal(fit.fitted, plain.fitted)
     # decompose: the k-NN search, 8 chunks, the metrics and the baselines
     seen = []
     refgeo.decompose(X, Y, k=6, cls="full", chunk_size=7, progress=seen.append)
