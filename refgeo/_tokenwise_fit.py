@@ -1,10 +1,11 @@
-"""Numerical kernels of refgeo.tokenwise: closed-form local fits on neighbour panels.
+"""Numerical kernels of refgeo.tokenwise: closed-form local fits on neighbor panels.
 
 Every function here receives clean float64 NumPy arrays and resolved options (the
 public wrappers in :mod:`refgeo.tokenwise` validate); none of them checks arguments.
 
-Conventions (SPEC §5).  Token ``i`` has neighbours ``N_k(i)`` (row ``i`` of ``nbr``)
-with weights ``w_ij`` normalised to mean 1 over the neighbourhood.  The local problem is
+Conventions (docs/theory/tokenwise.md).  Token ``i`` has neighbors ``N_k(i)`` (row
+``i`` of ``nbr``) with weights ``w_ij`` normalized to mean 1 over the neighborhood.
+The local problem is
 
     min_A  sum_j w_ij ||y_j - A x_j||^2 + lam ||A - A0||_F^2,   A0 in {0, I},
 
@@ -12,8 +13,12 @@ written with ``D = A - A0`` and targets ``r_j = y_j - A0 x_j``.  Each kernel ret
 the fitted value ``A_i x_i`` of every token (and small per-token coefficients), never
 the d x d maps, except on request for tests (``return_maps``).
 
-Memory: the neighbour panels ``X[nbr[chunk]]`` are gathered ``chunk`` tokens at a
+Memory: the neighbor panels ``X[nbr[chunk]]`` are gathered ``chunk`` tokens at a
 time, so at most ``chunk * k * d`` float64 numbers per panel exist at once.
+
+Scaling: the fits receive ``ex`` and work on ``X * 2**-ex`` and ``Y * 2**-ex``,
+scaling only the rows they gather (exact: a power of two), so that no scaled (N, d)
+copy is needed; the fitted values they return are those of the scaled panels.
 """
 
 from __future__ import annotations
@@ -24,42 +29,66 @@ import numpy as np
 _RCOND_SCALE = 100.0
 _EPS = float(np.finfo(np.float64).eps)
 
-# Target bytes of one gathered neighbour panel (chunk * k * d * 8).
+# Target bytes of one gathered neighbor panel (chunk * k * d * 8).
 _PANEL_BYTES = 48 * 2**20
 
 
-def default_chunk(k: int, d: int, n: int) -> int:
+def default_chunk(k: int, d: int, n: int, diagonal: bool = False) -> int:
     """Tokens per chunk so that one (chunk, k, max(d, 4k)) float64 block stays near 48 MiB.
 
     ``4k``: the kernel-form fits also hold about four (chunk, k, k) arrays at once
     (Gram matrix, eigenvectors, and for low rank two more), which dominate when k is
-    large compared with d.
+    large compared with d.  The diagonal fits gather no panels: their chunk holds one
+    (chunk, max(d, k)) block of the sparse products, and small chunks only add
+    per-chunk overhead.
     """
-    return int(max(1, min(n, _PANEL_BYTES // max(1, 8 * k * max(d, 4 * k)))))
+    per_token = 8 * (max(d, k) if diagonal else k * max(d, 4 * k))
+    return int(max(1, min(n, _PANEL_BYTES // max(1, per_token))))
 
 
 # --------------------------------------------------------------------- diagonal
 
 
-def fit_diagonal(X, Y, nbr, w, lam, a0, nonneg, chunk):
+def _rows(A, ex, s, t):
+    """Rows ``s:t`` of ``A * 2**-ex`` (a view when ``ex == 0``)."""
+    return A[s:t] if ex == 0 else np.ldexp(A[s:t], -ex)
+
+
+def fit_diagonal(X, Y, nbr, w, lam, a0, nonneg, chunk, tick=None, ex=0):
     """Coordinate-wise closed form ``a_c = (sum w x y + lam a0) / (sum w x^2 + lam)``.
 
-    The neighbour sums are products of the sparse N x N neighbour-weight matrix (k
-    entries per row) with the dense (N, d) panels ``X*Y`` and ``X*X``: O(N k d) time,
-    O(N d) extra memory, no (N, k, d) gather.  A coordinate with a zero denominator
-    (``lam = 0`` and all neighbours zero there) carries no information and takes the
-    prior value ``a0``.  ``nonneg`` clips at 0, the exact minimiser of the 1-D convex
-    problem on ``a >= 0``.
+    The neighbor sums are products of the sparse neighbor-weight matrix (k entries per
+    row) with the dense (N, d) panels ``X*Y`` and ``X*X``: O(N k d) time, O(N d) extra
+    memory, no (N, k, d) gather.  The products run ``chunk`` rows at a time (each row
+    on its own, so the result does not depend on ``chunk``), calling ``tick()`` after
+    each: 2 ceil(N / chunk) steps.  A coordinate with a zero denominator (``lam = 0``
+    and all neighbors zero there) carries no information and takes the prior value
+    ``a0``.  ``nonneg`` clips at 0, the exact minimizer of the 1-D convex problem on
+    ``a >= 0``.
     """
     import scipy.sparse as sp
 
     n, d = X.shape
     k = nbr.shape[1]
-    S = sp.csr_matrix((w.ravel(), nbr.ravel(), np.arange(0, n * k + 1, k)), shape=(n, n))
-    P = np.multiply(X, Y)
-    num = S @ P
-    np.multiply(X, X, out=P)
-    den = S @ P
+    num = np.empty((n, d))
+    den = np.empty((n, d))
+    indptr = np.arange(0, min(chunk, n) * k + 1, k)
+    P = np.empty((n, d))
+    for s in range(0, n, chunk):  # X * Y of the scaled panels
+        e = min(n, s + chunk)
+        np.multiply(_rows(X, ex, s, e), _rows(Y, ex, s, e), out=P[s:e])
+    for out in (num, den):
+        for s in range(0, n, chunk):
+            e = min(n, s + chunk)
+            S = sp.csr_matrix((w[s:e].ravel(), nbr[s:e].ravel(), indptr[: e - s + 1]), shape=(e - s, n))
+            out[s:e] = S @ P
+            if tick is not None:
+                tick()
+        if out is num:
+            for s in range(0, n, chunk):
+                e = min(n, s + chunk)
+                xb = _rows(X, ex, s, e)
+                np.multiply(xb, xb, out=P[s:e])
     del P
     if lam:
         num += lam * a0
@@ -69,7 +98,9 @@ def fit_diagonal(X, Y, nbr, w, lam, a0, nonneg, chunk):
     num[~pos] = a0
     if nonneg:
         np.maximum(num, 0.0, out=num)
-    np.multiply(X, num, out=den)
+    for s in range(0, n, chunk):
+        e = min(n, s + chunk)
+        np.multiply(_rows(X, ex, s, e), num[s:e], out=den[s:e])
     return den, num
 
 
@@ -93,7 +124,7 @@ def _kernel_pinv_weights(mu, lam, rcond):
     return inv, h
 
 
-def fit_linear(X, Y, nbr, w, lam, identity_prior, rank, chunk, return_maps=False):
+def fit_linear(X, Y, nbr, w, lam, identity_prior, rank, chunk, return_maps=False, tick=None, ex=0):
     """Full ridge (``rank=None``) or reduced-rank ridge (rank ``r``) local fits.
 
     Kernel (dual) form, exact for any k and d: with weighted panels
@@ -124,13 +155,16 @@ def fit_linear(X, Y, nbr, w, lam, identity_prior, rank, chunk, return_maps=False
         idx = nbr[s:e]
         Xt = np.take(X, idx.ravel(), axis=0, out=bufX[: b * k], mode="clip").reshape(b, k, d)
         Rt = np.take(Y, idx.ravel(), axis=0, out=bufR[: b * k], mode="clip").reshape(b, k, d)
+        if ex:
+            np.ldexp(Xt, -ex, out=Xt)
+            np.ldexp(Rt, -ex, out=Rt)
         if identity_prior:
             Rt -= Xt
         if weighted:
             ws = sw[s:e, :, None]
             Rt *= ws
             Xt *= ws
-        xi = X[s:e]
+        xi = _rows(X, ex, s, e)
         K = Xt @ Xt.swapaxes(1, 2)
         kap = np.einsum("bkd,bd->bk", Xt, xi)
         mu, E = np.linalg.eigh(K)
@@ -166,6 +200,8 @@ def fit_linear(X, Y, nbr, w, lam, identity_prior, rank, chunk, return_maps=False
             if identity_prior:
                 A = A + np.eye(d)
             maps[s:e] = A
+        if tick is not None:
+            tick()  # between chunks: progress, and where an interrupt lands
     return fitted, maps
 
 
@@ -173,10 +209,10 @@ def fit_linear(X, Y, nbr, w, lam, identity_prior, rank, chunk, return_maps=False
 
 
 def polar_near_identity(M, rcond):
-    """Orthogonal maximiser of ``tr(Q^T M)``; ties broken by maximal ``tr(Q)``.
+    """Orthogonal maximizer of ``tr(Q^T M)``; ties broken by maximal ``tr(Q)``.
 
     With ``M = U S V^T`` and ``r`` numerically non-zero singular values, every
-    maximiser is ``U_1 V_1^T + U_2 Z V_2^T`` (Z orthogonal); the one closest to the
+    maximizer is ``U_1 V_1^T + U_2 Z V_2^T`` (Z orthogonal); the one closest to the
     identity takes ``Z = b a^T`` from the SVD ``V_2^T U_2 = a c b^T``.  This is the
     limit of the identity-prior solution as the ridge goes to 0.
     """
@@ -197,11 +233,11 @@ def polar_near_identity(M, rcond):
     return Q
 
 
-def fit_orthogonal(X, Y, nbr, w, lam, identity_prior, scaled, chunk, return_maps=False):
+def fit_orthogonal(X, Y, nbr, w, lam, identity_prior, scaled, chunk, return_maps=False, tick=None, ex=0):
     """Weighted (scaled) orthogonal Procrustes per token, reduced to span(X_N, Y_N).
 
     ``M = sum_j w_j y_j x_j^T`` has rank <= k, so with an orthonormal basis ``P`` of
-    the span of the 2k neighbour vectors (batched QR; ``P = I`` when ``2k >= d``) the
+    the span of the 2k neighbor vectors (batched QR; ``P = I`` when ``2k >= d``) the
     problem is exactly an m-dimensional one, ``M_s = P^T M P + lam A0_s``, and
     ``Q = P Q_s P^T + (I - P P^T)``: the identity on the complement, which is the
     exact solution for the identity prior and the tie-break towards the identity for
@@ -218,10 +254,12 @@ def fit_orthogonal(X, Y, nbr, w, lam, identity_prior, scaled, chunk, return_maps
     for s in range(0, n, chunk):
         e = min(n, s + chunk)
         idx = nbr[s:e]
-        b = e - s
         Xn = X[idx]
         Yn = Y[idx]
-        xi = X[s:e]
+        if ex:
+            np.ldexp(Xn, -ex, out=Xn)
+            np.ldexp(Yn, -ex, out=Yn)
+        xi = _rows(X, ex, s, e)
         wn = w[s:e]
         if full_space:
             xs, ys, xis = Xn, Yn, xi
@@ -258,6 +296,8 @@ def fit_orthogonal(X, Y, nbr, w, lam, identity_prior, scaled, chunk, return_maps
             else:
                 A = np.eye(d) - P @ P.swapaxes(1, 2) + P @ Q @ P.swapaxes(1, 2)
             maps[s:e] = A * scale_out[s:e, None, None]
+        if tick is not None:
+            tick()
     return fitted, scale_out, maps
 
 
@@ -290,8 +330,11 @@ def mlp_forward(params, Xs, act):
     return a @ W2 + b2, (z, a, da)
 
 
-def train_mlp(Xs, T, hidden, act, epochs, lr, batch, weight_decay, rng, Xv=None, Tv=None):
-    """Adam on the mean squared error ``mean ||MLP(x) - t||^2 / d`` (standardised data)."""
+def train_mlp(Xs, T, hidden, act, epochs, lr, batch, weight_decay, rng, Xv=None, Tv=None, tick=None):
+    """Adam on the mean squared error ``mean ||MLP(x) - t||^2 / d`` (standardized data).
+
+    ``tick()`` is called after each epoch (progress reports).
+    """
     n, d = Xs.shape
     W1 = rng.standard_normal((d, hidden)) / np.sqrt(d)
     b1 = np.zeros(hidden)
@@ -335,4 +378,6 @@ def train_mlp(Xs, T, hidden, act, epochs, lr, batch, weight_decay, rng, Xv=None,
         if Xv is not None and Xv.shape[0]:
             ov, _ = mlp_forward(params, Xv, act)
             hist_test[ep] = float(np.mean((ov - Tv) ** 2))
+        if tick is not None:
+            tick()
     return params, hist_train, hist_test

@@ -1,7 +1,7 @@
-r"""Tokenwise decomposition of layer updates (SPEC §5).
+r"""Tokenwise decomposition of layer updates (see :doc:`/theory/tokenwise`).
 
 For hidden states :math:`X = h_l` and :math:`Y = h_{l+1}` (rows :math:`x_i, y_i`), a
-map :math:`A_i` from a restricted class is fitted on the k nearest neighbours of
+map :math:`A_i` from a restricted class is fitted on the k nearest neighbors of
 :math:`x_i` and the update is split into a tokenwise part and a residual:
 
 .. math::
@@ -19,31 +19,37 @@ map :math:`A_i` from a restricted class is fitted on the k nearest neighbours of
    layer_report
 
 Choices the source leaves open are parameters, recorded in every result's ``config``:
-the number of neighbours ``k``, the neighbour metric (``"euclidean"`` or
-``"cosine"``, optionally after standardising coordinates), leave-one-out exclusion,
-neighbour weights, the function class, the rank, the ridge ``lam`` and its prior
-``A_0`` (identity or zero), the rank and centring of the dominant subspace, and the
+the number of neighbors ``k``, the neighbor metric (``"euclidean"`` or
+``"cosine"``, optionally after standardizing coordinates), leave-one-out exclusion,
+neighbor weights, the function class, the rank, the ridge ``lam`` and its prior
+``A_0`` (identity or zero), the rank and centering of the dominant subspace, and the
 MLP's training options.  The k-NN search is :func:`refgeo.knn` (exact).
 
-Under-determined fits.  A local map is determined by its ``k`` neighbours only on the
+Under-determined fits.  A local map is determined by its ``k`` neighbors only on the
 span of their inputs, at most ``k`` of the ``d`` directions: full and low-rank maps need
 ``k >= d``, orthogonal ones ``k >= d - 1``, diagonal ones ``k >= 1``.  Below that,
 refgeo returns the solution closest to the prior (the ``lam -> 0+`` limit of the
 identity/zero-prior ridge problem; for orthogonal maps the identity on the directions
 the data leave free) and warns with the degrees of freedom.
+
+Long calls.  :func:`fit_local_maps` and :func:`decompose` check their memory before
+any work (a ``MemoryError`` says what to change), report progress with
+``progress=True`` (tqdm) or a callable, stop at the next chunk on ``KeyboardInterrupt``,
+and work on exactly rescaled panels, so that hidden states anywhere in the float64
+range (1e-300 to 1e300) fit alike.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import math
-import numbers
 import warnings
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
 
+from . import _progress
 from . import _tokenwise_fit as _fit
 from ._threads import blas_single_thread
 from ._validate import (
@@ -62,6 +68,8 @@ __all__ = [
     "GlobalBaseline",
     "LocalFit",
     "MLPFit",
+    "TokenwisePairs",
+    "TokenwiseParts",
     "TokenwiseResult",
     "decompose",
     "fit_local_maps",
@@ -71,7 +79,7 @@ __all__ = [
     "spearman",
 ]
 
-CLASSES = ("diagonal", "psd_diagonal", "lowrank", "orthogonal", "scaled_orthogonal", "full")
+CLASSES = ("diagonal", "psd_diagonal", "low_rank", "orthogonal", "scaled_orthogonal", "full")
 _PRIORS = ("identity", "zero")
 _METRICS = ("euclidean", "cosine")
 _WEIGHTS = ("uniform", "gaussian")
@@ -109,7 +117,7 @@ def degrees_of_freedom(cls: str, d: int, rank: int | None = None) -> int:
     """Free parameters of one local map of class ``cls`` in dimension ``d``."""
     if cls in ("diagonal", "psd_diagonal"):
         return d
-    if cls == "lowrank":
+    if cls == "low_rank":
         return rank * (2 * d - rank)
     if cls == "orthogonal":
         return d * (d - 1) // 2
@@ -118,13 +126,13 @@ def degrees_of_freedom(cls: str, d: int, rank: int | None = None) -> int:
     return d * d
 
 
-def _min_neighbours(cls: str, d: int) -> int:
-    """Smallest k whose neighbours (in general position) identify a map of class ``cls``.
+def _min_neighbors(cls: str, d: int) -> int:
+    """Smallest k whose neighbors (in general position) identify a map of class ``cls``.
 
-    A linear map is determined by the data only on the span of the neighbours' inputs
+    A linear map is determined by the data only on the span of the neighbors' inputs
     (at most k directions): full and low-rank maps need all d directions, orthogonal
     ones d - 1 (an orthogonal map is fixed, up to a reflection, by d - 1 directions),
-    diagonal ones a single non-zero neighbour per coordinate.
+    diagonal ones a single non-zero neighbor per coordinate.
     """
     if cls in ("diagonal", "psd_diagonal"):
         return 1
@@ -134,12 +142,12 @@ def _min_neighbours(cls: str, d: int) -> int:
 
 
 def _warn_underdetermined(cls, dof, k, d, ridge, stacklevel):
-    need = _min_neighbours(cls, d)
+    need = _min_neighbors(cls, d)
     if k < need:
         how = "the ridge solution" if ridge > 0 else "the minimum-norm solution (closest to the prior)"
         warnings.warn(
             f"cls={cls!r} is under-determined for k={k}: each local map has {dof} degrees "
-            f"of freedom, and k={k} neighbours span at most {k} of the d={d} input "
+            f"of freedom, and k={k} neighbors span at most {k} of the d={d} input "
             f"directions (identification needs k >= {need}); {how} is used.",
             UserWarning,
             stacklevel=stacklevel,
@@ -151,19 +159,19 @@ def _warn_underdetermined(cls, dof, k, d, ridge, stacklevel):
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class LocalFit:
-    """Local maps fitted on k-NN neighbourhoods (see :func:`fit_local_maps`).
+    """Local maps fitted on k-NN neighborhoods (see :func:`fit_local_maps`).
 
     Attributes
     ----------
     fitted : ndarray of shape (N, d)
         float64 :math:`A_i x_i`, the tokenwise prediction of :math:`y_i`.
     neighbors : ndarray of shape (N, k)
-        int64 neighbour indices used for token ``i``.
+        int64 neighbor indices used for token ``i``.
     distances : ndarray of shape (N, k) or None
-        float64 neighbour distances in the search metric (None if only indices were
+        float64 neighbor distances in the search metric (None if only indices were
         supplied).
     weights : ndarray of shape (N, k)
-        float64 neighbour weights, normalised to mean 1 per token.
+        float64 neighbor weights, normalized to mean 1 per token.
     coefficients : ndarray or None
         Diagonal classes: the diagonal of :math:`A_i`, shape (N, d);
         ``scaled_orthogonal``: the scale :math:`s_i`, shape (N,); otherwise None.
@@ -198,17 +206,17 @@ class MLPFit:
     b1 : ndarray of shape (h,)
     W2 : ndarray of shape (h, d)
     b2 : ndarray of shape (d,)
-        Weights acting on standardised inputs ``(x - x_mean) / x_scale`` and producing
-        the standardised update ``(y - x) / delta_scale``.
+        Weights acting on standardized inputs ``(x - x_mean) / x_scale`` and producing
+        the standardized update ``(y - x) / delta_scale``.
     x_mean : ndarray of shape (d,)
     x_scale, delta_scale : float
-        Standardisation constants (RMS over the training tokens).
+        Standardization constants (RMS over the training tokens).
     train_index, test_index : ndarray of int64
         The seeded split of the tokens.
     train_loss, test_loss : ndarray of shape (epochs,)
-        Mean squared error per coordinate (standardised units).  ``train_loss[e]`` is
+        Mean squared error per coordinate (standardized units).  ``train_loss[e]`` is
         the running loss of epoch ``e``: each mini-batch's loss before its own update
-        (with full batches, ``train_loss[0]`` is the loss at initialisation);
+        (with full batches, ``train_loss[0]`` is the loss at initialization);
         ``test_loss[e]`` is the held-out loss after epoch ``e`` (NaN without held-out
         tokens).  The two curves are therefore up to one epoch apart.
     n_parameters : int
@@ -253,7 +261,7 @@ class GlobalBaseline:
     Attributes
     ----------
     kind : str
-        ``"linear"`` (one ridge-regularised matrix, same ``lam`` and prior as the local
+        ``"linear"`` (one ridge-regularized matrix, same ``lam`` and prior as the local
         fit) or ``"procrustes"`` (one scaled orthogonal map).
     map : ndarray of shape (d, d)
         The fitted :math:`A` (``y ≈ A x``).
@@ -272,6 +280,49 @@ class GlobalBaseline:
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
+class TokenwisePairs:
+    r"""A per-token quantity for each of the three pairs of parts of an update.
+
+    Used for :attr:`TokenwiseResult.cosines` and :attr:`TokenwiseResult.angles`.
+
+    Attributes
+    ----------
+    delta_tau : ndarray of shape (N,)
+        The pair :math:`(\Delta_i, \tau_i)`: full update and tokenwise part.
+    rho_tau : ndarray of shape (N,)
+        The pair :math:`(\rho_i, \tau_i)`: residual and tokenwise part.
+    rho_delta : ndarray of shape (N,)
+        The pair :math:`(\rho_i, \Delta_i)`: residual and full update.
+    """
+
+    delta_tau: Any
+    rho_tau: Any
+    rho_delta: Any
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class TokenwiseParts:
+    r"""A quantity for each part :math:`\Delta, \tau, \rho` of an update.
+
+    Used for :attr:`TokenwiseResult.projections` (per-token arrays of shape (N,)) and
+    :attr:`TokenwiseResult.subspace_energies` (floats).
+
+    Attributes
+    ----------
+    delta : ndarray of shape (N,) or float
+        Of the full update :math:`\Delta`.
+    tau : ndarray of shape (N,) or float
+        Of the tokenwise part :math:`\tau`.
+    rho : ndarray of shape (N,) or float
+        Of the residual :math:`\rho`.
+    """
+
+    delta: Any
+    tau: Any
+    rho: Any
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
 class TokenwiseResult:
     r"""Tokenwise decomposition :math:`\Delta = \tau + \rho` of one layer update.
 
@@ -286,25 +337,28 @@ class TokenwiseResult:
     energy_fraction : float
         :math:`\sum_i \lVert\rho_i\rVert^2 / \sum_i \lVert\Delta_i\rVert^2` over the
         evaluated tokens.
-    cos_delta_tau, cos_rho_tau, cos_rho_delta : ndarray of shape (N,)
-        Cosines of the pairs (NaN where a vector is zero).
-    angle_delta_tau, angle_rho_tau, angle_rho_delta : ndarray of shape (N,)
+    cosines : TokenwisePairs
+        Per-token cosines of the pairs, e.g. ``cosines.rho_tau`` (arrays of shape (N,);
+        NaN where a vector is zero).
+    angles : TokenwisePairs
         The same angles in degrees, in [0, 180].
     subspace : ndarray of shape (d, r)
         :math:`U_r`, the top-r left singular vectors of :math:`[\tau_1 \dots \tau_N]`
-        (evaluated tokens; centred first when ``config["center_subspace"]``).
+        (evaluated tokens; centered first when ``config["center_subspace"]``).
     subspace_singular_values : ndarray of shape (r,)
         The matching singular values.
-    projection_delta, projection_tau, projection_rho : ndarray of shape (N,)
-        Per-token projection energies :math:`\lVert U_r^T v_i\rVert^2/\lVert v_i\rVert^2`.
-    subspace_energy_delta, subspace_energy_tau, subspace_energy_rho : float
-        Aggregate :math:`\sum \lVert U_r^T v_i\rVert^2 / \sum \lVert v_i\rVert^2`.
+    projections : TokenwiseParts
+        Per-token projection energies :math:`\lVert U_r^T v_i\rVert^2/\lVert v_i\rVert^2`
+        of :math:`v = \Delta, \tau, \rho` (arrays of shape (N,)).
+    subspace_energies : TokenwiseParts
+        Aggregates :math:`\sum \lVert U_r^T v_i\rVert^2 / \sum \lVert v_i\rVert^2` over
+        the evaluated tokens (floats).
     dof : int
         Degrees of freedom of one local map (MLP: its number of parameters).
     n_targets : int
         Scalar targets per local fit (``k d``; MLP: training tokens times ``d``).
     neighbors : ndarray of shape (N, k) or None
-        Neighbour indices of the local fits (None for the MLP).
+        Neighbor indices of the local fits (None for the MLP).
     eval_mask : ndarray of bool, shape (N,)
         Tokens the aggregate metrics are computed on (all for local fits, the
         held-out tokens for the MLP).
@@ -313,7 +367,22 @@ class TokenwiseResult:
     baselines : tuple of GlobalBaseline
         The global linear and Procrustes fits (empty with ``baselines=False``).
     config : dict
-        Every choice of SPEC §5 that produced this result.
+        Every choice (see :doc:`/theory/tokenwise`) that produced this result.
+
+    Examples
+    --------
+    A layer that doubles every hidden state is tokenwise: the residual vanishes and
+    the tokenwise part is the whole update.
+
+    >>> import numpy as np, refgeo
+    >>> X = np.array([[1.0, 2.0], [2.0, 1.0], [3.0, 5.0], [4.0, 3.0]])
+    >>> r = refgeo.decompose(X, 2.0 * X, k=2, cls="diagonal", subspace_rank=2)
+    >>> r.cosines.delta_tau.round(12).tolist(), r.angles.delta_tau.tolist()
+    ([1.0, 1.0, 1.0, 1.0], [0.0, 0.0, 0.0, 0.0])
+    >>> r.subspace_energies.delta, r.subspace_energies.tau  # rank 2 = d: everything
+    (1.0, 1.0)
+    >>> bool(np.all(np.isnan(r.cosines.rho_tau)))  # rho = 0: no angle with it
+    True
     """
 
     delta: Any
@@ -321,20 +390,12 @@ class TokenwiseResult:
     rho: Any
     relative_error: Any
     energy_fraction: float
-    cos_delta_tau: Any
-    cos_rho_tau: Any
-    cos_rho_delta: Any
-    angle_delta_tau: Any
-    angle_rho_tau: Any
-    angle_rho_delta: Any
+    cosines: TokenwisePairs
+    angles: TokenwisePairs
     subspace: Any
     subspace_singular_values: Any
-    projection_delta: Any
-    projection_tau: Any
-    projection_rho: Any
-    subspace_energy_delta: float
-    subspace_energy_tau: float
-    subspace_energy_rho: float
+    projections: TokenwiseParts
+    subspace_energies: TokenwiseParts
     dof: int
     n_targets: int
     neighbors: Any
@@ -350,40 +411,43 @@ class TokenwiseResult:
         return _f64(np.asarray(X)) + self.tau
 
     def summary(self) -> dict:
-        """Means and medians of the per-token metrics over the evaluated tokens."""
+        """Means and medians of the per-token metrics over the evaluated tokens.
+
+        Keys ``mean_<metric>`` and ``median_<metric>`` for ``relative_error``,
+        ``angle_<pair>``, ``cos_<pair>`` and ``projection_<part>`` (pairs
+        ``delta_tau``, ``rho_tau``, ``rho_delta``; parts ``delta``, ``tau``, ``rho``),
+        ``frac_angle_rho_tau_gt_60``, ``subspace_energy_<part>``, the baselines'
+        energy fractions and median relative errors, ``dof`` and ``n_targets``.
+        """
         m = self.eval_mask
         out = {
             "cls": self.config["cls"],
             "n_tokens": int(np.sum(m)),
             "energy_fraction": self.energy_fraction,
         }
-        for name in (
-            "relative_error",
-            "angle_delta_tau",
-            "angle_rho_tau",
-            "angle_rho_delta",
-            "cos_delta_tau",
-            "cos_rho_tau",
-            "cos_rho_delta",
-            "projection_delta",
-            "projection_tau",
-            "projection_rho",
-        ):
-            v = getattr(self, name)[m]
+        per_token = [("relative_error", self.relative_error)]
+        per_token += [(f"angle_{p}", getattr(self.angles, p)) for p in _PAIRS]
+        per_token += [(f"cos_{p}", getattr(self.cosines, p)) for p in _PAIRS]
+        per_token += [(f"projection_{p}", getattr(self.projections, p)) for p in _PARTS]
+        for name, v in per_token:
+            v = v[m]
             out[f"mean_{name}"] = _finite_mean(v)
             out[f"median_{name}"] = _finite_median(v)
-        a = self.angle_rho_tau[m]
+        a = self.angles.rho_tau[m]
         a = a[np.isfinite(a)]
         out["frac_angle_rho_tau_gt_60"] = float(np.mean(a > 60.0)) if a.size else math.nan
-        out["subspace_energy_delta"] = self.subspace_energy_delta
-        out["subspace_energy_tau"] = self.subspace_energy_tau
-        out["subspace_energy_rho"] = self.subspace_energy_rho
+        for p in _PARTS:
+            out[f"subspace_energy_{p}"] = getattr(self.subspace_energies, p)
         for b in self.baselines:
             out[f"baseline_{b.kind}_energy_fraction"] = b.energy_fraction
             out[f"baseline_{b.kind}_median_relative_error"] = _finite_median(b.relative_error[m])
         out["dof"] = self.dof
         out["n_targets"] = self.n_targets
         return out
+
+
+_PAIRS = tuple(f.name for f in dataclasses.fields(TokenwisePairs))
+_PARTS = tuple(f.name for f in dataclasses.fields(TokenwiseParts))
 
 
 def _finite_mean(v):
@@ -396,48 +460,62 @@ def _finite_median(v):
     return float(np.median(v)) if v.size else math.nan
 
 
-# ------------------------------------------------------------ neighbourhoods
+# ------------------------------------------------------------ neighborhoods
 
 
-def _resolve_neighbors(X, k, neighbors, metric, standardize, exclude_self):
-    """Indices (N, k) and distances (N, k) or None: precomputed or from refgeo.knn."""
-    n = X.shape[0]
-    if neighbors is not None:
-        dist = getattr(neighbors, "distances", None)
-        idx = getattr(neighbors, "indices", neighbors)
-        idx = np.asarray(idx)
-        if idx.ndim != 2 or idx.shape[0] != n or idx.dtype.kind not in "iu":
-            raise ValueError(
-                f"neighbors must be an integer array of shape (N, k) with N = {n} (or a "
-                f"KNNResult), got {idx.dtype} array of shape {idx.shape} instead."
-            )
-        if idx.shape[1] < 1 or (idx.size and (idx.min() < 0 or idx.max() >= n)):
-            raise ValueError(
-                f"neighbors must hold at least one column of indices in [0, {n - 1}], got "
-                f"shape {idx.shape} with range [{idx.min() if idx.size else 0}, "
-                f"{idx.max() if idx.size else 0}] instead."
-            )
-        if k is not None and k != idx.shape[1]:
-            raise ValueError(f"k must equal neighbors.shape[1] = {idx.shape[1]}, got {k} instead.")
-        if dist is not None:
-            dist = np.array(dist, dtype=np.float64)  # a copy: results never alias inputs
-            if dist.shape != idx.shape:
-                dist = None
-        return np.array(idx, dtype=np.int64), dist
+def _given_neighbors(n, k, neighbors):
+    """Validated copies of precomputed neighbors: indices (N, k) int64 and distances or None."""
+    dist = getattr(neighbors, "distances", None)
+    idx = getattr(neighbors, "indices", neighbors)
+    idx = np.asarray(idx)
+    if idx.ndim != 2 or idx.shape[0] != n or idx.dtype.kind not in "iu":
+        raise ValueError(
+            f"neighbors must be an integer array of shape (N, k) with N = {n} (or a "
+            f"KNNResult), got {idx.dtype} array of shape {idx.shape} instead."
+        )
+    if idx.shape[1] < 1 or (idx.size and (idx.min() < 0 or idx.max() >= n)):
+        raise ValueError(
+            f"neighbors must hold at least one column of indices in [0, {n - 1}], got "
+            f"shape {idx.shape} with range [{idx.min() if idx.size else 0}, "
+            f"{idx.max() if idx.size else 0}] instead."
+        )
+    if k is not None and k != idx.shape[1]:
+        raise ValueError(f"k must equal neighbors.shape[1] = {idx.shape[1]}, got {k} instead.")
+    if dist is not None:
+        dist = np.array(dist, dtype=np.float64)  # a copy: results never alias inputs
+        if dist.shape != idx.shape:
+            dist = None
+    return np.array(idx, dtype=np.int64), dist
+
+
+def _search_neighbors(X, e, k, metric, standardize, exclude_self):
+    """Indices (N, k) and distances (N, k) from :func:`refgeo.knn`, in the units of X.
+
+    The search runs on ``X * 2**-e`` (exact: a power of two), so that the squared
+    distances of the engine neither overflow nor underflow; the distances are
+    scaled back (the standardized and cosine metrics are scale-free).
+    """
     from .rows import knn
 
-    Z = X
+    Z = X if e == 0 else np.ldexp(X, -e)
     if standardize:
-        Z = _f64(X)
+        Z = _f64(Z)
         mu = Z.mean(axis=0)
         sd = Z.std(axis=0)
         Z = (Z - mu) / np.where(sd > 0, sd, 1.0)
     if metric == "cosine":
         Z = _f64(Z)
-        nrm = np.sqrt(np.einsum("ij,ij->i", Z, Z))
+        # rows divided by their largest entry first: the squared norm of a row much
+        # smaller than the largest one would underflow
+        amax = np.max(np.abs(Z), axis=1)
+        Z = Z / np.where(amax > 0, amax, 1.0)[:, None]
+        nrm = np.sqrt(_row_inner(Z, Z))
         Z = Z / np.where(nrm > 0, nrm, 1.0)[:, None]
     res = knn(Z, k, exclude_self=exclude_self)
-    return np.asarray(res.indices, dtype=np.int64), np.asarray(res.distances, dtype=np.float64)
+    dist = np.asarray(res.distances, dtype=np.float64)
+    if e and not standardize and metric == "euclidean":
+        dist = np.ldexp(dist, e)
+    return np.asarray(res.indices, dtype=np.int64), dist
 
 
 def _resolve_weights(weights, idx, dist):
@@ -471,7 +549,7 @@ def _resolve_weights(weights, idx, dist):
     return w / s, "array"
 
 
-# ---------------------------------------------------------------- local fits
+# -------------------------------------------------------------- fit options
 
 
 def _validate_fit_options(n, d, k, cls, rank, ridge, prior, metric, standardize, exclude_self, neighbors):
@@ -487,84 +565,229 @@ def _validate_fit_options(n, d, k, cls, rank, ridge, prior, metric, standardize,
         check_int(k, "k", min_value=1)
         kmax = n - 1 if exclude_self else n
         if k > kmax:
-            what = f"N - 1 = {kmax} (leave-one-out neighbourhoods)" if exclude_self else f"N = {kmax}"
+            what = f"N - 1 = {kmax} (leave-one-out neighborhoods)" if exclude_self else f"N = {kmax}"
             raise ValueError(f"k == {k}, must be <= {what}.")
     elif k is not None:
         check_int(k, "k", min_value=1)
-    if cls == "lowrank":
+    if cls == "low_rank":
         if rank is None:
-            raise ValueError("rank must be an integer in [1, d] for cls='lowrank', got None instead.")
+            raise ValueError("rank must be an integer in [1, d] for cls='low_rank', got None instead.")
         check_int(rank, "rank", min_value=1, max_value=d)
     elif rank is not None:
-        raise ValueError(f"rank must be None unless cls='lowrank', got rank={rank!r} with cls={cls!r} instead.")
+        raise ValueError(f"rank must be None unless cls='low_rank', got rank={rank!r} with cls={cls!r} instead.")
     return ridge, standardize, exclude_self
 
 
-def _dispatch_fit(X64, Y64, idx, w, cls, rank, ridge, ident, chunk, return_maps):
+def _dispatch_fit(X64, Y64, ex, idx, w, cls, rank, ridge, ident, chunk, return_maps, tick):
     n, d = X64.shape
     coef = maps = None
     if cls in ("diagonal", "psd_diagonal"):
         a0 = 1.0 if ident else 0.0
-        fitted, coef = _fit.fit_diagonal(X64, Y64, idx, w, ridge, a0, cls == "psd_diagonal", chunk)
+        fitted, coef = _fit.fit_diagonal(X64, Y64, idx, w, ridge, a0, cls == "psd_diagonal", chunk, tick, ex)
         if return_maps:
             maps = np.zeros((n, d, d))
             maps[:, np.arange(d), np.arange(d)] = coef
-    elif cls in ("lowrank", "full"):
-        fitted, maps = _fit.fit_linear(X64, Y64, idx, w, ridge, ident, rank, chunk, return_maps)
+    elif cls in ("low_rank", "full"):
+        fitted, maps = _fit.fit_linear(X64, Y64, idx, w, ridge, ident, rank, chunk, return_maps, tick, ex)
     else:
         fitted, sc, maps = _fit.fit_orthogonal(
-            X64, Y64, idx, w, ridge, ident, cls == "scaled_orthogonal", chunk, return_maps
+            X64, Y64, idx, w, ridge, ident, cls == "scaled_orthogonal", chunk, return_maps, tick, ex
         )
         coef = sc if cls == "scaled_orthogonal" else None
     return fitted, coef, maps
 
 
-def _fit_local(X, Y, k, cls, rank, ridge, prior, metric, standardize, exclude_self, weights, neighbors,
-               chunk_size, return_maps, stacklevel, readonly=True):
+# ------------------------------------------------------------------ scaling
+#
+# The fits and metrics run on X * 2**-e and Y * 2**-e, with e chosen so that the
+# largest entry lies in [1/2, 1).  A power of two scales exactly, so the results are
+# exactly equivariant: fit(2**m X, 2**m Y) = 2**m fit(X, Y) bit for bit, for every m
+# that keeps the entries normal numbers.  Without it, the squares in the Gram
+# matrices overflow for entries near 1e160 and underflow near 1e-170.  The local
+# problem scales as ||2**-e (y - A x)||^2 = 4**-e ||y - A x||^2, so the ridge that
+# gives the same maps is lam * 4**-e.
+
+
+# A scaled ridge above 2**600 (the data are below 1) is infinite in effect: the fit
+# equals the prior to far below float64 resolution of the data.  Capping it keeps
+# inf / inf = NaN out of the closed forms.
+_MAX_SCALED_RIDGE = 2.0**600
+
+
+def _scale_exponent(*arrays) -> int:
+    """The ``e`` with ``max |a| * 2**-e`` in [1/2, 1) over all arrays (0 when all are zero)."""
+    m = 0.0
+    for a in arrays:
+        if a.size:
+            m = max(m, float(a.max()), -float(a.min()))  # no |a| temporary
+    return math.frexp(m)[1] if m > 0 else 0
+
+
+def _scaled64(A, e):
+    """float64 ``A * 2**-e`` (exact); ``A`` itself when it is float64 and ``e == 0``."""
+    if A.dtype == np.float64:
+        return A if e == 0 else np.ldexp(A, -e)
+    out = A.astype(np.float64)
+    if e:
+        np.ldexp(out, -e, out=out)
+    return out
+
+
+def _panels64(X, Y, e):
+    """``(X64, Y64, ex)``: float64 panels and the exponent still to apply to them.
+
+    float64 inputs are used as they are (``ex = e``: the kernels scale the rows they
+    gather, and no (N, d) copy is made); other dtypes are converted, and the copies
+    are scaled in place (``ex = 0``).
+    """
+    if X.dtype == np.float64 and Y.dtype == np.float64:
+        return X, Y, e
+    return _scaled64(X, e), _scaled64(Y, e), 0
+
+
+# rows per block of the blockwise scaled passes over (N, d) panels: O(8192 d) temporaries
+_ROWS = 8192
+
+
+def _rows(A, ex, s, t):
+    """Rows ``s:t`` of ``A * 2**-ex`` (a scaled copy, or a view when ``ex == 0``)."""
+    return A[s:t] if ex == 0 else np.ldexp(A[s:t], -ex)
+
+
+def _scaled_ridge(ridge, e):
+    """The ridge of the scaled problem, ``ridge * 4**-e`` (capped, see above)."""
+    if ridge == 0 or e == 0:
+        return ridge
+    if math.frexp(ridge)[1] - 2 * e > 600:
+        return _MAX_SCALED_RIDGE
+    return math.ldexp(ridge, -2 * e)
+
+
+# ---------------------------------------------------------------- local fits
+
+
+@dataclasses.dataclass(slots=True)
+class _FitPlan:
+    """The validated options of one local fit, resolved before any work starts."""
+
+    cls: str
+    k: int
+    rank: int | None
+    ridge: float
+    prior: str
+    metric: str
+    standardize: bool
+    exclude_self: bool
+    weights: Any
+    given: tuple | None  # (indices, distances) of given neighbors, else None
+    chunk: int
+    return_maps: bool
+    n_chunks: int
+
+    @property
+    def n_steps(self) -> int:
+        """Progress steps: the neighbor search, then one per chunk (two for diagonal fits)."""
+        return int(self.given is None) + (2 if self.cls in ("diagonal", "psd_diagonal") else 1) * self.n_chunks
+
+
+def _plan_fit(X, k, cls, rank, ridge, prior, metric, standardize, exclude_self, weights, neighbors,
+              chunk_size, return_maps):
     n, d = X.shape
     ridge, standardize, exclude_self = _validate_fit_options(
         n, d, k, cls, rank, ridge, prior, metric, standardize, exclude_self, neighbors
     )
     chunk_size = check_int(chunk_size, "chunk_size", min_value=1, allow_none=True)
     return_maps = check_bool(return_maps, "return_maps")
-    idx, dist = _resolve_neighbors(X, k, neighbors, metric, standardize, exclude_self)
-    k = idx.shape[1]
-    w, wkind = _resolve_weights(weights, idx, dist)
-    dof = degrees_of_freedom(cls, d, rank)
-    _warn_underdetermined(cls, dof, k, d, ridge, stacklevel + 1)
-    X64, Y64 = _f64(X), _f64(Y)
-    chunk = chunk_size or _fit.default_chunk(k, d, n)
-    ident = prior == "identity"
-    coef = maps = None
-    with blas_single_thread():  # many small batched GEMMs / eigh: threads only spin
-        fitted, coef, maps = _dispatch_fit(X64, Y64, idx, w, cls, rank, ridge, ident, chunk, return_maps)
-    config = {
-        "cls": cls,
-        "k": int(k),
-        "rank": rank,
-        "ridge": ridge,
-        "prior": prior,
-        "metric": metric if neighbors is None else None,
-        "standardize": standardize if neighbors is None else None,
-        "exclude_self": exclude_self if neighbors is None else None,
-        "weights": wkind,
-        "neighbors": "given" if neighbors is not None else "refgeo.knn",
-        "chunk_size": int(chunk),
-        "dtype": str(X.dtype),
-        "n_tokens": int(n),
-        "d": int(d),
+    given = None if neighbors is None else _given_neighbors(n, k, neighbors)
+    if given is not None:
+        k = given[0].shape[1]
+    chunk = min(chunk_size or _fit.default_chunk(k, d, n, cls in ("diagonal", "psd_diagonal")), n)
+    return _FitPlan(cls, int(k), rank, ridge, prior, metric, standardize, exclude_self, weights, given,
+                    int(chunk), return_maps, -(-n // chunk))
+
+
+def _fit_bytes(plan, n, d, copies):
+    """Bytes one local fit allocates, by part (an upper estimate; see :func:`_check_fit_memory`)."""
+    f, b, k = 8, plan.chunk, plan.k
+    diagonal = plan.cls in ("diagonal", "psd_diagonal")
+    parts = {
+        "fitted values (N, d), neighbors, distances and weights (N, k)": f * (n * d + 3 * n * k),
     }
-    return LocalFit(
-        fitted=_ro(fitted) if readonly else fitted,
-        neighbors=_ro(idx),
-        distances=_ro(dist),
-        weights=_ro(w),
-        coefficients=_ro(coef),
-        maps=_ro(maps),
-        dof=int(dof),
-        n_targets=int(k * d),
-        config=config,
+    if diagonal:
+        parts["coefficients (N, d)"] = f * n * d
+    if plan.return_maps:
+        parts["maps (N, d, d), return_maps=True"] = f * n * d * d
+    if copies:
+        parts[f"{copies} scaled float64 copies of (N, d)"] = copies * f * n * d
+    if plan.given is None:
+        parts["neighbor search (two (N, d) copies)"] = 2 * f * n * d
+    if diagonal:
+        parts[f"one (N, d) product panel, chunks of chunk_size={b} tokens"] = f * n * d + (f * d + 12 * k) * b
+    elif plan.cls in ("low_rank", "full"):
+        parts[f"neighbor panels of chunk_size={b} tokens"] = f * b * k * (3 * d + 6 * k)
+    else:
+        m = d if 2 * k >= d else 2 * k
+        parts[f"neighbor panels of chunk_size={b} tokens"] = f * b * (2 * k * d + 4 * d * m + 2 * k * m + 6 * m * m)
+    return parts
+
+
+def _check_fit_memory(what, parts, plan):
+    advice = (
+        f"Pass a smaller chunk_size (now {plan.chunk}; the panels grow as chunk_size * k * max(d, k)) "
+        f"or a smaller k (now {plan.k})"
+        + (", leave return_maps=False" if plan.return_maps else "")
+        + ", or split the tokens over several calls (a Dask cluster holds panels larger than memory)."
     )
+    _progress.check_memory(what, parts, advice)
+
+
+def _run_fit(plan, X, X64, Y64, ex, e, bar, stacklevel):
+    """The fit of the scaled panels ``(X, Y) * 2**-e``; the fitted values stay scaled.
+
+    ``X64 * 2**-ex`` and ``Y64 * 2**-ex`` are those panels (see :func:`_panels64`).
+
+    Returns ``(fitted, coefficients, maps, indices, distances, weights, weights_kind)``.
+    """
+    n, d = X.shape
+    if plan.given is None:
+        idx, dist = _search_neighbors(X, e, plan.k, plan.metric, plan.standardize, plan.exclude_self)
+        bar.advance()
+    else:
+        idx, dist = plan.given
+    w, wkind = _resolve_weights(plan.weights, idx, dist)
+    dof = degrees_of_freedom(plan.cls, d, plan.rank)
+    _warn_underdetermined(plan.cls, dof, plan.k, d, plan.ridge, stacklevel + 1)
+    ident = plan.prior == "identity"
+    with blas_single_thread():  # many small batched GEMMs / eigh: threads only spin
+        fitted, coef, maps = _dispatch_fit(X64, Y64, ex, idx, w, plan.cls, plan.rank,
+                                           _scaled_ridge(plan.ridge, e), ident, plan.chunk, plan.return_maps,
+                                           bar.advance)
+    return fitted, coef, maps, idx, dist, w, wkind
+
+
+def _fit_config(plan, X, wkind):
+    given = plan.given is not None
+    return {
+        "cls": plan.cls,
+        "k": int(plan.k),
+        "rank": plan.rank,
+        "ridge": plan.ridge,
+        "prior": plan.prior,
+        "metric": None if given else plan.metric,
+        "standardize": None if given else plan.standardize,
+        "exclude_self": None if given else plan.exclude_self,
+        "weights": wkind,
+        "neighbors": "given" if given else "refgeo.knn",
+        "chunk_size": int(plan.chunk),
+        "dtype": str(X.dtype),
+        "n_tokens": int(X.shape[0]),
+        "d": int(X.shape[1]),
+    }
+
+
+def _n_copies(X, Y):
+    """How many (N, d) float64 arrays conversion allocates for X and Y (see :func:`_panels64`)."""
+    return 0 if X.dtype == np.float64 and Y.dtype == np.float64 else 2
 
 
 def fit_local_maps(
@@ -584,8 +807,9 @@ def fit_local_maps(
     neighbors: Any = None,
     chunk_size: int | None = None,
     return_maps: bool = False,
+    progress: Any = False,
 ) -> LocalFit:
-    r"""Fit a map :math:`A_i` of a restricted class on the k nearest neighbours of each token.
+    r"""Fit a map :math:`A_i` of a restricted class on the k nearest neighbors of each token.
 
     Parameters
     ----------
@@ -593,43 +817,51 @@ def fit_local_maps(
         Hidden states before (:math:`h_l`) and after (:math:`h_{l+1}`) the layer; finite,
         float32 or float64 (fits run in float64).
     k : int
-        Number of neighbours, ``1 <= k <= N - 1`` (``<= N`` without exclusion).  May be
+        Number of neighbors, ``1 <= k <= N - 1`` (``<= N`` without exclusion).  May be
         omitted when ``neighbors`` is given.
-    cls : {"diagonal", "psd_diagonal", "lowrank", "orthogonal", "scaled_orthogonal", "full"}
+    cls : {"diagonal", "psd_diagonal", "low_rank", "orthogonal", "scaled_orthogonal", "full"}
         The function class (see Notes).
     rank : int, default=None
-        Rank ``r`` of :math:`A - A_0` for ``cls="lowrank"``, ``1 <= r <= d``.
+        Rank ``r`` of :math:`A - A_0` for ``cls="low_rank"``, ``1 <= r <= d``.
     ridge : float, default=0.0
         :math:`\lambda \ge 0` in the penalty :math:`\lambda \lVert A - A_0\rVert_F^2`.
     prior : {"identity", "zero"}, default="identity"
         :math:`A_0`.  With ``"identity"`` the low-rank class is
         :math:`A = I + B C^T` (a rank-r update on the residual stream).
     metric : {"euclidean", "cosine"}, default="euclidean"
-        Neighbour metric (cosine: Euclidean on the normalised rows).
+        Neighbor metric (cosine: Euclidean on the normalized rows).
     standardize : bool, default=False
-        Standardise the coordinates (zero mean, unit variance) for the neighbour
+        Standardize the coordinates (zero mean, unit variance) for the neighbor
         search only.
     exclude_self : bool, default=True
-        Leave-one-out neighbourhoods.  Without exclusion ``x_i`` is its own nearest
-        neighbour, and with ``k = 1`` and the full class the residual vanishes
-        identically: the degeneracy SPEC §5 warns about.  Exclusion removes token
+        Leave-one-out neighborhoods.  Without exclusion ``x_i`` is its own nearest
+        neighbor, and with ``k = 1`` and the full class the residual vanishes
+        identically: the degeneracy that docs/theory/tokenwise.md warns about.  Exclusion removes token
         ``i`` only, not other tokens with the same hidden state: exact duplicates
-        (e.g. repeated BOS positions) are each other's neighbours at distance 0 and
+        (e.g. repeated BOS positions) are each other's neighbors at distance 0 and
         can fit one another exactly, the same degeneracy.
     weights : {None, "uniform", "gaussian"} or array_like of shape (N, k), default=None
-        Neighbour weights :math:`w_{ij}`, normalised to mean 1 per token.
+        Neighbor weights :math:`w_{ij}`, normalized to mean 1 per token.
         ``"gaussian"``: :math:`\exp(-\tfrac12 (\delta_{ij}/\delta_{ik})^2)` with
-        :math:`\delta_{ik}` the distance to the k-th neighbour.
+        :math:`\delta_{ik}` the distance to the k-th neighbor.
     neighbors : KNNResult or array_like of int of shape (N, k), default=None
-        Precomputed neighbourhoods (e.g. shared across classes), used as given (a
-        token listed as its own neighbour stays in its panel); ``metric``,
+        Precomputed neighborhoods (e.g. shared across classes), used as given (a
+        token listed as its own neighbor stays in its panel); ``metric``,
         ``standardize`` and ``exclude_self`` then do not apply and are recorded as
         None in ``config``.  Otherwise :func:`refgeo.knn` is called.
     chunk_size : int, default=None
-        Tokens per gathered neighbour panel; default keeps a (chunk, k, d) float64
-        panel near 48 MiB.
+        Tokens per chunk (gathered neighbor panel); the default keeps a
+        (chunk, k, max(d, 4k)) float64 panel near 48 MiB, and for the diagonal
+        classes, which gather no panels, a (chunk, max(d, k)) block.  Progress
+        reports and interrupts land between chunks.  The result does not depend on
+        it (bit for bit for the diagonal classes, to rounding for the others).
     return_maps : bool, default=False
         Also return every :math:`A_i` (memory N d^2; for small problems and tests).
+    progress : bool or callable, default=False
+        ``True`` shows a tqdm bar (when tqdm is installed; otherwise it warns once);
+        a callable receives ``{"done", "total", "elapsed", "eta"}`` dicts, from the
+        calling thread, between chunks, at most about four times a second.  The
+        steps are the neighbor search (when it runs) and the chunks of tokens.
 
     Returns
     -------
@@ -639,11 +871,17 @@ def fit_local_maps(
     ------
     ValueError
         Mismatched shapes, non-finite states, ``k`` out of range, ``rank > d``.
+    MemoryError
+        Before any work, when the outputs and working memory (from N, d, k, the
+        class, ``chunk_size`` and ``return_maps``) exceed the available memory; the
+        message names the sizes and what to change.
+    KeyboardInterrupt
+        An interrupt stops the fit at the next chunk (nothing is returned).
 
     Warns
     -----
     UserWarning
-        When ``k`` neighbours cannot identify a map of the class (``k < d`` for full
+        When ``k`` neighbors cannot identify a map of the class (``k < d`` for full
         and low rank, ``k < d - 1`` for orthogonal); the message states the degrees
         of freedom.
 
@@ -655,19 +893,19 @@ def fit_local_maps(
               \sum_{j \in N_k(i)} w_{ij} \lVert y_j - A x_j\rVert^2
               + \lambda \lVert A - A_0\rVert_F^2
 
-    Closed forms, all vectorised over tokens:
+    Closed forms, all vectorized over tokens:
 
     * diagonal: :math:`a_c = (\sum_j w_{ij} x_{jc} y_{jc} + \lambda a_{0c}) /
       (\sum_j w_{ij} x_{jc}^2 + \lambda)` (a sparse-matrix product, O(N k d));
-      ``psd_diagonal`` clips at 0, the exact constrained minimiser per coordinate;
+      ``psd_diagonal`` clips at 0, the exact constrained minimizer per coordinate;
     * full: ridge in kernel form, :math:`D = A - A_0`,
       :math:`D^T = \tilde X^T (K + \lambda I)^{+} \tilde R` with
       :math:`K = \tilde X \tilde X^T` (k x k), minimum-norm for :math:`\lambda = 0`;
-    * lowrank: ridge reduced-rank regression of the targets
+    * low_rank: ridge reduced-rank regression of the targets
       :math:`r_j = y_j - A_0 x_j` (rank of :math:`D` at most r), through a k x k
       eigenproblem;
     * orthogonal: weighted Procrustes :math:`Q = \operatorname{polar}(\sum_j w_{ij}
-      y_j x_j^T + \lambda A_0)` reduced exactly to the span of the 2k neighbour
+      y_j x_j^T + \lambda A_0)` reduced exactly to the span of the 2k neighbor
       vectors; the identity on its complement (ties broken towards the identity);
       ``scaled_orthogonal`` adds :math:`s = \operatorname{tr}(Q^T M_\lambda)/
       (\sum_j w_{ij}\lVert x_j\rVert^2 + \lambda d)`.
@@ -675,12 +913,19 @@ def fit_local_maps(
     Time O(N k d) (diagonal), O(N k^2 d + N k^3) (full, low rank, orthogonal), plus
     the k-NN search; extra memory O(chunk k max(k, d) + N d), never N k d.
     Numerical guarantee: float64 closed forms; the kernel forms square the condition
-    number of each neighbour panel (eigenvalues below ``100 max(k, d) eps`` relative
-    are treated as zero, with or without ridge).  Invariances: a global
+    number of each neighbor panel (eigenvalues below ``100 max(k, d) eps`` relative
+    are treated as zero, with or without ridge).  Whole float range: the fit runs on
+    ``X 2^{-e}, Y 2^{-e}`` (exact; rows are scaled as they are gathered, no copy),
+    with ``e`` putting the largest entry in [1/2, 1) and the ridge scaled by
+    ``4^{-e}``, so entries from about 1e-300 to 1e300 fit alike and
+    ``fit(2^m X, 2^m Y, ridge=4^m lam)`` is ``2^m fit(X, Y, ridge=lam)`` bit for bit.
+    What scaling cannot help: entries more than about 2^1000 below the largest one
+    lose their low bits (they are negligible against it), and a ridge above ``2^600``
+    times the squared largest entry acts as an infinite one.  Invariances: a global
     rotation of X and Y (not for the diagonal classes), a common scaling of X and Y
-    (every class without ridge), token permutations (when no neighbour distances
+    (every class without ridge), token permutations (when no neighbor distances
     tie: :func:`knn` breaks ties by the smaller index, so a permutation can change
-    which of two equidistant tokens is a neighbour).
+    which of two equidistant tokens is a neighbor).
 
     References
     ----------
@@ -697,8 +942,30 @@ def fit_local_maps(
     [[2.0, 2.0], [2.0, 2.0], [2.0, 2.0], [2.0, 2.0]]
     """
     X, Y = _panels(X, Y)
-    return _fit_local(X, Y, k, cls, rank, ridge, prior, metric, standardize, exclude_self, weights,
-                      neighbors, chunk_size, return_maps, stacklevel=3)
+    n, d = X.shape
+    plan = _plan_fit(X, k, cls, rank, ridge, prior, metric, standardize, exclude_self, weights, neighbors,
+                     chunk_size, return_maps)
+    progress = _progress.check_progress(progress)
+    e = _scale_exponent(X, Y)
+    _check_fit_memory(f"fit_local_maps(N={n}, d={d}, k={plan.k}, cls={plan.cls!r})",
+                      _fit_bytes(plan, n, d, _n_copies(X, Y)), plan)
+    X64, Y64, ex = _panels64(X, Y, e)
+    with _progress.Progress(progress, plan.n_steps, desc="fit_local_maps", unit="chunk") as bar:
+        fitted, coef, maps, idx, dist, w, wkind = _run_fit(plan, X, X64, Y64, ex, e, bar, stacklevel=3)
+    del X64, Y64
+    if e:
+        np.ldexp(fitted, e, out=fitted)  # the maps and coefficients are scale-free
+    return LocalFit(
+        fitted=_ro(fitted),
+        neighbors=_ro(idx),
+        distances=_ro(dist),
+        weights=_ro(w),
+        coefficients=_ro(coef),
+        maps=_ro(maps),
+        dof=int(degrees_of_freedom(plan.cls, d, plan.rank)),
+        n_targets=int(plan.k * d),
+        config=_fit_config(plan, X, wkind),
+    )
 
 
 # ----------------------------------------------------------------------- MLP
@@ -717,6 +984,7 @@ def fit_tokenwise_mlp(
     batch_size: int | None = None,
     weight_decay: float = 0.0,
     seed: int = 0,
+    progress: Any = False,
 ) -> MLPFit:
     r"""Train a shallow residual MLP :math:`T(x) = x + W_2\,\phi(W_1 x + b_1) + b_2` in NumPy.
 
@@ -738,7 +1006,9 @@ def fit_tokenwise_mlp(
     weight_decay : float, default=0.0
         L2 penalty on ``W1`` and ``W2`` added to the gradient.
     seed : int, default=0
-        Seeds the split, the initialisation and the minibatch order.
+        Seeds the split, the initialization and the minibatch order.
+    progress : bool or callable, default=False
+        As in :func:`fit_local_maps`, one step per epoch.
 
     Returns
     -------
@@ -769,11 +1039,15 @@ def fit_tokenwise_mlp(
     (31, 40, 10)
     """
     X, Y = _panels(X, Y)
-    return _fit_mlp(X, Y, hidden, activation, train_fraction, epochs, learning_rate, batch_size,
-                    weight_decay, seed)
+    progress = _progress.check_progress(progress)
+    epochs = check_int(epochs, "epochs", min_value=1)
+    with _progress.Progress(progress, epochs, desc="fit_tokenwise_mlp", unit="epoch") as bar:
+        return _fit_mlp(X, Y, hidden, activation, train_fraction, epochs, learning_rate, batch_size,
+                        weight_decay, seed, tick=bar.advance)
 
 
-def _fit_mlp(X, Y, hidden, activation, train_fraction, epochs, learning_rate, batch_size, weight_decay, seed):
+def _fit_mlp(X, Y, hidden, activation, train_fraction, epochs, learning_rate, batch_size, weight_decay, seed,
+             tick=None):
     n, d = X.shape
     hidden = check_int(hidden, "hidden", min_value=1)
     check_choice(activation, "activation", _ACTIVATIONS)
@@ -792,15 +1066,21 @@ def _fit_mlp(X, Y, hidden, activation, train_fraction, epochs, learning_rate, ba
     rng = np.random.default_rng(seed)
     perm = rng.permutation(n)
     tr, te = np.sort(perm[:n_train]), np.sort(perm[n_train:])
-    X64, Y64 = _f64(np.asarray(X)), _f64(np.asarray(Y))
+    # the standardization constants come from the exactly rescaled panels (their mean
+    # squares would overflow for entries near 1e160) and are scaled back when stored
+    X, Y = np.asarray(X), np.asarray(Y)
+    e = _scale_exponent(X, Y)
+    X64, Y64 = _scaled64(X, e), _scaled64(Y, e)
     D = Y64 - X64
     mu = X64[tr].mean(axis=0)
     sx = float(np.sqrt(np.mean((X64[tr] - mu) ** 2))) or 1.0
     sd = float(np.sqrt(np.mean(D[tr] ** 2))) or 1.0
     Xs = (X64 - mu) / sx
     T = D / sd
+    del X64, Y64, D
+    mu, sx, sd = np.ldexp(mu, e), math.ldexp(sx, e), math.ldexp(sd, e)
     params, h_tr, h_te = _fit.train_mlp(
-        Xs[tr], T[tr], hidden, activation, epochs, lr, batch_size, wd, rng, Xs[te], T[te]
+        Xs[tr], T[tr], hidden, activation, epochs, lr, batch_size, wd, rng, Xs[te], T[te], tick
     )
     W1, b1, W2, b2 = params
     return MLPFit(
@@ -817,7 +1097,7 @@ def _fit_mlp(X, Y, hidden, activation, train_fraction, epochs, learning_rate, ba
 # ------------------------------------------------------------------ metrics
 
 
-def _rowdot(a, b):
+def _row_inner(a, b):
     return np.einsum("ij,ij->i", a, b)
 
 
@@ -847,7 +1127,7 @@ def _angle(a, b, na, nb, c, block=4096):
         v = b[r] / nb[r, None]
         dm = u - v
         u += v
-        out[r] = np.degrees(2.0 * np.arctan2(np.sqrt(_rowdot(dm, dm)), np.sqrt(_rowdot(u, u))))
+        out[r] = np.degrees(2.0 * np.arctan2(np.sqrt(_row_inner(dm, dm)), np.sqrt(_row_inner(u, u))))
     return out
 
 
@@ -870,19 +1150,26 @@ def _sym_pinv_solve(G, B):
     return E @ (inv[:, None] * (E.T @ B))
 
 
-def _global_baselines(X, Y, mask_fit, mask_eval, dnorm2, ridge, identity_prior):
+def _global_baselines(X, Y, ex, mask_fit, mask_eval, dnorm2, ridge, identity_prior):
     """Global ridge linear map and global scaled Procrustes (fitted on ``mask_fit``).
 
     Linear: normal equations ``(X^T X + lam I) D^T = X^T R`` with ``R = Y - X A_0^T``
     (pseudo-inverse when ``lam = 0``: the minimum-norm least-squares map).
     Procrustes: ``s Q`` with ``Q = polar(Y^T X)``, ``s = ||Y^T X||_* / ||X||_F^2``.
+    The panels are ``X * 2**-ex`` and ``Y * 2**-ex``, a block of rows at a time.
     """
-    d = X.shape[1]
-    Xf = X if mask_fit.all() else X[mask_fit]
-    Yf = Y if mask_fit.all() else Y[mask_fit]
+    n, d = X.shape
     out = []
-    G = Xf.T @ Xf
-    M = Yf.T @ Xf  # sum_i y_i x_i^T
+    G = np.zeros((d, d))
+    M = np.zeros((d, d))  # sum_i y_i x_i^T
+    every = bool(mask_fit.all())
+    for s in range(0, n, _ROWS):
+        t = min(n, s + _ROWS)
+        xb, yb = _rows(X, ex, s, t), _rows(Y, ex, s, t)
+        if not every:
+            xb, yb = xb[mask_fit[s:t]], yb[mask_fit[s:t]]
+        G += xb.T @ xb
+        M += yb.T @ xb
     B = M.T - G if identity_prior else M.T  # X^T R
     if ridge > 0:
         import scipy.linalg
@@ -897,11 +1184,12 @@ def _global_baselines(X, Y, mask_fit, mask_eval, dnorm2, ridge, identity_prior):
     den = float(np.trace(G))
     sc = float(np.sum(sv)) / den if den > 0 else 1.0
     for kind, AT_ in (("linear", AT), ("procrustes", (sc * (U @ Vt)).T)):
-        r2 = np.empty(X.shape[0])
-        for s in range(0, X.shape[0], 8192):  # O(8192 d) temporaries, not O(N d)
-            res = X[s : s + 8192] @ AT_
-            np.subtract(Y[s : s + 8192], res, out=res)
-            r2[s : s + 8192] = _rowdot(res, res)
+        r2 = np.empty(n)
+        for s in range(0, n, _ROWS):  # O(_ROWS d) temporaries, not O(N d)
+            t = min(n, s + _ROWS)
+            res = _rows(X, ex, s, t) @ AT_
+            np.subtract(_rows(Y, ex, s, t), res, out=res)
+            r2[s:t] = _row_inner(res, res)
         del res
         rel = _ratio(np.sqrt(r2), np.sqrt(dnorm2))
         out.append(
@@ -936,8 +1224,9 @@ def decompose(
     baselines: bool = True,
     chunk_size: int | None = None,
     layer: Any = None,
+    progress: Any = False,
 ) -> TokenwiseResult:
-    r"""Split a layer update into a tokenwise part and a residual, with every SPEC §5 metric.
+    r"""Split a layer update into a tokenwise part and a residual, with every metric of :doc:`/theory/tokenwise`.
 
     Parameters
     ----------
@@ -946,12 +1235,12 @@ def decompose(
     k, cls, rank, ridge, prior, metric, standardize, exclude_self, weights, neighbors, chunk_size
         As in :func:`fit_local_maps`; ``cls`` may also be ``"mlp"`` (a global residual
         MLP, :func:`fit_tokenwise_mlp`, trained with ``mlp_options`` and evaluated on
-        its held-out tokens; ``k`` and the neighbour options are then unused).
+        its held-out tokens; ``k`` and the neighbor options are then unused).
     subspace_rank : int, default=None
         ``r`` of the dominant tokenwise subspace, ``1 <= r <= d``; None means
         ``min(8, d)``.
     center_subspace : bool, default=False
-        Centre :math:`\tau` (and each of :math:`\Delta, \tau, \rho` for their projection
+        Center :math:`\tau` (and each of :math:`\Delta, \tau, \rho` for their projection
         energies) by its mean over the evaluated tokens.
     mlp_options : mapping, default=None
         Keyword arguments of :func:`fit_tokenwise_mlp` for ``cls="mlp"``.
@@ -960,10 +1249,19 @@ def decompose(
         ``False`` leaves ``result.baselines`` empty).
     layer : object, default=None
         A label recorded in ``config["layer"]`` (used by :func:`layer_report`).
+    progress : bool or callable, default=False
+        As in :func:`fit_local_maps`; the steps are the neighbor search, the chunks
+        of the fit (the MLP's epochs), the metrics and the baselines.
 
     Returns
     -------
     result : TokenwiseResult
+
+    Raises
+    ------
+    ValueError, MemoryError, KeyboardInterrupt
+        As in :func:`fit_local_maps`; the memory estimate adds the (N, d) outputs
+        and temporaries of the metrics.
 
     Notes
     -----
@@ -977,10 +1275,12 @@ def decompose(
     and :math:`\lVert U_r^T v\rVert^2/\lVert v\rVert^2` for the top-r left singular
     vectors :math:`U_r` of :math:`[\tau_1 \dots \tau_N]` (a d x d float64
     eigenproblem).  Time: the fit's, plus O(N d^2) for the subspace and the global
-    baselines; memory O(N d) (about eight N x d float64 arrays at the peak).  All
-    metrics in float64; :math:`\Delta = \tau + \rho` holds to one rounding.
-    Invariances as in :func:`fit_local_maps`; cosines, angles, relative errors and
-    energy fractions are also invariant to a common scaling.
+    baselines; memory O(N d) (about eight N x d float64 arrays at the peak; the
+    rescaling makes no (N, d) copy of float64 inputs: the rows are scaled block by
+    block).  All metrics in float64; :math:`\Delta = \tau + \rho` holds to one
+    rounding.  Invariances as in :func:`fit_local_maps`, including the exact
+    power-of-two scaling over the whole float range; cosines, angles, relative
+    errors and energy fractions are also invariant to a common scaling.
 
     References
     ----------
@@ -993,8 +1293,12 @@ def decompose(
     >>> r = refgeo.decompose(X, 2.0 * X, k=2, cls="diagonal", subspace_rank=1)
     >>> r.energy_fraction, float(np.max(np.abs(r.rho)))
     (0.0, 0.0)
-    >>> r.angle_delta_tau.tolist()
-    [0.0, 0.0, 0.0, 0.0]
+    >>> r.angles.delta_tau.tolist(), round(r.subspace_energies.tau, 6)
+    ([0.0, 0.0, 0.0, 0.0], 0.953984)
+    >>> reports = []
+    >>> r = refgeo.decompose(X, 2.0 * X, k=2, cls="full", progress=reports.append)
+    >>> [(p["done"], p["total"]) for p in reports]   # the start and the end
+    [(0, 4), (4, 4)]
     """
     X, Y = _panels(X, Y)
     n, d = X.shape
@@ -1004,60 +1308,122 @@ def decompose(
     subspace_rank = check_int(subspace_rank, "subspace_rank", min_value=1, max_value=d)
     center_subspace = check_bool(center_subspace, "center_subspace")
     baselines = check_bool(baselines, "baselines")
-    X64, Y64 = _f64(X), _f64(Y)
+    progress = _progress.check_progress(progress)
+    e = _scale_exponent(X, Y)
+    f = 8
+    # delta, tau, rho; about 16 per-token float64 arrays; one (N, d) centering temporary
+    extra = {"delta, tau and rho (N, d) and the per-token metrics": f * (2 * n * d + 16 * n),
+             "the (N, d) temporaries of the metrics": f * n * d}
+    what = f"decompose(N={n}, d={d}, cls={cls!r})"
     if cls == "mlp":
-        # the neighbour options are unused here, but a misspelt choice is still an error
+        # the neighbor options are unused here, but a misspelled choice is still an error
         check_choice(metric, "metric", _METRICS)
         if isinstance(weights, str):
             check_choice(weights, "weights", _WEIGHTS)
+        ridge = check_real(ridge, "ridge", min_value=0.0)
+        check_choice(prior, "prior", _PRIORS)
         opts = dict(mlp_options or {})
-        mfit = _fit_mlp(X, Y, **{**_MLP_DEFAULTS, **opts}) if set(opts) <= set(_MLP_DEFAULTS) else None
-        if mfit is None:
-            bad = sorted(set(opts) - set(_MLP_DEFAULTS))
+        bad = sorted(set(opts) - set(_MLP_DEFAULTS))
+        if bad:
             raise TypeError(f"mlp_options must hold keywords of fit_tokenwise_mlp, got unknown {bad} instead.")
-        fitted = mfit.predict(X64)
-        eval_mask = np.zeros(n, dtype=bool)
-        eval_mask[mfit.test_index] = True
-        fit_mask = ~eval_mask
-        dof, n_targets, nbr, coef = mfit.n_parameters, int(len(mfit.train_index) * d), None, None
-        config = {
-            "cls": "mlp", "k": None, "rank": None, "ridge": float(check_real(ridge, "ridge", min_value=0.0)),
-            "prior": check_choice(prior, "prior", _PRIORS), "metric": None, "standardize": None,
-            "exclude_self": None, "weights": None, "neighbors": None, "chunk_size": None,
-            "dtype": str(X.dtype), "n_tokens": int(n), "d": int(d), "mlp": dict(mfit.config),
-        }
+        opts = {**_MLP_DEFAULTS, **opts}
+        epochs = check_int(opts["epochs"], "epochs", min_value=1)
+        hidden = check_int(opts["hidden"], "hidden", min_value=1)
+        parts = {"fitted values (N, d)": f * n * d, "the MLP's (N, hidden) activations": 4 * f * n * hidden,
+                 f"{_n_copies(X, Y) + 4} (N, d) standardized copies": (_n_copies(X, Y) + 4) * f * n * d, **extra}
+        _progress.check_memory(what, parts, "Pass fewer tokens per call, or a smaller hidden width in mlp_options.")
+        n_steps = epochs + 1 + int(baselines)
     else:
-        fit = _fit_local(X, Y, k, cls, rank, ridge, prior, metric, standardize, exclude_self, weights,
-                         neighbors, chunk_size, False, stacklevel=3, readonly=False)
-        fitted = fit.fitted  # owned, writable: becomes tau in place
-        eval_mask = np.ones(n, dtype=bool)
-        fit_mask = eval_mask
-        dof, n_targets, nbr, coef = fit.dof, fit.n_targets, fit.neighbors, fit.coefficients
-        config = dict(fit.config)
-        config["mlp"] = None
-    del X, Y
-    delta = Y64 - X64
+        plan = _plan_fit(X, k, cls, rank, ridge, prior, metric, standardize, exclude_self, weights, neighbors,
+                         chunk_size, False)
+        ridge = plan.ridge
+        parts = {**_fit_bytes(plan, n, d, _n_copies(X, Y)), **extra}
+        _check_fit_memory(what, parts, plan)
+        n_steps = plan.n_steps + 1 + int(baselines)
+    # Everything below runs on the scaled panels (see "scaling" above): the per-token
+    # metrics are scale-free, and delta, tau, rho and the singular values are scaled
+    # back at the end.
+    X64, Y64, ex = _panels64(X, Y, e)
+    with _progress.Progress(progress, n_steps, desc="decompose", unit="step") as bar:
+        if cls == "mlp":
+            mfit = _fit_mlp(X, Y, **opts, tick=bar.advance)  # scales its panels itself
+            fitted = mfit.predict(X)
+            if e:
+                np.ldexp(fitted, -e, out=fitted)
+            eval_mask = np.zeros(n, dtype=bool)
+            eval_mask[mfit.test_index] = True
+            fit_mask = ~eval_mask
+            dof, n_targets, nbr, coef = mfit.n_parameters, int(len(mfit.train_index) * d), None, None
+            config = {
+                "cls": "mlp", "k": None, "rank": None, "ridge": ridge, "prior": prior, "metric": None,
+                "standardize": None, "exclude_self": None, "weights": None, "neighbors": None,
+                "chunk_size": None, "dtype": str(X.dtype), "n_tokens": int(n), "d": int(d),
+                "mlp": dict(mfit.config),
+            }
+        else:
+            fitted, coef, _, nbr, _, _, wkind = _run_fit(plan, X, X64, Y64, ex, e, bar, stacklevel=3)
+            eval_mask = np.ones(n, dtype=bool)
+            fit_mask = eval_mask
+            dof, n_targets = degrees_of_freedom(plan.cls, d, plan.rank), plan.k * d
+            config = _fit_config(plan, X, wkind)
+            config["mlp"] = None
+        del X, Y
+        fields = _metrics(X64, Y64, ex, fitted, eval_mask, subspace_rank, center_subspace)
+        bar.advance()
+        fits = (
+            _global_baselines(X64, Y64, ex, fit_mask, eval_mask, fields.pop("_dn2"), _scaled_ridge(ridge, e),
+                              config["prior"] == "identity")
+            if baselines
+            else ()
+        )
+        fields.pop("_dn2", None)
+        if baselines:
+            bar.advance()
+    if e:
+        for name in ("delta", "tau", "rho", "subspace_singular_values"):
+            np.ldexp(fields[name], e, out=fields[name])
+    config.update(subspace_rank=subspace_rank, center_subspace=center_subspace, baselines=baselines, layer=layer)
+    return TokenwiseResult(
+        **{name: _ro(v) if isinstance(v, np.ndarray) else v for name, v in fields.items()},
+        dof=int(dof), n_targets=int(n_targets), neighbors=_ro(nbr), eval_mask=_ro(eval_mask),
+        coefficients=_ro(coef), baselines=fits, config=config,
+    )
+
+
+def _metrics(X, Y, ex, fitted, eval_mask, subspace_rank, center_subspace):
+    """Every per-token and aggregate metric of the decomposition (fields of the result).
+
+    ``fitted`` (owned, writable, scaled) becomes tau in place.  ``X * 2**-ex`` and
+    ``Y * 2**-ex`` are the scaled panels, taken a block of rows at a time; every
+    metric except delta, tau, rho and the singular values is scale-free.
+    """
+    n = X.shape[0]
+    delta = np.empty_like(fitted)
     tau = fitted
-    tau -= X64
+    for s in range(0, n, _ROWS):
+        t = min(n, s + _ROWS)
+        xb = _rows(X, ex, s, t)
+        np.subtract(_rows(Y, ex, s, t), xb, out=delta[s:t])
+        tau[s:t] -= xb
+    del xb
     rho = delta - tau
-    dn2 = _rowdot(delta, delta)
-    tn2 = _rowdot(tau, tau)
-    rn2 = _rowdot(rho, rho)
+    dn2 = _row_inner(delta, delta)
+    tn2 = _row_inner(tau, tau)
+    rn2 = _row_inner(rho, rho)
     dn, tn, rn = np.sqrt(dn2), np.sqrt(tn2), np.sqrt(rn2)
-    rel = _ratio(rn, dn)
-    energy = _energy(np.sum(rn2[eval_mask]), np.sum(dn2[eval_mask]))
-    c_dt = _cosine(_rowdot(delta, tau), dn, tn)
-    c_rt = _cosine(_rowdot(rho, tau), rn, tn)
-    c_rd = _cosine(_rowdot(rho, delta), rn, dn)
+    c_dt = _cosine(_row_inner(delta, tau), dn, tn)
+    c_rt = _cosine(_row_inner(rho, tau), rn, tn)
+    c_rd = _cosine(_row_inner(rho, delta), rn, dn)
 
     # dominant tokenwise subspace
-    # Centring subtracts the mean explicitly: the shortcut G - n m m^T (and
+    # Centering subtracts the mean explicitly: the shortcut G - n m m^T (and
     # |v|^2 - 2 v.m + |m|^2) cancels catastrophically when the mean update is large
-    # against its spread, as in residual streams (review: NaN projections at 1e8).
+    # against its spread, as in residual streams (NaN projections at a mean of 1e8).
     te = tau[eval_mask]
     if center_subspace:
         te = te - te.mean(axis=0)
     G = te.T @ te
+    del te
     with blas_single_thread():
         evals, evecs = np.linalg.eigh(G)
     U = np.ascontiguousarray(evecs[:, ::-1][:, :subspace_rank])
@@ -1066,31 +1432,30 @@ def decompose(
     def proj(v, vn2):
         if center_subspace:
             v = v - v[eval_mask].mean(axis=0)
-            vn2 = _rowdot(v, v)
+            vn2 = _row_inner(v, v)
         p = v @ U
-        p2 = _rowdot(p, p)
+        p2 = _row_inner(p, p)
         return _ratio(p2, vn2), _energy(np.sum(p2[eval_mask]), np.sum(vn2[eval_mask]))
 
     p_d, e_d = proj(delta, dn2)
     p_t, e_t = proj(tau, tn2)
     p_r, e_r = proj(rho, rn2)
-    fits = (
-        _global_baselines(X64, Y64, fit_mask, eval_mask, dn2, config["ridge"], config["prior"] == "identity")
-        if baselines
-        else ()
-    )
-    config.update(subspace_rank=subspace_rank, center_subspace=center_subspace, baselines=baselines, layer=layer)
-    return TokenwiseResult(
-        delta=_ro(delta), tau=_ro(tau), rho=_ro(rho), relative_error=_ro(rel), energy_fraction=energy,
-        cos_delta_tau=_ro(c_dt), cos_rho_tau=_ro(c_rt), cos_rho_delta=_ro(c_rd),
-        angle_delta_tau=_ro(_angle(delta, tau, dn, tn, c_dt)), angle_rho_tau=_ro(_angle(rho, tau, rn, tn, c_rt)),
-        angle_rho_delta=_ro(_angle(rho, delta, rn, dn, c_rd)),
-        subspace=_ro(U), subspace_singular_values=_ro(sv),
-        projection_delta=_ro(p_d), projection_tau=_ro(p_t), projection_rho=_ro(p_r),
-        subspace_energy_delta=e_d, subspace_energy_tau=e_t, subspace_energy_rho=e_r,
-        dof=int(dof), n_targets=int(n_targets), neighbors=nbr, eval_mask=_ro(eval_mask),
-        coefficients=coef, baselines=fits, config=config,
-    )
+    ro = _ro
+    return {
+        "delta": delta, "tau": tau, "rho": rho,
+        "relative_error": _ratio(rn, dn),
+        "energy_fraction": _energy(np.sum(rn2[eval_mask]), np.sum(dn2[eval_mask])),
+        "cosines": TokenwisePairs(delta_tau=ro(c_dt), rho_tau=ro(c_rt), rho_delta=ro(c_rd)),
+        "angles": TokenwisePairs(
+            delta_tau=ro(_angle(delta, tau, dn, tn, c_dt)),
+            rho_tau=ro(_angle(rho, tau, rn, tn, c_rt)),
+            rho_delta=ro(_angle(rho, delta, rn, dn, c_rd)),
+        ),
+        "subspace": U, "subspace_singular_values": sv,
+        "projections": TokenwiseParts(delta=ro(p_d), tau=ro(p_t), rho=ro(p_r)),
+        "subspace_energies": TokenwiseParts(delta=e_d, tau=e_t, rho=e_r),
+        "_dn2": dn2,
+    }
 
 
 _MLP_DEFAULTS = {

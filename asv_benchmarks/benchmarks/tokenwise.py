@@ -1,7 +1,7 @@
-"""Benchmarks for refgeo.tokenwise: local fits and the full decomposition (SPEC §5).
+"""Benchmarks for refgeo.tokenwise: local fits and the full decomposition (docs/theory/tokenwise.md).
 
 The k-NN search is timed separately (``KNN``) and the fits receive precomputed
-neighbourhoods, so the fit cost is visible on its own; ``Decompose.time_end_to_end``
+neighborhoods, so the fit cost is visible on its own; ``Decompose.time_end_to_end``
 includes the search.
 """
 
@@ -11,9 +11,9 @@ import numpy as np
 
 from ._common import DTYPES, environment, realistic, records_runtime, refgeo, require_backend, rng
 
-# (N, d, k): small for CI, realistic = the acceptance size of issue 6.
+# (N, d, k): small for CI, realistic = the size of the documented acceptance numbers.
 SIZES = [(400, 64, 16)] if not realistic() else [(20000, 768, 64)]
-CLASSES = ["diagonal", "lowrank", "orthogonal", "full"]
+CLASSES = ["diagonal", "low_rank", "orthogonal", "full"]
 
 
 def _panels(N, d, dtype):
@@ -24,12 +24,12 @@ def _panels(N, d, dtype):
 
 
 def _kw(cls):
-    return {"rank": 8} if cls == "lowrank" else {}
+    return {"rank": 8} if cls == "low_rank" else {}
 
 
 @records_runtime(backend="auto")
 class FitLocalMaps:
-    """fit_local_maps on precomputed neighbourhoods, per class."""
+    """fit_local_maps on precomputed neighborhoods, per class."""
 
     params = (SIZES, CLASSES, DTYPES)
     param_names = ["N_d_k", "cls", "dtype"]
@@ -60,7 +60,7 @@ class FitLocalMaps:
 class Decompose:
     """decompose end to end (k-NN search included) for the acceptance classes."""
 
-    params = (SIZES, ["diagonal", "lowrank"], DTYPES)
+    params = (SIZES, ["diagonal", "low_rank"], DTYPES)
     param_names = ["N_d_k", "cls", "dtype"]
     timeout = 1800
 
@@ -86,6 +86,33 @@ class Decompose:
         return self._run(cls).energy_fraction
 
     track_energy_fraction.unit = "fraction"
+
+
+@records_runtime(backend="auto")
+class FitProgress:
+    """fit_local_maps with progress reports on against off (the overhead should be < 2%).
+
+    ``"callable"`` passes a no-op callable (the throttled reports, without drawing);
+    ``"off"`` is ``progress=False``.  Small chunks make the per-chunk cost visible.
+    """
+
+    params = (SIZES, ["off", "callable"])
+    param_names = ["N_d_k", "progress"]
+    timeout = 1200
+
+    def setup(self, N_d_k, progress):
+        require_backend("reference")
+        N, d, k = N_d_k
+        self.X, self.Y = _panels(N, d, np.float64)
+        self.nbr = refgeo.knn(self.X, k)
+        self.progress = (lambda info: None) if progress == "callable" else False
+        environment("float64", "reference")
+
+    def time_fit_local_maps(self, N_d_k, progress):
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", UserWarning)
+            refgeo.fit_local_maps(self.X, self.Y, cls="low_rank", rank=8, neighbors=self.nbr, chunk_size=64,
+                                  progress=self.progress)
 
 
 @records_runtime(backend="auto")

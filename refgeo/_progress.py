@@ -1,0 +1,236 @@
+"""Helpers for long calls: a throttled progress reporter and a memory check before work.
+
+Both are for public functions that loop over chunks in Python (the tokenwise fits,
+and any other chunked loop in the package).  This module depends on nothing in
+refgeo but :mod:`refgeo._validate`, so every layer may use it.
+
+Progress
+--------
+A public function takes ``progress=False|True|callable`` and wraps its loop::
+
+    progress = check_progress(progress)          # validate early, with the other options
+    ...
+    with Progress(progress, total=n_steps, desc="fit_local_maps") as bar:
+        for chunk in chunks:
+            work(chunk)
+            bar.advance()                        # between chunks, in the calling thread
+
+* ``False``: nothing is reported, and the loop pays one attribute test per step.
+* ``True``: a tqdm bar (``tqdm.auto``) when tqdm is importable; otherwise one
+  ``UserWarning`` per process saying how to get it, and nothing else.
+* a callable: called as ``progress(info)`` with a dict
+  ``{"done": int, "total": int, "elapsed": float, "eta": float}`` (seconds; ``eta``
+  is NaN until a step has finished).  It is called from the thread that created the
+  reporter, never from a worker thread; once at the start (``done == 0``), then
+  between steps at most once per ``interval`` seconds (0.25 s by default: at most a
+  few times a second, whatever the chunk size), and always once when the last step
+  ends (``done == total``).  Whatever the callable raises propagates to the caller
+  of the public function, which stops there: a callable can cancel a long call by
+  raising.
+
+Interrupts.  Nothing here catches ``BaseException``: a ``KeyboardInterrupt`` raised
+while a chunk runs leaves the loop at once, and the ``with`` block closes the bar.
+
+Memory
+------
+:func:`check_memory` compares the bytes a call will allocate (known before any work
+starts from the shapes, the dtype and the chunk size) with :func:`available_memory`
+and raises a ``MemoryError`` that names the sizes and what to change.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import threading
+import time
+import warnings
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import numpy as np
+
+from ._validate import check_real
+
+__all__ = ["Progress", "available_memory", "check_memory", "check_progress", "format_bytes"]
+
+_TQDM_WARNED = False
+
+
+def check_progress(value: Any, name: str = "progress") -> bool | Callable[[dict], Any]:
+    """Return ``value`` if it is ``False``, ``True`` or a callable; raise ``TypeError`` otherwise."""
+    if isinstance(value, (bool, np.bool_)):
+        return bool(value)
+    if callable(value):
+        return value
+    raise TypeError(f"{name} must be False, True or a callable, got {type(value).__name__} instead.")
+
+
+def _tqdm_bar(total: int, desc: str, unit: str):
+    global _TQDM_WARNED
+    try:
+        from tqdm.auto import tqdm
+    except ImportError:
+        if not _TQDM_WARNED:
+            _TQDM_WARNED = True
+            warnings.warn(
+                "progress=True shows a bar only when tqdm is installed (pip install tqdm); "
+                "running without one. Pass a callable to receive progress reports instead.",
+                UserWarning,
+                stacklevel=4,
+            )
+        return None
+    return tqdm(total=total, desc=desc, unit=unit)
+
+
+class Progress:
+    """Throttled progress over ``total`` steps of a loop (see the module docstring).
+
+    Parameters
+    ----------
+    progress : bool or callable
+        As accepted by :func:`check_progress`.
+    total : int
+        Number of steps; ``advance`` is called once per finished step (or with ``n``).
+    desc : str, default=""
+        Label of the tqdm bar.
+    unit : str, default="step"
+        Unit of the tqdm bar.
+    interval : float, default=0.25
+        Smallest time in seconds between two calls of a callable (the start and the
+        end are always reported).
+    """
+
+    __slots__ = ("_bar", "_callback", "_done", "_interval", "_last", "_start", "_thread", "_total")
+
+    def __init__(self, progress: Any, total: int, *, desc: str = "", unit: str = "step", interval: float = 0.25):
+        progress = check_progress(progress)
+        self._interval = check_real(interval, "interval", min_value=0.0)
+        self._total = max(int(total), 0)
+        self._done = 0
+        self._start = time.perf_counter()
+        self._last = self._start
+        self._thread = threading.get_ident()
+        self._bar = None
+        self._callback = None
+        if progress is True:
+            self._bar = _tqdm_bar(self._total, desc, unit)
+        elif callable(progress):
+            self._callback = progress
+            self._report(self._start)
+
+    @property
+    def active(self) -> bool:
+        """Whether anything is reported (a bar or a callable)."""
+        return self._bar is not None or self._callback is not None
+
+    def info(self, now: float | None = None) -> dict:
+        """The report ``{"done", "total", "elapsed", "eta"}`` at time ``now``."""
+        now = time.perf_counter() if now is None else now
+        elapsed = now - self._start
+        if self._done > 0:
+            eta = elapsed * max(self._total - self._done, 0) / self._done
+        else:
+            eta = math.nan
+        return {"done": self._done, "total": self._total, "elapsed": elapsed, "eta": eta}
+
+    def _report(self, now: float) -> None:
+        self._last = now
+        self._callback(self.info(now))
+
+    def advance(self, n: int = 1) -> None:
+        """Record ``n`` finished steps; report if due (callable) or update the bar."""
+        self._done = min(self._done + n, self._total) if self._total else self._done + n
+        if self._bar is not None:
+            self._bar.update(n)
+        elif self._callback is not None and threading.get_ident() == self._thread:
+            now = time.perf_counter()
+            if self._done >= self._total or now - self._last >= self._interval:
+                self._report(now)
+
+    def close(self) -> None:
+        """Close the tqdm bar (idempotent)."""
+        if self._bar is not None:
+            self._bar.close()
+            self._bar = None
+
+    def __enter__(self) -> Progress:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+# ----------------------------------------------------------------------- memory
+
+
+def _read_int(path: str) -> int | None:
+    try:
+        with open(path) as f:
+            text = f.read().strip()
+    except OSError:
+        return None
+    return int(text) if text.isdigit() else None
+
+
+def available_memory() -> int | None:
+    """Bytes this process can still allocate, or None when unknown.
+
+    The smaller of the system's available memory (``MemAvailable`` in
+    ``/proc/meminfo``, or ``sysconf`` available pages elsewhere) and the room left
+    under a cgroup v2 memory limit (``memory.max - memory.current``), so that a
+    container's limit counts, not the host's memory.
+    """
+    found = []
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    found.append(int(line.split()[1]) * 1024)
+                    break
+    except (OSError, ValueError, IndexError):
+        pass
+    if not found:
+        try:
+            found.append(os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE"))
+        except (AttributeError, ValueError, OSError):
+            pass
+    limit = _read_int("/sys/fs/cgroup/memory.max")
+    used = _read_int("/sys/fs/cgroup/memory.current")
+    if limit is not None and used is not None:
+        found.append(max(limit - used, 0))
+    return min(found) if found else None
+
+
+def format_bytes(n: float) -> str:
+    """``n`` bytes as a short human-readable string (binary units), e.g. ``'1.5 GiB'``."""
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if abs(n) < 1024 or unit == "TiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return f"{n:.1f} PiB"  # pragma: no cover
+
+
+def check_memory(what: str, parts: Mapping[str, float], advice: str) -> None:
+    """Raise ``MemoryError`` when the bytes in ``parts`` exceed :func:`available_memory`.
+
+    Parameters
+    ----------
+    what : str
+        The call, e.g. ``"decompose(N=50000, d=768, k=64)"``.
+    parts : mapping of str to float
+        Bytes per named allocation, e.g. ``{"output (8 arrays of (N, d) float64)": 2.4e9}``.
+    advice : str
+        What to change so that the call fits.
+
+    Nothing is checked when the available memory is unknown.
+    """
+    need = float(sum(parts.values()))
+    avail = available_memory()
+    if avail is None or need <= avail:
+        return
+    detail = "; ".join(f"{name}: {format_bytes(b)}" for name, b in parts.items() if b > 0)
+    raise MemoryError(
+        f"{what} needs about {format_bytes(need)} ({detail}), but only {format_bytes(avail)} "
+        f"are available. {advice}"
+    )
