@@ -794,18 +794,120 @@ def test_strategy_argument_errors():
 
 
 # --------------------------------------------------------------------------- optional: torch
+# Torch kernels under test receive tensors (convert=torch.from_numpy).  These tests skip
+# when torch is not installed and run whenever it is (CI installs it).
+
+
+def _torch():
+    return pytest.importorskip("torch")
+
+
+def torch_direct_diameter(S):
+    """A correct torch diameter: float64 direct differences, first maximum."""
+    torch = _torch()
+    D = torch.cdist(S.to(torch.float64), S.to(torch.float64), compute_mode="donot_use_mm_for_euclid_dist")
+    n = D.shape[0]
+    iu = torch.triu_indices(n, n, offset=1)
+    vals = D[iu[0], iu[1]]
+    k = int(torch.argmax(vals))
+    return vals[k], int(iu[0][k]), int(iu[1][k])
+
+
+def torch_blockwise_diameter(S, *, block=4, compute_mode="use_mm_for_euclid_dist", center=False):
+    """The diameter as practitioners write it for a large head: float32 ``torch.cdist`` over
+    row blocks (so the V x V matrix never exists), returning only the maximum.
+
+    With the default ``compute_mode`` cdist uses the Gram identity
+    |x|^2 + |y|^2 - 2 x.y, which cancels catastrophically in float32 when the rows share
+    a large common component or nearly coincide: the known defect.
+    """
+    torch = _torch()
+    X = S.to(torch.float32)
+    if center:
+        X = X - X.mean(dim=0)
+    best = X.new_zeros(())
+    for start in range(0, X.shape[0], block):
+        D = torch.cdist(X[start:start + block], X, compute_mode=compute_mode)
+        best = torch.maximum(best, D.max())
+    return best
 
 
 def test_torch_implementation_if_available():
-    torch = pytest.importorskip("torch")
+    torch = _torch()
+    report = check_against_reference(torch_direct_diameter, "row_diameter", convert=torch.from_numpy,
+                                     max_examples=N, tie_break="any")
+    assert report.unchecked == () and report.examples >= N
 
-    def torch_diameter(S):
-        D = torch.cdist(S.to(torch.float64), S.to(torch.float64))
+
+def test_torch_kernel_receives_tensors():
+    torch = _torch()
+    seen = set()
+
+    def candidate(S):
+        seen.add(type(S))
+        return torch_direct_diameter(S)
+
+    check_against_reference(candidate, "row_diameter", convert=torch.from_numpy, max_examples=8, tie_break="any")
+    assert seen == {torch.Tensor}
+
+
+def test_torch_blockwise_mm_cdist_diameter_is_caught():
+    # The realistic defect: float32 mm-based cdist without centering, value only.
+    torch = _torch()
+    err = _caught(torch_blockwise_diameter, "row_diameter", convert=torch.from_numpy, dtypes="float32")
+    assert "differs from the reference" in err.reason
+    assert "the pair was not checked" in err.reason  # value-only candidate: said in the report
+    assert set(err.got) == {"value"} and {"value", "i", "j"} <= set(err.expected)
+    assert np.asarray(err.inputs["S"]).dtype == np.float32
+
+
+def test_torch_blockwise_diameter_fixed_passes_on_its_value():
+    # Direct differences (the one-word fix) pass for float32 input; the report says that
+    # the pair was not checked.
+    torch = _torch()
+    report = check_against_reference(
+        lambda S: torch_blockwise_diameter(S, compute_mode="donot_use_mm_for_euclid_dist"), "row_diameter",
+        convert=torch.from_numpy, dtypes="float32", max_examples=N)
+    assert report.unchecked == ("pair (i, j)",)
+    assert "not checked: pair (i, j)" in str(report)
+
+
+def test_value_only_candidates_are_accepted_for_extreme_pairs():
+    # Python floats, NumPy scalars, 0-d arrays and {"value": ...} are checked on their value.
+    def direct(S):
+        return direct_extreme(np.asarray(S))
+
+    for wrap in (lambda r: float(r[0]), lambda r: np.float64(r[0]), lambda r: np.array(r[0]),
+                 lambda r: {"value": r[0]}):
+        report = check_against_reference(lambda S: wrap(direct(S)), "row_diameter", max_examples=16)
+        assert report.unchecked == ("pair (i, j)",)
+    # A wrong value is still caught, with the pair reported as unchecked.
+    err = _caught(lambda S: 1.001 * direct(S)[0], "row_diameter")
+    assert "the pair was not checked" in err.reason
+    # Full (value, i, j) results leave nothing unchecked.
+    assert check_against_reference(direct, "row_diameter", max_examples=16).unchecked == ()
+
+
+def test_value_only_closest_pair_with_torch():
+    torch = _torch()
+
+    def closest_value(S):
+        X = S.to(torch.float64)
+        D = torch.cdist(X, X, compute_mode="donot_use_mm_for_euclid_dist")
         n = D.shape[0]
         iu = torch.triu_indices(n, n, offset=1)
-        vals = D[iu[0], iu[1]]
-        k = int(torch.argmax(vals))
-        return vals[k], int(iu[0][k]), int(iu[1][k])
+        return D[iu[0], iu[1]].min()  # a 0-d tensor
 
-    check_against_reference(torch_diameter, "row_diameter", convert=torch.from_numpy, max_examples=N,
-                            tie_break="any")
+    report = check_against_reference(closest_value, "closest_pair", convert=torch.from_numpy, max_examples=N)
+    assert report.unchecked == ("pair (i, j)",)
+
+
+@pytest.mark.gpu
+def test_torch_cuda_kernel_if_available():
+    torch = _torch()
+    if not torch.cuda.is_available():
+        pytest.skip("torch has no CUDA device here")
+    report = check_against_reference(torch_direct_diameter, "row_diameter",
+                                     convert=lambda a: torch.from_numpy(a).cuda(), max_examples=N, tie_break="any")
+    assert report.examples >= N
+    _caught(torch_blockwise_diameter, "row_diameter", convert=lambda a: torch.from_numpy(a).cuda(), dtypes="float32")

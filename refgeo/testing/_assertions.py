@@ -509,8 +509,10 @@ def assert_extreme_pair_close(
     ----------
     value : float
         The candidate's distance.
-    i, j : int
-        The candidate's pair (``i < j``).
+    i, j : int or None
+        The candidate's pair (``i < j``).  ``None`` for both: a kernel that returns the
+        distance only (as many published diameter functions do) is checked on its value,
+        and a failure report says that the pair was not checked.
     reference_pair : refgeo.ExtremePair
         ``refgeo.row_diameter(S)`` or ``refgeo.closest_pair(S)``.
     S : ndarray of shape (V, d)
@@ -547,6 +549,7 @@ def assert_extreme_pair_close(
     >>> from refgeo.testing import assert_extreme_pair_close
     >>> S = np.array([[0.0, 0.0], [3.0, 4.0], [1.0, 1.0]])
     >>> assert_extreme_pair_close(5.0, 0, 1, refgeo.row_diameter(S), S)
+    >>> assert_extreme_pair_close(5.0, None, None, refgeo.row_diameter(S), S)  # value only
     """
     tie_break = _check_rule(tie_break)
     S = np.asarray(S)
@@ -555,8 +558,14 @@ def assert_extreme_pair_close(
     ri, rj = int(reference_pair.i), int(reference_pair.j)
     expected = {"value": ref_v, "i": ri, "j": rj}
     got_v = float(as_numpy(value).reshape(()))
-    gi, gj = _as_index(i, "i"), _as_index(j, "j")
-    got = {"value": got_v, "i": gi, "j": gj}
+    value_only = i is None and j is None
+    if (i is None) != (j is None):
+        raise ConformanceError(f"i and j must both be indices or both be None, got i={i!r}, j={j!r}.")
+    if value_only:
+        got: dict[str, Any] = {"value": got_v}
+    else:
+        gi, gj = _as_index(i, "i"), _as_index(j, "j")
+        got = {"value": got_v, "i": gi, "j": gj}
     if rtol is None and atol is None:
         tol = _distance_rtol(d, S.dtype) * ref_v + _distance_floor(d, S.dtype)
         text = _distance_tol_text(d, S.dtype)
@@ -566,11 +575,14 @@ def assert_extreme_pair_close(
     if not (abs(got_v - ref_v) <= tol):
         raise ConformanceError(
             f"the value {got_v!r} differs from the reference {ref_v!r} by {abs(got_v - ref_v):.3g}, more than "
-            f"the tolerance {tol:.3g}.",
+            f"the tolerance {tol:.3g}." + (" (Value only: the candidate returned no pair, so the pair was not "
+                                            "checked.)" if value_only else ""),
             expected=expected,
             got=got,
             tolerance=text,
         )
+    if value_only:
+        return
     if not (0 <= gi < gj < V):
         raise ConformanceError(
             f"the pair ({gi}, {gj}) is not a valid pair i < j of rows 0..{V - 1}.",

@@ -33,7 +33,7 @@ from ._assertions import (
     assert_rownorm_steps_close,
 )
 
-__all__ = ["Case", "Reference", "check_against_reference", "reference_names", "signature"]
+__all__ = ["Case", "ConformanceReport", "Reference", "check_against_reference", "reference_names", "signature"]
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -62,6 +62,37 @@ class Case:
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
+class ConformanceReport:
+    """What :func:`check_against_reference` checked, returned when the candidate passed.
+
+    Attributes
+    ----------
+    name : str
+        The quantity, e.g. ``"row_diameter"``.
+    scenarios : tuple of str
+        The input scenarios that were run (one per adversarial structure).
+    examples : int
+        Examples on which the candidate agreed with the reference, over all scenarios.
+    unchecked : tuple of str
+        Parts of the result that were not compared, e.g. ``("pair (i, j)",)`` for a
+        diameter kernel that returns its value only.  Empty when everything was checked.
+    """
+
+    name: str
+    scenarios: tuple
+    examples: int
+    unchecked: tuple = ()
+
+    def __str__(self) -> str:
+        n = len(self.scenarios)
+        text = (f"{self.name}: the candidate agrees with refgeo's reference on {self.examples} examples "
+                f"in {n} scenario{'s' if n != 1 else ''}")
+        if self.unchecked:
+            text += f"; not checked: {', '.join(self.unchecked)} (the candidate returned the value only)"
+        return text
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
 class Reference:
     """Registry entry: one quantity a candidate can be checked against.
 
@@ -77,7 +108,8 @@ class Reference:
         ``reference(*args, **kwargs)``, run on refgeo's reference backend.
     compare : callable
         ``compare(got, expected, case, rtol, atol, tie_break)``; raises
-        :class:`ConformanceError`.
+        :class:`ConformanceError`, and may return the names of the parts of the result
+        it could not check (a value-only extreme pair: ``("pair (i, j)",)``).
     strategy : callable
         ``strategy(dtypes) -> {label: SearchStrategy}``: the default inputs as named
         scenarios (one per adversarial structure), each drawing :class:`Case` objects.
@@ -87,7 +119,7 @@ class Reference:
     signature: str
     arg_names: tuple
     reference: Callable[..., Any]
-    compare: Callable[..., None]
+    compare: Callable[..., Any]
     strategy: Callable[[tuple], dict]
 
 
@@ -132,17 +164,36 @@ def _cases(strategy, names: tuple, **kwargs):
 # --------------------------------------------------------------------------- results
 
 
+def _is_scalar(result: Any) -> bool:
+    """A number, a NumPy scalar or a 0-d array or tensor of any library."""
+    if isinstance(result, (bool, np.bool_)):
+        return False
+    if isinstance(result, (int, float, np.number)):
+        return True
+    return getattr(result, "ndim", None) == 0 or getattr(result, "shape", None) == ()
+
+
 def _as_pair(result: Any) -> tuple[Any, Any, Any]:
-    """(value, i, j) from an ExtremePair-like object, a tuple/list, or a dict."""
+    """(value, i, j) from an ExtremePair-like object, a tuple/list, a dict or a lone value.
+
+    A lone value (a number or a 0-d array/tensor, or an object with ``.value`` only) gives
+    ``(value, None, None)``: the candidate is checked on its value only.
+    """
     if all(hasattr(result, a) for a in ("value", "i", "j")):
         return result.value, result.i, result.j
     if isinstance(result, dict):
+        if "value" in result and "i" not in result and "j" not in result:
+            return result["value"], None, None
         return result["value"], result["i"], result["j"]
     if isinstance(result, (tuple, list)) and len(result) == 3:
         return tuple(result)
+    if _is_scalar(result):
+        return result, None, None
+    if hasattr(result, "value") and not hasattr(result, "i") and not hasattr(result, "j"):
+        return result.value, None, None
     raise ConformanceError(
-        "the candidate must return (value, i, j) or an object with .value, .i, .j attributes, "
-        f"got {type(result).__name__}.",
+        "the candidate must return (value, i, j), an object with .value, .i, .j attributes, or the value "
+        f"alone (then only the value is checked), got {type(result).__name__}.",
         got=result,
     )
 
@@ -183,6 +234,7 @@ def _cmp_cdist(got, expected, case, rtol, atol, tie_break):
 def _cmp_extreme_pair(got, expected, case, rtol, atol, tie_break):
     value, i, j = _as_pair(got)
     assert_extreme_pair_close(value, i, j, expected, case.args[0], rtol=rtol, atol=atol, tie_break=tie_break)
+    return ("pair (i, j)",) if i is None else ()
 
 
 def _cmp_knn(got, expected, case, rtol, atol, tie_break):
@@ -476,7 +528,8 @@ def _snapshot(args):
     return [a.copy() if isinstance(a, np.ndarray) else None for a in args]
 
 
-def _run_one(entry: Reference, candidate, case: Case, convert, rtol, atol, tie_break, scenario) -> None:
+def _run_one(entry: Reference, candidate, case: Case, convert, rtol, atol, tie_break, scenario) -> tuple:
+    """Check one case; returns the parts of the result that could not be checked."""
     __tracebackhide__ = True  # pytest: show the report, not the kit's frames
     import refgeo
 
@@ -495,9 +548,10 @@ def _run_one(entry: Reference, candidate, case: Case, convert, rtol, atol, tie_b
                 f"the candidate modified its input {name!r} in place.", expected=b, got=a
             ).with_context(*context)
     try:
-        entry.compare(got, expected, case, rtol, atol, tie_break)
+        unchecked = entry.compare(got, expected, case, rtol, atol, tie_break)
     except ConformanceError as exc:
         raise exc.with_context(*context) from None
+    return tuple(unchecked or ())
 
 
 def check_against_reference(
@@ -512,7 +566,7 @@ def check_against_reference(
     tie_break: str = "smallest",
     convert: Callable[[np.ndarray], Any] | None = None,
     settings: hsettings | None = None,
-) -> None:
+) -> ConformanceReport:
     """Check a candidate implementation against refgeo's reference, with hypothesis.
 
     Draws adversarial inputs, calls ``candidate`` and refgeo's reference backend
@@ -558,12 +612,19 @@ def check_against_reference(
         Parent settings (profile, database, derandomize); by default the current
         profile.  ``deadline`` is always off and only the first bug is reported.
 
+    Returns
+    -------
+    report : ConformanceReport
+        When the candidate passed: the scenarios and examples run, and what was not
+        checked (``report.unchecked``: the pair of an extreme-pair kernel that returned
+        its value only).
+
     Raises
     ------
     ConformanceError
         For the minimal failing example of the first failing scenario.
     ValueError
-        For an unknown or unavailable ``name``, or bad options.
+        For an unknown ``name``, or bad options.
 
     Notes
     -----
@@ -580,7 +641,17 @@ def check_against_reference(
     >>> def my_logit_distance(z, w):
     ...     d = np.asarray(w, dtype=np.float64) - np.asarray(z, dtype=np.float64)
     ...     return d.max(axis=-1) - d.min(axis=-1)
-    >>> check_against_reference(my_logit_distance, "hilbert_distance_logits", max_examples=20)
+    >>> report = check_against_reference(my_logit_distance, "hilbert_distance_logits", max_examples=20)
+    >>> report.examples > 0, report.unchecked
+    (True, ())
+
+    A diameter kernel that returns the value only is checked on its value:
+
+    >>> def diameter_value(S):
+    ...     S = np.asarray(S, dtype=np.float64)
+    ...     return np.sqrt(((S[:, None, :] - S[None, :, :]) ** 2).sum(axis=-1)).max()
+    >>> check_against_reference(diameter_value, "row_diameter", max_examples=16).unchecked
+    ('pair (i, j)',)
     """
     __tracebackhide__ = True
     entry = _entry(name)
@@ -610,18 +681,27 @@ def check_against_reference(
         suppress_health_check=tuple(parent.suppress_health_check)
         + (HealthCheck.too_slow, HealthCheck.data_too_large, HealthCheck.filter_too_much),
     )
+    tally: dict[str, Any] = {"examples": 0, "unchecked": set()}
     for label, cases in scenarios.items():
-        _run_scenario(entry, candidate, cases, label, run_settings, convert, rtol, atol, tie_break)
+        _run_scenario(entry, candidate, cases, label, run_settings, convert, rtol, atol, tie_break, tally)
+    return ConformanceReport(
+        name=entry.name,
+        scenarios=tuple(scenarios),
+        examples=tally["examples"],
+        unchecked=tuple(sorted(tally["unchecked"])),
+    )
 
 
-def _run_scenario(entry, candidate, cases, label, run_settings, convert, rtol, atol, tie_break):
+def _run_scenario(entry, candidate, cases, label, run_settings, convert, rtol, atol, tie_break, tally):
     __tracebackhide__ = True
 
     @run_settings
     @given(cases)
     def conformance(case):
         __tracebackhide__ = True
-        _run_one(entry, candidate, _coerce_case(case, entry), convert, rtol, atol, tie_break, label)
+        unchecked = _run_one(entry, candidate, _coerce_case(case, entry), convert, rtol, atol, tie_break, label)
+        tally["examples"] += 1
+        tally["unchecked"].update(unchecked)
 
     # Each scenario gets its own database key and, when derandomized, a seed that depends
     # only on the quantity and the scenario (not on the kit's source code).
