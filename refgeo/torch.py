@@ -1,0 +1,267 @@
+r"""PyTorch optimizers for the LM head: the RowNorm recipe as a ``torch.optim.Optimizer``.
+
+An optional module: ``import refgeo.torch`` does not import PyTorch; the first use of
+``refgeo.torch.RowNorm`` does (``pip install torch``).  The mathematics is that of
+:class:`refgeo.RowNorm` (see :doc:`/theory/lmo`), computed on the tensors' own device:
+
+.. math::
+
+    B_t = \mu B_{t-1} + (1 - \mu) P G_t, \qquad \hat B_t = B_t / (1 - \mu^t), \qquad
+    S_t = -\gamma_t\, [P]\, \mathrm{RN}_\varepsilon(\hat B_t), \qquad
+    W_t = (1 - \gamma_t \lambda) W_{t-1} + S_t,
+
+with :math:`\mathrm{RN}_\varepsilon(B)_i = b_i / (\lVert b_i \rVert + \varepsilon)`, so that
+the row diameter of every step is at most :math:`2\gamma_t`.
+
+.. autosummary::
+
+   RowNorm
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ._validate import check_bool, check_real
+
+__all__ = ["RowNorm"]
+
+_CLASSES: dict[str, Any] = {}
+
+
+def __getattr__(name: str) -> Any:
+    # The classes subclass torch.optim.Optimizer, so they are built (and torch imported)
+    # on first use; importing refgeo.torch stays free for users without torch.
+    if name in __all__:
+        if name not in _CLASSES:
+            _CLASSES.update(_build())
+        return _CLASSES[name]
+    raise AttributeError(f"module 'refgeo.torch' has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted(list(globals()) + __all__)
+
+
+def _import_torch() -> Any:
+    try:
+        import torch
+    except ImportError as exc:  # pragma: no cover - exercised without torch
+        raise ImportError(
+            "refgeo.torch needs PyTorch, which is not installed: `python -m pip install torch`."
+        ) from exc
+    return torch
+
+
+def _check_unit_interval(value: Any, name: str) -> float:
+    value = check_real(value, name, min_value=0.0)
+    if not value < 1.0:
+        raise ValueError(f"{name} must be in [0, 1), got {value} instead.")
+    return value
+
+
+def _build() -> dict[str, Any]:
+    torch = _import_torch()
+
+    def _name(group: dict, k: int) -> str:
+        names = group.get("param_names")
+        return repr(names[0]) if names else f"param_groups[{k}]['params'][0]"
+
+    def _check_group(group: dict, k: int) -> None:
+        params = group["params"]
+        if len(params) != 1:
+            raise ValueError(
+                f"refgeo.torch.RowNorm takes exactly one 2-D parameter (the LM-head weight) per param group, "
+                f"got {len(params)} parameters in param group {k} instead."
+            )
+        p = params[0]
+        name = _name(group, k)
+        if p.is_complex() or not p.is_floating_point():
+            raise TypeError(f"parameter {name} must be a real floating-point tensor, got dtype {p.dtype} instead.")
+        if p.ndim != 2:
+            raise ValueError(
+                f"parameter {name} must be 2-D (the LM-head weight, shape (V, d)), got shape "
+                f"{tuple(p.shape)} instead."
+            )
+        if p.is_sparse:
+            raise TypeError(f"parameter {name} must be a dense tensor, got a sparse tensor instead.")
+        if not bool(torch.isfinite(p).all()):
+            raise ValueError(f"parameter {name} must be finite, got a tensor with NaN or inf entries instead.")
+
+    def _hyperparameters(group: dict) -> tuple:
+        return (
+            check_real(group["lr"], "lr", min_value=0.0),
+            _check_unit_interval(group["momentum"], "momentum"),
+            check_real(group["eps"], "eps", min_value=0.0),
+            check_real(group["weight_decay"], "weight_decay", min_value=0.0),
+            check_bool(group["bias_correction"], "bias_correction"),
+            check_bool(group["project"], "project"),
+            check_bool(group["center"], "center"),
+        )
+
+    class RowNorm(torch.optim.Optimizer):  # type: ignore[name-defined,misc]  # built at run time
+        r"""RowNorm for the LM-head weight, as a ``torch.optim.Optimizer``.
+
+        The steps equal :class:`refgeo.RowNorm`'s (float64: to about 1e-15 relative;
+        float32: to float32 rounding), on the parameter's device.
+
+        Parameters
+        ----------
+        params : tensor, iterable of tensors, of (name, tensor) pairs, or of dicts
+            The 2-D LM-head weight, of shape (V, d): exactly one parameter per param
+            group (several groups are allowed, e.g. two heads).  Names given through
+            ``model.named_parameters()`` appear in error messages.
+        lr : float
+            Step size :math:`\gamma \ge 0` (LR schedulers change ``group["lr"]``).
+        momentum : float, default=0.95
+            :math:`\mu \in [0, 1)` of the gradient average.
+        eps : float, default=1e-8
+            Added to every row norm, ``>= 0``.
+        weight_decay : float, default=0.0
+            Decoupled weight decay :math:`\lambda \ge 0`: ``W *= 1 - lr * weight_decay``
+            before the step is added.
+        bias_correction : bool, default=True
+            Divide the average by :math:`1 - \mu^t`.
+        project : bool, default=False
+            Apply the outer centering P to the step.
+        center : bool, default=True
+            Center each gradient (:math:`PG`; a no-op for cross-entropy gradients).
+
+        Notes
+        -----
+        .. math:: S_t = -\gamma_t\,[P]\,\mathrm{RN}_\varepsilon\big(B_t / (1 - \mu^t)\big),
+                  \quad B_t = \mu B_{t-1} + (1 - \mu) P G_t
+
+        State per parameter: ``step`` (int), ``momentum_buffer`` and ``last_step``
+        (the step :math:`S_t` before weight decay), both of the parameter's shape, in
+        float64 for float64 parameters and float32 otherwise; ``state_dict()`` holds
+        them.  Each step costs O(Vd) time and, besides the state, O(V) memory plus
+        one (V, d) temporary for the scale-safe row norms (rows of norm 1e-200 or 1e200
+        neither underflow nor overflow).  A parameter whose ``grad`` is None is skipped.
+
+        Raises
+        ------
+        ValueError
+            A parameter that is not 2-D, several parameters in one group, a parameter or
+            gradient with NaN or inf entries, hyper-parameters out of range.
+        TypeError
+            A complex, integer or sparse parameter or gradient.
+
+        Examples
+        --------
+        >>> import torch, refgeo.torch
+        >>> W = torch.nn.Parameter(torch.zeros(2, 2, dtype=torch.float64))
+        >>> opt = refgeo.torch.RowNorm([W], lr=0.1, eps=0.0)
+        >>> W.grad = torch.tensor([[3.0, 4.0], [-3.0, -4.0]], dtype=torch.float64)
+        >>> _ = opt.step()
+        >>> W.detach().round(decimals=12).tolist()
+        [[-0.06, -0.08], [0.06, 0.08]]
+        >>> opt.last_step().tolist() == W.detach().tolist()   # S_t, before weight decay
+        True
+        """
+
+        def __init__(
+            self,
+            params: Any,
+            lr: float,
+            momentum: float = 0.95,
+            eps: float = 1e-8,
+            weight_decay: float = 0.0,
+            *,
+            bias_correction: bool = True,
+            project: bool = False,
+            center: bool = True,
+        ) -> None:
+            if isinstance(params, torch.Tensor):
+                params = [params]
+            defaults = dict(lr=lr, momentum=momentum, eps=eps, weight_decay=weight_decay,
+                            bias_correction=bias_correction, project=project, center=center)
+            _hyperparameters(defaults)
+            super().__init__(params, defaults)
+
+        def add_param_group(self, param_group: dict) -> None:
+            super().add_param_group(param_group)
+            group = self.param_groups[-1]
+            try:
+                _check_group(group, len(self.param_groups) - 1)
+                _hyperparameters(group)
+            except (TypeError, ValueError):
+                self.param_groups.pop()
+                raise
+
+        @torch.no_grad()
+        def step(self, closure: Any = None) -> Any:
+            """One step for every param group; returns ``closure()`` when given."""
+            loss = None
+            if closure is not None:
+                with torch.enable_grad():
+                    loss = closure()
+            # Validate everything before changing anything: a bad gradient in group 1
+            # leaves group 0 untouched too.
+            work = []
+            for k, group in enumerate(self.param_groups):
+                hyper = _hyperparameters(group)
+                p = group["params"][0]
+                g = p.grad
+                if g is None:
+                    continue
+                name = _name(group, k)
+                if g.is_sparse:
+                    raise TypeError(f"the gradient of {name} must be dense, got a sparse tensor instead.")
+                if g.is_complex() or not g.is_floating_point():
+                    raise TypeError(f"the gradient of {name} must be real floating point, got dtype {g.dtype} instead.")
+                if not bool(torch.isfinite(g).all()):
+                    raise ValueError(f"the gradient of {name} must be finite, got NaN or inf entries instead.")
+                work.append((p, g, hyper))
+            for p, g, (lr, mu, eps, wd, bias_correction, project, center) in work:
+                state = self.state[p]
+                if len(state) == 0:
+                    dtype = torch.float64 if p.dtype == torch.float64 else torch.float32
+                    state["step"] = 0
+                    state["momentum_buffer"] = torch.zeros(p.shape, dtype=dtype, device=p.device)
+                    state["last_step"] = torch.zeros(p.shape, dtype=dtype, device=p.device)
+                B, S = state["momentum_buffer"], state["last_step"]
+                state["step"] = t = int(state["step"]) + 1
+                S.copy_(g)  # S is the scratch space: first the (centered) gradient
+                if center:
+                    S.sub_(S.mean(dim=0, keepdim=True))
+                B.mul_(mu).add_((1.0 - mu) * S)
+                if bias_correction:
+                    torch.div(B, 1.0 - mu**t, out=S)
+                else:
+                    S.copy_(B)
+                # Scale-safe row norms: divide by the largest magnitude before squaring.
+                m = S.abs().amax(dim=1, keepdim=True)
+                safe = torch.where(m > 0, m, torch.ones_like(m))
+                n = m * torch.linalg.vector_norm(S / safe, dim=1, keepdim=True) + eps
+                S.div_(torch.where(n > 0, n, torch.ones_like(n)))  # a zero norm means a zero row
+                S.mul_(-lr)
+                if project:
+                    S.sub_(S.mean(dim=0, keepdim=True))
+                if wd:
+                    p.mul_(1.0 - lr * wd)
+                p.add_(S.to(p.dtype))
+            return loss
+
+        def load_state_dict(self, state_dict: dict) -> None:
+            """Restore a ``state_dict()`` (the buffers keep their float32/float64 precision)."""
+            super().load_state_dict(state_dict)
+            for group in self.param_groups:
+                p = group["params"][0]
+                state = self.state.get(p)
+                if state:
+                    dtype = torch.float64 if p.dtype == torch.float64 else torch.float32
+                    state["step"] = int(state["step"])
+                    for key in ("momentum_buffer", "last_step"):
+                        state[key] = state[key].to(dtype=dtype, device=p.device)
+
+        def last_step(self, group: int = 0) -> Any:
+            """The step :math:`S_t` of the last call for param group ``group`` (weight decay
+            excluded), a tensor of the parameter's shape; None before the first step."""
+            p = self.param_groups[group]["params"][0]
+            state = self.state.get(p)
+            return None if not state else state["last_step"].clone()
+
+    RowNorm.__module__ = __name__
+    RowNorm.__qualname__ = "RowNorm"
+    return {"RowNorm": RowNorm}
