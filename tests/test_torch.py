@@ -253,3 +253,18 @@ def test_cuda_steps_equal_cpu_steps():
             W.grad = torch.from_numpy(g).to(W.device)
             opt.step()
     assert _rel(W_gpu.detach().cpu().numpy(), W_cpu.detach().numpy()) <= 1e-12
+
+
+def test_tutorial_runs_and_keeps_the_bound():
+    # docs/tutorials/torch-rownorm.md: its Python blocks run in order (only in a checkout).
+    import pathlib
+    import re
+
+    page = pathlib.Path(__file__).resolve().parents[1] / "docs" / "tutorials" / "torch-rownorm.md"
+    if not page.exists():
+        pytest.skip("docs/tutorials/torch-rownorm.md is not in this checkout")
+    code = "\n".join(m.group(1) for m in re.finditer(r"^```python\n(.*?)^```\n", page.read_text(), re.S | re.M))
+    namespace: dict = {}
+    exec(compile(code, str(page), "exec"), namespace)
+    assert namespace["rn_diam"].max() <= 2 * namespace["lr"] * (1 + 1e-12)
+    assert namespace["rn_loss"][-10:].mean() < namespace["rn_loss"][:10].mean() - 0.5
