@@ -135,9 +135,10 @@ def _build() -> dict[str, Any]:
         State per parameter: ``step`` (int), ``momentum_buffer`` and ``last_step``
         (the step :math:`S_t` before weight decay), both of the parameter's shape, in
         float64 for float64 parameters and float32 otherwise; ``state_dict()`` holds
-        them.  Each step costs O(Vd) time and, besides the state, O(V) memory plus
-        one (V, d) temporary for the scale-safe row norms (rows of norm 1e-200 or 1e200
-        neither underflow nor overflow).  A parameter whose ``grad`` is None is skipped.
+        them.  Each step costs O(Vd) time and, besides the state, only O(V + d)
+        memory: the last step is the scratch space, and the row norms are scale-safe
+        in place (rows of norm 1e-200 or 1e200 neither underflow nor overflow).  A
+        parameter whose ``grad`` is None is skipped.
 
         Raises
         ------
@@ -225,16 +226,20 @@ def _build() -> dict[str, Any]:
                 S.copy_(g)  # S is the scratch space: first the (centered) gradient
                 if center:
                     S.sub_(S.mean(dim=0, keepdim=True))
-                B.mul_(mu).add_((1.0 - mu) * S)
+                B.mul_(mu).add_(S, alpha=1.0 - mu)
                 if bias_correction:
                     torch.div(B, 1.0 - mu**t, out=S)
                 else:
                     S.copy_(B)
-                # Scale-safe row norms: divide by the largest magnitude before squaring.
-                m = S.abs().amax(dim=1, keepdim=True)
-                safe = torch.where(m > 0, m, torch.ones_like(m))
-                n = m * torch.linalg.vector_norm(S / safe, dim=1, keepdim=True) + eps
-                S.div_(torch.where(n > 0, n, torch.ones_like(n)))  # a zero norm means a zero row
+                # Scale-safe row normalization in place: with m_i = max_j |b_ij|,
+                # b_i / (|b_i| + eps) = (b_i / m_i) / (|b_i / m_i| + eps / m_i), and the
+                # scaled rows neither underflow nor overflow when squared.  Only O(V)
+                # temporaries: no (V, d) array besides the state.
+                m = torch.linalg.vector_norm(S, ord=float("inf"), dim=1, keepdim=True)
+                m = torch.where(m > 0, m, torch.ones_like(m))  # zero rows stay zero
+                S.div_(m)
+                den = torch.linalg.vector_norm(S, dim=1, keepdim=True).add_(eps / m)
+                S.div_(torch.where(den > 0, den, torch.ones_like(den)))
                 S.mul_(-lr)
                 if project:
                     S.sub_(S.mean(dim=0, keepdim=True))
