@@ -16,15 +16,16 @@ the row diameter of every step is at most :math:`2\gamma_t`.
 .. autosummary::
 
    RowNorm
+   HeadStepMonitor
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from ._validate import check_bool, check_real
+from ._validate import as_float_array, check_bool, check_int, check_real
 
-__all__ = ["RowNorm"]
+__all__ = ["HeadStepMonitor", "RowNorm"]
 
 _CLASSES: dict[str, Any] = {}
 
@@ -51,6 +52,12 @@ def _import_torch() -> Any:
             "refgeo.torch needs PyTorch, which is not installed: `python -m pip install torch`."
         ) from exc
     return torch
+
+
+def _positive_int(value: Any, name: str, min_value: int) -> int:
+    out = check_int(value, name, min_value=min_value)
+    assert out is not None  # check_int returns None only with allow_none=True
+    return out
 
 
 def _check_unit_interval(value: Any, name: str) -> float:
@@ -267,6 +274,125 @@ def _build() -> dict[str, Any]:
             state = self.state.get(p)
             return None if not state else state["last_step"].clone()
 
-    RowNorm.__module__ = __name__
-    RowNorm.__qualname__ = "RowNorm"
-    return {"RowNorm": RowNorm}
+    class HeadStepMonitor:
+        r"""Records the geometry of an LM-head optimizer's steps, every ``every`` steps.
+
+        Parameters
+        ----------
+        optimizer : torch.optim.Optimizer
+            An optimizer with ``last_step(group)`` (such as :class:`RowNorm`): the step
+            :math:`S_t` of the last call, before weight decay.
+        hidden_states : tensor or array of shape (N, d)
+            A fixed panel of hidden states :math:`h_1, \dots, h_N` fed to the head.
+        every : int, default=10
+            Record after optimizer steps ``every, 2 every, ...``.
+        group : int, default=0
+            The param group whose step is recorded.
+
+        Attributes
+        ----------
+        records : list of dict
+            One plain dict per recorded step, ready for any logger: ``step``,
+            ``diameter`` (the certified :math:`D(S_t)`, :func:`refgeo.row_diameter`),
+            ``pair`` (its rows), ``diameter_error_bound``, ``h_star`` (the worst-case
+            hidden state of norm :math:`\max_t \lVert h_t\rVert`, a list of floats,
+            :func:`refgeo.worst_case_hidden_state`), ``hilbert_rms`` (over the panel,
+            float64 accumulation, :func:`refgeo.hilbert_rms`), ``max_hidden_norm`` and
+            ``bound`` = :math:`\max_t \lVert h_t \rVert\, D(S_t)`, which bounds every
+            Hilbert distance the step causes on the panel.
+
+        Notes
+        -----
+        .. math:: \mathrm{RMS}_t = \Big(\frac1N \sum_i \lVert S_t h_i \rVert_{var}^2\Big)^{1/2}
+                  \le \max_i \lVert h_i \rVert\, D(S_t)
+
+        A recorded step costs one certified diameter (the compiled engine for CPU
+        tensors) and one O(N V d) pass; other steps cost nothing.  The step and the
+        panel are read on the host (``.cpu()`` for device tensors).  ``close()``
+        removes the hook.
+
+        Examples
+        --------
+        >>> import torch, refgeo.torch
+        >>> W = torch.nn.Parameter(torch.zeros(3, 2, dtype=torch.float64))
+        >>> opt = refgeo.torch.RowNorm([W], lr=0.1, eps=0.0)
+        >>> mon = refgeo.torch.HeadStepMonitor(opt, torch.eye(2, dtype=torch.float64), every=1)
+        >>> W.grad = torch.tensor([[3.0, 4.0], [-3.0, -4.0], [0.0, 0.0]], dtype=torch.float64)
+        >>> _ = opt.step()
+        >>> rec = mon.records[0]
+        >>> rec["step"], round(rec["diameter"], 12), rec["pair"], round(rec["bound"], 12)
+        (1, 0.2, (0, 1), 0.2)
+        """
+
+        def __init__(self, optimizer: Any, hidden_states: Any, *, every: int = 10, group: int = 0) -> None:
+            if not callable(getattr(optimizer, "last_step", None)) or not hasattr(optimizer, "register_step_post_hook"):
+                raise TypeError(
+                    "optimizer must be a torch optimizer with last_step(group) (e.g. refgeo.torch.RowNorm), "
+                    f"got {type(optimizer).__name__} instead."
+                )
+            self.every = _positive_int(every, "every", 1)
+            self.group = _positive_int(group, "group", 0)
+            if self.group >= len(optimizer.param_groups):
+                raise ValueError(
+                    f"group must be in [0, {len(optimizer.param_groups) - 1}], got {self.group} instead."
+                )
+            if isinstance(hidden_states, torch.Tensor):
+                hidden_states = hidden_states.detach().cpu().numpy()
+            H = as_float_array(hidden_states, "hidden_states", ndim=2, shape_hint="2-D array of shape (N, d)")
+            d = optimizer.param_groups[self.group]["params"][0].shape[1]
+            if H.shape[1] != d:
+                raise ValueError(
+                    f"hidden_states must have d = {d} columns (the head's), got shape {H.shape} instead."
+                )
+            import numpy as np
+
+            self._hidden = np.array(H, dtype=np.float64)
+            self._max_norm = float(np.linalg.norm(self._hidden, axis=1).max()) if len(self._hidden) else 0.0
+            self.optimizer = optimizer
+            self.records: list[dict] = []
+            self._count = 0
+            self._handle = optimizer.register_step_post_hook(self._after_step)
+
+        def _after_step(self, optimizer: Any, args: Any, kwargs: Any) -> None:
+            self._count += 1
+            if self._count % self.every:
+                return
+            S = optimizer.last_step(self.group)
+            if S is None:
+                return
+            self.records.append(self.record(S, step=self._count))
+
+        def record(self, S: Any, *, step: int) -> dict:
+            """The record of one step ``S`` (a tensor or array of shape (V, d))."""
+            import numpy as np
+
+            import refgeo
+
+            if isinstance(S, torch.Tensor):
+                S = S.detach().cpu().numpy()
+            pair = refgeo.row_diameter(S)
+            # h* = H (s_i - s_j) / D(S), as refgeo.worst_case_hidden_state computes it,
+            # from the pair already certified (no second diameter).
+            if pair.value > 0:
+                h_star = (S[pair.i].astype(np.float64) - S[pair.j]) * (self._max_norm / pair.value)
+            else:
+                h_star = np.zeros(S.shape[1])
+            return {
+                "step": int(step),
+                "diameter": float(pair.value),
+                "pair": (int(pair.i), int(pair.j)),
+                "diameter_error_bound": float(pair.error_bound),
+                "h_star": [float(x) for x in h_star],
+                "hilbert_rms": float(refgeo.hilbert_rms(S, self._hidden)),
+                "max_hidden_norm": self._max_norm,
+                "bound": self._max_norm * float(pair.value),
+            }
+
+        def close(self) -> None:
+            """Stop recording (removes the optimizer hook)."""
+            self._handle.remove()
+
+    for cls in (RowNorm, HeadStepMonitor):
+        cls.__module__ = __name__
+        cls.__qualname__ = cls.__name__
+    return {"RowNorm": RowNorm, "HeadStepMonitor": HeadStepMonitor}

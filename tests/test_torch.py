@@ -268,3 +268,76 @@ def test_tutorial_runs_and_keeps_the_bound():
     exec(compile(code, str(page), "exec"), namespace)
     assert namespace["rn_diam"].max() <= 2 * namespace["lr"] * (1 + 1e-12)
     assert namespace["rn_loss"][-10:].mean() < namespace["rn_loss"][:10].mean() - 0.5
+    records = namespace["monitor"].records
+    assert [r["step"] for r in records] == [10, 20, 30]
+    assert all(r["hilbert_rms"] <= r["bound"] for r in records)
+
+
+# --------------------------------------------------------------------------- HeadStepMonitor
+
+
+def test_monitor_records_equal_row_diameter_and_hilbert_rms():
+    W0, grads = _lm_gradients(T=9, seed=7)
+    rng = np.random.default_rng(8)
+    panel = 3.0 + rng.standard_normal((20, W0.shape[1]))
+    W = torch.nn.Parameter(torch.from_numpy(W0.copy()))
+    opt = rtorch.RowNorm([W], lr=0.05, weight_decay=0.1)
+    mon = rtorch.HeadStepMonitor(opt, torch.from_numpy(panel), every=3)
+    steps = {}
+    for t, g in enumerate(grads, start=1):
+        W.grad = torch.from_numpy(g)
+        opt.step()
+        steps[t] = opt.last_step().numpy().copy()
+    assert [r["step"] for r in mon.records] == [3, 6, 9]
+    hmax = float(np.linalg.norm(panel, axis=1).max())
+    for rec in mon.records:
+        S = steps[rec["step"]]
+        pair = refgeo.row_diameter(S)
+        assert rec["diameter"] == pair.value and rec["pair"] == (pair.i, pair.j)
+        assert rec["hilbert_rms"] == refgeo.hilbert_rms(S, panel)
+        assert rec["bound"] == pytest.approx(hmax * pair.value, rel=1e-15)
+        assert rec["hilbert_rms"] <= rec["bound"] * (1 + 1e-12)
+        h = np.array(rec["h_star"])
+        assert np.linalg.norm(h) == pytest.approx(hmax, rel=1e-12)
+        # h* attains the bound: the Hilbert distance of the step at h* is H D(S).
+        Sh = S @ h
+        assert Sh.max() - Sh.min() == pytest.approx(hmax * pair.value, rel=1e-9)
+        assert all(isinstance(v, (int, float, tuple, list)) for v in rec.values())  # plain values
+    mon.close()
+    W.grad = torch.from_numpy(grads[0])
+    for _ in range(3):
+        opt.step()
+    assert len(mon.records) == 3
+
+
+def test_monitor_bad_input():
+    W = torch.nn.Parameter(torch.zeros(3, 2, dtype=torch.float64))
+    opt = rtorch.RowNorm([W], lr=0.1)
+    with pytest.raises(ValueError, match="every"):
+        rtorch.HeadStepMonitor(opt, torch.zeros(4, 2), every=0)
+    with pytest.raises(ValueError, match=r"d = 2 columns"):
+        rtorch.HeadStepMonitor(opt, torch.zeros(4, 3))
+    with pytest.raises(ValueError, match="hidden_states"):
+        rtorch.HeadStepMonitor(opt, torch.tensor([[1.0, float("nan")]]))
+    with pytest.raises(TypeError, match="last_step"):
+        rtorch.HeadStepMonitor(torch.optim.SGD([W], lr=0.1), torch.zeros(4, 2))
+
+
+def test_monitor_docstring_example():
+    runner = doctest.DocTestRunner(optionflags=doctest.ELLIPSIS | doctest.NORMALIZE_WHITESPACE)
+    for t in doctest.DocTestFinder().find(rtorch.HeadStepMonitor, "refgeo.torch.HeadStepMonitor", globs={}):
+        runner.run(t, out=sys.stdout.write)
+    assert runner.failures == 0 and runner.tries > 0
+
+
+def test_monitor_h_star_is_worst_case_hidden_state():
+    rng = np.random.default_rng(9)
+    S = rng.standard_normal((7, 4))
+    panel = rng.standard_normal((5, 4))
+    W = torch.nn.Parameter(torch.zeros(7, 4, dtype=torch.float64))
+    mon = rtorch.HeadStepMonitor(rtorch.RowNorm([W], lr=0.1), panel)
+    rec = mon.record(torch.from_numpy(S), step=1)
+    worst = refgeo.worst_case_hidden_state(S, H=float(np.linalg.norm(panel, axis=1).max()))
+    np.testing.assert_allclose(rec["h_star"], worst.h, rtol=1e-15, atol=0)
+    assert rec["pair"] == (worst.i, worst.j)
+    assert mon.record(np.zeros((7, 4)), step=2)["h_star"] == [0.0] * 4
