@@ -16,6 +16,7 @@ the row diameter of every step is at most :math:`2\gamma_t`.
 .. autosummary::
 
    RowNorm
+   DiameterLMO
    HeadStepMonitor
 """
 
@@ -25,7 +26,7 @@ from typing import Any
 
 from ._validate import as_float_array, check_bool, check_int, check_real
 
-__all__ = ["HeadStepMonitor", "RowNorm"]
+__all__ = ["DiameterLMO", "HeadStepMonitor", "RowNorm"]
 
 _CLASSES: dict[str, Any] = {}
 
@@ -274,6 +275,145 @@ def _build() -> dict[str, Any]:
             state = self.state.get(p)
             return None if not state else state["last_step"].clone()
 
+    class DiameterLMO(torch.optim.Optimizer):  # type: ignore[name-defined,misc]  # built at run time
+        r"""Steepest descent under the row diameter with the exact LMO, as a torch optimizer.
+
+        Each step calls :class:`refgeo.DiameterLMO` (the certified, warm-started solver of
+        :func:`refgeo.diameter_lmo`) on the host, with a time limit per solve, and writes
+        the result back to the parameter's device.  The steps are those of
+        :class:`refgeo.DiameterLMO` on the same gradients.
+
+        Parameters
+        ----------
+        params : tensor, iterable of tensors, of (name, tensor) pairs, or of dicts
+            One 2-D LM-head weight (V, d) per param group.
+        lr : float
+            Diameter budget :math:`\eta > 0` of every step (LR schedulers change it).
+        momentum : float, default=0.0
+            :math:`\mu \in [0, 1)` of the averaged gradient the LMO is applied to.
+        rtol : float, default=1e-3
+            Certified relative gap of each solve.
+        max_time : float, default=None
+            Time limit per solve in seconds (the best certified step so far is used).
+        weight_decay : float, default=0.0
+            Decoupled weight decay: ``W *= 1 - lr * weight_decay`` before the step.
+
+        Notes
+        -----
+        .. math:: S_t = \arg\min \{ \langle M_t, S \rangle : D(S) \le \eta,\
+                  \mathbf{1}^\top S = 0 \}
+
+        ``last_result(group)`` is the solve's :class:`refgeo.LMOResult` (its ``gap`` is
+        the certified relative gap), ``last_step(group)`` the step :math:`S_t` as a
+        float64 tensor.  ``state_dict()`` holds the solver's state (momentum buffer and
+        warm start).  Time per step: one LMO solve (see :func:`refgeo.diameter_lmo`).
+
+        Examples
+        --------
+        >>> import torch, refgeo.torch
+        >>> W = torch.nn.Parameter(torch.zeros(2, 2, dtype=torch.float64))
+        >>> opt = refgeo.torch.DiameterLMO([W], lr=0.5)
+        >>> W.grad = torch.tensor([[3.0, 4.0], [-3.0, -4.0]], dtype=torch.float64)
+        >>> _ = opt.step()
+        >>> W.detach().round(decimals=6).tolist()
+        [[-0.15, -0.2], [0.15, 0.2]]
+        >>> opt.last_result().gap <= 1e-3
+        True
+        """
+
+        def __init__(self, params: Any, lr: float, momentum: float = 0.0, rtol: float = 1e-3,
+                     max_time: float | None = None, weight_decay: float = 0.0) -> None:
+            if isinstance(params, torch.Tensor):
+                params = [params]
+            defaults = dict(lr=lr, momentum=momentum, rtol=rtol, max_time=max_time, weight_decay=weight_decay)
+            self._solvers: dict[int, Any] = {}
+            self._solver_for(defaults)  # validates the hyper-parameters by name
+            super().__init__(params, defaults)
+
+        @staticmethod
+        def _solver_for(group: dict, solver: Any = None) -> Any:
+            import refgeo
+
+            hyper = {k: group[k] for k in ("lr", "momentum", "rtol", "max_time", "weight_decay")}
+            if solver is None:
+                return refgeo.DiameterLMO(**hyper)
+            for k, v in hyper.items():
+                setattr(solver, k, v)  # validated again by the solver at its next step
+            return solver
+
+        def add_param_group(self, param_group: dict) -> None:
+            super().add_param_group(param_group)
+            group = self.param_groups[-1]
+            try:
+                _check_group(group, len(self.param_groups) - 1)
+                self._solver_for(group)
+            except (TypeError, ValueError):
+                self.param_groups.pop()
+                raise
+
+        @torch.no_grad()
+        def step(self, closure: Any = None) -> Any:
+            """One LMO step for every param group; returns ``closure()`` when given."""
+            import numpy as np
+
+            loss = None
+            if closure is not None:
+                with torch.enable_grad():
+                    loss = closure()
+            for k, group in enumerate(self.param_groups):
+                p = group["params"][0]
+                if p.grad is None:
+                    continue
+                name = _name(group, k)
+                g = p.grad
+                if g.is_sparse or g.is_complex() or not g.is_floating_point():
+                    raise TypeError(f"the gradient of {name} must be a dense real tensor, got {g.dtype} instead.")
+                solver = self._solvers[k] = self._solver_for(group, self._solvers.get(k))
+                host = torch.float64 if p.dtype == torch.float64 else torch.float32
+                W = p.detach().to(device="cpu", dtype=host).numpy()  # a view for CPU float tensors
+                G = g.detach().to(device="cpu", dtype=torch.float64).numpy()
+                try:
+                    solver.step(W, G)
+                except ValueError as exc:
+                    raise ValueError(f"the gradient of {name}: {exc}") from exc
+                if W.ctypes.data != p.data_ptr():
+                    p.copy_(torch.from_numpy(np.ascontiguousarray(W)))
+                self.state[p]["step"] = solver.t
+            return loss
+
+        def last_result(self, group: int = 0) -> Any:
+            """The :class:`refgeo.LMOResult` of the last solve of param group ``group``."""
+            solver = self._solvers.get(group)
+            return None if solver is None else solver.last_result
+
+        def last_step(self, group: int = 0) -> Any:
+            """The step of the last call (weight decay excluded), float64, on the parameter's
+            device; None before the first step."""
+            solver = self._solvers.get(group)
+            S = None if solver is None else solver.last_step()
+            p = self.param_groups[group]["params"][0]
+            return None if S is None else torch.from_numpy(S).to(p.device)
+
+        def state_dict(self) -> dict:
+            """torch's optimizer state plus, under ``"refgeo_solvers"``, each group's solver
+            state (momentum buffer and warm start, NumPy arrays in float64)."""
+            out = super().state_dict()
+            # Kept out of out["state"]: torch casts the tensors there to the parameter's
+            # dtype on loading, and cannot rebuild NumPy arrays.
+            out["refgeo_solvers"] = {k: solver.state_dict() for k, solver in self._solvers.items()}
+            return out
+
+        def load_state_dict(self, state_dict: dict) -> None:
+            """Restore a ``state_dict()``."""
+            state_dict = dict(state_dict)
+            solvers = state_dict.pop("refgeo_solvers", {})
+            super().load_state_dict(state_dict)
+            self._solvers = {}
+            for k, saved in solvers.items():
+                solver = self._solver_for(self.param_groups[int(k)])
+                solver.load_state_dict(saved)
+                self._solvers[int(k)] = solver
+
     class HeadStepMonitor:
         r"""Records the geometry of an LM-head optimizer's steps, every ``every`` steps.
 
@@ -392,7 +532,7 @@ def _build() -> dict[str, Any]:
             """Stop recording (removes the optimizer hook)."""
             self._handle.remove()
 
-    for cls in (RowNorm, HeadStepMonitor):
+    for cls in (RowNorm, DiameterLMO, HeadStepMonitor):
         cls.__module__ = __name__
         cls.__qualname__ = cls.__name__
-    return {"RowNorm": RowNorm, "HeadStepMonitor": HeadStepMonitor}
+    return {"RowNorm": RowNorm, "DiameterLMO": DiameterLMO, "HeadStepMonitor": HeadStepMonitor}

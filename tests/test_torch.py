@@ -233,8 +233,9 @@ def test_import_does_not_need_torch_until_used():
 def test_docstring_example():
     finder = doctest.DocTestFinder()
     runner = doctest.DocTestRunner(optionflags=doctest.ELLIPSIS | doctest.NORMALIZE_WHITESPACE)
-    tests = finder.find(rtorch.RowNorm, "refgeo.torch.RowNorm", globs={})
-    assert tests and any(t.examples for t in tests)
+    tests = [t for cls in (rtorch.RowNorm, rtorch.DiameterLMO)
+             for t in finder.find(cls, f"refgeo.torch.{cls.__name__}", globs={})]
+    assert sum(len(t.examples) for t in tests) >= 10
     for t in tests:
         runner.run(t, out=sys.stdout.write)
     assert runner.failures == 0
@@ -341,3 +342,57 @@ def test_monitor_h_star_is_worst_case_hidden_state():
     np.testing.assert_allclose(rec["h_star"], worst.h, rtol=1e-15, atol=0)
     assert rec["pair"] == (worst.i, worst.j)
     assert mon.record(np.zeros((7, 4)), step=2)["h_star"] == [0.0] * 4
+
+
+# --------------------------------------------------------------------------- DiameterLMO
+
+
+@pytest.mark.parametrize("kw", [dict(), dict(momentum=0.9, weight_decay=0.1)])
+def test_diameter_lmo_steps_equal_refgeo(kw):
+    W0, grads = _lm_gradients(V=24, d=6, T=5, seed=10, zero_steps=(2,))
+    W_np = W0.copy()
+    ref = refgeo.DiameterLMO(lr=0.05, **kw)
+    W = torch.nn.Parameter(torch.from_numpy(W0.copy()))
+    opt = rtorch.DiameterLMO([W], lr=0.05, **kw)
+    for g in grads:
+        ref.step(W_np, g)
+        W.grad = torch.from_numpy(g.copy())
+        opt.step()
+        np.testing.assert_array_equal(W.detach().numpy(), W_np)
+        np.testing.assert_array_equal(opt.last_step().numpy(), ref.last_step())
+        res = opt.last_result()
+        assert res.gap <= 1e-3 and refgeo.row_diameter(res.update).value <= 0.05 * (1 + 1e-9)
+
+
+def test_diameter_lmo_state_dict_round_trip_and_float32():
+    W0, grads = _lm_gradients(V=16, d=5, T=6, seed=11, dtype=np.float32)
+    W_a = torch.nn.Parameter(torch.from_numpy(W0.copy()))
+    opt_a = rtorch.DiameterLMO([W_a], lr=0.05, momentum=0.5)
+    for g in grads[:3]:
+        W_a.grad = torch.from_numpy(g.copy())
+        opt_a.step()
+    saved = copy.deepcopy(opt_a.state_dict())
+    W_b = torch.nn.Parameter(W_a.detach().clone())
+    opt_b = rtorch.DiameterLMO([W_b], lr=0.05, momentum=0.5)
+    opt_b.load_state_dict(saved)
+    for g in grads[3:]:
+        for W, opt in ((W_a, opt_a), (W_b, opt_b)):
+            W.grad = torch.from_numpy(g.copy())
+            opt.step()
+        assert W_a.dtype == torch.float32 and torch.equal(W_a, W_b)
+
+
+def test_diameter_lmo_bad_input_and_monitor():
+    with pytest.raises(ValueError, match=r"parameter 'b' must be 2-D"):
+        rtorch.DiameterLMO([("b", torch.nn.Parameter(torch.zeros(3)))], lr=0.1)
+    with pytest.raises(ValueError, match="lr"):
+        rtorch.DiameterLMO([torch.nn.Parameter(torch.zeros(2, 2))], lr=0.0)
+    W = torch.nn.Parameter(torch.zeros(3, 2, dtype=torch.float64))
+    opt = rtorch.DiameterLMO([("head", W)], lr=0.1)
+    W.grad = torch.tensor([[1.0, float("nan")], [0.0, 0.0], [0.0, 0.0]], dtype=torch.float64)
+    with pytest.raises(ValueError, match="gradient of 'head'"):
+        opt.step()
+    mon = rtorch.HeadStepMonitor(opt, torch.eye(2, dtype=torch.float64), every=1)
+    W.grad = torch.tensor([[3.0, 4.0], [-3.0, -4.0], [0.0, 0.0]], dtype=torch.float64)
+    opt.step()
+    assert mon.records[0]["diameter"] == pytest.approx(0.1, rel=1e-9)
