@@ -40,25 +40,25 @@ def _pairs(n):
     return np.triu_indices(n, k=1)
 
 
-def direct_extreme(S, *, maximise=True, dtype=np.float64):
+def direct_extreme(S, *, maximize=True, dtype=np.float64):
     """Direct differences, first extreme in (i, j) order (refgeo's tie rule)."""
     X = np.asarray(S, dtype=dtype)
     i, j = _pairs(len(X))
     D = np.sqrt(((X[i] - X[j]) ** 2).sum(axis=1))
-    k = int(np.argmax(D) if maximise else np.argmin(D))
+    k = int(np.argmax(D) if maximize else np.argmin(D))
     return float(D[k]), int(i[k]), int(j[k])
 
 
-def gram_extreme(S, *, maximise=True, dtype=np.float64, centre=True):
+def gram_extreme(S, *, maximize=True, dtype=np.float64, center=True):
     """The Gram identity |x|^2 + |y|^2 - 2 x.y in ``dtype``."""
     X = np.asarray(S, dtype=dtype)
-    if centre:
+    if center:
         X = X - X.mean(axis=0)
     sq = (X * X).sum(axis=1)
     i, j = _pairs(len(X))
     D2 = sq[i] + sq[j] - 2 * (X @ X.T)[i, j]
     D = np.sqrt(np.maximum(D2, 0))
-    k = int(np.argmax(D) if maximise else np.argmin(D))
+    k = int(np.argmax(D) if maximize else np.argmin(D))
     return float(D[k]), int(i[k]), int(j[k])
 
 
@@ -86,7 +86,7 @@ def logit_distance(z, w):
     "name, candidate",
     [
         ("row_diameter", direct_extreme),
-        ("closest_pair", lambda S: direct_extreme(S, maximise=False)),
+        ("closest_pair", lambda S: direct_extreme(S, maximize=False)),
         ("knn", direct_knn),
         ("hilbert_distance_logits", logit_distance),
     ],
@@ -97,12 +97,12 @@ def test_correct_numpy_kernels_pass(name, candidate):
 
 
 def test_input_precision_kernels_pass_with_certified_tolerance():
-    # Direct differences in float32 on float32 rows, and a centred float64 Gram
+    # Direct differences in float32 on float32 rows, and a centered float64 Gram
     # diameter, are inside the documented tolerance.
     f32 = rst.row_clouds(dtypes="float32")
     check_against_reference(lambda S: direct_extreme(S, dtype=np.asarray(S).dtype), "row_diameter", strategy=f32,
                             max_examples=N)
-    check_against_reference(lambda S: direct_extreme(S, maximise=False, dtype=np.asarray(S).dtype),
+    check_against_reference(lambda S: direct_extreme(S, maximize=False, dtype=np.asarray(S).dtype),
                             "closest_pair", strategy=f32, max_examples=N)
     check_against_reference(gram_extreme, "row_diameter", max_examples=N)
 
@@ -183,7 +183,7 @@ def test_catches_off_by_one_knn_index():
         return idx + 1, dist
 
     err = _caught(off_by_one, "knn")
-    assert "out of range" in err.reason or "own neighbour" in err.reason or "rank" in err.reason
+    assert "out of range" in err.reason or "own neighbor" in err.reason or "rank" in err.reason
 
 
 def farthest_numpy(S):
@@ -205,28 +205,28 @@ def test_farthest_partners_kernel_and_its_off_by_one():
     assert err.reason.startswith("row ")
 
 
-def test_catches_missing_centring():
-    # float64 Gram identity without centring: exact on centred data, wrong by the
+def test_catches_missing_centering():
+    # float64 Gram identity without centering: exact on centered data, wrong by the
     # cancellation of |x|^2 ~ offset^2 on rows sharing a large offset.
-    err = _caught(lambda S: gram_extreme(S, centre=False), "row_diameter",
+    err = _caught(lambda S: gram_extreme(S, center=False), "row_diameter",
                   strategy=rst.row_clouds(dtypes="float64", structures=("generic", "offset")))
     assert np.max(np.abs(err.inputs["S"])) > 10.0  # the shrunk example kept the offset
-    # The same kernel with centring passes on the same inputs.
+    # The same kernel with centering passes on the same inputs.
     check_against_reference(gram_extreme, "row_diameter", max_examples=N,
                             strategy=rst.row_clouds(dtypes="float64", structures=("generic", "offset")))
 
 
 def test_catches_float32_gram_trick_on_offset_rows():
     def naive(S):
-        return gram_extreme(S, dtype=np.float32, centre=False)
+        return gram_extreme(S, dtype=np.float32, center=False)
 
     err = _caught(naive, "row_diameter", strategy=rst.row_clouds(dtypes="float32", structures=("offset",)))
     assert err.inputs["S"].dtype == np.float32
     assert "differs from the reference" in err.reason or "not an extreme pair" in err.reason
 
 
-def test_catches_float32_gram_trick_closest_pair_even_when_centred():
-    err = _caught(lambda S: gram_extreme(S, maximise=False, dtype=np.float32), "closest_pair",
+def test_catches_float32_gram_trick_closest_pair_even_when_centered():
+    err = _caught(lambda S: gram_extreme(S, maximize=False, dtype=np.float32), "closest_pair",
                   strategy=rst.row_clouds(dtypes="float32"))
     assert err.name == "closest_pair"
 
@@ -288,11 +288,11 @@ def test_catches_a_kernel_that_ignores_strides():
 
 
 def test_catches_in_place_modification():
-    def centres_in_place(S):
+    def centers_in_place(S):
         S -= S.mean(axis=0)
         return direct_extreme(S)
 
-    err = _caught(centres_in_place, "row_diameter")
+    err = _caught(centers_in_place, "row_diameter")
     assert "modified its input" in err.reason
 
 
@@ -347,9 +347,26 @@ def refgeo_rownorm(W0, grads, *, lr, mu, eps):
     return [opt.step(W, g).copy() for g in grads]
 
 
-def projected_rownorm_numpy(G, *, eta, inner=True, outer=True):
+def projected_rownorm_numpy(G, *, eta, inner=True, outer=True, scale_safe=False):
+    """A user's projected RowNorm, written as practitioners write it: ``b / sqrt(sum(b**2))``.
+
+    The textbook normalization squares the entries, so a row of norm below
+    sqrt(tiny) (1.5e-154 in float64) comes out as zero instead of a unit direction.
+    That is a property of the formula, not a bug worth failing a user's CI over:
+    gradients of real LM heads are never that small in float64.  So the kit keeps its
+    exact tolerance (the reference is right: a nonzero row has a unit direction) and
+    draws gradients whose size is explicit (``scales`` of the gradient strategies,
+    1 down to 1e-12 by default) instead of letting hypothesis shrink a whole gradient
+    to 1e-258.  Users who need the kernel to be safe at any size ask for tiny scales,
+    as ``test_naive_rownorm_underflow_is_caught_when_asked`` does; ``scale_safe=True``
+    divides each row by its largest entry first and passes there too.
+    """
     G = np.asarray(G, dtype=np.float64)
-    N = _rn(G - G.mean(axis=0) if inner else G)
+    B = G - G.mean(axis=0) if inner else G
+    if scale_safe:
+        top = np.abs(B).max(axis=1, keepdims=True)
+        B = np.where(top > 0, B / np.where(top > 0, top, 1.0), 0.0)
+    N = _rn(B)
     return -(eta / 2) * (N - N.mean(axis=0) if outer else N)
 
 
@@ -364,6 +381,30 @@ def test_correct_user_rownorm_kernels_pass():
     # Working in float32 throughout is inside the tolerance for float32 parameters.
     check_against_reference(lambda W0, g, **kw: rownorm_numpy(W0, g, dtype=np.float32, **kw), "rownorm_step",
                             strategy=_rownorm_cases("float32"), max_examples=N)
+
+
+def test_naive_rownorm_underflow_is_caught_when_asked():
+    # Gradients of size 2**-600 (~2.4e-181): squares underflow in float64.
+    @st.composite
+    def tiny(draw):
+        G = draw(rst.centered_gradients(dtypes="float64", structures=("rank_one", "sparse"), scales=(2.0**-600,)))
+        return rt.Case(args=(G,), names=("G",), kwargs={"eta": 1.0})
+
+    err = _caught(projected_rownorm_numpy, "projected_rownorm", strategy=tiny())
+    assert "step entry" in err.reason
+    check_against_reference(lambda G, eta: projected_rownorm_numpy(G, eta=eta, scale_safe=True), "projected_rownorm",
+                            strategy=tiny(), max_examples=N)
+
+
+def test_gradient_sizes_follow_scales():
+    # The overall size of a drawn gradient is the requested scale, whatever the float draw.
+    @settings(max_examples=30)
+    @given(rst.centered_gradients(scales=(2.0**-100, 1.0)))
+    def run(G):
+        top = float(np.abs(G).max())
+        assert top == 0.0 or 0.5 <= top < 1.0 or 2.0**-101 <= top < 2.0**-100
+
+    run()
 
 
 def _rownorm_cases(dtype, scales=(1.0, 2.0**-20, 2.0**-27, 2.0**-30)):
@@ -390,7 +431,7 @@ def test_catches_rownorm_eps_inside_the_square_root():
 
 
 @pytest.mark.parametrize("inner, outer", [(False, True), (True, False)], ids=["no_inner_P", "no_outer_P"])
-def test_catches_projected_rownorm_without_centring(inner, outer):
+def test_catches_projected_rownorm_without_centering(inner, outer):
     _caught(lambda G, eta: projected_rownorm_numpy(G, eta=eta, inner=inner, outer=outer), "projected_rownorm")
 
 
@@ -398,7 +439,7 @@ def test_catches_projected_rownorm_without_centring(inner, outer):
 @given(rst.gradient_sequences(), st.sampled_from([0.02, 1.0]), st.sampled_from([0.95, 0.5]),
        st.sampled_from([1e-8, 0.0]))
 def test_spec_rownorm_reference_agrees_with_refgeo_optim(grads, lr, mu, eps):
-    # The kit's SPEC §3 transcription and refgeo.optim.RowNorm are independent codes.
+    # The kit's transcription of docs/theory/lmo.md and refgeo.optim.RowNorm are independent codes.
     W0 = np.linspace(-1, 1, grads.shape[1] * grads.shape[2]).reshape(grads.shape[1:]).astype(grads.dtype)
     spec = rt.rownorm_reference_steps(W0, grads, lr=lr, mu=mu, eps=eps)
     ours = np.stack(refgeo_rownorm(W0, grads, lr=lr, mu=mu, eps=eps))
@@ -413,7 +454,7 @@ def diagonal_fit_numpy(X, Y, neighbors, *, lam, prior=1.0, self_included=False):
     X = np.asarray(X, dtype=np.float64)
     Y = np.asarray(Y, dtype=np.float64)
     nb = np.asarray(neighbors)
-    if self_included:  # a classic leak: the token's own pair in its neighbourhood
+    if self_included:  # a classic leak: the token's own pair in its neighborhood
         nb = np.concatenate([np.arange(len(X))[:, None], nb[:, :-1]], axis=1)
     num = (X[nb] * Y[nb]).sum(axis=1) + lam * prior
     den = (X[nb] ** 2).sum(axis=1) + lam
@@ -440,21 +481,21 @@ PINNED_ROWS = [
     pytest.param(np.array([[10000.0], [10001.0]], dtype=np.float32), True, id="offset-1e4"),
     pytest.param(np.array([[100.96875], [100.0]], dtype=np.float32), True, id="offset-1e2"),
     pytest.param(np.array([[1.0], [1.0000001]], dtype=np.float32), True, id="one-ulp"),
-    pytest.param(np.array([[0.734375], [0.0], [0.75]], dtype=np.float32), False, id="closest-after-centring"),
+    pytest.param(np.array([[0.734375], [0.0], [0.75]], dtype=np.float32), False, id="closest-after-centering"),
 ]
 
 
 @pytest.mark.parametrize("S, diameter", PINNED_ROWS)
 def test_pinned_gram_failures(S, diameter):
     ref = refgeo.row_diameter(S) if diameter else refgeo.closest_pair(S)
-    if diameter:  # no centring
-        naive = gram_extreme(S, dtype=np.float32, centre=False)
-    else:  # rows centred in float64, then the float32 Gram identity
+    if diameter:  # no centering
+        naive = gram_extreme(S, dtype=np.float32, center=False)
+    else:  # rows centered in float64, then the float32 Gram identity
         S64 = S.astype(np.float64)
-        naive = gram_extreme(S64 - S64.mean(axis=0), maximise=False, dtype=np.float32, centre=False)
+        naive = gram_extreme(S64 - S64.mean(axis=0), maximize=False, dtype=np.float32, center=False)
     with pytest.raises(ConformanceError):
         rt.assert_extreme_pair_close(*naive, ref, S)
-    rt.assert_extreme_pair_close(*direct_extreme(S, maximise=diameter, dtype=np.float32), ref, S)
+    rt.assert_extreme_pair_close(*direct_extreme(S, maximize=diameter, dtype=np.float32), ref, S)
 
 
 def test_pinned_rownorm_without_bias_correction():
@@ -469,7 +510,7 @@ def test_pinned_rownorm_without_bias_correction():
 
 
 def test_report_names_inputs_expected_got_and_tolerance():
-    err = _caught(lambda S: gram_extreme(S, dtype=np.float32, centre=False), "row_diameter",
+    err = _caught(lambda S: gram_extreme(S, dtype=np.float32, center=False), "row_diameter",
                   strategy=rst.row_clouds(dtypes="float32", structures=("offset",)),
                   settings=settings(derandomize=True, database=None))
     assert isinstance(err, AssertionError)
@@ -577,9 +618,9 @@ def test_knn_helper_checks_indices_and_distances():
     ref = refgeo.knn(X, 2)
     rt.assert_knn_close(ref.indices, ref.distances, ref, X)
     rt.assert_knn_close(ref.indices, None, ref, X)
-    with pytest.raises(ConformanceError, match="repeated neighbour"):
+    with pytest.raises(ConformanceError, match="repeated neighbor"):
         rt.assert_knn_close([[1, 1], [0, 2], [1, 0], [2, 1]], None, ref, X)
-    with pytest.raises(ConformanceError, match="own neighbour"):
+    with pytest.raises(ConformanceError, match="own neighbor"):
         rt.assert_knn_close([[0, 1], [0, 2], [1, 0], [2, 1]], None, ref, X)
     with pytest.raises(ConformanceError, match=re.escape("indices must be an integer array of shape (4, 2)")):
         rt.assert_knn_close(ref.indices[:, :1], None, ref, X)
@@ -669,7 +710,7 @@ def test_dtypes_restricts_the_default_scenarios():
 
 
 def test_scenarios_from_a_dict():
-    err = _caught(lambda S: gram_extreme(S, dtype=np.float32, centre=False), "row_diameter",
+    err = _caught(lambda S: gram_extreme(S, dtype=np.float32, center=False), "row_diameter",
                   strategy={"plain": rst.row_clouds(structures=("integers",), dtypes="float32"),
                             "shifted": rst.row_clouds(structures=("offset",), dtypes="float32")})
     assert err.scenario == "shifted"  # integers are exact in the float32 Gram identity
@@ -691,8 +732,8 @@ def test_user_strategy_and_tolerance():
 
 
 @settings(max_examples=60)
-@given(rst.centred_gradients(structures=("cross_entropy", "rank_one", "sparse")))
-def test_centred_gradients_rows_sum_to_exactly_zero(G):
+@given(rst.centered_gradients(structures=("cross_entropy", "rank_one", "sparse")))
+def test_centered_gradients_rows_sum_to_exactly_zero(G):
     assert np.all(G.sum(axis=0) == 0)
     assert np.all(G[::-1].sum(axis=0) == 0)  # whatever the order
     assert np.isfinite(G).all()
@@ -715,7 +756,7 @@ def test_shared_supports_give_finite_distances(pq):
 
 @settings(max_examples=60)
 @given(rst.row_clouds(n_rows=(2, 5), n_cols=(1, 3), dtypes="float32", layouts=("F", "strided")))
-def test_row_clouds_honour_size_dtype_layout(S):
+def test_row_clouds_honor_size_dtype_layout(S):
     assert S.dtype == np.float32 and 2 <= S.shape[0] <= 5 and 1 <= S.shape[1] <= 3
     assert np.isfinite(S).all()
     if S.shape[0] > 1 and S.shape[1] > 1:
@@ -753,18 +794,120 @@ def test_strategy_argument_errors():
 
 
 # --------------------------------------------------------------------------- optional: torch
+# Torch kernels under test receive tensors (convert=torch.from_numpy).  These tests skip
+# when torch is not installed and run whenever it is (CI installs it).
+
+
+def _torch():
+    return pytest.importorskip("torch")
+
+
+def torch_direct_diameter(S):
+    """A correct torch diameter: float64 direct differences, first maximum."""
+    torch = _torch()
+    D = torch.cdist(S.to(torch.float64), S.to(torch.float64), compute_mode="donot_use_mm_for_euclid_dist")
+    n = D.shape[0]
+    iu = torch.triu_indices(n, n, offset=1)
+    vals = D[iu[0], iu[1]]
+    k = int(torch.argmax(vals))
+    return vals[k], int(iu[0][k]), int(iu[1][k])
+
+
+def torch_blockwise_diameter(S, *, block=4, compute_mode="use_mm_for_euclid_dist", center=False):
+    """The diameter as practitioners write it for a large head: float32 ``torch.cdist`` over
+    row blocks (so the V x V matrix never exists), returning only the maximum.
+
+    With the default ``compute_mode`` cdist uses the Gram identity
+    |x|^2 + |y|^2 - 2 x.y, which cancels catastrophically in float32 when the rows share
+    a large common component or nearly coincide: the known defect.
+    """
+    torch = _torch()
+    X = S.to(torch.float32)
+    if center:
+        X = X - X.mean(dim=0)
+    best = X.new_zeros(())
+    for start in range(0, X.shape[0], block):
+        D = torch.cdist(X[start:start + block], X, compute_mode=compute_mode)
+        best = torch.maximum(best, D.max())
+    return best
 
 
 def test_torch_implementation_if_available():
-    torch = pytest.importorskip("torch")
+    torch = _torch()
+    report = check_against_reference(torch_direct_diameter, "row_diameter", convert=torch.from_numpy,
+                                     max_examples=N, tie_break="any")
+    assert report.unchecked == () and report.examples >= N
 
-    def torch_diameter(S):
-        D = torch.cdist(S.to(torch.float64), S.to(torch.float64))
+
+def test_torch_kernel_receives_tensors():
+    torch = _torch()
+    seen = set()
+
+    def candidate(S):
+        seen.add(type(S))
+        return torch_direct_diameter(S)
+
+    check_against_reference(candidate, "row_diameter", convert=torch.from_numpy, max_examples=8, tie_break="any")
+    assert seen == {torch.Tensor}
+
+
+def test_torch_blockwise_mm_cdist_diameter_is_caught():
+    # The realistic defect: float32 mm-based cdist without centering, value only.
+    torch = _torch()
+    err = _caught(torch_blockwise_diameter, "row_diameter", convert=torch.from_numpy, dtypes="float32")
+    assert "differs from the reference" in err.reason
+    assert "the pair was not checked" in err.reason  # value-only candidate: said in the report
+    assert set(err.got) == {"value"} and {"value", "i", "j"} <= set(err.expected)
+    assert np.asarray(err.inputs["S"]).dtype == np.float32
+
+
+def test_torch_blockwise_diameter_fixed_passes_on_its_value():
+    # Direct differences (the one-word fix) pass for float32 input; the report says that
+    # the pair was not checked.
+    torch = _torch()
+    report = check_against_reference(
+        lambda S: torch_blockwise_diameter(S, compute_mode="donot_use_mm_for_euclid_dist"), "row_diameter",
+        convert=torch.from_numpy, dtypes="float32", max_examples=N)
+    assert report.unchecked == ("pair (i, j)",)
+    assert "not checked: pair (i, j)" in str(report)
+
+
+def test_value_only_candidates_are_accepted_for_extreme_pairs():
+    # Python floats, NumPy scalars, 0-d arrays and {"value": ...} are checked on their value.
+    def direct(S):
+        return direct_extreme(np.asarray(S))
+
+    for wrap in (lambda r: float(r[0]), lambda r: np.float64(r[0]), lambda r: np.array(r[0]),
+                 lambda r: {"value": r[0]}):
+        report = check_against_reference(lambda S: wrap(direct(S)), "row_diameter", max_examples=16)
+        assert report.unchecked == ("pair (i, j)",)
+    # A wrong value is still caught, with the pair reported as unchecked.
+    err = _caught(lambda S: 1.001 * direct(S)[0], "row_diameter")
+    assert "the pair was not checked" in err.reason
+    # Full (value, i, j) results leave nothing unchecked.
+    assert check_against_reference(direct, "row_diameter", max_examples=16).unchecked == ()
+
+
+def test_value_only_closest_pair_with_torch():
+    torch = _torch()
+
+    def closest_value(S):
+        X = S.to(torch.float64)
+        D = torch.cdist(X, X, compute_mode="donot_use_mm_for_euclid_dist")
         n = D.shape[0]
         iu = torch.triu_indices(n, n, offset=1)
-        vals = D[iu[0], iu[1]]
-        k = int(torch.argmax(vals))
-        return vals[k], int(iu[0][k]), int(iu[1][k])
+        return D[iu[0], iu[1]].min()  # a 0-d tensor
 
-    check_against_reference(torch_diameter, "row_diameter", convert=torch.from_numpy, max_examples=N,
-                            tie_break="any")
+    report = check_against_reference(closest_value, "closest_pair", convert=torch.from_numpy, max_examples=N)
+    assert report.unchecked == ("pair (i, j)",)
+
+
+@pytest.mark.gpu
+def test_torch_cuda_kernel_if_available():
+    torch = _torch()
+    if not torch.cuda.is_available():
+        pytest.skip("torch has no CUDA device here")
+    report = check_against_reference(torch_direct_diameter, "row_diameter",
+                                     convert=lambda a: torch.from_numpy(a).cuda(), max_examples=N, tie_break="any")
+    assert report.examples >= N
+    _caught(torch_blockwise_diameter, "row_diameter", convert=lambda a: torch.from_numpy(a).cuda(), dtypes="float32")

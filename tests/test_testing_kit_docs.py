@@ -3,7 +3,9 @@
 Runs the page's Python blocks in order, in one namespace, under the page's derandomized
 profile.  A block followed by a ``text`` block that starts with
 ``refgeo.testing.ConformanceError:`` must raise a report for the same quantity; other blocks
-must run without error.  The exact example is not compared: hypothesis seeds its search with
+must run without error; a block followed by a ``text`` block that starts with
+``<quantity>: the candidate agrees`` must print it.  Blocks that use torch run when torch is
+installed and are skipped otherwise.  The exact failing example is not compared: hypothesis seeds its search with
 literal constants found in the modules loaded at the time (the page's outputs were
 obtained in a plain interpreter; under pytest other modules are loaded), so the shrunk
 example can differ between the two.
@@ -11,6 +13,9 @@ example can differ between the two.
 
 from __future__ import annotations
 
+import contextlib
+import importlib.util
+import io
 import os
 import pathlib
 import re
@@ -23,6 +28,8 @@ from refgeo.testing import ConformanceError
 PAGE = pathlib.Path(__file__).resolve().parents[1] / "docs" / "testing.md"
 FENCE = re.compile(r"^```(\w+)\n(.*?)^```\n", re.S | re.M)
 PREFIX = "refgeo.testing.ConformanceError: "
+PASSED = re.compile(r"^\w+: the candidate agrees with refgeo's reference")
+HAS_TORCH = importlib.util.find_spec("torch") is not None
 
 
 def _blocks():
@@ -41,7 +48,7 @@ def test_docs_page_examples_produce_the_shown_output():
     checked = 0
     try:
         for k, (lang, code) in enumerate(blocks):
-            if lang != "python" or "import torch" in code:
+            if lang != "python" or ("torch" in code and not HAS_TORCH):
                 continue
             shown = blocks[k + 1][1] if k + 1 < len(blocks) and blocks[k + 1][0] == "text" else ""
             if shown.startswith(PREFIX):
@@ -50,6 +57,11 @@ def test_docs_page_examples_produce_the_shown_output():
                 expected = shown[len(PREFIX):]
                 assert _quantity(str(info.value)) == _quantity(expected), f"block {k}"
                 checked += 1
+            elif PASSED.match(shown):
+                out = io.StringIO()
+                with contextlib.redirect_stdout(out):
+                    exec(compile(code, f"{PAGE.name}[block {k}]", "exec"), namespace)
+                assert out.getvalue().strip() == shown.strip(), f"block {k}"
             else:
                 exec(compile(code, f"{PAGE.name}[block {k}]", "exec"), namespace)
     finally:

@@ -14,7 +14,7 @@ the received values and the tolerance that was applied.  Tolerances (unit roundo
 * distances between rows (extreme pairs, k-NN): the refined float64 value is exact up
   to :math:`\\gamma_{d+3}(u_{64})` relative; a candidate computing in the input
   precision is allowed :math:`2\\gamma_{d+3}(u_{in})` relative on top, which covers
-  direct differences and the centred Gram identity for the diameter (not for the
+  direct differences and the centered Gram identity for the diameter (not for the
   closest pair, where cancellation is unbounded: that is what the check catches), plus
   the underflow floor :math:`\\sqrt{(d+1)\\,\\mathrm{tiny}_{in}}`;
 * projected RowNorm, the RowNorm optimizer and local diagonal fits: the rounding of
@@ -330,7 +330,7 @@ def assert_hilbert_close(
     Notes
     -----
     Default tolerance :math:`8 u_{in} (\\max_k |\\log p_k| + \\max_k |\\log q_k| + 1)` over the
-    common support (a few roundings of each logarithm, ratio and normalisation).
+    common support (a few roundings of each logarithm, ratio and normalization).
 
     Examples
     --------
@@ -509,8 +509,10 @@ def assert_extreme_pair_close(
     ----------
     value : float
         The candidate's distance.
-    i, j : int
-        The candidate's pair (``i < j``).
+    i, j : int or None
+        The candidate's pair (``i < j``).  ``None`` for both: a kernel that returns the
+        distance only (as many published diameter functions do) is checked on its value,
+        and a failure report says that the pair was not checked.
     reference_pair : refgeo.ExtremePair
         ``refgeo.row_diameter(S)`` or ``refgeo.closest_pair(S)``.
     S : ndarray of shape (V, d)
@@ -547,6 +549,7 @@ def assert_extreme_pair_close(
     >>> from refgeo.testing import assert_extreme_pair_close
     >>> S = np.array([[0.0, 0.0], [3.0, 4.0], [1.0, 1.0]])
     >>> assert_extreme_pair_close(5.0, 0, 1, refgeo.row_diameter(S), S)
+    >>> assert_extreme_pair_close(5.0, None, None, refgeo.row_diameter(S), S)  # value only
     """
     tie_break = _check_rule(tie_break)
     S = np.asarray(S)
@@ -555,8 +558,14 @@ def assert_extreme_pair_close(
     ri, rj = int(reference_pair.i), int(reference_pair.j)
     expected = {"value": ref_v, "i": ri, "j": rj}
     got_v = float(as_numpy(value).reshape(()))
-    gi, gj = _as_index(i, "i"), _as_index(j, "j")
-    got = {"value": got_v, "i": gi, "j": gj}
+    value_only = i is None and j is None
+    if (i is None) != (j is None):
+        raise ConformanceError(f"i and j must both be indices or both be None, got i={i!r}, j={j!r}.")
+    if value_only:
+        got: dict[str, Any] = {"value": got_v}
+    else:
+        gi, gj = _as_index(i, "i"), _as_index(j, "j")
+        got = {"value": got_v, "i": gi, "j": gj}
     if rtol is None and atol is None:
         tol = _distance_rtol(d, S.dtype) * ref_v + _distance_floor(d, S.dtype)
         text = _distance_tol_text(d, S.dtype)
@@ -566,11 +575,14 @@ def assert_extreme_pair_close(
     if not (abs(got_v - ref_v) <= tol):
         raise ConformanceError(
             f"the value {got_v!r} differs from the reference {ref_v!r} by {abs(got_v - ref_v):.3g}, more than "
-            f"the tolerance {tol:.3g}.",
+            f"the tolerance {tol:.3g}." + (" (Value only: the candidate returned no pair, so the pair was not "
+                                            "checked.)" if value_only else ""),
             expected=expected,
             got=got,
             tolerance=text,
         )
+    if value_only:
+        return
     if not (0 <= gi < gj < V):
         raise ConformanceError(
             f"the pair ({gi}, {gj}) is not a valid pair i < j of rows 0..{V - 1}.",
@@ -618,12 +630,12 @@ def assert_knn_close(
     atol: float | None = None,
     tie_break: str = "smallest",
 ) -> None:
-    """Assert a candidate's k nearest neighbours match ``refgeo.knn``.
+    """Assert a candidate's k nearest neighbors match ``refgeo.knn``.
 
     Parameters
     ----------
     indices : array_like of shape (n, k)
-        The candidate's neighbour indices, nearest first.
+        The candidate's neighbor indices, nearest first.
     distances : array_like of shape (n, k) or None
         The candidate's distances (None: only the indices are checked).
     reference : refgeo.KNNResult
@@ -633,18 +645,18 @@ def assert_knn_close(
     Y : ndarray of shape (n_Y, d), default=None
         Candidate rows (None: X itself).
     exclude_self : bool, default=True
-        Whether a row may be its own neighbour (when Y is None).
+        Whether a row may be its own neighbor (when Y is None).
     rtol, atol : float, default=None
         Replace the default distance tolerance by ``atol + rtol * |expected|``.
     tie_break : {"smallest", "any"}, default="smallest"
         ``"smallest"``: among exactly equal refined distances the smaller index comes
-        first (refgeo's rule); ``"any"``: any order of near-equal neighbours.
+        first (refgeo's rule); ``"any"``: any order of near-equal neighbors.
 
     Raises
     ------
     ConformanceError
-        On a wrong shape, an index out of range, a repeated neighbour, the query row
-        itself (with ``exclude_self``), a distance out of tolerance, a neighbour whose
+        On a wrong shape, an index out of range, a repeated neighbor, the query row
+        itself (with ``exclude_self``), a distance out of tolerance, a neighbor whose
         true distance is not within tolerance of the reference's at that rank, or a
         wrong order among exact ties.
 
@@ -689,12 +701,12 @@ def assert_knn_close(
     for r in range(n):
         row = got_idx[r]
         if np.any(row < 0) or np.any(row >= nb):
-            raise ConformanceError(f"row {r}: neighbour index out of range 0..{nb - 1}: {row.tolist()}.",
+            raise ConformanceError(f"row {r}: neighbor index out of range 0..{nb - 1}: {row.tolist()}.",
                                    expected=expected, got=got)
         if len(set(row.tolist())) != k:
-            raise ConformanceError(f"row {r}: repeated neighbour in {row.tolist()}.", expected=expected, got=got)
+            raise ConformanceError(f"row {r}: repeated neighbor in {row.tolist()}.", expected=expected, got=got)
         if Y is None and exclude_self and r in row:
-            raise ConformanceError(f"row {r} is listed as its own neighbour (exclude_self=True).",
+            raise ConformanceError(f"row {r} is listed as its own neighbor (exclude_self=True).",
                                    expected=expected, got=got)
         sq = _canonical_sq(A64[r][None, :], B64[row])
         for c in range(k):
@@ -703,7 +715,7 @@ def assert_knn_close(
             ref_sq = float(_canonical_sq(A64[r], B64[ref_idx[r, c]]))
             if float(sq[c]) == ref_sq and tie_break == "smallest":
                 raise ConformanceError(
-                    f"wrong tie-breaking in row {r}, rank {c}: neighbours {int(row[c])} and {int(ref_idx[r, c])} "
+                    f"wrong tie-breaking in row {r}, rank {c}: neighbors {int(row[c])} and {int(ref_idx[r, c])} "
                     f"are at exactly equal refined distance {math.sqrt(ref_sq)!r}; refgeo orders equal distances "
                     "by the smaller index.",
                     expected=expected,
@@ -713,8 +725,8 @@ def assert_knn_close(
             dist = math.sqrt(float(sq[c]))
             if not (abs(dist - ref_dist[r, c]) <= tol[r, c]):
                 raise ConformanceError(
-                    f"row {r}, rank {c}: neighbour {int(row[c])} is at distance {dist!r}, but the reference's "
-                    f"neighbour {int(ref_idx[r, c])} at that rank is at {ref_dist[r, c]!r} (difference "
+                    f"row {r}, rank {c}: neighbor {int(row[c])} is at distance {dist!r}, but the reference's "
+                    f"neighbor {int(ref_idx[r, c])} at that rank is at {ref_dist[r, c]!r} (difference "
                     f"{abs(dist - ref_dist[r, c]):.3g} > tolerance {tol[r, c]:.3g}).",
                     expected=expected,
                     got=got,
@@ -749,11 +761,11 @@ def assert_projected_rownorm_close(
     Notes
     -----
     Default tolerance (absolute, every entry): :math:`\\eta\\,(V + d + 6)\\,u_{in}`, the
-    rounding of a row normalisation (:math:`(d+3)u` relative on rows of norm 1) and of
-    the outer mean over V rows, in the input precision.  It assumes the centring
+    rounding of a row normalization (:math:`(d+3)u` relative on rows of norm 1) and of
+    the outer mean over V rows, in the input precision.  It assumes the centering
     :math:`PG` is exact or harmless, as for gradients whose rows sum to zero exactly
-    (:func:`refgeo.testing.strategies.centred_gradients`); rows of ``PG`` at the
-    rounding level of the centring are ill-conditioned for any implementation.
+    (:func:`refgeo.testing.strategies.centered_gradients`); rows of ``PG`` at the
+    rounding level of the centering are ill-conditioned for any implementation.
 
     Examples
     --------
@@ -780,7 +792,7 @@ def assert_projected_rownorm_close(
 def rownorm_reference_steps(
     W0: Any, grads: Any, /, *, lr: float, mu: float = 0.95, eps: float = 1e-8, bias_correction: bool = True
 ) -> np.ndarray:
-    """The RowNorm optimizer of SPEC §3, written out: parameters after each step.
+    """The RowNorm optimizer (see :doc:`/theory/lmo`), written out: parameters after each step.
 
     Parameters
     ----------
@@ -807,7 +819,7 @@ def rownorm_reference_steps(
         \\mathrm{RN}_\\varepsilon(B)_i = \\frac{b_i}{\\lVert b_i \\rVert + \\varepsilon}
 
     in float64 (the parameter is rounded to its dtype after each step), without the
-    optional outer centring, weight decay or gradient centring.  ``refgeo.RowNorm``
+    optional outer centering, weight decay or gradient centering.  ``refgeo.RowNorm``
     with ``center=True`` agrees whenever the gradients' rows sum to zero.
 
     Examples
@@ -833,12 +845,9 @@ def rownorm_reference_steps(
 
 
 def _rownorm_oracle(W0, grads, lr, mu, eps):
-    """Parameters after each step from refgeo.optim.RowNorm (the SPEC reference if absent)."""
-    import refgeo
+    """Parameters after each step from refgeo.optim.RowNorm."""
+    from refgeo import RowNorm
 
-    RowNorm = getattr(refgeo, "RowNorm", None)
-    if RowNorm is None:  # pragma: no cover - refgeo.optim always ships RowNorm now
-        return rownorm_reference_steps(W0, grads, lr=lr, mu=mu, eps=eps)
     W = np.array(W0, copy=True, order="C")
     opt = RowNorm(lr=lr, mu=mu, eps=eps)
     out = []
@@ -890,7 +899,7 @@ def assert_rownorm_steps_close(
     .. math:: \\sum_{s \\le t} 2\\gamma u\\,\\big((s + 4)\\kappa_{s,i} + d + 4\\big)
               + 2 u\\, |W_{s}|_{i}
 
-    (momentum averaging and row normalisation in the parameter precision, and the
+    (momentum averaging and row normalization in the parameter precision, and the
     rounding of the parameter update, for the candidate and the oracle).  Missing bias
     correction, a misplaced :math:`\\varepsilon` or a wrong momentum are far outside it
     when rows are small enough for :math:`\\varepsilon` to matter.
@@ -959,7 +968,7 @@ def assert_local_diagonal_fit_close(
 ) -> None:
     """Assert a candidate's tokenwise prediction :math:`A_i x_i` matches ``refgeo.fit_local_maps``.
 
-    The diagonal class with identity prior on given neighbourhoods:
+    The diagonal class with identity prior on given neighborhoods:
     ``refgeo.fit_local_maps(X, Y, neighbors=neighbors, cls="diagonal", ridge=lam).fitted``.
 
     Parameters
@@ -969,7 +978,7 @@ def assert_local_diagonal_fit_close(
     X, Y : ndarray of shape (N, d)
         Hidden states before and after the layer.
     neighbors : ndarray of int of shape (N, k)
-        Neighbourhood :math:`N_k(i)` of every token.
+        Neighborhood :math:`N_k(i)` of every token.
     lam : float, default=0.0
         Ridge :math:`\\lambda` towards :math:`A_0 = I`.
     rtol, atol : float, default=None

@@ -14,7 +14,7 @@ the structure that matters.
    logit_pairs
    simplex_pairs
    row_clouds
-   centred_gradients
+   centered_gradients
    gradient_sequences
    hidden_state_pairs
    HiddenStatePair
@@ -57,7 +57,7 @@ __all__ = [
     "MAP_CLASSES",
     "ROW_STRUCTURES",
     "SUPPORTS",
-    "centred_gradients",
+    "centered_gradients",
     "gradient_sequences",
     "hidden_state_pairs",
     "logit_pairs",
@@ -82,7 +82,7 @@ ROW_STRUCTURES = (
     "rank_deficient",
     "huge_row",
 )
-#: Structures of :func:`centred_gradients`, plainest first.
+#: Structures of :func:`centered_gradients`, plainest first.
 GRADIENT_STRUCTURES = ("cross_entropy", "rank_one", "sparse", "multiscale")
 #: Classes of planted local maps in :func:`hidden_state_pairs`.
 MAP_CLASSES = ("identity", "diagonal", "low_rank", "orthogonal")
@@ -90,7 +90,7 @@ MAP_CLASSES = ("identity", "diagonal", "low_rank", "orthogonal")
 LAYOUTS = ("C", "F", "strided")
 
 _FLOAT_DTYPES = (np.dtype(np.float64), np.dtype(np.float32))
-_BOUNDED = dict(allow_nan=False, allow_infinity=False, allow_subnormal=False)
+_BOUNDED: dict[str, Any] = dict(allow_nan=False, allow_infinity=False, allow_subnormal=False)
 
 
 # --------------------------------------------------------------------------- arguments
@@ -475,7 +475,7 @@ def row_clouds(
         ``"near_ties"`` (scaled cube/cross-polytope vertices with one entry moved by one
         ulp); ``"offset"`` (a common offset row of size 1e2 to ``max_offset`` added to a
         spread of size 1: the Gram identity ``|x|^2 + |y|^2 - 2 x.y`` cancels
-        catastrophically unless rows are centred); ``"rank_deficient"`` (rank < min(V, d));
+        catastrophically unless rows are centered); ``"rank_deficient"`` (rank < min(V, d));
         ``"huge_row"`` (one row 1e3 or 1e6 times the others).
     max_offset : float, default=1e8
         Largest common offset (ratio of offset to spread).
@@ -502,22 +502,37 @@ def row_clouds(
 # --------------------------------------------------------------------------- gradients
 
 
-def _snap_and_centre(G: np.ndarray, dtype: np.dtype) -> np.ndarray:
+def _unit_top(G: np.ndarray) -> np.ndarray:
+    """G divided by a power of two (exactly) so that its largest magnitude is in [1/2, 1).
+
+    The overall size of a gradient is then the caller's ``scale``, not an accident of
+    the float draw: hypothesis likes tiny floats, and a whole gradient at 1e-258 would
+    make every textbook ``b / sqrt(sum(b**2))`` kernel underflow (see
+    :func:`centered_gradients`).
+    """
+    top = float(np.max(np.abs(G))) if G.size else 0.0
+    if top == 0.0:
+        return np.zeros_like(G)
+    # ldexp scales exactly, also from subnormal entries (a product by 2**1070 would overflow).
+    return np.ldexp(G, -math.frexp(top)[1])
+
+
+def _snap_and_center(G: np.ndarray, dtype: np.dtype) -> np.ndarray:
     """Round G to a coarse binary grid and set the last row to minus the sum of the others.
 
     On the grid every partial sum of rows is exact in ``dtype``, so the rows sum to
-    exactly zero whatever the summation order.
+    exactly zero whatever the summation order.  The largest magnitude ends up in [1/2, 1).
     """
     v = G.shape[0]
-    top = float(np.max(np.abs(G))) if G.size else 0.0
-    if top == 0.0:
+    G = _unit_top(G)
+    if not G.any():
         return np.zeros_like(G, dtype=dtype)
     mant = np.finfo(dtype).nmant + 1
     bits = mant - (int(math.ceil(math.log2(v))) + 2)
-    step = 2.0 ** (math.ceil(math.log2(top)) - bits)
+    step = 2.0 ** -bits
     Gs = np.round(G / step) * step
     Gs[-1] = -Gs[:-1].sum(axis=0)
-    return Gs.astype(dtype)
+    return _unit_top(Gs).astype(dtype)  # the last row may exceed 1; power-of-two scaling is exact
 
 
 def _softmax(z):
@@ -528,7 +543,7 @@ def _softmax(z):
 def _gradient_values(draw, v, d, dtype, structure) -> np.ndarray:
     if structure == "rank_one":
         a = _unit(draw, (v, 1))
-        return _snap_and_centre(a * _unit(draw, (1, d), 0.25, 1.0), dtype)
+        return _snap_and_center(a * _unit(draw, (1, d), 0.25, 1.0), dtype)
     if structure == "sparse":
         G = np.zeros((v, d))
         k = draw(st.integers(1, max(1, v // 2)))
@@ -536,14 +551,14 @@ def _gradient_values(draw, v, d, dtype, structure) -> np.ndarray:
         for a, b in zip(rows[0::2], rows[1::2]):
             g = _unit(draw, (d,), 0.25, 1.0)
             G[a], G[b] = g, -g
-        return _snap_and_centre(G, dtype)
+        return _snap_and_center(G, dtype)
     if structure == "multiscale":
         # Rows of very different norms (down to 1e-10): makes the eps of RN_eps matter.
         G = _unit(draw, (v, d), 0.1, 1.0) * np.sign(_unit(draw, (v, d)) + 0.5)
         exps = draw(hnp.arrays(np.int64, (v, 1), elements=st.sampled_from([0, 3, 6, 8, 9, 10])))
         G = G * 10.0 ** (-exps.astype(np.float64))
         G[-1] = -G[:-1].sum(axis=0) if v > 1 else 0.0
-        return G.astype(dtype)
+        return _unit_top(G).astype(dtype)
     # cross_entropy: G = sum_t (softmax(z_t) - e_{c_t}) h_t^T over a few tokens t.
     n_tok = draw(st.integers(1, 4))
     Z = _unit(draw, (n_tok, v), -4.0, 4.0)
@@ -551,11 +566,11 @@ def _gradient_values(draw, v, d, dtype, structure) -> np.ndarray:
     H = _unit(draw, (n_tok, d), -1.0, 1.0)
     R = _softmax(Z)
     R[np.arange(n_tok), c] -= 1.0
-    return _snap_and_centre(R.T @ H, dtype)
+    return _snap_and_center(R.T @ H, dtype)
 
 
 @_composite
-def centred_gradients(
+def centered_gradients(
     draw,
     *,
     n_rows: int | tuple[int, int] = (2, 12),
@@ -563,6 +578,7 @@ def centred_gradients(
     dtypes: Any = _FLOAT_DTYPES,
     structures: Sequence[str] = GRADIENT_STRUCTURES,
     layouts: Sequence[str] = LAYOUTS,
+    scales: Sequence[float] = (1.0,),
 ) -> np.ndarray:
     """Cross-entropy-like gradients ``G`` of shape (V, d) whose rows sum to zero.
 
@@ -572,10 +588,14 @@ def centred_gradients(
     dtypes : dtype or sequence of dtypes, default=(float64, float32)
     structures : sequence of str, default=GRADIENT_STRUCTURES
         ``"cross_entropy"`` (:math:`G = \\sum_t (\\mathrm{softmax}(z_t) - e_{c_t}) h_t^T`
-        over 1-4 tokens); ``"rank_one"`` (:math:`a b^T`, closed forms in SPEC §3);
+        over 1-4 tokens); ``"rank_one"`` (:math:`a b^T`, closed forms in :doc:`/theory/lmo`);
         ``"sparse"`` (pairs of opposite rows, the others exactly zero);
         ``"multiscale"`` (row norms from 1 down to 1e-10).
     layouts : sequence of {"C", "F", "strided"}, default=LAYOUTS
+    scales : sequence of float, default=(1.0,)
+        Overall size: the largest entry of a drawn ``G`` has magnitude in
+        ``[scale/2, scale)``, with ``scale`` drawn from this list (powers of two keep
+        the rows' sums exactly zero).
 
     Returns
     -------
@@ -583,6 +603,18 @@ def centred_gradients(
         Draws arrays of shape (V, d) with :math:`\\mathbf{1}^T G = 0`: exactly (every
         partial sum is exact in the dtype) for all structures but ``"multiscale"``, whose
         rows sum to zero up to rounding.
+
+    Notes
+    -----
+    Why the size is a parameter and not left to the float draw: the textbook row
+    normalization ``b / sqrt(sum(b**2))`` squares the entries, which underflows for rows
+    of norm below about :math:`\\sqrt{\\text{tiny}}` (1.5e-154 in float64, 1.1e-19 in
+    float32; 1e-4 or so in float16 accumulation) and returns a zero row where the
+    reference returns a unit direction.  Gradients of a real LM head are nowhere near
+    that in float64, so the default draws keep the largest entry near ``scale`` and a
+    plain kernel passes; to test a kernel's behavior on such inputs (a float16 kernel,
+    or a scale-safe one that divides by the largest entry first), ask for them, e.g.
+    ``scales=(2.0**-600,)``.
     """
     rows = _size_range(n_rows, "n_rows", 2)
     cols = _size_range(n_cols, "n_cols", 1)
@@ -591,8 +623,17 @@ def centred_gradients(
     lays = _choices(layouts, "layouts", LAYOUTS)
     v, d = _draw_size(draw, rows), _draw_size(draw, cols)
     dtype = _pick(draw, dts)
+    scales = _scales(scales)
     G = _gradient_values(draw, v, d, dtype, _pick(draw, structs))
+    G = G * dtype.type(_pick(draw, scales))
     return _apply_layout(G, _layout(draw, lays))
+
+
+def _scales(scales: Sequence[float]) -> tuple[float, ...]:
+    out = tuple(float(c) for c in scales)
+    if not out or not all(c > 0 and math.isfinite(c) for c in out):
+        raise ValueError(f"scales must be positive finite numbers, got {scales!r} instead.")
+    return out
 
 
 @_composite
@@ -606,9 +647,9 @@ def gradient_sequences(
     structures: Sequence[str] = ("cross_entropy", "rank_one", "sparse"),
     scales: Sequence[float] = (1.0, 2.0**-20, 2.0**-27, 2.0**-30),
 ) -> np.ndarray:
-    """A sequence of T centred gradients, stacked in an array of shape (T, V, d).
+    """A sequence of T centered gradients, stacked in an array of shape (T, V, d).
 
-    Each step draws its own structure (see :func:`centred_gradients`) and its own
+    Each step draws its own structure (see :func:`centered_gradients`) and its own
     overall scale, so one sequence mixes, say, a large cross-entropy step with steps
     of size 1e-9, for which the ``eps`` of a RowNorm step and its bias correction
     matter.
@@ -618,9 +659,10 @@ def gradient_sequences(
     n_steps, n_rows, n_cols : int or (int, int), default=(1, 4), (2, 8), (1, 4)
     dtypes : dtype or sequence of dtypes, default=(float64, float32)
     structures : sequence of str, default=("cross_entropy", "rank_one", "sparse")
-        Structures of :func:`centred_gradients` (all of whose rows sum to exactly zero).
+        Structures of :func:`centered_gradients` (all of whose rows sum to exactly zero).
     scales : sequence of float, default=(1, 2**-20, 2**-27, 2**-30)
-        Per-step scale factors; powers of two keep the rows' sums exactly zero.
+        Per-step sizes (the largest entry of a step is in ``[scale/2, scale)``); powers
+        of two keep the rows' sums exactly zero.
 
     Returns
     -------
@@ -632,9 +674,7 @@ def gradient_sequences(
     cols = _size_range(n_cols, "n_cols", 1)
     dts = _dtypes(dtypes)
     structs = _choices(structures, "structures", GRADIENT_STRUCTURES)
-    scales = tuple(float(c) for c in scales)
-    if not scales or not all(c > 0 and math.isfinite(c) for c in scales):
-        raise ValueError(f"scales must be positive finite numbers, got {scales!r} instead.")
+    scales = _scales(scales)
     t, v, d = _draw_size(draw, steps), _draw_size(draw, rows), _draw_size(draw, cols)
     dtype = _pick(draw, dts)
     out = []
@@ -654,7 +694,7 @@ class HiddenStatePair:
     Attributes
     ----------
     X : ndarray of shape (N, d)
-        Hidden states :math:`h_l` (token clusters around a few centres).
+        Hidden states :math:`h_l` (token clusters around a few centers).
     Y : ndarray of shape (N, d)
         :math:`y_i = A_{c(i)} x_i + r_i`.
     maps : ndarray of shape (K, d, d)
@@ -700,7 +740,7 @@ def hidden_state_pairs(
     Tokens fall in K well-separated clusters; every token of cluster k is mapped by
     the same :math:`A_k` of the chosen class (identity, diagonal with entries in
     [0.5, 2], :math:`I + BC^T` of rank 1, or orthogonal), and up to ``max_outliers``
-    tokens get a residual of norm ``outlier_size``.  A local fit on neighbours within
+    tokens get a residual of norm ``outlier_size``.  A local fit on neighbors within
     the cluster recovers :math:`A_k`, so the planted residuals are what a tokenwise
     decomposition must report.
 
@@ -728,8 +768,8 @@ def hidden_state_pairs(
     dtype = _pick(draw, dts)
     map_class = _pick(draw, classes)
     labels = np.sort(np.arange(n) % k)
-    centres = 10.0 * np.arange(k, dtype=np.float64)[:, None] * np.ones((1, d)) + 5.0
-    X = centres[labels] + _unit(draw, (n, d))
+    centers = 10.0 * np.arange(k, dtype=np.float64)[:, None] * np.ones((1, d)) + 5.0
+    X = centers[labels] + _unit(draw, (n, d))
     maps = np.empty((k, d, d))
     for c in range(k):
         if map_class == "identity":

@@ -1,0 +1,538 @@
+r"""PyTorch optimizers for the LM head: the RowNorm recipe as a ``torch.optim.Optimizer``.
+
+An optional module: ``import refgeo.torch`` does not import PyTorch; the first use of
+``refgeo.torch.RowNorm`` does (``pip install torch``).  The mathematics is that of
+:class:`refgeo.RowNorm` (see :doc:`/theory/lmo`), computed on the tensors' own device:
+
+.. math::
+
+    B_t = \mu B_{t-1} + (1 - \mu) P G_t, \qquad \hat B_t = B_t / (1 - \mu^t), \qquad
+    S_t = -\gamma_t\, [P]\, \mathrm{RN}_\varepsilon(\hat B_t), \qquad
+    W_t = (1 - \gamma_t \lambda) W_{t-1} + S_t,
+
+with :math:`\mathrm{RN}_\varepsilon(B)_i = b_i / (\lVert b_i \rVert + \varepsilon)`, so that
+the row diameter of every step is at most :math:`2\gamma_t`.
+
+.. autosummary::
+
+   RowNorm
+   DiameterLMO
+   HeadStepMonitor
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ._validate import as_float_array, check_bool, check_int, check_real
+
+__all__ = ["DiameterLMO", "HeadStepMonitor", "RowNorm"]
+
+_CLASSES: dict[str, Any] = {}
+
+
+def __getattr__(name: str) -> Any:
+    # The classes subclass torch.optim.Optimizer, so they are built (and torch imported)
+    # on first use; importing refgeo.torch stays free for users without torch.
+    if name in __all__:
+        if name not in _CLASSES:
+            _CLASSES.update(_build())
+        return _CLASSES[name]
+    raise AttributeError(f"module 'refgeo.torch' has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted(list(globals()) + __all__)
+
+
+def _import_torch() -> Any:
+    try:
+        import torch
+    except ImportError as exc:  # pragma: no cover - exercised without torch
+        raise ImportError(
+            "refgeo.torch needs PyTorch, which is not installed: `python -m pip install torch`."
+        ) from exc
+    return torch
+
+
+def _positive_int(value: Any, name: str, min_value: int) -> int:
+    out = check_int(value, name, min_value=min_value)
+    assert out is not None  # check_int returns None only with allow_none=True
+    return out
+
+
+def _check_unit_interval(value: Any, name: str) -> float:
+    value = check_real(value, name, min_value=0.0)
+    if not value < 1.0:
+        raise ValueError(f"{name} must be in [0, 1), got {value} instead.")
+    return value
+
+
+def _build() -> dict[str, Any]:
+    torch = _import_torch()
+
+    def _name(group: dict, k: int) -> str:
+        names = group.get("param_names")
+        return repr(names[0]) if names else f"param_groups[{k}]['params'][0]"
+
+    def _check_group(group: dict, k: int) -> None:
+        params = group["params"]
+        if len(params) != 1:
+            raise ValueError(
+                f"refgeo.torch.RowNorm takes exactly one 2-D parameter (the LM-head weight) per param group, "
+                f"got {len(params)} parameters in param group {k} instead."
+            )
+        p = params[0]
+        name = _name(group, k)
+        if p.is_complex() or not p.is_floating_point():
+            raise TypeError(f"parameter {name} must be a real floating-point tensor, got dtype {p.dtype} instead.")
+        if p.ndim != 2:
+            raise ValueError(
+                f"parameter {name} must be 2-D (the LM-head weight, shape (V, d)), got shape "
+                f"{tuple(p.shape)} instead."
+            )
+        if p.is_sparse:
+            raise TypeError(f"parameter {name} must be a dense tensor, got a sparse tensor instead.")
+        if not bool(torch.isfinite(p).all()):
+            raise ValueError(f"parameter {name} must be finite, got a tensor with NaN or inf entries instead.")
+
+    def _hyperparameters(group: dict) -> tuple:
+        return (
+            check_real(group["lr"], "lr", min_value=0.0),
+            _check_unit_interval(group["momentum"], "momentum"),
+            check_real(group["eps"], "eps", min_value=0.0),
+            check_real(group["weight_decay"], "weight_decay", min_value=0.0),
+            check_bool(group["bias_correction"], "bias_correction"),
+            check_bool(group["project"], "project"),
+            check_bool(group["center"], "center"),
+        )
+
+    class RowNorm(torch.optim.Optimizer):  # type: ignore[name-defined,misc]  # built at run time
+        r"""RowNorm for the LM-head weight, as a ``torch.optim.Optimizer``.
+
+        The steps equal :class:`refgeo.RowNorm`'s (float64: to about 1e-15 relative;
+        float32: to float32 rounding), on the parameter's device.
+
+        Parameters
+        ----------
+        params : tensor, iterable of tensors, of (name, tensor) pairs, or of dicts
+            The 2-D LM-head weight, of shape (V, d): exactly one parameter per param
+            group (several groups are allowed, e.g. two heads).  Names given through
+            ``model.named_parameters()`` appear in error messages.
+        lr : float
+            Step size :math:`\gamma \ge 0` (LR schedulers change ``group["lr"]``).
+        momentum : float, default=0.95
+            :math:`\mu \in [0, 1)` of the gradient average.
+        eps : float, default=1e-8
+            Added to every row norm, ``>= 0``.
+        weight_decay : float, default=0.0
+            Decoupled weight decay :math:`\lambda \ge 0`: ``W *= 1 - lr * weight_decay``
+            before the step is added.
+        bias_correction : bool, default=True
+            Divide the average by :math:`1 - \mu^t`.
+        project : bool, default=False
+            Apply the outer centering P to the step.
+        center : bool, default=True
+            Center each gradient (:math:`PG`; a no-op for cross-entropy gradients).
+
+        Notes
+        -----
+        .. math:: S_t = -\gamma_t\,[P]\,\mathrm{RN}_\varepsilon\big(B_t / (1 - \mu^t)\big),
+                  \quad B_t = \mu B_{t-1} + (1 - \mu) P G_t
+
+        State per parameter: ``step`` (int), ``momentum_buffer`` and ``last_step``
+        (the step :math:`S_t` before weight decay), both of the parameter's shape, in
+        float64 for float64 parameters and float32 otherwise; ``state_dict()`` holds
+        them.  Each step costs O(Vd) time and, besides the state, only O(V + d)
+        memory: the last step is the scratch space, and the row norms are scale-safe
+        in place (rows of norm 1e-200 or 1e200 neither underflow nor overflow).  A
+        parameter whose ``grad`` is None is skipped.
+
+        Raises
+        ------
+        ValueError
+            A parameter that is not 2-D, several parameters in one group, a parameter or
+            gradient with NaN or inf entries, hyper-parameters out of range.
+        TypeError
+            A complex, integer or sparse parameter or gradient.
+
+        Examples
+        --------
+        >>> import torch, refgeo.torch
+        >>> W = torch.nn.Parameter(torch.zeros(2, 2, dtype=torch.float64))
+        >>> opt = refgeo.torch.RowNorm([W], lr=0.1, eps=0.0)
+        >>> W.grad = torch.tensor([[3.0, 4.0], [-3.0, -4.0]], dtype=torch.float64)
+        >>> _ = opt.step()
+        >>> W.detach().round(decimals=12).tolist()
+        [[-0.06, -0.08], [0.06, 0.08]]
+        >>> opt.last_step().tolist() == W.detach().tolist()   # S_t, before weight decay
+        True
+        """
+
+        def __init__(
+            self,
+            params: Any,
+            lr: float,
+            momentum: float = 0.95,
+            eps: float = 1e-8,
+            weight_decay: float = 0.0,
+            *,
+            bias_correction: bool = True,
+            project: bool = False,
+            center: bool = True,
+        ) -> None:
+            if isinstance(params, torch.Tensor):
+                params = [params]
+            defaults = dict(lr=lr, momentum=momentum, eps=eps, weight_decay=weight_decay,
+                            bias_correction=bias_correction, project=project, center=center)
+            _hyperparameters(defaults)
+            super().__init__(params, defaults)
+
+        def add_param_group(self, param_group: dict) -> None:
+            super().add_param_group(param_group)
+            group = self.param_groups[-1]
+            try:
+                _check_group(group, len(self.param_groups) - 1)
+                _hyperparameters(group)
+            except (TypeError, ValueError):
+                self.param_groups.pop()
+                raise
+
+        @torch.no_grad()
+        def step(self, closure: Any = None) -> Any:
+            """One step for every param group; returns ``closure()`` when given."""
+            loss = None
+            if closure is not None:
+                with torch.enable_grad():
+                    loss = closure()
+            # Validate everything before changing anything: a bad gradient in group 1
+            # leaves group 0 untouched too.
+            work = []
+            for k, group in enumerate(self.param_groups):
+                hyper = _hyperparameters(group)
+                p = group["params"][0]
+                g = p.grad
+                if g is None:
+                    continue
+                name = _name(group, k)
+                if g.is_sparse:
+                    raise TypeError(f"the gradient of {name} must be dense, got a sparse tensor instead.")
+                if g.is_complex() or not g.is_floating_point():
+                    raise TypeError(f"the gradient of {name} must be real floating point, got dtype {g.dtype} instead.")
+                if not bool(torch.isfinite(g).all()):
+                    raise ValueError(f"the gradient of {name} must be finite, got NaN or inf entries instead.")
+                work.append((p, g, hyper))
+            for p, g, (lr, mu, eps, wd, bias_correction, project, center) in work:
+                state = self.state[p]
+                if len(state) == 0:
+                    dtype = torch.float64 if p.dtype == torch.float64 else torch.float32
+                    state["step"] = 0
+                    state["momentum_buffer"] = torch.zeros(p.shape, dtype=dtype, device=p.device)
+                    state["last_step"] = torch.zeros(p.shape, dtype=dtype, device=p.device)
+                B, S = state["momentum_buffer"], state["last_step"]
+                state["step"] = t = int(state["step"]) + 1
+                S.copy_(g)  # S is the scratch space: first the (centered) gradient
+                if center:
+                    S.sub_(S.mean(dim=0, keepdim=True))
+                B.mul_(mu).add_(S, alpha=1.0 - mu)
+                if bias_correction:
+                    torch.div(B, 1.0 - mu**t, out=S)
+                else:
+                    S.copy_(B)
+                # Scale-safe row normalization in place: with m_i = max_j |b_ij|,
+                # b_i / (|b_i| + eps) = (b_i / m_i) / (|b_i / m_i| + eps / m_i), and the
+                # scaled rows neither underflow nor overflow when squared.  Only O(V)
+                # temporaries: no (V, d) array besides the state.
+                m = torch.linalg.vector_norm(S, ord=float("inf"), dim=1, keepdim=True)
+                m = torch.where(m > 0, m, torch.ones_like(m))  # zero rows stay zero
+                S.div_(m)
+                den = torch.linalg.vector_norm(S, dim=1, keepdim=True).add_(eps / m)
+                S.div_(torch.where(den > 0, den, torch.ones_like(den)))
+                S.mul_(-lr)
+                if project:
+                    S.sub_(S.mean(dim=0, keepdim=True))
+                if wd:
+                    p.mul_(1.0 - lr * wd)
+                p.add_(S.to(p.dtype))
+            return loss
+
+        def load_state_dict(self, state_dict: dict) -> None:
+            """Restore a ``state_dict()`` (the buffers keep their float32/float64 precision)."""
+            super().load_state_dict(state_dict)
+            for group in self.param_groups:
+                p = group["params"][0]
+                state = self.state.get(p)
+                if state:
+                    dtype = torch.float64 if p.dtype == torch.float64 else torch.float32
+                    state["step"] = int(state["step"])
+                    for key in ("momentum_buffer", "last_step"):
+                        state[key] = state[key].to(dtype=dtype, device=p.device)
+
+        def last_step(self, group: int = 0) -> Any:
+            """The step :math:`S_t` of the last call for param group ``group`` (weight decay
+            excluded), a tensor of the parameter's shape; None before the first step."""
+            p = self.param_groups[group]["params"][0]
+            state = self.state.get(p)
+            return None if not state else state["last_step"].clone()
+
+    class DiameterLMO(torch.optim.Optimizer):  # type: ignore[name-defined,misc]  # built at run time
+        r"""Steepest descent under the row diameter with the exact LMO, as a torch optimizer.
+
+        Each step calls :class:`refgeo.DiameterLMO` (the certified, warm-started solver of
+        :func:`refgeo.diameter_lmo`) on the host, with a time limit per solve, and writes
+        the result back to the parameter's device.  The steps are those of
+        :class:`refgeo.DiameterLMO` on the same gradients.
+
+        Parameters
+        ----------
+        params : tensor, iterable of tensors, of (name, tensor) pairs, or of dicts
+            One 2-D LM-head weight (V, d) per param group.
+        lr : float
+            Diameter budget :math:`\eta > 0` of every step (LR schedulers change it).
+        momentum : float, default=0.0
+            :math:`\mu \in [0, 1)` of the averaged gradient the LMO is applied to.
+        rtol : float, default=1e-3
+            Certified relative gap of each solve.
+        max_time : float, default=None
+            Time limit per solve in seconds (the best certified step so far is used).
+        weight_decay : float, default=0.0
+            Decoupled weight decay: ``W *= 1 - lr * weight_decay`` before the step.
+
+        Notes
+        -----
+        .. math:: S_t = \arg\min \{ \langle M_t, S \rangle : D(S) \le \eta,\
+                  \mathbf{1}^\top S = 0 \}
+
+        ``last_result(group)`` is the solve's :class:`refgeo.LMOResult` (its ``gap`` is
+        the certified relative gap), ``last_step(group)`` the step :math:`S_t` as a
+        float64 tensor.  ``state_dict()`` holds the solver's state (momentum buffer and
+        warm start).  Time per step: one LMO solve (see :func:`refgeo.diameter_lmo`).
+
+        Examples
+        --------
+        >>> import torch, refgeo.torch
+        >>> W = torch.nn.Parameter(torch.zeros(2, 2, dtype=torch.float64))
+        >>> opt = refgeo.torch.DiameterLMO([W], lr=0.5)
+        >>> W.grad = torch.tensor([[3.0, 4.0], [-3.0, -4.0]], dtype=torch.float64)
+        >>> _ = opt.step()
+        >>> W.detach().round(decimals=6).tolist()
+        [[-0.15, -0.2], [0.15, 0.2]]
+        >>> opt.last_result().gap <= 1e-3
+        True
+        """
+
+        def __init__(self, params: Any, lr: float, momentum: float = 0.0, rtol: float = 1e-3,
+                     max_time: float | None = None, weight_decay: float = 0.0) -> None:
+            if isinstance(params, torch.Tensor):
+                params = [params]
+            defaults = dict(lr=lr, momentum=momentum, rtol=rtol, max_time=max_time, weight_decay=weight_decay)
+            self._solvers: dict[int, Any] = {}
+            self._solver_for(defaults)  # validates the hyper-parameters by name
+            super().__init__(params, defaults)
+
+        @staticmethod
+        def _solver_for(group: dict, solver: Any = None) -> Any:
+            import refgeo
+
+            hyper = {k: group[k] for k in ("lr", "momentum", "rtol", "max_time", "weight_decay")}
+            if solver is None:
+                return refgeo.DiameterLMO(**hyper)
+            for k, v in hyper.items():
+                setattr(solver, k, v)  # validated again by the solver at its next step
+            return solver
+
+        def add_param_group(self, param_group: dict) -> None:
+            super().add_param_group(param_group)
+            group = self.param_groups[-1]
+            try:
+                _check_group(group, len(self.param_groups) - 1)
+                self._solver_for(group)
+            except (TypeError, ValueError):
+                self.param_groups.pop()
+                raise
+
+        @torch.no_grad()
+        def step(self, closure: Any = None) -> Any:
+            """One LMO step for every param group; returns ``closure()`` when given."""
+            import numpy as np
+
+            loss = None
+            if closure is not None:
+                with torch.enable_grad():
+                    loss = closure()
+            for k, group in enumerate(self.param_groups):
+                p = group["params"][0]
+                if p.grad is None:
+                    continue
+                name = _name(group, k)
+                g = p.grad
+                if g.is_sparse or g.is_complex() or not g.is_floating_point():
+                    raise TypeError(f"the gradient of {name} must be a dense real tensor, got {g.dtype} instead.")
+                solver = self._solvers[k] = self._solver_for(group, self._solvers.get(k))
+                host = torch.float64 if p.dtype == torch.float64 else torch.float32
+                W = p.detach().to(device="cpu", dtype=host).numpy()  # a view for CPU float tensors
+                G = g.detach().to(device="cpu", dtype=torch.float64).numpy()
+                try:
+                    solver.step(W, G)
+                except ValueError as exc:
+                    raise ValueError(f"the gradient of {name}: {exc}") from exc
+                if W.ctypes.data != p.data_ptr():
+                    p.copy_(torch.from_numpy(np.ascontiguousarray(W)))
+                self.state[p]["step"] = solver.t
+            return loss
+
+        def last_result(self, group: int = 0) -> Any:
+            """The :class:`refgeo.LMOResult` of the last solve of param group ``group``."""
+            solver = self._solvers.get(group)
+            return None if solver is None else solver.last_result
+
+        def last_step(self, group: int = 0) -> Any:
+            """The step of the last call (weight decay excluded), float64, on the parameter's
+            device; None before the first step."""
+            solver = self._solvers.get(group)
+            S = None if solver is None else solver.last_step()
+            p = self.param_groups[group]["params"][0]
+            return None if S is None else torch.from_numpy(S).to(p.device)
+
+        def state_dict(self) -> dict:
+            """torch's optimizer state plus, under ``"refgeo_solvers"``, each group's solver
+            state (momentum buffer and warm start, NumPy arrays in float64)."""
+            out = super().state_dict()
+            # Kept out of out["state"]: torch casts the tensors there to the parameter's
+            # dtype on loading, and cannot rebuild NumPy arrays.
+            out["refgeo_solvers"] = {k: solver.state_dict() for k, solver in self._solvers.items()}
+            return out
+
+        def load_state_dict(self, state_dict: dict) -> None:
+            """Restore a ``state_dict()``."""
+            state_dict = dict(state_dict)
+            solvers = state_dict.pop("refgeo_solvers", {})
+            super().load_state_dict(state_dict)
+            self._solvers = {}
+            for k, saved in solvers.items():
+                solver = self._solver_for(self.param_groups[int(k)])
+                solver.load_state_dict(saved)
+                self._solvers[int(k)] = solver
+
+    class HeadStepMonitor:
+        r"""Records the geometry of an LM-head optimizer's steps, every ``every`` steps.
+
+        Parameters
+        ----------
+        optimizer : torch.optim.Optimizer
+            An optimizer with ``last_step(group)`` (such as :class:`RowNorm`): the step
+            :math:`S_t` of the last call, before weight decay.
+        hidden_states : tensor or array of shape (N, d)
+            A fixed panel of hidden states :math:`h_1, \dots, h_N` fed to the head.
+        every : int, default=10
+            Record after optimizer steps ``every, 2 every, ...``.
+        group : int, default=0
+            The param group whose step is recorded.
+
+        Attributes
+        ----------
+        records : list of dict
+            One plain dict per recorded step, ready for any logger: ``step``,
+            ``diameter`` (the certified :math:`D(S_t)`, :func:`refgeo.row_diameter`),
+            ``pair`` (its rows), ``diameter_error_bound``, ``h_star`` (the worst-case
+            hidden state of norm :math:`\max_t \lVert h_t\rVert`, a list of floats,
+            :func:`refgeo.worst_case_hidden_state`), ``hilbert_rms`` (over the panel,
+            float64 accumulation, :func:`refgeo.hilbert_rms`), ``max_hidden_norm`` and
+            ``bound`` = :math:`\max_t \lVert h_t \rVert\, D(S_t)`, which bounds every
+            Hilbert distance the step causes on the panel.
+
+        Notes
+        -----
+        .. math:: \mathrm{RMS}_t = \Big(\frac1N \sum_i \lVert S_t h_i \rVert_{var}^2\Big)^{1/2}
+                  \le \max_i \lVert h_i \rVert\, D(S_t)
+
+        A recorded step costs one certified diameter (the compiled engine for CPU
+        tensors) and one O(N V d) pass; other steps cost nothing.  The step and the
+        panel are read on the host (``.cpu()`` for device tensors).  ``close()``
+        removes the hook.
+
+        Examples
+        --------
+        >>> import torch, refgeo.torch
+        >>> W = torch.nn.Parameter(torch.zeros(3, 2, dtype=torch.float64))
+        >>> opt = refgeo.torch.RowNorm([W], lr=0.1, eps=0.0)
+        >>> mon = refgeo.torch.HeadStepMonitor(opt, torch.eye(2, dtype=torch.float64), every=1)
+        >>> W.grad = torch.tensor([[3.0, 4.0], [-3.0, -4.0], [0.0, 0.0]], dtype=torch.float64)
+        >>> _ = opt.step()
+        >>> rec = mon.records[0]
+        >>> rec["step"], round(rec["diameter"], 12), rec["pair"], round(rec["bound"], 12)
+        (1, 0.2, (0, 1), 0.2)
+        """
+
+        def __init__(self, optimizer: Any, hidden_states: Any, *, every: int = 10, group: int = 0) -> None:
+            if not callable(getattr(optimizer, "last_step", None)) or not hasattr(optimizer, "register_step_post_hook"):
+                raise TypeError(
+                    "optimizer must be a torch optimizer with last_step(group) (e.g. refgeo.torch.RowNorm), "
+                    f"got {type(optimizer).__name__} instead."
+                )
+            self.every = _positive_int(every, "every", 1)
+            self.group = _positive_int(group, "group", 0)
+            if self.group >= len(optimizer.param_groups):
+                raise ValueError(
+                    f"group must be in [0, {len(optimizer.param_groups) - 1}], got {self.group} instead."
+                )
+            if isinstance(hidden_states, torch.Tensor):
+                hidden_states = hidden_states.detach().cpu().numpy()
+            H = as_float_array(hidden_states, "hidden_states", ndim=2, shape_hint="2-D array of shape (N, d)")
+            d = optimizer.param_groups[self.group]["params"][0].shape[1]
+            if H.shape[1] != d:
+                raise ValueError(
+                    f"hidden_states must have d = {d} columns (the head's), got shape {H.shape} instead."
+                )
+            import numpy as np
+
+            self._hidden = np.array(H, dtype=np.float64)
+            self._max_norm = float(np.linalg.norm(self._hidden, axis=1).max()) if len(self._hidden) else 0.0
+            self.optimizer = optimizer
+            self.records: list[dict] = []
+            self._count = 0
+            self._handle = optimizer.register_step_post_hook(self._after_step)
+
+        def _after_step(self, optimizer: Any, args: Any, kwargs: Any) -> None:
+            self._count += 1
+            if self._count % self.every:
+                return
+            S = optimizer.last_step(self.group)
+            if S is None:
+                return
+            self.records.append(self.record(S, step=self._count))
+
+        def record(self, S: Any, *, step: int) -> dict:
+            """The record of one step ``S`` (a tensor or array of shape (V, d))."""
+            import numpy as np
+
+            import refgeo
+
+            if isinstance(S, torch.Tensor):
+                S = S.detach().cpu().numpy()
+            pair = refgeo.row_diameter(S)
+            # h* = H (s_i - s_j) / D(S), as refgeo.worst_case_hidden_state computes it,
+            # from the pair already certified (no second diameter).
+            if pair.value > 0:
+                h_star = (S[pair.i].astype(np.float64) - S[pair.j]) * (self._max_norm / pair.value)
+            else:
+                h_star = np.zeros(S.shape[1])
+            return {
+                "step": int(step),
+                "diameter": float(pair.value),
+                "pair": (int(pair.i), int(pair.j)),
+                "diameter_error_bound": float(pair.error_bound),
+                "h_star": [float(x) for x in h_star],
+                "hilbert_rms": float(refgeo.hilbert_rms(S, self._hidden)),
+                "max_hidden_norm": self._max_norm,
+                "bound": self._max_norm * float(pair.value),
+            }
+
+        def close(self) -> None:
+            """Stop recording (removes the optimizer hook)."""
+            self._handle.remove()
+
+    for cls in (RowNorm, DiameterLMO, HeadStepMonitor):
+        cls.__module__ = __name__
+        cls.__qualname__ = cls.__name__
+    return {"RowNorm": RowNorm, "DiameterLMO": DiameterLMO, "HeadStepMonitor": HeadStepMonitor}

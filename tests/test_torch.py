@@ -1,0 +1,398 @@
+"""refgeo.torch.RowNorm against refgeo.RowNorm, step by step, on LM-like gradients.
+
+Skips cleanly without torch; runs whenever torch is installed (CI installs it).
+"""
+
+from __future__ import annotations
+
+import copy
+import doctest
+import importlib
+import sys
+
+import numpy as np
+import pytest
+
+import refgeo
+
+torch = pytest.importorskip("torch")
+rtorch = importlib.import_module("refgeo.torch")
+
+
+def _lm_gradients(V=64, d=16, T=12, n_tok=48, seed=0, zero_steps=(), dtype=np.float64):
+    """Cross-entropy gradients of an LM head: Zipf-distributed targets, hidden states with a
+    large common component, G = (softmax(W h) - e_y)^T h summed over a batch of tokens."""
+    rng = np.random.default_rng(seed)
+    W = 0.02 * rng.standard_normal((V, d))
+    common = 8.0 * rng.standard_normal(d)  # the large component every hidden state shares
+    ranks = np.arange(1, V + 1)
+    zipf = (1.0 / ranks) / (1.0 / ranks).sum()
+    grads = []
+    for t in range(T):
+        H = common + rng.standard_normal((n_tok, d))
+        y = rng.choice(V, size=n_tok, p=zipf)
+        Z = H @ W.T
+        P = np.exp(Z - Z.max(axis=1, keepdims=True))
+        P /= P.sum(axis=1, keepdims=True)
+        P[np.arange(n_tok), y] -= 1.0
+        G = P.T @ H / n_tok
+        grads.append(np.zeros_like(G) if t in zero_steps else G)
+    return W.astype(dtype), np.stack(grads).astype(dtype)
+
+
+def _run_both(W0, grads, *, lr=0.02, mu=0.95, eps=1e-8, weight_decay=0.0, **kw):
+    W_np = np.array(W0, copy=True)
+    ref = refgeo.RowNorm(lr=lr, mu=mu, eps=eps, weight_decay=weight_decay, **kw)
+    W_t = torch.nn.Parameter(torch.from_numpy(np.array(W0, copy=True)))
+    opt = rtorch.RowNorm([W_t], lr=lr, momentum=mu, eps=eps, weight_decay=weight_decay, **kw)
+    out = []
+    for g in grads:
+        ref.step(W_np, g)
+        W_t.grad = torch.from_numpy(np.array(g))
+        opt.step()
+        out.append((W_np.copy(), W_t.detach().numpy().copy(), ref.last_step(), opt.last_step().numpy()))
+    return out
+
+
+def _rel(a, b):
+    scale = max(float(np.abs(b).max()), np.finfo(np.float64).tiny)
+    return float(np.abs(np.asarray(a, dtype=np.float64) - b).max()) / scale
+
+
+@pytest.mark.parametrize("weight_decay", [0.0, 0.1])
+@pytest.mark.parametrize("zero_steps", [(), (3, 4, 9)])
+def test_steps_equal_refgeo_rownorm_float64(weight_decay, zero_steps):
+    W0, grads = _lm_gradients(zero_steps=zero_steps)
+    for W_np, W_t, S_np, S_t in _run_both(W0, grads, weight_decay=weight_decay):
+        assert _rel(S_t, S_np) <= 1e-12
+        assert _rel(W_t, W_np) <= 1e-12
+
+
+@pytest.mark.parametrize("kw", [dict(bias_correction=False), dict(project=True), dict(center=False),
+                                dict(eps=0.0, mu=0.5)])
+def test_options_equal_refgeo_rownorm_float64(kw):
+    W0, grads = _lm_gradients(T=6, seed=1, zero_steps=(2,))
+    for W_np, W_t, S_np, S_t in _run_both(W0, grads, **kw):
+        assert _rel(S_t, S_np) <= 1e-12
+        assert _rel(W_t, W_np) <= 1e-12
+
+
+def test_float32_steps_agree_to_float32_rounding():
+    W0, grads = _lm_gradients(T=8, seed=2, dtype=np.float32, zero_steps=(5,))
+    d = W0.shape[1]
+    u = np.finfo(np.float32).eps / 2
+    for W_np, W_t, S_np, S_t in _run_both(W0, grads, weight_decay=0.05):
+        assert W_t.dtype == np.float32
+        # A few roundings per entry of the momentum average, the norm over d entries
+        # and the division: (d + 10) u relative to the step size lr.
+        assert float(np.abs(S_t - S_np).max()) <= 0.02 * (d + 10) * u * 4
+        assert float(np.abs(W_t.astype(np.float64) - W_np).max()) <= 0.02 * 8 * (d + 10) * u * 4 + 8 * u
+
+
+def test_zero_rows_and_zero_gradient_from_the_start():
+    W0 = np.ones((4, 3))
+    grads = np.zeros((3, 4, 3))
+    grads[1, 0] = [1.0, -2.0, 2.0]  # one nonzero row only after a zero step
+    grads[1, 1] = -grads[1, 0]
+    for W_np, W_t, S_np, S_t in _run_both(W0, grads, eps=0.0):
+        np.testing.assert_array_equal(S_t[2:], 0.0)  # rows that never had a gradient
+        assert _rel(S_t, S_np) <= 1e-12 if np.any(S_np) else not np.any(S_t)
+        assert _rel(W_t, W_np) <= 1e-12
+
+
+def test_tiny_and_huge_rows_neither_underflow_nor_overflow():
+    G = np.array([[1e-200, -1e-200], [-1e-200, 1e-200], [3e200, 4e200], [-3e200, -4e200]])
+    W0 = np.zeros_like(G)
+    for W_np, W_t, S_np, S_t in _run_both(W0, G[None], eps=0.0):
+        assert np.all(np.isfinite(S_t))
+        np.testing.assert_allclose(np.linalg.norm(S_t, axis=1), 0.02, rtol=1e-14)
+        assert _rel(S_t, S_np) <= 1e-12
+
+
+def test_step_diameter_is_within_the_budget():
+    W0, grads = _lm_gradients(T=5, seed=3)
+    W = torch.nn.Parameter(torch.from_numpy(W0.copy()))
+    opt = rtorch.RowNorm([W], lr=0.05)
+    for g in grads:
+        W.grad = torch.from_numpy(g)
+        opt.step()
+        assert refgeo.row_diameter(opt.last_step().numpy()).value <= 2 * 0.05 * (1 + 1e-12)
+
+
+def test_state_dict_round_trip_continues_identically():
+    W0, grads = _lm_gradients(T=8, seed=4)
+    W_a = torch.nn.Parameter(torch.from_numpy(W0.copy()))
+    opt_a = rtorch.RowNorm([W_a], lr=0.03, weight_decay=0.01)
+    for g in grads[:4]:
+        W_a.grad = torch.from_numpy(g)
+        opt_a.step()
+    saved = copy.deepcopy(opt_a.state_dict())
+    W_b = torch.nn.Parameter(W_a.detach().clone())
+    opt_b = rtorch.RowNorm([W_b], lr=0.03, weight_decay=0.01)
+    opt_b.load_state_dict(saved)
+    assert opt_b.state[W_b]["step"] == 4
+    assert opt_b.state[W_b]["momentum_buffer"].dtype == torch.float64
+    for g in grads[4:]:
+        for W, opt in ((W_a, opt_a), (W_b, opt_b)):
+            W.grad = torch.from_numpy(g)
+            opt.step()
+        assert torch.equal(W_a, W_b)
+
+
+def test_closure_and_lr_scheduler():
+    W0, grads = _lm_gradients(T=6, seed=5)
+    W = torch.nn.Parameter(torch.from_numpy(W0.copy()))
+    opt = rtorch.RowNorm([W], lr=0.1)
+    sched = torch.optim.lr_scheduler.StepLR(opt, step_size=2, gamma=0.5)
+    ref_W = W0.copy()
+    ref = refgeo.RowNorm(lr=0.1)
+    for t, g in enumerate(grads):
+        def closure(g=g):
+            opt.zero_grad()
+            W.grad = torch.from_numpy(g.copy())
+            return 1.5
+
+        assert opt.step(closure) == 1.5
+        ref.lr = 0.1 * 0.5 ** (t // 2)
+        ref.step(ref_W, g)
+        sched.step()
+        assert _rel(W.detach().numpy(), ref_W) <= 1e-12
+    assert opt.param_groups[0]["lr"] == pytest.approx(0.1 * 0.5**3)
+
+
+def test_a_closure_computing_real_gradients():
+    torch.manual_seed(0)
+    H = torch.randn(32, 8, dtype=torch.float64) + 4.0
+    y = torch.randint(0, 10, (32,))
+    W = torch.nn.Parameter(0.01 * torch.randn(10, 8, dtype=torch.float64))
+    opt = rtorch.RowNorm([W], lr=0.05)
+
+    def closure():
+        opt.zero_grad()
+        loss = torch.nn.functional.cross_entropy(H @ W.T, y)
+        loss.backward()
+        return loss
+
+    losses = [float(opt.step(closure).detach()) for _ in range(20)]
+    assert losses[-1] < losses[0]
+
+
+def test_several_groups_and_named_parameters():
+    model = torch.nn.Sequential(torch.nn.Linear(6, 5, bias=False), torch.nn.Linear(5, 4, bias=False)).double()
+    with pytest.raises(ValueError, match=r"exactly one 2-D parameter .* got 2 parameters in param group 0"):
+        rtorch.RowNorm(model.parameters(), lr=0.01)
+    groups = [{"params": [model[0].weight]}, {"params": [model[1].weight], "lr": 0.02}]
+    opt = rtorch.RowNorm(groups, lr=0.01)
+    for p in model.parameters():
+        p.grad = torch.ones_like(p)
+    opt.step()
+    assert opt.last_step(1).shape == (4, 5) and opt.last_step(0).shape == (5, 6)
+
+
+def test_bad_parameters_are_refused_by_name():
+    lin = torch.nn.Linear(3, 2)
+    with pytest.raises(ValueError, match=r"parameter 'bias' must be 2-D .* got shape \(2,\)"):
+        rtorch.RowNorm([("bias", lin.bias)], lr=0.1)
+    with pytest.raises(ValueError, match=r"must be 2-D .* got shape \(2, 2, 2\)"):
+        rtorch.RowNorm([torch.nn.Parameter(torch.zeros(2, 2, 2))], lr=0.1)
+    with pytest.raises(TypeError, match="real floating-point tensor, got dtype torch.complex64"):
+        rtorch.RowNorm([torch.zeros(2, 2, dtype=torch.complex64)], lr=0.1)
+    with pytest.raises(TypeError, match="real floating-point tensor, got dtype torch.int64"):
+        rtorch.RowNorm([torch.zeros(2, 2, dtype=torch.int64)], lr=0.1)
+    with pytest.raises(ValueError, match="must be finite"):
+        rtorch.RowNorm([torch.nn.Parameter(torch.tensor([[1.0, float("nan")]]))], lr=0.1)
+    with pytest.raises(ValueError, match="momentum must be in"):
+        rtorch.RowNorm([torch.nn.Parameter(torch.zeros(2, 2))], lr=0.1, momentum=1.0)
+    with pytest.raises(ValueError, match="lr"):
+        rtorch.RowNorm([torch.nn.Parameter(torch.zeros(2, 2))], lr=-0.1)
+
+
+def test_bad_gradients_change_nothing():
+    W = torch.nn.Parameter(torch.zeros(3, 2, dtype=torch.float64))
+    opt = rtorch.RowNorm([("head.weight", W)], lr=0.1)
+    W.grad = torch.tensor([[1.0, 0.0], [float("inf"), 0.0], [0.0, 1.0]], dtype=torch.float64)
+    with pytest.raises(ValueError, match=r"gradient of 'head.weight' must be finite"):
+        opt.step()
+    assert not torch.any(W) and len(opt.state) == 0
+    opt.param_groups[0]["lr"] = float("nan")
+    W.grad = torch.zeros(3, 2, dtype=torch.float64)
+    with pytest.raises(ValueError, match="lr"):
+        opt.step()
+
+
+def test_import_does_not_need_torch_until_used():
+    # refgeo.torch imports no torch at module level (the class is built on first use).
+    src = open(rtorch.__file__).read()
+    head = src.split("def _build", 1)[0]
+    assert "\nimport torch" not in head and "\nfrom torch" not in head
+    assert "RowNorm" in dir(rtorch)
+    with pytest.raises(AttributeError):
+        rtorch.NoSuchOptimizer  # noqa: B018
+
+
+def test_docstring_example():
+    finder = doctest.DocTestFinder()
+    runner = doctest.DocTestRunner(optionflags=doctest.ELLIPSIS | doctest.NORMALIZE_WHITESPACE)
+    tests = [t for cls in (rtorch.RowNorm, rtorch.DiameterLMO)
+             for t in finder.find(cls, f"refgeo.torch.{cls.__name__}", globs={})]
+    assert sum(len(t.examples) for t in tests) >= 10
+    for t in tests:
+        runner.run(t, out=sys.stdout.write)
+    assert runner.failures == 0
+
+
+@pytest.mark.gpu
+def test_cuda_steps_equal_cpu_steps():
+    if not torch.cuda.is_available():
+        pytest.skip("torch has no CUDA device here")
+    W0, grads = _lm_gradients(T=5, seed=6)
+    W_cpu = torch.nn.Parameter(torch.from_numpy(W0.copy()))
+    W_gpu = torch.nn.Parameter(torch.from_numpy(W0.copy()).cuda())
+    opts = [rtorch.RowNorm([W], lr=0.02, weight_decay=0.1) for W in (W_cpu, W_gpu)]
+    for g in grads:
+        for W, opt in zip((W_cpu, W_gpu), opts):
+            W.grad = torch.from_numpy(g).to(W.device)
+            opt.step()
+    assert _rel(W_gpu.detach().cpu().numpy(), W_cpu.detach().numpy()) <= 1e-12
+
+
+def test_tutorial_runs_and_keeps_the_bound():
+    # docs/tutorials/torch-rownorm.md: its Python blocks run in order (only in a checkout).
+    import pathlib
+    import re
+
+    page = pathlib.Path(__file__).resolve().parents[1] / "docs" / "tutorials" / "torch-rownorm.md"
+    if not page.exists():
+        pytest.skip("docs/tutorials/torch-rownorm.md is not in this checkout")
+    code = "\n".join(m.group(1) for m in re.finditer(r"^```python\n(.*?)^```\n", page.read_text(), re.S | re.M))
+    namespace: dict = {}
+    exec(compile(code, str(page), "exec"), namespace)
+    assert namespace["rn_diam"].max() <= 2 * namespace["lr"] * (1 + 1e-12)
+    assert namespace["rn_loss"][-10:].mean() < namespace["rn_loss"][:10].mean() - 0.5
+    records = namespace["monitor"].records
+    assert [r["step"] for r in records] == [10, 20, 30]
+    assert all(r["hilbert_rms"] <= r["bound"] for r in records)
+
+
+# --------------------------------------------------------------------------- HeadStepMonitor
+
+
+def test_monitor_records_equal_row_diameter_and_hilbert_rms():
+    W0, grads = _lm_gradients(T=9, seed=7)
+    rng = np.random.default_rng(8)
+    panel = 3.0 + rng.standard_normal((20, W0.shape[1]))
+    W = torch.nn.Parameter(torch.from_numpy(W0.copy()))
+    opt = rtorch.RowNorm([W], lr=0.05, weight_decay=0.1)
+    mon = rtorch.HeadStepMonitor(opt, torch.from_numpy(panel), every=3)
+    steps = {}
+    for t, g in enumerate(grads, start=1):
+        W.grad = torch.from_numpy(g)
+        opt.step()
+        steps[t] = opt.last_step().numpy().copy()
+    assert [r["step"] for r in mon.records] == [3, 6, 9]
+    hmax = float(np.linalg.norm(panel, axis=1).max())
+    for rec in mon.records:
+        S = steps[rec["step"]]
+        pair = refgeo.row_diameter(S)
+        assert rec["diameter"] == pair.value and rec["pair"] == (pair.i, pair.j)
+        assert rec["hilbert_rms"] == refgeo.hilbert_rms(S, panel)
+        assert rec["bound"] == pytest.approx(hmax * pair.value, rel=1e-15)
+        assert rec["hilbert_rms"] <= rec["bound"] * (1 + 1e-12)
+        h = np.array(rec["h_star"])
+        assert np.linalg.norm(h) == pytest.approx(hmax, rel=1e-12)
+        # h* attains the bound: the Hilbert distance of the step at h* is H D(S).
+        Sh = S @ h
+        assert Sh.max() - Sh.min() == pytest.approx(hmax * pair.value, rel=1e-9)
+        assert all(isinstance(v, (int, float, tuple, list)) for v in rec.values())  # plain values
+    mon.close()
+    W.grad = torch.from_numpy(grads[0])
+    for _ in range(3):
+        opt.step()
+    assert len(mon.records) == 3
+
+
+def test_monitor_bad_input():
+    W = torch.nn.Parameter(torch.zeros(3, 2, dtype=torch.float64))
+    opt = rtorch.RowNorm([W], lr=0.1)
+    with pytest.raises(ValueError, match="every"):
+        rtorch.HeadStepMonitor(opt, torch.zeros(4, 2), every=0)
+    with pytest.raises(ValueError, match=r"d = 2 columns"):
+        rtorch.HeadStepMonitor(opt, torch.zeros(4, 3))
+    with pytest.raises(ValueError, match="hidden_states"):
+        rtorch.HeadStepMonitor(opt, torch.tensor([[1.0, float("nan")]]))
+    with pytest.raises(TypeError, match="last_step"):
+        rtorch.HeadStepMonitor(torch.optim.SGD([W], lr=0.1), torch.zeros(4, 2))
+
+
+def test_monitor_docstring_example():
+    runner = doctest.DocTestRunner(optionflags=doctest.ELLIPSIS | doctest.NORMALIZE_WHITESPACE)
+    for t in doctest.DocTestFinder().find(rtorch.HeadStepMonitor, "refgeo.torch.HeadStepMonitor", globs={}):
+        runner.run(t, out=sys.stdout.write)
+    assert runner.failures == 0 and runner.tries > 0
+
+
+def test_monitor_h_star_is_worst_case_hidden_state():
+    rng = np.random.default_rng(9)
+    S = rng.standard_normal((7, 4))
+    panel = rng.standard_normal((5, 4))
+    W = torch.nn.Parameter(torch.zeros(7, 4, dtype=torch.float64))
+    mon = rtorch.HeadStepMonitor(rtorch.RowNorm([W], lr=0.1), panel)
+    rec = mon.record(torch.from_numpy(S), step=1)
+    worst = refgeo.worst_case_hidden_state(S, H=float(np.linalg.norm(panel, axis=1).max()))
+    np.testing.assert_allclose(rec["h_star"], worst.h, rtol=1e-15, atol=0)
+    assert rec["pair"] == (worst.i, worst.j)
+    assert mon.record(np.zeros((7, 4)), step=2)["h_star"] == [0.0] * 4
+
+
+# --------------------------------------------------------------------------- DiameterLMO
+
+
+@pytest.mark.parametrize("kw", [dict(), dict(momentum=0.9, weight_decay=0.1)])
+def test_diameter_lmo_steps_equal_refgeo(kw):
+    W0, grads = _lm_gradients(V=24, d=6, T=5, seed=10, zero_steps=(2,))
+    W_np = W0.copy()
+    ref = refgeo.DiameterLMO(lr=0.05, **kw)
+    W = torch.nn.Parameter(torch.from_numpy(W0.copy()))
+    opt = rtorch.DiameterLMO([W], lr=0.05, **kw)
+    for g in grads:
+        ref.step(W_np, g)
+        W.grad = torch.from_numpy(g.copy())
+        opt.step()
+        np.testing.assert_array_equal(W.detach().numpy(), W_np)
+        np.testing.assert_array_equal(opt.last_step().numpy(), ref.last_step())
+        res = opt.last_result()
+        assert res.gap <= 1e-3 and refgeo.row_diameter(res.update).value <= 0.05 * (1 + 1e-9)
+
+
+def test_diameter_lmo_state_dict_round_trip_and_float32():
+    W0, grads = _lm_gradients(V=16, d=5, T=6, seed=11, dtype=np.float32)
+    W_a = torch.nn.Parameter(torch.from_numpy(W0.copy()))
+    opt_a = rtorch.DiameterLMO([W_a], lr=0.05, momentum=0.5)
+    for g in grads[:3]:
+        W_a.grad = torch.from_numpy(g.copy())
+        opt_a.step()
+    saved = copy.deepcopy(opt_a.state_dict())
+    W_b = torch.nn.Parameter(W_a.detach().clone())
+    opt_b = rtorch.DiameterLMO([W_b], lr=0.05, momentum=0.5)
+    opt_b.load_state_dict(saved)
+    for g in grads[3:]:
+        for W, opt in ((W_a, opt_a), (W_b, opt_b)):
+            W.grad = torch.from_numpy(g.copy())
+            opt.step()
+        assert W_a.dtype == torch.float32 and torch.equal(W_a, W_b)
+
+
+def test_diameter_lmo_bad_input_and_monitor():
+    with pytest.raises(ValueError, match=r"parameter 'b' must be 2-D"):
+        rtorch.DiameterLMO([("b", torch.nn.Parameter(torch.zeros(3)))], lr=0.1)
+    with pytest.raises(ValueError, match="lr"):
+        rtorch.DiameterLMO([torch.nn.Parameter(torch.zeros(2, 2))], lr=0.0)
+    W = torch.nn.Parameter(torch.zeros(3, 2, dtype=torch.float64))
+    opt = rtorch.DiameterLMO([("head", W)], lr=0.1)
+    W.grad = torch.tensor([[1.0, float("nan")], [0.0, 0.0], [0.0, 0.0]], dtype=torch.float64)
+    with pytest.raises(ValueError, match="gradient of 'head'"):
+        opt.step()
+    mon = rtorch.HeadStepMonitor(opt, torch.eye(2, dtype=torch.float64), every=1)
+    W.grad = torch.tensor([[3.0, 4.0], [-3.0, -4.0], [0.0, 0.0]], dtype=torch.float64)
+    opt.step()
+    assert mon.records[0]["diameter"] == pytest.approx(0.1, rel=1e-9)
