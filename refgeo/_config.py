@@ -6,17 +6,23 @@ import json
 import os
 import platform
 import sys
+from importlib.metadata import PackageNotFoundError, version as _pkg_version
 from typing import Any
 
 from . import _backend, _tiled
 
-__all__ = ["show_config"]
+__all__ = ["__version__", "show_config"]
+
+# The version lives here, not in __init__, so that show_config needs nothing from the
+# package's __init__ (which imports this module).
+try:
+    __version__ = _pkg_version("refgeo")
+except PackageNotFoundError:  # pragma: no cover - running from an uninstalled tree
+    __version__ = "0+unknown"
 
 
 def _config_dict() -> dict[str, Any]:
     import numpy as np
-
-    from . import __version__
 
     ext = _backend.extension()
     backends = {

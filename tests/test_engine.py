@@ -4,7 +4,7 @@ The oracle (``_oracle_sq``) is written here, independently of refgeo: direct flo
 differences summed in the documented canonical order (eight lanes ``k mod 8`` in
 increasing ``k``, then ``((p0+p1)+(p2+p3))+((p4+p5)+(p6+p7))``), so certified results
 must match it *exactly*: same indices, same values.  Strategies draw the adversarial
-cases of issue 3: common offsets up to 1e8 times the spread, exact duplicates,
+cases: common offsets up to 1e8 times the spread, exact duplicates,
 near-duplicates at 1e-12 relative distance, integer grids full of ties, float32,
 V = 2, d = 1, ragged last tiles, tile sizes and n_threads in {1, 2}.
 Each kernel gets >= 2000 hypothesis examples in total.
@@ -21,7 +21,7 @@ from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
 import refgeo
-from refgeo import rows as _rows
+from refgeo import _certify, _engine
 
 finite = dict(allow_nan=False, allow_infinity=False, allow_subnormal=False)
 
@@ -45,11 +45,11 @@ def _oracle_sq(A, B):
     return ((p[0] + p[1]) + (p[2] + p[3])) + ((p[4] + p[5]) + (p[6] + p[7]))
 
 
-def _oracle_extreme(S, maximise, D2=None):
+def _oracle_extreme(S, maximize, D2=None):
     D2 = _oracle_sq(S, S) if D2 is None else D2
     iu = np.triu_indices(len(S), 1)
     vals = D2[iu]
-    k = int(np.argmax(vals) if maximise else np.argmin(vals))  # first = smallest (i, j)
+    k = int(np.argmax(vals) if maximize else np.argmin(vals))  # first = smallest (i, j)
     return math.sqrt(vals[k]), int(iu[0][k]), int(iu[1][k])
 
 
@@ -66,7 +66,7 @@ def _oracle_knn(X, k, Y=None, exclude_self=True):
 
 @st.composite
 def adversarial_clouds(draw, max_v=24, max_d=9):
-    """Row clouds with the adversarial structure of issue 3 built in.
+    """Row clouds with the adversarial structure built in.
 
     Hypothesis draws the structure (sizes, kind, duplicates, scale, offset, dtype) and
     a seed; NumPy fills in the numbers (fast, so thousands of examples stay cheap).
@@ -102,7 +102,7 @@ engine_options = dict(tile_size=st.integers(1, 30), n_threads=st.sampled_from([1
 @pytest.fixture
 def parallel_always(monkeypatch):
     """Use the requested threads even for tiny inputs, so the thread merge is tested."""
-    monkeypatch.setattr(_rows, "_MIN_PARALLEL_WORK", 0)
+    monkeypatch.setattr(_engine, "MIN_PARALLEL_WORK", 0)
 
 
 def _examples(backend, n=2000):
@@ -126,13 +126,13 @@ def _assert_pair(r, want, S, backend):
 
 def test_extreme_pairs_exact(backend, parallel_always, monkeypatch):
     """row_diameter, closest_pair and farthest_partners: 2000 examples each."""
-    monkeypatch.setattr(_rows, "_MAX_MIXED_MIN_WORK", _rows._MAX_MIXED_MIN_WORK)  # restored after
+    monkeypatch.setattr(_engine, "MAX_MIXED_MIN_WORK", _engine.MAX_MIXED_MIN_WORK)  # restored after
 
     @settings(max_examples=_examples(backend))
     @given(S=adversarial_clouds(), mixed=st.booleans(), **engine_options)
     def check(S, mixed, tile_size, n_threads):
         # float64 rows: float32 filter (maximum modes) or not
-        _rows._MAX_MIXED_MIN_WORK = 0 if mixed else 1 << 62
+        _engine.MAX_MIXED_MIN_WORK = 0 if mixed else 1 << 62
         opts = dict(tile_size=tile_size, n_threads=n_threads)
         D2 = _oracle_sq(S, S)
         _assert_pair(refgeo.row_diameter(S, **opts), _oracle_extreme(S, True, D2), S, backend)
@@ -148,14 +148,14 @@ def test_extreme_pairs_exact(backend, parallel_always, monkeypatch):
 
 def test_knn_exact(backend, parallel_always, monkeypatch):
     """knn of X against X (with and without self) and against Y: 2000 examples."""
-    monkeypatch.setattr(_rows, "_KNN_MIXED_MIN_WORK", _rows._KNN_MIXED_MIN_WORK)  # restored after
+    monkeypatch.setattr(_engine, "KNN_MIXED_MIN_WORK", _engine.KNN_MIXED_MIN_WORK)  # restored after
 
     @settings(max_examples=_examples(backend))
     @given(S=adversarial_clouds(), data=st.data(), **engine_options)
     def check(S, data, tile_size, n_threads):
         opts = dict(tile_size=tile_size, n_threads=n_threads)
         # float64 rows: float32 filter plus float64 redo of uncertified rows, or not
-        _rows._KNN_MIXED_MIN_WORK = data.draw(st.sampled_from([0, 1 << 62]))
+        _engine.KNN_MIXED_MIN_WORK = data.draw(st.sampled_from([0, 1 << 62]))
         exclude_self = data.draw(st.booleans())
         k = data.draw(st.integers(1, len(S) - int(exclude_self)))
         r = refgeo.knn(S, k, exclude_self=exclude_self, **opts)
@@ -269,10 +269,10 @@ def test_float32_knn_exact_where_gram_trick_is_not(backend):
 @pytest.mark.parametrize("exclude_self", [True, False])
 def test_knn_float32_filter_of_float64_rows_redoes_uncertified_rows(backend, monkeypatch, exclude_self):
     """Clusters 1e-9 wide: the float32 filter cannot order them, the float64 redo does."""
-    monkeypatch.setattr(_rows, "_KNN_MIXED_MIN_WORK", 0)
+    monkeypatch.setattr(_engine, "KNN_MIXED_MIN_WORK", 0)
     rng = np.random.default_rng(9)
-    centres = rng.standard_normal((12, 20))
-    X = np.repeat(centres, 25, axis=0) + 1e-9 * rng.standard_normal((300, 20))
+    centers = rng.standard_normal((12, 20))
+    X = np.repeat(centers, 25, axis=0) + 1e-9 * rng.standard_normal((300, 20))
     Y = X[::3] + 1e-10
     for tile, n_threads in ((32, 2), (300, 1)):
         r = refgeo.knn(X, 6, exclude_self=exclude_self, tile_size=tile, n_threads=n_threads)
@@ -315,7 +315,7 @@ def test_layouts_and_read_only_input(backend):
 def test_rounding_bound_holds_for_blas_filter(S):
     """|f - r| <= c (n_i + n_j) + e_abs for the filtered values BLAS actually produces."""
     dt = "float32" if S.dtype == np.float32 else "float64"
-    c, eabs = _rows._rounding_bound(S.shape[1], dt)
+    c, eabs = _certify.rounding_bound(S.shape[1], dt)
     mu = S.astype(np.float64).mean(0)
     X = (S.astype(np.float64) - mu).astype(S.dtype)
     n = np.sum(X.astype(np.float64) ** 2, axis=1)
@@ -325,13 +325,13 @@ def test_rounding_bound_holds_for_blas_filter(S):
 
 
 def test_rounding_bound_shape():
-    c64, e64 = _rows._rounding_bound(512, "float64")
-    c32, e32 = _rows._rounding_bound(512, "float32")
+    c64, e64 = _certify.rounding_bound(512, "float64")
+    c32, e32 = _certify.rounding_bound(512, "float32")
     assert 512 * 2.0**-53 < c64 < 5 * 512 * 2.0**-53  # float64: GEMM, norms and refinement each ~d u
     assert 512 * 2.0**-24 < c32 < 2 * 512 * 2.0**-24
     # absolute term: 32 d times the smallest normal number (valid under flush-to-zero too)
     assert e64 == 32 * 512 * 2.0**-1022 and e32 == 32 * 512 * 2.0**-126
-    assert _rows._rounding_bound(2**24, "float32")[0] == math.inf
+    assert _certify.rounding_bound(2**24, "float32")[0] == math.inf
 
 
 def test_certificate_fields():
@@ -341,7 +341,7 @@ def test_certificate_fields():
     with refgeo.use_backend("cython"):
         r = refgeo.row_diameter(S)
     assert r.backend == "cython"
-    c, eabs = _rows._rounding_bound(32, "float64")
+    c, eabs = _certify.rounding_bound(32, "float64")
     Sc = S - S.mean(0)
     assert r.error_bound == pytest.approx(c * 2 * np.max(np.sum(Sc**2, 1)), rel=1e-6)
     assert 1 <= r.n_refined < 400 * 399 // 2  # the filter discarded almost every pair
@@ -368,7 +368,7 @@ def flush_to_zero():
 
 def test_certificate_survives_flush_to_zero(backend, flush_to_zero):
     S = FTZ_ROWS
-    for fn, maximise in ((refgeo.closest_pair, False), (refgeo.row_diameter, True)):
+    for fn, maximize in ((refgeo.closest_pair, False), (refgeo.row_diameter, True)):
         r = fn(S, tile_size=2)
-        assert (r.value, r.i, r.j) == _oracle_extreme(S, maximise)
+        assert (r.value, r.i, r.j) == _oracle_extreme(S, maximize)
     np.testing.assert_array_equal(refgeo.knn(S, 1).indices, _oracle_knn(S, 1)[0])
