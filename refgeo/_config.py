@@ -58,7 +58,20 @@ def _config_dict() -> dict[str, Any]:
             "float32/float64 kept; integer/bool converted to float64; reference accumulates in "
             "float64; certified results are refined in float64"
         ),
+        "torch": _torch_dispatch(backends),
     }
+
+
+def _torch_dispatch(backends) -> dict[str, Any]:
+    """The torch version (from the package metadata: torch is not imported here) and
+    where the row-geometry engine functions send each kind of tensor."""
+    try:
+        torch_version = _pkg_version("torch")
+    except PackageNotFoundError:
+        torch_version = None
+    cpu = "cython (zero-copy NumPy view)" if backends["cython"]["available"] else "reference (NumPy view)"
+    cuda = "cupy (zero-copy DLPack)" if backends["cupy"]["available"] else "unavailable: install CuPy"
+    return {"version": torch_version, "cpu_tensors": cpu, "cuda_tensors": cuda}
 
 
 def show_config(mode: str = "stdout") -> dict[str, Any] | None:
@@ -101,4 +114,9 @@ def show_config(mode: str = "stdout") -> dict[str, Any] | None:
         print("  " + json.dumps(tp))
     print(f"cupy matmul precision: {cfg['cupy_matmul']}")
     print(f"dtype policy: {cfg['dtype_policy']}")
+    tv = cfg["torch"]
+    print(
+        f"torch: {tv['version'] or 'not installed'}  (CPU tensors -> {tv['cpu_tensors']}; "
+        f"CUDA tensors -> {tv['cuda_tensors']}; row-geometry engine functions)"
+    )
     return None

@@ -71,6 +71,7 @@ from array_api_compat import array_namespace, is_numpy_array
 
 from . import _backend, _engine, _reference, _tiled
 from ._certify import dtype_name, f64, scale_exponent, scale_rows, unscale, unscale_array
+from ._interop import from_foreign, to_caller
 from ._validate import (
     as_float_array,
     check_bool,
@@ -130,6 +131,9 @@ class ExtremePair:
     scale_exponent : int
         The kernels ran on ``S * 2**-scale_exponent`` (exact) and the distance was
         scaled back; 0 unless float64 rows lie outside ``[2**-64, 2**65)`` in magnitude.
+    converted_from : str or None
+        The dtype of a tensor that was upcast to ``dtype`` on the way in
+        (``"torch.bfloat16"``, ``"torch.float16"``); None when the input was used as is.
     """
 
     value: float
@@ -140,6 +144,7 @@ class ExtremePair:
     dtype: str
     n_refined: int
     scale_exponent: int = 0
+    converted_from: str | None = None
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -148,10 +153,10 @@ class FarthestPartners:
 
     Attributes
     ----------
-    indices : ndarray of shape (V,)
-        int64; ``indices[i]`` is the ``j != i`` maximizing ``||s_i - s_j||`` (ties: the
+    indices : ndarray or tensor of shape (V,)
+        int64 (a torch tensor for tensor input); ``indices[i]`` is the ``j != i`` maximizing ``||s_i - s_j||`` (ties: the
         smallest ``j``).
-    distances : ndarray of shape (V,)
+    distances : ndarray or tensor of shape (V,)
         float64 refined distances ``||s_i - s_{indices[i]}||``.
     error_bound : float
         The rounding bound of the filter (squared distances of the rows
@@ -165,6 +170,8 @@ class FarthestPartners:
         Number of pairs evaluated by direct float64 differences.
     scale_exponent : int
         The kernels ran on rows scaled by ``2**-scale_exponent``; see :class:`ExtremePair`.
+    converted_from : str or None
+        The dtype of a tensor upcast on the way in; see :class:`ExtremePair`.
     """
 
     indices: Any
@@ -174,6 +181,7 @@ class FarthestPartners:
     dtype: str
     n_refined: int
     scale_exponent: int = 0
+    converted_from: str | None = None
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -182,10 +190,10 @@ class KNNResult:
 
     Attributes
     ----------
-    indices : ndarray of shape (n, k)
-        int64 indices into the candidate rows, sorted by increasing distance; equal
+    indices : ndarray or tensor of shape (n, k)
+        int64 indices (a torch tensor for tensor input) into the candidate rows, sorted by increasing distance; equal
         squared distances are ordered by the smaller index.
-    distances : ndarray of shape (n, k)
+    distances : ndarray or tensor of shape (n, k)
         float64 refined distances, ascending along each row.
     error_bound : float
         The rounding bound of the filter (squared distances of the rows
@@ -199,6 +207,8 @@ class KNNResult:
         Number of pairs evaluated by direct float64 differences.
     scale_exponent : int
         The kernels ran on rows scaled by ``2**-scale_exponent``; see :class:`ExtremePair`.
+    converted_from : str or None
+        The dtype of a tensor upcast on the way in; see :class:`ExtremePair`.
     """
 
     indices: Any
@@ -208,6 +218,7 @@ class KNNResult:
     dtype: str
     n_refined: int
     scale_exponent: int = 0
+    converted_from: str | None = None
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -315,8 +326,27 @@ def _too_large(what: str, scaled: float, e: int) -> ValueError:
     )
 
 
+def _engine_rows(S, name="S"):
+    """Validated rows of an engine function, and where a foreign input came from.
+
+    Tensors are viewed as NumPy (or CuPy) arrays first (:mod:`refgeo._interop`), so
+    they run on the compiled engine like the arrays they share memory with.
+    """
+    S, origin = from_foreign(S, name)
+    return _check_rows(S, name), origin
+
+
+def _converted(*origins) -> str | None:
+    return next((o.converted_from for o in origins if o is not None and o.converted_from), None)
+
+
+def _array_out(a, origin):
+    """An array result: in the caller's framework, or a read-only NumPy array."""
+    return to_caller(a, origin) if origin is not None else _readonly(a)
+
+
 def _extreme_pair_result(info, S, tile_size, n_threads, what) -> ExtremePair:
-    S = _check_rows(S)
+    S, origin = _engine_rows(S)
     run, e = _pair_run(info, S, _tile_option(tile_size), _threads_option(n_threads))
     value = unscale(run.value, e)
     if not math.isfinite(value):
@@ -330,6 +360,7 @@ def _extreme_pair_result(info, S, tile_size, n_threads, what) -> ExtremePair:
         dtype=dtype_name(S),
         n_refined=int(run.n_refined),
         scale_exponent=e,
+        converted_from=_converted(origin),
     )
 
 
@@ -511,7 +542,7 @@ def distance_ratio(S: Any, /, *, tile_size: int | None = None, n_threads: int | 
     >>> refgeo.distance_ratio(np.array([[0.0], [1.0], [3.0]]))
     0.3333333333333333
     """
-    S = _check_rows(S)
+    S, _ = _engine_rows(S)
     tile_size = _tile_option(tile_size)
     n_threads = _threads_option(n_threads)
     # both on the same prescaled rows: the ratio needs no scaling back, so it is
@@ -563,17 +594,18 @@ def farthest_partners(
     >>> fp.indices.tolist(), fp.distances.tolist()
     ([2, 2, 0], [3.0, 2.0, 3.0])
     """
-    S = _check_rows(S)
+    S, origin = _engine_rows(S)
     run, e = _pair_run(_FARTHEST, S, _tile_option(tile_size), _threads_option(n_threads))
     dist = _unscaled_distances(array_namespace(S), run, e, "the largest farthest-partner distance")
     return FarthestPartners(
-        indices=_readonly(run.indices),
-        distances=_readonly(dist),
+        indices=_array_out(run.indices, origin),
+        distances=_array_out(dist, origin),
         error_bound=float(run.error_bound),
         backend=run.backend,
         dtype=dtype_name(S),
         n_refined=int(run.n_refined),
         scale_exponent=e,
+        converted_from=_converted(origin),
     )
 
 
@@ -637,6 +669,9 @@ def knn(
     >>> r.indices.tolist(), r.distances.tolist()
     ([[1], [0], [1]], [[1.0], [1.0], [2.0]])
     """
+    X, origin_x = from_foreign(X, "X")
+    Y, origin_y = from_foreign(Y, "Y")
+    origin = origin_x if origin_x is not None else origin_y
     X = as_float_array(X, "X", ndim=2, shape_hint="2-D array of shape (n, d)")
     if Y is not None:
         Y = as_float_array(Y, "Y", ndim=2, shape_hint="2-D array of shape (n_Y, d)")
@@ -658,13 +693,14 @@ def knn(
     )
     dist = _unscaled_distances(xp, run, e, "the largest k-NN distance")
     return KNNResult(
-        indices=_readonly(run.indices),
-        distances=_readonly(dist),
+        indices=_array_out(run.indices, origin),
+        distances=_array_out(dist, origin),
         error_bound=float(run.error_bound),
         backend=run.backend,
         dtype=dtype_name(X) if Y is None else _common_dtype_name(X, Y),
         n_refined=int(run.n_refined),
         scale_exponent=e,
+        converted_from=_converted(origin_x, origin_y),
     )
 
 

@@ -172,6 +172,19 @@ def test_show_config_reports_backends(capsys):
         refgeo.show_config(mode="json")
 
 
+def test_show_config_reports_torch_dispatch():
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        want = version("torch")
+    except PackageNotFoundError:
+        want = None
+    tv = refgeo.show_config(mode="dicts")["torch"]
+    assert tv["version"] == want
+    cython_ok = _backend.available_backends()["cython"][0]
+    assert tv["cpu_tensors"].startswith("cython" if cython_ok else "reference")
+
+
 def test_cython_backend_reported_available_when_required():
     if os.environ.get("REFGEO_REQUIRE_EXT") != "1":
         pytest.skip("only meaningful when the build is required (REFGEO_REQUIRE_EXT=1)")

@@ -9,6 +9,7 @@ from __future__ import annotations
 import itertools
 import math
 import re
+import warnings
 
 import numpy as np
 import pytest
@@ -417,3 +418,72 @@ def test_distances_beyond_the_float64_range_raise(backend):
     assert refgeo.closest_pair(S).value == pytest.approx(math.hypot(1.5e308, 1.0), rel=1e-15)
     assert refgeo.distance_ratio(S) == pytest.approx(0.5, rel=1e-15)
     np.testing.assert_array_equal(refgeo.knn(S, 1).indices[:, 0], [2, 2, 0])
+
+
+# ------------------------------------------------------------------ torch tensors
+
+
+def test_cpu_tensors_run_like_their_numpy_arrays(backend):
+    """CPU tensors (requires_grad, non-contiguous) run on the backend their NumPy view
+    would, with no warning, and array results come back as tensors."""
+    torch = pytest.importorskip("torch")
+    if backend == "cupy":
+        pytest.skip("CPU tensors run on the CPU backends")
+    rng = np.random.default_rng(6)
+    S = rng.standard_normal((80, 12))
+    t = torch.tensor(S, requires_grad=True)
+    strided = torch.tensor(np.repeat(S, 2, axis=1))[:, ::2]  # the same rows, non-contiguous
+    assert not strided.is_contiguous()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        for T in (t, strided):
+            for fn in (refgeo.row_diameter, refgeo.closest_pair):
+                got, want = fn(T), fn(S)
+                assert got == want and got.backend == backend
+                assert isinstance(got.value, float)
+            ratio = refgeo.distance_ratio(T)
+            assert type(ratio) is float and ratio == refgeo.distance_ratio(S)
+            fp, fp_np = refgeo.farthest_partners(T), refgeo.farthest_partners(S)
+            assert isinstance(fp.indices, torch.Tensor) and isinstance(fp.distances, torch.Tensor)
+            assert fp.indices.dtype == torch.int64 and fp.distances.dtype == torch.float64
+            np.testing.assert_array_equal(fp.indices.numpy(), fp_np.indices)
+            np.testing.assert_array_equal(fp.distances.numpy(), fp_np.distances)
+            assert fp.backend == backend
+            kn, kn_np = refgeo.knn(T, 4), refgeo.knn(S, 4)
+            assert isinstance(kn.indices, torch.Tensor) and kn.backend == backend
+            np.testing.assert_array_equal(kn.indices.numpy(), kn_np.indices)
+            np.testing.assert_array_equal(kn.distances.numpy(), kn_np.distances)
+        # a tensor for Y alone is enough for tensor results
+        kn = refgeo.knn(S[:10], 2, t)
+        assert isinstance(kn.indices, torch.Tensor)
+        np.testing.assert_array_equal(kn.indices.numpy(), refgeo.knn(S[:10], 2, S).indices)
+    assert t.grad is None  # nothing was recorded on the graph
+
+
+@pytest.mark.parametrize("half", ["bfloat16", "float16"])
+def test_half_precision_tensors_are_upcast_to_float32(backend, half):
+    torch = pytest.importorskip("torch")
+    if backend == "cupy":
+        pytest.skip("CPU tensors run on the CPU backends")
+    t = torch.randn(50, 8).to(getattr(torch, half))
+    S32 = t.to(torch.float32).numpy()  # exact: float32 holds every half value
+    for fn in (refgeo.row_diameter, refgeo.closest_pair):
+        got, want = fn(t), fn(S32)
+        assert (got.value, got.i, got.j, got.dtype) == (want.value, want.i, want.j, "float32")
+        assert got.converted_from == f"torch.{half}" and want.converted_from is None
+    kn = refgeo.knn(t, 3)
+    assert kn.dtype == "float32" and kn.converted_from == f"torch.{half}"
+    np.testing.assert_array_equal(kn.indices.numpy(), refgeo.knn(S32, 3).indices)
+    assert refgeo.farthest_partners(t).converted_from == f"torch.{half}"
+
+
+def test_tensors_on_devices_refgeo_cannot_run():
+    torch = pytest.importorskip("torch")
+    with pytest.raises(TypeError, match=r"S is a tensor on device meta, which refgeo cannot run; pass S.cpu\(\)"):
+        refgeo.row_diameter(torch.empty((3, 2), device="meta"))
+    if torch.cuda.is_available():
+        try:
+            import cupy  # noqa: F401
+        except ImportError:
+            with pytest.raises(TypeError, match="CUDA tensor.*CuPy is not installed: install it"):
+                refgeo.row_diameter(torch.zeros((3, 2), device="cuda"))
