@@ -19,13 +19,11 @@ import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from hypothesis.extra import numpy as hnp
 
 import refgeo
 from refgeo import _certify, _engine
 from refgeo.testing import strategies as rst
 
-finite = dict(allow_nan=False, allow_infinity=False, allow_subnormal=False)
 
 
 # ------------------------------------------------------------------ oracle
