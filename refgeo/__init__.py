@@ -17,11 +17,9 @@ and CuPy arrays dispatch to GPU code.  See :func:`show_config`.
 
 from __future__ import annotations
 
-from importlib.metadata import PackageNotFoundError, version as _pkg_version
-
 from . import _backend
 from ._backend import ExtensionUnavailableError, get_backend, use_backend
-from ._config import show_config
+from ._config import __version__, show_config
 
 # One module per idea; each defines a sorted ``__all__`` that is re-exported here.
 from . import bounds, hilbert, lmo, optim, rows, spread, tokenwise
@@ -32,11 +30,6 @@ from .optim import *  # noqa: F401,F403
 from .rows import *  # noqa: F401,F403
 from .spread import *  # noqa: F401,F403
 from .tokenwise import *  # noqa: F401,F403
-
-try:
-    __version__ = _pkg_version("refgeo")
-except PackageNotFoundError:  # pragma: no cover - running from an uninstalled tree
-    __version__ = "0+unknown"
 
 __all__ = sorted(
     ["ExtensionUnavailableError", "get_backend", "show_config", "use_backend", "__version__"]

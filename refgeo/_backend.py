@@ -8,10 +8,17 @@ How a backend is chosen for one call (first rule that applies):
 2. ``refgeo.use_backend(name)``, a context manager (the most local setting wins).
 3. The ``REFGEO_BACKEND`` environment variable.
 4. ``"auto"``: ``cython`` for NumPy inputs when ``refgeo_ext`` is built and the kernel
-   has a compiled path usable for these inputs, ``reference`` otherwise.
+   has a compiled path, ``reference`` otherwise.
+
+:func:`select` returns the choice as a :class:`Selection` that says why it was made;
+the pairwise kernels return a :class:`KernelRun` that carries the backend whose code
+actually ran and that reason, so a result never names a backend that did not compute
+it.  A kernel never falls back inside a call: every decision is made here, before it
+runs.
 
 ``REFGEO_REQUIRE_EXT=1`` makes a missing compiled extension an ``ImportError`` at
-``import refgeo`` instead of a silent fallback to the reference backend.
+``import refgeo``, and makes a call raise :class:`ExtensionUnavailableError` instead of
+falling back to the reference for a NumPy input that has a compiled path.
 """
 
 from __future__ import annotations
@@ -25,14 +32,21 @@ from typing import Any
 
 from array_api_compat import is_array_api_obj, is_cupy_array, is_numpy_array
 
+from ._validate import check_int
+
 __all__ = [
     "BACKENDS",
     "ExtensionUnavailableError",
     "KernelInfo",
+    "KernelRun",
+    "Selection",
     "available_backends",
     "dispatch",
     "get_backend",
+    "require_ext",
     "resolve_n_threads",
+    "run",
+    "select",
     "use_backend",
 ]
 
@@ -54,7 +68,12 @@ def _load_extension():
 
 _ext, _ext_error = _load_extension()
 
-if _ext is None and os.environ.get("REFGEO_REQUIRE_EXT", "") == "1":
+def require_ext() -> bool:
+    """Whether ``REFGEO_REQUIRE_EXT=1`` is set (read at each call, so tests may set it)."""
+    return os.environ.get("REFGEO_REQUIRE_EXT", "") == "1"
+
+
+if _ext is None and require_ext():
     raise ExtensionUnavailableError(
         f"REFGEO_REQUIRE_EXT=1 but the compiled extension is unavailable ({_ext_error}). "
         "Reinstall with `python -m pip install .` to compile it, or unset REFGEO_REQUIRE_EXT."
@@ -148,59 +167,146 @@ class KernelInfo:
     reference : callable
         Array-API implementation; the oracle, runs on any namespace.
     cython : callable or None
-        Wrapper around ``refgeo_ext`` for NumPy float32/float64 inputs.
+        Wrapper around ``refgeo_ext`` for NumPy float32/float64 inputs; it takes every
+        input the public function validated (no fallback inside a call).
     cupy : callable or None
         GPU implementation for CuPy arrays; without one CuPy inputs run ``reference``.
-    usable : callable or None
-        ``usable(*arrays) -> bool``: can the compiled paths take these inputs?
     """
 
     name: str
     reference: Callable[..., Any]
     cython: Callable[..., Any] | None = None
     cupy: Callable[..., Any] | None = None
-    usable: Callable[..., bool] | None = None
 
 
-def dispatch(info: KernelInfo, *arrays: Any) -> tuple[str, Callable[..., Any]]:
-    """Pick ``(backend_name, implementation)`` for a call of ``info`` on ``arrays``."""
+@dataclasses.dataclass(frozen=True, slots=True)
+class Selection:
+    """The backend :func:`select` chose for one call, and why.
+
+    Attributes
+    ----------
+    backend : str
+        ``"reference"``, ``"cython"`` or ``"cupy"``.
+    kernel : callable
+        The implementation to call.
+    reason : str
+        One line saying which rule chose it (for results and error messages).
+    """
+
+    backend: str
+    kernel: Callable[..., Any]
+    reason: str
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class KernelRun:
+    """What one pairwise kernel computed, on the rows it was given.
+
+    Extreme-pair kernels fill ``value, i, j``; per-row kernels (farthest partners,
+    k-NN) fill ``indices, distances``.  Distances are those of the rows passed in
+    (the public functions pass rows prescaled by a power of two and scale back).
+
+    Attributes
+    ----------
+    backend : str
+        The backend whose code produced the numbers.
+    reason : str
+        Why that backend ran (:attr:`Selection.reason`; empty until :func:`run` sets it).
+    error_bound : float
+        A-priori bound on ``|filtered - refined|`` of the squared distances (0.0 when
+        every pair was evaluated directly).
+    n_refined : int
+        Pairs evaluated by direct float64 differences.
+    value : float or None
+        The extreme distance.
+    i, j : int or None
+        The extreme pair, ``i < j``.
+    indices, distances : array or None
+        Per-row partner indices (int64) and distances (float64).
+    """
+
+    backend: str
+    error_bound: float
+    n_refined: int
+    reason: str = ""
+    value: float | None = None
+    i: int | None = None
+    j: int | None = None
+    indices: Any = None
+    distances: Any = None
+
+
+def _array_kind(a: Any) -> str:
+    return f"{type(a).__module__.split('.')[0]}.{type(a).__name__}"
+
+
+def select(info: KernelInfo, *arrays: Any) -> Selection:
+    """Pick the backend for a call of ``info`` on ``arrays`` (None entries ignored)."""
     arrays = tuple(a for a in arrays if a is not None)
+    requested = get_backend()
     if any(is_cupy_array(a) for a in arrays):
-        if get_backend() == "reference" or info.cupy is None:
-            return "reference", info.reference
-        return "cupy", info.cupy
-    if any(is_array_api_obj(a) and not is_numpy_array(a) for a in arrays):
-        requested = get_backend()
+        if requested == "reference":
+            return Selection("reference", info.reference, "CuPy input, reference backend requested")
+        if info.cupy is None:
+            return Selection("reference", info.reference, f"CuPy input; {info.name} has no GPU code")
+        return Selection("cupy", info.cupy, "CuPy input")
+    foreign = [a for a in arrays if is_array_api_obj(a) and not is_numpy_array(a)]
+    if foreign:
         if requested not in ("auto", "reference"):
             raise ValueError(
                 f"backend {requested!r} cannot run {info.name} on "
-                f"{type(arrays[0]).__module__} arrays; only 'reference' is array-API generic."
+                f"{type(foreign[0]).__module__} arrays; only 'reference' is array-API generic."
             )
-        return "reference", info.reference
-    requested = get_backend()
+        return Selection(
+            "reference", info.reference, f"{_array_kind(foreign[0])} input runs the array-API reference"
+        )
     if requested == "reference":
-        return "reference", info.reference
+        return Selection("reference", info.reference, _requested_text("reference"))
     if requested == "cupy":
         raise ValueError(
             f"backend 'cupy' needs CuPy arrays, got {type(arrays[0]).__name__} instead; "
             "convert with cupy.asarray(...)."
         )
-    fast_ok = info.cython is not None and (info.usable is None or info.usable(*arrays))
-    if requested == "cython":
-        if _ext is None:
-            raise ExtensionUnavailableError(f"backend 'cython' is unavailable: {_ext_error}")
-        if fast_ok:
-            return "cython", info.cython
-        return "reference", info.reference
-    if _ext is not None and fast_ok:
-        return "cython", info.cython
-    return "reference", info.reference
+    if requested == "cython" and _ext is None:
+        raise ExtensionUnavailableError(f"backend 'cython' is unavailable: {_ext_error}")
+    if info.cython is None:
+        return Selection("reference", info.reference, f"{info.name} has no compiled path")
+    if _ext is None:
+        if require_ext():
+            raise ExtensionUnavailableError(
+                f"REFGEO_REQUIRE_EXT=1 but {info.name} would fall back to the reference: {_ext_error}."
+            )
+        return Selection("reference", info.reference, f"fallback: {_ext_error}")
+    why = _requested_text("cython") if requested == "cython" else "auto: refgeo_ext is built, NumPy input"
+    return Selection("cython", info.cython, why)
+
+
+def _requested_text(name: str) -> str:
+    if _requested.get() is not None:
+        return f"use_backend({name!r})"
+    return f"REFGEO_BACKEND={name}"
+
+
+def dispatch(info: KernelInfo, *arrays: Any) -> tuple[str, Callable[..., Any]]:
+    """``(backend, implementation)`` of :func:`select`, for callers that need no reason."""
+    s = select(info, *arrays)
+    return s.backend, s.kernel
+
+
+def run(info: KernelInfo, arrays: tuple[Any, ...], *args: Any, **kwargs: Any) -> KernelRun:
+    """Select the backend for ``arrays`` and run ``kernel(*args, **kwargs)`` on it.
+
+    Returns the kernel's :class:`KernelRun` with the selection's reason filled in.
+    """
+    s = select(info, *arrays)
+    result = s.kernel(*args, **kwargs)
+    if result.backend != s.backend:  # pragma: no cover - a kernel that falls back is a bug
+        raise RuntimeError(f"{info.name}: {s.backend!r} was selected but {result.backend!r} ran")
+    return dataclasses.replace(result, reason=s.reason)
 
 
 def resolve_n_threads(n_threads: Any) -> int:
     """``None`` -> every OpenMP thread; otherwise a positive int (checked)."""
-    from ._validate import check_int
-
     if n_threads is None:
         return int(_ext.openmp_max_threads()) if _ext is not None else 1
     return check_int(n_threads, "n_threads", min_value=1)

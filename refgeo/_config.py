@@ -6,17 +6,23 @@ import json
 import os
 import platform
 import sys
+from importlib.metadata import PackageNotFoundError, version as _pkg_version
 from typing import Any
 
 from . import _backend, _tiled
 
-__all__ = ["show_config"]
+__all__ = ["__version__", "show_config"]
+
+# The version lives here, not in __init__, so that show_config needs nothing from the
+# package's __init__ (which imports this module).
+try:
+    __version__ = _pkg_version("refgeo")
+except PackageNotFoundError:  # pragma: no cover - running from an uninstalled tree
+    __version__ = "0+unknown"
 
 
 def _config_dict() -> dict[str, Any]:
     import numpy as np
-
-    from . import __version__
 
     ext = _backend.extension()
     backends = {
@@ -52,7 +58,20 @@ def _config_dict() -> dict[str, Any]:
             "float32/float64 kept; integer/bool converted to float64; reference accumulates in "
             "float64; certified results are refined in float64"
         ),
+        "torch": _torch_dispatch(backends),
     }
+
+
+def _torch_dispatch(backends) -> dict[str, Any]:
+    """The torch version (from the package metadata: torch is not imported here) and
+    where the row-geometry engine functions send each kind of tensor."""
+    try:
+        torch_version = _pkg_version("torch")
+    except PackageNotFoundError:
+        torch_version = None
+    cpu = "cython (zero-copy NumPy view)" if backends["cython"]["available"] else "reference (NumPy view)"
+    cuda = "cupy (zero-copy DLPack)" if backends["cupy"]["available"] else "unavailable: install CuPy"
+    return {"version": torch_version, "cpu_tensors": cpu, "cuda_tensors": cuda}
 
 
 def show_config(mode: str = "stdout") -> dict[str, Any] | None:
@@ -95,4 +114,9 @@ def show_config(mode: str = "stdout") -> dict[str, Any] | None:
         print("  " + json.dumps(tp))
     print(f"cupy matmul precision: {cfg['cupy_matmul']}")
     print(f"dtype policy: {cfg['dtype_policy']}")
+    tv = cfg["torch"]
+    print(
+        f"torch: {tv['version'] or 'not installed'}  (CPU tensors -> {tv['cpu_tensors']}; "
+        f"CUDA tensors -> {tv['cuda_tensors']}; row-geometry engine functions)"
+    )
     return None

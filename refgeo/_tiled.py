@@ -1,18 +1,21 @@
 """The certified pairwise engine written against the array API: the ``cupy`` backend.
 
-The same algorithm as ``refgeo_ext`` (centre, filter with the Gram expansion, refine
+The same algorithm as ``refgeo_ext`` (center, filter with the Gram expansion, refine
 every pair that the a-priori rounding bound cannot rule out), expressed with whole-tile
 array operations instead of per-pair C loops, so that it runs unchanged on CuPy
 (cuBLAS GEMM, device reductions, float64 refinement on the GPU) and, in the tests, on
 NumPy and array-api-strict on the CPU.
 
-Filter.  Rows are centred about their float64 mean and stored in the input dtype,
+Filter.  Rows are centered about their float64 mean and stored in the input dtype,
 ``x_i``; ``n_i`` are float64 squared norms of the stored copy; the filter value of a
 pair is ``f_ij = n_i + n_j - 2 fl(x_i . x_j)``, its GEMM in the stored dtype and the
 rest in float64.  ``|f_ij - r_ij| <= e_ij = c (n_i + n_j) + e_abs`` with ``(c, e_abs)``
-from ``rows._rounding_bound`` (derived in :func:`refgeo.row_diameter`), ``r_ij`` the
-refined float64 squared distance of the original rows (``rows._canonical_sq``, the
-summation order every backend shares, so values agree bit for bit).
+from :func:`refgeo._certify.rounding_bound` (derived in :func:`refgeo.row_diameter`),
+``r_ij`` the refined float64 squared distance of the original rows
+(:func:`refgeo._certify.canonical_sq`, the summation order every backend shares, so
+values agree bit for bit).  Each kernel returns a :class:`refgeo._backend.KernelRun`
+with ``backend="cupy"``; rows arrive prescaled by the public functions, so the GEMM
+cannot overflow and nothing falls back to the reference inside a call.
 
 Pruning.  A pair is dropped only when its filter proves it strictly worse than a pair
 that is kept: for a maximum, ``f_ij + e_ij < max(best refined so far, max_tile(f - e))``;
@@ -32,11 +35,16 @@ import os
 
 from array_api_compat import array_namespace, is_cupy_array
 
+from ._backend import KernelRun
+from ._certify import MAX_NORM2, better, canonical_sq, f64, reported_bound, rounding_bound
+
 # Rows per block when no tile size is given: a (block x n) float64 filter block of at
 # most 2**22 entries (32 MiB), at least 64 rows.
 _BLOCK_ENTRIES = 1 << 22
 # Candidate pairs refined per batch: the (batch, d) float64 differences stay small.
 _REFINE_BATCH = 1 << 14
+
+_BACKEND = "cupy"
 
 
 def matmul_precision(dtype_name: str) -> str:
@@ -51,31 +59,39 @@ def matmul_precision(dtype_name: str) -> str:
 
 
 def _prepare(xp, arrays):
-    """Originals (float64), centred copies in the filter dtype, float64 norms, dtype name."""
-    orig64 = [_rows._f64(xp, a) for a in arrays]
+    """Originals (float64), centered copies in the filter dtype, float64 norms, dtype name.
+
+    Raises ``ValueError`` when even the float64 GEMM would overflow (rows that were
+    not prescaled: the public functions prescale them).
+    """
+    orig64 = [f64(xp, a) for a in arrays]
     name = "float32" if all(a.dtype == xp.float32 for a in arrays) else "float64"
     d = arrays[0].shape[1]
     if any(is_cupy_array(a) for a in arrays):
         name = matmul_precision(name)
-    if name == "float32" and not math.isfinite(_rows._rounding_bound(d, "float32")[0]):
+    if name == "float32" and not math.isfinite(rounding_bound(d, "float32")[0]):
         name = "float64"
     total = sum(a.shape[0] for a in arrays)
     mu = sum(xp.sum(a, axis=0) for a in orig64) / total
     fdt = xp.float32 if name == "float32" else xp.float64
     cents = [xp.astype(a - mu, fdt) for a in orig64]
-    norms = [xp.sum(_rows._f64(xp, c) ** 2, axis=1) for c in cents]
+    norms = [xp.sum(f64(xp, c) ** 2, axis=1) for c in cents]
     top = max(float(xp.max(n)) for n in norms)
-    if name == "float32" and not top <= _rows._MAX_NORM2["float32"]:
+    if name == "float32" and not top <= MAX_NORM2["float32"]:
         cents = [xp.astype(a - mu, xp.float64) for a in orig64]
         norms = [xp.sum(c**2, axis=1) for c in cents]
         name, top = "float64", max(float(xp.max(n)) for n in norms)
-    usable = math.isfinite(top) and top <= _rows._MAX_NORM2["float64"]
-    return orig64, cents, norms, name, usable
+    if not (math.isfinite(top) and top <= MAX_NORM2["float64"]):
+        raise ValueError(
+            f"centered squared row norms up to {top:.3g} exceed the float64 GEMM range "
+            f"({MAX_NORM2['float64']:.0e}); scale the rows by a power of two first."
+        )
+    return orig64, cents, norms, name
 
 
 def _filter(xp, XA, nA, XB, nB, c, eabs):
     """Filter values ``f`` and their bounds ``e`` for all pairs of two blocks (float64)."""
-    G = _rows._f64(xp, XA @ xp.permute_dims(XB, (1, 0)))
+    G = f64(xp, XA @ xp.permute_dims(XB, (1, 0)))
     a = xp.expand_dims(nA, axis=1) + xp.expand_dims(nB, axis=0)
     return a - 2.0 * G, c * a + eabs
 
@@ -88,7 +104,7 @@ def _refine(xp, SA, SB, rows, cols):
         e = min(s + _REFINE_BATCH, n)  # array-API slices may not run past the end
         r = rows[s:e]
         q = cols[s:e]
-        out.append(_rows._canonical_sq(xp, xp.take(SA, r, axis=0), xp.take(SB, q, axis=0)))
+        out.append(canonical_sq(xp, xp.take(SA, r, axis=0), xp.take(SB, q, axis=0)))
     return xp.concat(out) if len(out) > 1 else out[0]
 
 
@@ -120,15 +136,13 @@ def _block_rows(n_rows, n_cols, tile_size):
     return max(1, min(n_rows, max(64, _BLOCK_ENTRIES // max(n_cols, 1))))
 
 
-def _extreme_pair(S, *, maximise, tile_size=None, n_threads=None):
+def _tiled_extreme_pair(S, *, maximize, tile_size=None) -> KernelRun:
     xp = array_namespace(S)
-    (S64,), (X,), (nrm,), dt, usable = _prepare(xp, [S])
-    if not usable:
-        return _rows._extreme_pair_reference(S, maximise=maximise)
+    (S64,), (X,), (nrm,), dt = _prepare(xp, [S])
     V, d = S64.shape
-    c, eabs = _rows._rounding_bound(d, dt)
+    c, eabs = rounding_bound(d, dt)
     b = _block_rows(V, V, tile_size)
-    sign = 1.0 if maximise else -1.0
+    sign = 1.0 if maximize else -1.0
     best = None  # (refined squared value, i, j)
     n_refined = 0
     for i0 in range(0, V, b):
@@ -155,30 +169,31 @@ def _extreme_pair(S, *, maximise, tile_size=None, n_threads=None):
             key = sign * vals
             k = int(xp.argmax(key))  # first occurrence: smallest (i, j) in row-major order
             cand_best = (float(vals[k]), i0 + int(r[k]), j0 + int(q[k]))
-            if _rows._better(*cand_best, best, maximise):
+            if better(*cand_best, best, maximize):
                 best = cand_best
     v, i, j = best
-    return math.sqrt(v), i, j, _rows._reported_bound(d, dt, float(xp.max(nrm))), n_refined
+    return KernelRun(
+        backend=_BACKEND, error_bound=reported_bound(d, dt, float(xp.max(nrm))), n_refined=n_refined,
+        value=math.sqrt(v), i=i, j=j,
+    )
 
 
-def diameter(S, *, tile_size=None, n_threads=None):
-    """``(value, i, j, error_bound, n_refined)`` of the row diameter."""
-    return _extreme_pair(S, maximise=True, tile_size=tile_size)
+def diameter(S, *, tile_size=None, n_threads=None) -> KernelRun:
+    """The row diameter (``value, i, j``)."""
+    return _tiled_extreme_pair(S, maximize=True, tile_size=tile_size)
 
 
-def closest(S, *, tile_size=None, n_threads=None):
-    """``(value, i, j, error_bound, n_refined)`` of the closest pair."""
-    return _extreme_pair(S, maximise=False, tile_size=tile_size)
+def closest(S, *, tile_size=None, n_threads=None) -> KernelRun:
+    """The closest pair (``value, i, j``)."""
+    return _tiled_extreme_pair(S, maximize=False, tile_size=tile_size)
 
 
-def farthest(S, *, tile_size=None, n_threads=None):
-    """``(indices, distances, error_bound, n_refined)``: each row's farthest other row."""
+def farthest(S, *, tile_size=None, n_threads=None) -> KernelRun:
+    """Each row's farthest other row (``indices, distances``)."""
     xp = array_namespace(S)
-    (S64,), (X,), (nrm,), dt, usable = _prepare(xp, [S])
-    if not usable:
-        return _rows._farthest_reference(S)
+    (S64,), (X,), (nrm,), dt = _prepare(xp, [S])
     V, d = S64.shape
-    c, eabs = _rows._rounding_bound(d, dt)
+    c, eabs = rounding_bound(d, dt)
     b = _block_rows(V, V, tile_size)
     idx, dist, n_refined = [], [], 0
     for i0, F, E, diagonal in _row_blocks(xp, X, nrm, X, nrm, c, eabs, b):
@@ -191,21 +206,22 @@ def farthest(S, *, tile_size=None, n_threads=None):
         R = _scatter(xp, cand, vals, -math.inf)
         idx.append(xp.astype(xp.argmax(R, axis=1), xp.int64))  # ties: smallest j
         dist.append(xp.sqrt(xp.max(R, axis=1)))
-    return xp.concat(idx), xp.concat(dist), _rows._reported_bound(d, dt, float(xp.max(nrm))), n_refined
+    return KernelRun(
+        backend=_BACKEND, error_bound=reported_bound(d, dt, float(xp.max(nrm))), n_refined=n_refined,
+        indices=xp.concat(idx), distances=xp.concat(dist),
+    )
 
 
-def knn(X, k, Y, *, exclude_self, tile_size=None, n_threads=None):
-    """``(indices, distances, error_bound, n_refined)`` of the k nearest rows."""
+def knn(X, k, Y, *, exclude_self, tile_size=None, n_threads=None) -> KernelRun:
+    """The k nearest rows (``indices, distances``)."""
     xp = array_namespace(X) if Y is None else array_namespace(X, Y)
     symmetric = Y is None
-    origs, cents, norms, dt, usable = _prepare(xp, [X] if symmetric else [X, Y])
-    if not usable:
-        return _rows._knn_reference(X, k, Y, exclude_self=exclude_self)
+    origs, cents, norms, dt = _prepare(xp, [X] if symmetric else [X, Y])
     SA, XA, nA = origs[0], cents[0], norms[0]
     SB, XB, nB = (SA, XA, nA) if symmetric else (origs[1], cents[1], norms[1])
     n_a, d = SA.shape
     n_b = SB.shape[0]
-    c, eabs = _rows._rounding_bound(d, dt)
+    c, eabs = rounding_bound(d, dt)
     b = _block_rows(n_a, n_b, tile_size)
     idx, dist, n_refined = [], [], 0
     for i0, F, E, diagonal in _row_blocks(xp, XA, nA, XB, nB, c, eabs, b):
@@ -223,10 +239,7 @@ def knn(X, k, Y, *, exclude_self, tile_size=None, n_threads=None):
         order = xp.argsort(R, axis=1, stable=True)[:, :k]  # ties: smaller index first
         idx.append(xp.astype(order, xp.int64))
         dist.append(xp.sqrt(xp.take_along_axis(R, order, axis=1)))
-    bound = _rows._reported_bound(d, dt, max(float(xp.max(nA)), float(xp.max(nB))))
-    return xp.concat(idx, axis=0), xp.concat(dist, axis=0), bound, n_refined
-
-
-# Imported last: rows registers this module's functions as its cupy kernels, so either
-# module may be imported first (the helpers are only looked up at call time).
-from . import rows as _rows  # noqa: E402
+    return KernelRun(
+        backend=_BACKEND, error_bound=reported_bound(d, dt, max(float(xp.max(nA)), float(xp.max(nB)))),
+        n_refined=n_refined, indices=xp.concat(idx, axis=0), distances=xp.concat(dist, axis=0),
+    )

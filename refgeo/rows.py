@@ -1,4 +1,4 @@
-"""Row geometry of an LM-head update (SPEC §2): certified extreme pairs and k-NN.
+"""Row geometry of an LM-head update (see :doc:`/theory/rows`): certified extreme pairs and k-NN.
 
 For an update :math:`S \\in \\mathbb{R}^{V \\times d}` with rows :math:`s_i`, the row
 diameter :math:`D(S) = \\max_{i<j} \\lVert s_i - s_j \\rVert_2` is the operator norm
@@ -35,6 +35,29 @@ whole-tile array operations (cuBLAS GEMM in IEEE float32/float64, never TF32; fl
 refinement on the device), written against the array API.  Ties go to the
 lexicographically smallest ``(i, j)`` (for k-NN: the smaller index), so every backend,
 tile size and thread count returns the same value and the same indices.
+
+The whole float range
+---------------------
+float64 rows whose largest magnitude ``m`` lies outside ``[2**-64, 2**65)`` are first
+multiplied by ``2**-e`` with ``e`` the binary exponent of ``m`` (``m`` then lies in
+``[1/2, 1)``), on every backend alike, and the distances are multiplied back by
+``2**e``.  Both steps are exact in binary floating point, so rows of size ``1e200`` or
+``1e-300`` get their finite distances, and scaling the rows by a power of two scales
+every distance by exactly that power.  Two limits remain, where no scaling can help:
+a distance above the largest float64 (about ``1.8e308``, rows of opposite sign near
+the top of the range) raises ``ValueError``, and entries more than ``2**1022`` times
+smaller than the largest one become subnormal when scaled, so their differences lose
+precision.  float32 rows are never scaled: their squares always fit in float64.
+
+Where the code lives
+--------------------
+This module holds the results and the public functions.  The certification algebra
+(rounding bound, canonical squared distance, tie rule, prescaling) is in
+``refgeo/_certify.py``, the brute-force reference kernels in ``refgeo/_reference.py``,
+the compiled-engine wrappers in ``refgeo/_engine.py``, the array-API (CuPy) engine in
+``refgeo/_tiled.py``, and the choice between them in ``refgeo/_backend.py``.  The
+enclosing-ball solver of :func:`covering_radius` stays here: it is a small NumPy
+iteration used by that one function, with no backend variants to dispatch between.
 """
 
 from __future__ import annotations
@@ -46,8 +69,9 @@ from typing import Any
 import numpy as np
 from array_api_compat import array_namespace, is_numpy_array
 
-from . import _backend
-from ._threads import blas_single_thread
+from . import _backend, _engine, _reference, _tiled
+from ._certify import dtype_name, f64, scale_exponent, scale_rows, unscale, unscale_array
+from ._interop import from_foreign, to_caller
 from ._validate import (
     as_float_array,
     check_bool,
@@ -75,12 +99,8 @@ __all__ = [
     "worst_case_hidden_state",
 ]
 
-# Pairs per block of the reference scans: the (rows, rows, 8) float64 lane buffer of
-# one block is 8 * 8 * 2**16 bytes = 4 MiB, whatever V.
-_REF_BLOCK_PAIRS = 1 << 16
-# float64 elements of one row block of distances in the reference k-NN / farthest scans.
-_REF_ROW_ELEMENTS = 1 << 20
-
+# float64 elements of one block of hidden-state products in hilbert_rms.
+_ROW_ELEMENTS = 1 << 20
 
 # --------------------------------------------------------------------------- results
 
@@ -97,15 +117,23 @@ class ExtremePair:
     i, j : int
         The pair, ``i < j``; among equal values the lexicographically smallest.
     error_bound : float
-        The a-priori bound on ``|filtered - refined|`` (squared distances) used to
-        select the candidate pairs that were refined; ``0.0`` when every pair was
-        evaluated directly (reference backend).
+        The a-priori bound on ``|filtered - refined|`` (squared distances of the rows
+        ``S * 2**-scale_exponent`` the kernels saw) used to select the candidate pairs
+        that were refined; ``0.0`` when every pair was evaluated directly (reference
+        backend).
     backend : str
-        Backend that computed the result (``"reference"``, ``"cython"``, ``"cupy"``).
+        Backend whose code computed the result (``"reference"``, ``"cython"``,
+        ``"cupy"``).
     dtype : str
         dtype of the input after conversion (``"float64"`` or ``"float32"``).
     n_refined : int
         Number of pairs evaluated by direct float64 differences.
+    scale_exponent : int
+        The kernels ran on ``S * 2**-scale_exponent`` (exact) and the distance was
+        scaled back; 0 unless float64 rows lie outside ``[2**-64, 2**65)`` in magnitude.
+    converted_from : str or None
+        The dtype of a tensor that was upcast to ``dtype`` on the way in
+        (``"torch.bfloat16"``, ``"torch.float16"``); None when the input was used as is.
     """
 
     value: float
@@ -115,6 +143,8 @@ class ExtremePair:
     backend: str
     dtype: str
     n_refined: int
+    scale_exponent: int = 0
+    converted_from: str | None = None
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -123,32 +153,72 @@ class FarthestPartners:
 
     Attributes
     ----------
-    indices : ndarray of shape (V,)
-        int64; ``indices[i]`` is the ``j != i`` maximising ``||s_i - s_j||`` (ties: the
+    indices : ndarray or tensor of shape (V,)
+        int64 (a torch tensor for tensor input); ``indices[i]`` is the ``j != i`` maximizing ``||s_i - s_j||`` (ties: the
         smallest ``j``).
-    distances : ndarray of shape (V,)
+    distances : ndarray or tensor of shape (V,)
         float64 refined distances ``||s_i - s_{indices[i]}||``.
+    error_bound : float
+        The rounding bound of the filter (squared distances of the rows
+        ``S * 2**-scale_exponent``), as in :class:`ExtremePair`; ``0.0`` on the
+        reference backend.
+    backend : str
+        Backend whose code computed the result.
+    dtype : str
+        dtype of the input after conversion (``"float64"`` or ``"float32"``).
+    n_refined : int
+        Number of pairs evaluated by direct float64 differences.
+    scale_exponent : int
+        The kernels ran on rows scaled by ``2**-scale_exponent``; see :class:`ExtremePair`.
+    converted_from : str or None
+        The dtype of a tensor upcast on the way in; see :class:`ExtremePair`.
     """
 
     indices: Any
     distances: Any
+    error_bound: float
+    backend: str
+    dtype: str
+    n_refined: int
+    scale_exponent: int = 0
+    converted_from: str | None = None
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class KNNResult:
-    """k nearest neighbours of every query row.
+    """k nearest neighbors of every query row.
 
     Attributes
     ----------
-    indices : ndarray of shape (n, k)
-        int64 indices into the candidate rows, sorted by increasing distance; equal
+    indices : ndarray or tensor of shape (n, k)
+        int64 indices (a torch tensor for tensor input) into the candidate rows, sorted by increasing distance; equal
         squared distances are ordered by the smaller index.
-    distances : ndarray of shape (n, k)
+    distances : ndarray or tensor of shape (n, k)
         float64 refined distances, ascending along each row.
+    error_bound : float
+        The rounding bound of the filter (squared distances of the rows
+        ``S * 2**-scale_exponent``), as in :class:`ExtremePair`; ``0.0`` on the
+        reference backend.
+    backend : str
+        Backend whose code computed the result.
+    dtype : str
+        dtype of the input after conversion (``"float64"`` or ``"float32"``).
+    n_refined : int
+        Number of pairs evaluated by direct float64 differences.
+    scale_exponent : int
+        The kernels ran on rows scaled by ``2**-scale_exponent``; see :class:`ExtremePair`.
+    converted_from : str or None
+        The dtype of a tensor upcast on the way in; see :class:`ExtremePair`.
     """
 
     indices: Any
     distances: Any
+    error_bound: float
+    backend: str
+    dtype: str
+    n_refined: int
+    scale_exponent: int = 0
+    converted_from: str | None = None
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -158,10 +228,10 @@ class EnclosingBall:
     Attributes
     ----------
     radius : float
-        ``max_i ||s_i - centre||``: an upper bound on the covering radius, attained by
-        ``centre``.
-    centre : ndarray of shape (d,)
-        float64 centre of the ball.
+        ``max_i ||s_i - center||``: an upper bound on the covering radius, attained by
+        ``center``.
+    center : ndarray of shape (d,)
+        float64 center of the ball.
     lower_bound : float
         Certified lower bound on the covering radius, from the dual weights:
         :math:`\\sum_i w_i \\lVert s_i - \\bar s_w \\rVert^2 \\le \\mathrm{rad}^2` with
@@ -173,7 +243,7 @@ class EnclosingBall:
     """
 
     radius: float
-    centre: Any
+    center: Any
     lower_bound: float
     weights: Any
     n_iter: int
@@ -200,447 +270,30 @@ class WorstCaseHiddenState:
     j: int
 
 
-# --------------------------------------------------------------------------- helpers
+# --------------------------------------------------------------------------- dispatch
+#
+# One registry entry per kernel: the reference (_reference.py, the oracle), the
+# compiled engine (_engine.py) and the array-API engine for CuPy (_tiled.py).  The
+# public functions validate, prescale the rows by a power of two (exact; see
+# _certify.py), let _backend.run pick and run one kernel, scale the distances back and
+# wrap the KernelRun in a result.
 
-
-def _f64(xp, x):
-    return xp.astype(x, xp.float64) if x.dtype != xp.float64 else x
-
-
-def _dtype_name(x) -> str:
-    return "float32" if "float32" in str(x.dtype) else "float64"
+_DIAMETER = _backend.KernelInfo(
+    name="row_diameter", reference=_reference.diameter, cython=_engine.diameter, cupy=_tiled.diameter
+)
+_CLOSEST = _backend.KernelInfo(
+    name="closest_pair", reference=_reference.closest, cython=_engine.closest, cupy=_tiled.closest
+)
+_FARTHEST = _backend.KernelInfo(
+    name="farthest_partners", reference=_reference.farthest, cython=_engine.farthest, cupy=_tiled.farthest
+)
+_KNN = _backend.KernelInfo(name="knn", reference=_reference.knn, cython=_engine.knn, cupy=_tiled.knn)
 
 
 def _readonly(a):
     if is_numpy_array(a):
         a.setflags(write=False)
     return a
-
-
-def _canonical_sq(xp, A, B):
-    """Refined squared distances ``sum_k (a_k - b_k)**2`` of broadcast rows, float64.
-
-    The fixed summation order (module docstring) is shared with ``refgeo_ext``: eight
-    lanes ``k mod 8`` accumulated in increasing ``k``, then combined pairwise.
-    """
-    d = A.shape[-1]
-    lanes = None
-    for k0 in range(0, d, 8):
-        w = min(8, d - k0)
-        t = A[..., k0 : k0 + w] - B[..., k0 : k0 + w]
-        sq = t * t
-        if w < 8:
-            pad = xp.zeros(sq.shape[:-1] + (8 - w,), dtype=xp.float64)
-            sq = xp.concat([sq, pad], axis=-1)
-        lanes = sq if lanes is None else lanes + sq
-    p = [lanes[..., r] for r in range(8)]
-    return ((p[0] + p[1]) + (p[2] + p[3])) + ((p[4] + p[5]) + (p[6] + p[7]))
-
-
-def _block_size(V: int) -> int:
-    return max(1, min(V, math.isqrt(_REF_BLOCK_PAIRS)))
-
-
-def _better(v, i, j, best, maximise: bool) -> bool:
-    """The one tie rule: strictly better value, or equal value and smaller ``(i, j)``."""
-    if best is None:
-        return True
-    bv, bi, bj = best
-    if maximise:
-        return v > bv or (v == bv and (i, j) < (bi, bj))
-    return v < bv or (v == bv and (i, j) < (bi, bj))
-
-
-def _extreme_pair_reference(S, *, maximise: bool, tile_size=None, n_threads=None):
-    """Brute force over all pairs ``i < j`` with refined distances, block by block."""
-    xp = array_namespace(S)
-    X = _f64(xp, S)
-    V = X.shape[0]
-    b = _block_size(V)
-    fill = -math.inf if maximise else math.inf
-    best = None
-    for i0 in range(0, V, b):
-        i1 = min(i0 + b, V)
-        A = xp.expand_dims(X[i0:i1, :], axis=1)
-        for j0 in range(i0, V, b):
-            j1 = min(j0 + b, V)
-            if j1 - 1 <= i0:  # no pair j > i in this block
-                continue
-            D2 = _canonical_sq(xp, A, xp.expand_dims(X[j0:j1, :], axis=0))
-            ii = xp.expand_dims(xp.arange(i0, i1), axis=1)
-            jj = xp.expand_dims(xp.arange(j0, j1), axis=0)
-            vals = xp.reshape(xp.where(jj > ii, D2, xp.asarray(fill, dtype=xp.float64)), (-1,))
-            k = int(xp.argmax(vals)) if maximise else int(xp.argmin(vals))
-            bj = j1 - j0
-            cand = (float(vals[k]), i0 + k // bj, j0 + k % bj)
-            if _better(*cand, best, maximise):
-                best = cand
-    v, i, j = best
-    return math.sqrt(v), i, j, 0.0, V * (V - 1) // 2
-
-
-def _diameter_reference(S, *, tile_size=None, n_threads=None):
-    return _extreme_pair_reference(S, maximise=True)
-
-
-def _closest_reference(S, *, tile_size=None, n_threads=None):
-    return _extreme_pair_reference(S, maximise=False)
-
-
-def _row_distances_block(xp, A, B, self_offset, exclude_self, fill):
-    """Refined squared distances of the rows of ``A`` to all rows of ``B``, shape (a, n_B).
-
-    With ``exclude_self`` the entry (r, self_offset + r) is replaced by ``fill``.
-    """
-    nA = A.shape[0]
-    nB = B.shape[0]
-    bj = max(1, _REF_BLOCK_PAIRS // max(nA, 1))
-    Ae = xp.expand_dims(A, axis=1)
-    parts = []
-    for j0 in range(0, nB, bj):
-        j1 = min(j0 + bj, nB)
-        parts.append(_canonical_sq(xp, Ae, xp.expand_dims(B[j0:j1, :], axis=0)))
-    D2 = xp.concat(parts, axis=1) if len(parts) > 1 else parts[0]
-    if exclude_self:
-        ii = xp.expand_dims(xp.arange(self_offset, self_offset + nA), axis=1)
-        jj = xp.expand_dims(xp.arange(0, nB), axis=0)
-        D2 = xp.where(ii == jj, xp.asarray(fill, dtype=xp.float64), D2)
-    return D2
-
-
-def _farthest_reference(S, *, tile_size=None, n_threads=None):
-    xp = array_namespace(S)
-    X = _f64(xp, S)
-    V = X.shape[0]
-    bi = max(1, min(V, _REF_ROW_ELEMENTS // V))
-    idx, dist = [], []
-    for i0 in range(0, V, bi):
-        i1 = min(i0 + bi, V)
-        D2 = _row_distances_block(xp, X[i0:i1, :], X, i0, True, -math.inf)
-        j = xp.argmax(D2, axis=1)  # first occurrence: the smallest j among ties
-        idx.append(xp.astype(j, xp.int64))
-        dist.append(xp.sqrt(xp.max(D2, axis=1)))
-    return xp.concat(idx), xp.concat(dist), 0.0, V * (V - 1)
-
-
-def _knn_reference(X, k, Y, *, exclude_self, tile_size=None, n_threads=None):
-    xp = array_namespace(X) if Y is None else array_namespace(X, Y)
-    A = _f64(xp, X)
-    B = A if Y is None else _f64(xp, Y)
-    nA, nB = A.shape[0], B.shape[0]
-    self_pairs = Y is None and exclude_self
-    bi = max(1, min(nA, _REF_ROW_ELEMENTS // nB))
-    idx, dist = [], []
-    for i0 in range(0, nA, bi):
-        i1 = min(i0 + bi, nA)
-        D2 = _row_distances_block(xp, A[i0:i1, :], B, i0, self_pairs, math.inf)
-        order = xp.argsort(D2, axis=1, stable=True)[:, :k]  # ties: smaller index first
-        idx.append(xp.astype(order, xp.int64))
-        dist.append(xp.sqrt(xp.take_along_axis(D2, order, axis=1)))
-    return xp.concat(idx, axis=0), xp.concat(dist, axis=0), 0.0, nA * (nB - int(self_pairs))
-
-
-# --------------------------------------------------------------------------- compiled engine
-#
-# The cython backend (refgeo_ext._extreme_pairs, refgeo_ext._knn) filters pairs with
-# the Gram expansion on centred rows and refines candidates with the same canonical
-# float64 sum as `_canonical_sq` (refgeo_ext/src/refine.h).  The wrappers below
-# centre the rows, compute the rounding bound, seed the diameter, pin BLAS to one
-# thread while OpenMP runs the tiles, and merge per-thread results with the tie rule.
-
-_U64 = 2.0**-53
-# unit roundoff u and smallest *normal* number eta of the dtype the centred copy is
-# stored in.  With gradual underflow an underflowing operation errs by at most half the
-# smallest subnormal; a library elsewhere in the process may switch on flush-to-zero
-# (torch.set_flush_denormal, code built with fast-math flags, a GPU's SGEMM), and then
-# it errs by up to the smallest normal.  Using the latter keeps the certificate valid
-# in both modes, at no measurable cost.
-_UNIT_ROUNDOFF = {"float64": 2.0**-53, "float32": 2.0**-24}
-_ETA = {"float64": 2.0**-1022, "float32": 2.0**-126}
-# Rows per tile: a float64 256 x 256 cross-term block is 512 KiB (fits in L2), and a
-# (256 x d) @ (d x 256) GEMM already runs near the BLAS peak.
-_DEFAULT_TILE = 256
-# Largest centred squared norm the GEMM may see: |x.y| <= max n, far from overflow.
-_MAX_NORM2 = {"float64": 1e300, "float32": 1e36}
-
-# Below this many multiply-adds (V^2 d / 2) a call runs on one thread: waking an
-# OpenMP team costs more than the work (tests set it to 0 to exercise the merge).
-_MIN_PARALLEL_WORK = 1 << 20
-
-# k-NN of float64 rows filters in float32 (half the GEMM time) from this many
-# multiply-adds on; rows the float32 certificate cannot settle are redone in float64.
-_KNN_MIXED_MIN_WORK = 1 << 26
-# The same for the maximum modes (diameter, farthest partners) of float64 rows: the band
-# of pairs within the float32 bound of the largest distance is thin, so few pairs are
-# refined.  The minimum mode keeps the float64 filter: near-duplicate clusters would
-# put many pairs inside the wider float32 band.
-_MAX_MIXED_MIN_WORK = 1 << 26
-
-def _gamma(m: int, u: float) -> float:
-    return m * u / (1.0 - m * u)
-
-
-def _rounding_bound(d: int, dtype: str) -> tuple[float, float]:
-    """``(c, e_abs)`` with ``|f_ij - r_ij| <= c (n_i + n_j) + e_abs`` (SPEC.md §2).
-
-    ``f_ij = n_i + n_j - 2 fl(x_i . x_j)`` is the filtered squared distance of the
-    centred copy stored in ``dtype`` (unit roundoff u), ``n`` its float64 squared
-    norms and ``r_ij`` the refined float64 value of the original rows.  Terms:
-    GEMM ``gamma_d(u) a`` (any summation order, FMA or not), float64 norms
-    ``gamma_d(u64) a``, the epilogue's float64 operations ``4 u64 a``, the
-    rounding of the centred copy ``4.01 (u + u64) a`` and of the refined value
-    ``2.01 gamma_{d+2}(u64) a``; 1.01 covers second-order terms.  ``16 u64`` more
-    covers the rounding of the comparisons in the kernels, and ``e_abs`` (32 d eta,
-    eta the smallest normal number) covers underflow in products and the centring,
-    with or without flush-to-zero.
-    """
-    u = _UNIT_ROUNDOFF[dtype]
-    if d * u >= 0.1:
-        return math.inf, math.inf
-    c = 1.01 * (
-        _gamma(d, u) + _gamma(d, _U64) + 4 * _U64 + 4.01 * (u + _U64) + 2.01 * _gamma(d + 2, _U64)
-    )
-    return c + 16 * _U64, 32.0 * d * _ETA[dtype]
-
-
-def _reported_bound(d: int, dtype: str, max_norm: float) -> float:
-    """The certificate's ``error_bound``: ``c * 2 max n + e_abs`` (largest a_ij)."""
-    c, eabs = _rounding_bound(d, dtype)
-    return c * 2.0 * max_norm + eabs
-
-
-def _suffix(a) -> str:
-    return "32" if a.dtype == np.float32 else "64"
-
-
-def _kernel_suffix(X, S) -> str:
-    """Kernel variant for a centred copy X of the original rows S."""
-    return "32s64" if X.dtype == np.float32 and S.dtype == np.float64 else _suffix(X)
-
-
-def _center(arrays, n_threads, float32_filter=False):
-    """Centred copies of ``arrays`` about their common float64 mean.
-
-    Returns ``(originals, centred, norms, dtype_name)``: the originals share one dtype
-    (float64 if any input is), and the centred copies are stored in that dtype, or in
-    float32 for float64 originals when ``float32_filter`` asks for it; ``dtype_name`` is
-    the dtype of the centred copies (the one the rounding bound is for).  float64 is
-    used where float32 would overflow or where d is too large for a useful float32 bound.
-    """
-    ext = _backend.extension()
-    arrays = [np.ascontiguousarray(a) for a in arrays]
-    dt = np.float64 if any(a.dtype == np.float64 for a in arrays) else np.float32
-    d = arrays[0].shape[1]
-    f32_ok = math.isfinite(_rounding_bound(d, "float32")[0])
-    if dt == np.float32 and not f32_ok:
-        dt = np.float64
-    arrays = [np.ascontiguousarray(a, dtype=dt) for a in arrays]
-    total = sum(a.shape[0] for a in arrays)
-    if total * d < _MIN_PARALLEL_WORK:
-        n_threads = 1
-    mu = sum(np.sum(a, axis=0, dtype=np.float64) for a in arrays) / total
-    mixed = float32_filter and dt == np.float64 and f32_ok
-    out = []
-    for a in arrays:
-        X = np.empty(a.shape, dtype=np.float32 if mixed else a.dtype)
-        nrm = np.empty(a.shape[0])
-        getattr(ext._extreme_pairs, "center" + _kernel_suffix(X, a))(a, mu, X, nrm, n_threads)
-        out.append((X, nrm))
-    name = "float32" if mixed or dt == np.float32 else "float64"
-    if name == "float32" and max(float(n.max()) for _, n in out) > _MAX_NORM2["float32"]:
-        return _center([a.astype(np.float64) for a in arrays], n_threads)
-    return arrays, [X for X, _ in out], [n for _, n in out], name
-
-
-def _engine_usable(norms, dtype) -> bool:
-    return all(math.isfinite(float(n.max())) and float(n.max()) <= _MAX_NORM2[dtype] for n in norms)
-
-
-def _refine_pair(S, i, j) -> float:
-    A = np.asarray(S[i], dtype=np.float64)
-    B = np.asarray(S[j], dtype=np.float64)
-    return float(_canonical_sq(np, A, B))
-
-
-def _diameter_seed(S, X, nrm) -> float:
-    """A refined squared distance near the diameter: iterated farthest points, O(V d)."""
-    a = int(np.argmax(nrm))
-    best = 0.0
-    for _ in range(4):
-        da = nrm - 2.0 * (X @ X[a]).astype(np.float64)
-        b = int(np.argmax(da))
-        if b == a:
-            break
-        best = max(best, _refine_pair(S, a, b))
-        a = b
-    return best
-
-
-def _tiles(V, tile_size):
-    tile = max(1, min(V, tile_size or _DEFAULT_TILE))
-    nt = -(-V // tile)
-    return tile, nt
-
-
-def _effective_threads(n_threads, n_tasks, work):
-    if work < _MIN_PARALLEL_WORK:
-        return 1
-    return max(1, min(n_threads, n_tasks))
-
-
-def _extreme_pair_cython(S, *, maximise, tile_size, n_threads):
-    ext = _backend.extension()
-    n = _backend.resolve_n_threads(n_threads)
-    V, d = S.shape
-    mixed = maximise and V * V * d // 2 >= _MAX_MIXED_MIN_WORK
-    (Sc,), (X,), (nrm,), dt = _center([S], n, float32_filter=mixed)
-    if not _engine_usable([nrm], dt):
-        return _extreme_pair_reference(S, maximise=maximise)
-    V, d = Sc.shape
-    cp, eabs = _rounding_bound(d, dt)
-    tile, nt = _tiles(V, tile_size)
-    n_eff = _effective_threads(n, nt * (nt + 1) // 2, V * V * d // 2)
-    tile_rmax = np.sqrt(np.maximum.reduceat(nrm, np.arange(0, V, tile)))
-    out_r = np.empty(n_eff)
-    out_ij = np.empty((n_eff, 2), dtype=np.int64)
-    out_nref = np.zeros(n_eff, dtype=np.int64)
-    fn = getattr(ext._extreme_pairs, "extreme_pair" + _kernel_suffix(X, Sc))
-    with blas_single_thread(n_eff):
-        # The seed's matrix-vector products run under the one-thread limit too: a
-        # multi-threaded BLAS call just before the kernel leaves BLAS worker threads
-        # spinning, and they steal cores from the OpenMP tiles (15% of samples in perf).
-        bound0 = _diameter_seed(Sc, X, nrm) if maximise else math.inf
-        fn(X, nrm, tile_rmax, Sc, maximise, cp, eabs, bound0, tile, n_eff, out_r, out_ij, out_nref)
-    best = None
-    for t in range(n_eff):
-        i, j = int(out_ij[t, 0]), int(out_ij[t, 1])
-        if i < V and _better(float(out_r[t]), i, j, best, maximise):
-            best = (float(out_r[t]), i, j)
-    v, i, j = best
-    return math.sqrt(v), i, j, _reported_bound(d, dt, float(nrm.max())), int(out_nref.sum())
-
-
-def _diameter_cython(S, *, tile_size=None, n_threads=None):
-    return _extreme_pair_cython(S, maximise=True, tile_size=tile_size, n_threads=n_threads)
-
-
-def _closest_cython(S, *, tile_size=None, n_threads=None):
-    return _extreme_pair_cython(S, maximise=False, tile_size=tile_size, n_threads=n_threads)
-
-
-def _farthest_cython(S, *, tile_size=None, n_threads=None):
-    ext = _backend.extension()
-    n = _backend.resolve_n_threads(n_threads)
-    V, d = S.shape
-    (Sc,), (X,), (nrm,), dt = _center([S], n, float32_filter=V * V * d // 2 >= _MAX_MIXED_MIN_WORK)
-    if not _engine_usable([nrm], dt):
-        return _farthest_reference(S)
-    V, d = Sc.shape
-    cp, eabs = _rounding_bound(d, dt)
-    tile, nt = _tiles(V, tile_size)
-    n_eff = _effective_threads(n, nt * (nt + 1) // 2, V * V * d // 2)
-    L = np.full((n_eff, V), -np.inf)
-    B = np.full((n_eff, V), -np.inf)
-    Bj = np.full((n_eff, V), V, dtype=np.int64)
-    nref = np.zeros(n_eff, dtype=np.int64)
-    fn = getattr(ext._extreme_pairs, "farthest_partners" + _kernel_suffix(X, Sc))
-    with blas_single_thread(n_eff):
-        fn(X, nrm, Sc, cp, eabs, tile, n_eff, L, B, Bj, nref)
-    r, j = B[0].copy(), Bj[0].copy()
-    for t in range(1, n_eff):
-        better = (B[t] > r) | ((B[t] == r) & (Bj[t] < j))
-        r = np.where(better, B[t], r)
-        j = np.where(better, Bj[t], j)
-    return j, np.sqrt(r), _reported_bound(d, dt, float(nrm.max())), int(nref.sum())
-
-
-def _knn_pass(fn, XA, nA, SA, XB, nB, SB, *, symmetric, exclude_self, self_idx, defer, k, dt,
-              tile_size, n):
-    """One run of a compiled k-NN kernel; returns (indices, distances, stats)."""
-    nA_rows, d = SA.shape
-    nB_rows = SB.shape[0]
-    excluded = int(symmetric and exclude_self) if symmetric else int(np.any(self_idx >= 0))
-    n_cand = nB_rows - excluded
-    cp, eabs = _rounding_bound(d, dt)
-    # heap size: k plus slack, so that the certificate usually holds from the heap alone
-    K = min(n_cand, k + max(8, k // 2))
-    tile = max(1, min(max(nA_rows, nB_rows), tile_size or _DEFAULT_TILE))
-    ntA, ntB = -(-nA_rows // tile), -(-nB_rows // tile)
-    npairs = ntA * (ntA + 1) // 2 if symmetric else ntA * ntB
-    n_eff = _effective_threads(n, npairs, nA_rows * nB_rows * d // (2 if symmetric else 1))
-    keys = np.full((n_eff, nA_rows, K), np.inf)
-    ids = np.full((n_eff, nA_rows, K), -1, dtype=np.int64)
-    out_idx = np.empty((nA_rows, k), dtype=np.int64)
-    out_dist = np.empty((nA_rows, k))
-    stats = np.zeros(2, dtype=np.int64)
-    with blas_single_thread(n_eff):
-        fn(XA, nA, SA, XB, nB, SB, symmetric, exclude_self, self_idx, defer, k, cp, eabs, tile,
-           n_eff, keys, ids, out_idx, out_dist, stats)
-    return out_idx, out_dist, stats
-
-
-def _knn_cython(X, k, Y, *, exclude_self, tile_size=None, n_threads=None):
-    ext = _backend.extension()
-    n = _backend.resolve_n_threads(n_threads)
-    symmetric = Y is None
-    arrays = [X] if symmetric else [X, Y]
-    # float64 rows with enough work are filtered through a float32 centred copy (half
-    # the GEMM time); _center falls back to float64 where float32 cannot hold them.
-    # The float64 centred copy is then made only if some row needs it (below): at
-    # N = 50000, d = 768 it is 300 MB that the common case never reads.
-    want_mixed = (
-        any(a.dtype == np.float64 for a in arrays)
-        and X.shape[0] * arrays[-1].shape[0] * X.shape[1] >= _KNN_MIXED_MIN_WORK
-    )
-    origs, cents, norms, dt = _center(arrays, n, float32_filter=want_mixed)
-    if not _engine_usable(norms, dt):
-        return _knn_reference(X, k, Y, exclude_self=exclude_self)
-    SA = origs[0]
-    SB = SA if symmetric else origs[1]
-    d = SA.shape[1]
-    XA, nA = cents[0], norms[0]
-    XB, nB = (XA, nA) if symmetric else (cents[1], norms[1])
-    mixed = SA.dtype == np.float64 and XA.dtype == np.float32
-    no_self = np.full(SA.shape[0], -1, dtype=np.int64)
-    idx, dist, stats = _knn_pass(
-        getattr(ext._knn, "knn" + _kernel_suffix(XA, SA)), XA, nA, SA, XB, nB, SB,
-        symmetric=symmetric, exclude_self=exclude_self, self_idx=no_self, defer=mixed, k=k,
-        dt=dt, tile_size=tile_size, n=n,
-    )
-    n_refined = int(stats[1])
-    if mixed and stats[0] > 0:
-        # rows the float32 certificate cannot settle are redone against every
-        # candidate with a float64 filter (same mean, so the same centred rows)
-        _, cents64, norms64, _ = _center(arrays, n)
-        F = np.flatnonzero(idx[:, 0] < 0)
-        XB64, nB64 = (cents64[0], norms64[0]) if symmetric else (cents64[1], norms64[1])
-        self_idx = F.astype(np.int64) if (symmetric and exclude_self) else np.full(F.size, -1, np.int64)
-        sub_idx, sub_dist, sub_stats = _knn_pass(
-            ext._knn.knn64, np.ascontiguousarray(cents64[0][F]), np.ascontiguousarray(norms64[0][F]),
-            np.ascontiguousarray(SA[F]), XB64, nB64, SB, symmetric=False, exclude_self=False,
-            self_idx=self_idx, defer=False, k=k, dt="float64", tile_size=tile_size, n=n,
-        )
-        idx[F] = sub_idx
-        dist[F] = sub_dist
-        n_refined += int(sub_stats[1])
-    return idx, dist, _reported_bound(d, dt, float(max(nA.max(), nB.max()))), n_refined
-
-
-# --------------------------------------------------------------------------- dispatch
-
-# CuPy arrays run the same certified algorithm written against the array API.
-from . import _tiled  # noqa: E402  (needs the helpers above)
-
-_DIAMETER = _backend.KernelInfo(
-    name="row_diameter", reference=_diameter_reference, cython=_diameter_cython, cupy=_tiled.diameter
-)
-_CLOSEST = _backend.KernelInfo(
-    name="closest_pair", reference=_closest_reference, cython=_closest_cython, cupy=_tiled.closest
-)
-_FARTHEST = _backend.KernelInfo(
-    name="farthest_partners", reference=_farthest_reference, cython=_farthest_cython, cupy=_tiled.farthest
-)
-_KNN = _backend.KernelInfo(name="knn", reference=_knn_reference, cython=_knn_cython, cupy=_tiled.knn)
 
 
 def _check_rows(S, name="S", min_rows=2):
@@ -657,21 +310,69 @@ def _threads_option(n_threads):
     return check_int(n_threads, "n_threads", min_value=1, allow_none=True)
 
 
-def _extreme_pair(info, S, tile_size, n_threads) -> ExtremePair:
-    S = _check_rows(S)
-    tile_size = _tile_option(tile_size)
-    n_threads = _threads_option(n_threads)
-    backend, fn = _backend.dispatch(info, S)
-    value, i, j, bound, n_refined = fn(S, tile_size=tile_size, n_threads=n_threads)
+def _pair_run(info, S, tile_size, n_threads) -> tuple[_backend.KernelRun, int]:
+    """The kernel run of ``info`` on ``S * 2**-e``, and ``e``."""
+    xp = array_namespace(S)
+    e = scale_exponent(xp, [S])
+    run = _backend.run(info, (S,), scale_rows(xp, S, e), tile_size=tile_size, n_threads=n_threads)
+    return run, e
+
+
+def _too_large(what: str, scaled: float, e: int) -> ValueError:
+    return ValueError(
+        f"{what} is {scaled!r} * 2**{e}, beyond the float64 range (largest finite "
+        f"{np.finfo(np.float64).max:.4g}): the rows differ by more than a float64 can hold; "
+        "scale S down first."
+    )
+
+
+def _engine_rows(S, name="S"):
+    """Validated rows of an engine function, and where a foreign input came from.
+
+    Tensors are viewed as NumPy (or CuPy) arrays first (:mod:`refgeo._interop`), so
+    they run on the compiled engine like the arrays they share memory with.
+    """
+    S, origin = from_foreign(S, name)
+    return _check_rows(S, name), origin
+
+
+def _converted(*origins) -> str | None:
+    return next((o.converted_from for o in origins if o is not None and o.converted_from), None)
+
+
+def _array_out(a, origin):
+    """An array result: in the caller's framework, or a read-only NumPy array."""
+    return to_caller(a, origin) if origin is not None else _readonly(a)
+
+
+def _extreme_pair_result(info, S, tile_size, n_threads, what) -> ExtremePair:
+    S, origin = _engine_rows(S)
+    run, e = _pair_run(info, S, _tile_option(tile_size), _threads_option(n_threads))
+    value = unscale(run.value, e)
+    if not math.isfinite(value):
+        raise _too_large(what, run.value, e)
     return ExtremePair(
         value=float(value),
-        i=int(i),
-        j=int(j),
-        error_bound=float(bound),
-        backend=backend,
-        dtype=_dtype_name(S),
-        n_refined=int(n_refined),
+        i=int(run.i),
+        j=int(run.j),
+        error_bound=float(run.error_bound),
+        backend=run.backend,
+        dtype=dtype_name(S),
+        n_refined=int(run.n_refined),
+        scale_exponent=e,
+        converted_from=_converted(origin),
     )
+
+
+def _common_dtype_name(X, Y) -> str:
+    return "float32" if dtype_name(X) == dtype_name(Y) == "float32" else "float64"
+
+
+def _unscaled_distances(xp, run, e, what):
+    dist = unscale_array(xp, run.distances, e)
+    if not bool(xp.all(xp.isfinite(dist))):
+        raise _too_large(what, float(xp.max(run.distances)), e)
+    return dist
 
 
 # --------------------------------------------------------------------------- public API
@@ -684,7 +385,9 @@ def row_diameter(S: Any, /, *, tile_size: int | None = None, n_threads: int | No
     ----------
     S : array_like of shape (V, d)
         Finite rows, ``V >= 2``.  float32 and float64 are kept; integer and boolean
-        inputs are converted to float64.
+        inputs are converted to float64.  A torch tensor (CPU: viewed zero-copy, run
+        on the compiled engine; CUDA: through CuPy) is accepted as well; bfloat16 and
+        float16 tensors are upcast to float32 (``converted_from`` says so).
     tile_size : int, default=None
         Rows per tile of the compiled engine (chosen from ``d`` and the cache when
         None).  Never changes the value or the pair.
@@ -711,7 +414,7 @@ def row_diameter(S: Any, /, *, tile_size: int | None = None, n_threads: int | No
     O(b^2 p) for tile size b and p threads, never V x V); the reference evaluates every
     pair by direct differences in blocks of bounded memory.
 
-    Certification (compiled engine).  Rows are centred, :math:`x_i = s_i - \mu`, and
+    Certification (compiled engine).  Rows are centered, :math:`x_i = s_i - \mu`, and
     stored in the input dtype with unit roundoff u (:math:`2^{-53}` or :math:`2^{-24}`);
     the filter value is :math:`f_{ij} = n_i + n_j - 2\,\mathrm{fl}(x_i^\top x_j)` with
     float64 norms :math:`n_i`.  With :math:`\gamma_m = m u/(1 - m u)` and
@@ -723,8 +426,8 @@ def row_diameter(S: Any, /, *, tile_size: int | None = None, n_threads: int | No
 
     covers the GEMM (:math:`2\gamma_d \lvert x_i\rvert^\top\lvert x_j\rvert \le \gamma_d a_{ij}`,
     for any summation order, with or without FMA), the norms, the epilogue's float64
-    operations, the rounding of the centred copy and the rounding of the refined value
-    itself (SPEC.md §2, "Exact means certified"); the kernels add :math:`16 u_{64}` to
+    operations, the rounding of the centered copy and the rounding of the refined value
+    itself (:doc:`/theory/rows`, "Exact means certified"); the kernels add :math:`16 u_{64}` to
     c for the rounding of their own comparisons and an absolute
     :math:`32\, d\, \eta` (:math:`\eta` the smallest normal number of the dtype, so that
     the bound also holds when another library has switched on flush-to-zero) for
@@ -733,17 +436,17 @@ def row_diameter(S: Any, /, *, tile_size: int | None = None, n_threads: int | No
     equals the reference's for every tile size and thread count.  The reported
     ``error_bound`` is :math:`c \cdot \max_{ij} a_{ij} + 32 d \eta`.  A float32 input
     whose squared norms would overflow the GEMM is filtered in float64.  Large float64
-    inputs (:math:`V^2 d / 2 \ge 2^{26}`) are filtered through a float32 centred copy
+    inputs (:math:`V^2 d / 2 \ge 2^{26}`) are filtered through a float32 centered copy
     (float32 GEMM at about twice the float64 rate, the float32 bound) and refined from
     the float64 rows: the same certified value and pair in about half the time.  The
     closest pair keeps the float64 filter (near-duplicate clusters would fill the wider
     float32 band with candidates).
 
-    Exact means: equal to the refined float64 values of the rows as given.  Rows whose
-    squared differences leave the normal float64 range (entries below about 1e-154 or
-    above about 1e154) have refined values that underflow or overflow, and every
-    backend reports those; rescale such rows by a power of two first (exact, and D
-    scales back exactly).  :func:`refgeo.spread` does this for its ``eta``.
+    Exact means: equal to the refined float64 values of the rows as given, or, for
+    float64 rows beyond ``[2**-64, 2**65)`` in magnitude, of the rows scaled by the
+    power of two that brings the largest entry into ``[1/2, 1)``, scaled back (module
+    docstring: exact in both directions, so rows of size 1e200 give their finite
+    diameter).  A diameter above the largest float64 raises ``ValueError``.
 
     References
     ----------
@@ -757,7 +460,7 @@ def row_diameter(S: Any, /, *, tile_size: int | None = None, n_threads: int | No
     >>> r.value, r.i, r.j
     (5.0, 0, 1)
     """
-    return _extreme_pair(_DIAMETER, S, tile_size, n_threads)
+    return _extreme_pair_result(_DIAMETER, S, tile_size, n_threads, "the row diameter")
 
 
 def closest_pair(S: Any, /, *, tile_size: int | None = None, n_threads: int | None = None) -> ExtremePair:
@@ -800,7 +503,7 @@ def closest_pair(S: Any, /, *, tile_size: int | None = None, n_threads: int | No
     >>> r.value, r.i, r.j
     (1.0, 1, 2)
     """
-    return _extreme_pair(_CLOSEST, S, tile_size, n_threads)
+    return _extreme_pair_result(_CLOSEST, S, tile_size, n_threads, "the closest-pair distance")
 
 
 def distance_ratio(S: Any, /, *, tile_size: int | None = None, n_threads: int | None = None) -> float:
@@ -841,13 +544,18 @@ def distance_ratio(S: Any, /, *, tile_size: int | None = None, n_threads: int | 
     >>> refgeo.distance_ratio(np.array([[0.0], [1.0], [3.0]]))
     0.3333333333333333
     """
-    S = _check_rows(S)
-    D = row_diameter(S, tile_size=tile_size, n_threads=n_threads).value
-    if D == 0.0:
+    S, _ = _engine_rows(S)
+    tile_size = _tile_option(tile_size)
+    n_threads = _threads_option(n_threads)
+    # both on the same prescaled rows: the ratio needs no scaling back, so it is
+    # finite even where D(S) itself exceeds the float64 range
+    D, _ = _pair_run(_DIAMETER, S, tile_size, n_threads)
+    if D.value == 0.0:
         raise ValueError(
             "S must have at least two distinct rows for the distance ratio, got all rows equal instead."
         )
-    return closest_pair(S, tile_size=tile_size, n_threads=n_threads).value / D
+    m, _ = _pair_run(_CLOSEST, S, tile_size, n_threads)
+    return m.value / D.value
 
 
 def farthest_partners(
@@ -866,14 +574,16 @@ def farthest_partners(
     -------
     fp : FarthestPartners
         ``indices`` (int64, shape (V,)): :math:`\arg\max_{j \ne i} \lVert s_i - s_j \rVert`
-        with ties to the smallest ``j``; ``distances`` (float64, shape (V,)).
+        with ties to the smallest ``j``; ``distances`` (float64, shape (V,)); torch
+        tensors for a tensor ``S``.  Also the backend that ran, the rounding bound and
+        the number of refined pairs.
 
     Notes
     -----
     .. math:: \phi(i) = \arg\max_{j \ne i} \lVert s_i - s_j \rVert_2
 
     The maximum of ``distances`` is :math:`D(S)`.  The Frank-Wolfe vertex of the
-    min-tension LMO (SPEC §3) is a farthest pair.  Time O(V^2 d); distances are refined
+    min-tension LMO (see :doc:`/theory/lmo`) is a farthest pair.  Time O(V^2 d); distances are refined
     float64 values, certified as in :func:`row_diameter` (large float64 inputs are
     filtered in float32 there too).
 
@@ -888,12 +598,19 @@ def farthest_partners(
     >>> fp.indices.tolist(), fp.distances.tolist()
     ([2, 2, 0], [3.0, 2.0, 3.0])
     """
-    S = _check_rows(S)
-    tile_size = _tile_option(tile_size)
-    n_threads = _threads_option(n_threads)
-    _, fn = _backend.dispatch(_FARTHEST, S)
-    idx, dist, _bound, _n = fn(S, tile_size=tile_size, n_threads=n_threads)
-    return FarthestPartners(indices=_readonly(idx), distances=_readonly(dist))
+    S, origin = _engine_rows(S)
+    run, e = _pair_run(_FARTHEST, S, _tile_option(tile_size), _threads_option(n_threads))
+    dist = _unscaled_distances(array_namespace(S), run, e, "the largest farthest-partner distance")
+    return FarthestPartners(
+        indices=_array_out(run.indices, origin),
+        distances=_array_out(dist, origin),
+        error_bound=float(run.error_bound),
+        backend=run.backend,
+        dtype=dtype_name(S),
+        n_refined=int(run.n_refined),
+        scale_exponent=e,
+        converted_from=_converted(origin),
+    )
 
 
 def knn(
@@ -906,19 +623,19 @@ def knn(
     tile_size: int | None = None,
     n_threads: int | None = None,
 ) -> KNNResult:
-    r"""Exact k nearest neighbours (Euclidean) of every row of ``X`` among the rows of ``Y``.
+    r"""Exact k nearest neighbors (Euclidean) of every row of ``X`` among the rows of ``Y``.
 
     Parameters
     ----------
     X : array_like of shape (n, d)
         Query rows (finite; float32/float64 kept, integers converted to float64).
     k : int
-        Number of neighbours, ``1 <= k <= number of candidates`` (``n_Y``, or ``n - 1``
+        Number of neighbors, ``1 <= k <= number of candidates`` (``n_Y``, or ``n - 1``
         when ``Y`` is None and ``exclude_self``).
     Y : array_like of shape (n_Y, d), default=None
         Candidate rows; None means ``X`` itself.
     exclude_self : bool, default=True
-        When ``Y`` is None, row ``i`` is not its own neighbour (leave-one-out; exact
+        When ``Y`` is None, row ``i`` is not its own neighbor (leave-one-out; exact
         duplicates of row ``i`` still are).  Ignored when ``Y`` is given.
     tile_size, n_threads : int, default=None
         Engine options; never change the result.
@@ -927,7 +644,9 @@ def knn(
     -------
     result : KNNResult
         ``indices`` (int64, shape (n, k)) and ``distances`` (float64, shape (n, k)),
-        ascending; equal squared distances are ordered by the smaller index.
+        ascending; equal squared distances are ordered by the smaller index; torch
+        tensors when ``X`` or ``Y`` is one.  Also the backend that ran, the rounding
+        bound and the number of refined pairs.
 
     Notes
     -----
@@ -956,6 +675,9 @@ def knn(
     >>> r.indices.tolist(), r.distances.tolist()
     ([[1], [0], [1]], [[1.0], [1.0], [2.0]])
     """
+    X, origin_x = from_foreign(X, "X")
+    Y, origin_y = from_foreign(Y, "Y")
+    origin = origin_x if origin_x is not None else origin_y
     X = as_float_array(X, "X", ndim=2, shape_hint="2-D array of shape (n, d)")
     if Y is not None:
         Y = as_float_array(Y, "Y", ndim=2, shape_hint="2-D array of shape (n_Y, d)")
@@ -969,9 +691,23 @@ def knn(
     k = check_int(k, "k", min_value=1, max_value=n_cand)
     tile_size = _tile_option(tile_size)
     n_threads = _threads_option(n_threads)
-    _, fn = _backend.dispatch(_KNN, X, Y)
-    idx, dist, _bound, _n = fn(X, k, Y, exclude_self=exclude_self, tile_size=tile_size, n_threads=n_threads)
-    return KNNResult(indices=_readonly(idx), distances=_readonly(dist))
+    xp = array_namespace(X) if Y is None else array_namespace(X, Y)
+    e = scale_exponent(xp, [X] if Y is None else [X, Y])
+    run = _backend.run(
+        _KNN, (X, Y), scale_rows(xp, X, e), k, None if Y is None else scale_rows(xp, Y, e),
+        exclude_self=exclude_self, tile_size=tile_size, n_threads=n_threads,
+    )
+    dist = _unscaled_distances(xp, run, e, "the largest k-NN distance")
+    return KNNResult(
+        indices=_array_out(run.indices, origin),
+        distances=_array_out(dist, origin),
+        error_bound=float(run.error_bound),
+        backend=run.backend,
+        dtype=dtype_name(X) if Y is None else _common_dtype_name(X, Y),
+        n_refined=int(run.n_refined),
+        scale_exponent=e,
+        converted_from=_converted(origin_x, origin_y),
+    )
 
 
 # --------------------------------------------------------------------------- covering radius
@@ -987,7 +723,7 @@ def _to_numpy(x):
 
 
 def _meb_eval(X, lam):
-    """Centre, squared distances to it and the dual value for weights ``lam``."""
+    """Center, squared distances to it and the dual value for weights ``lam``."""
     c = lam @ X
     r2 = np.sum((X - c) ** 2, axis=1)
     return c, r2, float(lam @ r2)
@@ -1008,8 +744,8 @@ def covering_radius(S: Any, /, *, tol: float = 1e-10, max_iter: int = 100_000) -
     Returns
     -------
     ball : EnclosingBall
-        ``radius`` (upper bound, attained by ``centre``), ``lower_bound`` (certified by
-        the dual ``weights``), ``centre``, ``weights`` and ``n_iter``.
+        ``radius`` (upper bound, attained by ``center``), ``lower_bound`` (certified by
+        the dual ``weights``), ``center``, ``weights`` and ``n_iter``.
 
     Notes
     -----
@@ -1017,17 +753,19 @@ def covering_radius(S: Any, /, *, tol: float = 1e-10, max_iter: int = 100_000) -
               = \max_{w \in \Delta} \Big(\sum_i w_i \lVert s_i - \bar s_w \rVert^2\Big)^{1/2}
 
     Solved on the dual by Frank-Wolfe with away steps on the simplex (Yildirim) in
-    float64 on centred rows, polished every 50 iterations by solving for the
-    circumcentre of the support set in its affine hull (accepted only when its
+    float64 on centered rows, polished every 50 iterations by solving for the
+    circumcenter of the support set in its affine hull (accepted only when its
     barycentric weights are non-negative and no point lies outside).  Any weights give
-    the lower bound and any centre the upper bound, so ``lower_bound <= rad(S) <=
+    the lower bound and any center the upper bound, so ``lower_bound <= rad(S) <=
     radius`` whenever the solver stops (up to the float64 rounding of the two
     evaluations).  Bounds: :math:`D/2 \le \mathrm{rad} \le J_k D`
-    (:func:`jung_constant`, k the rank of the centred rows), the regular simplex
+    (:func:`jung_constant`, k the rank of the centered rows), the regular simplex
     attaining the upper end.  Time O(V d) per iteration, extra memory O(V d) (a
-    float64 copy).  Invariant under translation (the centre moves along), orthogonal
+    float64 copy).  Invariant under translation (the center moves along), orthogonal
     maps and permutations; scales with :math:`|\alpha|`.  Computed with NumPy for
-    every input namespace; the centre and weights are returned in the input's.
+    every input namespace; the center and weights are returned in the input's.  float64
+    rows beyond ``[2**-64, 2**65)`` in magnitude are solved scaled by a power of two
+    (exact), as in :func:`row_diameter`.
 
     References
     ----------
@@ -1039,7 +777,7 @@ def covering_radius(S: Any, /, *, tol: float = 1e-10, max_iter: int = 100_000) -
     --------
     >>> import numpy as np, refgeo
     >>> ball = refgeo.covering_radius(np.array([[0.0, 0.0], [2.0, 0.0], [1.0, 0.5]]))
-    >>> ball.radius, ball.centre.tolist()
+    >>> ball.radius, ball.center.tolist()
     (1.0, [1.0, 0.0])
     """
     S = _check_rows(S, min_rows=1)
@@ -1047,6 +785,8 @@ def covering_radius(S: Any, /, *, tol: float = 1e-10, max_iter: int = 100_000) -
     max_iter = check_int(max_iter, "max_iter", min_value=0)
     xp = array_namespace(S)
     X0 = np.asarray(_to_numpy(S), dtype=np.float64)
+    e = scale_exponent(np, [X0])
+    X0 = scale_rows(np, X0, e)
     V = X0.shape[0]
     mu = X0.mean(axis=0)
     X = X0 - mu
@@ -1098,20 +838,29 @@ def covering_radius(S: Any, /, *, tol: float = 1e-10, max_iter: int = 100_000) -
         lam = pol
         c, r2, phi = _meb_eval(X, lam)
     R = math.sqrt(float(r2.max()))
+    # phi and R^2 are the same quantity at the optimum, evaluated two ways: phi can
+    # exceed R^2 there only by the rounding of the two evaluations, and R is then the
+    # better-founded value of both bounds
     lower = min(math.sqrt(max(phi, 0.0)), R)
-    centre = c + mu
+    radius = unscale(R, e)
+    if not math.isfinite(radius):
+        raise _too_large("the covering radius", R, e)
+    center = unscale_array(np, c + mu, e)
     if not is_numpy_array(S):
-        centre = xp.asarray(centre, dtype=xp.float64)
+        center = xp.asarray(center, dtype=xp.float64)
         lam = xp.asarray(lam, dtype=xp.float64)
-    return EnclosingBall(radius=R, centre=_readonly(centre), lower_bound=lower, weights=_readonly(lam), n_iter=n_iter)
+    return EnclosingBall(
+        radius=radius, center=_readonly(center), lower_bound=unscale(lower, e), weights=_readonly(lam),
+        n_iter=n_iter,
+    )
 
 
 def _meb_polish(X, lam):
-    """Weights of the circumcentre of the support set, if valid; otherwise None."""
+    """Weights of the circumcenter of the support set, if valid; otherwise None."""
     supp = np.flatnonzero(lam > 1e-14 * lam.max())
     P = X[supp]
     m = supp.size
-    # centre c = P^T w with 1^T w = 1 and |p_t - c|^2 equal for all t:
+    # center c = P^T w with 1^T w = 1 and |p_t - c|^2 equal for all t:
     # 2 G w + z 1 = diag(G), 1^T w = 1, with G = P P^T and z a free offset.
     G = P @ P.T
     A = np.zeros((m + 1, m + 1))
@@ -1142,7 +891,7 @@ def jung_constant(k: int) -> float:
     Parameters
     ----------
     k : int
-        Dimension (rank of the centred rows), ``k >= 0``.
+        Dimension (rank of the centered rows), ``k >= 0``.
 
     Returns
     -------
@@ -1171,7 +920,7 @@ def jung_constant(k: int) -> float:
 
 
 def worst_case_hidden_state(S: Any, /, *, H: float = 1.0) -> WorstCaseHiddenState:
-    r"""The hidden state of norm H that maximises :math:`\lVert S h \rVert_{var}`.
+    r"""The hidden state of norm H that maximizes :math:`\lVert S h \rVert_{var}`.
 
     Parameters
     ----------
@@ -1208,7 +957,7 @@ def worst_case_hidden_state(S: Any, /, *, H: float = 1.0) -> WorstCaseHiddenStat
     H = check_real(H, "H", min_value=0.0)
     pair = row_diameter(S)
     xp = array_namespace(S)
-    X = _f64(xp, S)
+    X = f64(xp, S)
     if pair.value == 0.0:
         h = xp.zeros((X.shape[1],), dtype=xp.float64)
     else:
@@ -1255,13 +1004,13 @@ def hilbert_rms(S: Any, hidden: Any, /) -> float:
     S = as_float_array(S, "S", ndim=2, shape_hint="2-D array of shape (V, d)")
     hidden = as_float_array(hidden, "hidden", ndim=(1, 2))
     xp = array_namespace(S, hidden)
-    Hm = _f64(xp, hidden)
+    Hm = f64(xp, hidden)
     if Hm.ndim == 1:
         Hm = xp.expand_dims(Hm, axis=0)
     check_same_trailing(S, Hm, ("S", "hidden"), "number of columns (hidden width d)")
-    X = _f64(xp, S)
+    X = f64(xp, S)
     N, V = Hm.shape[0], X.shape[0]
-    b = max(1, _REF_ROW_ELEMENTS // max(V, 1))
+    b = max(1, _ROW_ELEMENTS // max(V, 1))
     total = 0.0
     for t0 in range(0, N, b):
         Z = Hm[t0 : t0 + b, :] @ xp.permute_dims(X, (1, 0))
@@ -1319,7 +1068,7 @@ def backward_bound(S: Any, r: Any, /):
             f"{tuple(r.shape)} instead."
         )
     xp = array_namespace(S, r)
-    r64 = _f64(xp, r)
+    r64 = f64(xp, r)
     l1 = xp.sum(xp.abs(r64), axis=-1)
     tot = xp.abs(xp.sum(r64, axis=-1))
     if bool(xp.any(tot > 1e-10 * l1)):

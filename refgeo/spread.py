@@ -1329,7 +1329,7 @@ def spread(
         # the Gram expansion's error on a squared distance is about c (n_i + n_j) (the
         # engine's a-priori bound, rows.py): relative to m0^2 it is large when the
         # closest pair is short against the norms (cancellation), so say so
-        from .rows import _rounding_bound
+        from ._certify import rounding_bound as _rounding_bound
 
         Xc = X - X.mean(axis=0)
         c, _ = _rounding_bound(X.shape[1], "float64")

@@ -1,7 +1,9 @@
-"""Backend selection, use_backend, REFGEO_BACKEND, REFGEO_REQUIRE_EXT, show_config."""
+"""Backend selection, use_backend, REFGEO_BACKEND, REFGEO_REQUIRE_EXT, show_config, and
+the backend each pairwise result reports."""
 
 from __future__ import annotations
 
+import math
 import os
 import re
 import subprocess
@@ -144,6 +146,9 @@ def test_fallback_without_extension_still_computes():
         "sys.meta_path.insert(0, Block())\n"
         "import numpy as np, refgeo\n"
         "print(refgeo.pdist_hilbert(np.array([[0., 1.], [1., 0.]])))\n"
+        "S = np.random.default_rng(0).standard_normal((20, 3))\n"
+        "rs = [refgeo.row_diameter(S), refgeo.closest_pair(S), refgeo.farthest_partners(S), refgeo.knn(S, 2)]\n"
+        "print('BACKENDS', sorted({r.backend for r in rs}))\n"
         "try:\n"
         "    refgeo.use_backend('cython').__enter__()\n"
         "except refgeo.ExtensionUnavailableError as e:\n"
@@ -151,6 +156,7 @@ def test_fallback_without_extension_still_computes():
     )
     out = _run(code)
     assert "[2.]" in out.stdout and "NOCYTHON" in out.stdout, out.stderr
+    assert "BACKENDS ['reference']" in out.stdout, out.stderr
 
 
 def test_show_config_reports_backends(capsys):
@@ -164,6 +170,19 @@ def test_show_config_reports_backends(capsys):
     assert cfg["backends"]["cython"]["available"] == (_backend.extension() is not None)
     with pytest.raises(ValueError, match="mode must be one of"):
         refgeo.show_config(mode="json")
+
+
+def test_show_config_reports_torch_dispatch():
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        want = version("torch")
+    except PackageNotFoundError:
+        want = None
+    tv = refgeo.show_config(mode="dicts")["torch"]
+    assert tv["version"] == want
+    cython_ok = _backend.available_backends()["cython"][0]
+    assert tv["cpu_tensors"].startswith("cython" if cython_ok else "reference")
 
 
 def test_cython_backend_reported_available_when_required():
@@ -190,3 +209,89 @@ def test_square_form_on_array_api_strict():
     Z = np.random.default_rng(5).standard_normal((4, 6))
     got = refgeo.pdist_hilbert(xps.asarray(Z), form="square")
     np.testing.assert_array_equal(np.asarray(got), refgeo.pdist_hilbert(Z, form="square"))
+
+
+# ------------------------------------------------------------------ the backend that ran
+
+
+def _engine_calls(S):
+    """The four pairwise engine functions on S: name -> result."""
+    return {
+        "row_diameter": refgeo.row_diameter(S),
+        "closest_pair": refgeo.closest_pair(S),
+        "farthest_partners": refgeo.farthest_partners(S),
+        "knn": refgeo.knn(S, 2),
+    }
+
+
+def test_results_report_the_backend_bound_and_refined_count(backend):
+    rng = np.random.default_rng(1)
+    S = rng.standard_normal((60, 5))
+    for name, r in _engine_calls(S).items():
+        assert r.backend == backend, name
+        assert r.dtype == "float64" and r.n_refined >= 1, name
+        if backend == "reference":
+            assert r.error_bound == 0.0, name
+        else:  # the filter ran: a positive a-priori bound
+            assert 0.0 < r.error_bound < 1e-10, name
+    r = refgeo.knn(S.astype(np.float32), 2)
+    assert r.dtype == "float32"
+
+
+def test_each_engine_function_reports_its_fallback(monkeypatch):
+    """Without the extension, auto falls back to the reference and says so; with
+    REFGEO_REQUIRE_EXT=1 the same call raises instead."""
+    monkeypatch.delenv("REFGEO_BACKEND", raising=False)
+    monkeypatch.delenv("REFGEO_REQUIRE_EXT", raising=False)
+    monkeypatch.setattr(_backend, "_ext", None)
+    monkeypatch.setattr(_backend, "_ext_error", "refgeo_ext hidden for the test")
+    S = np.random.default_rng(2).standard_normal((30, 4))
+    with refgeo.use_backend("auto"):
+        for name, r in _engine_calls(S).items():
+            assert r.backend == "reference", name
+            assert r.error_bound == 0.0 and r.n_refined >= 30 * 29 // 2, name
+        sel = _backend.select(refgeo.rows._DIAMETER, S)
+        assert sel.backend == "reference" and sel.reason == "fallback: refgeo_ext hidden for the test"
+        monkeypatch.setenv("REFGEO_REQUIRE_EXT", "1")
+        calls = [
+            lambda: refgeo.row_diameter(S),
+            lambda: refgeo.closest_pair(S),
+            lambda: refgeo.farthest_partners(S),
+            lambda: refgeo.knn(S, 2),
+        ]
+        for call, name in zip(calls, ("row_diameter", "closest_pair", "farthest_partners", "knn")):
+            with pytest.raises(refgeo.ExtensionUnavailableError, match=f"REFGEO_REQUIRE_EXT=1 but {name} would fall back"):
+                call()
+
+
+def test_selection_says_why():
+    info = refgeo.rows._DIAMETER
+    X = np.zeros((2, 2))
+    with refgeo.use_backend("reference"):
+        s = _backend.select(info, X)
+        assert (s.backend, s.reason) == ("reference", "use_backend('reference')")
+        run = _backend.run(info, (X,), X)
+        assert (run.backend, run.reason) == ("reference", "use_backend('reference')")
+        assert (run.value, run.i, run.j) == (0.0, 0, 1)
+    if _backend.extension() is not None:
+        with refgeo.use_backend("auto"):
+            s = _backend.select(info, X)
+        assert (s.backend, s.reason) == ("cython", "auto: refgeo_ext is built, NumPy input")
+    xps = pytest.importorskip("array_api_strict")
+    with refgeo.use_backend("auto"):
+        s = _backend.select(info, xps.asarray(X))
+    assert s.backend == "reference" and "array_api_strict" in s.reason and "array-API reference" in s.reason
+
+
+def test_huge_rows_run_on_the_engine_that_is_reported(backend):
+    """Rows of size 1e200 once overflowed, fell back inside the call and were reported
+    as cython with value inf; now they are prescaled and run where they say."""
+    S = np.random.default_rng(3).random((100, 4)) * 1e200
+    for name, r in _engine_calls(S).items():
+        assert r.backend == backend, name
+        assert r.scale_exponent == 665, name
+    D = refgeo.row_diameter(S)
+    with refgeo.use_backend("reference"):
+        ref = refgeo.row_diameter(S)
+    assert math.isfinite(D.value) and (D.value, D.i, D.j) == (ref.value, ref.i, ref.j)
+    assert 1e199 < D.value < 3e200

@@ -1,10 +1,11 @@
 """The certified pairwise engine against a float64 brute-force oracle.
 
-The oracle (``_oracle_sq``) is written here, independently of refgeo: direct float64
-differences summed in the documented canonical order (eight lanes ``k mod 8`` in
+The oracle (``_oracle_sq``) is written here, independently of refgeo: the documented
+power-of-two prescaling, then direct float64 differences summed in the documented
+canonical order (eight lanes ``k mod 8`` in
 increasing ``k``, then ``((p0+p1)+(p2+p3))+((p4+p5)+(p6+p7))``), so certified results
 must match it *exactly*: same indices, same values.  Strategies draw the adversarial
-cases of issue 3: common offsets up to 1e8 times the spread, exact duplicates,
+cases: common offsets up to 1e8 times the spread, exact duplicates,
 near-duplicates at 1e-12 relative distance, integer grids full of ties, float32,
 V = 2, d = 1, ragged last tiles, tile sizes and n_threads in {1, 2}.
 Each kernel gets >= 2000 hypothesis examples in total.
@@ -18,21 +19,39 @@ import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from hypothesis.extra import numpy as hnp
 
 import refgeo
-from refgeo import rows as _rows
+from refgeo import _certify, _engine
+from refgeo.testing import strategies as rst
 
-finite = dict(allow_nan=False, allow_infinity=False, allow_subnormal=False)
 
 
 # ------------------------------------------------------------------ oracle
 
 
+def _oracle_exponent(*arrays) -> int:
+    """The documented prescaling: float64 rows whose largest magnitude m lies outside
+    [2**-64, 2**65) are used as rows * 2**-e, e the binary exponent of m."""
+    if all(np.asarray(a).dtype == np.float32 for a in arrays):
+        return 0
+    m = max(float(np.max(np.abs(a))) for a in arrays)
+    if m == 0.0 or 2.0**-64 <= m < 2.0**65:
+        return 0
+    return math.frexp(m)[1]
+
+
+def _oracle_prescaled(S):
+    """S as the kernels see it (float64 and scaled when the rule says so)."""
+    e = _oracle_exponent(S)
+    return np.ldexp(np.asarray(S, dtype=np.float64), -e) if e else S
+
+
 def _oracle_sq(A, B):
-    """(nA, nB) squared distances, float64 direct differences, canonical order."""
-    A = np.asarray(A, dtype=np.float64)
-    B = np.asarray(B, dtype=np.float64)
+    """(nA, nB) squared distances of the prescaled rows (units of ``2**(2e)``), float64
+    direct differences, canonical order."""
+    e = _oracle_exponent(A, B)
+    A = np.ldexp(np.asarray(A, dtype=np.float64), -e)
+    B = np.ldexp(np.asarray(B, dtype=np.float64), -e)
     d = A.shape[1]
     pad = (-d) % 8
     Ap = np.pad(A, ((0, 0), (0, pad)))
@@ -45,12 +64,12 @@ def _oracle_sq(A, B):
     return ((p[0] + p[1]) + (p[2] + p[3])) + ((p[4] + p[5]) + (p[6] + p[7]))
 
 
-def _oracle_extreme(S, maximise, D2=None):
+def _oracle_extreme(S, maximize, D2=None):
     D2 = _oracle_sq(S, S) if D2 is None else D2
     iu = np.triu_indices(len(S), 1)
     vals = D2[iu]
-    k = int(np.argmax(vals) if maximise else np.argmin(vals))  # first = smallest (i, j)
-    return math.sqrt(vals[k]), int(iu[0][k]), int(iu[1][k])
+    k = int(np.argmax(vals) if maximize else np.argmin(vals))  # first = smallest (i, j)
+    return math.ldexp(math.sqrt(vals[k]), _oracle_exponent(S)), int(iu[0][k]), int(iu[1][k])
 
 
 def _oracle_knn(X, k, Y=None, exclude_self=True):
@@ -58,7 +77,8 @@ def _oracle_knn(X, k, Y=None, exclude_self=True):
     if Y is None and exclude_self:
         np.fill_diagonal(D2, np.inf)
     order = np.argsort(D2, axis=1, kind="stable")[:, :k]  # ties: smaller index first
-    return order, np.sqrt(np.take_along_axis(D2, order, 1))
+    e = _oracle_exponent(X, X if Y is None else Y)
+    return order, np.ldexp(np.sqrt(np.take_along_axis(D2, order, 1)), e)
 
 
 # ------------------------------------------------------------------ strategies
@@ -66,7 +86,7 @@ def _oracle_knn(X, k, Y=None, exclude_self=True):
 
 @st.composite
 def adversarial_clouds(draw, max_v=24, max_d=9):
-    """Row clouds with the adversarial structure of issue 3 built in.
+    """Row clouds with the adversarial structure built in.
 
     Hypothesis draws the structure (sizes, kind, duplicates, scale, offset, dtype) and
     a seed; NumPy fills in the numbers (fast, so thousands of examples stay cheap).
@@ -93,6 +113,13 @@ def adversarial_clouds(draw, max_v=24, max_d=9):
     return S.astype(draw(st.sampled_from([np.float64, np.float32])))
 
 
+def engine_clouds():
+    """The public row strategies (structured clouds: ties, ulp-level near duplicates,
+    offsets, rank deficiency, layouts) and the clouds above, which add near duplicates
+    at 1e-12 relative distance under offsets up to 1e8 and cost little per example."""
+    return st.one_of(adversarial_clouds(), rst.row_clouds(n_rows=(2, 24), n_cols=(1, 9)))
+
+
 # n_threads = 2 in 1/32 of the examples (about 60 per test): on a loaded machine,
 # waking an OpenMP team costs far more than these tiny examples; the larger
 # agnosticism cases below run every kernel on 1 and 2 threads.
@@ -102,7 +129,7 @@ engine_options = dict(tile_size=st.integers(1, 30), n_threads=st.sampled_from([1
 @pytest.fixture
 def parallel_always(monkeypatch):
     """Use the requested threads even for tiny inputs, so the thread merge is tested."""
-    monkeypatch.setattr(_rows, "_MIN_PARALLEL_WORK", 0)
+    monkeypatch.setattr(_engine, "MIN_PARALLEL_WORK", 0)
 
 
 def _examples(backend, n=2000):
@@ -126,13 +153,13 @@ def _assert_pair(r, want, S, backend):
 
 def test_extreme_pairs_exact(backend, parallel_always, monkeypatch):
     """row_diameter, closest_pair and farthest_partners: 2000 examples each."""
-    monkeypatch.setattr(_rows, "_MAX_MIXED_MIN_WORK", _rows._MAX_MIXED_MIN_WORK)  # restored after
+    monkeypatch.setattr(_engine, "MAX_MIXED_MIN_WORK", _engine.MAX_MIXED_MIN_WORK)  # restored after
 
     @settings(max_examples=_examples(backend))
-    @given(S=adversarial_clouds(), mixed=st.booleans(), **engine_options)
+    @given(S=engine_clouds(), mixed=st.booleans(), **engine_options)
     def check(S, mixed, tile_size, n_threads):
         # float64 rows: float32 filter (maximum modes) or not
-        _rows._MAX_MIXED_MIN_WORK = 0 if mixed else 1 << 62
+        _engine.MAX_MIXED_MIN_WORK = 0 if mixed else 1 << 62
         opts = dict(tile_size=tile_size, n_threads=n_threads)
         D2 = _oracle_sq(S, S)
         _assert_pair(refgeo.row_diameter(S, **opts), _oracle_extreme(S, True, D2), S, backend)
@@ -141,21 +168,21 @@ def test_extreme_pairs_exact(backend, parallel_always, monkeypatch):
         np.fill_diagonal(D2, -np.inf)
         want = np.argmax(D2, axis=1)
         np.testing.assert_array_equal(fp.indices, want)
-        np.testing.assert_array_equal(fp.distances, np.sqrt(D2[np.arange(len(S)), want]))
+        np.testing.assert_array_equal(fp.distances, np.ldexp(np.sqrt(D2[np.arange(len(S)), want]), _oracle_exponent(S)))
 
     check()
 
 
 def test_knn_exact(backend, parallel_always, monkeypatch):
     """knn of X against X (with and without self) and against Y: 2000 examples."""
-    monkeypatch.setattr(_rows, "_KNN_MIXED_MIN_WORK", _rows._KNN_MIXED_MIN_WORK)  # restored after
+    monkeypatch.setattr(_engine, "KNN_MIXED_MIN_WORK", _engine.KNN_MIXED_MIN_WORK)  # restored after
 
     @settings(max_examples=_examples(backend))
-    @given(S=adversarial_clouds(), data=st.data(), **engine_options)
+    @given(S=engine_clouds(), data=st.data(), **engine_options)
     def check(S, data, tile_size, n_threads):
         opts = dict(tile_size=tile_size, n_threads=n_threads)
         # float64 rows: float32 filter plus float64 redo of uncertified rows, or not
-        _rows._KNN_MIXED_MIN_WORK = data.draw(st.sampled_from([0, 1 << 62]))
+        _engine.KNN_MIXED_MIN_WORK = data.draw(st.sampled_from([0, 1 << 62]))
         exclude_self = data.draw(st.booleans())
         k = data.draw(st.integers(1, len(S) - int(exclude_self)))
         r = refgeo.knn(S, k, exclude_self=exclude_self, **opts)
@@ -269,10 +296,10 @@ def test_float32_knn_exact_where_gram_trick_is_not(backend):
 @pytest.mark.parametrize("exclude_self", [True, False])
 def test_knn_float32_filter_of_float64_rows_redoes_uncertified_rows(backend, monkeypatch, exclude_self):
     """Clusters 1e-9 wide: the float32 filter cannot order them, the float64 redo does."""
-    monkeypatch.setattr(_rows, "_KNN_MIXED_MIN_WORK", 0)
+    monkeypatch.setattr(_engine, "KNN_MIXED_MIN_WORK", 0)
     rng = np.random.default_rng(9)
-    centres = rng.standard_normal((12, 20))
-    X = np.repeat(centres, 25, axis=0) + 1e-9 * rng.standard_normal((300, 20))
+    centers = rng.standard_normal((12, 20))
+    X = np.repeat(centers, 25, axis=0) + 1e-9 * rng.standard_normal((300, 20))
     Y = X[::3] + 1e-10
     for tile, n_threads in ((32, 2), (300, 1)):
         r = refgeo.knn(X, 6, exclude_self=exclude_self, tile_size=tile, n_threads=n_threads)
@@ -315,23 +342,24 @@ def test_layouts_and_read_only_input(backend):
 def test_rounding_bound_holds_for_blas_filter(S):
     """|f - r| <= c (n_i + n_j) + e_abs for the filtered values BLAS actually produces."""
     dt = "float32" if S.dtype == np.float32 else "float64"
-    c, eabs = _rows._rounding_bound(S.shape[1], dt)
+    c, eabs = _certify.rounding_bound(S.shape[1], dt)
     mu = S.astype(np.float64).mean(0)
     X = (S.astype(np.float64) - mu).astype(S.dtype)
     n = np.sum(X.astype(np.float64) ** 2, axis=1)
     f = n[:, None] + n[None, :] - 2.0 * (X @ X.T).astype(np.float64)
+    assert _oracle_exponent(S) == 0  # the filter sees the rows as they are
     r = _oracle_sq(S, S)
     assert np.all(np.abs(f - r) <= c * (n[:, None] + n[None, :]) + eabs)
 
 
 def test_rounding_bound_shape():
-    c64, e64 = _rows._rounding_bound(512, "float64")
-    c32, e32 = _rows._rounding_bound(512, "float32")
+    c64, e64 = _certify.rounding_bound(512, "float64")
+    c32, e32 = _certify.rounding_bound(512, "float32")
     assert 512 * 2.0**-53 < c64 < 5 * 512 * 2.0**-53  # float64: GEMM, norms and refinement each ~d u
     assert 512 * 2.0**-24 < c32 < 2 * 512 * 2.0**-24
     # absolute term: 32 d times the smallest normal number (valid under flush-to-zero too)
     assert e64 == 32 * 512 * 2.0**-1022 and e32 == 32 * 512 * 2.0**-126
-    assert _rows._rounding_bound(2**24, "float32")[0] == math.inf
+    assert _certify.rounding_bound(2**24, "float32")[0] == math.inf
 
 
 def test_certificate_fields():
@@ -341,7 +369,7 @@ def test_certificate_fields():
     with refgeo.use_backend("cython"):
         r = refgeo.row_diameter(S)
     assert r.backend == "cython"
-    c, eabs = _rows._rounding_bound(32, "float64")
+    c, eabs = _certify.rounding_bound(32, "float64")
     Sc = S - S.mean(0)
     assert r.error_bound == pytest.approx(c * 2 * np.max(np.sum(Sc**2, 1)), rel=1e-6)
     assert 1 <= r.n_refined < 400 * 399 // 2  # the filter discarded almost every pair
@@ -368,7 +396,7 @@ def flush_to_zero():
 
 def test_certificate_survives_flush_to_zero(backend, flush_to_zero):
     S = FTZ_ROWS
-    for fn, maximise in ((refgeo.closest_pair, False), (refgeo.row_diameter, True)):
+    for fn, maximize in ((refgeo.closest_pair, False), (refgeo.row_diameter, True)):
         r = fn(S, tile_size=2)
-        assert (r.value, r.i, r.j) == _oracle_extreme(S, maximise)
+        assert (r.value, r.i, r.j) == _oracle_extreme(S, maximize)
     np.testing.assert_array_equal(refgeo.knn(S, 1).indices, _oracle_knn(S, 1)[0])

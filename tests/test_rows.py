@@ -1,43 +1,88 @@
-"""SPEC §2 row geometry: the public API of refgeo.rows against naive NumPy and closed forms.
+"""Row geometry (docs/theory/rows.md): the public API of refgeo.rows against naive NumPy and closed forms.
 
 Every test runs on every backend (``backend`` fixture).  The oracle here is plain
-NumPy broadcasting (``_naive_sq``), independent of refgeo's blocked reference.
+NumPy broadcasting (``_naive_dist``), independent of refgeo's blocked reference.
 """
 
 from __future__ import annotations
 
+import itertools
 import math
 import re
+import warnings
 
 import numpy as np
 import pytest
-from hypothesis import given, settings
+from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
 import refgeo
+from refgeo.testing import strategies as rst
 
 finite = dict(allow_nan=False, allow_infinity=False, allow_subnormal=False)
 
 
-def _naive_sq(A, B):
-    """All squared distances by direct float64 differences (small inputs only)."""
+def _naive_dist(A, B):
+    """All distances by direct float64 differences (small inputs only).
+
+    Computed on the rows scaled to a largest entry near 1 (the way ``math.hypot``
+    avoids underflow), then scaled back: otherwise squares of tiny differences such as
+    1e-211 underflow to 0 here, where refgeo returns the representable answer.
+    """
     A = np.asarray(A, dtype=np.float64)
     B = np.asarray(B, dtype=np.float64)
-    return ((A[:, None, :] - B[None, :, :]) ** 2).sum(-1)
+    m = max(float(np.abs(A).max()), float(np.abs(B).max()))
+    e = math.frexp(m)[1] if m > 0 else 0
+    A, B = np.ldexp(A, -e), np.ldexp(B, -e)
+    return np.ldexp(np.sqrt(((A[:, None, :] - B[None, :, :]) ** 2).sum(-1)), e)
 
 
-def _naive_extreme(S, maximise):
-    D2 = _naive_sq(S, S)
+def _naive_extreme(S, maximize):
+    Dm = _naive_dist(S, S)
     V = len(S)
     iu = np.triu_indices(V, 1)
-    vals = D2[iu]
-    k = int(np.argmax(vals) if maximise else np.argmin(vals))  # first: smallest (i, j)
+    vals = Dm[iu]
+    k = int(np.argmax(vals) if maximize else np.argmin(vals))  # first: smallest (i, j)
     return vals[k], int(iu[0][k]), int(iu[1][k])
+
+
+def _brute_force_radius(S):
+    """Minimum enclosing ball radius by enumeration, independent of refgeo's solver.
+
+    The ball is fixed by a support set of at most d + 1 rows, and its center is the
+    circumcenter of that set in the set's affine hull; so the smallest circumradius
+    over all such subsets whose ball holds every row is the covering radius
+    (exponential in V: small inputs only).
+    """
+    S = np.asarray(S, dtype=np.float64)
+    V, d = S.shape
+    best = math.inf
+    for m in range(1, min(V, d + 1) + 1):
+        for sub in itertools.combinations(range(V), m):
+            P = S[list(sub)]
+            # center c = P0 + B^T y with B = P[1:] - P0 and |c - P_t| equal for all t:
+            # 2 B B^T y = |B|^2 rowwise
+            B = P[1:] - P[0]
+            if m == 1:
+                c = P[0]
+            else:
+                G = B @ B.T
+                y, *_ = np.linalg.lstsq(2.0 * G, np.sum(B * B, axis=1), rcond=None)
+                c = P[0] + B.T @ y
+                r_sub = np.linalg.norm(P - c, axis=1)
+                if np.ptp(r_sub) > 1e-9 * max(1.0, r_sub.max()):  # degenerate subset
+                    continue
+            r = float(np.linalg.norm(S - c, axis=1).max())
+            if r < best:
+                best = r
+    return best
 
 
 @st.composite
 def clouds(draw, max_v=9, max_d=5):
+    """float64 rows with entries anywhere in [-10, 10] (the public row strategies draw
+    structured clouds; this one samples the plain range, used against naive NumPy)."""
     V = draw(st.integers(2, max_v))
     d = draw(st.integers(1, max_d))
     S = draw(hnp.arrays(np.float64, (V, d), elements=st.floats(-10, 10, **finite)))
@@ -52,11 +97,11 @@ def clouds(draw, max_v=9, max_d=5):
 @settings(max_examples=200)
 @given(clouds())
 def test_extreme_pairs_match_naive(backend, S):
-    for fn, maximise in ((refgeo.row_diameter, True), (refgeo.closest_pair, False)):
+    for fn, maximize in ((refgeo.row_diameter, True), (refgeo.closest_pair, False)):
         r = fn(S)
-        v2, i, j = _naive_extreme(S, maximise)
+        v, i, j = _naive_extreme(S, maximize)
         assert (r.i, r.j) == (i, j)
-        assert r.value == pytest.approx(math.sqrt(v2), rel=1e-14, abs=1e-300)
+        assert r.value == pytest.approx(v, rel=1e-14, abs=1e-300)
         assert r.i < r.j
         assert r.backend == backend
         assert r.dtype == "float64"
@@ -66,10 +111,10 @@ def test_extreme_pairs_match_naive(backend, S):
 @given(clouds())
 def test_farthest_partners_match_naive(backend, S):
     fp = refgeo.farthest_partners(S)
-    D2 = _naive_sq(S, S)
-    np.fill_diagonal(D2, -np.inf)
-    np.testing.assert_array_equal(fp.indices, np.argmax(D2, axis=1))
-    np.testing.assert_allclose(fp.distances, np.sqrt(D2.max(1)), rtol=1e-14)
+    Dm = _naive_dist(S, S)
+    np.fill_diagonal(Dm, -np.inf)
+    np.testing.assert_array_equal(fp.indices, np.argmax(Dm, axis=1))
+    np.testing.assert_allclose(fp.distances, Dm.max(1), rtol=1e-14)
     assert fp.indices.dtype == np.int64 and fp.distances.dtype == np.float64
     assert not fp.indices.flags.writeable
 
@@ -80,17 +125,17 @@ def test_knn_matches_naive(backend, S, data):
     V = len(S)
     k = data.draw(st.integers(1, V - 1))
     r = refgeo.knn(S, k)
-    D2 = _naive_sq(S, S)
-    np.fill_diagonal(D2, np.inf)
-    order = np.argsort(D2, axis=1, kind="stable")[:, :k]
+    Dm = _naive_dist(S, S)
+    np.fill_diagonal(Dm, np.inf)
+    order = np.argsort(Dm, axis=1, kind="stable")[:, :k]
     np.testing.assert_array_equal(r.indices, order)
-    np.testing.assert_allclose(r.distances, np.sqrt(np.take_along_axis(D2, order, 1)), rtol=1e-14)
+    np.testing.assert_allclose(r.distances, np.take_along_axis(Dm, order, 1), rtol=1e-14)
     Y = data.draw(hnp.arrays(np.float64, (data.draw(st.integers(1, 6)), S.shape[1]),
                              elements=st.floats(-10, 10, **finite)))
     k2 = data.draw(st.integers(1, len(Y)))
     r2 = refgeo.knn(S, k2, Y)
-    D2 = _naive_sq(S, Y)
-    order = np.argsort(D2, axis=1, kind="stable")[:, :k2]
+    Dm = _naive_dist(S, Y)
+    order = np.argsort(Dm, axis=1, kind="stable")[:, :k2]
     np.testing.assert_array_equal(r2.indices, order)
 
 
@@ -101,7 +146,7 @@ def test_knn_keep_self():
     np.testing.assert_array_equal(r.distances, 0.0)
 
 
-# ------------------------------------------------------------------ SPEC §2 identities
+# ------------------------------------------------------------------ identities
 
 
 def test_regular_simplex_closed_forms(backend):
@@ -109,13 +154,15 @@ def test_regular_simplex_closed_forms(backend):
     assert refgeo.row_diameter(E).value == pytest.approx(3.0 * math.sqrt(2), rel=1e-15)
     assert refgeo.distance_ratio(E) == 1.0
     ball = refgeo.covering_radius(E)
-    # k = 4 (rank of centred rows): rad = J_4 * D for the regular simplex
-    assert ball.radius == pytest.approx(refgeo.jung_constant(4) * 3.0 * math.sqrt(2), rel=1e-12)
-    assert ball.lower_bound <= ball.radius
+    # k = 4 (rank of centered rows): rad = J_4 * D for the regular simplex
+    rad = refgeo.jung_constant(4) * 3.0 * math.sqrt(2)
+    assert ball.radius == pytest.approx(rad, rel=1e-12)
+    assert ball.lower_bound == pytest.approx(rad, rel=1e-10)
+    assert ball.lower_bound <= rad * (1 + 1e-14)
 
 
 @settings(max_examples=50)
-@given(clouds(max_v=8, max_d=4), st.floats(0.1, 5.0))
+@given(rst.row_clouds(dtypes=np.float64, n_rows=(2, 8), n_cols=(1, 4), max_offset=1e2), st.floats(0.1, 5.0))
 def test_worst_case_hidden_state_attains_HD(backend, S, H):
     D = refgeo.row_diameter(S).value
     w = refgeo.worst_case_hidden_state(S, H=H)
@@ -130,7 +177,7 @@ def test_worst_case_hidden_state_attains_HD(backend, S, H):
 
 
 @settings(max_examples=50)
-@given(clouds(max_v=8, max_d=4))
+@given(rst.row_clouds(dtypes=np.float64, n_rows=(2, 8), n_cols=(1, 4), max_offset=1e2))
 def test_backward_bound(backend, S):
     D = refgeo.row_diameter(S)
     r = np.zeros(len(S))
@@ -176,16 +223,23 @@ def test_row_geometry_invariances(backend, S, seed, alpha):
 
 
 @settings(max_examples=50)
-@given(clouds(max_v=8, max_d=4))
+@given(rst.row_clouds(dtypes=np.float64, n_rows=(1, 7), n_cols=(1, 4), max_offset=1e2))
 def test_covering_radius_bounds(S):
-    D = refgeo.row_diameter(S).value
+    """The certificate brackets the covering radius found by enumeration."""
     ball = refgeo.covering_radius(S)
-    k = np.linalg.matrix_rank(S - S.mean(0), tol=1e-9 * max(1.0, np.abs(S).max()))
-    assert ball.lower_bound <= ball.radius
+    rad = _brute_force_radius(S)
+    slack = 1e-9 * rad + 1e-12
+    assert ball.lower_bound <= rad + slack
+    assert rad <= ball.radius + slack
     assert ball.radius - ball.lower_bound <= 1e-9 * ball.radius + 1e-12
+    if len(S) < 2:
+        assert ball.radius == 0.0
+        return
+    D = refgeo.row_diameter(S).value
+    k = np.linalg.matrix_rank(S - S.mean(0), tol=1e-9 * max(1.0, np.abs(S).max()))
     assert D / 2 <= ball.radius * (1 + 1e-9) + 1e-12
     assert ball.radius <= refgeo.jung_constant(int(k)) * D * (1 + 1e-9) + 1e-12
-    assert np.all(np.linalg.norm(S - ball.centre, axis=1) <= ball.radius * (1 + 1e-12) + 1e-12)
+    assert np.all(np.linalg.norm(S - ball.center, axis=1) <= ball.radius * (1 + 1e-12) + 1e-12)
     assert D <= math.sqrt(2) * np.linalg.norm(S, 2) * (1 + 1e-12) + 1e-12
 
 
@@ -219,16 +273,16 @@ def test_reference_runs_on_array_api_strict():
     assert (got.value, got.i, got.j) == (want.value, want.i, want.j)
     assert got.backend == "reference"
     c = refgeo.closest_pair(Sx)
-    v2, i, j = _naive_extreme(S, False)
+    _, i, j = _naive_extreme(S, False)
     assert (c.i, c.j) == (i, j)
     kn = refgeo.knn(Sx, 3)
-    D2 = _naive_sq(S, S)
-    np.fill_diagonal(D2, np.inf)
-    np.testing.assert_array_equal(np.from_dlpack(kn.indices), np.argsort(D2, 1, kind="stable")[:, :3])
+    Dm = _naive_dist(S, S)
+    np.fill_diagonal(Dm, np.inf)
+    np.testing.assert_array_equal(np.from_dlpack(kn.indices), np.argsort(Dm, 1, kind="stable")[:, :3])
     fp = refgeo.farthest_partners(Sx)
     assert isinstance(fp.indices, type(Sx))
     ball = refgeo.covering_radius(Sx)
-    assert isinstance(ball.centre, type(Sx))
+    assert isinstance(ball.center, type(Sx))
 
 
 # ------------------------------------------------------------------ bad input
@@ -288,3 +342,148 @@ def test_backward_bound_needs_zero_sum():
         refgeo.backward_bound(np.eye(2), np.array([1.0, 0.0]))
     with pytest.raises(ValueError, match=re.escape("r must have 2 entries per residual")):
         refgeo.backward_bound(np.eye(2), np.array([1.0, 0.0, -1.0]))
+
+
+# ------------------------------------------------------------------ the whole float range
+
+
+def _exact_dynamic_range(S):
+    """S with entries below 2**-300 times its largest set to zero: then every nonzero
+    squared difference is a normal float64 at any scale the functions use, and
+    scaling by a power of two is exact for the result."""
+    m = float(np.max(np.abs(S)))
+    return np.where(np.abs(S) < math.ldexp(m, -300), 0.0, S) if m > 0 else S
+
+
+@settings(max_examples=150)
+@given(rst.row_clouds(dtypes=np.float64, n_rows=(2, 9), n_cols=(1, 5)), st.integers(-1000, 1000))
+def test_power_of_two_scaling_is_exact_over_the_whole_range(backend, S, k):
+    """f(2**k S) == 2**k f(S) for every distance, bit for bit, for k in [-1000, 1000];
+    a result beyond the float64 range raises ValueError instead of returning inf."""
+    S = _exact_dynamic_range(np.ascontiguousarray(S))
+    S2 = np.ldexp(S, k)
+    assume(np.all(np.isfinite(S2)) and np.array_equal(np.ldexp(S2, -k), S))
+    D = refgeo.row_diameter(S)
+    if D.value > 0 and math.log2(D.value) + k >= 1024:  # 2**k D(S) is not a float64
+        with pytest.raises(ValueError, match="beyond the float64 range"):
+            refgeo.row_diameter(S2)
+        if D.value > 0:  # the ratio is scale-free: still finite
+            assert refgeo.distance_ratio(S2) == refgeo.distance_ratio(S)
+        return
+    D2 = refgeo.row_diameter(S2)
+    assert (D2.value, D2.i, D2.j) == (math.ldexp(D.value, k), D.i, D.j)
+    assert D2.backend == backend and math.isfinite(D2.error_bound)
+    m, m2 = refgeo.closest_pair(S), refgeo.closest_pair(S2)
+    assert (m2.value, m2.i, m2.j) == (math.ldexp(m.value, k), m.i, m.j)
+    if D.value > 0:
+        assert refgeo.distance_ratio(S2) == refgeo.distance_ratio(S)
+    fp, fp2 = refgeo.farthest_partners(S), refgeo.farthest_partners(S2)
+    assert fp2.backend == backend and fp2.dtype == "float64" and fp2.n_refined >= 1
+    np.testing.assert_array_equal(fp2.indices, fp.indices)
+    np.testing.assert_array_equal(fp2.distances, np.ldexp(fp.distances, k))
+    kk = min(3, len(S) - 1)
+    kn, kn2 = refgeo.knn(S, kk), refgeo.knn(S2, kk)
+    np.testing.assert_array_equal(kn2.indices, kn.indices)
+    np.testing.assert_array_equal(kn2.distances, np.ldexp(kn.distances, k))
+    Y, Y2 = S[::2], S2[::2]
+    kn, kn2 = refgeo.knn(S, 1, Y), refgeo.knn(S2, 1, Y2)
+    np.testing.assert_array_equal(kn2.indices, kn.indices)
+    np.testing.assert_array_equal(kn2.distances, np.ldexp(kn.distances, k))
+
+
+def test_rows_of_size_1e200_get_their_finite_diameter(backend):
+    rng = np.random.default_rng(0)
+    S = rng.random((100, 4))
+    big = refgeo.row_diameter(S * 2.0**665)  # about 1e200
+    small = refgeo.row_diameter(S)
+    assert big.backend == backend
+    assert (big.value, big.i, big.j) == (math.ldexp(small.value, 665), small.i, small.j)
+    assert big.scale_exponent != 0 and small.scale_exponent == 0
+    tiny = refgeo.row_diameter(S * 2.0**-1000)  # about 1e-301: squares would underflow
+    assert (tiny.value, tiny.i, tiny.j) == (math.ldexp(small.value, -1000), small.i, small.j)
+    ball, ball_big = refgeo.covering_radius(S), refgeo.covering_radius(S * 2.0**665)
+    assert ball_big.radius == pytest.approx(math.ldexp(ball.radius, 665), rel=1e-12)
+    np.testing.assert_allclose(ball_big.center, np.ldexp(ball.center, 665), rtol=1e-12)
+
+
+def test_distances_beyond_the_float64_range_raise(backend):
+    S = np.array([[-1.5e308, 0.0], [1.5e308, 0.0], [0.0, 1.0]])
+    with pytest.raises(ValueError, match=r"row diameter is .* beyond the float64 range"):
+        refgeo.row_diameter(S)
+    with pytest.raises(ValueError, match="beyond the float64 range"):
+        refgeo.farthest_partners(S)
+    with pytest.raises(ValueError, match="beyond the float64 range"):
+        refgeo.knn(S, 2)
+    # the representable answers stay available
+    assert refgeo.closest_pair(S).value == pytest.approx(math.hypot(1.5e308, 1.0), rel=1e-15)
+    assert refgeo.distance_ratio(S) == pytest.approx(0.5, rel=1e-15)
+    np.testing.assert_array_equal(refgeo.knn(S, 1).indices[:, 0], [2, 2, 0])
+
+
+# ------------------------------------------------------------------ torch tensors
+
+
+def test_cpu_tensors_run_like_their_numpy_arrays(backend):
+    """CPU tensors (requires_grad, non-contiguous) run on the backend their NumPy view
+    would, with no warning, and array results come back as tensors."""
+    torch = pytest.importorskip("torch")
+    if backend == "cupy":
+        pytest.skip("CPU tensors run on the CPU backends")
+    rng = np.random.default_rng(6)
+    S = rng.standard_normal((80, 12))
+    t = torch.tensor(S, requires_grad=True)
+    strided = torch.tensor(np.repeat(S, 2, axis=1))[:, ::2]  # the same rows, non-contiguous
+    assert not strided.is_contiguous()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        for T in (t, strided):
+            for fn in (refgeo.row_diameter, refgeo.closest_pair):
+                got, want = fn(T), fn(S)
+                assert got == want and got.backend == backend
+                assert isinstance(got.value, float)
+            ratio = refgeo.distance_ratio(T)
+            assert type(ratio) is float and ratio == refgeo.distance_ratio(S)
+            fp, fp_np = refgeo.farthest_partners(T), refgeo.farthest_partners(S)
+            assert isinstance(fp.indices, torch.Tensor) and isinstance(fp.distances, torch.Tensor)
+            assert fp.indices.dtype == torch.int64 and fp.distances.dtype == torch.float64
+            np.testing.assert_array_equal(fp.indices.numpy(), fp_np.indices)
+            np.testing.assert_array_equal(fp.distances.numpy(), fp_np.distances)
+            assert fp.backend == backend
+            kn, kn_np = refgeo.knn(T, 4), refgeo.knn(S, 4)
+            assert isinstance(kn.indices, torch.Tensor) and kn.backend == backend
+            np.testing.assert_array_equal(kn.indices.numpy(), kn_np.indices)
+            np.testing.assert_array_equal(kn.distances.numpy(), kn_np.distances)
+        # a tensor for Y alone is enough for tensor results
+        kn = refgeo.knn(S[:10], 2, t)
+        assert isinstance(kn.indices, torch.Tensor)
+        np.testing.assert_array_equal(kn.indices.numpy(), refgeo.knn(S[:10], 2, S).indices)
+    assert t.grad is None  # nothing was recorded on the graph
+
+
+@pytest.mark.parametrize("half", ["bfloat16", "float16"])
+def test_half_precision_tensors_are_upcast_to_float32(backend, half):
+    torch = pytest.importorskip("torch")
+    if backend == "cupy":
+        pytest.skip("CPU tensors run on the CPU backends")
+    t = torch.randn(50, 8).to(getattr(torch, half))
+    S32 = t.to(torch.float32).numpy()  # exact: float32 holds every half value
+    for fn in (refgeo.row_diameter, refgeo.closest_pair):
+        got, want = fn(t), fn(S32)
+        assert (got.value, got.i, got.j, got.dtype) == (want.value, want.i, want.j, "float32")
+        assert got.converted_from == f"torch.{half}" and want.converted_from is None
+    kn = refgeo.knn(t, 3)
+    assert kn.dtype == "float32" and kn.converted_from == f"torch.{half}"
+    np.testing.assert_array_equal(kn.indices.numpy(), refgeo.knn(S32, 3).indices)
+    assert refgeo.farthest_partners(t).converted_from == f"torch.{half}"
+
+
+def test_tensors_on_devices_refgeo_cannot_run():
+    torch = pytest.importorskip("torch")
+    with pytest.raises(TypeError, match=r"S is a tensor on device meta, which refgeo cannot run; pass S.cpu\(\)"):
+        refgeo.row_diameter(torch.empty((3, 2), device="meta"))
+    if torch.cuda.is_available():
+        try:
+            import cupy  # noqa: F401
+        except ImportError:
+            with pytest.raises(TypeError, match="CUDA tensor.*CuPy is not installed: install it"):
+                refgeo.row_diameter(torch.zeros((3, 2), device="cuda"))

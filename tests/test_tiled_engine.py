@@ -1,8 +1,7 @@
 """The array-API engine (``refgeo._tiled``, the ``cupy`` backend) against the oracle.
 
 There is no GPU in CI: the engine is written against the array API, so the same code
-runs here on NumPy arrays (2000 hypothesis examples per kernel, the adversarial clouds
-of test_engine.py) and on array-api-strict arrays (which reject anything outside the
+runs here on NumPy arrays (2000 hypothesis examples per kernel, the clouds of test_engine.py) and on array-api-strict arrays (which reject anything outside the
 standard).  GPU runs of the same checks happen only where CuPy finds a device
 (``test_cupy_arrays_dispatch_to_the_gpu_engine``).
 """
@@ -19,7 +18,15 @@ from hypothesis import strategies as st
 import refgeo
 from refgeo import _backend, _tiled
 
-from .test_engine import FTZ_ROWS, _oracle_extreme, _oracle_knn, _oracle_sq, adversarial_clouds, flush_to_zero  # noqa: F401
+from .test_engine import (  # noqa: F401
+    FTZ_ROWS,
+    _oracle_extreme,
+    _oracle_knn,
+    _oracle_prescaled,
+    _oracle_sq,
+    engine_clouds,
+    flush_to_zero,
+)
 
 xps = pytest.importorskip("array_api_strict")
 
@@ -30,10 +37,13 @@ def _np(a):
     return np.asarray(a) if isinstance(a, np.ndarray) else np.from_dlpack(a)
 
 
-def _check_pair(got, want, S, maximise):
-    value, i, j, bound, n_refined = got
-    assert (value, i, j) == want  # certified: bitwise the oracle's value and pair
-    assert bound >= 0.0 and n_refined >= 1
+def _check_pair(got, want, S, maximize):
+    assert (got.value, got.i, got.j) == want  # certified: bitwise the oracle's value and pair
+    assert got.error_bound >= 0.0 and got.n_refined >= 1 and got.backend == "cupy"
+
+
+def _arrays(run):
+    return _np(run.indices), _np(run.distances)
 
 
 @pytest.mark.parametrize("ns", NAMESPACES)
@@ -41,17 +51,18 @@ def test_extreme_pairs_and_farthest_exact(ns):
     conv, n = NAMESPACES[ns]
 
     @settings(max_examples=n)
-    @given(S=adversarial_clouds(), tile=st.one_of(st.none(), st.integers(1, 30)))
+    @given(S=engine_clouds(), tile=st.one_of(st.none(), st.integers(1, 30)))
     def check(S, tile):
+        S = _oracle_prescaled(S)  # the kernels get the rows the public functions pass
         D2 = _oracle_sq(S, S)
         A = conv(S)
         _check_pair(_tiled.diameter(A, tile_size=tile), _oracle_extreme(S, True, D2), S, True)
         _check_pair(_tiled.closest(A, tile_size=tile), _oracle_extreme(S, False, D2), S, False)
-        idx, dist, _, _ = _tiled.farthest(A, tile_size=tile)
+        idx, dist = _arrays(_tiled.farthest(A, tile_size=tile))
         np.fill_diagonal(D2, -np.inf)
         want = np.argmax(D2, axis=1)
-        np.testing.assert_array_equal(_np(idx), want)
-        np.testing.assert_array_equal(_np(dist), np.sqrt(D2[np.arange(len(S)), want]))
+        np.testing.assert_array_equal(idx, want)
+        np.testing.assert_array_equal(dist, np.sqrt(D2[np.arange(len(S)), want]))
 
     check()
 
@@ -61,40 +72,41 @@ def test_knn_exact(ns):
     conv, n = NAMESPACES[ns]
 
     @settings(max_examples=n)
-    @given(S=adversarial_clouds(), data=st.data(), tile=st.one_of(st.none(), st.integers(1, 30)))
+    @given(S=engine_clouds(), data=st.data(), tile=st.one_of(st.none(), st.integers(1, 30)))
     def check(S, data, tile):
+        S = _oracle_prescaled(S)
         exclude_self = data.draw(st.booleans())
         k = data.draw(st.integers(1, len(S) - int(exclude_self)))
-        idx, dist, _, _ = _tiled.knn(conv(S), k, None, exclude_self=exclude_self, tile_size=tile)
+        idx, dist = _arrays(_tiled.knn(conv(S), k, None, exclude_self=exclude_self, tile_size=tile))
         want_idx, want_dist = _oracle_knn(S, k, exclude_self=exclude_self)
-        np.testing.assert_array_equal(_np(idx), want_idx)
-        np.testing.assert_array_equal(_np(dist), want_dist)
+        np.testing.assert_array_equal(idx, want_idx)
+        np.testing.assert_array_equal(dist, want_dist)
         # against Y: copies and near-copies of rows of S, so ties cross X and Y
         rng = np.random.default_rng(data.draw(st.integers(0, 2**32 - 1)))
         pick = rng.integers(0, len(S), size=data.draw(st.integers(1, 12)))
         noise = data.draw(st.sampled_from([0.0, 1e-12, 1e-3]))
         Y = (S[pick].astype(np.float64) * (1.0 + noise * rng.standard_normal(S.shape[1]))).astype(S.dtype)
         k = data.draw(st.integers(1, len(Y)))
-        idx, dist, _, _ = _tiled.knn(conv(S), k, conv(Y), exclude_self=True, tile_size=tile)
+        idx, dist = _arrays(_tiled.knn(conv(S), k, conv(Y), exclude_self=True, tile_size=tile))
         want_idx, want_dist = _oracle_knn(S, k, Y)
-        np.testing.assert_array_equal(_np(idx), want_idx)
-        np.testing.assert_array_equal(_np(dist), want_dist)
+        np.testing.assert_array_equal(idx, want_idx)
+        np.testing.assert_array_equal(dist, want_dist)
 
     check()
 
 
 def test_float32_gram_trick_would_fail_here():
     # Rows at 1e-4 spacing under a 1e4 offset: a float32 Gram trick on the raw rows
-    # cannot see their order; the engine centres, filters and refines.
+    # cannot see their order; the engine centers, filters and refines.
     rng = np.random.default_rng(3)
     S = (1e4 + 1e-2 * rng.standard_normal((200, 16))).astype(np.float32)
     raw = S.astype(np.float32)
     n = np.sum(raw * raw, axis=1)
     gram = n[:, None] + n[None, :] - 2.0 * (raw @ raw.T)
     np.fill_diagonal(gram, np.inf)
-    idx, _, _, _ = _tiled.knn(xps.asarray(S), 1, None, exclude_self=True, tile_size=64)
+    idx, _ = _arrays(_tiled.knn(xps.asarray(S), 1, None, exclude_self=True, tile_size=64))
     want, _ = _oracle_knn(S, 1)
-    np.testing.assert_array_equal(_np(idx), want)
+    np.testing.assert_array_equal(idx, want)
     assert not np.array_equal(np.argmin(gram, axis=1), want[:, 0])  # the naive answer is wrong
 
 
@@ -102,7 +114,7 @@ def test_overflowing_float32_norms_fall_back_to_float64():
     S = np.array([[3e18, 0.0], [0.0, 3e18], [1.0, 1.0]], dtype=np.float32)
     want = _oracle_extreme(S, True)
     got = _tiled.diameter(xps.asarray(S))
-    assert got[:3] == want
+    assert (got.value, got.i, got.j) == want
 
 
 def test_tf32_request_filters_in_float64(monkeypatch):
@@ -147,6 +159,8 @@ def test_cupy_arrays_dispatch_to_the_gpu_engine():
 
 def test_certificate_survives_flush_to_zero(flush_to_zero):
     S = FTZ_ROWS
-    assert _tiled.closest(S, tile_size=2)[:3] == _oracle_extreme(S, False)
-    assert _tiled.diameter(S, tile_size=2)[:3] == _oracle_extreme(S, True)
-    np.testing.assert_array_equal(_np(_tiled.knn(S, 1, None, exclude_self=True)[0]), _oracle_knn(S, 1)[0])
+    for fn, maximize in ((_tiled.closest, False), (_tiled.diameter, True)):
+        r = fn(S, tile_size=2)
+        assert (r.value, r.i, r.j) == _oracle_extreme(S, maximize)
+    idx, _ = _arrays(_tiled.knn(S, 1, None, exclude_self=True))
+    np.testing.assert_array_equal(idx, _oracle_knn(S, 1)[0])

@@ -461,9 +461,20 @@ def assert_cdist_close(
 
 def _canonical_sq(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     """refgeo's refined squared distance (same operations, bit for bit)."""
-    from refgeo.rows import _canonical_sq as canon
+    from refgeo._certify import canonical_sq as canon
 
     return np.asarray(canon(np, np.asarray(a, dtype=np.float64), np.asarray(b, dtype=np.float64)))
+
+
+def _scaled_rows(*arrays):
+    """float64 copies of ``arrays`` prescaled as refgeo prescales them, and the exponent.
+
+    Refined distances of the returned rows times ``2**e`` are refgeo's distances.
+    """
+    from refgeo._certify import scale_exponent, scale_rows
+
+    e = scale_exponent(np, arrays)
+    return [np.asarray(scale_rows(np, a, e), dtype=np.float64) for a in arrays], e
 
 
 def _distance_rtol(d: int, in_dtype) -> float:
@@ -592,10 +603,10 @@ def assert_extreme_pair_close(
         )
     if (gi, gj) == (ri, rj):
         return
-    rows = S.astype(np.float64)
+    (rows,), e = _scaled_rows(S)
     sq_got = float(_canonical_sq(rows[gi], rows[gj]))
     sq_ref = float(_canonical_sq(rows[ri], rows[rj]))
-    pair_v = math.sqrt(sq_got)
+    pair_v = math.ldexp(math.sqrt(sq_got), e)
     if sq_got == sq_ref:
         if tie_break == "smallest":
             raise ConformanceError(
@@ -696,8 +707,7 @@ def assert_knn_close(
     if distances is not None:
         _compare_arrays(ref_dist, got["distances"], tol, what="distance", tol_text=text)
     nb = B.shape[0]
-    A64 = X.astype(np.float64)
-    B64 = B.astype(np.float64)
+    (A64, B64), e = _scaled_rows(X, B)
     for r in range(n):
         row = got_idx[r]
         if np.any(row < 0) or np.any(row >= nb):
@@ -716,13 +726,13 @@ def assert_knn_close(
             if float(sq[c]) == ref_sq and tie_break == "smallest":
                 raise ConformanceError(
                     f"wrong tie-breaking in row {r}, rank {c}: neighbors {int(row[c])} and {int(ref_idx[r, c])} "
-                    f"are at exactly equal refined distance {math.sqrt(ref_sq)!r}; refgeo orders equal distances "
+                    f"are at exactly equal refined distance {math.ldexp(math.sqrt(ref_sq), e)!r}; refgeo orders equal distances "
                     "by the smaller index.",
                     expected=expected,
                     got=got,
                     tolerance="exact ties ordered by index (tie_break='smallest')",
                 )
-            dist = math.sqrt(float(sq[c]))
+            dist = math.ldexp(math.sqrt(float(sq[c])), e)
             if not (abs(dist - ref_dist[r, c]) <= tol[r, c]):
                 raise ConformanceError(
                     f"row {r}, rank {c}: neighbor {int(row[c])} is at distance {dist!r}, but the reference's "

@@ -1,0 +1,225 @@
+"""Certification algebra shared by every pairwise backend (see :doc:`/theory/rows`).
+
+Everything a backend needs to return the *same* certified answer as every other:
+
+* unit roundoffs :data:`UNIT_ROUNDOFF`, smallest normal numbers :data:`ETA`,
+  :func:`gamma` (:math:`\\gamma_m = m u / (1 - m u)`);
+* the a-priori rounding bound of the Gram-expansion filter, :func:`rounding_bound`,
+  and the bound a result reports, :func:`reported_bound`;
+* :func:`canonical_sq`, the refined float64 squared distance in its one fixed
+  summation order (shared bit for bit with ``refgeo_ext/src/refine.h``);
+* :func:`better`, the one tie rule;
+* the power-of-two prescaling that brings every finite input into the range where
+  squared distances neither overflow nor underflow (:func:`scale_exponent`,
+  :func:`scale_rows`, :func:`unscale`).
+
+This module imports nothing from refgeo: the reference, the compiled-engine wrappers
+and the array-API engine all build on it, and it on none of them.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+
+import numpy as np
+
+__all__ = [
+    "ETA",
+    "MAX_NORM2",
+    "SCALE_FREE_EXPONENT",
+    "U64",
+    "UNIT_ROUNDOFF",
+    "better",
+    "canonical_sq",
+    "dtype_name",
+    "f64",
+    "gamma",
+    "reported_bound",
+    "rounding_bound",
+    "scale_exponent",
+    "scale_rows",
+    "unscale",
+    "unscale_array",
+]
+
+U64 = 2.0**-53
+# unit roundoff u and smallest *normal* number eta of the dtype the centered copy is
+# stored in.  With gradual underflow an underflowing operation errs by at most half the
+# smallest subnormal; a library elsewhere in the process may switch on flush-to-zero
+# (torch.set_flush_denormal, code built with fast-math flags, a GPU's SGEMM), and then
+# it errs by up to the smallest normal.  Using the latter keeps the certificate valid
+# in both modes, at no measurable cost.
+UNIT_ROUNDOFF = {"float64": 2.0**-53, "float32": 2.0**-24}
+ETA = {"float64": 2.0**-1022, "float32": 2.0**-126}
+# Largest centered squared norm the GEMM may see: |x.y| <= max n, far from overflow.
+MAX_NORM2 = {"float64": 1e300, "float32": 1e36}
+
+# float64 rows whose largest magnitude lies in [2**-64, 2**65) are used as given;
+# others are scaled by a power of two first (see scale_exponent).  Inside this band
+# every squared difference of relative size above 2**-447 is a normal float64 and no
+# sum of squares can overflow, so ordinary data never pays for a scaled copy.
+SCALE_FREE_EXPONENT = 64
+
+
+def f64(xp, x):
+    """``x`` as float64 (no copy when it already is)."""
+    return xp.astype(x, xp.float64) if x.dtype != xp.float64 else x
+
+
+def dtype_name(x) -> str:
+    """``"float32"`` or ``"float64"``: the name reported in results."""
+    return "float32" if "float32" in str(x.dtype) else "float64"
+
+
+def gamma(m: int, u: float) -> float:
+    """:math:`\\gamma_m(u) = m u / (1 - m u)`, the classical bound of m roundings."""
+    return m * u / (1.0 - m * u)
+
+
+def rounding_bound(d: int, dtype: str) -> tuple[float, float]:
+    """``(c, e_abs)`` with ``|f_ij - r_ij| <= c (n_i + n_j) + e_abs`` (docs/theory/rows.md).
+
+    ``f_ij = n_i + n_j - 2 fl(x_i . x_j)`` is the filtered squared distance of the
+    centered copy stored in ``dtype`` (unit roundoff u), ``n`` its float64 squared
+    norms and ``r_ij`` the refined float64 value of the original rows.  Terms:
+    GEMM ``gamma_d(u) a`` (any summation order, FMA or not), float64 norms
+    ``gamma_d(u64) a``, the epilogue's float64 operations ``4 u64 a``, the
+    rounding of the centered copy ``4.01 (u + u64) a`` and of the refined value
+    ``2.01 gamma_{d+2}(u64) a``; 1.01 covers second-order terms.  ``16 u64`` more
+    covers the rounding of the comparisons in the kernels, and ``e_abs`` (32 d eta,
+    eta the smallest normal number) covers underflow in products and the centering,
+    with or without flush-to-zero.  ``(inf, inf)`` when ``d u >= 0.1`` (no useful
+    bound: the filter must not run in that dtype).
+    """
+    u = UNIT_ROUNDOFF[dtype]
+    if d * u >= 0.1:
+        return math.inf, math.inf
+    c = 1.01 * (
+        gamma(d, u) + gamma(d, U64) + 4 * U64 + 4.01 * (u + U64) + 2.01 * gamma(d + 2, U64)
+    )
+    return c + 16 * U64, 32.0 * d * ETA[dtype]
+
+
+def reported_bound(d: int, dtype: str, max_norm: float) -> float:
+    """The certificate's ``error_bound``: ``c * 2 max n + e_abs`` (largest a_ij)."""
+    c, eabs = rounding_bound(d, dtype)
+    return c * 2.0 * max_norm + eabs
+
+
+def canonical_sq(xp, A, B):
+    """Refined squared distances ``sum_k (a_k - b_k)**2`` of broadcast float64 rows.
+
+    The fixed summation order is shared with ``refgeo_ext``: eight lanes ``k mod 8``
+    accumulated in increasing ``k``, then combined as
+    ``((p0+p1)+(p2+p3))+((p4+p5)+(p6+p7))``, so every backend gets the same bits.
+    """
+    d = A.shape[-1]
+    lanes = None
+    for k0 in range(0, d, 8):
+        w = min(8, d - k0)
+        t = A[..., k0 : k0 + w] - B[..., k0 : k0 + w]
+        sq = t * t
+        if w < 8:
+            pad = xp.zeros(sq.shape[:-1] + (8 - w,), dtype=xp.float64)
+            sq = xp.concat([sq, pad], axis=-1)
+        lanes = sq if lanes is None else lanes + sq
+    p = [lanes[..., r] for r in range(8)]
+    return ((p[0] + p[1]) + (p[2] + p[3])) + ((p[4] + p[5]) + (p[6] + p[7]))
+
+
+def better(v, i, j, best, maximize: bool) -> bool:
+    """The one tie rule: strictly better value, or equal value and smaller ``(i, j)``.
+
+    ``best`` is ``(value, i, j)`` or None (anything beats nothing).
+    """
+    if best is None:
+        return True
+    bv, bi, bj = best
+    if maximize:
+        return v > bv or (v == bv and (i, j) < (bi, bj))
+    return v < bv or (v == bv and (i, j) < (bi, bj))
+
+
+# --------------------------------------------------------------------------- prescaling
+#
+# Multiplying by a power of two is exact in binary floating point unless the result
+# leaves the normal range, and sqrt, sums of squares and differences all commute with
+# it.  So rows scaled by 2**-e have refined squared distances exactly 2**-2e times
+# those of the rows, wherever neither set leaves the normal range, and the distance
+# scales back exactly.  Every backend sees the same scaled rows, so the reference and
+# the engines still agree bit for bit.
+
+
+def scale_exponent(xp, arrays) -> int:
+    """The ``e`` for which the rows ``arrays`` are used as ``rows * 2**-e``.
+
+    ``0`` when every array is float32 (squares of float32 values never leave the
+    float64 range), when the largest magnitude ``m`` lies in
+    ``[2**-SCALE_FREE_EXPONENT, 2**(SCALE_FREE_EXPONENT + 1))`` or when all rows are zero;
+    otherwise the binary exponent of ``m``, which brings ``m`` into ``[1/2, 1)``: then
+    no difference of two rows exceeds 2 and no sum of squares can overflow.
+    """
+    if all(a.dtype == xp.float32 for a in arrays):
+        return 0
+    # two reductions instead of max(abs(a)): no temporary of the size of the input
+    m = max(max(float(xp.max(a)), -float(xp.min(a))) for a in arrays)
+    if m == 0.0:
+        return 0
+    e = math.frexp(m)[1]
+    if -SCALE_FREE_EXPONENT < e <= SCALE_FREE_EXPONENT + 1:
+        return 0
+    return e
+
+
+def _factors(e: int):
+    """Powers of two, each a normal float64, whose product is ``2**e``."""
+    out = []
+    while e:
+        step = max(-1000, min(1000, e))
+        out.append(math.ldexp(1.0, step))
+        e -= step
+    return out
+
+
+def scale_rows(xp, x, e: int):
+    """float64 ``x * 2**-e`` (``x`` itself when ``e == 0``).
+
+    Exact except for entries more than ``2**1022`` times smaller than the largest,
+    which become subnormal (or zero) when ``e > 0``.
+    """
+    if e == 0:
+        return x
+    y = f64(xp, x)
+    for f in _factors(-e):
+        y = y * f
+    return y
+
+
+def unscale(value: float, e: int) -> float:
+    """A distance of the scaled rows, scaled back: ``value * 2**e`` (one rounding).
+
+    ``inf`` when the result exceeds the float64 range (the callers raise on it).
+    """
+    if e == 0:
+        return value
+    try:
+        return math.ldexp(value, e)
+    except OverflowError:
+        return math.inf
+
+
+def unscale_array(xp, a, e: int):
+    """:func:`unscale` elementwise for a float64 array (``a`` itself when ``e == 0``)."""
+    if e == 0:
+        return a
+    if hasattr(xp, "ldexp"):  # NumPy, CuPy: one rounding (inf beyond the range)
+        with _quiet_overflow(xp):
+            return xp.ldexp(a, e)
+    for f in _factors(e):
+        a = a * f
+    return a
+
+
+def _quiet_overflow(xp):
+    return np.errstate(over="ignore") if xp.__name__.endswith("numpy") else contextlib.nullcontext()

@@ -1,0 +1,282 @@
+"""Compiled-engine wrappers: the ``cython`` backend of the pairwise row geometry.
+
+The kernels in ``refgeo_ext._extreme_pairs`` and ``refgeo_ext._knn`` filter pairs with
+the Gram expansion on centered rows and refine candidates with the same canonical
+float64 sum as :func:`refgeo._certify.canonical_sq` (``refgeo_ext/src/refine.h``).
+The wrappers here prepare what the kernels need and never validate user input (the
+public functions in :mod:`refgeo.rows` did): they center the rows, compute the
+rounding bound (:func:`refgeo._certify.rounding_bound`), seed the diameter, choose
+the tile size, the thread count and the filter dtype (the thresholds below), pin BLAS
+to one thread while OpenMP runs the tiles, and merge the per-thread results with the
+tie rule.  Each returns a :class:`refgeo._backend.KernelRun`; none falls back to the
+reference inside a call (the rows arrive prescaled into the range the GEMM can hold).
+
+All thresholds change only the speed, never the result: tests set them to 0 or to a
+huge value to exercise both sides.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from . import _backend
+from ._backend import KernelRun
+from ._certify import MAX_NORM2, better, canonical_sq, reported_bound, rounding_bound
+from ._threads import blas_single_thread
+
+__all__ = ["closest", "diameter", "farthest", "knn"]
+
+_BACKEND = "cython"
+
+# Rows per tile: a float64 256 x 256 cross-term block is 512 KiB (fits in L2), and a
+# (256 x d) @ (d x 256) GEMM already runs near the BLAS peak.
+DEFAULT_TILE = 256
+# Below this many multiply-adds (V^2 d / 2) a call runs on one thread: waking an
+# OpenMP team costs more than the work (tests set it to 0 to exercise the merge).
+MIN_PARALLEL_WORK = 1 << 20
+
+# k-NN of float64 rows filters in float32 (half the GEMM time) from this many
+# multiply-adds on; rows the float32 certificate cannot settle are redone in float64.
+KNN_MIXED_MIN_WORK = 1 << 26
+# The same for the maximum modes (diameter, farthest partners) of float64 rows: the band
+# of pairs within the float32 bound of the largest distance is thin, so few pairs are
+# refined.  The minimum mode keeps the float64 filter: near-duplicate clusters would
+# put many pairs inside the wider float32 band.
+MAX_MIXED_MIN_WORK = 1 << 26
+
+
+def _suffix(a) -> str:
+    return "32" if a.dtype == np.float32 else "64"
+
+
+def _kernel_suffix(X, S) -> str:
+    """Kernel variant for a centered copy X of the original rows S."""
+    return "32s64" if X.dtype == np.float32 and S.dtype == np.float64 else _suffix(X)
+
+
+def _center(arrays, n_threads, float32_filter=False):
+    """Centered copies of ``arrays`` about their common float64 mean.
+
+    Returns ``(originals, centered, norms, dtype_name)``: the originals share one dtype
+    (float64 if any input is), and the centered copies are stored in that dtype, or in
+    float32 for float64 originals when ``float32_filter`` asks for it; ``dtype_name`` is
+    the dtype of the centered copies (the one the rounding bound is for).  float64 is
+    used where float32 would overflow or where d is too large for a useful float32 bound.
+    """
+    ext = _backend.extension()
+    arrays = [np.ascontiguousarray(a) for a in arrays]
+    dt = np.float64 if any(a.dtype == np.float64 for a in arrays) else np.float32
+    d = arrays[0].shape[1]
+    f32_ok = math.isfinite(rounding_bound(d, "float32")[0])
+    if dt == np.float32 and not f32_ok:
+        dt = np.float64
+    arrays = [np.ascontiguousarray(a, dtype=dt) for a in arrays]
+    total = sum(a.shape[0] for a in arrays)
+    if total * d < MIN_PARALLEL_WORK:
+        n_threads = 1
+    mu = sum(np.sum(a, axis=0, dtype=np.float64) for a in arrays) / total
+    mixed = float32_filter and dt == np.float64 and f32_ok
+    out = []
+    for a in arrays:
+        X = np.empty(a.shape, dtype=np.float32 if mixed else a.dtype)
+        nrm = np.empty(a.shape[0])
+        getattr(ext._extreme_pairs, "center" + _kernel_suffix(X, a))(a, mu, X, nrm, n_threads)
+        out.append((X, nrm))
+    name = "float32" if mixed or dt == np.float32 else "float64"
+    if name == "float32" and max(float(n.max()) for _, n in out) > MAX_NORM2["float32"]:
+        return _center([a.astype(np.float64) for a in arrays], n_threads)
+    return arrays, [X for X, _ in out], [n for _, n in out], name
+
+
+def _check_range(norms, dtype) -> None:
+    """The GEMM must not overflow: the callers prescale the rows so that it cannot."""
+    top = max(float(n.max()) for n in norms)
+    if not (math.isfinite(top) and top <= MAX_NORM2[dtype]):
+        raise ValueError(
+            f"centered squared row norms up to {top:.3g} exceed the {dtype} GEMM range "
+            f"({MAX_NORM2[dtype]:.0e}); scale the rows by a power of two first."
+        )
+
+
+def _refine_pair(S, i, j) -> float:
+    A = np.asarray(S[i], dtype=np.float64)
+    B = np.asarray(S[j], dtype=np.float64)
+    return float(canonical_sq(np, A, B))
+
+
+def _diameter_seed(S, X, nrm) -> float:
+    """A refined squared distance near the diameter: iterated farthest points, O(V d)."""
+    a = int(np.argmax(nrm))
+    best = 0.0
+    for _ in range(4):
+        da = nrm - 2.0 * (X @ X[a]).astype(np.float64)
+        b = int(np.argmax(da))
+        if b == a:
+            break
+        best = max(best, _refine_pair(S, a, b))
+        a = b
+    return best
+
+
+def _tiles(V, tile_size):
+    tile = max(1, min(V, tile_size or DEFAULT_TILE))
+    nt = -(-V // tile)
+    return tile, nt
+
+
+def _effective_threads(n_threads, n_tasks, work):
+    if work < MIN_PARALLEL_WORK:
+        return 1
+    return max(1, min(n_threads, n_tasks))
+
+
+def _compiled_extreme_pair(S, *, maximize, tile_size, n_threads) -> KernelRun:
+    ext = _backend.extension()
+    n = _backend.resolve_n_threads(n_threads)
+    V, d = S.shape
+    mixed = maximize and V * V * d // 2 >= MAX_MIXED_MIN_WORK
+    (Sc,), (X,), (nrm,), dt = _center([S], n, float32_filter=mixed)
+    _check_range([nrm], dt)
+    V, d = Sc.shape
+    cp, eabs = rounding_bound(d, dt)
+    tile, nt = _tiles(V, tile_size)
+    n_eff = _effective_threads(n, nt * (nt + 1) // 2, V * V * d // 2)
+    tile_rmax = np.sqrt(np.maximum.reduceat(nrm, np.arange(0, V, tile)))
+    out_r = np.empty(n_eff)
+    out_ij = np.empty((n_eff, 2), dtype=np.int64)
+    out_nref = np.zeros(n_eff, dtype=np.int64)
+    fn = getattr(ext._extreme_pairs, "extreme_pair" + _kernel_suffix(X, Sc))
+    with blas_single_thread(n_eff):
+        # The seed's matrix-vector products run under the one-thread limit too: a
+        # multi-threaded BLAS call just before the kernel leaves BLAS worker threads
+        # spinning, and they steal cores from the OpenMP tiles (15% of samples in perf).
+        bound0 = _diameter_seed(Sc, X, nrm) if maximize else math.inf
+        fn(X, nrm, tile_rmax, Sc, maximize, cp, eabs, bound0, tile, n_eff, out_r, out_ij, out_nref)
+    best = None
+    for t in range(n_eff):
+        i, j = int(out_ij[t, 0]), int(out_ij[t, 1])
+        if i < V and better(float(out_r[t]), i, j, best, maximize):
+            best = (float(out_r[t]), i, j)
+    v, i, j = best
+    return KernelRun(
+        backend=_BACKEND, error_bound=reported_bound(d, dt, float(nrm.max())),
+        n_refined=int(out_nref.sum()), value=math.sqrt(v), i=i, j=j,
+    )
+
+
+def diameter(S, *, tile_size=None, n_threads=None) -> KernelRun:
+    """Row diameter of NumPy float32/float64 rows on the compiled engine."""
+    return _compiled_extreme_pair(S, maximize=True, tile_size=tile_size, n_threads=n_threads)
+
+
+def closest(S, *, tile_size=None, n_threads=None) -> KernelRun:
+    """Closest pair of NumPy float32/float64 rows on the compiled engine."""
+    return _compiled_extreme_pair(S, maximize=False, tile_size=tile_size, n_threads=n_threads)
+
+
+def farthest(S, *, tile_size=None, n_threads=None) -> KernelRun:
+    """Each row's farthest other row on the compiled engine."""
+    ext = _backend.extension()
+    n = _backend.resolve_n_threads(n_threads)
+    V, d = S.shape
+    (Sc,), (X,), (nrm,), dt = _center([S], n, float32_filter=V * V * d // 2 >= MAX_MIXED_MIN_WORK)
+    _check_range([nrm], dt)
+    V, d = Sc.shape
+    cp, eabs = rounding_bound(d, dt)
+    tile, nt = _tiles(V, tile_size)
+    n_eff = _effective_threads(n, nt * (nt + 1) // 2, V * V * d // 2)
+    L = np.full((n_eff, V), -np.inf)
+    B = np.full((n_eff, V), -np.inf)
+    Bj = np.full((n_eff, V), V, dtype=np.int64)
+    nref = np.zeros(n_eff, dtype=np.int64)
+    fn = getattr(ext._extreme_pairs, "farthest_partners" + _kernel_suffix(X, Sc))
+    with blas_single_thread(n_eff):
+        fn(X, nrm, Sc, cp, eabs, tile, n_eff, L, B, Bj, nref)
+    r, j = B[0].copy(), Bj[0].copy()
+    for t in range(1, n_eff):
+        better = (B[t] > r) | ((B[t] == r) & (Bj[t] < j))
+        r = np.where(better, B[t], r)
+        j = np.where(better, Bj[t], j)
+    return KernelRun(
+        backend=_BACKEND, error_bound=reported_bound(d, dt, float(nrm.max())),
+        n_refined=int(nref.sum()), indices=j, distances=np.sqrt(r),
+    )
+
+
+def _knn_pass(fn, XA, nA, SA, XB, nB, SB, *, symmetric, exclude_self, self_idx, defer, k, dt,
+              tile_size, n):
+    """One run of a compiled k-NN kernel; returns (indices, distances, stats)."""
+    nA_rows, d = SA.shape
+    nB_rows = SB.shape[0]
+    excluded = int(symmetric and exclude_self) if symmetric else int(np.any(self_idx >= 0))
+    n_cand = nB_rows - excluded
+    cp, eabs = rounding_bound(d, dt)
+    # heap size: k plus slack, so that the certificate usually holds from the heap alone
+    K = min(n_cand, k + max(8, k // 2))
+    tile = max(1, min(max(nA_rows, nB_rows), tile_size or DEFAULT_TILE))
+    ntA, ntB = -(-nA_rows // tile), -(-nB_rows // tile)
+    npairs = ntA * (ntA + 1) // 2 if symmetric else ntA * ntB
+    n_eff = _effective_threads(n, npairs, nA_rows * nB_rows * d // (2 if symmetric else 1))
+    keys = np.full((n_eff, nA_rows, K), np.inf)
+    ids = np.full((n_eff, nA_rows, K), -1, dtype=np.int64)
+    out_idx = np.empty((nA_rows, k), dtype=np.int64)
+    out_dist = np.empty((nA_rows, k))
+    stats = np.zeros(2, dtype=np.int64)
+    with blas_single_thread(n_eff):
+        fn(XA, nA, SA, XB, nB, SB, symmetric, exclude_self, self_idx, defer, k, cp, eabs, tile,
+           n_eff, keys, ids, out_idx, out_dist, stats)
+    return out_idx, out_dist, stats
+
+
+def knn(X, k, Y, *, exclude_self, tile_size=None, n_threads=None) -> KernelRun:
+    """The k nearest rows on the compiled engine (``Y`` None: ``X`` against itself)."""
+    ext = _backend.extension()
+    n = _backend.resolve_n_threads(n_threads)
+    symmetric = Y is None
+    arrays = [X] if symmetric else [X, Y]
+    # float64 rows with enough work are filtered through a float32 centered copy (half
+    # the GEMM time); _center falls back to float64 where float32 cannot hold them.
+    # The float64 centered copy is then made only if some row needs it (below): at
+    # N = 50000, d = 768 it is 300 MB that the common case never reads.
+    want_mixed = (
+        any(a.dtype == np.float64 for a in arrays)
+        and X.shape[0] * arrays[-1].shape[0] * X.shape[1] >= KNN_MIXED_MIN_WORK
+    )
+    origs, cents, norms, dt = _center(arrays, n, float32_filter=want_mixed)
+    _check_range(norms, dt)
+    SA = origs[0]
+    SB = SA if symmetric else origs[1]
+    d = SA.shape[1]
+    XA, nA = cents[0], norms[0]
+    XB, nB = (XA, nA) if symmetric else (cents[1], norms[1])
+    mixed = SA.dtype == np.float64 and XA.dtype == np.float32
+    no_self = np.full(SA.shape[0], -1, dtype=np.int64)
+    idx, dist, stats = _knn_pass(
+        getattr(ext._knn, "knn" + _kernel_suffix(XA, SA)), XA, nA, SA, XB, nB, SB,
+        symmetric=symmetric, exclude_self=exclude_self, self_idx=no_self, defer=mixed, k=k,
+        dt=dt, tile_size=tile_size, n=n,
+    )
+    n_refined = int(stats[1])
+    if mixed and stats[0] > 0:
+        # rows the float32 certificate cannot settle are redone against every
+        # candidate with a float64 filter (same mean, so the same centered rows)
+        _, cents64, norms64, _ = _center(arrays, n)
+        F = np.flatnonzero(idx[:, 0] < 0)
+        XB64, nB64 = (cents64[0], norms64[0]) if symmetric else (cents64[1], norms64[1])
+        self_idx = F.astype(np.int64) if (symmetric and exclude_self) else np.full(F.size, -1, np.int64)
+        sub_idx, sub_dist, sub_stats = _knn_pass(
+            ext._knn.knn64, np.ascontiguousarray(cents64[0][F]), np.ascontiguousarray(norms64[0][F]),
+            np.ascontiguousarray(SA[F]), XB64, nB64, SB, symmetric=False, exclude_self=False,
+            self_idx=self_idx, defer=False, k=k, dt="float64", tile_size=tile_size, n=n,
+        )
+        idx[F] = sub_idx
+        dist[F] = sub_dist
+        n_refined += int(sub_stats[1])
+    return KernelRun(
+        backend=_BACKEND, error_bound=reported_bound(d, dt, float(max(nA.max(), nB.max()))),
+        n_refined=n_refined, indices=idx, distances=dist,
+    )
+
+
