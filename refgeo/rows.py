@@ -45,9 +45,11 @@ multiplied by ``2**-e`` with ``e`` the binary exponent of ``m`` (``m`` then lies
 ``1e-300`` get their finite distances, and scaling the rows by a power of two scales
 every distance by exactly that power.  Two limits remain, where no scaling can help:
 a distance above the largest float64 (about ``1.8e308``, rows of opposite sign near
-the top of the range) raises ``ValueError``, and entries more than ``2**1022`` times
-smaller than the largest one become subnormal when scaled, so their differences lose
-precision.  float32 rows are never scaled: their squares always fit in float64.
+the top of the range) raises ``ValueError``; and a distance below about ``2**-511 m``
+has a subnormal square, so it keeps only the absolute accuracy of the canonical squared
+sum (about ``sqrt(d) 2**-537 m``), not a relative one (entries more than ``2**1022``
+times smaller than ``m`` are themselves subnormal once scaled).  float32 rows are never
+scaled: their squares always fit in float64.
 
 Where the code lives
 --------------------
