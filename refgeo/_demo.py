@@ -331,9 +331,9 @@ def _make_methods(size: DemoSize) -> tuple[list[tuple[str, str, Callable[[], Any
                                                           max_time=size.lmo_step_s))))
     else:
         skipped.append("exact diameter LMO: `refgeo.optim.DiameterLMO` is not available in this installation.")
-    spread_update = _lib("spread", "spread_update")
+    spread_update = _lib("spreading", "spread_update")
     if spread_update is None:
-        skipped.append("spreading update: `refgeo.spread.spread_update` is not available in this installation.")
+        skipped.append("spreading update: `refgeo.spreading.spread_update` is not available in this installation.")
     elif size.vocab > size.spread_max_vocab:
         skipped.append(f"spreading update: not trained at V = {size.vocab} (each step solves an exact LMO "
                        f"and a max-min problem over all V rows, minutes per step at this size; the demo trains "
@@ -512,12 +512,12 @@ def _head_geometry(runs: list[_Run], size: DemoSize, targets: np.ndarray,
     X = rng.standard_normal((V, d))
     X /= np.linalg.norm(X, axis=1, keepdims=True)
     out["random_sphere_rho"] = float(closest_pair(X).value / row_diameter(X).value)
-    spread = _lib("spread", "spread")
+    spread = _lib("spreading", "spread")
     if spread is not None:
         res = spread(V, d, seed=0, max_time=size.stage_budget_s / 4)
         out["spread_rho"] = float(res.ratio)
     else:
-        notes.append("max-min solver reference: `refgeo.spread.spread` is not available in this installation.")
+        notes.append("max-min solver reference: `refgeo.spreading.spread` is not available in this installation.")
     t_start = time.perf_counter()
     for run in runs:
         W = run.W

@@ -296,7 +296,7 @@ def _check_out_path(path: str | None) -> None:
 
 
 def _cmd_spread(args: argparse.Namespace) -> int:
-    spread = _require("spread", "spread", "spread")
+    spread = _require("spreading", "spread", "spread")
     _check_out_path(args.out)
     res = spread(args.V, args.d, eta=args.eta, seed=args.seed, max_time=args.max_time)
     rep: dict[str, Any] = {

@@ -42,7 +42,6 @@ def assert_one_line_error(rc, err, *fragments):
 
 
 def mod(name):
-    # not refgeo.<name>: ``from .spread import *`` makes refgeo.spread the function
     return importlib.import_module(f"refgeo.{name}")
 
 
@@ -239,7 +238,7 @@ def test_inspect_errors(capsys, files, tmp_path, case, args, fragments):
 
 # ------------------------------------------------------------------ spread
 
-needs_spread = pytest.mark.skipif(not has("spread", "spread"), reason="refgeo.spread.spread not available")
+needs_spread = pytest.mark.skipif(not has("spreading", "spread"), reason="refgeo.spreading.spread not available")
 
 
 @needs_spread
@@ -281,16 +280,16 @@ def test_spread_text_output(capsys):
     ],
 )
 def test_spread_errors(capsys, tmp_path, args, fragments):
-    if any("--out" in a for a in args) and not has("spread", "spread"):
-        pytest.skip("refgeo.spread.spread not available")
+    if any("--out" in a for a in args) and not has("spreading", "spread"):
+        pytest.skip("refgeo.spreading.spread not available")
     rc, _, err = run(capsys, "spread", *[a.format(tmp=tmp_path) for a in args])
     assert_one_line_error(rc, err, *fragments)
 
 
 def test_spread_missing_module_is_a_clean_error(capsys, monkeypatch):
-    monkeypatch.delattr(mod("spread"), "spread", raising=False)
+    monkeypatch.delattr(mod("spreading"), "spread", raising=False)
     rc, _, err = run(capsys, "spread", "--V", "5", "--d", "2")
-    assert_one_line_error(rc, err, "refgeo.spread.spread is not available")
+    assert_one_line_error(rc, err, "refgeo.spreading.spread is not available")
 
 
 # ------------------------------------------------------------------ lmo

@@ -100,7 +100,7 @@ def test_demo_without_any_library_part(tmp_path, monkeypatch, checker):
     text = pathlib.Path(path).read_text(encoding="utf-8")
     assert checker.check(str(tmp_path)) == []
     for part in ("refgeo.optim.RowNorm", "refgeo.lmo.rescaled_rownorm", "refgeo.optim.DiameterLMO",
-                 "refgeo.spread.spread_update", "refgeo.lmo.diameter_lmo", "refgeo.tokenwise.decompose"):
+                 "refgeo.spreading.spread_update", "refgeo.lmo.diameter_lmo", "refgeo.tokenwise.decompose"):
         assert f"`{part}` is not available" in text
     assert "AdamW" in text
 
@@ -122,7 +122,7 @@ def test_demo_survives_a_failing_optimizer(tmp_path, monkeypatch, checker):
     def fake(module, name):
         if (module, name) == ("optim", "RowNorm"):
             return Broken
-        if module in ("spread", "tokenwise", "lmo") or name == "DiameterLMO":
+        if module in ("spreading", "tokenwise", "lmo") or name == "DiameterLMO":
             return None  # keep this test short: only the training loop matters here
         return real(module, name)
 

@@ -1,4 +1,4 @@
-"""Max-min spreading (SPEC §4): constructions (exact spectra, counts, closed-form rho),
+"""Max-min spreading (docs/theory/spreading.md): constructions (exact spectra, counts, closed-form rho),
 the solver (known optima, bounds, certificates) and the gradient-coupled step."""
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import refgeo
-from refgeo.spread import _candidates, _fwht, _kerdock_forms
+from refgeo.codes import _candidates, _fwht, _kerdock_forms
 
 
 def _sq_dists(X):
@@ -370,13 +370,13 @@ def test_construction_errors(call, exc, msg):
 # =========================================================================== spread_update
 
 
-def _centred(rng, V, d):
+def _centered(rng, V, d):
     G = rng.standard_normal((V, d))
     return G - G.mean(0)
 
 
 def test_spread_update_trade_off():
-    G = _centred(np.random.default_rng(0), 24, 4)
+    G = _centered(np.random.default_rng(0), 24, 4)
     st_ = refgeo.spread_update(G, eta=1.5, eps=0.1, seed=0, n_points=5, n_starts=2)
     S = st_.update
     assert not S.flags.writeable
@@ -401,13 +401,13 @@ def test_spread_update_trade_off():
 
 
 def test_spread_update_eps_monotone():
-    G = _centred(np.random.default_rng(1), 20, 3)
+    G = _centered(np.random.default_rng(1), 20, 3)
     m = [refgeo.spread_update(G, eps=e, seed=0, n_points=5, n_starts=1).min_dist for e in (0.0, 0.2, 1.0)]
     assert m[0] <= m[1] <= m[2]
 
 
 def test_spread_update_errors():
-    G = _centred(np.random.default_rng(0), 5, 2)
+    G = _centered(np.random.default_rng(0), 5, 2)
     with pytest.raises(ValueError, match=re.escape("eps == 1.5, must be <= 1.")):
         refgeo.spread_update(G, eps=1.5)
     with pytest.raises(ValueError, match=re.escape("n_points == 1, must be >= 2.")):
@@ -460,7 +460,7 @@ def test_small_dimensions_use_lattice_balls(V, d):
 @pytest.mark.parametrize("V, d", [(45, 40), (30, 20), (12, 8), (11, 8)])
 def test_orthogonal_simplex_blocks_closed_form(V, d):
     """V - d regular simplices in orthogonal blocks: the closed-form ratio is the measured
-    one, and spread reaches it (review: (45, 40) returned 0.8165 against 0.9428)."""
+    one, and spread reaches it ((45, 40) once returned 0.8165 against 0.9428)."""
     from scipy.spatial.distance import pdist
 
     (c,) = [c for c in _candidates(V, d) if c.name.startswith("orthogonal_simplices(")]

@@ -1,9 +1,9 @@
-"""Benchmarks for refgeo.spread and refgeo.bounds: max-min spreading (SPEC §4).
+"""Benchmarks for refgeo.spread and refgeo.bounds: max-min spreading (docs/theory/spreading.md).
 
 Quality trackers: ``track_ratio`` (the certified distance ratio rho reached) and
 ``track_ratio_over_bound`` (rho / ratio_upper_bound: 1 means provably optimal).  Small
-sizes run by default; ``REFGEO_BENCH_SIZE=realistic`` selects the acceptance cases of
-issue 5 (LM-head sizes), which take minutes.
+sizes run by default; ``REFGEO_BENCH_SIZE=realistic`` selects the acceptance cases
+(LM-head sizes), which take minutes.
 """
 
 from ._common import environment, realistic, records_runtime, refgeo, require_backend, rng
@@ -133,7 +133,7 @@ class Bounds:
 
 @records_runtime(dtype="float64", backend="auto")
 class SpreadUpdate:
-    """spread_update on a random centred gradient: m gained over the exact LMO step."""
+    """spread_update on a random centered gradient: m gained over the exact LMO step."""
 
     params = ([(24, 4)] if not realistic() else [(200, 16)],)
     param_names = ["V_d"]
