@@ -12,6 +12,8 @@ best of them for each ``(V, d)``; the solver itself lives in :mod:`refgeo.spread
    cross_polytope
    kerdock_code
    delsarte_goethals_code
+   minimal_vectors
+   lattice_ball
    embed
 
 The algebra: GF(2^m) arithmetic and the trace (the Kerdock and Delsarte-Goethals sets
@@ -22,6 +24,7 @@ form), and lattice balls (the lattice points nearest to a center) for small ``d`
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import math
 from collections.abc import Callable
 from typing import Any
@@ -35,6 +38,8 @@ __all__ = [
     "delsarte_goethals_code",
     "embed",
     "kerdock_code",
+    "lattice_ball",
+    "minimal_vectors",
     "orthogonal_simplices",
     "regular_simplex",
 ]
@@ -475,6 +480,7 @@ class _Candidate:
     rho: float
     build: Callable[[], np.ndarray]
     diameter: float | None = None  # exact D of build() when its distances are known exactly
+    on_sphere: bool = True  # False for packings in a ball (the sphere iteration cannot improve them)
 
 
 def _kerdock_tagged(q: int, V: int, d: int, tags: bool) -> np.ndarray:
@@ -511,61 +517,448 @@ def _kerdock_tagged(q: int, V: int, d: int, tags: bool) -> np.ndarray:
     return X
 
 
-# Lattice balls: in small dimension the best configurations are packings, not points
-# on a sphere (every sphere-based construction has ratio O(V^(-1/(d-1)))); the V points
-# of a dense lattice nearest to a center give ratio about V^(-1/d).
-_LATTICE_MAX_D = 8
-_LATTICE_MAX_V = 20000
-_LATTICE_MAX_BOX = 1 << 21  # lattice points enumerated at most
+# --------------------------------------------------------------------------- lattices
+#
+# In small dimension the best configurations are packings in a ball, not points on a
+# sphere (every sphere-based construction has ratio O(V^(-1/(d-1)))): the V points of
+# a dense lattice nearest to a well-chosen center give ratio about V^(-1/d).  Below
+# the kissing number, subsets of the minimal vectors (one shell of the theta series)
+# do better: their inner products take a few values, so the diameter is set by the
+# most negative inner product kept.  Every point set is enumerated shell by shell
+# (coordinate by coordinate with the partial norm bounded), never from a full box.
+
+_LATTICE_MAX_V = 20000  # lattice balls are offered up to this many points
+_LATTICE_MAX_POINTS = 1 << 20  # lattice points enumerated at most for one ball
 
 
-def _lattice_points(d: int, m: int) -> tuple[np.ndarray, float]:
-    """Points of a dense lattice in the box [-m, m]^d and its minimal distance.
+def _coset_ball(center: np.ndarray, r2: float, offset: np.ndarray, step: np.ndarray) -> np.ndarray:
+    """Points x of the coset ``offset + step * Z^n`` with ``|x - center|^2 <= r2``.
 
-    d = 1: Z; d = 2: the hexagonal lattice A2; 3 <= d <= 8: the checkerboard lattice
-    D_d (integer vectors with even coordinate sum; D_3 is the FCC packing).
+    Breadth first over the coordinates: a prefix survives while its partial squared
+    distance is at most ``r2`` (the Fincke-Pohst bound for an orthogonal basis), so the
+    work is proportional to the points of the projected balls, not to a box.
     """
-    axes = [np.arange(-m, m + 1, dtype=np.float64)] * d
-    P = np.stack(np.meshgrid(*axes, indexing="ij"), axis=-1).reshape(-1, d)
-    if d == 1:
-        return P, 1.0
-    if d == 2:
-        # basis (1, 0), (1/2, sqrt(3)/2)
-        return np.column_stack([P[:, 0] + 0.5 * P[:, 1], (math.sqrt(3.0) / 2.0) * P[:, 1]]), 1.0
-    return P[np.sum(P, axis=1) % 2 == 0], math.sqrt(2.0)
+    n = center.shape[0]
+    P = np.zeros((1, 0))
+    part = np.zeros(1)
+    for k in range(n):
+        s = np.sqrt(np.maximum(r2 - part, 0.0))
+        lo = np.ceil((center[k] - s - offset[k]) / step[k] - 1e-9).astype(np.int64)
+        hi = np.floor((center[k] + s - offset[k]) / step[k] + 1e-9).astype(np.int64)
+        cnt = np.maximum(hi - lo + 1, 0)
+        total = int(cnt.sum())
+        if total > _LATTICE_MAX_POINTS:
+            raise _TooManyPoints
+        idx = np.repeat(np.arange(P.shape[0]), cnt)
+        first = np.repeat(np.cumsum(cnt) - cnt, cnt)
+        v = offset[k] + step[k] * (lo[idx] + (np.arange(total) - first))
+        part = part[idx] + (v - center[k]) ** 2
+        keep = part <= r2 * (1.0 + 1e-12)
+        P = np.column_stack([P[idx][keep], v[keep]])
+        part = part[keep]
+    return P
 
 
-def _lattice_ball(V: int, d: int) -> tuple[np.ndarray, float] | None:
-    """The V lattice points nearest to the best of a few centers, with their ratio."""
+class _TooManyPoints(Exception):
+    """A ball would hold more than ``_LATTICE_MAX_POINTS`` points."""
+
+
+def _rm14() -> np.ndarray:
+    """The 32 words of the first-order Reed-Muller code RM(1, 4) (length 16, 0/1)."""
+    z = (np.arange(16)[:, None] >> np.arange(4)[None, :]) & 1
+    words = [(a0 + z @ np.array(a)) % 2 for a0 in (0, 1) for a in itertools.product((0, 1), repeat=4)]
+    return np.array(words, dtype=np.int64)
+
+
+def _golay() -> np.ndarray:
+    """The 4096 words of the extended binary Golay code (length 24, 0/1).
+
+    The cyclic quadratic-residue code of length 23 with generator polynomial
+    :math:`x^{11} + x^{10} + x^6 + x^5 + x^4 + x^2 + 1`, extended by a parity bit
+    (weights 0, 8, 12, 16, 24: checked in the tests).
+    """
+    g = np.zeros(23, dtype=np.int64)
+    g[[0, 2, 4, 5, 6, 10, 11]] = 1
+    G = np.array([np.roll(g, s) for s in range(12)])
+    msg = (np.arange(4096)[:, None] >> np.arange(12)[None, :]) & 1
+    C = (msg @ G) % 2
+    return np.column_stack([C, C.sum(axis=1) % 2])
+
+
+def _sign_patterns(n: int, even: bool) -> np.ndarray:
+    """All +-1 vectors of length n (with an even number of -1 when ``even``)."""
+    s = 1 - 2 * ((np.arange(1 << n)[:, None] >> np.arange(n)[None, :]) & 1)
+    return s[(s < 0).sum(axis=1) % 2 == 0] if even else s
+
+
+def _pairs_pm(n: int, value: float) -> np.ndarray:
+    """The 4 C(n, 2) vectors with two entries +-value and zeros elsewhere."""
+    i, j = np.triu_indices(n, 1)
+    out = np.zeros((4 * i.shape[0], n))
+    for k, (a, b) in enumerate(itertools.product((value, -value), repeat=2)):
+        out[k * i.shape[0] + np.arange(i.shape[0]), i] = a
+        out[k * i.shape[0] + np.arange(i.shape[0]), j] = b
+    return out
+
+
+def _e8_min() -> np.ndarray:
+    half = 0.5 * _sign_patterns(8, even=True).astype(np.float64)
+    return np.vstack([_pairs_pm(8, 1.0), half])
+
+
+def _section(P: np.ndarray, k: int) -> np.ndarray:
+    """Points of E8 with x_1 = ... = x_k, in orthonormal coordinates of that subspace."""
+    P = P[np.all(P[:, 1:k] == P[:, :1], axis=1)]
+    return np.column_stack([math.sqrt(k) * P[:, 0], P[:, k:]])
+
+
+def _bw16_min() -> np.ndarray:
+    """Minimal vectors of the Barnes-Wall lattice: x in Z^16, x mod 2 in RM(1, 4),
+    sum(x) = 0 mod 4, over sqrt(2) (norm 4)."""
+    W = _rm14()
+    octs = W[W.sum(axis=1) == 8]
+    s = _sign_patterns(8, even=True)
+    rows = [_pairs_pm(16, 2.0)]
+    for w in octs:
+        Y = np.zeros((s.shape[0], 16))
+        Y[:, np.flatnonzero(w)] = s
+        rows.append(Y)
+    return np.vstack(rows) / math.sqrt(2.0)
+
+
+def _leech_min() -> np.ndarray:
+    """The 196,560 minimal vectors of the Leech lattice (norm 4).
+
+    In the integer coordinates of norm 32: (+-4, +-4, 0^22) (1,104), (+-2)^8 on the
+    octads of the Golay code with an even number of minus signs (97,152), and
+    (-+3, +-1^23) from every Golay word with one coordinate moved by 4 (98,304).
+    """
+    C = _golay()
+    octs = C[C.sum(axis=1) == 8]
+    s = _sign_patterns(8, even=True)
+    rows = [_pairs_pm(24, 4.0)]
+    for w in octs:
+        Y = np.zeros((s.shape[0], 24))
+        Y[:, np.flatnonzero(w)] = 2.0 * s
+        rows.append(Y)
+    base = np.where(C == 1, 1.0, -1.0)  # x = 1 mod 4 exactly on the word
+    for j in range(24):
+        Y = base.copy()
+        Y[:, j] -= 4.0 * Y[:, j]  # 1 -> -3, -1 -> 3: the class mod 4 is kept
+        rows.append(Y)
+    return np.vstack(rows) / math.sqrt(8.0)
+
+
+@dataclasses.dataclass(frozen=True)
+class _Lattice:
+    """A lattice: dimension, minimal norm, covolume, minimal vectors and ball points."""
+
+    name: str
+    dim: int
+    min_norm: float
+    covolume: float
+    minimal: Callable[[], np.ndarray]
+    ball: Callable[[np.ndarray, float], np.ndarray] | None  # (center, r2) -> points
+    centers: Callable[[], list[np.ndarray]]  # lattice point, holes
+
+
+def _dn_ball(n: int):
+    def ball(c, r2):
+        P = _coset_ball(c, r2, np.zeros(n), np.ones(n))
+        return P[np.round(P.sum(axis=1)).astype(np.int64) % 2 == 0]
+
+    return ball
+
+
+def _e8_ball(c, r2):
+    P = np.vstack([_coset_ball(c, r2, np.zeros(8), np.ones(8)), _coset_ball(c, r2, np.full(8, 0.5), np.ones(8))])
+    return P[np.round(P.sum(axis=1)).astype(np.int64) % 2 == 0]
+
+
+def _e8_section_ball(k: int):
+    def ball(c, r2):
+        # c lies in the section; lift it to E8's coordinates
+        lift = np.concatenate([np.full(k, c[0] / math.sqrt(k)), c[1:]])
+        return _section(_e8_ball(lift, r2), k)
+
+    return ball
+
+
+def _a2_ball(c, r2):
+    step = np.array([1.0, math.sqrt(3.0)])
+    return np.vstack([_coset_ball(c, r2, np.zeros(2), step), _coset_ball(c, r2, np.array([0.5, math.sqrt(3.0) / 2]), step)])
+
+
+def _lattice(name: str) -> _Lattice:
+    """The lattice called ``name``: "Z", "A2", "D<n>" (n >= 3), "E6", "E7", "E8",
+    "BW16" or "Leech"."""
+    rng = np.random.default_rng(0)
+    if name == "Z":
+        return _Lattice(name, 1, 1.0, 1.0, lambda: np.array([[1.0], [-1.0]]),
+                        lambda c, r2: _coset_ball(c, r2, np.zeros(1), np.ones(1)),
+                        lambda: [np.zeros(1), np.full(1, 0.5)])
+    if name == "A2":
+        hexagon = np.array([[math.cos(t), math.sin(t)] for t in np.arange(6) * math.pi / 3])
+        return _Lattice(name, 2, 1.0, math.sqrt(3.0) / 2, lambda: hexagon, _a2_ball,
+                        lambda: [np.zeros(2), np.array([0.5, math.sqrt(3.0) / 6]),
+                                 np.array([0.5, 0.0])] + [rng.uniform(-0.5, 0.5, 2) for _ in range(3)])
+    if name.startswith("D"):
+        n = int(name[1:])
+        return _Lattice(name, n, 2.0, 2.0, lambda: _pairs_pm(n, 1.0), _dn_ball(n),
+                        lambda: [np.zeros(n), np.eye(n)[0], np.full(n, 0.5)]
+                        + [rng.uniform(-0.5, 0.5, n) for _ in range(3)])
+    if name == "E8":
+        return _Lattice(name, 8, 2.0, 1.0, _e8_min, _e8_ball,
+                        lambda: [np.zeros(8), np.eye(8)[0], np.full(8, 0.25), np.r_[5 / 6, np.full(7, 1 / 6)]]
+                        + [rng.uniform(-0.5, 0.5, 8) for _ in range(2)])
+    if name in ("E7", "E6"):
+        k = 2 if name == "E7" else 3
+        n = 9 - k
+        # deep-hole-like and generic points of the section
+        return _Lattice(name, n, 2.0, math.sqrt(9.0 - n), lambda: _section(_e8_min(), k), _e8_section_ball(k),
+                        lambda: [np.zeros(n), np.eye(n)[-1], np.r_[0.0, np.full(n - 1, 0.25)]]
+                        + [np.r_[0.0, rng.uniform(-0.5, 0.5, n - 1)] for _ in range(2)])
+    if name == "BW16":
+        return _Lattice(name, 16, 4.0, 16.0, _bw16_min, None, lambda: [np.zeros(16)])
+    if name == "Leech":
+        return _Lattice(name, 24, 4.0, 1.0, _leech_min, None, lambda: [np.zeros(24)])
+    raise ValueError(f"lattice must be one of 'Z', 'A2', 'D<n>', 'E6', 'E7', 'E8', 'BW16', 'Leech', got {name!r} instead.")
+
+
+def _lattice_name(lattice: Any) -> _Lattice:
+    if not isinstance(lattice, str):
+        raise TypeError(f"lattice must be a str, got {type(lattice).__name__} instead.")
+    if lattice.startswith("D") and not (lattice[1:].isdigit() and int(lattice[1:]) >= 3):
+        raise ValueError(f"lattice 'D<n>' needs an integer n >= 3, got {lattice!r} instead.")
+    return _lattice(lattice)
+
+
+def minimal_vectors(lattice: str) -> np.ndarray:
+    r"""The minimal vectors of a lattice (its kissing configuration).
+
+    Parameters
+    ----------
+    lattice : {"Z", "A2", "D<n>", "E6", "E7", "E8", "BW16", "Leech"}
+        The integers, the hexagonal lattice, the checkerboard lattice
+        :math:`D_n = \{x \in \mathbb{Z}^n : \sum x_i \text{ even}\}` (``n >= 3``), the
+        exceptional root lattices, the Barnes-Wall lattice :math:`\Lambda_{16}` or the
+        Leech lattice :math:`\Lambda_{24}`.
+
+    Returns
+    -------
+    X : ndarray of shape (K, n)
+        float64 rows, every vector of the lattice's minimal norm (2 for the root
+        lattices :math:`D_n, E_6, E_7, E_8`, 4 for :math:`\Lambda_{16}` and
+        :math:`\Lambda_{24}`, 1 for Z and A2), in a fixed order.  The counts are the
+        kissing numbers: :math:`2n(n-1)` for :math:`D_n`, 72, 126, 240, 4320 and
+        196,560.
+
+    Notes
+    -----
+    Closed forms: :math:`E_8 = D_8 \cup (D_8 + \tfrac12 \mathbf 1)` (the 112 vectors
+    :math:`\pm e_i \pm e_j` and the 128 vectors :math:`(\pm\tfrac12)^8` with an even
+    number of minus signs); :math:`E_7` and :math:`E_6` are the sections
+    :math:`x_1 = x_2` and :math:`x_1 = x_2 = x_3` of :math:`E_8`, written in
+    orthonormal coordinates of the section; :math:`\Lambda_{16}` is
+    :math:`\{x \in \mathbb{Z}^{16} : x \bmod 2 \in RM(1, 4),\ \sum x_i \equiv 0
+    \pmod 4\}/\sqrt 2`; :math:`\Lambda_{24}` is built on the extended Golay code
+    (shapes :math:`(\pm4^2 0^{22})`, :math:`(\pm2^8 0^{16})`, :math:`(\mp3, \pm1^{23})`
+    over :math:`\sqrt 8`).  Inner products between minimal vectors take the values
+    :math:`\{0, \pm\tfrac14, \pm\tfrac12, \pm1\}` times the norm.  Time and memory
+    O(K n).
+
+    References
+    ----------
+    .. [1] J. H. Conway, N. J. A. Sloane, Sphere Packings, Lattices and Groups,
+       3rd ed., Springer (1999), chapters 4 and 8.
+
+    Examples
+    --------
+    >>> import refgeo
+    >>> X = refgeo.minimal_vectors("E8")
+    >>> X.shape, sorted(set((X @ X.T).ravel().tolist()))
+    ((240, 8), [-2.0, -1.0, 0.0, 1.0, 2.0])
+    """
+    return np.ascontiguousarray(_lattice_name(lattice).minimal(), dtype=np.float64)
+
+
+def lattice_ball(V: int, lattice: str, *, center: Any = None) -> np.ndarray:
+    r"""The ``V`` points of a lattice nearest to a center.
+
+    Parameters
+    ----------
+    V : int
+        Number of points, ``1 <= V <= 1,000,000``.
+    lattice : {"Z", "A2", "D<n>", "E6", "E7", "E8"}
+        See :func:`minimal_vectors` (:math:`\Lambda_{16}` and :math:`\Lambda_{24}`
+        offer their minimal vectors only).
+    center : array_like of shape (n,), default=None
+        The center (the origin when None).  Deep holes of the lattice are good
+        centers: e.g. :math:`(1, 0, \dots, 0)` for :math:`E_8`.
+
+    Returns
+    -------
+    X : ndarray of shape (V, n)
+        float64 lattice points sorted by distance to ``center`` (ties in the
+        enumeration order).  Their closest-pair distance is the lattice minimum
+        whenever two of them are neighbors in the lattice.
+
+    Notes
+    -----
+    The points are enumerated coordinate by coordinate within the ball of a radius
+    chosen from the volume of the ball over the covolume (the Gaussian heuristic),
+    enlarged until it holds ``V`` points; prefixes whose partial squared distance
+    already exceeds the radius are dropped, so no box around the ball is built.  Time
+    O(V n) up to the points of the projected balls; memory O(V n).
+
+    Examples
+    --------
+    >>> import numpy as np, refgeo
+    >>> X = refgeo.lattice_ball(17, "E8", center=[1, 0, 0, 0, 0, 0, 0, 0])
+    >>> np.unique(np.linalg.norm(X - [1, 0, 0, 0, 0, 0, 0, 0], axis=1).round(12)).tolist()
+    [1.0, 1.414213562373]
+    """
+    lat = _lattice_name(lattice)
+    V = check_int(V, "V", min_value=1, max_value=1_000_000)
+    if lat.ball is None:
+        raise ValueError(f"lattice {lattice!r} offers its minimal vectors only (minimal_vectors), not balls.")
+    c = np.zeros(lat.dim) if center is None else as_float_array(center, "center", ndim=1)
+    c = np.asarray(c, dtype=np.float64)
+    if c.shape != (lat.dim,):
+        raise ValueError(f"center must have shape ({lat.dim},), got shape {c.shape} instead.")
+    X = _nearest_points(lat, V, c)
+    if X is None:
+        raise MemoryError(f"lattice_ball({V}, {lattice!r}) would enumerate more than "
+                          f"{_LATTICE_MAX_POINTS} lattice points; ask for fewer points.")
+    return X
+
+
+def _nearest_points(lat: _Lattice, V: int, c: np.ndarray) -> np.ndarray | None:
+    n = lat.dim
+    unit_ball = math.pi ** (n / 2.0) / math.gamma(n / 2.0 + 1.0)
+    # radius of a ball holding about 1.2 V points, plus the covering slack
+    R = (1.2 * V * lat.covolume / unit_ball) ** (1.0 / n) + 0.5 * math.sqrt(lat.min_norm)
+    while True:
+        try:
+            P = lat.ball(c, R * R)
+        except _TooManyPoints:
+            return None
+        if P.shape[0] >= V:
+            break
+        R *= 1.15
+    r2 = np.einsum("ij,ij->i", P - c, P - c)
+    return P[np.argsort(r2, kind="stable")[:V]]
+
+
+def _ball_diameter(X: np.ndarray, c: np.ndarray) -> float:
+    """Certified diameter of points in a ball around c, from the outer points only.
+
+    Any pair at distance D has |x - c| + |y - c| >= D, so once the outermost shell
+    gives D0 <= D, a point with |x - c| < D0 - r_max cannot be an end of a diameter.
+    """
     from .rows import row_diameter
 
-    # smallest box whose inscribed ball (radius m - 1/2, any center) holds about 1.5 V
-    # lattice points: ball volume over the covolume (1, sqrt(3)/2, 2 for Z, A2, D_d)
-    covolume = 1.0 if d == 1 else (math.sqrt(3.0) / 2.0 if d == 2 else 2.0)
-    unit_ball = math.pi ** (d / 2.0) / math.gamma(d / 2.0 + 1.0)
-    m = 1
-    while unit_ball * (m - 0.5) ** d / covolume < 1.5 * V:
-        m += 1
-    if (2 * m + 1) ** d > _LATTICE_MAX_BOX:
-        return None
-    P, lam = _lattice_points(d, m)
-    rng = np.random.default_rng(0)
-    # a lattice point, a deep-hole-like point and (for smaller V) random offsets; each
-    # costs one O(V^2 d) diameter
-    centers = [np.zeros(d), np.full(d, 0.5)]
-    if d > 1 and V <= 5000:
-        centers += [rng.uniform(-0.5, 0.5, d) for _ in range(4)]
+    r = np.sqrt(np.einsum("ij,ij->i", X - c, X - c))
+    r_max = float(r.max())
+    D0 = row_diameter(X[r >= r_max * (1.0 - 1e-12)]).value if np.sum(r >= r_max * (1.0 - 1e-12)) >= 2 else 0.0
+    keep = r >= (D0 - r_max) * (1.0 - 1e-9) - 1e-12
+    return row_diameter(X[keep]).value
+
+
+def _best_ball(lat: _Lattice, V: int) -> tuple[np.ndarray, float, str] | None:
+    """The V points nearest to the best of the lattice's centers, with their ratio."""
     best = None
-    for c in centers:
-        r2 = np.einsum("ij,ij->i", P - c, P - c)
-        idx = np.argsort(r2, kind="stable")[:V]
-        if math.sqrt(r2[idx[-1]]) + float(np.max(np.abs(c))) >= m:
-            continue  # the ball around c leaves the box: points outside it are missing
-        X = P[idx]
-        D = row_diameter(X).value
-        if best is None or lam / D > best[1]:
-            best = (X, lam / D)
+    for k, c in enumerate(lat.centers()):
+        X = _nearest_points(lat, V, c)
+        if X is None:
+            return None
+        rho = math.sqrt(lat.min_norm) / _ball_diameter(X, c)
+        if best is None or rho > best[1]:
+            best = (X, rho, k)
     return best
+
+
+def _shell_subsets(M: np.ndarray, V: int) -> list[tuple[str, np.ndarray, float]]:
+    """Subsets of a shell (all of norm r^2, inner products on a few levels) of V points.
+
+    For each threshold t (from the largest), a greedy independent set of the graph of
+    pairs with inner product below t (lowest conflict degree first) in a pool of the
+    shell nearest to one shell vector (the whole shell when it is small); the origin
+    is added when it helps (it is at distance r from every point: never closer than
+    the shell's own closest pair when the inner products reach r^2 / 2).  Returns
+    (label, points, exact ratio from the integer-valued Gram matrix).
+    """
+    r2 = float(M[0] @ M[0])
+    out = []
+    n_pool = min(M.shape[0], 8000)
+    if n_pool < M.shape[0]:
+        P = M[np.argsort(-(M @ M[0]), kind="stable")[:n_pool]]  # a cap around M[0]
+    else:
+        P = M
+    # inner products in units of r^2 / 4 (exact small integers), blockwise as int8
+    L = np.empty((P.shape[0], P.shape[0]), dtype=np.int8)
+    for i0 in range(0, P.shape[0], 1024):
+        L[i0 : i0 + 1024] = np.rint(4.0 * (P[i0 : i0 + 1024] @ P.T) / r2)
+    for lv in range(1, -5, -1):  # inner products >= lv r^2 / 4 kept, from the largest
+        conflict = L < lv
+        alive = np.ones(P.shape[0], dtype=bool)
+        deg = conflict.sum(axis=1).astype(np.int64)
+        chosen = []
+        while len(chosen) < V and alive.any():
+            i = int(np.flatnonzero(alive)[np.argmin(deg[alive])])
+            chosen.append(i)
+            gone = alive & (conflict[i] | (np.arange(P.shape[0]) == i))
+            alive &= ~gone
+            deg -= conflict[:, gone].sum(axis=1)
+        for with_origin in (False, True):
+            k = V - 1 if with_origin else V
+            if len(chosen) < k or k < 2:
+                continue
+            idx = np.array(chosen[:k])
+            Lx = L[np.ix_(idx, idx)].astype(np.int64)
+            np.fill_diagonal(Lx, -4)
+            m2 = 2.0 * r2 - 0.5 * r2 * float(Lx.max())  # |x - y|^2 = 2 r^2 - 2 <x, y>
+            np.fill_diagonal(Lx, 4)
+            D2 = 2.0 * r2 - 0.5 * r2 * float(Lx.min())
+            X = P[idx]
+            if with_origin:
+                X = np.vstack([np.zeros((1, X.shape[1])), X])
+                m2 = min(m2, r2)
+                D2 = max(D2, r2)
+            out.append((f"ip>={lv:g}/4" + ("+0" if with_origin else ""), X, math.sqrt(m2 / D2)))
+        if len(chosen) >= V:
+            break  # a larger t than this one already fits V points; smaller t only widens D
+    return out
+
+
+_LATTICE_OF_DIM = {1: "Z", 2: "A2", 6: "E6", 7: "E7", 8: "E8", 16: "BW16", 24: "Leech"}
+
+
+def _lattice_candidates(V: int, d: int) -> list[_Candidate]:
+    """Lattice balls and shell subsets for (V, d), zero-padded when the lattice is
+    smaller than d (the lattices of dimension d and, for d > 3, D_d)."""
+    names = []
+    if d in _LATTICE_OF_DIM:
+        names.append(_LATTICE_OF_DIM[d])
+    if 3 <= d <= 24:
+        names.append(f"D{d}")
+    out = []
+    for name in names:
+        lat = _lattice(name)
+        # D_n balls beyond n = 12 hold V <= 20000 points within two shells, where
+        # the shell subsets and the sphere codes do better
+        if lat.ball is not None and 2 * d < V <= _LATTICE_MAX_V and (d <= 12 or name != f"D{d}"):
+            b = _best_ball(lat, V)
+            if b is not None:
+                X, rho, k = b
+                out.append(_Candidate(f"lattice({name})", rho, lambda X=X: X.copy(), on_sphere=False))
+        if name not in ("Z", "A2") and d >= 5:
+            M = lat.minimal()
+            if V <= M.shape[0] + 1:
+                for label, X, rho in _shell_subsets(M, V):
+                    out.append(_Candidate(f"shell({name},{label})", rho, lambda X=X: X.copy(),
+                                          on_sphere="+0" not in label))
+    return out
 
 
 def _simplex_blocks(V: int, d: int) -> tuple[list[int], float]:
@@ -603,12 +996,7 @@ def _candidates(V: int, d: int) -> list[_Candidate]:
         out.append(_Candidate("regular_simplex", 1.0, lambda: regular_simplex(V, d),
                               math.sqrt(2.0 * V / (V - 1.0))))
         return out
-    if d <= _LATTICE_MAX_D and V <= _LATTICE_MAX_V and V > 2 * d:
-        lb = _lattice_ball(V, d)
-        if lb is not None:
-            X, rho = lb
-            name = {1: "lattice(Z)", 2: "lattice(A2)"}.get(d, f"lattice(D{d})")
-            out.append(_Candidate(name, rho, lambda X=X: X.copy()))
+    out += _lattice_candidates(V, d)
     if V == d + 2:
         a, b = d // 2, d - d // 2
         rho = math.sqrt(0.5 * (a / (a + 1.0) + b / (b + 1.0)))

@@ -617,10 +617,10 @@ def spread(
             method = "construction"
         elif V <= _SMALL_V:
             method = "epigraph"
-        elif best_c is not None and best_c.name.startswith("lattice") and d <= 4:
-            # a packing in the ball: the smooth iteration works on the sphere, where
-            # every configuration is worse in d <= 4 (from d = 5 on it can win: it then
-            # starts from random points and is kept only if it beats the lattice)
+        elif best_c is not None and not best_c.on_sphere:
+            # the best construction is a packing in a ball (a lattice ball, or a shell
+            # with the origin): the smooth iteration works on the sphere and cannot
+            # move it; it was chosen over every sphere construction by its ratio
             method = "construction"
         elif start_rho is not None and (start_rho >= 0.99 * bound.value or V * V * d > 5e10):
             # Near the bound, or too large for O(V^2 d) neighborhood refreshes to pay off
@@ -658,7 +658,7 @@ def spread(
     elif method == "smooth":
         X0 = X.copy()
         rho0 = start_rho
-        if user_X is None and best_c is not None and best_c.name.startswith("lattice"):
+        if user_X is None and best_c is not None and not best_c.on_sphere:
             X = rng.standard_normal((V, d))  # projecting a ball packing on the sphere collapses it
         elif user_X is None and best_c is not None:
             X = X + 1e-6 * rng.standard_normal(X.shape)  # break the ties of the construction
