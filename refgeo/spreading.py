@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import os
 import time
 from collections.abc import Callable
 from typing import Any
@@ -445,6 +446,49 @@ def _engine_is_compiled(X: np.ndarray) -> bool:
         return False
 
 
+# --------------------------------------------------------------------------- memory
+
+
+def _available_memory() -> int | None:
+    """Bytes of memory available to this process now (None when unknown)."""
+    try:
+        with open("/proc/meminfo", encoding="ascii") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    try:
+        return int(os.sysconf("SC_AVPHYS_PAGES")) * int(os.sysconf("SC_PAGE_SIZE"))
+    except (AttributeError, ValueError, OSError):
+        return None
+
+
+def _gib(n: float) -> str:
+    return f"{n / 2**30:.3g} GiB"
+
+
+def _check_memory(V: int, d: int, k: int) -> None:
+    """Raise MemoryError before any work when (V, d) cannot fit.
+
+    The result holds V d float64 values; the solver keeps about four more copies of the
+    points (start, centered, scaled, best so far), the smooth iteration 2 V k
+    neighbor indices and up to 8 V k candidate pairs and inner products, and one
+    GEMM block of 2^24 float64 values.
+    """
+    points = 8.0 * V * d
+    working = 4.0 * points + 8.0 * (10.0 * V * min(k, V)) + 8.0 * 2**24
+    avail = _available_memory()
+    if avail is not None and points + working > avail:
+        raise MemoryError(
+            f"spread({V}, {d}) needs about {_gib(points)} for the points (V * d float64) and "
+            f"{_gib(working)} of working memory, but only {_gib(avail)} is available: reduce V "
+            f"or d (the result alone needs 8 * V * d bytes)"
+            + (f", or the neighbors k = {k}" if 80.0 * V * k > points else "")
+            + "."
+        )
+
+
 # =========================================================================== spread
 
 _INITS = ("auto", "construction", "random")
@@ -579,6 +623,7 @@ def spread(
     n_starts = check_int(n_starts, "n_starts", min_value=1, allow_none=True)
     k = check_int(k, "k", min_value=1)
     max_rounds = check_int(max_rounds, "max_rounds", min_value=0)
+    _check_memory(V, d, k)
     if not (isinstance(certify, str) and certify == "auto"):
         if not isinstance(certify, (bool, np.bool_)):
             raise ValueError(f"certify must be True, False or 'auto', got {certify!r} instead.")
