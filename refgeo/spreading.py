@@ -534,15 +534,18 @@ def spread(
         ``"smooth"``: the annealed k-NN iteration on the sphere (large V);
         ``"construction"``: no optimization (the start is returned: the best
         construction, or random points where none exists; ``result.init`` says which).
-        ``"auto"``: the regular simplex for :math:`V \le d + 1`, ``"epigraph"`` for
-        :math:`V \le 50` (started from the best construction), else ``"smooth"``,
-        except that for :math:`V > 50` a construction is returned as is when it is
-        within 1% of the bound,
-        when :math:`V^2 d > 5 \cdot 10^{10}`, or when it is a lattice ball in
-        :math:`d \le 4` (the V points of the hexagonal or checkerboard lattice nearest
-        to a center; offered for :math:`d \le 8`, :math:`2d < V \le 20000`; from
-        d = 5 on ``"smooth"`` starts from random points and its result is kept only
-        when it beats the lattice).
+        ``"auto"``: every construction for ``(V, d)`` is built with its ratio
+        (closed form, or certified by the engine for the lattice balls) and the one of
+        largest ratio is the start (``result.init`` names it).  Then: the regular
+        simplex (:math:`\rho = 1`) is returned; :math:`V \le 50` runs ``"epigraph"``
+        from it; a packing in a ball (a lattice ball or a shell with the origin) is
+        returned as is (``result.method == "construction"``), because the smooth
+        iteration works on the sphere and cannot move it; a construction within 1% of
+        the bound, or with :math:`V^2 d > 5 \cdot 10^{10}` (where an O(V^2 d)
+        neighborhood refresh costs more than the local iteration can win back against
+        the ties of an algebraic code), is returned as is; otherwise ``"smooth"``
+        runs from it, and its result is kept only when its ratio beats the
+        construction's (else ``result.method`` says ``"construction"``).
     seed : int, default=None
         Seed of the random starts (results are reproducible for a given seed, up to the
         time budget).
@@ -587,7 +590,15 @@ def spread(
     (\sqrt q - 1)/(\sqrt q + 1)`), *tagged* Kerdock copies where spare dimensions
     exist (one extra coordinate per basis; :math:`\rho^2 = \sqrt q/(\sqrt q + 2)`, e.g.
     0.9428 for :math:`(32768, 512)` and :math:`(50257, 768)`), and
-    :func:`delsarte_goethals_code` beyond :math:`d^2/2`.
+    :func:`delsarte_goethals_code` beyond :math:`d^2/2`; and from the lattices of
+    :mod:`refgeo.codes` (:func:`refgeo.lattice_ball`, :func:`refgeo.minimal_vectors`):
+    the V points of :math:`A_2`, :math:`D_n` (:math:`n \le 12`), :math:`E_6`,
+    :math:`E_7` or :math:`E_8` nearest to the best of a few centers (lattice points
+    and holes; :math:`2d < V \le 20000`), e.g. 0.3015 at :math:`(5000, 8)` and 0.25
+    at :math:`(20000, 8)`; and subsets of the minimal vectors of :math:`D_n`,
+    :math:`E_6, E_7, E_8`, :math:`\Lambda_{16}` and :math:`\Lambda_{24}` whose inner
+    products stay above a level (the 240 roots of :math:`E_8`: :math:`\rho = 1/2`;
+    :math:`\sqrt{1/3}` at :math:`(2000, 16)` and :math:`(4096, 24)`).
 
     Cost: the epigraph method is :math:`O(V^2 \cdot V d)` per SLSQP iteration; the
     smoothed iteration costs :math:`O(V k d)` per step and :math:`O(V^2 d)` per
