@@ -24,6 +24,7 @@ form), and lattice balls (the lattice points nearest to a center) for small ``d`
 from __future__ import annotations
 
 import dataclasses
+import functools
 import itertools
 import math
 from collections.abc import Callable
@@ -601,9 +602,15 @@ def _pairs_pm(n: int, value: float) -> np.ndarray:
     return out
 
 
+@functools.lru_cache(maxsize=None)
 def _e8_min() -> np.ndarray:
     half = 0.5 * _sign_patterns(8, even=True).astype(np.float64)
-    return np.vstack([_pairs_pm(8, 1.0), half])
+    return _frozen(np.vstack([_pairs_pm(8, 1.0), half]))
+
+
+def _frozen(a: np.ndarray) -> np.ndarray:
+    a.setflags(write=False)  # cached: callers get copies
+    return a
 
 
 def _section(P: np.ndarray, k: int) -> np.ndarray:
@@ -612,6 +619,7 @@ def _section(P: np.ndarray, k: int) -> np.ndarray:
     return np.column_stack([math.sqrt(k) * P[:, 0], P[:, k:]])
 
 
+@functools.lru_cache(maxsize=None)
 def _bw16_min() -> np.ndarray:
     """Minimal vectors of the Barnes-Wall lattice: x in Z^16, x mod 2 in RM(1, 4),
     sum(x) = 0 mod 4, over sqrt(2) (norm 4)."""
@@ -623,9 +631,10 @@ def _bw16_min() -> np.ndarray:
         Y = np.zeros((s.shape[0], 16))
         Y[:, np.flatnonzero(w)] = s
         rows.append(Y)
-    return np.vstack(rows) / math.sqrt(2.0)
+    return _frozen(np.vstack(rows) / math.sqrt(2.0))
 
 
+@functools.lru_cache(maxsize=None)
 def _leech_min() -> np.ndarray:
     """The 196,560 minimal vectors of the Leech lattice (norm 4).
 
@@ -646,7 +655,7 @@ def _leech_min() -> np.ndarray:
         Y = base.copy()
         Y[:, j] -= 4.0 * Y[:, j]  # 1 -> -3, -1 -> 3: the class mod 4 is kept
         rows.append(Y)
-    return np.vstack(rows) / math.sqrt(8.0)
+    return _frozen(np.vstack(rows) / math.sqrt(8.0))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -779,7 +788,7 @@ def minimal_vectors(lattice: str) -> np.ndarray:
     >>> X.shape, sorted(set((X @ X.T).ravel().tolist()))
     ((240, 8), [-2.0, -1.0, 0.0, 1.0, 2.0])
     """
-    return np.ascontiguousarray(_lattice_name(lattice).minimal(), dtype=np.float64)
+    return np.array(_lattice_name(lattice).minimal(), dtype=np.float64, order="C")  # a copy
 
 
 def lattice_ball(V: int, lattice: str, *, center: Any = None) -> np.ndarray:
@@ -881,24 +890,37 @@ def _best_ball(lat: _Lattice, V: int) -> tuple[np.ndarray, float, str] | None:
 def _shell_subsets(M: np.ndarray, V: int) -> list[tuple[str, np.ndarray, float]]:
     """Subsets of a shell (all of norm r^2, inner products on a few levels) of V points.
 
-    For each threshold t (from the largest), a greedy independent set of the graph of
-    pairs with inner product below t (lowest conflict degree first) in a pool of the
-    shell nearest to one shell vector (the whole shell when it is small); the origin
-    is added when it helps (it is at distance r from every point: never closer than
+    For each level t (from the largest), a greedy independent set (lowest conflict
+    degree first) of the graph of pairs with inner product below t, in a pool: the
+    whole shell when it is small, else the caps of the shell nearest to one shell
+    vector and to the all-ones direction (for the Leech lattice the second holds 7,176
+    minimal vectors with inner products >= -r^2/4, the first only 2,301).  The origin
+    is added when it helps (it is at distance r from every point, never closer than
     the shell's own closest pair when the inner products reach r^2 / 2).  Returns
-    (label, points, exact ratio from the integer-valued Gram matrix).
+    (label, points, exact ratio from the integer-valued Gram levels).
     """
     r2 = float(M[0] @ M[0])
-    out = []
-    n_pool = min(M.shape[0], 8000)
-    if n_pool < M.shape[0]:
-        P = M[np.argsort(-(M @ M[0]), kind="stable")[:n_pool]]  # a cap around M[0]
+    # the pool: the whole shell, or caps of it (the Leech shell's 196,560 vectors would
+    # need a 39 GB Gram matrix); 3 V vectors leave the greedy room to choose
+    n_pool = min(M.shape[0], max(3 * V, 2000), 8000)
+    if n_pool == M.shape[0]:
+        pools = [("", M)]
     else:
-        P = M
+        pools = [(f",cap{k}", M[np.argsort(-(M @ u), kind="stable")[:n_pool]])
+                 for k, u in enumerate((M[0], np.ones(M.shape[1])))]
+    out = []
+    for tag, P in pools:
+        out += _shell_greedy(P, V, r2, tag)
+    return out
+
+
+def _shell_greedy(P: np.ndarray, V: int, r2: float, tag: str) -> list[tuple[str, np.ndarray, float]]:
+    out = []
     # inner products in units of r^2 / 4 (exact small integers), blockwise as int8
     L = np.empty((P.shape[0], P.shape[0]), dtype=np.int8)
     for i0 in range(0, P.shape[0], 1024):
         L[i0 : i0 + 1024] = np.rint(4.0 * (P[i0 : i0 + 1024] @ P.T) / r2)
+    everyone = np.arange(P.shape[0])
     for lv in range(1, -5, -1):  # inner products >= lv r^2 / 4 kept, from the largest
         conflict = L < lv
         alive = np.ones(P.shape[0], dtype=bool)
@@ -907,7 +929,7 @@ def _shell_subsets(M: np.ndarray, V: int) -> list[tuple[str, np.ndarray, float]]
         while len(chosen) < V and alive.any():
             i = int(np.flatnonzero(alive)[np.argmin(deg[alive])])
             chosen.append(i)
-            gone = alive & (conflict[i] | (np.arange(P.shape[0]) == i))
+            gone = alive & (conflict[i] | (everyone == i))
             alive &= ~gone
             deg -= conflict[:, gone].sum(axis=1)
         for with_origin in (False, True):
@@ -925,9 +947,9 @@ def _shell_subsets(M: np.ndarray, V: int) -> list[tuple[str, np.ndarray, float]]
                 X = np.vstack([np.zeros((1, X.shape[1])), X])
                 m2 = min(m2, r2)
                 D2 = max(D2, r2)
-            out.append((f"ip>={lv:g}/4" + ("+0" if with_origin else ""), X, math.sqrt(m2 / D2)))
+            out.append((f"ip>={lv:g}/4{tag}" + ("+0" if with_origin else ""), X, math.sqrt(m2 / D2)))
         if len(chosen) >= V:
-            break  # a larger t than this one already fits V points; smaller t only widens D
+            break  # a larger level already fits V points; smaller ones only widen D
     return out
 
 

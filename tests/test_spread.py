@@ -342,12 +342,14 @@ def test_barnes_wall_and_leech_shells_beat_the_sphere_codes(V, d, before):
     r = refgeo.spread(V, d, method="construction")
     assert r.init.startswith("shell(BW16" if d == 16 else "shell(Leech")
     assert r.certified and before < r.ratio <= r.upper_bound
+    if d == 24:
+        assert r.ratio == pytest.approx(math.sqrt(0.4), abs=1e-12)  # inner products >= -1/4
     if V <= 2000:
         assert r.ratio == pytest.approx(_pdist_ratio(r.points), rel=1e-12)
 
 
 @settings(max_examples=15, deadline=None)
-@given(st.sampled_from([5, 6, 7, 8, 12, 16]), st.integers(11, 700))
+@given(st.sampled_from([5, 6, 7, 8, 12, 16, 24]), st.integers(11, 700))
 def test_lattice_candidates_ratio_and_bound(d, V):
     """Every lattice candidate's claimed ratio is its brute-force ratio, and no certified
     ratio exceeds ratio_upper_bound."""
