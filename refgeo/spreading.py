@@ -494,6 +494,7 @@ def _check_memory(V: int, d: int, k: int) -> None:
 _INITS = ("auto", "construction", "random")
 _METHODS = ("auto", "epigraph", "smooth", "construction")
 _SMALL_V = 50
+_SLSQP_SECONDS_PER_VAR3 = 3e-9  # one SLSQP iteration, seconds per (V d)^3, measured
 _FRAC0 = 0.25
 _INNER = 50
 
@@ -538,7 +539,8 @@ def spread(
         (closed form, or certified by the engine for the lattice balls) and the one of
         largest ratio is the start (``result.init`` names it).  Then: the regular
         simplex (:math:`\rho = 1`) is returned; :math:`V \le 50` runs ``"epigraph"``
-        from it; a packing in a ball (a lattice ball or a shell with the origin) is
+        from it (unless one SLSQP iteration, about :math:`3 \cdot 10^{-9} (V d)^3`
+        seconds, would not fit in ``max_time``); a packing in a ball (a lattice ball or a shell with the origin) is
         returned as is (``result.method == "construction"``), because the smooth
         iteration works on the sphere and cannot move it; a construction within 1% of
         the bound, or with :math:`V^2 d > 5 \cdot 10^{10}` (where an O(V^2 d)
@@ -671,7 +673,9 @@ def spread(
     if method == "auto":
         if user_X is None and best_c is not None and best_c.rho >= 1.0:
             method = "construction"
-        elif V <= _SMALL_V:
+        elif V <= _SMALL_V and (max_time is None or _SLSQP_SECONDS_PER_VAR3 * float(V * d) ** 3 <= max_time):
+            # one SLSQP iteration solves a dense least-squares problem in the V d
+            # unknowns and cannot be stopped inside: (45, 40) takes 18 s per iteration
             method = "epigraph"
         elif best_c is not None and not best_c.on_sphere:
             # the best construction is a packing in a ball (a lattice ball, or a shell
