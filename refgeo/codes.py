@@ -482,6 +482,7 @@ class _Candidate:
     build: Callable[[], np.ndarray]
     diameter: float | None = None  # exact D of build() when its distances are known exactly
     on_sphere: bool = True  # False for packings in a ball (the sphere iteration cannot improve them)
+    iterate: bool = True  # False: returned as is by spread(method="auto") (see there)
 
 
 def _kerdock_tagged(q: int, V: int, d: int, tags: bool) -> np.ndarray:
@@ -973,13 +974,13 @@ def _lattice_candidates(V: int, d: int) -> list[_Candidate]:
             b = _best_ball(lat, V)
             if b is not None:
                 X, rho, k = b
-                out.append(_Candidate(f"lattice({name})", rho, lambda X=X: X.copy(), on_sphere=False))
+                out.append(_Candidate(f"lattice({name})", rho, lambda X=X: X.copy(), on_sphere=False, iterate=False))
         if name not in ("Z", "A2") and d >= 5:
             M = lat.minimal()
             if V <= M.shape[0] + 1:
                 for label, X, rho in _shell_subsets(M, V):
                     out.append(_Candidate(f"shell({name},{label})", rho, lambda X=X: X.copy(),
-                                          on_sphere="+0" not in label))
+                                          on_sphere="+0" not in label, iterate=False))
     return out
 
 

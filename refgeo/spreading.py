@@ -540,9 +540,11 @@ def spread(
         largest ratio is the start (``result.init`` names it).  Then: the regular
         simplex (:math:`\rho = 1`) is returned; :math:`V \le 50` runs ``"epigraph"``
         from it (unless one SLSQP iteration, about :math:`3 \cdot 10^{-9} (V d)^3`
-        seconds, would not fit in ``max_time``); a packing in a ball (a lattice ball or a shell with the origin) is
-        returned as is (``result.method == "construction"``), because the smooth
-        iteration works on the sphere and cannot move it; a construction within 1% of
+        seconds, would not fit in ``max_time``); a lattice construction is returned
+        as is (``result.method == "construction"``): the smooth iteration works on
+        the sphere and cannot move a ball packing, and from a shell subset (every
+        point with many neighbors at exactly the closest distance) it found nothing
+        better in the cases measured; a construction within 1% of
         the bound, or with :math:`V^2 d > 5 \cdot 10^{10}` (where an O(V^2 d)
         neighborhood refresh costs more than the local iteration can win back against
         the ties of an algebraic code), is returned as is; otherwise ``"smooth"``
@@ -677,10 +679,12 @@ def spread(
             # one SLSQP iteration solves a dense least-squares problem in the V d
             # unknowns and cannot be stopped inside: (45, 40) takes 18 s per iteration
             method = "epigraph"
-        elif best_c is not None and not best_c.on_sphere:
+        elif best_c is not None and not best_c.iterate:
             # the best construction is a packing in a ball (a lattice ball, or a shell
-            # with the origin): the smooth iteration works on the sphere and cannot
-            # move it; it was chosen over every sphere construction by its ratio
+            # with the origin), which the smooth iteration on the sphere cannot move, or
+            # a lattice shell subset, where every point has many neighbors at exactly
+            # the closest distance: from those the iteration found nothing better at
+            # (300, 16), (700, 24), (2000, 16) or (4096, 24) in 5 to 150 s
             method = "construction"
         elif start_rho is not None and (start_rho >= 0.99 * bound.value or V * V * d > 5e10):
             # Near the bound, or too large for O(V^2 d) neighborhood refreshes to pay off
