@@ -540,7 +540,7 @@ def spread(
         largest ratio is the start (``result.init`` names it).  Then: the regular
         simplex (:math:`\rho = 1`) is returned; :math:`V \le 50` runs ``"epigraph"``
         from it (unless one SLSQP iteration, about :math:`3 \cdot 10^{-9} (V d)^3`
-        seconds, would not fit in ``max_time``); a lattice construction is returned
+        seconds, would take longer than both ``max_time`` and 1 s); a lattice construction is returned
         as is (``result.method == "construction"``): the smooth iteration works on
         the sphere and cannot move a ball packing, and from a shell subset (every
         point with many neighbors at exactly the closest distance) it found nothing
@@ -675,7 +675,7 @@ def spread(
     if method == "auto":
         if user_X is None and best_c is not None and best_c.rho >= 1.0:
             method = "construction"
-        elif V <= _SMALL_V and (max_time is None or _SLSQP_SECONDS_PER_VAR3 * float(V * d) ** 3 <= max_time):
+        elif V <= _SMALL_V and (max_time is None or _SLSQP_SECONDS_PER_VAR3 * float(V * d) ** 3 <= max(max_time, 1.0)):
             # one SLSQP iteration solves a dense least-squares problem in the V d
             # unknowns and cannot be stopped inside: (45, 40) takes 18 s per iteration
             method = "epigraph"
