@@ -958,28 +958,40 @@ _LATTICE_OF_DIM = {1: "Z", 2: "A2", 6: "E6", 7: "E7", 8: "E8", 16: "BW16", 24: "
 
 
 def _lattice_candidates(V: int, d: int) -> list[_Candidate]:
-    """Lattice balls and shell subsets for (V, d), zero-padded when the lattice is
-    smaller than d (the lattices of dimension d and, for d > 3, D_d)."""
+    """Lattice balls and shell subsets for (V, d): the lattice of dimension d (Z, A2,
+    E6, E7, E8, BW16, Leech), D_d for 3 <= d <= 24, and between the special dimensions
+    the largest special lattice below d (E8 for 9 <= d <= 15, BW16 for 17 <= d <= 23,
+    Leech for 25 <= d <= 32), zero-padded to d (distances unchanged)."""
     names = []
     if d in _LATTICE_OF_DIM:
         names.append(_LATTICE_OF_DIM[d])
     if 3 <= d <= 24:
         names.append(f"D{d}")
+    for lo, hi, name in ((9, 15, "E8"), (17, 23, "BW16"), (25, 32, "Leech")):
+        if lo <= d <= hi:
+            names.append(name)
     out = []
     for name in names:
         lat = _lattice(name)
+        n = lat.dim
+        pad = "" if n == d else f"+0^{d - n}"
+
+        def padded(X, n=n):
+            return X.copy() if n == d else embed(X, d=d)
+
         # D_n balls beyond n = 12 hold V <= 20000 points within two shells, where
         # the shell subsets and the sphere codes do better
-        if lat.ball is not None and 2 * d < V <= _LATTICE_MAX_V and (d <= 12 or name != f"D{d}"):
+        if lat.ball is not None and 2 * d < V <= _LATTICE_MAX_V and (n <= 12 or name != f"D{n}"):
             b = _best_ball(lat, V)
             if b is not None:
                 X, rho, k = b
-                out.append(_Candidate(f"lattice({name})", rho, lambda X=X: X.copy(), on_sphere=False, iterate=False))
-        if name not in ("Z", "A2") and d >= 5:
+                out.append(_Candidate(f"lattice({name}{pad})", rho, lambda X=X, f=padded: f(X),
+                                      on_sphere=False, iterate=False))
+        if name not in ("Z", "A2") and n >= 5:
             M = lat.minimal()
             if V <= M.shape[0] + 1:
                 for label, X, rho in _shell_subsets(M, V):
-                    out.append(_Candidate(f"shell({name},{label})", rho, lambda X=X: X.copy(),
+                    out.append(_Candidate(f"shell({name}{pad},{label})", rho, lambda X=X, f=padded: f(X),
                                           on_sphere="+0" not in label, iterate=False))
     return out
 

@@ -602,7 +602,10 @@ def spread(
     at :math:`(20000, 8)`; and subsets of the minimal vectors of :math:`D_n`,
     :math:`E_6, E_7, E_8`, :math:`\Lambda_{16}` and :math:`\Lambda_{24}` whose inner
     products stay above a level (the 240 roots of :math:`E_8`: :math:`\rho = 1/2`;
-    :math:`\sqrt{1/3}` at :math:`(2000, 16)`, :math:`\sqrt{0.4}` at :math:`(4096, 24)`).
+    :math:`\sqrt{1/3}` at :math:`(2000, 16)`, :math:`\sqrt{0.4}` at :math:`(4096, 24)`);
+    between the special dimensions the largest special lattice below d, zero-padded
+    (:math:`E_8` up to d = 15, :math:`\Lambda_{16}` up to 23, :math:`\Lambda_{24}`
+    up to 32).
 
     Cost: the epigraph method is :math:`O(V^2 \cdot V d)` per SLSQP iteration; the
     smoothed iteration costs :math:`O(V k d)` per step and :math:`O(V^2 d)` per
