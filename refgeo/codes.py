@@ -253,15 +253,6 @@ def _gf_mul(a: np.ndarray, b: np.ndarray, m: int, poly: int) -> np.ndarray:
     return r
 
 
-def _parity(a: np.ndarray) -> np.ndarray:
-    a = np.asarray(a, dtype=np.int64).copy()
-    p = np.zeros_like(a)
-    while np.any(a):
-        p ^= a & 1
-        a >>= 1
-    return p
-
-
 class _Field:
     """GF(2^m) = F_2[x]/(poly) with the powers of x and the trace, for odd m."""
 

@@ -10,8 +10,6 @@ import re
 
 import numpy as np
 import pytest
-from hypothesis import given, settings
-from hypothesis import strategies as st
 from scipy.spatial.distance import pdist
 
 import refgeo
