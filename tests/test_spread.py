@@ -1,11 +1,15 @@
-"""Max-min spreading (SPEC §4): constructions (exact spectra, counts, closed-form rho),
-the solver (known optima, bounds, certificates) and the gradient-coupled step."""
+"""The max-min spreading solver (docs/theory/spreading.md): known optima, bounds,
+certificates, memory and interrupts, and the gradient-coupled step."""
 
 from __future__ import annotations
 
-import itertools
 import math
 import re
+import signal
+import subprocess
+import sys
+import textwrap
+import time
 
 import numpy as np
 import pytest
@@ -13,7 +17,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import refgeo
-from refgeo.spread import _candidates, _fwht, _kerdock_forms
+from refgeo.codes import _candidates
 
 
 def _sq_dists(X):
@@ -25,194 +29,6 @@ def _sq_dists(X):
 def _rho(X) -> float:
     e = _sq_dists(X)
     return math.sqrt(e.min() / e.max())
-
-
-def _rank_gf2(M) -> int:
-    """Rank over F_2 by Gaussian elimination (independent of refgeo)."""
-    M = np.array(M, dtype=np.int64) % 2
-    r = 0
-    for c in range(M.shape[1]):
-        piv = [i for i in range(r, M.shape[0]) if M[i, c]]
-        if not piv:
-            continue
-        M[[r, piv[0]]] = M[[piv[0], r]]
-        for i in range(M.shape[0]):
-            if i != r and M[i, c]:
-                M[i] ^= M[r]
-        r += 1
-    return r
-
-
-def _sylvester(d):
-    H = np.array([[1.0]])
-    while H.shape[0] < d:
-        H = np.block([[H, H], [H, -H]])
-    return H
-
-
-# =========================================================================== constructions
-
-
-@pytest.mark.parametrize("d", [1, 2, 5, 9])
-def test_regular_simplex(d):
-    for V in range(2, d + 2):
-        X = refgeo.regular_simplex(V, d)
-        assert X.shape == (V, d)
-        G = X @ X.T
-        np.testing.assert_allclose(G, np.where(np.eye(V, dtype=bool), 1.0, -1.0 / (V - 1)), atol=1e-14)
-        np.testing.assert_allclose(X.sum(0), 0.0, atol=1e-14)
-        assert _rho(X) == pytest.approx(1.0, abs=1e-14)
-
-
-@pytest.mark.parametrize("d", range(1, 10))
-def test_orthogonal_simplices(d):
-    X = refgeo.orthogonal_simplices(d)
-    a, b = d // 2, d - d // 2
-    assert X.shape == (d + 2, d)
-    assert _rho(X) ** 2 == pytest.approx(0.5 * (a / (a + 1) + b / (b + 1)), abs=1e-13)
-    assert np.linalg.norm(X, axis=1).max() == pytest.approx(1.0)
-    if d % 2 == 0:
-        assert _rho(X) ** 2 == pytest.approx(d / (d + 2), abs=1e-13)
-        assert _rho(X) == pytest.approx(refgeo.welch_bound(d + 2, d), abs=1e-12)
-
-
-@pytest.mark.parametrize("d", [2, 3, 7])
-def test_cross_polytope(d):
-    X = refgeo.cross_polytope(d)
-    assert X.shape == (2 * d, d)
-    G = X @ X.T
-    off = G[~np.eye(2 * d, dtype=bool)]
-    assert set(np.unique(off).tolist()) == {-1.0, 0.0}
-    assert _rho(X) == pytest.approx(math.sqrt(0.5), abs=1e-15)
-
-
-def test_embed():
-    X = refgeo.kerdock_code(4)
-    Y = refgeo.embed(X, d=9)
-    assert Y.shape == (12, 9) and not Y[:, 4:].any()
-    np.testing.assert_array_equal(_sq_dists(Y), _sq_dists(X))
-    with pytest.raises(ValueError, match=re.escape("d == 3, must be >= 4.")):
-        refgeo.embed(X, d=3)
-
-
-# --------------------------------------------------------------------------- Kerdock
-
-
-@pytest.mark.parametrize("d", [4, 16, 64])
-def test_kerdock_spectrum_counts_and_rho(d):
-    X = refgeo.kerdock_code(d)
-    nb = d // 2 + 1
-    assert X.shape == (d * nb, d)
-    s = 1 / math.sqrt(d)
-    assert set(np.unique(np.abs(X)).tolist()) <= {0.0, s, 1.0}
-    G = X @ X.T
-    blocks = G.reshape(nb, d, nb, d).transpose(0, 2, 1, 3)  # blocks[b, c] = basis b vs basis c
-    same = np.eye(nb, dtype=bool)
-    assert (blocks[same] == np.eye(d)).all()  # orthonormal within (exactly)
-    assert (np.abs(blocks[~same]) == s).all()  # unbiased across (exactly)
-    # never both v and -v, and the closed form of rho (unit rows: |x - y|^2 = 2 - 2<x, y>)
-    off = G[~np.eye(G.shape[0], dtype=bool)]
-    assert np.abs(off).max() < 1.0
-    assert (2 - 2 * off.max()) / (2 - 2 * off.min()) == pytest.approx((math.sqrt(d) - 1) / (math.sqrt(d) + 1), abs=1e-14)
-
-
-@pytest.mark.slow
-def test_kerdock_256_all_pairs_of_bases():
-    d = 256
-    X = refgeo.kerdock_code(d)
-    for b in range(d // 2 + 1):
-        blk = X[b * d : (b + 1) * d] @ X.T
-        blk[:, b * d : (b + 1) * d] -= np.eye(d)
-        assert set(np.unique(np.abs(blk)).tolist()) == {0.0, 1 / 16}
-
-
-def test_kerdock_256_sampled_bases():
-    d = 256
-    X = refgeo.kerdock_code(d, 20 * d)
-    G = X[::d // 4] @ X.T  # 4 rows of each basis against everything
-    own = np.repeat(np.arange(20), d)
-    for r, row in enumerate(G):
-        b = (r * (d // 4)) // d
-        other = own != b
-        assert set(np.unique(np.abs(row[other])).tolist()) == {1 / 16}
-
-
-def test_kerdock_prefix_and_V():
-    X = refgeo.kerdock_code(16)
-    for V in (1, 5, 16, 17, 100, 144):
-        np.testing.assert_array_equal(refgeo.kerdock_code(16, V), X[:V])
-
-
-@pytest.mark.parametrize("n", [2, 4, 6, 8])
-def test_kerdock_forms_differences_are_nonsingular(n):
-    """The Kerdock-set property, checked over F_2 independently of the inner products."""
-    B = _kerdock_forms(n, np.arange(2 ** (n - 1)))
-    assert not B[:, np.arange(n), np.arange(n)].any()  # alternating
-    assert (B == np.transpose(B, (0, 2, 1))).all()
-    for u, v in itertools.combinations(range(B.shape[0]), 2):
-        assert _rank_gf2(B[u] ^ B[v]) == n
-
-
-def test_fwht_is_sylvester_hadamard():
-    for d in (1, 2, 8, 32):
-        np.testing.assert_array_equal(_fwht(np.eye(d)), _sylvester(d))
-
-
-# --------------------------------------------------------------------------- Delsarte-Goethals
-
-
-def test_delsarte_goethals_16():
-    X = refgeo.delsarte_goethals_code(16)
-    assert X.shape == (16 + 16 * 64, 16)
-    np.testing.assert_array_equal(X[: 16 * 9], refgeo.kerdock_code(16))
-    G = np.abs(X @ X.T - np.eye(X.shape[0]))
-    assert set(np.unique(G).tolist()) == {0.0, 0.25, 0.5}
-    assert _rho(X) ** 2 == pytest.approx((4 - 2) / (4 + 2), abs=1e-14)
-
-
-@pytest.mark.parametrize("n", [4, 6])
-def test_delsarte_goethals_forms_rank(n):
-    h = 2 ** (n - 1)
-    w, u = np.divmod(np.arange(h * h), h)
-    B = _kerdock_forms(n, u, w)
-    rng = np.random.default_rng(0)
-    pairs = list(itertools.combinations(range(B.shape[0]), 2))
-    if len(pairs) > 3000:
-        pairs = [pairs[i] for i in rng.choice(len(pairs), 3000, replace=False)]
-    assert min(_rank_gf2(B[a] ^ B[b]) for a, b in pairs) >= n - 2
-
-
-def test_delsarte_goethals_64_sampled():
-    assert refgeo.delsarte_goethals_code(64, 7).shape == (7, 64)
-    X = refgeo.delsarte_goethals_code(64, 16000)
-    G = np.abs(X[::101] @ X.T)
-    G[np.arange(G.shape[0]), np.arange(0, X.shape[0], 101)] = 0.0
-    assert set(np.unique(G).tolist()) <= {0.0, 0.125, 0.25}
-
-
-# --------------------------------------------------------------------------- candidates
-
-
-@pytest.mark.parametrize(
-    "V, d",
-    [(3, 2), (5, 3), (6, 4), (7, 5), (8, 4), (10, 8), (20, 16), (100, 20), (150, 40), (300, 32), (200, 40), (40, 16),
-     (100, 24), (130, 34)],
-)
-def test_candidates_closed_form_rho(V, d):
-    """Every construction the solver may start from has the ratio it claims."""
-    for c in _candidates(V, d):
-        X = c.build()
-        assert X.shape == (V, d), c.name
-        assert _rho(X) == pytest.approx(c.rho, abs=1e-12), c.name
-        assert c.rho <= refgeo.ratio_upper_bound(V, d).value
-        if c.diameter is not None:  # closed-form diameter, used by the algebraic certificate
-            assert math.sqrt(_sq_dists(X).max()) == pytest.approx(c.diameter, rel=1e-15), c.name
-
-
-def test_tagged_kerdock_beats_plain():
-    names = {c.name: c.rho for c in _candidates(32768, 512)}
-    assert names["kerdock(256)x1+tags"] == pytest.approx(math.sqrt(16 / 18))
-    assert names["kerdock(256)x1"] == pytest.approx(math.sqrt(15 / 17))
 
 
 # =========================================================================== solver
@@ -256,8 +72,10 @@ def test_result_invariants():
     assert r.ratio == pytest.approx(r.min_dist / r.diameter)
     i, j = r.min_pair
     assert np.linalg.norm(X[i] - X[j]) == pytest.approx(r.min_dist, rel=1e-14)
-    assert r.upper_bound == refgeo.ratio_upper_bound(9, 3).value
-    assert r.gap == pytest.approx(r.upper_bound - r.ratio)
+    # the certified ratio against an independent brute-force recomputation and the bound
+    assert r.ratio == pytest.approx(_rho(X), rel=1e-13)
+    assert _rho(X) <= refgeo.ratio_upper_bound(9, 3).value
+    assert r.gap == pytest.approx(refgeo.ratio_upper_bound(9, 3).value - _rho(X), abs=1e-13) and r.gap >= 0.0
     assert r.history and all(h2[1] >= h1[1] for h1, h2 in zip(r.history, r.history[1:]))
     with pytest.raises(AttributeError):
         r.ratio = 1.0
@@ -285,13 +103,24 @@ def test_construction_large_algebraic_certificate():
     assert e.min() >= r.min_dist * (1 - 1e-14) and e.max() <= r.diameter * (1 + 1e-14)
 
 
-def test_acceptance_4096_256_engine():
-    r = refgeo.spread(4096, 256)
-    # Without the compiled engine (REFGEO_BACKEND=reference) an unmodified construction
-    # this large is certified from its closed-form distances instead (documented).
-    want = "algebraic" if refgeo.get_backend() == "reference" else "engine"
-    assert r.certificate == want and r.ratio >= 0.939
-    assert r.ratio == pytest.approx(math.sqrt(15 / 17), abs=1e-12)
+_HAS_EXTENSION = refgeo._backend.available_backends()["cython"][0]
+
+
+@pytest.mark.parametrize("backend", ["cython", "reference"])
+def test_acceptance_4096_256(backend):
+    """With the compiled engine the 4096 x 256 construction is certified by the engine;
+    on the reference backend an unmodified construction this large is certified from its
+    closed-form distances instead (documented)."""
+    if backend == "cython" and not _HAS_EXTENSION:
+        pytest.skip("refgeo_ext is not compiled in this installation")
+    with refgeo.use_backend(backend):
+        r = refgeo.spread(4096, 256)
+    assert r.certificate == ("engine" if backend == "cython" else "algebraic")
+    assert r.ratio >= 0.939 and r.ratio == pytest.approx(math.sqrt(15 / 17), abs=1e-12)
+    X = np.asarray(r.points)[[0, 1, 255, 256, 300, 4095]]  # independent spot check
+    e = np.sqrt(_sq_dists(X))
+    assert e.min() >= r.min_dist * (1 - 1e-14) and e.max() <= r.diameter * (1 + 1e-14)
+    assert r.ratio <= refgeo.ratio_upper_bound(4096, 256).value
 
 
 def test_construction_engine_certificate_matches_closed_form():
@@ -370,13 +199,13 @@ def test_construction_errors(call, exc, msg):
 # =========================================================================== spread_update
 
 
-def _centred(rng, V, d):
+def _centered(rng, V, d):
     G = rng.standard_normal((V, d))
     return G - G.mean(0)
 
 
 def test_spread_update_trade_off():
-    G = _centred(np.random.default_rng(0), 24, 4)
+    G = _centered(np.random.default_rng(0), 24, 4)
     st_ = refgeo.spread_update(G, eta=1.5, eps=0.1, seed=0, n_points=5, n_starts=2)
     S = st_.update
     assert not S.flags.writeable
@@ -401,13 +230,13 @@ def test_spread_update_trade_off():
 
 
 def test_spread_update_eps_monotone():
-    G = _centred(np.random.default_rng(1), 20, 3)
+    G = _centered(np.random.default_rng(1), 20, 3)
     m = [refgeo.spread_update(G, eps=e, seed=0, n_points=5, n_starts=1).min_dist for e in (0.0, 0.2, 1.0)]
     assert m[0] <= m[1] <= m[2]
 
 
 def test_spread_update_errors():
-    G = _centred(np.random.default_rng(0), 5, 2)
+    G = _centered(np.random.default_rng(0), 5, 2)
     with pytest.raises(ValueError, match=re.escape("eps == 1.5, must be <= 1.")):
         refgeo.spread_update(G, eps=1.5)
     with pytest.raises(ValueError, match=re.escape("n_points == 1, must be >= 2.")):
@@ -460,7 +289,7 @@ def test_small_dimensions_use_lattice_balls(V, d):
 @pytest.mark.parametrize("V, d", [(45, 40), (30, 20), (12, 8), (11, 8)])
 def test_orthogonal_simplex_blocks_closed_form(V, d):
     """V - d regular simplices in orthogonal blocks: the closed-form ratio is the measured
-    one, and spread reaches it (review: (45, 40) returned 0.8165 against 0.9428)."""
+    one, and spread reaches it ((45, 40) once returned 0.8165 against 0.9428)."""
     from scipy.spatial.distance import pdist
 
     (c,) = [c for c in _candidates(V, d) if c.name.startswith("orthogonal_simplices(")]
@@ -476,3 +305,93 @@ def test_spread_update_names_lmo_rtol():
         refgeo.spread_update(G, lmo_rtol=0.0)
     with pytest.raises(ValueError, match=re.escape("lmo_rtol must be in (0, 1), got 1.0 instead.")):
         refgeo.spread_update(G, lmo_rtol=1.0)
+
+
+# =========================================================================== lattices and shells
+
+
+def _pdist_ratio(X) -> float:
+    from scipy.spatial.distance import pdist
+
+    dd = pdist(np.asarray(X, dtype=np.float64))
+    return float(dd.min() / dd.max())
+
+
+def test_e8_roots_are_exactly_one_half():
+    r = refgeo.spread(240, 8)
+    assert abs(r.ratio - 0.5) <= 1e-12 and r.certified
+    assert _pdist_ratio(r.points) == pytest.approx(0.5, abs=1e-12)
+    assert r.ratio <= r.upper_bound
+
+
+@pytest.mark.parametrize("V, target", [(5000, 0.28), pytest.param(20000, 0.23, marks=pytest.mark.slow)])
+def test_e8_balls_reach_the_targets(V, target):
+    r = refgeo.spread(V, 8, method="construction")
+    assert r.init == "lattice(E8)" and r.certificate == "engine"
+    assert target <= r.ratio <= r.upper_bound
+
+
+def test_e8_ball_ratio_by_brute_force():
+    r = refgeo.spread(1500, 8, method="construction")
+    assert r.ratio == pytest.approx(_pdist_ratio(r.points), rel=1e-12)
+    assert 0.28 < r.ratio <= r.upper_bound
+
+
+@pytest.mark.parametrize("V, d, before", [(2000, 16, 0.4837), (4096, 24, 0.5304)])
+def test_barnes_wall_and_leech_shells_beat_the_sphere_codes(V, d, before):
+    r = refgeo.spread(V, d, method="construction")
+    assert r.init.startswith("shell(BW16" if d == 16 else "shell(Leech")
+    assert r.certified and before < r.ratio <= r.upper_bound
+    if d == 24:
+        assert r.ratio == pytest.approx(math.sqrt(0.4), abs=1e-12)  # inner products >= -1/4
+    if V <= 2000:
+        assert r.ratio == pytest.approx(_pdist_ratio(r.points), rel=1e-12)
+
+
+@settings(max_examples=10, deadline=None)
+@given(st.sampled_from([5, 6, 7, 8, 10, 12, 16, 20, 24, 28]), st.integers(11, 700))
+def test_lattice_candidates_ratio_and_bound(d, V):
+    """Every lattice candidate's claimed ratio is its brute-force ratio, and no certified
+    ratio exceeds ratio_upper_bound."""
+    for c in _candidates(V, d):
+        if not (c.name.startswith("lattice") or c.name.startswith("shell")):
+            continue
+        X = c.build()
+        assert X.shape == (V, d), c.name
+        assert _pdist_ratio(X) == pytest.approx(c.rho, rel=1e-12), c.name
+        assert c.rho <= refgeo.ratio_upper_bound(V, d).value, c.name
+    r = refgeo.spread(V, d, method="construction")  # the best of them, certified
+    assert r.certified and r.ratio <= r.upper_bound
+    assert r.ratio == pytest.approx(_pdist_ratio(r.points), rel=1e-12)
+
+
+# =========================================================================== memory and interrupts
+
+
+def test_memory_estimate_before_work():
+    t0 = time.perf_counter()
+    with pytest.raises(MemoryError, match=r"spread\(1000000000000, 3\) needs about .* GiB for the points .* reduce V or d"):
+        refgeo.spread(10**12, 3)
+    assert time.perf_counter() - t0 < 5.0
+
+
+def test_ctrl_c_stops_the_smooth_iteration():
+    code = textwrap.dedent("""
+        import sys, refgeo
+        print("started", flush=True)
+        refgeo.spread(20000, 32, init="random", method="smooth", seed=0, max_rounds=10**6, certify=False)
+        print("returned", flush=True)
+    """)
+    p = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    assert p.stdout.readline().strip() == "started"
+    time.sleep(1.5)
+    p.send_signal(signal.SIGINT)
+    t0 = time.perf_counter()
+    try:
+        out, err = p.communicate(timeout=10)
+    except subprocess.TimeoutExpired:  # pragma: no cover - the failure being tested
+        p.kill()
+        raise
+    assert time.perf_counter() - t0 < 3.0
+    assert p.returncode != 0 and "returned" not in out
+    assert "KeyboardInterrupt" in err

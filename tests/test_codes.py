@@ -1,0 +1,310 @@
+"""Constructions of refgeo.codes (docs/theory/spreading.md): exact spectra, counts and
+closed-form ratios of the simplices, Kerdock and Delsarte-Goethals codes, and the lattice
+balls and shells, each checked by brute force independently of the construction."""
+
+from __future__ import annotations
+
+import itertools
+import math
+import re
+
+import numpy as np
+import pytest
+from scipy.spatial.distance import pdist
+
+import refgeo
+from refgeo.codes import _candidates, _fwht, _golay, _kerdock_forms, _rm14
+
+
+def _sq_dists(X):
+    X = np.asarray(X, dtype=np.float64)
+    i, j = np.triu_indices(X.shape[0], 1)
+    return ((X[i] - X[j]) ** 2).sum(1)
+
+
+def _rho(X) -> float:
+    e = _sq_dists(X)
+    return math.sqrt(e.min() / e.max())
+
+
+def _rank_gf2(M) -> int:
+    """Rank over F_2 by Gaussian elimination (independent of refgeo)."""
+    M = np.array(M, dtype=np.int64) % 2
+    r = 0
+    for c in range(M.shape[1]):
+        piv = [i for i in range(r, M.shape[0]) if M[i, c]]
+        if not piv:
+            continue
+        M[[r, piv[0]]] = M[[piv[0], r]]
+        for i in range(M.shape[0]):
+            if i != r and M[i, c]:
+                M[i] ^= M[r]
+        r += 1
+    return r
+
+
+def _sylvester(d):
+    H = np.array([[1.0]])
+    while H.shape[0] < d:
+        H = np.block([[H, H], [H, -H]])
+    return H
+
+
+# =========================================================================== constructions
+
+
+@pytest.mark.parametrize("d", [1, 2, 5, 9])
+def test_regular_simplex(d):
+    for V in range(2, d + 2):
+        X = refgeo.regular_simplex(V, d)
+        assert X.shape == (V, d)
+        G = X @ X.T
+        np.testing.assert_allclose(G, np.where(np.eye(V, dtype=bool), 1.0, -1.0 / (V - 1)), atol=1e-14)
+        np.testing.assert_allclose(X.sum(0), 0.0, atol=1e-14)
+        assert _rho(X) == pytest.approx(1.0, abs=1e-14)
+
+
+@pytest.mark.parametrize("d", range(1, 10))
+def test_orthogonal_simplices(d):
+    X = refgeo.orthogonal_simplices(d)
+    a, b = d // 2, d - d // 2
+    assert X.shape == (d + 2, d)
+    assert _rho(X) ** 2 == pytest.approx(0.5 * (a / (a + 1) + b / (b + 1)), abs=1e-13)
+    assert np.linalg.norm(X, axis=1).max() == pytest.approx(1.0)
+    if d % 2 == 0:
+        assert _rho(X) ** 2 == pytest.approx(d / (d + 2), abs=1e-13)
+        assert _rho(X) == pytest.approx(refgeo.welch_bound(d + 2, d), abs=1e-12)
+
+
+@pytest.mark.parametrize("d", [2, 3, 7])
+def test_cross_polytope(d):
+    X = refgeo.cross_polytope(d)
+    assert X.shape == (2 * d, d)
+    G = X @ X.T
+    off = G[~np.eye(2 * d, dtype=bool)]
+    assert set(np.unique(off).tolist()) == {-1.0, 0.0}
+    assert _rho(X) == pytest.approx(math.sqrt(0.5), abs=1e-15)
+
+
+def test_embed():
+    X = refgeo.kerdock_code(4)
+    Y = refgeo.embed(X, d=9)
+    assert Y.shape == (12, 9) and not Y[:, 4:].any()
+    np.testing.assert_array_equal(_sq_dists(Y), _sq_dists(X))
+    with pytest.raises(ValueError, match=re.escape("d == 3, must be >= 4.")):
+        refgeo.embed(X, d=3)
+
+
+# --------------------------------------------------------------------------- Kerdock
+
+
+@pytest.mark.parametrize("d", [4, 16, 64])
+def test_kerdock_spectrum_counts_and_rho(d):
+    X = refgeo.kerdock_code(d)
+    nb = d // 2 + 1
+    assert X.shape == (d * nb, d)
+    s = 1 / math.sqrt(d)
+    assert set(np.unique(np.abs(X)).tolist()) <= {0.0, s, 1.0}
+    G = X @ X.T
+    blocks = G.reshape(nb, d, nb, d).transpose(0, 2, 1, 3)  # blocks[b, c] = basis b vs basis c
+    same = np.eye(nb, dtype=bool)
+    assert (blocks[same] == np.eye(d)).all()  # orthonormal within (exactly)
+    assert (np.abs(blocks[~same]) == s).all()  # unbiased across (exactly)
+    # never both v and -v, and the closed form of rho (unit rows: |x - y|^2 = 2 - 2<x, y>)
+    off = G[~np.eye(G.shape[0], dtype=bool)]
+    assert np.abs(off).max() < 1.0
+    assert (2 - 2 * off.max()) / (2 - 2 * off.min()) == pytest.approx((math.sqrt(d) - 1) / (math.sqrt(d) + 1), abs=1e-14)
+
+
+@pytest.mark.slow
+def test_kerdock_256_all_pairs_of_bases():
+    d = 256
+    X = refgeo.kerdock_code(d)
+    for b in range(d // 2 + 1):
+        blk = X[b * d : (b + 1) * d] @ X.T
+        blk[:, b * d : (b + 1) * d] -= np.eye(d)
+        assert set(np.unique(np.abs(blk)).tolist()) == {0.0, 1 / 16}
+
+
+def test_kerdock_256_sampled_bases():
+    d = 256
+    X = refgeo.kerdock_code(d, 20 * d)
+    G = X[::d // 4] @ X.T  # 4 rows of each basis against everything
+    own = np.repeat(np.arange(20), d)
+    for r, row in enumerate(G):
+        b = (r * (d // 4)) // d
+        other = own != b
+        assert set(np.unique(np.abs(row[other])).tolist()) == {1 / 16}
+
+
+def test_kerdock_prefix_and_V():
+    X = refgeo.kerdock_code(16)
+    for V in (1, 5, 16, 17, 100, 144):
+        np.testing.assert_array_equal(refgeo.kerdock_code(16, V), X[:V])
+
+
+@pytest.mark.parametrize("n", [2, 4, 6, 8])
+def test_kerdock_forms_differences_are_nonsingular(n):
+    """The Kerdock-set property, checked over F_2 independently of the inner products."""
+    B = _kerdock_forms(n, np.arange(2 ** (n - 1)))
+    assert not B[:, np.arange(n), np.arange(n)].any()  # alternating
+    assert (B == np.transpose(B, (0, 2, 1))).all()
+    for u, v in itertools.combinations(range(B.shape[0]), 2):
+        assert _rank_gf2(B[u] ^ B[v]) == n
+
+
+def test_fwht_is_sylvester_hadamard():
+    for d in (1, 2, 8, 32):
+        np.testing.assert_array_equal(_fwht(np.eye(d)), _sylvester(d))
+
+
+# --------------------------------------------------------------------------- Delsarte-Goethals
+
+
+def test_delsarte_goethals_16():
+    X = refgeo.delsarte_goethals_code(16)
+    assert X.shape == (16 + 16 * 64, 16)
+    np.testing.assert_array_equal(X[: 16 * 9], refgeo.kerdock_code(16))
+    G = np.abs(X @ X.T - np.eye(X.shape[0]))
+    assert set(np.unique(G).tolist()) == {0.0, 0.25, 0.5}
+    assert _rho(X) ** 2 == pytest.approx((4 - 2) / (4 + 2), abs=1e-14)
+
+
+@pytest.mark.parametrize("n", [4, 6])
+def test_delsarte_goethals_forms_rank(n):
+    h = 2 ** (n - 1)
+    w, u = np.divmod(np.arange(h * h), h)
+    B = _kerdock_forms(n, u, w)
+    rng = np.random.default_rng(0)
+    pairs = list(itertools.combinations(range(B.shape[0]), 2))
+    if len(pairs) > 3000:
+        pairs = [pairs[i] for i in rng.choice(len(pairs), 3000, replace=False)]
+    assert min(_rank_gf2(B[a] ^ B[b]) for a, b in pairs) >= n - 2
+
+
+def test_delsarte_goethals_64_sampled():
+    assert refgeo.delsarte_goethals_code(64, 7).shape == (7, 64)
+    X = refgeo.delsarte_goethals_code(64, 16000)
+    G = np.abs(X[::101] @ X.T)
+    G[np.arange(G.shape[0]), np.arange(0, X.shape[0], 101)] = 0.0
+    assert set(np.unique(G).tolist()) <= {0.0, 0.125, 0.25}
+
+
+# --------------------------------------------------------------------------- candidates
+
+
+@pytest.mark.parametrize(
+    "V, d",
+    [(3, 2), (5, 3), (6, 4), (7, 5), (8, 4), (10, 8), (20, 16), (100, 20), (150, 40), (300, 32), (200, 40), (40, 16),
+     (100, 24), (130, 34)],
+)
+def test_candidates_closed_form_rho(V, d):
+    """Every construction the solver may start from has the ratio it claims."""
+    for c in _candidates(V, d):
+        X = c.build()
+        assert X.shape == (V, d), c.name
+        assert _rho(X) == pytest.approx(c.rho, abs=1e-12), c.name
+        assert c.rho <= refgeo.ratio_upper_bound(V, d).value
+        if c.diameter is not None:  # closed-form diameter, used by the algebraic certificate
+            assert math.sqrt(_sq_dists(X).max()) == pytest.approx(c.diameter, rel=1e-15), c.name
+
+
+def test_tagged_kerdock_beats_plain():
+    names = {c.name: c.rho for c in _candidates(32768, 512)}
+    assert names["kerdock(256)x1+tags"] == pytest.approx(math.sqrt(16 / 18))
+    assert names["kerdock(256)x1"] == pytest.approx(math.sqrt(15 / 17))
+
+
+# --------------------------------------------------------------------------- lattices
+
+
+KISSING = {"D5": 40, "D12": 264, "E6": 72, "E7": 126, "E8": 240, "BW16": 4320}
+
+
+@pytest.mark.parametrize("name", sorted(KISSING))
+def test_minimal_vectors_counts_norms_and_levels(name):
+    """Kissing numbers, one norm, and inner products on the levels {0, +-1/4, +-1/2, +-1}
+    times the norm, with the closest pair at exactly the lattice minimum."""
+    X = refgeo.minimal_vectors(name)
+    n2 = np.einsum("ij,ij->i", X, X)
+    assert X.shape[0] == KISSING[name] and np.unique(np.round(X, 12), axis=0).shape[0] == X.shape[0]
+    np.testing.assert_allclose(n2, n2[0], rtol=1e-14)
+    G = 4.0 * (X @ X.T) / n2[0]
+    assert np.all(np.abs(G - np.round(G)) < 1e-9)
+    off = np.round(G[~np.eye(X.shape[0], dtype=bool)])
+    assert off.max() == 2.0 and off.min() == -4.0  # closest pair at distance^2 = norm; antipodal
+    if name in ("BW16",):
+        assert set(np.unique(off).tolist()) == {-4.0, -2.0, -1.0, 0.0, 1.0, 2.0}
+
+
+def test_leech_minimal_vectors():
+    X = refgeo.minimal_vectors("Leech")
+    assert X.shape == (196560, 24)
+    Y = X * math.sqrt(8.0)
+    assert np.array_equal(Y, np.round(Y)) and np.all(np.einsum("ij,ij->i", Y, Y) == 32.0)
+    assert np.unique(Y, axis=0).shape[0] == 196560
+    # inner products of a sample against all: levels of 8 (norm-32 units), at most 16 apart
+    # from the vector itself, i.e. no two minimal vectors are closer than the minimum
+    G = Y[::997] @ Y.T
+    assert set(np.unique(G).tolist()) == {-32.0, -16.0, -8.0, 0.0, 8.0, 16.0, 32.0}
+
+
+def test_golay_and_reed_muller_weights():
+    C = _golay()
+    w, n = np.unique(C.sum(axis=1), return_counts=True)
+    assert w.tolist() == [0, 8, 12, 16, 24] and n.tolist() == [1, 759, 2576, 759, 1]
+    assert np.unique(C, axis=0).shape[0] == 4096 and np.all((C[1:50] ^ C[50:99]) @ np.ones(24) % 4 == 0)
+    R = _rm14()
+    w, n = np.unique(R.sum(axis=1), return_counts=True)
+    assert w.tolist() == [0, 8, 16] and n.tolist() == [1, 30, 1]
+
+
+def test_lattice_ball_follows_the_e8_theta_series():
+    """Around the origin the shells of E8 hold 1, 240, 2160, 6720 points (the theta
+    series of E8, 1 + 240 sum sigma_3(n) q^n)."""
+    X = refgeo.lattice_ball(1 + 240 + 2160 + 6720, "E8")
+    n2, counts = np.unique(np.round(np.einsum("ij,ij->i", X, X), 9), return_counts=True)
+    assert n2.tolist() == [0.0, 2.0, 4.0, 6.0] and counts.tolist() == [1, 240, 2160, 6720]
+    assert np.unique(X, axis=0).shape[0] == X.shape[0]
+
+
+@pytest.mark.parametrize("center", [None, [0.1, -0.05, 0.02, 0.0, 0.07, -0.1, 0.03, 0.01]])
+def test_lattice_ball_matches_a_box_enumeration(center):
+    """The 30 nearest points against E8 in a box by brute force (integer points in
+    [-2, 2]^8, half-integer ones in [-1.5, 1.5]^8, even coordinate sum)."""
+    X = refgeo.lattice_ball(30, "E8", center=center)
+    c = np.zeros(8) if center is None else np.asarray(center, dtype=float)
+    ints = np.stack(np.meshgrid(*[np.arange(-2.0, 3.0)] * 8, indexing="ij"), -1).reshape(-1, 8)
+    halves = np.stack(np.meshgrid(*[np.arange(-1.5, 2.0)] * 8, indexing="ij"), -1).reshape(-1, 8)
+    B = np.vstack([ints, halves])
+    B = B[np.round(B.sum(axis=1)) % 2 == 0]
+    rb = np.sort(np.linalg.norm(B - c, axis=1))
+    rx = np.linalg.norm(X - c, axis=1)
+    assert rx.max() < 2.2  # a point outside the box is at distance >= 2.4 from c
+    np.testing.assert_allclose(rx, rb[:30], rtol=1e-12)
+    assert np.unique(X, axis=0).shape[0] == 30
+    assert all(np.any(np.all(B == x, axis=1)) for x in X)
+
+
+@pytest.mark.parametrize("name, d", [("D5", 5), ("E6", 6), ("E7", 7), ("A2", 2), ("Z", 1)])
+def test_lattice_ball_radii_are_sorted_and_min_distance_is_the_minimum(name, d):
+    X = refgeo.lattice_ball(400, name)
+    assert X.shape == (400, d)
+    dd = pdist(X)
+    lam = {"Z": 1.0, "A2": 1.0}.get(name, math.sqrt(2.0))
+    assert dd.min() == pytest.approx(lam, rel=1e-12)
+    r = np.linalg.norm(X, axis=1)
+    assert np.all(np.diff(r) >= -1e-12)
+
+
+def test_lattice_errors():
+    with pytest.raises(ValueError, match=re.escape("lattice must be one of")):
+        refgeo.minimal_vectors("E9")
+    with pytest.raises(ValueError, match=re.escape("lattice 'D<n>' needs an integer n >= 3, got 'D2' instead.")):
+        refgeo.minimal_vectors("D2")
+    with pytest.raises(TypeError, match=re.escape("lattice must be a str, got int instead.")):
+        refgeo.lattice_ball(5, 8)
+    with pytest.raises(ValueError, match=re.escape("center must have shape (8,), got shape (3,) instead.")):
+        refgeo.lattice_ball(5, "E8", center=[0, 0, 0])
+    with pytest.raises(ValueError, match=re.escape("offers its minimal vectors only")):
+        refgeo.lattice_ball(5, "Leech")
