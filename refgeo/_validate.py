@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import math
 import numbers
-from typing import Any
+from typing import Any, Literal, overload
 
 import numpy as np
 from array_api_compat import array_namespace, is_array_api_obj, is_numpy_array
@@ -150,6 +150,30 @@ def check_axis(axis: Any, ndim: int, name: str = "axis") -> int:
     if not -ndim <= axis < ndim:
         raise ValueError(f"{name} must be in [-{ndim}, {ndim - 1}] for a {ndim}-D array, got {axis} instead.")
     return axis % ndim
+
+
+# Overloads: without ``allow_none=True`` the result is always an ``int``, so callers need
+# no ``None`` narrowing after the check.
+@overload
+def check_int(
+    value: Any,
+    name: str,
+    *,
+    min_value: int | None = ...,
+    max_value: int | None = ...,
+    allow_none: Literal[False] = ...,
+) -> int: ...
+
+
+@overload
+def check_int(
+    value: Any,
+    name: str,
+    *,
+    min_value: int | None = ...,
+    max_value: int | None = ...,
+    allow_none: bool,
+) -> int | None: ...
 
 
 def check_int(
