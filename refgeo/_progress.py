@@ -111,13 +111,13 @@ class Progress:
         self._start = time.perf_counter()
         self._last = self._start
         self._thread = threading.get_ident()
-        self._bar = None
-        self._callback = None
+        self._bar: Any = None  # a tqdm bar (untyped dependency) or None
+        self._callback: Callable[[dict], Any] | None = None
         if progress is True:
             self._bar = _tqdm_bar(self._total, desc, unit)
         elif callable(progress):
             self._callback = progress
-            self._report(self._start)
+            self._report(progress, self._start)
 
     @property
     def active(self) -> bool:
@@ -134,9 +134,9 @@ class Progress:
             eta = math.nan
         return {"done": self._done, "total": self._total, "elapsed": elapsed, "eta": eta}
 
-    def _report(self, now: float) -> None:
+    def _report(self, callback: Callable[[dict], Any], now: float) -> None:
         self._last = now
-        self._callback(self.info(now))
+        callback(self.info(now))
 
     def advance(self, n: int = 1) -> None:
         """Record ``n`` finished steps; report if due (callable) or update the bar."""
@@ -146,7 +146,7 @@ class Progress:
         elif self._callback is not None and threading.get_ident() == self._thread:
             now = time.perf_counter()
             if self._done >= self._total or now - self._last >= self._interval:
-                self._report(now)
+                self._report(self._callback, now)
 
     def close(self) -> None:
         """Close the tqdm bar (idempotent)."""

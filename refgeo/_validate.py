@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import math
 import numbers
-from typing import Any
+from typing import Any, Literal, TypeVar, overload
 
 import numpy as np
 from array_api_compat import array_namespace, is_array_api_obj, is_numpy_array
@@ -39,6 +39,10 @@ __all__ = [
 # Elements per block of the finiteness check of a large NumPy array: the temporaries stay
 # at about 1 MiB whatever the input (a memory-mapped matrix is then read once, in blocks).
 _FINITE_BLOCK = 1 << 20
+
+# The type of the choices of ``check_choice``: a tuple of ``Literal`` strings gives back
+# that ``Literal`` type, so a checked argument keeps its annotated type.
+_Choice = TypeVar("_Choice", bound=str)
 
 
 def _describe_dtype(x) -> str:
@@ -152,6 +156,30 @@ def check_axis(axis: Any, ndim: int, name: str = "axis") -> int:
     return axis % ndim
 
 
+# Overloads: without ``allow_none=True`` the result is always an ``int``, so callers need
+# no ``None`` narrowing after the check.
+@overload
+def check_int(
+    value: Any,
+    name: str,
+    *,
+    min_value: int | None = ...,
+    max_value: int | None = ...,
+    allow_none: Literal[False] = ...,
+) -> int: ...
+
+
+@overload
+def check_int(
+    value: Any,
+    name: str,
+    *,
+    min_value: int | None = ...,
+    max_value: int | None = ...,
+    allow_none: bool,
+) -> int | None: ...
+
+
 def check_int(
     value: Any,
     name: str,
@@ -212,7 +240,7 @@ def check_open_unit_interval(value: Any, name: str) -> float:
     return value
 
 
-def check_choice(value: Any, name: str, choices: tuple[str, ...]) -> str:
+def check_choice(value: Any, name: str, choices: tuple[_Choice, ...]) -> _Choice:
     """Check that ``value`` is one of the string ``choices``."""
     if not isinstance(value, str):
         raise TypeError(f"{name} must be a string, one of {choices}, got {type(value).__name__} instead.")

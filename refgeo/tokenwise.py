@@ -118,6 +118,8 @@ def degrees_of_freedom(cls: str, d: int, rank: int | None = None) -> int:
     if cls in ("diagonal", "psd_diagonal"):
         return d
     if cls == "low_rank":
+        if rank is None:
+            raise TypeError("rank must be an integer for cls='low_rank', got None instead.")
         return rank * (2 * d - rank)
     if cls == "orthogonal":
         return d * (d - 1) // 2

@@ -39,10 +39,10 @@ def run_label(r, planned: int) -> str:
 
 def smooth(y: list[float], k: int) -> np.ndarray:
     """Running mean over ``k`` points (the first ``k - 1`` values average what there is)."""
-    y = np.asarray(y, dtype=float)
-    if k <= 1 or len(y) < k:
-        return y
-    c = np.cumsum(np.insert(y, 0, 0.0))
+    a = np.asarray(y, dtype=float)
+    if k <= 1 or len(a) < k:
+        return a
+    c = np.cumsum(np.insert(a, 0, 0.0))
     head = c[1:k] / np.arange(1, k)
     return np.concatenate([head, (c[k:] - c[:-k]) / k])
 
