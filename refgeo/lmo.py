@@ -1,12 +1,12 @@
-r"""Steepest descent under the row diameter (SPEC §3): RowNorm, bounds, the exact LMO.
+r"""Steepest descent under the row diameter: RowNorm, bounds, the exact LMO.
 
-For a centred gradient :math:`G \in \mathbb{R}^{V \times d}` (:math:`\mathbf{1}^\top G = 0`,
-as for cross-entropy) the linear minimisation oracle of the row diameter is
+The mathematics is in :doc:`/theory/lmo` (docs/theory/lmo.md).  For a centered gradient :math:`G \in \mathbb{R}^{V \times d}` (:math:`\mathbf{1}^\top G = 0`,
+as for cross-entropy) the linear minimization oracle of the row diameter is
 
 .. math:: \min \{ \langle G, S \rangle : D(S) \le \eta,\ \mathbf{1}^\top S = 0 \}
           = -\eta\, T(G),
 
-where the *tension* :math:`T` is the dual norm of :math:`D` on centred matrices,
+where the *tension* :math:`T` is the dual norm of :math:`D` on centered matrices,
 
 .. math:: T(G) = \min \Big\{ \sum_{i<j} \lVert y_{ij} \rVert :
                  \sum_{j \ne i} y_{ij} = g_i,\ y_{ji} = -y_{ij} \Big\}
@@ -63,16 +63,38 @@ __all__ = [
     "tension_bounds",
 ]
 
-# ``||sum_i g_i|| <= _CENTRED_RTOL * sum_i ||g_i||`` is accepted as a centred gradient
+# ``||sum_i g_i|| <= _CENTERED_RTOL * sum_i ||g_i||`` is accepted as a centered gradient
 # (float32 accumulation of a cross-entropy gradient over 1e5 rows stays far below it);
 # the small remainder is removed exactly (the LMO's constraint 1^T S = 0 makes
 # <G, S> = <PG, S>).
-_CENTRED_RTOL = 1e-4
+_CENTERED_RTOL = 1e-4
 
 _EPS64 = float(np.finfo(np.float64).eps)
 _TINY64 = float(np.finfo(np.float64).tiny)
 # Relative gap below which the solver's float64 estimates are rounding noise.
 _GAP_FLOOR = 16.0 * _EPS64
+# A lower bound may exceed an upper bound from a different formula by rounding only:
+# both are float64 sums of at most 2**53 nonnegative terms (pairwise summation, error
+# <= log2(n) eps relative) of norms rounded to a few eps.  Beyond this many units of
+# roundoff a crossed bracket is a bug, never rounding.
+_BRACKET_ULPS = 64.0
+
+
+def _checked_bracket(lower: float, upper: float, what: str) -> tuple[float, float]:
+    """``(lower, upper)`` with ``upper`` raised to ``lower`` when they cross by rounding.
+
+    A crossing by more than ``_BRACKET_ULPS`` units of roundoff of the larger value
+    means one of the two is not a bound: raise instead of hiding it.
+    """
+    if upper >= lower:
+        return lower, upper
+    if lower - upper > _BRACKET_ULPS * _EPS64 * max(abs(lower), abs(upper)):
+        raise RuntimeError(
+            f"internal error in {what}: the lower bound {lower!r} exceeds the upper bound "
+            f"{upper!r} by {lower - upper:.3e}, more than rounding can explain; please report "
+            "this with the input that produced it."
+        )
+    return lower, lower
 
 
 def _f64(xp, x):
@@ -122,7 +144,7 @@ def center_rows(A: Any, /):
     .. math:: PA = A - \tfrac{1}{V}\mathbf{1}\mathbf{1}^\top A
 
     Time O(Vd), one extra array.  The row diameter, the tension and every update of
-    this module are unchanged by a common row shift, so centring changes no result;
+    this module are unchanged by a common row shift, so centering changes no result;
     it only removes the component on which :math:`\langle G, S \rangle` does not
     depend when :math:`\mathbf{1}^\top S = 0`.
 
@@ -202,7 +224,7 @@ def projected_rownorm(G: Any, /, *, eta: float = 1.0):
     Parameters
     ----------
     G : array_like of shape (V, d)
-        Gradient of the head weight.  It is centred first (the formula's inner
+        Gradient of the head weight.  It is centered first (the formula's inner
         :math:`P`), so any finite ``G`` is accepted.
     eta : float, default=1.0
         Diameter budget, ``> 0``.
@@ -256,7 +278,7 @@ def rescaled_rownorm(G: Any, /, *, eta: float = 1.0):
     Parameters
     ----------
     G : array_like of shape (V, d)
-        Centred gradient (rows summing to about zero; see :func:`diameter_lmo`).
+        Centered gradient (rows summing to about zero; see :func:`diameter_lmo`).
     eta : float, default=1.0
         Diameter budget, ``> 0``.
 
@@ -277,7 +299,7 @@ def rescaled_rownorm(G: Any, /, *, eta: float = 1.0):
     diameter computation (time O(V^2 d), see :func:`refgeo.row_diameter`).  On
     cross-entropy gradients it recovers about half of the gap between RowNorm and
     the exact LMO.  Equivariant under row permutations and right-orthogonal
-    transforms; invariant under positive scaling of ``G`` (G must be centred).
+    transforms; invariant under positive scaling of ``G`` (G must be centered).
 
     References
     ----------
@@ -293,7 +315,7 @@ def rescaled_rownorm(G: Any, /, *, eta: float = 1.0):
     """
     G = _check_gradient(G)
     eta = _check_eta(eta)
-    Gc, _ = _centred_float64(G)  # the direction does not depend on the scale
+    Gc, _ = _centered_float64(G)  # the direction does not depend on the scale
     N = row_normalize(Gc)
     N = N - N.mean(axis=0, keepdims=True)
     D = row_diameter(N).value
@@ -302,8 +324,8 @@ def rescaled_rownorm(G: Any, /, *, eta: float = 1.0):
     return _scale_to_budget(N, D, -eta)
 
 
-def _centred_float64(G) -> tuple[np.ndarray, int]:
-    """Checked, centred float64 NumPy copy of a gradient, times ``2**-e``; returns it and ``e``.
+def _centered_float64(G) -> tuple[np.ndarray, int]:
+    """Checked, centered float64 NumPy copy of a gradient, times ``2**-e``; returns it and ``e``.
 
     The LMO step does not depend on the scale of G and every bound is positively
     homogeneous, so the solvers work on the rescaled copy (max magnitude in [0.5, 1))
@@ -318,7 +340,7 @@ def _centred_float64(G) -> tuple[np.ndarray, int]:
     e = _pow2_exponent(Gf)
     if e:
         Gf = np.ldexp(Gf, -e)
-    check_centred_rows(Gf, "G", _CENTRED_RTOL)
+    check_centred_rows(Gf, "G", _CENTERED_RTOL)
     return Gf - Gf.mean(axis=0, keepdims=True), e
 
 
@@ -399,7 +421,7 @@ def _pairwise_flow(Gc: np.ndarray) -> float:
 
 
 def _upper_bound_cheap(R: np.ndarray) -> float:
-    """O(Vd) upper bound on T(R) for a centred R: min(Σ||r_i||/√2, product bound)."""
+    """O(Vd) upper bound on T(R) for a centered R: min(Σ||r_i||/√2, product bound)."""
     s1, prod = _row_norm_sum_bounds(np.sqrt(np.einsum("ij,ij->i", R, R)))
     return min(s1 / math.sqrt(2.0), prod)
 
@@ -410,7 +432,7 @@ def tension_bounds(G: Any, /, *, pairwise: bool = True) -> TensionBounds:
     Parameters
     ----------
     G : array_like of shape (V, d)
-        Centred gradient (``||sum_i g_i|| <= 1e-4 * sum_i ||g_i||``; the remainder is
+        Centered gradient (``||sum_i g_i|| <= 1e-4 * sum_i ||g_i||``; the remainder is
         removed, see :func:`diameter_lmo`).
     pairwise : bool, default=True
         Compute the pairwise-flow bound (time O(V^2 d)); when False it is ``nan``.
@@ -448,7 +470,7 @@ def tension_bounds(G: Any, /, *, pairwise: bool = True) -> TensionBounds:
     all sums in float64 on G rescaled by a power of two (results exact to a few ulps
     at any scale).  Invariant under row permutations and right-orthogonal
     transforms; positively homogeneous.  A common row shift is not accepted (G must
-    be centred, see :func:`diameter_lmo`).
+    be centered, see :func:`diameter_lmo`).
 
     References
     ----------
@@ -463,7 +485,7 @@ def tension_bounds(G: Any, /, *, pairwise: bool = True) -> TensionBounds:
     """
     G = _check_gradient(G)
     pairwise = check_bool(pairwise, "pairwise")
-    Gc, e = _centred_float64(G)
+    Gc, e = _centered_float64(G)
     V, d = Gc.shape
     norms = np.sqrt(np.einsum("ij,ij->i", Gc, Gc))
     s1, prod = _row_norm_sum_bounds(norms)
@@ -483,7 +505,7 @@ def tension_bounds(G: Any, /, *, pairwise: bool = True) -> TensionBounds:
         # below the numerical-rank threshold, zero for an exactly rank-one G)
         lower = max(lower, value - residual)
         upper = min(upper, value + residual)
-    upper = max(upper, lower)  # guard the few-ulp rounding of different formulas
+    lower, upper = _checked_bracket(lower, upper, "tension_bounds")
     return TensionBounds(*(math.ldexp(v, e) for v in (half, jung, prod, pw, lower, upper)), k, closed)
 
 
@@ -612,8 +634,7 @@ def _closed_form_result(Gc, kind, t0) -> LMOResult:
         _, value, residual = _closed_form_value(Gc, 1)  # "two_rows" if V == 2, else "rank1"
         value += residual
     decrease = -float(np.sum(Gc * S))
-    lower = decrease
-    upper = max(value, lower)
+    lower, upper = _checked_bracket(decrease, value, f"diameter_lmo ({kind} closed form)")
     return LMOResult(
         update=_readonly(S),
         decrease=decrease,
@@ -701,7 +722,7 @@ def _max_sq_distance(X: np.ndarray) -> float:
 
 
 class _LaplacianSolver:
-    """Solves (B^T B + 11^T/V) z = b for centred right-hand sides.
+    """Solves (B^T B + 11^T/V) z = b for centered right-hand sides.
 
     Dense Cholesky for small V; block preconditioned CG (Jacobi, warm-started) above.
     """
@@ -775,10 +796,10 @@ def diameter_lmo(
     Parameters
     ----------
     G : array_like of shape (V, d)
-        Centred gradient: ``||sum_i g_i|| <= 1e-4 * sum_i ||g_i||`` (cross-entropy
+        Centered gradient: ``||sum_i g_i|| <= 1e-4 * sum_i ||g_i||`` (cross-entropy
         gradients satisfy :math:`\mathbf{1}^\top G = 0`); the small remainder is
         removed, which changes nothing because :math:`\mathbf{1}^\top S = 0`.  Use
-        :func:`center_rows` to pass a non-centred matrix on purpose.
+        :func:`center_rows` to pass a non-centered matrix on purpose.
     eta : float, default=1.0
         Diameter budget, ``> 0``.
     rtol : float, default=1e-4
@@ -815,7 +836,7 @@ def diameter_lmo(
 
     Notes
     -----
-    Min-tension duality (SPEC §3):
+    Min-tension duality (see :doc:`/theory/lmo`):
 
     .. math::
 
@@ -827,7 +848,7 @@ def diameter_lmo(
     to :math:`\sum \lVert h_i \rVert = 1`.  On a working set E of pairs the flow problem
     :math:`\min \sum_{e \in E} \lVert y_e \rVert` s.t. :math:`B^\top Y = H` (B the
     incidence matrix) is solved by ADMM: a projection onto the affine constraint (one
-    Laplacian solve with :math:`B^\top B`, factorised once per working set: dense
+    Laplacian solve with :math:`B^\top B`, factorized once per working set: dense
     Cholesky up to 1500 rows, warm-started block CG above), a group soft-threshold,
     and a multiplier update whose value is the potential X (:math:`\lVert x_i - x_j
     \rVert \le 1` on E).  Every 25 iterations up to 10 farthest partners per row with
@@ -849,13 +870,12 @@ def diameter_lmo(
     *Cost.*  Per ADMM iteration :math:`O(|E| r)` plus the Laplacian solve (O(V^2 r) dense,
     :math:`O(|E| r)` per CG step); per separation round O(V^2 r) (Gram filter); a
     certification costs one certified diameter, O(V^2 d).  The working set holds
-    about 5-25 pairs per row on cross-entropy gradients.  Measured on this project's
-    shared 2-core machine: V = 2000, d = 64 reaches a gap of 1e-3 in about a minute.
+    about 5-25 pairs per row on cross-entropy gradients.
 
     Invariant under row permutations and right-orthogonal transforms; positively
     homogeneous (the update is scale-invariant; G is rescaled by a power of two
     internally, so any finite scale works).  A common row shift is not accepted: G
-    must be centred (see ``G`` above).
+    must be centered (see ``G`` above).
 
     References
     ----------
@@ -885,7 +905,7 @@ def diameter_lmo(
             f"warm_start must be an LMOResult or None, got {type(warm_start).__name__} instead."
         )
     progress = check_bool(progress, "progress")
-    Gc, e = _centred_float64(G)
+    Gc, e = _centered_float64(G)
     V, d = Gc.shape
     if warm_start is not None and tuple(warm_start.update.shape) != (V, d):
         raise ValueError(
@@ -1158,6 +1178,7 @@ class _ADMM:
         if self.bar is not None:
             self.bar.close()
         lower, upper, S, decrease = certified
+        lower, upper = _checked_bracket(lower, upper, "diameter_lmo")
         E, Y = self.best_E, self.best_Y
         fl = np.sqrt(np.einsum("ij,ij->i", Y, Y)) * self.scale
         keep = fl > 0

@@ -1,8 +1,9 @@
-"""SPEC §3: projected RowNorm, tension bounds, closed forms and the exact diameter LMO.
+"""Projected RowNorm, tension bounds, closed forms and the exact diameter LMO
+(docs/theory/lmo.md).
 
 The exact LMO is checked against an independent solver written here (the potential
 form max <G, X> s.t. ||x_i - x_j||^2 <= 1 for all pairs, solved with scipy's SLSQP),
-against SPEC's closed forms and against its bounds.
+against the closed forms of the theory page and against its bounds.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ import refgeo
 # ------------------------------------------------------------------ helpers
 
 
-def _centred(A):
+def _centered(A):
     return A - A.mean(axis=0, keepdims=True)
 
 
@@ -35,7 +36,7 @@ def independent_tension(G):
     Returns the value of the best feasible point found (the SLSQP point rescaled by its
     diameter, so it is a valid lower bound that SLSQP drives to the optimum).
     """
-    Gc = _centred(np.asarray(G, dtype=np.float64))
+    Gc = _centered(np.asarray(G, dtype=np.float64))
     U, s, Vt = np.linalg.svd(Gc, full_matrices=False)
     r = int(np.sum(s > s[0] * 1e-12))
     H = U[:, :r] * s[:r]
@@ -73,7 +74,7 @@ def independent_tension(G):
 
 
 def random_gradient(rng, V, d):
-    return _centred(rng.standard_normal((V, d)))
+    return _centered(rng.standard_normal((V, d)))
 
 
 def ce_gradient(rng, V, d, n_tokens, scale=2.0):
@@ -97,8 +98,8 @@ def ce_gradient(rng, V, d, n_tokens, scale=2.0):
 
 
 def simplex_gradient(k):
-    """k+1 rows: the vertices of a regular simplex of dimension k (in R^(k+1), centred)."""
-    return _centred(np.eye(k + 1))
+    """k+1 rows: the vertices of a regular simplex of dimension k (in R^(k+1), centered)."""
+    return _centered(np.eye(k + 1))
 
 
 # ------------------------------------------------------------------ center / normalise / RowNorm
@@ -138,7 +139,7 @@ def test_rescaled_rownorm(seed):
     D = _brute_diameter(S)
     assert D <= 2.0 and D == pytest.approx(2.0, rel=1e-13)
     N = refgeo.row_normalize(G)
-    np.testing.assert_allclose(S, -2.0 * _centred(N) / _brute_diameter(N), rtol=1e-12, atol=1e-14)
+    np.testing.assert_allclose(S, -2.0 * _centered(N) / _brute_diameter(N), rtol=1e-12, atol=1e-14)
     # at least RowNorm's decrease, at most the optimum
     dec = -np.sum(G * S)
     assert dec >= -np.sum(G * refgeo.projected_rownorm(G, eta=2.0)) * (1 - 1e-12)
@@ -151,7 +152,7 @@ def test_rescaled_rownorm(seed):
 
 @pytest.mark.parametrize("k", [1, 2, 3, 4, 5])
 def test_regular_simplex_ratio(k):
-    """RowNorm / optimum = sqrt((k+1)/(2k)) for regular-simplex gradients (SPEC §3)."""
+    """RowNorm / optimum = sqrt((k+1)/(2k)) for regular-simplex gradients."""
     G = simplex_gradient(k)
     rn = -np.sum(G * refgeo.projected_rownorm(G, eta=1.0))
     res = refgeo.diameter_lmo(G, rtol=1e-11)
@@ -342,12 +343,15 @@ def test_callback_limits_and_progress():
 
 
 def _assert_bounds_hold(G, T_lo, T_hi):
+    """Every field against its definition by brute force, and the bracket against the
+    optimum [T_lo, T_hi] found by another solver: each bound is a bound, the reported
+    pair is the best of them, and the bracket is not crossed."""
     b = refgeo.tension_bounds(G)
-    norms = np.linalg.norm(_centred(G), axis=1)
+    norms = np.linalg.norm(_centered(G), axis=1)
     assert b.half_sum == pytest.approx(0.5 * norms.sum(), rel=1e-13)
     prod = math.sqrt(sum(norms[i] * norms[j] for i in range(len(norms)) for j in range(i + 1, len(norms))))
     assert b.product == pytest.approx(prod, rel=1e-12)
-    Gc = _centred(G)
+    Gc = _centered(G)
     V = G.shape[0]
     pw = sum(np.linalg.norm(Gc[i] - Gc[j]) for i in range(V) for j in range(i + 1, V)) / V
     assert b.pairwise_flow == pytest.approx(pw, rel=1e-12)
@@ -355,11 +359,15 @@ def _assert_bounds_hold(G, T_lo, T_hi):
     assert b.rank == k
     assert b.jung == pytest.approx(math.sqrt(k / (2 * (k + 1))) * norms.sum(), rel=1e-13)
     tol = 1 + 1e-10
-    assert b.half_sum <= T_hi * tol
+    # the optimum lies in every bound and in the reported bracket
+    for lb in (b.half_sum, b.lower):
+        assert lb <= T_hi * tol
     for ub in (b.jung, b.product, b.pairwise_flow, b.upper):
         assert T_lo <= ub * tol
-    assert b.lower == b.half_sum
-    assert b.upper == min(b.jung, b.product, b.pairwise_flow)
+    # the reported bracket is at least as tight as each closed-form bound (by brute force)
+    assert b.lower >= 0.5 * norms.sum() * (1 - 1e-13)
+    assert b.upper <= min(math.sqrt(k / (2 * (k + 1))) * norms.sum(), prod, pw) * (1 + 1e-12)
+    assert b.lower <= b.upper
     assert b.jung <= norms.sum() / math.sqrt(2) * tol
 
 
@@ -387,7 +395,22 @@ def test_bounds_hold_on_cross_entropy_gradients(seed):
 def test_tension_bounds_without_pairwise():
     G = random_gradient(np.random.default_rng(0), 8, 3)
     b = refgeo.tension_bounds(G, pairwise=False)
-    assert math.isnan(b.pairwise_flow) and b.upper == min(b.jung, b.product)
+    assert math.isnan(b.pairwise_flow)
+    T = independent_tension(G)  # a feasible value: <= T(G), within 1e-7 of it
+    norms = np.linalg.norm(G, axis=1)
+    prod = math.sqrt((norms.sum() ** 2 - norms @ norms) / 2)
+    assert b.lower <= T * (1 + 1e-6) and T <= b.upper * (1 + 1e-12)
+    assert b.upper <= min(math.sqrt(3 / 8) * norms.sum(), prod) * (1 + 1e-12)
+
+
+def test_a_crossed_bracket_raises_beyond_rounding():
+    """Bounds from different formulas may cross by rounding (then they meet); a larger
+    crossing is an internal error, reported with both values rather than clamped."""
+    check = refgeo.lmo._checked_bracket
+    assert check(1.0, 2.0, "x") == (1.0, 2.0)
+    assert check(1.0 + 4e-16, 1.0, "x") == (1.0 + 4e-16, 1.0 + 4e-16)
+    with pytest.raises(RuntimeError, match=re.escape("internal error in x: the lower bound 1.0 exceeds the upper bound 0.999")):
+        check(1.0, 0.999, "x")
 
 
 # ------------------------------------------------------------------ bad input
@@ -402,7 +425,7 @@ def test_bad_input():
         refgeo.tension_bounds(bad)
     with pytest.raises(ValueError, match=re.escape("G must have rows summing to zero")):
         refgeo.rescaled_rownorm(bad)
-    # centring on purpose is accepted
+    # centering on purpose is accepted
     refgeo.diameter_lmo(refgeo.center_rows(bad), rtol=1e-3)
     nan = G.copy()
     nan[0, 0] = np.nan

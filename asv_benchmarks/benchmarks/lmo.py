@@ -3,7 +3,7 @@
 The fixed case is a synthetic cross-entropy gradient G = (P - Y)^T H / n of a linear
 head (rows are vocabulary rows and sum to zero).  ``track_gap`` records the certified
 relative gap reached by ``diameter_lmo``, ``track_decrease_ratio`` the exact/RowNorm
-decrease ratio (SPEC §3 reports about 1.27 on such gradients).
+decrease ratio (docs/theory/lmo.md reports about 1.27 on such gradients).
 """
 
 import math
