@@ -71,6 +71,7 @@ _CENTERED_RTOL = 1e-4
 
 _EPS64 = float(np.finfo(np.float64).eps)
 _TINY64 = float(np.finfo(np.float64).tiny)
+_MAX64 = float(np.finfo(np.float64).max)
 # Relative gap below which the solver's float64 estimates are rounding noise.
 _GAP_FLOOR = 16.0 * _EPS64
 # A lower bound may exceed an upper bound from a different formula by rounding only:
@@ -157,7 +158,14 @@ def center_rows(A: Any, /):
     A = as_float_array(A, "A", ndim=2, shape_hint="2-D array of shape (V, d)")
     xp = array_namespace(A)
     Af = _f64(xp, A)
-    C = Af - xp.mean(Af, axis=0, keepdims=True)
+    V = A.shape[0]
+    mx = float(xp.max(xp.abs(Af))) if Af.size else 0.0
+    if mx * V < _MAX64 / 2:
+        mean = xp.mean(Af, axis=0, keepdims=True)
+    else:  # the column sums could overflow (rows near 1e308): average the scaled rows
+        mean = _pow2_scaled(xp, xp.mean(_pow2_scaled(xp, Af, -8 - math.frexp(float(V))[1]), axis=0, keepdims=True),
+                            8 + math.frexp(float(V))[1])
+    C = Af - mean
     return xp.astype(C, A.dtype) if A.dtype != xp.float64 else C
 
 
@@ -196,19 +204,37 @@ def row_normalize(A: Any, /, *, eps: float = 0.0):
     eps = check_real(eps, "eps", min_value=0.0)
     xp = array_namespace(A)
     Af = _f64(xp, A)
-    n = _row_norms(xp, Af) + eps
-    safe = xp.where(n > 0, n, xp.ones_like(n))
-    N = xp.where(n > 0, Af / safe, xp.zeros_like(Af))
+    # a_i / (m_i v_i + eps) with m_i = max |a_ij| and v_i = ||a_i / m_i|| in [1, sqrt d],
+    # evaluated as (a_i / m_i) / (v_i + eps / m_i): no norm overflows (rows near 1e308)
+    # or underflows, and with eps = 0 a power-of-two scaling of A changes no bit.
+    # Where eps / m_i overflows (m_i below eps / 1.8e308) the norm is negligible
+    # next to eps and the plain a_i / (m_i v_i + eps) is safe.
+    m = xp.max(xp.abs(Af), axis=1, keepdims=True)
+    nonzero = m > 0
+    safe = xp.where(nonzero, m, xp.ones_like(m))
+    scaled = Af / safe
+    v = xp.linalg.vector_norm(scaled, axis=1, keepdims=True)
+    q = eps / safe
+    fine = q <= _MAX64
+    den = xp.where(fine, v + xp.where(fine, q, xp.zeros_like(q)), xp.ones_like(v))
+    den = xp.where(den > 0, den, xp.ones_like(den))  # zero rows (set to zero below)
+    den_tiny = xp.where(fine, xp.zeros_like(m), m) * v + eps
+    N = xp.where(fine, scaled / den, Af / xp.where(den_tiny > 0, den_tiny, xp.ones_like(den_tiny)))
+    N = xp.where(nonzero, N, xp.zeros_like(N))
     return xp.astype(N, A.dtype) if A.dtype != xp.float64 else N
 
 
-def _row_norms(xp, A):
-    """Euclidean row norms (column vector), scale-safe: each row is divided by its
-    largest magnitude before squaring, so rows near 1e-200 or 1e200 neither underflow
-    to 0 nor overflow (a plain sum of squares does both)."""
-    m = xp.max(xp.abs(A), axis=1, keepdims=True)
-    safe = xp.where(m > 0, m, xp.ones_like(m))
-    return m * xp.linalg.vector_norm(A / safe, axis=1, keepdims=True)
+def _pow2_scaled(xp, A, k: int):
+    """``A * 2**k`` for an integer ``-2098 <= k <= 2046``, rounded once (exact unless a
+    result is subnormal): a scale outside the float64 range is applied in two steps."""
+    if k == 0:
+        return A
+    if k >= 1024:  # upscaling is exact while nothing overflows
+        h = k // 2
+        return (A * math.ldexp(1.0, h)) * math.ldexp(1.0, k - h)
+    if k < -1074:
+        return (A * math.ldexp(1.0, -1074)) * math.ldexp(1.0, k + 1074)
+    return A * math.ldexp(1.0, k)
 
 
 def _pow2_exponent(A: np.ndarray) -> int:
@@ -264,6 +290,11 @@ def projected_rownorm(G: Any, /, *, eta: float = 1.0):
     eta = _check_eta(eta)
     xp = array_namespace(G)
     Gf = _f64(xp, G)
+    # S does not depend on the scale of G: G * 2**-e (max magnitude in [0.5, 1)) keeps
+    # the mean from overflowing near 1e308, and a power-of-two scaling of G changes no
+    # bit of S
+    mx = float(xp.max(xp.abs(Gf))) if Gf.size else 0.0
+    Gf = _pow2_scaled(xp, Gf, -math.frexp(mx)[1]) if mx > 0.0 else Gf
     Gc = Gf - xp.mean(Gf, axis=0, keepdims=True)
     N = row_normalize(Gc)
     # the textbook formula, not shrunk: it is the oracle user kernels are compared with
@@ -342,6 +373,28 @@ def _centered_float64(G) -> tuple[np.ndarray, int]:
         Gf = np.ldexp(Gf, -e)
     check_centred_rows(Gf, "G", _CENTERED_RTOL)
     return Gf - Gf.mean(axis=0, keepdims=True), e
+
+
+def _unscaled(values: dict[str, float], e: int, what: str) -> dict[str, float]:
+    """``{name: v * 2**e}``; a ``ValueError`` naming the range when one leaves float64.
+
+    The results are positively homogeneous in G, so a G whose bounds exceed
+    ``1.8e308`` has no representable answer: the error says by how much to scale it.
+    """
+    out = {}
+    for name, v in values.items():
+        if math.isnan(v) or v == 0.0:
+            out[name] = v
+            continue
+        m, ex = math.frexp(v)
+        if ex + e > 1024:
+            raise ValueError(
+                f"{what}: {name} == 2**{math.log2(abs(m)) + ex + e:.2f} for this G, beyond the float64 "
+                f"range (max {_MAX64!r}); scale G down by 2**{ex + e - 1023} or more (the result is "
+                "positively homogeneous in G)."
+            )
+        out[name] = math.ldexp(v, e)
+    return out
 
 
 def _scale_to_budget(S: np.ndarray, D: float, factor: float) -> np.ndarray:
@@ -506,7 +559,9 @@ def tension_bounds(G: Any, /, *, pairwise: bool = True) -> TensionBounds:
         lower = max(lower, value - residual)
         upper = min(upper, value + residual)
     lower, upper = _checked_bracket(lower, upper, "tension_bounds")
-    return TensionBounds(*(math.ldexp(v, e) for v in (half, jung, prod, pw, lower, upper)), k, closed)
+    names = ("half_sum", "jung", "product", "pairwise_flow", "lower", "upper")
+    values = _unscaled(dict(zip(names, (half, jung, prod, pw, lower, upper))), e, "tension_bounds")
+    return TensionBounds(*values.values(), k, closed)
 
 
 def _closed_form_value(Gc: np.ndarray, k: int) -> tuple[str, float, float] | None:
@@ -943,12 +998,18 @@ def diameter_lmo(
 def _for_budget(res: LMOResult, eta: float, e: int) -> LMOResult:
     """The unit-budget result on ``G * 2**-e`` as the result for budget eta on G."""
     S = res.update * eta if eta != 1.0 else res.update
+    v = _unscaled({"upper_bound": res.upper_bound, "lower_bound": res.lower_bound}, e, "diameter_lmo")
+    # decrease * eta * 2**e as (mantissa * eta) * 2**(exponent + e): one rounding, as
+    # before, and an out-of-range product is caught by the range check, not inf
+    m, ex = math.frexp(res.decrease)
+    dm = m * eta  # |m| < 1 and eta <= 1.8e308: finite
+    dec = _unscaled({"decrease": dm}, ex + e, "diameter_lmo")["decrease"]
     return dataclasses.replace(
         res,
         update=_readonly(S),
-        decrease=math.ldexp(res.decrease, e) * eta,
-        lower_bound=math.ldexp(res.lower_bound, e),
-        upper_bound=math.ldexp(res.upper_bound, e),
+        decrease=dec,
+        lower_bound=v["lower_bound"],
+        upper_bound=v["upper_bound"],
         flows=_readonly(np.ldexp(res.flows, e)),
         eta=eta,
     )
@@ -1122,6 +1183,7 @@ class _ADMM:
                     n_avg += 1
             if self.zeta is None:  # max_iter == 0: certify the initial guess
                 self._step()
+                self.iterations -= 1  # a projection onto the constraints, not an iteration
             X = -self.rho * self.zeta
             if n_avg > 1:
                 # the average of the round's potentials oscillates less than the last one

@@ -14,6 +14,9 @@ import time
 
 import numpy as np
 import pytest
+from hypothesis import assume, given, settings
+from hypothesis import strategies as st
+from hypothesis.extra import numpy as hnp
 from scipy.optimize import minimize
 
 import refgeo
@@ -333,6 +336,7 @@ def test_callback_limits_and_progress():
     assert res.lower_bound <= ref * (1 + 1e-9) and res.upper_bound >= ref * (1 - 1e-9)
     assert not res.converged or res.gap <= 1e-12
     r0 = refgeo.diameter_lmo(G, max_iter=0)
+    assert r0.iterations == 0 and r0.rounds == 1
     assert r0.lower_bound <= ref * (1 + 1e-9) <= r0.upper_bound * (1 + 2e-9)
     rt = refgeo.diameter_lmo(G, rtol=1e-12, max_time=1e-3)
     assert rt.lower_bound <= ref * (1 + 1e-9) and rt.upper_bound >= ref * (1 - 1e-9)
@@ -486,6 +490,54 @@ def test_power_of_two_scales_give_exactly_scaled_results(e):
         tb.lower, tb.upper, tb.half_sum)
     for fn in (refgeo.projected_rownorm, refgeo.rescaled_rownorm, refgeo.row_normalize):
         np.testing.assert_array_equal(fn(G), fn(Ge))
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    hnp.arrays(np.float64, st.tuples(st.integers(2, 7), st.integers(1, 4)),
+               elements=st.floats(-4.0, 4.0, allow_nan=False, allow_subnormal=False)),
+    st.integers(-1000, 1000),
+)
+def test_power_of_two_scaling_is_exact_hypothesis(A, e):
+    """tension_bounds(G 2^e) = 2^e tension_bounds(G) and projected_rownorm(G 2^e) =
+    projected_rownorm(G), bit for bit, over the whole range 2^-1000 .. 2^1000."""
+    G = _centered(A)
+    # rows all equal center to rounding noise, not a centered gradient
+    assume(np.linalg.norm(G.sum(axis=0)) <= 1e-8 * np.linalg.norm(G, axis=1).sum())
+    Ge = np.ldexp(G, e)
+    assert np.array_equal(np.ldexp(Ge, -e), G)  # the scaled input is exact
+    a, b = refgeo.tension_bounds(G), refgeo.tension_bounds(Ge)
+    for f in ("half_sum", "jung", "product", "pairwise_flow", "lower", "upper"):
+        va, vb = getattr(a, f), getattr(b, f)
+        assert math.isfinite(vb) and vb == math.ldexp(va, e), f
+    assert (a.rank, a.closed_form) == (b.rank, b.closed_form)
+    S, Se = refgeo.projected_rownorm(G), refgeo.projected_rownorm(Ge)
+    assert np.all(np.isfinite(Se))
+    np.testing.assert_array_equal(S, Se)
+    np.testing.assert_array_equal(refgeo.row_normalize(G), refgeo.row_normalize(Ge))
+
+
+def test_rows_near_the_float64_maximum():
+    """Rows near 1e308: finite bounds where they are representable, a ValueError naming
+    the range where they are not (a plain sum of squares overflowed)."""
+    rng = np.random.default_rng(9)
+    G = random_gradient(rng, 6, 3)
+    G /= np.abs(G).max()
+    T = refgeo.tension_bounds(G)
+    e = 1023 - math.frexp(T.upper)[1]  # the largest scale keeping every bound finite
+    b = refgeo.tension_bounds(np.ldexp(G, e))
+    assert (b.lower, b.upper, b.pairwise_flow) == tuple(math.ldexp(v, e) for v in (T.lower, T.upper, T.pairwise_flow))
+    assert b.upper > 1e307
+    S = refgeo.projected_rownorm(np.ldexp(G, 1023))
+    np.testing.assert_array_equal(S, refgeo.projected_rownorm(G))
+    r = refgeo.diameter_lmo(np.ldexp(G, e), rtol=1e-6)
+    assert math.isfinite(r.upper_bound) and r.upper_bound > 1e307 and _brute_diameter(r.update) <= 1.0
+    with pytest.raises(ValueError, match=re.escape("beyond the float64 range")):
+        refgeo.tension_bounds(np.ldexp(G, 1023))
+    with pytest.raises(ValueError, match=re.escape("beyond the float64 range")):
+        refgeo.diameter_lmo(np.ldexp(G, 1023))
+    C = refgeo.center_rows(np.ldexp(np.array([[1.0, 0.0], [-1.0, 0.5], [-1.0, -0.5]]), 1023))
+    np.testing.assert_allclose(C, np.ldexp(np.array([[4.0, 0.0], [-2.0, 1.5], [-2.0, -1.5]]) / 3, 1023), rtol=1e-15)
 
 
 @pytest.mark.parametrize("c", [1e-300, 1.3e-162, 1e-200, 1e155, 1e300])
