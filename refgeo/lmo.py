@@ -32,6 +32,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import time
+import warnings
 from collections.abc import Callable
 from typing import Any
 
@@ -50,6 +51,7 @@ from ._validate import (
     check_open_unit_interval,
     check_real,
 )
+from ._threads import blas_single_thread
 from .rows import row_diameter
 
 __all__ = [
@@ -820,6 +822,387 @@ class _LaplacianSolver:
         return x
 
 
+# --------------------------------------------------------------------------- progress
+
+_TQDM_WARNED = False
+
+
+class _GapProgress:
+    """Progress of a solve, measured by the certified-gap estimate on a log scale.
+
+    ``done`` goes from 0 (the first estimate) to 1 (``rtol``); ``eta`` extrapolates
+    the elapsed time.  ``progress=True`` shows a tqdm bar (a warning, once, when tqdm
+    is missing); a callable receives ``{"done", "total", "elapsed", "eta"}`` (total
+    = 1.0) from the calling thread, at most 4 times a second and once at the end.
+    """
+
+    _PERIOD = 0.25
+
+    def __init__(self, progress, t0: float):
+        global _TQDM_WARNED
+        self.t0, self.fn, self.tqdm = t0, None, None
+        self.first = None
+        self.last_call = -math.inf
+        self.done = 0.0
+        if callable(progress):
+            self.fn = progress
+        elif progress:
+            try:
+                from tqdm.auto import tqdm
+            except ImportError:
+                if not _TQDM_WARNED:
+                    _TQDM_WARNED = True
+                    warnings.warn("progress=True needs tqdm (pip install tqdm); no progress is shown.",
+                                  RuntimeWarning, stacklevel=3)
+            else:
+                self.tqdm = tqdm(total=1000, desc="diameter_lmo", unit="‰", leave=False)
+
+    def update(self, gap: float, rtol: float, pairs: int) -> None:
+        gap = max(gap, rtol * 1e-3)
+        if self.first is None:
+            self.first = max(gap, rtol)
+        span = math.log(self.first / rtol)
+        done = 1.0 if gap <= rtol else (math.log(self.first / gap) / span if span > 0 else 0.0)
+        self.done = min(1.0, max(self.done, done))
+        now = time.perf_counter()
+        if now - self.last_call < self._PERIOD:
+            return
+        self.last_call = now
+        self._emit(now)
+        if self.tqdm is not None:
+            self.tqdm.set_postfix(gap=f"{gap:.2e}", pairs=pairs, refresh=False)
+
+    def _emit(self, now: float) -> None:
+        elapsed = now - self.t0
+        eta = elapsed * (1.0 - self.done) / self.done if self.done > 0 else math.nan
+        if self.fn is not None:
+            self.fn({"done": self.done, "total": 1.0, "elapsed": elapsed, "eta": eta})
+        if self.tqdm is not None:
+            self.tqdm.n = int(round(1000 * self.done))
+            self.tqdm.refresh()
+
+    def close(self, converged: bool) -> None:
+        if converged:
+            self.done = 1.0
+        self._emit(time.perf_counter())
+        if self.tqdm is not None:
+            self.tqdm.close()
+
+
+# --------------------------------------------------------------------------- aggregation
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class _Aggregation:
+    """Rows merged into clusters: ``labels`` (V,), the merged rows ``rows`` (V', d) =
+    cluster sums, a representative row per cluster (its largest), and ``error``, an
+    upper bound on what merging can cost in T (see :func:`_aggregate`)."""
+
+    labels: np.ndarray
+    rows: np.ndarray
+    reps: np.ndarray
+    error: float
+
+
+def _aggregate(Gc: np.ndarray, budget: float) -> _Aggregation | None:
+    r"""Merge nearly collinear rows while the bound on the cost stays within ``budget``.
+
+    For a partition of the rows into clusters C with sums :math:`g_C` and weights
+    :math:`w_i = \lVert g_i \rVert / \sum_{j \in C} \lVert g_j \rVert`, let
+    :math:`\tilde G` have rows :math:`w_i g_C`.  Then
+    :math:`T(\tilde G) = T(G_{\text{merged}})` (the V' rows :math:`g_C`: a convex
+    combination of points at pairwise distance <= 1 keeps that distance), the merged
+    potentials repeated over each cluster are feasible for G, and
+
+    .. math:: T_{\text{merged}} \le T(G) \le T_{\text{merged}} + \sum_C U(G_C - \tilde G_C)
+
+    with U the cheap bound on the centered residual of each cluster (exactly zero for
+    collinear rows and duplicates).  Clusters are split top-down (the one with the
+    largest bound first, along the principal direction of its unit rows' deviations)
+    until the bound is below ``budget``.  Returns None when no two rows merge.
+    Time O(V r log V') for V' clusters.
+    """
+    V, d = Gc.shape
+    n = np.sqrt(np.einsum("ij,ij->i", Gc, Gc))
+    live = np.flatnonzero(n > 0)
+    Un = Gc[live] / n[live, None]
+    w_all = n[live]
+
+    def bound(pos):  # cluster positions into live -> (estimate of U(G_C - G~_C), mean direction)
+        w = w_all[pos]
+        m = (w @ Un[pos]) / w.sum()
+        dev = Un[pos] - m
+        return float(w @ np.sqrt(np.einsum("ij,ij->i", dev, dev))) / math.sqrt(2.0), m
+
+    import heapq
+
+    root = np.arange(len(live))
+    e0, _ = bound(root)
+    heap = [(-e0, 0, root)]
+    total, counter, done = e0, 0, []
+    while heap and total > budget:
+        neg, _, pos = heapq.heappop(heap)
+        if len(pos) == 1:
+            done.append(pos)
+            continue
+        w = w_all[pos]
+        _, m = bound(pos)
+        dev = Un[pos] - m
+        p = dev[int(np.argmax(w * np.einsum("ij,ij->i", dev, dev)))].copy()
+        for _ in range(3):  # a few power steps towards the principal deviation
+            p = (w[:, None] * dev).T @ (dev @ p)
+            pn = float(np.linalg.norm(p))
+            if pn == 0.0:
+                break
+            p /= pn
+        side = dev @ p > 0
+        a, b = pos[side], pos[~side]
+        if len(a) == 0 or len(b) == 0:  # identical directions with a positive bound: rounding
+            a, b = pos[: len(pos) // 2], pos[len(pos) // 2:]
+        total += neg
+        for part in (a, b):
+            ep, _ = bound(part)
+            total += ep
+            counter += 1
+            heapq.heappush(heap, (-ep, counter, part))
+    clusters = done + [h[2] for h in heap]
+    n_clusters = len(clusters) + (1 if len(live) < V else 0)
+    if n_clusters >= V:
+        return None
+    labels = np.empty(V, dtype=np.int64)
+    for c, pos in enumerate(clusters):
+        labels[live[pos]] = c
+    if len(live) < V:
+        labels[n <= 0] = len(clusters)  # zero rows: one cluster of their own, at no cost
+    Vm = n_clusters
+    rows = np.zeros((Vm, d))
+    np.add.at(rows, labels, Gc)
+    # the certified cost, from the rows themselves: U of each centered residual
+    # G_C - w g_C (the heap's values are estimates from the unit rows)
+    Nc = np.bincount(labels, weights=n, minlength=Vm)
+    wi = np.where(Nc[labels] > 0, n / np.where(Nc[labels] > 0, Nc[labels], 1.0), 0.0)
+    R = Gc - wi[:, None] * rows[labels]
+    rn = np.sqrt(np.einsum("ij,ij->i", R, R))
+    s1 = np.bincount(labels, weights=rn, minlength=Vm)
+    s2 = np.bincount(labels, weights=rn * rn, minlength=Vm)
+    prod = np.sqrt(np.maximum(0.0, (s1 * s1 - s2) / 2.0))
+    error = float(np.sum(np.minimum(s1 / math.sqrt(2.0), prod)))
+    order = np.lexsort((-n, labels))  # within each cluster, the largest row first
+    first = np.ones(V, dtype=bool)
+    first[1:] = labels[order][1:] != labels[order][:-1]
+    reps = np.empty(Vm, dtype=np.int64)
+    reps[labels[order][first]] = order[first]
+    return _Aggregation(labels=labels, rows=rows, reps=reps, error=error)
+
+
+def _merged_warm_start(warm: LMOResult, agg: _Aggregation) -> LMOResult:
+    """A full-size warm start mapped to the clusters (representative rows' steps,
+    inter-cluster pairs with their flows summed)."""
+    upd = np.asarray(warm.update, dtype=np.float64)[agg.reps]
+    P = agg.labels[np.asarray(warm.pairs, dtype=np.int64).reshape(-1, 2)]
+    f = np.asarray(warm.flows, dtype=np.float64).reshape(-1)
+    if len(f) != len(P):
+        f = np.zeros(len(P))
+    keep = P[:, 0] != P[:, 1]
+    P, f = np.sort(P[keep], axis=1), f[keep]
+    if len(P):
+        P, inv = np.unique(P, axis=0, return_inverse=True)
+        f = np.bincount(inv.reshape(-1), weights=f, minlength=len(P))
+    return dataclasses.replace(warm, update=upd, pairs=P.reshape(-1, 2), flows=f)
+
+
+def _lifted(res: LMOResult, agg: _Aggregation, Gc: np.ndarray, t0: float, rtol: float) -> LMOResult:
+    """The merged problem's result as a result for G: each row takes its cluster's
+    step (same diameter), the decrease is evaluated on G, and the merging bound is
+    added to the upper bound."""
+    S = np.asarray(res.update)[agg.labels]
+    decrease = -float(np.sum(Gc * S))
+    lower, upper = _checked_bracket(decrease, res.upper_bound + agg.error, "diameter_lmo (merged rows)")
+    P = agg.reps[np.asarray(res.pairs, dtype=np.int64).reshape(-1, 2)]
+    P = np.sort(P, axis=1)
+    order = np.lexsort((P[:, 1], P[:, 0]))
+    gap = _relative_gap(lower, upper)
+    return dataclasses.replace(
+        res,
+        update=_readonly(S),
+        decrease=decrease,
+        lower_bound=lower,
+        upper_bound=upper,
+        gap=gap,
+        pairs=_readonly(np.ascontiguousarray(P[order])),
+        flows=_readonly(np.asarray(res.flows)[order]),
+        converged=gap <= rtol,
+        elapsed=time.perf_counter() - t0,
+    )
+
+
+# --------------------------------------------------------------------------- IRLS
+
+
+class _IRLS:
+    r"""Reweighted electrical flows on the complete graph of a small problem (V' rows).
+
+    Conductances :math:`c_e > 0` on all pairs give the potentials
+    :math:`X = L_c^{-1} H` (L_c the weighted Laplacian) and the flow
+    :math:`y_e = c_e (x_i - x_j)`, whose divergence is H: both halves of a
+    certificate from one dense solve,
+
+    .. math:: \frac{\langle H, X \rangle}{D(X)} \le T \le \sum_e c_e \lVert x_i - x_j \rVert .
+
+    The update :math:`c_e \leftarrow c_e (d_e / D)^2` (with momentum in
+    :math:`\log c`) is alternating minimization of the jointly convex
+    :math:`\sum_e \lVert y_e \rVert^2 / (2 c_e) + c_e / 2`, sped up; its fixed points
+    stretch every flowing pair to the diameter (complementary slackness).
+    """
+
+    def __init__(self, H, Q, Gm, scale, rtol, max_time, max_iter, warm, callback, bar, t0):
+        self.H, self.Q, self.Gm, self.scale = H, Q, Gm, scale
+        self.rtol, self.max_time, self.max_iter = rtol, max_time, max_iter
+        self.callback, self.bar, self.t0 = callback, bar, t0
+        self.V, self.r = H.shape
+        V = self.V
+        self.lc = np.zeros((V, V))
+        if warm is not None and warm.eta > 0:
+            X0 = (-np.asarray(warm.update, dtype=np.float64) / warm.eta) @ Q
+            D2 = _sq_distances(X0)
+            dmax = float(D2.max())
+            if dmax > 0:
+                self.lc = np.maximum(_IRLS_POWER * np.log(np.maximum(D2, 1e-300) / dmax), _IRLS_LOG_FLOOR)
+        self.iterations = 0
+        self.rounds = 0
+        self.cert_time = None
+
+    def _elapsed(self):
+        return time.perf_counter() - self.t0
+
+    def _out_of_budget(self):
+        if self.max_time is not None:
+            reserve = self.cert_time if self.cert_time is not None else 0.0
+            if self._elapsed() + reserve >= self.max_time:
+                return True
+        return self.max_iter is not None and self.iterations >= self.max_iter
+
+    def _solve(self, lc):
+        """(potentials X, conductances C) for log-conductances lc."""
+        V = self.V
+        C = np.exp(lc - lc.max())
+        np.fill_diagonal(C, 0.0)
+        L = np.diag(C.sum(axis=1)) - C + 1.0 / V
+        X = _sla.cho_solve(_sla.cho_factor(L, lower=True, check_finite=False), self.H, check_finite=False)
+        return X - X.mean(axis=0, keepdims=True), C
+
+    def _certify_lower(self, X):
+        """Certified lower bound (unscaled) from potentials X, with its step S."""
+        Phi = X @ self.Q.T
+        Phi -= Phi.mean(axis=0, keepdims=True)
+        D = row_diameter(Phi).value
+        S = _scale_to_budget(Phi, D, -1.0)
+        return -float(np.sum(self.Gm * S)), S
+
+    def _certify_upper(self, X, C):
+        """Certified upper bound (unscaled) from the flow y_e = c_e (x_i - x_j): its cost
+        by direct differences, plus the cheap bound on G minus its divergence L X."""
+        cost = 0.0
+        V = self.V
+        block = max(1, (1 << 21) // max(V * self.r, 1))
+        for i0 in range(0, V, block):
+            i1 = min(V, i0 + block)
+            diff = X[i0:i1, None, :] - X[None, :, :]
+            cost += float(np.sum(C[i0:i1] * np.sqrt(np.einsum("abk,abk->ab", diff, diff))))
+        cost = 0.5 * cost * self.scale
+        div = (C.sum(axis=1)[:, None] * X - C @ X) @ self.Q.T * self.scale
+        R = self.Gm - div
+        R -= R.mean(axis=0, keepdims=True)
+        return cost + _upper_bound_cheap(R)
+
+    def run(self) -> LMOResult:
+        best_lo, best_up = -np.inf, np.inf
+        best_X = best_C = best_CX = None
+        lc_prev = self.lc
+        cert_trigger = max(0.9 * self.rtol, 2.0 * _GAP_FLOOR)
+        certified = None
+        stop = False
+        iu = np.triu_indices(self.V, 1)
+        evaluations = 0
+        while True:
+            X, C = self._solve(self.lc)
+            Dm = np.sqrt(_sq_distances(X))
+            dmax = float(Dm.max())
+            lo = float(np.sum(self.H * X)) / dmax if dmax > 0 else 0.0
+            up = float(np.sum(C[iu] * Dm[iu]))
+            if lo > best_lo:
+                best_lo, best_X = lo, X
+            if up < best_up:
+                best_up, best_C, best_CX = up, C, X
+            gap_est = _relative_gap(best_lo, best_up)
+            evaluations += 1
+            budget_out = self._out_of_budget()
+            if evaluations % _IRLS_ROUND == 1 or gap_est <= cert_trigger or budget_out:
+                self.rounds += 1
+                info = dict(iteration=self.iterations, rounds=self.rounds, pairs=len(iu[0]),
+                            lower=best_lo * self.scale, upper=best_up * self.scale, gap=gap_est,
+                            elapsed=self._elapsed())
+                if self.bar is not None:
+                    self.bar.update(gap_est, self.rtol, len(iu[0]))
+                if self.callback is not None and bool(self.callback(info)):
+                    stop = True
+            if gap_est <= cert_trigger or stop or budget_out:
+                tc = time.perf_counter()
+                lower, S = self._certify_lower(best_X)
+                upper = self._certify_upper(best_CX, best_C)
+                certified = (lower, upper, S)
+                self.cert_time = time.perf_counter() - tc
+                if _relative_gap(lower, upper) <= self.rtol or stop or budget_out:
+                    break
+                cert_trigger = min(cert_trigger, gap_est) / 2.0
+                if cert_trigger < _GAP_FLOOR:
+                    break
+            step = _IRLS_POWER * np.log(np.maximum(Dm, _TINY64) / dmax)
+            new = self.lc + step + _IRLS_MOMENTUM * (self.lc - lc_prev)
+            lc_prev = self.lc
+            self.lc = np.maximum(new - new.max(), _IRLS_LOG_FLOOR)
+            self.iterations += 1
+        lower, upper, S = certified
+        lower, upper = _checked_bracket(lower, upper, "diameter_lmo")
+        fl = best_C[iu] * np.sqrt(_sq_distances(best_CX)[iu]) * self.scale
+        keep = fl > _IRLS_FLOW_CUT * fl.max() if fl.size and fl.max() > 0 else np.zeros(fl.shape, dtype=bool)
+        pairs = np.stack([iu[0][keep], iu[1][keep]], axis=1).astype(np.int64)
+        gap = _relative_gap(lower, upper)
+        return LMOResult(
+            update=_readonly(S),
+            decrease=lower,
+            lower_bound=lower,
+            upper_bound=upper,
+            gap=gap,
+            pairs=_readonly(pairs),
+            flows=_readonly(fl[keep]),
+            iterations=self.iterations,
+            rounds=self.rounds,
+            eta=1.0,
+            method="irls",
+            converged=gap <= self.rtol,
+            elapsed=self._elapsed(),
+        )
+
+
+def _sq_distances(X: np.ndarray) -> np.ndarray:
+    """All squared row distances by the Gram expansion (estimates; certificates use
+    direct differences or :func:`refgeo.row_diameter`)."""
+    n2 = np.einsum("ij,ij->i", X, X)
+    D2 = n2[:, None] + n2[None, :] - 2.0 * (X @ X.T)
+    np.maximum(D2, 0.0, out=D2)
+    np.fill_diagonal(D2, 0.0)
+    return D2
+
+
+_IRLS_LIMIT = 1500  # merged rows up to which the dense complete-graph IRLS is used
+_IRLS_MIN_RTOL = 1e-6  # below, ADMM (IRLS converges sublinearly)
+_IRLS_POWER = 2.0  # c_e <- c_e (d_e / D)^power
+_IRLS_MOMENTUM = 0.5  # heavy-ball term in log c
+_IRLS_LOG_FLOOR = -30.0  # conductances stay above e^-30 of the largest (L stays definite)
+_IRLS_ROUND = 10  # iterations per reported round
+_IRLS_FLOW_CUT = 1e-9  # reported pairs: flow above this share of the largest
+
 # Solver constants (measured on synthetic cross-entropy gradients, V = 500..8000):
 _INITIAL_PARTNERS = 20  # farthest partners per row in the first working set
 _SEPARATION_PARTNERS = 10  # violated pairs added per row and round
@@ -959,7 +1342,8 @@ def diameter_lmo(
         raise TypeError(
             f"warm_start must be an LMOResult or None, got {type(warm_start).__name__} instead."
         )
-    progress = check_bool(progress, "progress")
+    if not callable(progress):
+        progress = check_bool(progress, "progress")
     Gc, e = _centered_float64(G)
     V, d = Gc.shape
     if warm_start is not None and tuple(warm_start.update.shape) != (V, d):
@@ -979,20 +1363,54 @@ def diameter_lmo(
             return user_callback({**info, "lower": math.ldexp(info["lower"], e), "upper": math.ldexp(info["upper"], e)})
 
     scale = float(np.sum(np.sqrt(np.einsum("ij,ij->i", Gc, Gc))))
-    U_, s, Vt = np.linalg.svd(Gc / scale, full_matrices=False) if scale > 0 else (None, None, None)
-    if scale == 0.0:
-        res = _closed_form_result(Gc, "zero", t0)
-    elif V == 2:
-        res = _closed_form_result(Gc, "two_rows", t0)
-    elif _numerical_rank(s, (V, d)) == 1:
-        res = _closed_form_result(Gc, "rank1", t0)
-    else:
-        r = _numerical_rank(s, (V, d))
-        Q = Vt[:r].T  # (d, r), orthonormal columns
-        H = U_[:, :r] * s[:r]  # (V, r), sum of row norms ~ 1
-        H -= H.mean(axis=0, keepdims=True)
-        res = _ADMM(H, Q, Gc, scale, rtol, max_time, max_iter, warm_start, callback, progress, t0).run()
+    bar = _GapProgress(progress, t0) if progress is not False else None
+    with blas_single_thread():  # small dense solves and GEMMs: BLAS threads only spin
+        agg = None
+        if scale > 0.0 and V > 2:
+            # merging may cost at most a quarter of the gap (measured against the
+            # half-sum, a lower bound on T): see _aggregate
+            agg = _aggregate(Gc, 0.25 * rtol * 0.5 * scale)
+            if agg is not None and agg.rows.shape[0] < 3:
+                agg = None  # rank one up to the budget: the closed forms below are exact
+        if agg is None:
+            res = _solve(Gc, scale, rtol, max_time, max_iter, warm_start, callback, bar, t0)
+        else:
+            eps_m = agg.error
+            # T_merged >= T(G) - error >= scale / 2 - error: the merged gap that keeps
+            # the whole gap within rtol
+            rtol_m = rtol - eps_m / max(0.5 * scale - eps_m, _TINY64)
+            warm_m = _merged_warm_start(warm_start, agg) if warm_start is not None else None
+            cb = callback
+            if callback is not None:
+                def cb(info):
+                    return callback({**info, "upper": info["upper"] + eps_m})
+            Gm = agg.rows
+            scale_m = float(np.sum(np.sqrt(np.einsum("ij,ij->i", Gm, Gm))))
+            res_m = _solve(Gm, scale_m, rtol_m, max_time, max_iter, warm_m, cb, bar, t0)
+            res = _lifted(res_m, agg, Gc, t0, rtol)
+    if bar is not None:
+        bar.close(res.converged)
     return _for_budget(res, eta, e)
+
+
+def _solve(Gc, scale, rtol, max_time, max_iter, warm_start, callback, bar, t0) -> LMOResult:
+    """The unit-budget LMO of a centered ``Gc`` (rescaled by a power of two): a closed
+    form, the complete-graph IRLS for a few rows, or ADMM over a working set."""
+    V, d = Gc.shape
+    if scale == 0.0:
+        return _closed_form_result(Gc, "zero", t0)
+    if V == 2:
+        return _closed_form_result(Gc, "two_rows", t0)
+    U_, s, Vt = np.linalg.svd(Gc / scale, full_matrices=False)
+    r = _numerical_rank(s, (V, d))
+    if r == 1:
+        return _closed_form_result(Gc, "rank1", t0)
+    Q = Vt[:r].T  # (d, r), orthonormal columns
+    H = U_[:, :r] * s[:r]  # (V, r), sum of row norms ~ 1
+    H -= H.mean(axis=0, keepdims=True)
+    if V <= _IRLS_LIMIT and rtol >= _IRLS_MIN_RTOL:
+        return _IRLS(H, Q, Gc, scale, rtol, max_time, max_iter, warm_start, callback, bar, t0).run()
+    return _ADMM(H, Q, Gc, scale, rtol, max_time, max_iter, warm_start, callback, bar, t0).run()
 
 
 def _for_budget(res: LMOResult, eta: float, e: int) -> LMOResult:
@@ -1018,7 +1436,7 @@ def _for_budget(res: LMOResult, eta: float, e: int) -> LMOResult:
 class _ADMM:
     """State of one diameter_lmo solve in the reduced, scaled coordinates."""
 
-    def __init__(self, H, Q, Gc, scale, rtol, max_time, max_iter, warm, callback, progress, t0):
+    def __init__(self, H, Q, Gc, scale, rtol, max_time, max_iter, warm, callback, bar, t0):
         self.H, self.Q, self.Gc, self.scale = H, Q, Gc, scale
         self.rtol, self.max_time, self.max_iter = rtol, max_time, max_iter
         self.callback, self.t0 = callback, t0
@@ -1028,14 +1446,7 @@ class _ADMM:
         # certificate is evaluated in float64 on G itself.
         self.wdt = np.float32 if (self.V > _DENSE_LIMIT and rtol >= 1e-3) else np.float64
         self.Hw = H.astype(self.wdt)
-        self.bar = None
-        if progress:
-            try:
-                from tqdm.auto import tqdm
-
-                self.bar = tqdm(total=None, desc="diameter_lmo", unit="round")
-            except ImportError:  # optional dependency: no bar
-                self.bar = None
+        self.bar = bar
         # initial potentials and flows
         X0 = None
         Ewarm = np.zeros((0, 2), dtype=np.int64)
@@ -1214,8 +1625,7 @@ class _ADMM:
                 elapsed=self._elapsed(),
             )
             if self.bar is not None:
-                self.bar.update(1)
-                self.bar.set_postfix(gap=f"{gap_est:.2e}", pairs=len(self.E))
+                self.bar.update(gap_est, self.rtol, len(self.E))
             if self.callback is not None and bool(self.callback(info)):
                 stop_requested = True
             if gap_est <= self.cert_trigger or stop_requested or self._out_of_budget():
@@ -1237,8 +1647,6 @@ class _ADMM:
                 self._grow(Enew)
             else:
                 self.cg_tol = max(self.cg_tol * 0.1, self.cg_floor)
-        if self.bar is not None:
-            self.bar.close()
         lower, upper, S, decrease = certified
         lower, upper = _checked_bracket(lower, upper, "diameter_lmo")
         E, Y = self.best_E, self.best_Y

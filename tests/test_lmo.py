@@ -553,7 +553,7 @@ def test_extreme_scales_keep_the_budget_and_the_bracket(c):
         assert 0.45 < _brute_diameter(S) <= 1.0
     r = refgeo.diameter_lmo(Gc, rtol=1e-6)
     assert r.lower_bound <= r.upper_bound and r.lower_bound >= c * T.lower * (1 - 1e-9)
-    assert _brute_diameter(r.update) <= 1.0 and r.method == "admm"
+    assert _brute_diameter(r.update) <= 1.0 and r.method in ("admm", "irls")
 
 
 @pytest.mark.parametrize("eta", [1e-300, 1e-3, 1e300])
