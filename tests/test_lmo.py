@@ -243,6 +243,63 @@ def test_matches_independent_solver(V, d, seed):
     assert res.lower_bound >= ref * (1 - 1e-6)
 
 
+def lm_like_gradient(seed, V, d, n_collinear, n_duplicates):
+    """An LM-like gradient (Zipf prior, anisotropic hidden states) with extra tiny rows
+    that are exact positive multiples of one direction and exact duplicates of other
+    rows; the last row balances the sum (so the rows sum to zero to rounding)."""
+    from refgeo._lm_gradients import lm_gradient
+
+    rng = np.random.default_rng(seed)
+    base = lm_gradient(V - n_collinear - n_duplicates, d, n_tokens=16, seed=seed)
+    u = base[np.argmin(np.linalg.norm(base, axis=1))]
+    tiny = rng.uniform(0.01, 0.2, n_collinear)[:, None] * u
+    dups = base[rng.integers(0, len(base) - 1, n_duplicates)]
+    G = np.concatenate([base[:-1], tiny, dups])
+    return np.concatenate([G, -G.sum(axis=0, keepdims=True)])
+
+
+@pytest.mark.parametrize(
+    "seed, V, d, n_collinear, n_duplicates",
+    [  # the independent SLSQP solve takes ~20 s on the two larger cases
+        pytest.param(0, 20, 4, 8, 3, marks=pytest.mark.slow),
+        pytest.param(1, 24, 3, 10, 4, marks=pytest.mark.slow),
+        (2, 16, 5, 4, 4),
+    ],
+)
+def test_lm_like_gradients_match_independent_solver(seed, V, d, n_collinear, n_duplicates):
+    """Rows merged (exactly collinear tiny rows, duplicates, Zipf-small rows): the merged
+    solve's bracket must still contain the optimum of the full problem."""
+    G = lm_like_gradient(seed, V, d, n_collinear, n_duplicates)
+    half = 0.5 * np.linalg.norm(G, axis=1).sum()
+    ref = independent_tension(G)  # feasible, so <= T(G); within about 1e-6 of it here
+    for rtol in (1e-7, 1e-4):
+        agg = refgeo.lmo._aggregate(refgeo.center_rows(G), 0.25 * rtol * half)
+        assert agg is not None and agg.rows.shape[0] <= V - n_collinear - n_duplicates + 1  # the merged path runs
+        assert agg.error <= 0.25 * rtol * half
+        res = refgeo.diameter_lmo(G, rtol=rtol)
+        assert res.converged and res.gap <= rtol
+        assert ref <= res.upper_bound * (1 + 1e-12)
+        assert ref * (1 - rtol - 1e-6) <= res.lower_bound <= ref * (1 + 1e-6)
+        S = np.asarray(res.update)
+        assert _brute_diameter(S) <= 1.0
+        assert res.decrease == pytest.approx(-np.sum(G * S), rel=1e-13)
+        # merged rows share their step: the exactly collinear tiny rows move together
+        np.testing.assert_array_equal(S[V - n_duplicates - 1 - n_collinear], S[V - n_duplicates - 2])
+
+
+@pytest.mark.parametrize("V, d, seed", [(6, 2, 0), (12, 3, 2), (20, 3, 4)])
+def test_irls_path_matches_independent_solver(V, d, seed, monkeypatch):
+    """At moderate rtol the complete-graph IRLS runs: its bracket contains the optimum."""
+    monkeypatch.setattr(refgeo.lmo, "_BARRIER_LIMIT", 0)  # IRLS, not the barrier method
+    G = random_gradient(np.random.default_rng(seed), V, d)
+    ref = independent_tension(G)
+    res = refgeo.diameter_lmo(G, rtol=1e-5)
+    assert res.method == "irls" and res.converged and res.gap <= 1e-5
+    assert res.lower_bound <= ref * (1 + 1e-7) and ref <= res.upper_bound * (1 + 1e-10)
+    assert _brute_diameter(res.update) <= 1.0
+    assert np.all(res.pairs[:, 0] < res.pairs[:, 1]) and res.flows.sum() <= res.upper_bound * (1 + 1e-12)
+
+
 @pytest.mark.parametrize("seed", range(2))
 def test_ce_gradient_matches_independent_solver(seed):
     rng = np.random.default_rng(100 + seed)
@@ -310,6 +367,7 @@ def test_iterative_laplacian_path(monkeypatch, rtol):
     G = ce_gradient(rng, 40, 5, n_tokens=64)
     exact = refgeo.diameter_lmo(G, rtol=1e-9)
     monkeypatch.setattr(refgeo.lmo, "_DENSE_LIMIT", 8)
+    monkeypatch.setattr(refgeo.lmo, "_IRLS_LIMIT", 0)  # ADMM, not the complete-graph IRLS
     res = refgeo.diameter_lmo(G, eta=0.5, rtol=rtol)
     assert res.converged and res.gap <= rtol
     assert res.lower_bound <= exact.upper_bound * (1 + 1e-12)
@@ -553,7 +611,7 @@ def test_extreme_scales_keep_the_budget_and_the_bracket(c):
         assert 0.45 < _brute_diameter(S) <= 1.0
     r = refgeo.diameter_lmo(Gc, rtol=1e-6)
     assert r.lower_bound <= r.upper_bound and r.lower_bound >= c * T.lower * (1 - 1e-9)
-    assert _brute_diameter(r.update) <= 1.0 and r.method in ("admm", "irls")
+    assert _brute_diameter(r.update) <= 1.0 and r.method in ("admm", "irls", "barrier")
 
 
 @pytest.mark.parametrize("eta", [1e-300, 1e-3, 1e300])
