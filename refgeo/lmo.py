@@ -23,8 +23,9 @@ where the *tension* :math:`T` is the dual norm of :math:`D` on centered matrices
 
 Projected RowNorm costs O(Vd) and achieves at least :math:`\sqrt{(k+1)/(2k)}` of the
 optimal decrease (k = rank G); :func:`diameter_lmo` computes the optimum itself, with a
-certified bracket, by a primal-dual (ADMM) iteration on the min-tension flow problem
-over a working set of pairs grown by separation.
+certified bracket: nearly collinear rows are merged under a certified bound on the cost,
+and the merged min-tension flow problem is solved by a barrier method, reweighted
+electrical flows or ADMM over a working set, by size.
 """
 
 from __future__ import annotations
@@ -611,18 +612,20 @@ class LMOResult:
         ``decrease >= (1 - gap) * eta * T(G)``.
     pairs : ndarray of shape (m, 2)
         int64 pairs ``(i, j)``, ``i < j``, carrying flow in the returned flow
-        (complementary slackness: ``||s_i - s_j|| ~ eta`` on them).
+        (complementary slackness: ``||s_i - s_j|| ~ eta`` on them); for merged rows,
+        the largest row of each cluster stands for it.
     flows : ndarray of shape (m,)
         float64 flow magnitudes :math:`\lVert y_{ij} \rVert` on ``pairs``; their sum is
         the flow part of ``upper_bound``.
     iterations : int
-        ADMM iterations (0 for a closed form).
+        Newton steps, IRLS reweightings or ADMM iterations (0 for a closed form).
     rounds : int
         Separation rounds (working-set updates).
     eta : float
         The budget.
     method : str
-        ``"zero"``, ``"rank1"``, ``"two_rows"`` (closed forms) or ``"admm"``.
+        ``"zero"``, ``"rank1"``, ``"two_rows"`` (closed forms), ``"barrier"``,
+        ``"irls"`` or ``"admm"`` (see :func:`diameter_lmo`, Notes).
     converged : bool
         ``gap <= rtol`` was reached (closed forms: always True).
     elapsed : float
@@ -1397,7 +1400,8 @@ def diameter_lmo(
         Wall-time limit in seconds (None: no limit).  The best certified answer so far
         is returned (``converged=False`` if the gap is above ``rtol``).
     max_iter : int, default=None
-        Limit on ADMM iterations (None: no limit).
+        Limit on iterations (Newton steps, IRLS reweightings or ADMM iterations;
+        None: no limit); 0 certifies the starting point.
     warm_start : LMOResult, default=None
         A previous result (e.g. the last optimizer step): its step and flowing pairs
         start the working set, the potentials and the flows.
@@ -1406,8 +1410,12 @@ def diameter_lmo(
         ``pairs``, ``lower``, ``upper``, ``gap``, ``elapsed``; ``lower``/``gap`` are
         estimates from the Gram filter, certified only in the result).  Returning a true
         value stops the solver.
-    progress : bool, default=False
-        Show a tqdm progress bar (when tqdm is installed; silently nothing otherwise).
+    progress : bool or callable, default=False
+        True: a tqdm bar (a ``RuntimeWarning``, once, when tqdm is not installed).  A
+        callable is called from the calling thread, at most 4 times a second and once
+        at the end, with a dict ``done`` (0..1, the gap's progress from its first
+        estimate to ``rtol`` on a log scale), ``total`` (1.0), ``elapsed`` and ``eta``
+        (seconds, extrapolated; nan before any progress).
 
     Returns
     -------
@@ -1431,33 +1439,68 @@ def diameter_lmo(
              = \max \{ \langle G, \Phi \rangle : D(\Phi) \le 1 \},
         \qquad S^* = -\eta \Phi^*.
 
-    *Method.*  G is reduced to its row space, :math:`G = HQ^\top` (rank r), and scaled
-    to :math:`\sum \lVert h_i \rVert = 1`.  On a working set E of pairs the flow problem
-    :math:`\min \sum_{e \in E} \lVert y_e \rVert` s.t. :math:`B^\top Y = H` (B the
-    incidence matrix) is solved by ADMM: a projection onto the affine constraint (one
-    Laplacian solve with :math:`B^\top B`, factorized once per working set: dense
-    Cholesky up to 1500 rows, warm-started block CG above), a group soft-threshold,
-    and a multiplier update whose value is the potential X (:math:`\lVert x_i - x_j
-    \rVert \le 1` on E).  Every 25 iterations up to 10 farthest partners per row with
-    :math:`\lVert x_i - x_j \rVert > 1 + \mathrm{rtol}/4` join E (separation), and the
-    last and the round-averaged potentials are lower-bound candidates.  E starts from
-    the 20 farthest partners of every row of the RowNorm direction (and a warm start's
-    pairs), made connected.  The solver runs in float64 NumPy (other array types are
-    copied to NumPy).
+    *Method: aggregation, then a solver chosen by size.*  Gradients of real LM heads
+    have Zipf-distributed token frequencies and hidden states with a large common
+    component, so most rows are tiny and point almost the same way; the flow problem
+    is then massively degenerate.  First-order methods on the full problem crawl there
+    (ADMM took minutes at V = 2000), while a few hundred clusters of nearly collinear
+    rows carry all of its structure.  So, in this order:
+
+    1. *Aggregation.*  Rows are clustered top-down by direction and each cluster is
+       replaced by its sum (see :func:`_aggregate`): with
+       :math:`\tilde g_i = w_i g_C` (:math:`w_i = \lVert g_i \rVert / \sum_C
+       \lVert g_j \rVert`), :math:`T_{\text{merged}} \le T(G) \le T_{\text{merged}}
+       + \sum_C U(G_C - \tilde G_C)`, U the cheap bound below.  Clusters split until
+       that cost is at most ``rtol / 4`` of the half-sum (exactly zero for collinear
+       rows and duplicates); merging is used when it leaves at most 80% of the rows.
+       On LM-like gradients V = 2000..50257 becomes 350-400 rows at rtol 1e-3..1e-2;
+       isotropic gradients do not merge.
+    2. *Barrier method* when V'·r <= 400 and rtol >= 1e-8 (small problems, the test
+       cases): Newton steps on
+       :math:`t\langle H, X\rangle + \sum_{i<j} \log(1 - \lVert x_i - x_j \rVert^2)`
+       over all pairs, t growing 8x per stage; fast and accurate on degenerate rows.
+    3. *IRLS* (reweighted electrical flows) on the complete graph when V' <= 1500
+       and rtol >= 1e-6: conductances :math:`c_e` give potentials
+       :math:`X = L_c^{-1} H` and the flow :math:`y_e = c_e (x_i - x_j)` with
+       divergence exactly H, i.e. both halves of the certificate from one dense
+       Laplacian solve; :math:`c_e \leftarrow c_e (d_e / D)^2` with momentum in
+       :math:`\log c`.  Chosen over ADMM on the merged rows after measurement:
+       16x faster at V = 2000 (ADMM on the 353 merged rows: 89 s; IRLS: 5.5 s).
+    4. *ADMM over a working set* otherwise (large V' or tight rtol).  G is reduced
+       to its row space, :math:`G = HQ^\top` (rank r), and scaled to
+       :math:`\sum \lVert h_i \rVert = 1`.  On a working set E of pairs the flow
+       problem :math:`\min \sum_{e \in E} \lVert y_e \rVert` s.t.
+       :math:`B^\top Y = H` (B the incidence matrix) is solved by ADMM: a projection
+       onto the affine constraint (one Laplacian solve with :math:`B^\top B`,
+       factorized once per working set: dense Cholesky up to 1500 rows, warm-started
+       block CG above), a group soft-threshold, and a multiplier update whose value is
+       the potential X.  Every 25 iterations up to 10 farthest partners per row with
+       :math:`\lVert x_i - x_j \rVert > 1 + \mathrm{rtol}/4` join E (separation).
+
+    Warm starts map the previous step and flowing pairs onto the clusters.  The
+    engine's certified farthest partners were not needed as a separation oracle: the
+    merged problems are solved on the complete graph.  The solver runs in float64
+    NumPy with BLAS on one thread (other array types are copied to NumPy).
 
     *Certificate.*  For any potentials X, :math:`\langle G, XQ^\top\rangle /
-    D(XQ^\top) \le T(G)`, with D from the certified :func:`refgeo.row_diameter`; for
-    any flow Y on E, :math:`T(G) \le \sum_e \lVert y_e \rVert + U(R)` where
+    D(XQ^\top) \le T(G)`, with D from the certified :func:`refgeo.row_diameter`
+    (merged potentials are repeated over their clusters, which keeps D); for any flow
+    Y, :math:`T(G) \le \sum_e \lVert y_e \rVert + U(R)` where
     :math:`R = G - \operatorname{div}(Y) Q^\top` and U is the cheaper of
     :math:`\sum_i \lVert r_i \rVert/\sqrt2` and the product bound
-    (:func:`tension_bounds`).  Both are evaluated in float64 on G itself, so the
-    bracket holds up to float64 rounding of these sums (relative ~1e-15).  Closed
-    forms (G = 0, rank 1, V = 2) are used automatically.
+    (:func:`tension_bounds`), plus the aggregation bound.  Both are evaluated in
+    float64 on G itself (flow costs by direct differences), so the bracket holds up
+    to float64 rounding of these sums (relative ~1e-15); a lower bound above an upper
+    bound by more than that raises ``RuntimeError``.  Closed forms (G = 0, rank 1,
+    V = 2) are used automatically.
 
-    *Cost.*  Per ADMM iteration :math:`O(|E| r)` plus the Laplacian solve (O(V^2 r) dense,
-    :math:`O(|E| r)` per CG step); per separation round O(V^2 r) (Gram filter); a
-    certification costs one certified diameter, O(V^2 d).  The working set holds
-    about 5-25 pairs per row on cross-entropy gradients.
+    *Cost.*  Aggregation O(V r log V'); a barrier step O((V' r)^3); an IRLS iteration
+    O(V'^2 r + V'^3); an ADMM iteration :math:`O(|E| r)` plus the Laplacian solve; a
+    certification one certified diameter of the V' merged rows.  Memory
+    O(V d + V'^2) (+ O(|E| r) for ADMM).  Measured (one BLAS thread, two cores shared
+    with other work, min of runs) on the LM-like generator at rtol 1e-3: V = 2000, d = 64 in
+    about 6.6 s (ADMM alone: 144 s); V = 8000, d = 128 in about 1.7 s; at rtol 1e-2,
+    V = 50257, d = 768 in about 2.5 minutes.
 
     Invariant under row permutations and right-orthogonal transforms; positively
     homogeneous (the update is scale-invariant; G is rescaled by a power of two
