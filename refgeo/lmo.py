@@ -931,28 +931,26 @@ def _aggregate(Gc: np.ndarray, budget: float) -> _Aggregation | None:
     Un = Gc[live] / n[live, None]
     w_all = n[live]
 
-    def bound(pos):  # cluster positions into live -> (estimate of U(G_C - G~_C), mean direction)
+    def bound(pos):  # cluster positions into live -> (estimate of U(G_C - G~_C), deviations)
         w = w_all[pos]
         m = (w @ Un[pos]) / w.sum()
         dev = Un[pos] - m
-        return float(w @ np.sqrt(np.einsum("ij,ij->i", dev, dev))) / math.sqrt(2.0), m
+        return float(w @ np.sqrt(np.einsum("ij,ij->i", dev, dev))) / math.sqrt(2.0), dev
 
     import heapq
 
     root = np.arange(len(live))
-    e0, _ = bound(root)
-    heap = [(-e0, 0, root)]
+    e0, dev0 = bound(root)
+    heap = [(-e0, 0, root, dev0)]
     total, counter, done = e0, 0, []
     while heap and total > budget:
-        neg, _, pos = heapq.heappop(heap)
+        neg, _, pos, dev = heapq.heappop(heap)
         if len(pos) == 1:
             done.append(pos)
             continue
         w = w_all[pos]
-        _, m = bound(pos)
-        dev = Un[pos] - m
         p = dev[int(np.argmax(w * np.einsum("ij,ij->i", dev, dev)))].copy()
-        for _ in range(3):  # a few power steps towards the principal deviation
+        for _ in range(2):  # a few power steps towards the principal deviation
             p = (w[:, None] * dev).T @ (dev @ p)
             pn = float(np.linalg.norm(p))
             if pn == 0.0:
@@ -964,11 +962,14 @@ def _aggregate(Gc: np.ndarray, budget: float) -> _Aggregation | None:
             a, b = pos[: len(pos) // 2], pos[len(pos) // 2:]
         total += neg
         for part in (a, b):
-            ep, _ = bound(part)
+            ep, dp = bound(part)
             total += ep
             counter += 1
-            heapq.heappush(heap, (-ep, counter, part))
+            # the heap's clusters partition the rows: their cached deviations take
+            # one (V, d) array in all
+            heapq.heappush(heap, (-ep, counter, part, dp))
     clusters = done + [h[2] for h in heap]
+    del heap
     n_clusters = len(clusters) + (1 if len(live) < V else 0)
     if n_clusters >= V:
         return None

@@ -401,6 +401,43 @@ def test_callback_limits_and_progress():
     refgeo.diameter_lmo(G, rtol=1e-3, progress=True)  # tqdm if installed; never fails
 
 
+def test_progress_callable_and_missing_tqdm(monkeypatch):
+    from refgeo._lm_gradients import lm_gradient
+
+    G = lm_gradient(400, 8, n_tokens=64, seed=3)
+    calls = []
+    t0 = time.perf_counter()
+    res = refgeo.diameter_lmo(G, rtol=1e-4, progress=calls.append)
+    elapsed = time.perf_counter() - t0
+    assert calls and all(set(c) == {"done", "total", "elapsed", "eta"} for c in calls)
+    assert all(0.0 <= c["done"] <= 1.0 and c["total"] == 1.0 for c in calls)
+    assert [c["done"] for c in calls] == sorted(c["done"] for c in calls)
+    assert res.converged and calls[-1]["done"] == 1.0
+    assert len(calls) <= 2 + 4 * elapsed + 1  # throttled: at most 4 a second, plus the last
+    # progress=True without tqdm: one warning, however many calls
+    import builtins
+
+    real_import = builtins.__import__
+
+    def no_tqdm(name, *args, **kwargs):
+        if name.startswith("tqdm"):
+            raise ImportError("no tqdm here")
+        return real_import(name, *args, **kwargs)
+
+    monkeypatch.setattr(builtins, "__import__", no_tqdm)
+    monkeypatch.setattr(refgeo.lmo, "_TQDM_WARNED", False)
+    small = random_gradient(np.random.default_rng(0), 8, 3)
+    with pytest.warns(RuntimeWarning, match="tqdm"):
+        refgeo.diameter_lmo(small, rtol=1e-3, progress=True)
+    import warnings as _w
+
+    with _w.catch_warnings():
+        _w.simplefilter("error")
+        refgeo.diameter_lmo(small, rtol=1e-3, progress=True)  # warned once already
+    with pytest.raises(TypeError, match="progress"):
+        refgeo.diameter_lmo(small, progress="yes")
+
+
 # ------------------------------------------------------------------ bounds
 
 
