@@ -1065,23 +1065,21 @@ class _IRLS:
         self.callback, self.bar, self.t0 = callback, bar, t0
         self.V, self.r = H.shape
         V = self.V
-        self.lc = np.zeros((V, V))
-        if warm is not None and warm.eta > 0:
-            X0 = (-np.asarray(warm.update, dtype=np.float64) / warm.eta) @ Q
-            D2 = _sq_distances(X0)
-            dmax = float(D2.max())
-            if dmax > 0:
-                self.lc = np.maximum(_IRLS_POWER * np.log(np.maximum(D2, 1e-300) / dmax), _IRLS_LOG_FLOOR)
+        self.lc = np.zeros((V, V))  # log-conductances: all pairs alike to start
+        del warm  # cold start (see _solve)
         self.iterations = 0
         self.rounds = 0
         self.cert_time = None
+        self.iter_time = 0.0
 
     def _elapsed(self):
         return time.perf_counter() - self.t0
 
     def _out_of_budget(self):
         if self.max_time is not None:
-            reserve = self.cert_time if self.cert_time is not None else 0.0
+            # keep time for one certification (its last cost; before the first, three
+            # iterations' worth)
+            reserve = self.cert_time if self.cert_time is not None else 3.0 * self.iter_time
             if self._elapsed() + reserve >= self.max_time:
                 return True
         return self.max_iter is not None and self.iterations >= self.max_iter
@@ -1105,15 +1103,18 @@ class _IRLS:
 
     def _certify_upper(self, X, C):
         """Certified upper bound (unscaled) from the flow y_e = c_e (x_i - x_j): its cost
-        by direct differences, plus the cheap bound on G minus its divergence L X."""
-        cost = 0.0
-        V = self.V
-        block = max(1, (1 << 21) // max(V * self.r, 1))
-        for i0 in range(0, V, block):
-            i1 = min(V, i0 + block)
-            diff = X[i0:i1, None, :] - X[None, :, :]
-            cost += float(np.sum(C[i0:i1] * np.sqrt(np.einsum("abk,abk->ab", diff, diff))))
-        cost = 0.5 * cost * self.scale
+        plus the cheap bound on G minus its divergence L X.
+
+        The cost uses the Gram expansion of the squared distances (one GEMM) raised by
+        its rounding bound: ``|fl(n_i + n_j - 2 x_i.x_j) - d_ij^2| <= (r + 2) eps
+        (n_i + n_j + 2 |x_i||x_j|) <= 2 (r + 2) eps (n_i + n_j)``, doubled for margin.
+        """
+        n2 = np.einsum("ij,ij->i", X, X)
+        D2 = n2[:, None] + n2[None, :] - 2.0 * (X @ X.T)
+        slack = (4.0 * (self.r + 2) * _EPS64) * (n2[:, None] + n2[None, :])
+        Dup = np.sqrt(np.maximum(D2, 0.0) + slack)
+        np.fill_diagonal(Dup, 0.0)
+        cost = 0.5 * float(np.sum(C * Dup)) * (1.0 + 4.0 * _EPS64 * self.V) * self.scale
         div = (C.sum(axis=1)[:, None] * X - C @ X) @ self.Q.T * self.scale
         R = self.Gm - div
         R -= R.mean(axis=0, keepdims=True)
@@ -1129,6 +1130,7 @@ class _IRLS:
         iu = np.triu_indices(self.V, 1)
         evaluations = 0
         while True:
+            ti = time.perf_counter()
             X, C = self._solve(self.lc)
             Dm = np.sqrt(_sq_distances(X))
             dmax = float(Dm.max())
@@ -1140,6 +1142,7 @@ class _IRLS:
                 best_up, best_C, best_CX = up, C, X
             gap_est = _relative_gap(best_lo, best_up)
             evaluations += 1
+            self.iter_time = time.perf_counter() - ti
             budget_out = self._out_of_budget()
             if evaluations % _IRLS_ROUND == 1 or gap_est <= cert_trigger or budget_out:
                 self.rounds += 1
@@ -1404,8 +1407,9 @@ def diameter_lmo(
         Limit on iterations (Newton steps, IRLS reweightings or ADMM iterations;
         None: no limit); 0 certifies the starting point.
     warm_start : LMOResult, default=None
-        A previous result (e.g. the last optimizer step): its step and flowing pairs
-        start the working set, the potentials and the flows.
+        A previous result (e.g. the last optimizer step): for the ADMM, its step and
+        flowing pairs start the working set, the potentials and the flows (the other
+        solvers start cold; see Notes).
     callback : callable, default=None
         Called after each separation round with a dict (``iteration``, ``rounds``,
         ``pairs``, ``lower``, ``upper``, ``gap``, ``elapsed``; ``lower``/``gap`` are
@@ -1478,7 +1482,10 @@ def diameter_lmo(
        the potential X.  Every 25 iterations up to 10 farthest partners per row with
        :math:`\lVert x_i - x_j \rVert > 1 + \mathrm{rtol}/4` join E (separation).
 
-    Warm starts map the previous step and flowing pairs onto the clusters.  The
+    Warm starts serve the ADMM (the previous step and flowing pairs, mapped onto the
+    clusters); the barrier method and IRLS start cold, since a warm-started IRLS
+    reached larger gaps in the same time on the demo's consecutive momentum gradients
+    (measured).  The
     engine's certified farthest partners were not needed as a separation oracle: the
     merged problems are solved on the complete graph.  The solver runs in float64
     NumPy with BLAS on one thread (other array types are copied to NumPy).
@@ -1574,7 +1581,8 @@ def diameter_lmo(
             # T_merged >= T(G) - error >= scale / 2 - error: the merged gap that keeps
             # the whole gap within rtol
             rtol_m = rtol - eps_m / max(0.5 * scale - eps_m, _TINY64)
-            warm_m = _merged_warm_start(warm_start, agg) if warm_start is not None else None
+            # mapped only if the ADMM runs (the other solvers start cold, see _solve)
+            warm_m = (lambda: _merged_warm_start(warm_start, agg)) if warm_start is not None else None
             cb = callback
             if callback is not None:
                 def cb(info):
@@ -1603,10 +1611,16 @@ def _solve(Gc, scale, rtol, max_time, max_iter, warm_start, callback, bar, t0) -
     Q = Vt[:r].T  # (d, r), orthonormal columns
     H = U_[:, :r] * s[:r]  # (V, r), sum of row norms ~ 1
     H -= H.mean(axis=0, keepdims=True)
+    # The barrier method and IRLS start cold: started from the previous step's
+    # potentials, IRLS needed more time for the same gap on consecutive momentum
+    # gradients of the demo's training (measured), and the barrier's Newton steps
+    # need a central start.
     if V * r <= _BARRIER_LIMIT and rtol >= _BARRIER_MIN_RTOL:
-        return _Barrier(H, Q, Gc, scale, rtol, max_time, max_iter, warm_start, callback, bar, t0).run()
+        return _Barrier(H, Q, Gc, scale, rtol, max_time, max_iter, None, callback, bar, t0).run()
     if V <= _IRLS_LIMIT and rtol >= _IRLS_MIN_RTOL:
-        return _IRLS(H, Q, Gc, scale, rtol, max_time, max_iter, warm_start, callback, bar, t0).run()
+        return _IRLS(H, Q, Gc, scale, rtol, max_time, max_iter, None, callback, bar, t0).run()
+    if callable(warm_start):
+        warm_start = warm_start()
     return _ADMM(H, Q, Gc, scale, rtol, max_time, max_iter, warm_start, callback, bar, t0).run()
 
 
