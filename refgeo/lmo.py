@@ -1508,9 +1508,10 @@ def diameter_lmo(
     O(V'^2 r + V'^3); an ADMM iteration :math:`O(|E| r)` plus the Laplacian solve; a
     certification one certified diameter of the V' merged rows.  Memory
     O(V d + V'^2) (+ O(|E| r) for ADMM).  Measured (one BLAS thread, two cores shared
-    with other work, min of runs) on the LM-like generator at rtol 1e-3: V = 2000, d = 64 in
-    about 6.6 s (ADMM alone: 144 s); V = 8000, d = 128 in about 1.7 s; at rtol 1e-2,
-    V = 50257, d = 768 in about 2.5 minutes.
+    with other work, min of runs) on the LM-like generator at rtol 1e-3: V = 2000,
+    d = 64 in about 6 s (ADMM alone: 144 s); V = 8000, d = 128 in about 2 s; at rtol
+    1e-2, V = 50257, d = 768 in about 1 minute (2.3 GB peak with the generator).
+    Isotropic gradients do not merge and run the ADMM as before (V = 2000: 17 s).
 
     Invariant under row permutations and right-orthogonal transforms; positively
     homogeneous (the update is scale-invariant; G is rescaled by a power of two
