@@ -234,7 +234,8 @@ class DiameterLMO:
     .. math:: S_t = \arg\min \{ \langle M_t, S \rangle : D(S) \le \eta,\
               \mathbf{1}^\top S = 0 \}
 
-    computed by :func:`refgeo.diameter_lmo` warm-started from the previous solve, so
+    computed by :func:`refgeo.diameter_lmo` (given the previous solve as a warm start,
+    which its ADMM uses), so
     :math:`D(S_t) \le \eta` is certified and the decrease
     :math:`-\langle M_t, S_t \rangle` is within ``rtol`` of the optimum
     :math:`\eta T(M_t)`, which is at least RowNorm's and at most :math:`\sqrt{2k/(k+1)}`
