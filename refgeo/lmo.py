@@ -1450,8 +1450,8 @@ def diameter_lmo(
     have Zipf-distributed token frequencies and hidden states with a large common
     component, so most rows are tiny and point almost the same way; the flow problem
     is then massively degenerate.  First-order methods on the full problem crawl there
-    (ADMM did not reach a gap of 1e-3 in 300 s at V = 2000), while a few hundred clusters of nearly collinear
-    rows carry all of its structure.  So, in this order:
+    (ADMM did not reach a gap of 1e-3 in 300 s at V = 2000), while a few hundred
+    clusters of nearly collinear rows carry all of its structure.  So, in this order:
 
     1. *Aggregation.*  Rows are clustered top-down by direction and each cluster is
        replaced by its sum (see :func:`_aggregate`): with
@@ -1509,8 +1509,9 @@ def diameter_lmo(
     certification one certified diameter of the V' merged rows.  Memory
     O(V d + V'^2) (+ O(|E| r) for ADMM).  Measured (one BLAS thread, two cores shared
     with other work, min of runs) on the LM-like generator at rtol 1e-3: V = 2000,
-    d = 64 in about 6 s (the ADMM alone stopped at 300 s with a gap of 6e-3); V = 8000, d = 128 in about 2 s; at rtol
-    1e-2, V = 50257, d = 768 in about 1 minute (2.3 GB peak with the generator).
+    d = 64 in about 6 s (the ADMM alone stopped at 300 s with a gap of 6e-3);
+    V = 8000, d = 128 in about 2 s; at rtol 1e-2, V = 50257, d = 768 in about
+    1 minute (2.3 GB peak with the generator).
     Isotropic gradients do not merge and run the ADMM as before (V = 2000: 17 s).
 
     Invariant under row permutations and right-orthogonal transforms; positively
