@@ -1,7 +1,8 @@
 r"""Steepest descent under the row diameter: RowNorm, bounds, the exact LMO.
 
-The mathematics is in :doc:`/theory/lmo` (docs/theory/lmo.md).  For a centered gradient :math:`G \in \mathbb{R}^{V \times d}` (:math:`\mathbf{1}^\top G = 0`,
-as for cross-entropy) the linear minimization oracle of the row diameter is
+The mathematics is in :doc:`/theory/lmo` (docs/theory/lmo.md).  For a centered
+gradient :math:`G \in \mathbb{R}^{V \times d}` (:math:`\mathbf{1}^\top G = 0`, as for
+cross-entropy) the linear minimization oracle of the row diameter is
 
 .. math:: \min \{ \langle G, S \rangle : D(S) \le \eta,\ \mathbf{1}^\top S = 0 \}
           = -\eta\, T(G),
@@ -166,8 +167,8 @@ def center_rows(A: Any, /):
     if mx * V < _MAX64 / 2:
         mean = xp.mean(Af, axis=0, keepdims=True)
     else:  # the column sums could overflow (rows near 1e308): average the scaled rows
-        mean = _pow2_scaled(xp, xp.mean(_pow2_scaled(xp, Af, -8 - math.frexp(float(V))[1]), axis=0, keepdims=True),
-                            8 + math.frexp(float(V))[1])
+        k = 8 + math.frexp(float(V))[1]
+        mean = _pow2_scaled(xp, xp.mean(_pow2_scaled(xp, Af, -k), axis=0, keepdims=True), k)
     C = Af - mean
     return xp.astype(C, A.dtype) if A.dtype != xp.float64 else C
 
