@@ -1,4 +1,4 @@
-"""One-shot measurements of the issue acceptance cases that take minutes per call.
+"""One-shot measurements of the large solver cases that take minutes per call.
 
 The asv benchmarks (``asv_benchmarks/``, ``REFGEO_BENCH_SIZE=realistic``) hold the speed
 ratios measured in one process (pdist, roofline, scikit-learn, NumPy loop).  The solver
