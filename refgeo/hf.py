@@ -467,7 +467,8 @@ def model_logits(
     Returns
     -------
     logits : ndarray of shape (B, T, V)
-        In the model's dtype (padding positions included, as the model returns them).
+        In the model's dtype (the readout's with ``readout``); padding positions
+        included, as the model returns them.
 
     Notes
     -----
@@ -488,6 +489,11 @@ def model_logits(
         vals = np.asarray(states)
         if seq.shape != pos.shape or vals.ndim != 2 or vals.shape[0] != seq.shape[0]:
             raise ValueError("sequence, position and states must have matching lengths n ((n,), (n,), (n, d)).")
+        if seq.size:
+            vals = _check_states(vals, seq.size, vals.shape[1], "states")
+            T = batch.ids.shape[1]
+            if seq.min() < 0 or seq.max() >= batch.ids.shape[0] or pos.min() < 0 or pos.max() >= T:
+                raise ValueError("sequence and position must index entries of input_ids.")
         if seq.size:
             patch.update(seq=torch.as_tensor(seq), pos=torch.as_tensor(pos), values=torch.as_tensor(vals))
         hook = _patch_hook(blks[layer], patch)
@@ -671,7 +677,7 @@ def intervene(
     plus its logits, (B, T, V) in the model's dtype for the model's head and
     float64 log-probabilities (B, T, V) with ``readout_position="sum"``.
     """
-    torch = _check_model(model)
+    _check_model(model)
     _, blks = find_blocks(model, blocks)
     layer = check_int(layer, "layer", min_value=0, max_value=len(blks) - 1)
     check_choice(divergence, "divergence", _DIVERGENCES)
@@ -686,7 +692,6 @@ def intervene(
     probe = _check_probe(probe, n, seed)
     plan = _passes(batch, probe, batch_size)
     total = sum(1 + len(g) for *_, g in plan)
-    del torch
     with _progress.Progress(progress, total, desc="intervene", unit="pass") as bar:
         return _intervene(model, batch, blks, layer, P, probe, divergence, readout_position, readout, batch_size, bar)
 

@@ -26,6 +26,16 @@ hf = pytest.importorskip("refgeo.hf")
 V = 37  # vocabulary of the tiny models
 
 
+@pytest.fixture(autouse=True, scope="module")
+def _one_torch_thread():
+    # tiny models: thread start-up costs more than it saves, and a busy machine makes
+    # spinning OpenMP threads slower still
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
+
+
 def _seeded(build):
     torch.manual_seed(0)
     return build().eval()
