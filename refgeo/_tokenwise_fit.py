@@ -3,8 +3,9 @@
 Every function here receives clean float64 NumPy arrays and resolved options (the
 public wrappers in :mod:`refgeo.tokenwise` validate); none of them checks arguments.
 
-Conventions (docs/theory/tokenwise.md).  Token ``i`` has neighbors ``N_k(i)`` (row ``i`` of ``nbr``)
-with weights ``w_ij`` normalized to mean 1 over the neighborhood.  The local problem is
+Conventions (docs/theory/tokenwise.md).  Token ``i`` has neighbors ``N_k(i)`` (row
+``i`` of ``nbr``) with weights ``w_ij`` normalized to mean 1 over the neighborhood.
+The local problem is
 
     min_A  sum_j w_ij ||y_j - A x_j||^2 + lam ||A - A0||_F^2,   A0 in {0, I},
 
@@ -14,6 +15,10 @@ the d x d maps, except on request for tests (``return_maps``).
 
 Memory: the neighbor panels ``X[nbr[chunk]]`` are gathered ``chunk`` tokens at a
 time, so at most ``chunk * k * d`` float64 numbers per panel exist at once.
+
+Scaling: the fits receive ``ex`` and work on ``X * 2**-ex`` and ``Y * 2**-ex``,
+scaling only the rows they gather (exact: a power of two), so that no scaled (N, d)
+copy is needed; the fitted values they return are those of the scaled panels.
 """
 
 from __future__ import annotations
@@ -28,38 +33,62 @@ _EPS = float(np.finfo(np.float64).eps)
 _PANEL_BYTES = 48 * 2**20
 
 
-def default_chunk(k: int, d: int, n: int) -> int:
+def default_chunk(k: int, d: int, n: int, diagonal: bool = False) -> int:
     """Tokens per chunk so that one (chunk, k, max(d, 4k)) float64 block stays near 48 MiB.
 
     ``4k``: the kernel-form fits also hold about four (chunk, k, k) arrays at once
     (Gram matrix, eigenvectors, and for low rank two more), which dominate when k is
-    large compared with d.
+    large compared with d.  The diagonal fits gather no panels: their chunk holds one
+    (chunk, max(d, k)) block of the sparse products, and small chunks only add
+    per-chunk overhead.
     """
-    return int(max(1, min(n, _PANEL_BYTES // max(1, 8 * k * max(d, 4 * k)))))
+    per_token = 8 * (max(d, k) if diagonal else k * max(d, 4 * k))
+    return int(max(1, min(n, _PANEL_BYTES // max(1, per_token))))
 
 
 # --------------------------------------------------------------------- diagonal
 
 
-def fit_diagonal(X, Y, nbr, w, lam, a0, nonneg, chunk):
+def _rows(A, ex, s, t):
+    """Rows ``s:t`` of ``A * 2**-ex`` (a view when ``ex == 0``)."""
+    return A[s:t] if ex == 0 else np.ldexp(A[s:t], -ex)
+
+
+def fit_diagonal(X, Y, nbr, w, lam, a0, nonneg, chunk, tick=None, ex=0):
     """Coordinate-wise closed form ``a_c = (sum w x y + lam a0) / (sum w x^2 + lam)``.
 
-    The neighbor sums are products of the sparse N x N neighbor-weight matrix (k
-    entries per row) with the dense (N, d) panels ``X*Y`` and ``X*X``: O(N k d) time,
-    O(N d) extra memory, no (N, k, d) gather.  A coordinate with a zero denominator
-    (``lam = 0`` and all neighbors zero there) carries no information and takes the
-    prior value ``a0``.  ``nonneg`` clips at 0, the exact minimizer of the 1-D convex
-    problem on ``a >= 0``.
+    The neighbor sums are products of the sparse neighbor-weight matrix (k entries per
+    row) with the dense (N, d) panels ``X*Y`` and ``X*X``: O(N k d) time, O(N d) extra
+    memory, no (N, k, d) gather.  The products run ``chunk`` rows at a time (each row
+    on its own, so the result does not depend on ``chunk``), calling ``tick()`` after
+    each: 2 ceil(N / chunk) steps.  A coordinate with a zero denominator (``lam = 0``
+    and all neighbors zero there) carries no information and takes the prior value
+    ``a0``.  ``nonneg`` clips at 0, the exact minimizer of the 1-D convex problem on
+    ``a >= 0``.
     """
     import scipy.sparse as sp
 
     n, d = X.shape
     k = nbr.shape[1]
-    S = sp.csr_matrix((w.ravel(), nbr.ravel(), np.arange(0, n * k + 1, k)), shape=(n, n))
-    P = np.multiply(X, Y)
-    num = S @ P
-    np.multiply(X, X, out=P)
-    den = S @ P
+    num = np.empty((n, d))
+    den = np.empty((n, d))
+    indptr = np.arange(0, min(chunk, n) * k + 1, k)
+    P = np.empty((n, d))
+    for s in range(0, n, chunk):  # X * Y of the scaled panels
+        e = min(n, s + chunk)
+        np.multiply(_rows(X, ex, s, e), _rows(Y, ex, s, e), out=P[s:e])
+    for out in (num, den):
+        for s in range(0, n, chunk):
+            e = min(n, s + chunk)
+            S = sp.csr_matrix((w[s:e].ravel(), nbr[s:e].ravel(), indptr[: e - s + 1]), shape=(e - s, n))
+            out[s:e] = S @ P
+            if tick is not None:
+                tick()
+        if out is num:
+            for s in range(0, n, chunk):
+                e = min(n, s + chunk)
+                xb = _rows(X, ex, s, e)
+                np.multiply(xb, xb, out=P[s:e])
     del P
     if lam:
         num += lam * a0
@@ -69,7 +98,9 @@ def fit_diagonal(X, Y, nbr, w, lam, a0, nonneg, chunk):
     num[~pos] = a0
     if nonneg:
         np.maximum(num, 0.0, out=num)
-    np.multiply(X, num, out=den)
+    for s in range(0, n, chunk):
+        e = min(n, s + chunk)
+        np.multiply(_rows(X, ex, s, e), num[s:e], out=den[s:e])
     return den, num
 
 
@@ -93,7 +124,7 @@ def _kernel_pinv_weights(mu, lam, rcond):
     return inv, h
 
 
-def fit_linear(X, Y, nbr, w, lam, identity_prior, rank, chunk, return_maps=False, tick=None):
+def fit_linear(X, Y, nbr, w, lam, identity_prior, rank, chunk, return_maps=False, tick=None, ex=0):
     """Full ridge (``rank=None``) or reduced-rank ridge (rank ``r``) local fits.
 
     Kernel (dual) form, exact for any k and d: with weighted panels
@@ -124,13 +155,16 @@ def fit_linear(X, Y, nbr, w, lam, identity_prior, rank, chunk, return_maps=False
         idx = nbr[s:e]
         Xt = np.take(X, idx.ravel(), axis=0, out=bufX[: b * k], mode="clip").reshape(b, k, d)
         Rt = np.take(Y, idx.ravel(), axis=0, out=bufR[: b * k], mode="clip").reshape(b, k, d)
+        if ex:
+            np.ldexp(Xt, -ex, out=Xt)
+            np.ldexp(Rt, -ex, out=Rt)
         if identity_prior:
             Rt -= Xt
         if weighted:
             ws = sw[s:e, :, None]
             Rt *= ws
             Xt *= ws
-        xi = X[s:e]
+        xi = _rows(X, ex, s, e)
         K = Xt @ Xt.swapaxes(1, 2)
         kap = np.einsum("bkd,bd->bk", Xt, xi)
         mu, E = np.linalg.eigh(K)
@@ -199,7 +233,7 @@ def polar_near_identity(M, rcond):
     return Q
 
 
-def fit_orthogonal(X, Y, nbr, w, lam, identity_prior, scaled, chunk, return_maps=False, tick=None):
+def fit_orthogonal(X, Y, nbr, w, lam, identity_prior, scaled, chunk, return_maps=False, tick=None, ex=0):
     """Weighted (scaled) orthogonal Procrustes per token, reduced to span(X_N, Y_N).
 
     ``M = sum_j w_j y_j x_j^T`` has rank <= k, so with an orthonormal basis ``P`` of
@@ -220,10 +254,12 @@ def fit_orthogonal(X, Y, nbr, w, lam, identity_prior, scaled, chunk, return_maps
     for s in range(0, n, chunk):
         e = min(n, s + chunk)
         idx = nbr[s:e]
-        b = e - s
         Xn = X[idx]
         Yn = Y[idx]
-        xi = X[s:e]
+        if ex:
+            np.ldexp(Xn, -ex, out=Xn)
+            np.ldexp(Yn, -ex, out=Yn)
+        xi = _rows(X, ex, s, e)
         wn = w[s:e]
         if full_space:
             xs, ys, xis = Xn, Yn, xi

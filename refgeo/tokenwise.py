@@ -43,7 +43,6 @@ from __future__ import annotations
 
 import dataclasses
 import math
-import numbers
 import warnings
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
@@ -579,21 +578,20 @@ def _validate_fit_options(n, d, k, cls, rank, ridge, prior, metric, standardize,
     return ridge, standardize, exclude_self
 
 
-def _dispatch_fit(X64, Y64, idx, w, cls, rank, ridge, ident, chunk, return_maps, tick):
+def _dispatch_fit(X64, Y64, ex, idx, w, cls, rank, ridge, ident, chunk, return_maps, tick):
     n, d = X64.shape
     coef = maps = None
     if cls in ("diagonal", "psd_diagonal"):
         a0 = 1.0 if ident else 0.0
-        fitted, coef = _fit.fit_diagonal(X64, Y64, idx, w, ridge, a0, cls == "psd_diagonal", chunk)
-        tick()
+        fitted, coef = _fit.fit_diagonal(X64, Y64, idx, w, ridge, a0, cls == "psd_diagonal", chunk, tick, ex)
         if return_maps:
             maps = np.zeros((n, d, d))
             maps[:, np.arange(d), np.arange(d)] = coef
     elif cls in ("low_rank", "full"):
-        fitted, maps = _fit.fit_linear(X64, Y64, idx, w, ridge, ident, rank, chunk, return_maps, tick)
+        fitted, maps = _fit.fit_linear(X64, Y64, idx, w, ridge, ident, rank, chunk, return_maps, tick, ex)
     else:
         fitted, sc, maps = _fit.fit_orthogonal(
-            X64, Y64, idx, w, ridge, ident, cls == "scaled_orthogonal", chunk, return_maps, tick
+            X64, Y64, idx, w, ridge, ident, cls == "scaled_orthogonal", chunk, return_maps, tick, ex
         )
         coef = sc if cls == "scaled_orthogonal" else None
     return fitted, coef, maps
@@ -635,6 +633,27 @@ def _scaled64(A, e):
     return out
 
 
+def _panels64(X, Y, e):
+    """``(X64, Y64, ex)``: float64 panels and the exponent still to apply to them.
+
+    float64 inputs are used as they are (``ex = e``: the kernels scale the rows they
+    gather, and no (N, d) copy is made); other dtypes are converted, and the copies
+    are scaled in place (``ex = 0``).
+    """
+    if X.dtype == np.float64 and Y.dtype == np.float64:
+        return X, Y, e
+    return _scaled64(X, e), _scaled64(Y, e), 0
+
+
+# rows per block of the blockwise scaled passes over (N, d) panels: O(8192 d) temporaries
+_ROWS = 8192
+
+
+def _rows(A, ex, s, t):
+    """Rows ``s:t`` of ``A * 2**-ex`` (a scaled copy, or a view when ``ex == 0``)."""
+    return A[s:t] if ex == 0 else np.ldexp(A[s:t], -ex)
+
+
 def _scaled_ridge(ridge, e):
     """The ridge of the scaled problem, ``ridge * 4**-e`` (capped, see above)."""
     if ridge == 0 or e == 0:
@@ -667,8 +686,8 @@ class _FitPlan:
 
     @property
     def n_steps(self) -> int:
-        """Progress steps: the neighbor search, then one per chunk (one for diagonal fits)."""
-        return int(self.given is None) + (1 if self.cls in ("diagonal", "psd_diagonal") else self.n_chunks)
+        """Progress steps: the neighbor search, then one per chunk (two for diagonal fits)."""
+        return int(self.given is None) + (2 if self.cls in ("diagonal", "psd_diagonal") else 1) * self.n_chunks
 
 
 def _plan_fit(X, k, cls, rank, ridge, prior, metric, standardize, exclude_self, weights, neighbors,
@@ -682,7 +701,7 @@ def _plan_fit(X, k, cls, rank, ridge, prior, metric, standardize, exclude_self, 
     given = None if neighbors is None else _given_neighbors(n, k, neighbors)
     if given is not None:
         k = given[0].shape[1]
-    chunk = min(chunk_size or _fit.default_chunk(k, d, n), n)
+    chunk = min(chunk_size or _fit.default_chunk(k, d, n, cls in ("diagonal", "psd_diagonal")), n)
     return _FitPlan(cls, int(k), rank, ridge, prior, metric, standardize, exclude_self, weights, given,
                     int(chunk), return_maps, -(-n // chunk))
 
@@ -703,7 +722,7 @@ def _fit_bytes(plan, n, d, copies):
     if plan.given is None:
         parts["neighbor search (two (N, d) copies)"] = 2 * f * n * d
     if diagonal:
-        parts["one (N, d) product panel and the sparse neighbor matrix"] = f * n * d + 12 * n * k
+        parts[f"one (N, d) product panel, chunks of chunk_size={b} tokens"] = f * n * d + (f * d + 12 * k) * b
     elif plan.cls in ("low_rank", "full"):
         parts[f"neighbor panels of chunk_size={b} tokens"] = f * b * k * (3 * d + 6 * k)
     else:
@@ -722,8 +741,10 @@ def _check_fit_memory(what, parts, plan):
     _progress.check_memory(what, parts, advice)
 
 
-def _run_fit(plan, X, Xs, Ys, e, bar, stacklevel):
-    """The fit on the scaled panels ``Xs, Ys = (X, Y) * 2**-e``; fitted values stay scaled.
+def _run_fit(plan, X, X64, Y64, ex, e, bar, stacklevel):
+    """The fit of the scaled panels ``(X, Y) * 2**-e``; the fitted values stay scaled.
+
+    ``X64 * 2**-ex`` and ``Y64 * 2**-ex`` are those panels (see :func:`_panels64`).
 
     Returns ``(fitted, coefficients, maps, indices, distances, weights, weights_kind)``.
     """
@@ -738,8 +759,9 @@ def _run_fit(plan, X, Xs, Ys, e, bar, stacklevel):
     _warn_underdetermined(plan.cls, dof, plan.k, d, plan.ridge, stacklevel + 1)
     ident = plan.prior == "identity"
     with blas_single_thread():  # many small batched GEMMs / eigh: threads only spin
-        fitted, coef, maps = _dispatch_fit(Xs, Ys, idx, w, plan.cls, plan.rank, _scaled_ridge(plan.ridge, e),
-                                           ident, plan.chunk, plan.return_maps, bar.advance)
+        fitted, coef, maps = _dispatch_fit(X64, Y64, ex, idx, w, plan.cls, plan.rank,
+                                           _scaled_ridge(plan.ridge, e), ident, plan.chunk, plan.return_maps,
+                                           bar.advance)
     return fitted, coef, maps, idx, dist, w, wkind
 
 
@@ -763,9 +785,9 @@ def _fit_config(plan, X, wkind):
     }
 
 
-def _n_copies(X, Y, e):
-    """How many (N, d) float64 arrays scaling and conversion allocate for X and Y."""
-    return sum(int(A.dtype != np.float64 or e != 0) for A in (X, Y))
+def _n_copies(X, Y):
+    """How many (N, d) float64 arrays conversion allocates for X and Y (see :func:`_panels64`)."""
+    return 0 if X.dtype == np.float64 and Y.dtype == np.float64 else 2
 
 
 def fit_local_maps(
@@ -828,8 +850,11 @@ def fit_local_maps(
         ``standardize`` and ``exclude_self`` then do not apply and are recorded as
         None in ``config``.  Otherwise :func:`refgeo.knn` is called.
     chunk_size : int, default=None
-        Tokens per gathered neighbor panel; default keeps a (chunk, k, d) float64
-        panel near 48 MiB.
+        Tokens per chunk (gathered neighbor panel); the default keeps a
+        (chunk, k, max(d, 4k)) float64 panel near 48 MiB, and for the diagonal
+        classes, which gather no panels, a (chunk, max(d, k)) block.  Progress
+        reports and interrupts land between chunks.  The result does not depend on
+        it (bit for bit for the diagonal classes, to rounding for the others).
     return_maps : bool, default=False
         Also return every :math:`A_i` (memory N d^2; for small problems and tests).
     progress : bool or callable, default=False
@@ -890,12 +915,13 @@ def fit_local_maps(
     Numerical guarantee: float64 closed forms; the kernel forms square the condition
     number of each neighbor panel (eigenvalues below ``100 max(k, d) eps`` relative
     are treated as zero, with or without ridge).  Whole float range: the fit runs on
-    ``X 2^{-e}, Y 2^{-e}`` (exact), with ``e`` putting the largest entry in [1/2, 1)
-    and the ridge scaled by ``4^{-e}``, so entries from about 1e-290 to 1e300 fit
-    alike and ``fit(2^m X, 2^m Y, ridge=4^m lam)`` is ``2^m fit(X, Y, ridge=lam)``
-    bit for bit.  What scaling cannot help: entries more than about 2^1000 below the
-    largest one lose their low bits (they are negligible against it), and a ridge
-    above ``2^600`` times the squared largest entry acts as an infinite one.  Invariances: a global
+    ``X 2^{-e}, Y 2^{-e}`` (exact; rows are scaled as they are gathered, no copy),
+    with ``e`` putting the largest entry in [1/2, 1) and the ridge scaled by
+    ``4^{-e}``, so entries from about 1e-300 to 1e300 fit alike and
+    ``fit(2^m X, 2^m Y, ridge=4^m lam)`` is ``2^m fit(X, Y, ridge=lam)`` bit for bit.
+    What scaling cannot help: entries more than about 2^1000 below the largest one
+    lose their low bits (they are negligible against it), and a ridge above ``2^600``
+    times the squared largest entry acts as an infinite one.  Invariances: a global
     rotation of X and Y (not for the diagonal classes), a common scaling of X and Y
     (every class without ridge), token permutations (when no neighbor distances
     tie: :func:`knn` breaks ties by the smaller index, so a permutation can change
@@ -922,11 +948,11 @@ def fit_local_maps(
     progress = _progress.check_progress(progress)
     e = _scale_exponent(X, Y)
     _check_fit_memory(f"fit_local_maps(N={n}, d={d}, k={plan.k}, cls={plan.cls!r})",
-                      _fit_bytes(plan, n, d, _n_copies(X, Y, e)), plan)
-    Xs, Ys = _scaled64(X, e), _scaled64(Y, e)
+                      _fit_bytes(plan, n, d, _n_copies(X, Y)), plan)
+    X64, Y64, ex = _panels64(X, Y, e)
     with _progress.Progress(progress, plan.n_steps, desc="fit_local_maps", unit="chunk") as bar:
-        fitted, coef, maps, idx, dist, w, wkind = _run_fit(plan, X, Xs, Ys, e, bar, stacklevel=3)
-    del Xs, Ys
+        fitted, coef, maps, idx, dist, w, wkind = _run_fit(plan, X, X64, Y64, ex, e, bar, stacklevel=3)
+    del X64, Y64
     if e:
         np.ldexp(fitted, e, out=fitted)  # the maps and coefficients are scale-free
     return LocalFit(
@@ -958,6 +984,7 @@ def fit_tokenwise_mlp(
     batch_size: int | None = None,
     weight_decay: float = 0.0,
     seed: int = 0,
+    progress: Any = False,
 ) -> MLPFit:
     r"""Train a shallow residual MLP :math:`T(x) = x + W_2\,\phi(W_1 x + b_1) + b_2` in NumPy.
 
@@ -980,6 +1007,8 @@ def fit_tokenwise_mlp(
         L2 penalty on ``W1`` and ``W2`` added to the gradient.
     seed : int, default=0
         Seeds the split, the initialization and the minibatch order.
+    progress : bool or callable, default=False
+        As in :func:`fit_local_maps`, one step per epoch.
 
     Returns
     -------
@@ -1010,8 +1039,11 @@ def fit_tokenwise_mlp(
     (31, 40, 10)
     """
     X, Y = _panels(X, Y)
-    return _fit_mlp(X, Y, hidden, activation, train_fraction, epochs, learning_rate, batch_size,
-                    weight_decay, seed)
+    progress = _progress.check_progress(progress)
+    epochs = check_int(epochs, "epochs", min_value=1)
+    with _progress.Progress(progress, epochs, desc="fit_tokenwise_mlp", unit="epoch") as bar:
+        return _fit_mlp(X, Y, hidden, activation, train_fraction, epochs, learning_rate, batch_size,
+                        weight_decay, seed, tick=bar.advance)
 
 
 def _fit_mlp(X, Y, hidden, activation, train_fraction, epochs, learning_rate, batch_size, weight_decay, seed,
@@ -1118,19 +1150,26 @@ def _sym_pinv_solve(G, B):
     return E @ (inv[:, None] * (E.T @ B))
 
 
-def _global_baselines(X, Y, mask_fit, mask_eval, dnorm2, ridge, identity_prior):
+def _global_baselines(X, Y, ex, mask_fit, mask_eval, dnorm2, ridge, identity_prior):
     """Global ridge linear map and global scaled Procrustes (fitted on ``mask_fit``).
 
     Linear: normal equations ``(X^T X + lam I) D^T = X^T R`` with ``R = Y - X A_0^T``
     (pseudo-inverse when ``lam = 0``: the minimum-norm least-squares map).
     Procrustes: ``s Q`` with ``Q = polar(Y^T X)``, ``s = ||Y^T X||_* / ||X||_F^2``.
+    The panels are ``X * 2**-ex`` and ``Y * 2**-ex``, a block of rows at a time.
     """
-    d = X.shape[1]
-    Xf = X if mask_fit.all() else X[mask_fit]
-    Yf = Y if mask_fit.all() else Y[mask_fit]
+    n, d = X.shape
     out = []
-    G = Xf.T @ Xf
-    M = Yf.T @ Xf  # sum_i y_i x_i^T
+    G = np.zeros((d, d))
+    M = np.zeros((d, d))  # sum_i y_i x_i^T
+    every = bool(mask_fit.all())
+    for s in range(0, n, _ROWS):
+        t = min(n, s + _ROWS)
+        xb, yb = _rows(X, ex, s, t), _rows(Y, ex, s, t)
+        if not every:
+            xb, yb = xb[mask_fit[s:t]], yb[mask_fit[s:t]]
+        G += xb.T @ xb
+        M += yb.T @ xb
     B = M.T - G if identity_prior else M.T  # X^T R
     if ridge > 0:
         import scipy.linalg
@@ -1145,11 +1184,12 @@ def _global_baselines(X, Y, mask_fit, mask_eval, dnorm2, ridge, identity_prior):
     den = float(np.trace(G))
     sc = float(np.sum(sv)) / den if den > 0 else 1.0
     for kind, AT_ in (("linear", AT), ("procrustes", (sc * (U @ Vt)).T)):
-        r2 = np.empty(X.shape[0])
-        for s in range(0, X.shape[0], 8192):  # O(8192 d) temporaries, not O(N d)
-            res = X[s : s + 8192] @ AT_
-            np.subtract(Y[s : s + 8192], res, out=res)
-            r2[s : s + 8192] = _row_inner(res, res)
+        r2 = np.empty(n)
+        for s in range(0, n, _ROWS):  # O(_ROWS d) temporaries, not O(N d)
+            t = min(n, s + _ROWS)
+            res = _rows(X, ex, s, t) @ AT_
+            np.subtract(_rows(Y, ex, s, t), res, out=res)
+            r2[s:t] = _row_inner(res, res)
         del res
         rel = _ratio(np.sqrt(r2), np.sqrt(dnorm2))
         out.append(
@@ -1235,9 +1275,9 @@ def decompose(
     and :math:`\lVert U_r^T v\rVert^2/\lVert v\rVert^2` for the top-r left singular
     vectors :math:`U_r` of :math:`[\tau_1 \dots \tau_N]` (a d x d float64
     eigenproblem).  Time: the fit's, plus O(N d^2) for the subspace and the global
-    baselines; memory O(N d) (about eight N x d float64 arrays at the peak, two more
-    for float64 inputs whose largest entry is outside [1/2, 1), which are scaled
-    copies).  All metrics in float64; :math:`\Delta = \tau + \rho` holds to one
+    baselines; memory O(N d) (about eight N x d float64 arrays at the peak; the
+    rescaling makes no (N, d) copy of float64 inputs: the rows are scaled block by
+    block).  All metrics in float64; :math:`\Delta = \tau + \rho` holds to one
     rounding.  Invariances as in :func:`fit_local_maps`, including the exact
     power-of-two scaling over the whole float range; cosines, angles, relative
     errors and energy fractions are also invariant to a common scaling.
@@ -1290,24 +1330,26 @@ def decompose(
         epochs = check_int(opts["epochs"], "epochs", min_value=1)
         hidden = check_int(opts["hidden"], "hidden", min_value=1)
         parts = {"fitted values (N, d)": f * n * d, "the MLP's (N, hidden) activations": 4 * f * n * hidden,
-                 f"{_n_copies(X, Y, e) + 2} (N, d) float64 copies": (_n_copies(X, Y, e) + 2) * f * n * d, **extra}
+                 f"{_n_copies(X, Y) + 4} (N, d) standardized copies": (_n_copies(X, Y) + 4) * f * n * d, **extra}
         _progress.check_memory(what, parts, "Pass fewer tokens per call, or a smaller hidden width in mlp_options.")
         n_steps = epochs + 1 + int(baselines)
     else:
         plan = _plan_fit(X, k, cls, rank, ridge, prior, metric, standardize, exclude_self, weights, neighbors,
                          chunk_size, False)
         ridge = plan.ridge
-        parts = {**_fit_bytes(plan, n, d, _n_copies(X, Y, e)), **extra}
+        parts = {**_fit_bytes(plan, n, d, _n_copies(X, Y)), **extra}
         _check_fit_memory(what, parts, plan)
         n_steps = plan.n_steps + 1 + int(baselines)
     # Everything below runs on the scaled panels (see "scaling" above): the per-token
     # metrics are scale-free, and delta, tau, rho and the singular values are scaled
     # back at the end.
-    Xs, Ys = _scaled64(X, e), _scaled64(Y, e)
+    X64, Y64, ex = _panels64(X, Y, e)
     with _progress.Progress(progress, n_steps, desc="decompose", unit="step") as bar:
         if cls == "mlp":
-            mfit = _fit_mlp(Xs, Ys, **opts, tick=bar.advance)
-            fitted = mfit.predict(Xs)
+            mfit = _fit_mlp(X, Y, **opts, tick=bar.advance)  # scales its panels itself
+            fitted = mfit.predict(X)
+            if e:
+                np.ldexp(fitted, -e, out=fitted)
             eval_mask = np.zeros(n, dtype=bool)
             eval_mask[mfit.test_index] = True
             fit_mask = ~eval_mask
@@ -1319,17 +1361,17 @@ def decompose(
                 "mlp": dict(mfit.config),
             }
         else:
-            fitted, coef, _, nbr, _, _, wkind = _run_fit(plan, X, Xs, Ys, e, bar, stacklevel=3)
+            fitted, coef, _, nbr, _, _, wkind = _run_fit(plan, X, X64, Y64, ex, e, bar, stacklevel=3)
             eval_mask = np.ones(n, dtype=bool)
             fit_mask = eval_mask
             dof, n_targets = degrees_of_freedom(plan.cls, d, plan.rank), plan.k * d
             config = _fit_config(plan, X, wkind)
             config["mlp"] = None
         del X, Y
-        fields = _metrics(Xs, Ys, fitted, eval_mask, subspace_rank, center_subspace)
+        fields = _metrics(X64, Y64, ex, fitted, eval_mask, subspace_rank, center_subspace)
         bar.advance()
         fits = (
-            _global_baselines(Xs, Ys, fit_mask, eval_mask, fields.pop("_dn2"), _scaled_ridge(ridge, e),
+            _global_baselines(X64, Y64, ex, fit_mask, eval_mask, fields.pop("_dn2"), _scaled_ridge(ridge, e),
                               config["prior"] == "identity")
             if baselines
             else ()
@@ -1348,15 +1390,22 @@ def decompose(
     )
 
 
-def _metrics(X, Y, fitted, eval_mask, subspace_rank, center_subspace):
+def _metrics(X, Y, ex, fitted, eval_mask, subspace_rank, center_subspace):
     """Every per-token and aggregate metric of the decomposition (fields of the result).
 
-    ``fitted`` (owned, writable) becomes tau in place.  The inputs are the scaled
-    panels; every metric except delta, tau, rho and the singular values is scale-free.
+    ``fitted`` (owned, writable, scaled) becomes tau in place.  ``X * 2**-ex`` and
+    ``Y * 2**-ex`` are the scaled panels, taken a block of rows at a time; every
+    metric except delta, tau, rho and the singular values is scale-free.
     """
-    delta = Y - X
+    n = X.shape[0]
+    delta = np.empty_like(fitted)
     tau = fitted
-    tau -= X
+    for s in range(0, n, _ROWS):
+        t = min(n, s + _ROWS)
+        xb = _rows(X, ex, s, t)
+        np.subtract(_rows(Y, ex, s, t), xb, out=delta[s:t])
+        tau[s:t] -= xb
+    del xb
     rho = delta - tau
     dn2 = _row_inner(delta, delta)
     tn2 = _row_inner(tau, tau)
