@@ -19,7 +19,8 @@ chosen (sequence, position) pairs and runs the rest of the model on from there
 model's own).  Padding (``attention_mask == 0``, left or right) is never a token;
 position ids are counted over the tokens (``cumsum(mask) - 1``) and passed to every
 model whose ``forward`` takes ``position_ids``, so that a sequence has the same states
-whatever its padding.
+whatever its padding.  Decoder-only and encoder-only models are covered
+(encoder-decoder models, which need decoder inputs, are not).
 
 This module imports torch and transformers when one of its functions is called, never
 at ``import refgeo``; install them with ``pip install "refgeo[hf]"``.  States leave
