@@ -265,7 +265,8 @@ def test_minilm_protocol_offline(tmp_path):
     path = str(pkg.get_model_path())
     tok = transformers.AutoTokenizer.from_pretrained(path)
     model = transformers.AutoModel.from_pretrained(path).eval()
-    texts = [topics[key] for key in sorted(topics)[:3]]
+    # paragraphs of prose (a topic opens with a heading underlined by a row of '*')
+    texts = [p for key in sorted(topics) for p in topics[key].split("\n\n") if len(p.split()) >= 8][:3]
     enc = tok(texts, return_tensors="pt", padding="max_length", truncation=True, max_length=24)
     enc["attention_mask"][1, 18:] = 0  # some padding
     ids, mask = enc["input_ids"], enc["attention_mask"]
