@@ -159,11 +159,13 @@ def _compiled_extreme_pair(S, *, maximize, tile_size, n_threads) -> KernelRun:
         # spinning, and they steal cores from the OpenMP tiles (15% of samples in perf).
         bound0 = _diameter_seed(Sc, X, nrm) if maximize else math.inf
         fn(X, nrm, tile_rmax, Sc, maximize, cp, eabs, bound0, tile, n_eff, out_r, out_ij, out_nref)
-    best = None
+    best: tuple[float, int, int] | None = None
     for t in range(n_eff):
         i, j = int(out_ij[t, 0]), int(out_ij[t, 1])
         if i < V and better(float(out_r[t]), i, j, best, maximize):
             best = (float(out_r[t]), i, j)
+    if best is None:  # callers pass at least two rows, so some pair was examined
+        raise RuntimeError("internal error: no pair of rows was examined")
     v, i, j = best
     return KernelRun(
         backend=_BACKEND, error_bound=reported_bound(d, dt, float(nrm.max())),
