@@ -481,7 +481,7 @@ def model_logits(
     torch = _check_model(model)
     _, blks = find_blocks(model, blocks)
     batch = _batch(model, input_ids, attention_mask)
-    patch = {}
+    patch: dict[Any, Any] = {}
     hook = None
     if layer is not None:
         layer = check_int(layer, "layer", min_value=0, max_value=len(blks) - 1)

@@ -565,7 +565,11 @@ def tension_bounds(G: Any, /, *, pairwise: bool = True) -> TensionBounds:
     lower, upper = _checked_bracket(lower, upper, "tension_bounds")
     names = ("half_sum", "jung", "product", "pairwise_flow", "lower", "upper")
     values = _unscaled(dict(zip(names, (half, jung, prod, pw, lower, upper))), e, "tension_bounds")
-    return TensionBounds(*values.values(), k, closed)
+    return TensionBounds(
+        half_sum=values["half_sum"], jung=values["jung"], product=values["product"],
+        pairwise_flow=values["pairwise_flow"], lower=values["lower"], upper=values["upper"],
+        rank=k, closed_form=closed,
+    )
 
 
 def _closed_form_value(Gc: np.ndarray, k: int) -> tuple[str, float, float] | None:
@@ -692,7 +696,10 @@ def _closed_form_result(Gc, kind, t0) -> LMOResult:
                 q += 1
         pairs = np.asarray(pairs_l, dtype=np.int64).reshape(-1, 2)
         flows = np.asarray(flows_l, dtype=np.float64)
-        _, value, residual = _closed_form_value(Gc, 1)  # "two_rows" if V == 2, else "rank1"
+        form = _closed_form_value(Gc, 1)  # "two_rows" if V == 2, else "rank1"
+        if form is None:
+            raise RuntimeError("internal error: no closed form for a rank-one gradient")
+        _, value, residual = form
         value += residual
     decrease = -float(np.sum(Gc * S))
     lower, upper = _checked_bracket(decrease, value, f"diameter_lmo ({kind} closed form)")
@@ -845,7 +852,7 @@ class _GapProgress:
     def __init__(self, progress, t0: float):
         global _TQDM_WARNED
         self.t0, self.fn, self.tqdm = t0, None, None
-        self.first = None
+        self.first: float | None = None
         self.last_call = -math.inf
         self.done = 0.0
         if callable(progress):
@@ -1012,7 +1019,7 @@ def _merged_warm_start(warm: LMOResult, agg: _Aggregation) -> LMOResult:
     P, f = np.sort(P[keep], axis=1), f[keep]
     if len(P):
         P, inv = np.unique(P, axis=0, return_inverse=True)
-        f = np.bincount(inv.reshape(-1), weights=f, minlength=len(P))
+        f = np.asarray(np.bincount(inv.reshape(-1), weights=f, minlength=len(P)), dtype=np.float64)
     return dataclasses.replace(warm, update=upd, pairs=P.reshape(-1, 2), flows=f)
 
 
@@ -1174,6 +1181,8 @@ class _IRLS:
             self.iterations += 1
         lower, upper, S = certified
         lower, upper = _checked_bracket(lower, upper, "diameter_lmo")
+        if best_C is None or best_CX is None:
+            raise RuntimeError("internal error: IRLS certified no iterate")
         fl = best_C[iu] * np.sqrt(_sq_distances(best_CX)[iu]) * self.scale
         keep = fl > _IRLS_FLOW_CUT * fl.max() if fl.size and fl.max() > 0 else np.zeros(fl.shape, dtype=bool)
         pairs = np.stack([iu[0][keep], iu[1][keep]], axis=1).astype(np.int64)
@@ -1812,7 +1821,7 @@ class _ADMM:
                 self._step()
                 self.iterations -= 1  # a projection onto the constraints, not an iteration
             X = -self.rho * self.zeta
-            if n_avg > 1:
+            if n_avg > 1 and Xsum is not None:
                 # the average of the round's potentials oscillates less than the last one
                 Xa = Xsum / n_avg
                 ina = float(np.sum(self.Hw * Xa, dtype=np.float64))

@@ -199,7 +199,8 @@ class RowNorm:
 
     def load_state_dict(self, state: dict) -> None:
         """Restore a ``state_dict()``."""
-        self.__init__(
+        RowNorm.__init__(
+            self,
             lr=state["lr"],
             mu=state["mu"],
             eps=state["eps"],
@@ -337,7 +338,8 @@ class DiameterLMO:
 
     def load_state_dict(self, state: dict) -> None:
         """Restore a ``state_dict()``."""
-        self.__init__(
+        DiameterLMO.__init__(
+            self,
             lr=state["lr"],
             momentum=state["momentum"],
             rtol=state["rtol"],
