@@ -121,8 +121,8 @@ def tokenwise(feats: Features, ids: np.ndarray, pos: np.ndarray, head: Run | Non
         if isinstance(v, (int, float, np.integer, np.floating)) and not isinstance(v, bool):
             out["scalars"][key] = float(v)
     out["per_token"]["relative_error"] = np.asarray(res.relative_error, dtype=float)
-    out["per_token"]["angle_rho_tau"] = np.asarray(res.angle_rho_tau, dtype=float)
-    out["per_token"]["angle_delta_tau"] = np.asarray(res.angle_delta_tau, dtype=float)
+    out["per_token"]["angle_rho_tau"] = np.asarray(res.angles.rho_tau, dtype=float)
+    out["per_token"]["angle_delta_tau"] = np.asarray(res.angles.delta_tau, dtype=float)
     if head is not None:
         W = head.W
         kl = np.asarray(output_perturbation(lambda h: np.asarray(h) @ W.T, Y, res.patched(X)), dtype=float)
