@@ -656,8 +656,10 @@ def _rows(A, ex, s, t):
 
 def _scaled_ridge(ridge, e):
     """The ridge of the scaled problem, ``ridge * 4**-e`` (capped, see above)."""
-    if ridge == 0 or e == 0:
+    if ridge == 0:
         return ridge
+    # the cap applies without scaling too (e == 0): a ridge near the float64 maximum
+    # overflows lam * d in the closed forms
     if math.frexp(ridge)[1] - 2 * e > 600:
         return _MAX_SCALED_RIDGE
     return math.ldexp(ridge, -2 * e)

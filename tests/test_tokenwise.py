@@ -1017,6 +1017,19 @@ def test_huge_ridge_on_tiny_data_gives_the_prior_not_nan():
         np.testing.assert_allclose(fit.fitted, X * 1e-300, rtol=1e-9, atol=0)
 
 
+def test_huge_ridge_on_unit_data_gives_the_prior_not_nan():
+    """Data already in [1/2, 1) need no scaling (e = 0), and a ridge near the float64
+    maximum must still be capped: lam * d and tr(Q^T (M + lam I)) overflow otherwise."""
+    g = np.random.default_rng(32)
+    X = g.uniform(0.5, 0.99, (30, 4))
+    Y = 0.9 * X[:, ::-1]
+    for cls in CLASSES:
+        fit = refgeo.fit_local_maps(X, Y, k=8, cls=cls, ridge=1.7e308, **_kw(cls))
+        np.testing.assert_allclose(fit.fitted, X, rtol=1e-9, atol=0)
+    r = refgeo.decompose(X, Y, k=8, cls="scaled_orthogonal", ridge=1.7e308)
+    np.testing.assert_allclose(r.tau, 0.0, atol=1e-9)
+
+
 # ------------------------------------------------- progress, interrupts, memory
 
 
