@@ -1226,3 +1226,31 @@ def test_mlp_standardization_survives_extreme_scales(scale):
     np.testing.assert_array_equal(fs.train_loss, f.train_loss)
     assert (fs.x_scale, fs.delta_scale) == (f.x_scale * scale, f.delta_scale * scale)
     np.testing.assert_array_equal(fs.predict(X * scale), f.predict(X) * scale)
+
+
+def test_updates_beyond_the_float64_range_raise_value_error():
+    """Entries near +-1.7e308 of opposite signs: Y - X is not a float64 number, and
+    decompose says so (naming the range) instead of returning inf, NaN or an
+    OverflowError; the same data scaled down by a power of two decompose normally."""
+    g = np.random.default_rng(41)
+    X = g.uniform(0.5, 1.0, (30, 3)) * 1.7e308
+    Y = -X[:, ::-1]
+    for cls in ("diagonal", "full", "mlp"):
+        with pytest.raises(ValueError, match=re.escape("Y - X must lie in the float64 range")):
+            refgeo.decompose(X, Y, k=4, cls=cls, mlp_options=dict(hidden=4, epochs=2))
+    with pytest.raises(ValueError, match=re.escape("Y - X must lie in the float64 range")):
+        refgeo.fit_tokenwise_mlp(X, Y, hidden=4, epochs=2)
+    r = refgeo.decompose(X / 64, Y / 64, k=4, cls="diagonal")
+    assert np.all(np.isfinite(r.delta)) and np.all(np.isfinite(r.subspace_singular_values))
+
+
+def test_outputs_beyond_the_float64_range_raise_value_error():
+    """Y - X is representable, but the top singular value of [tau_1 ... tau_N] of 40
+    tokens near 1e308 is not: a ValueError naming the range, not a silent inf."""
+    g = np.random.default_rng(42)
+    X = g.uniform(0.5, 1.0, (40, 3)) * 1.7e308
+    Y = 0.5 * X + 0.1 * X[:, ::-1]
+    with pytest.raises(ValueError, match="X and Y must be smaller for the result to be a float64 number"):
+        refgeo.decompose(X, Y, k=5, cls="diagonal")
+    r = refgeo.decompose(X / 1024, Y / 1024, k=5, cls="diagonal")
+    assert np.all(np.isfinite(r.subspace_singular_values))
