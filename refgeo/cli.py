@@ -493,7 +493,8 @@ def _build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("x", metavar="X.npy", help="hidden states before the layer, shape (N, d)")
     p.add_argument("y", metavar="Y.npy", help="hidden states after the layer, shape (N, d)")
-    p.add_argument("--k", type=_int_type("--k", 1), default=16, help="neighbors per token, unused by --cls mlp (default: %(default)s)")
+    p.add_argument("--k", type=_int_type("--k", 1), default=16,
+                   help="neighbors per token, unused by --cls mlp (default: %(default)s)")
     p.add_argument("--cls", default="diagonal", metavar="CLASS",
                    help="class of local maps: diagonal, psd_diagonal, low_rank, orthogonal, scaled_orthogonal, "
                    "full or mlp (default: %(default)s)")
