@@ -777,7 +777,7 @@ def _check_fit_memory(what, parts, plan):
         f"Pass a smaller chunk_size (now {plan.chunk}; the panels grow as chunk_size * k * max(d, k)) "
         f"or a smaller k (now {plan.k})"
         + (", leave return_maps=False" if plan.return_maps else "")
-        + ", or split the tokens over several calls (a Dask cluster holds panels larger than memory)."
+        + ", or pass fewer tokens per call."
     )
     _progress.check_memory(what, parts, advice)
 

@@ -1180,6 +1180,7 @@ def test_memory_estimate_refuses_before_any_work(monkeypatch):
     assert msg.startswith("fit_local_maps(N=200, d=8, k=4, cls='full') needs about ")
     assert "but only 16.0 KiB are available" in msg and "neighbor panels of chunk_size=50 tokens" in msg
     assert "smaller chunk_size (now 50" in msg and "smaller k (now 4)" in msg and "return_maps" not in msg
+    assert "Dask" not in msg  # the fits take NumPy arrays only: no advice the call cannot follow
     assert seen == []  # refused before the neighbor search
     with pytest.raises(MemoryError, match=re.escape("leave return_maps=False")):
         refgeo.fit_local_maps(X, Y, neighbors=nbr, cls="diagonal", return_maps=True)
