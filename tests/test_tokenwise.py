@@ -783,6 +783,7 @@ def test_errors_name_the_argument():
         (dict(cls="affine"), ValueError, "cls must be one of"),
         (dict(prior="one"), ValueError, "prior must be one of ('identity', 'zero'), got 'one' instead."),
         (dict(ridge=-1.0), ValueError, "ridge == -1.0, must be >= 0.0."),
+        (dict(ridge=10**400), ValueError, "ridge must be a finite number, got 1000"),  # no OverflowError
         (dict(k=None), TypeError, "k must be an integer (or pass neighbors=), got NoneType instead."),
         (dict(weights=-np.ones((10, 2))), ValueError, "weights must be non-negative, got min -1 instead."),
         (dict(weights=np.ones((10, 3))), ValueError, "weights must have shape (10, 2) (N, k), got shape (10, 3) instead."),
