@@ -1085,15 +1085,15 @@ def fit_tokenwise_mlp(
     """
     X, Y = _panels(X, Y)
     progress = _progress.check_progress(progress)
-    epochs = check_int(epochs, "epochs", min_value=1)
-    with _progress.Progress(progress, epochs, desc="fit_tokenwise_mlp", unit="epoch") as bar:
-        return _fit_mlp(X, Y, hidden, activation, train_fraction, epochs, learning_rate, batch_size,
-                        weight_decay, seed, tick=bar.advance)
+    opts = _check_mlp_options(X.shape[0], hidden, activation, train_fraction, epochs, learning_rate,
+                              batch_size, weight_decay, seed)
+    with _progress.Progress(progress, opts[3], desc="fit_tokenwise_mlp", unit="epoch") as bar:
+        return _fit_mlp(X, Y, *opts, tick=bar.advance)
 
 
-def _fit_mlp(X, Y, hidden, activation, train_fraction, epochs, learning_rate, batch_size, weight_decay, seed,
-             tick=None):
-    n, d = X.shape
+def _check_mlp_options(n, hidden, activation, train_fraction, epochs, learning_rate, batch_size, weight_decay,
+                       seed):
+    """The validated MLP options, in the order of :func:`_fit_mlp` (before any report or work)."""
     hidden = check_int(hidden, "hidden", min_value=1)
     check_choice(activation, "activation", _ACTIVATIONS)
     tf = check_real(train_fraction, "train_fraction", min_value=0.0, strict=True)
@@ -1108,6 +1108,16 @@ def _fit_mlp(X, Y, hidden, activation, train_fraction, epochs, learning_rate, ba
             f"train_fraction must leave at least one training and one held-out token, got "
             f"{tf} of N = {n} tokens ({n_train} for training) instead."
         )
+    return hidden, activation, tf, epochs, lr, batch_size, wd, seed
+
+
+def _fit_mlp(X, Y, hidden, activation, train_fraction, epochs, learning_rate, batch_size, weight_decay, seed,
+             tick=None):
+    n, d = X.shape
+    hidden, activation, tf, epochs, lr, batch_size, wd, seed = _check_mlp_options(
+        n, hidden, activation, train_fraction, epochs, learning_rate, batch_size, weight_decay, seed
+    )
+    n_train = int(round(tf * n))
     rng = np.random.default_rng(seed)
     perm = rng.permutation(n)
     tr, te = np.sort(perm[:n_train]), np.sort(perm[n_train:])
@@ -1378,8 +1388,8 @@ def decompose(
         if bad:
             raise TypeError(f"mlp_options must hold keywords of fit_tokenwise_mlp, got unknown {bad} instead.")
         opts = {**_MLP_DEFAULTS, **opts}
-        epochs = check_int(opts["epochs"], "epochs", min_value=1)
-        hidden = check_int(opts["hidden"], "hidden", min_value=1)
+        checked = _check_mlp_options(n, **opts)
+        hidden, epochs = checked[0], checked[3]
         parts = {"fitted values (N, d)": f * n * d, "the MLP's (N, hidden) activations": 4 * f * n * hidden,
                  f"{_n_copies(X, Y) + 4} (N, d) standardized copies": (_n_copies(X, Y) + 4) * f * n * d, **extra}
         _progress.check_memory(what, parts, "Pass fewer tokens per call, or a smaller hidden width in mlp_options.")

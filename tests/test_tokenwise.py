@@ -1108,6 +1108,14 @@ def test_progress_errors_and_a_raising_callable_stops_the_call():
         with pytest.raises(TypeError, match=re.escape("progress must be False, True or a callable, got")):
             refgeo.decompose(X, Y, cls="diagonal", neighbors=nbr, progress=bad)
 
+    # the options are checked before the first report (done == 0) is made
+    seen = []
+    with pytest.raises(ValueError, match=re.escape("activation must be one of")):
+        refgeo.fit_tokenwise_mlp(X, Y, activation="swish", progress=seen.append)
+    with pytest.raises(ValueError, match=re.escape("learning_rate == 0.0, must be > 0.0.")):
+        refgeo.decompose(X, Y, cls="mlp", mlp_options={"learning_rate": 0.0}, progress=seen.append)
+    assert seen == []
+
     class Stop(Exception):
         pass
 
