@@ -485,6 +485,12 @@ def _given_neighbors(n, k, neighbors):
         dist = np.array(dist, dtype=np.float64)  # a copy: results never alias inputs
         if dist.shape != idx.shape:
             dist = None
+        elif not (np.all(np.isfinite(dist)) and np.all(dist >= 0)):
+            bad = int(np.sum(~np.isfinite(dist) | (dist < 0)))
+            raise ValueError(
+                f"neighbors.distances must be finite and non-negative, got {bad} NaN, infinite or "
+                f"negative entries instead."
+            )
     return np.array(idx, dtype=np.int64), dist
 
 

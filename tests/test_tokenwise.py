@@ -821,6 +821,22 @@ def test_errors_name_the_argument():
         refgeo.decompose(X, Y, cls="mlp", weights="junk")
 
 
+def test_given_neighbor_distances_are_checked():
+    """Distances carried by given neighbors weight the fit (weights="gaussian"): a NaN,
+    an inf or a negative one is a ValueError naming them, not a LinAlgError from LAPACK."""
+    import types
+
+    X, Y = _xy(20, 3)
+    nb = refgeo.knn(X, 4, exclude_self=True)
+    for bad in (np.nan, np.inf, -1.0):
+        d = np.array(nb.distances)
+        d[0, -1] = bad
+        given = types.SimpleNamespace(indices=nb.indices, distances=d)
+        for fn in (refgeo.fit_local_maps, refgeo.decompose):
+            with pytest.raises(ValueError, match=re.escape("neighbors.distances must be finite and non-negative")):
+                fn(X, Y, cls="full", neighbors=given, weights="gaussian")
+
+
 def test_underdetermined_warning_states_degrees_of_freedom():
     X, Y = _xy(20, 6)
     msg = ("cls='orthogonal' is under-determined for k=2: each local map has 15 degrees of freedom, and "
