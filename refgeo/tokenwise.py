@@ -1453,8 +1453,14 @@ def decompose(
         fields.pop("_dn2", None)
         if baselines:
             bar.advance()
+    # no entry is larger than its row's norm: the entries are looked at only when some
+    # row norm would leave the range (O(N) in the common case)
+    entries_may_overflow = e > 0 and not _fits_after_scaling(math.sqrt(fields.pop("_max_norm2")), e)
+    fields.pop("_max_norm2", None)
     if e:
         for name in ("delta", "tau", "rho", "subspace_singular_values"):
+            if name != "subspace_singular_values" and not entries_may_overflow:
+                continue
             if e > 0 and not _fits_after_scaling(_max_abs(fields[name]), e):
                 raise _range_error(f"|{name}|" if name != "subspace_singular_values" else
                                    "the largest singular value of [tau_1 ... tau_N]", _max_abs(fields[name]), e)
@@ -1533,6 +1539,8 @@ def _metrics(X, Y, ex, fitted, eval_mask, subspace_rank, center_subspace):
         "projections": TokenwiseParts(delta=ro(p_d), tau=ro(p_t), rho=ro(p_r)),
         "subspace_energies": TokenwiseParts(delta=e_d, tau=e_t, rho=e_r),
         "_dn2": dn2,
+        # the largest squared row norm of delta, tau, rho (scaled): bounds every entry
+        "_max_norm2": float(max(dn2.max(), tn2.max(), rn2.max())),
     }
 
 
