@@ -221,7 +221,13 @@ def check_real(
     (``> min_value`` with ``strict``)."""
     if isinstance(value, bool) or not isinstance(value, numbers.Real):
         raise TypeError(f"{name} must be a real number, got {type(value).__name__} ({value!r}) instead.")
-    value = float(value)
+    try:
+        value = float(value)
+    except OverflowError:  # a Python int or Fraction beyond the float64 range
+        text = repr(value)
+        raise ValueError(
+            f"{name} must be a finite number, got {text[:20] + '...' if len(text) > 24 else text} instead."
+        ) from None
     if math.isnan(value) or (math.isinf(value) and not allow_inf):
         raise ValueError(f"{name} must be a finite number, got {value} instead.")
     if min_value is not None:

@@ -156,7 +156,7 @@ def plot_all(out_dir: str, runs: list[Run], size: DemoSize, lmo: dict | None, ge
         labels = [next(r.label for r in runs if r.name == n).split(" (")[0] for n in names]
         x = np.arange(len(names))
         cols = [_COLORS.get(n, "tab:blue") for n in names]
-        floor = 1e-4  # log axis: a zero ratio (identical rows) is drawn at the floor and labelled
+        floor = 1e-4  # log axis: a zero ratio (identical rows) is drawn at the floor and labeled
         all_rho = [geo["methods"][n]["rho"] for n in names]
         seen_rho = [geo["methods"][n]["rho_seen"] for n in names]
         ax.bar(x - 0.2, [max(v, floor) for v in all_rho], width=0.4, color=cols, alpha=0.45, edgecolor="k",
