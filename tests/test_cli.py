@@ -521,8 +521,9 @@ def test_ctrl_c_exits_130_with_one_line():
     t0 = time.monotonic()
     subprocess.run(_refgeo("--version"), capture_output=True, timeout=120, check=True)
     startup = time.monotonic() - t0
-    # V = 3000 in R^16 runs the solver for its whole --max-time (60 s)
-    proc = subprocess.Popen(_refgeo("spread", "--V", "3000", "--d", "16", "--max-time", "60"),
+    # V = 3000 in R^40 (no lattice or code construction to return at once) runs the
+    # smooth solver for its whole --max-time (60 s)
+    proc = subprocess.Popen(_refgeo("spread", "--V", "3000", "--d", "40", "--max-time", "60"),
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             preexec_fn=_default_sigint)
     time.sleep(2 * startup + 1.0)  # well inside the computation

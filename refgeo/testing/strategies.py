@@ -784,7 +784,8 @@ def hidden_state_pairs(
     n_out = draw(st.integers(0, min(max_outliers, n)))
     outliers = np.sort(np.asarray(draw(st.permutations(range(n)))[:n_out], dtype=np.int64))
     for t in outliers:
-        r = _unit(draw, (d,), 0.5, 1.0) * np.sign(_unit(draw, (d,)) + 0.5)
+        sign = np.sign(_unit(draw, (d,)) + 0.5)
+        r = _unit(draw, (d,), 0.5, 1.0) * np.where(sign == 0, 1.0, sign)  # never a zero row
         residual[t] = outlier_size * r / np.linalg.norm(r)
     X = X.astype(dtype)
     Y = (np.einsum("nij,nj->ni", maps[labels], X.astype(np.float64)) + residual).astype(dtype)
