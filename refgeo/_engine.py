@@ -82,7 +82,7 @@ def _center(arrays, n_threads, float32_filter=False):
     for a in arrays:
         X = np.empty(a.shape, dtype=np.float32 if mixed else a.dtype)
         nrm = np.empty(a.shape[0])
-        getattr(ext._extreme_pairs, "center" + _kernel_suffix(X, a))(a, mu, X, nrm, n_threads)
+        getattr(ext._common, "center" + _kernel_suffix(X, a))(a, mu, X, nrm, n_threads)
         out.append((X, nrm))
     name = "float32" if mixed or dt == np.float32 else "float64"
     if name == "float32" and max(float(n.max()) for _, n in out) > MAX_NORM2["float32"]:
