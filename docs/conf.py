@@ -11,9 +11,11 @@ What happens at build time:
   module, autosummary stubs per object), so the API reference follows the code as
   modules fill in; nothing is hard-coded here.
 * Tutorials draw their plots with ``matplotlib.sphinxext.plot_directive`` (Agg backend).
-  A tutorial states in its front matter which refgeo names it needs
-  (``refgeo_requires: [rows.row_diameter, ...]``); while any is missing from this build
-  the page is replaced by a short "not available yet" note instead of failing the build.
+  A tutorial may list in its front matter the refgeo names it needs
+  (``refgeo_requires: [rows.row_diameter, ...]``); each is looked up at the top level
+  (``refgeo.row_diameter``: the module prefix only says where it is documented, and
+  modules may be renamed), and a missing one is a build warning naming it, so an error
+  under ``-W``: a renamed function cannot silently empty a tutorial.
 """
 
 from __future__ import annotations
@@ -96,18 +98,37 @@ html_theme_options = {
 }
 
 # -- API pages generated from __all__ ----------------------------------------------------
-# (module, title).  ``core`` is the part of the flat namespace not owned by a module.
+# (page, title).  ``core`` is the part of the flat namespace not owned by a module; every
+# other page documents the module ``refgeo.<page>``.
 API_MODULES = [
     ("core", "Backends and configuration"),
     ("hilbert", "Hilbert projective distance"),
     ("rows", "Row geometry of an update"),
     ("lmo", "Steepest descent under the row diameter"),
     ("optim", "Head optimizers"),
-    ("spread", "Max-min spreading"),
+    ("spreading", "Max-min spreading"),
+    ("codes", "Spherical codes and lattices"),
     ("bounds", "Upper bounds on the distance ratio"),
     ("tokenwise", "Tokenwise decomposition of layer updates"),
     ("testing", "Testing your own kernels"),
 ]
+# The theory page (the specification) of each API page.
+API_THEORY = {
+    "hilbert": "hilbert", "rows": "rows", "lmo": "lmo", "optim": "lmo", "spreading": "spreading",
+    "codes": "spreading", "bounds": "spreading", "tokenwise": "tokenwise",
+}
+# Earlier module names of a page, tried when ``refgeo.<page>`` is not in this build.
+API_EARLIER_NAMES = {"spreading": ("spread",)}
+
+
+def _api_module(key: str):
+    """``refgeo.<key>`` (or the module under an earlier name), or None if absent."""
+    for name in (key,) + API_EARLIER_NAMES.get(key, ()):
+        try:
+            return importlib.import_module(f"refgeo.{name}")
+        except ModuleNotFoundError:
+            continue
+    return None
 CORE_NAMES = ["ExtensionUnavailableError", "get_backend", "show_config", "use_backend"]
 
 
@@ -119,9 +140,21 @@ def _summary(module) -> str:
 
 
 def _public(module) -> list[str]:
-    """Sorted ``__all__`` without submodules (those get their own section)."""
+    """Sorted ``__all__`` without submodules (those get their own section) and without
+    objects that another API page's module defines (one page per object: a module that
+    re-exports, e.g. the spreading solver listing a code, leaves it to its own page)."""
     names = getattr(module, "__all__", []) or []
-    return sorted(n for n in names if not inspect.ismodule(getattr(module, n, None)))
+    pages = {m.__name__ for m in map(_api_module, (k for k, _ in API_MODULES if k not in
+                                                   ("core", "testing"))) if m is not None}
+
+    def elsewhere(obj) -> bool:
+        home = getattr(obj, "__module__", None)
+        return home in pages and home != module.__name__
+
+    return sorted(
+        n for n in names
+        if not inspect.ismodule(getattr(module, n, None)) and not elsewhere(getattr(module, n, None))
+    )
 
 
 def _api_page(key: str, title: str) -> str:
@@ -144,24 +177,29 @@ def _api_page(key: str, title: str) -> str:
             subnames = [n for n in _public(submod) if n not in sections[0][1]]
             sections.append((f"refgeo.testing.{sub}", subnames))
     else:
-        mod = importlib.import_module(f"refgeo.{key}")
-        heading = f"``refgeo.{key}``: {title}"
-        current, summary = "refgeo", _summary(mod)
-        names = _public(mod)
+        mod = _api_module(key)
+        modname = mod.__name__ if mod is not None else f"refgeo.{key}"
+        heading = f"``{modname}``: {title}"
+        current, summary = "refgeo", _summary(mod) if mod is not None else ""
+        names = _public(mod) if mod is not None else []
         flat = [n for n in names if getattr(refgeo, n, None) is getattr(mod, n)]
         sections = [("", flat)]
         if len(flat) < len(names):  # not re-exported at the top level
-            sections.append((f"refgeo.{key}", [n for n in names if n not in flat]))
-        summary += (
-            f"\n\nEverything here is exported at the top level: ``refgeo.{key}.f`` is "
-            "``refgeo.f``."
-        )
+            sections.append((modname, [n for n in names if n not in flat]))
+        if names:
+            summary += (
+                f"\n\nEverything here is exported at the top level: ``{modname}.f`` is "
+                "``refgeo.f``."
+            )
+    if key in API_THEORY:
+        summary += f"\n\nThe mathematics (definitions, statements, proofs): :doc:`/theory/{API_THEORY[key]}`."
     lines = [heading, "=" * len(heading), "", f".. currentmodule:: {current}", "", summary, ""]
     if not any(names for _, names in sections):
         lines += [
             ".. note::",
             "",
-            f"   No public objects yet: ``refgeo.{key}.__all__`` is empty in this build.",
+            f"   No public objects: ``refgeo.{key}`` is absent or its ``__all__`` is empty "
+            "in this build.",
             "",
         ]
     for submodule, names in sections:
@@ -202,54 +240,32 @@ def _generate_api() -> None:
 
 _generate_api()
 
-# -- tutorials whose refgeo functions are not in this build ------------------------------
+# -- tutorials: the refgeo names they need ----------------------------------------------
 _FRONT = re.compile(r"\A---\n(.*?)\n---\n", re.S)
 
 
 def _missing(requires: list[str]) -> list[str]:
-    gone = []
-    for req in requires:
-        module, _, name = req.rpartition(".")
-        try:
-            mod = importlib.import_module(f"refgeo.{module}")
-        except ImportError:
-            gone.append(req)
-            continue
-        if name not in (getattr(mod, "__all__", None) or []):
-            gone.append(req)
-    return gone
+    """The required names (``module.name``) that ``refgeo`` does not export."""
+    return [req for req in requires if req.rpartition(".")[2] not in refgeo.__all__]
 
 
-def _gate_tutorials(app, docname, source):
-    """Replace a tutorial whose required refgeo names are missing by a short note."""
+def _check_tutorial_requires(app, docname, source):
+    """Warn (an error under -W) when a page needs a refgeo name this build lacks."""
     m = _FRONT.match(source[0])
     if not m or "refgeo_requires" not in m.group(1):
         return
     req = re.search(r"refgeo_requires:\s*\[(.*?)\]", m.group(1), re.S)
     requires = [r.strip().strip("'\"") for r in req.group(1).split(",") if r.strip()]
     gone = _missing(requires)
-    if not gone:
-        return
-    body = source[0][m.end():]
-    title = re.search(r"^# .*$", body, re.M)
-    title = title.group(0) if title else "# Tutorial"
-    names = ", ".join(f"`refgeo.{g}`" for g in gone)
-    source[0] = (
-        f"{title}\n\n```{{note}}\nThis tutorial needs {names}, which this build of refgeo "
-        f"(version {release}) does not provide yet. It appears here as soon as the module "
-        "lands.\n```\n"
-    )
+    if gone:
+        from sphinx.util import logging
 
-
-def _drop_missing_toctree_entries(app, docname, source):
-    """``docs/testing.md`` is written by another area: list it only once it exists."""
-    if (DOCS / "testing.md").exists():
-        return
-    if docname == "tutorials/index":
-        source[0] = source[0].replace("/testing\n", "")
-    source[0] = re.sub(r"\[([^\]]*)\]\((\.\./)?testing\.md\)", r"\1", source[0])
+        names = ", ".join(f"refgeo.{g.rpartition('.')[2]}" for g in gone)
+        logging.getLogger(__name__).warning(
+            f"{docname} needs {names}, which refgeo {release} does not export",
+            location=docname,
+        )
 
 
 def setup(app):
-    app.connect("source-read", _gate_tutorials)
-    app.connect("source-read", _drop_missing_toctree_entries)
+    app.connect("source-read", _check_tutorial_requires)

@@ -21,27 +21,38 @@ from array_api_compat import array_namespace, is_array_api_obj, is_numpy_array
 
 __all__ = [
     "as_float_array",
-    "check_bool",
     "check_axis",
+    "check_bool",
+    "check_callable",
+    "check_centered_rows",
+    "check_choice",
     "check_finite",
     "check_int",
     "check_min_rows",
-    "check_open_unit_interval",
     "check_nonnegative",
-    "check_choice",
+    "check_open_unit_interval",
     "check_real",
+    "check_same_shape",
     "check_same_trailing",
-    "namespace_of",
 ]
 
-
-def namespace_of(*arrays: Any):
-    """Array namespace of the (already converted) arrays."""
-    return array_namespace(*arrays)
+# Elements per block of the finiteness check of a large NumPy array: the temporaries stay
+# at about 1 MiB whatever the input (a memory-mapped matrix is then read once, in blocks).
+_FINITE_BLOCK = 1 << 20
 
 
 def _describe_dtype(x) -> str:
     return str(getattr(x, "dtype", type(x).__name__))
+
+
+def _dtype_error(name: str, x) -> TypeError:
+    return TypeError(
+        f"{name} must have a real floating dtype (float32 or float64), got dtype {_describe_dtype(x)} instead."
+    )
+
+
+def _bound_error(name: str, value, relation: str, bound) -> ValueError:
+    return ValueError(f"{name} == {value}, must be {relation} {bound}.")
 
 
 def as_float_array(
@@ -68,10 +79,7 @@ def as_float_array(
         elif xp.isdtype(x.dtype, ("integral", "bool")):
             arr = xp.astype(x, xp.float64)
         else:
-            raise TypeError(
-                f"{name} must have a real floating dtype (float32 or float64), "
-                f"got dtype {_describe_dtype(x)} instead."
-            )
+            raise _dtype_error(name, x)
     else:
         try:
             arr = np.asarray(x)
@@ -85,10 +93,7 @@ def as_float_array(
                 # float16 / longdouble: compute in float64, which holds float16 exactly.
                 arr = arr.astype(np.float64)
         else:
-            raise TypeError(
-                f"{name} must have a real floating dtype (float32 or float64), "
-                f"got dtype {arr.dtype} instead."
-            )
+            raise _dtype_error(name, arr)
     shape = tuple(arr.shape)
     if ndim is not None:
         allowed = (ndim,) if isinstance(ndim, int) else tuple(ndim)
@@ -110,10 +115,17 @@ def as_float_array(
     return arr
 
 
+def _all_finite(xp, x) -> bool:
+    if not is_numpy_array(x) or x.ndim == 0 or x.size <= _FINITE_BLOCK:
+        return bool(xp.all(xp.isfinite(x)))
+    rows = max(1, _FINITE_BLOCK // max(1, x.size // x.shape[0]))
+    return all(bool(np.isfinite(x[a : a + rows]).all()) for a in range(0, x.shape[0], rows))
+
+
 def check_finite(x, name: str) -> None:
-    """Raise ``ValueError`` if ``x`` holds NaN or infinity."""
+    """Raise ``ValueError`` if ``x`` holds NaN or infinity (large arrays are checked in blocks)."""
     xp = array_namespace(x)
-    if not bool(xp.all(xp.isfinite(x))):
+    if not _all_finite(xp, x):
         n_nan = int(xp.sum(xp.astype(xp.isnan(x), xp.int64)))
         n_inf = int(xp.sum(xp.astype(xp.isinf(x), xp.int64)))
         raise ValueError(
@@ -131,7 +143,7 @@ def check_nonnegative(x, name: str, what: str = "Hilbert distance") -> None:
 
 
 def check_axis(axis: Any, ndim: int, name: str = "axis") -> int:
-    """Normalise an axis index for an array of ``ndim`` dimensions."""
+    """Normalize an axis index for an array of ``ndim`` dimensions."""
     if isinstance(axis, bool) or not isinstance(axis, numbers.Integral):
         raise TypeError(f"{name} must be an integer, got {type(axis).__name__} instead.")
     axis = int(axis)
@@ -155,9 +167,9 @@ def check_int(
         raise TypeError(f"{name} must be an integer, got {type(value).__name__} ({value!r}) instead.")
     value = int(value)
     if min_value is not None and value < min_value:
-        raise ValueError(f"{name} == {value}, must be >= {min_value}.")
+        raise _bound_error(name, value, ">=", min_value)
     if max_value is not None and value > max_value:
-        raise ValueError(f"{name} == {value}, must be <= {max_value}.")
+        raise _bound_error(name, value, "<=", max_value)
     return value
 
 
@@ -186,9 +198,9 @@ def check_real(
         raise ValueError(f"{name} must be a finite number, got {value} instead.")
     if min_value is not None:
         if strict and not value > min_value:
-            raise ValueError(f"{name} == {value}, must be > {min_value}.")
+            raise _bound_error(name, value, ">", min_value)
         if not strict and not value >= min_value:
-            raise ValueError(f"{name} == {value}, must be >= {min_value}.")
+            raise _bound_error(name, value, ">=", min_value)
     return value
 
 
@@ -242,7 +254,7 @@ def check_callable(value: Any, name: str) -> None:
         raise TypeError(f"{name} must be callable, got {type(value).__name__} instead.")
 
 
-def check_centred_rows(x, name: str, rtol: float) -> None:
+def check_centered_rows(x, name: str, rtol: float) -> None:
     """Raise ``ValueError`` unless the rows of the 2-D array ``x`` sum to about zero:
     ``||sum_i x_i|| <= rtol * sum_i ||x_i||`` (float64 accumulation)."""
     xp = array_namespace(x)
@@ -254,5 +266,5 @@ def check_centred_rows(x, name: str, rtol: float) -> None:
             f"{name} must have rows summing to zero (1^T {name} = 0, as for cross-entropy "
             f"gradients; ||sum of rows|| <= {rtol:g} * sum of row norms), got "
             f"||sum of rows|| = {total:.3e} against sum of row norms {scale:.3e} instead. "
-            f"Centre it first with refgeo.center_rows({name}) if that is intended."
+            f"Center it first with refgeo.center_rows({name}) if that is intended."
         )

@@ -1,10 +1,11 @@
-r"""Upper bounds on the distance ratio of V points in R^d (SPEC §4).
+r"""Upper bounds on the distance ratio of V points in R^d.
 
 For any configuration :math:`X = (x_1, \dots, x_V)` of distinct points in
 :math:`\mathbb{R}^d`, the distance ratio :math:`\rho(X) = m(X)/D(X)` (closest pair over
 diameter) is at most a number that depends on :math:`(V, d)` alone.  Four bounds are
 implemented, each valid for *every* configuration (spherical or not), and
-:func:`ratio_upper_bound` returns the best of them with the one that binds.
+:func:`ratio_upper_bound` returns the best of them with the one that binds.  The
+full proofs are on the theory page :doc:`/theory/spreading` (``docs/theory/spreading.md``).
 
 .. autosummary::
 
@@ -20,7 +21,7 @@ Proof sketches (the docstrings carry the formulas).  Write
 :math:`A` has unit diagonal and :math:`|A_{ij}| \le u` off it, and
 :math:`\rho^2 = (1 - u)/(1 + u)`, so every lower bound on :math:`u` is an upper bound on
 :math:`\rho`.  On :math:`\mathbf{1}^\perp` the form of :math:`A` is :math:`2/s` times the
-Gram matrix of the centred points (positive semidefinite, rank :math:`\le d`), hence
+Gram matrix of the centered points (positive semidefinite, rank :math:`\le d`), hence
 :math:`A` has at most :math:`d + 1` positive eigenvalues and
 :math:`\operatorname{rank} A \le d + 2`.
 """
@@ -90,7 +91,7 @@ def simplex_bound(V: int, d: int) -> float:
        \rho \le \begin{cases} 1, & V \le d + 1 \text{ (attained: regular simplex)},\\
        \sqrt{2}\,J_d = \sqrt{d/(d+1)}, & V \ge d + 2. \end{cases}
 
-    Proof: let :math:`c` be the centre of the minimum enclosing ball, of radius
+    Proof: let :math:`c` be the center of the minimum enclosing ball, of radius
     :math:`R \le J_d D` by Jung's theorem, :math:`J_d = \sqrt{d/(2(d+1))}`.  If every
     pair had :math:`\lVert x_i - x_j \rVert > \sqrt{2} R`, the vectors
     :math:`y_i = x_i - c` (:math:`\lVert y_i \rVert \le R`) would have pairwise

@@ -9,9 +9,14 @@ Subcommands::
     refgeo tokenwise X.npy Y.npy [--k K]    tokenwise decomposition of a layer update
     refgeo config                           what this installation can do (show_config)
 
-Every error (missing file, wrong shape, bad key, bad number, a library part that this
-installation lacks) prints one line to stderr and exits with status 2; set
-``REFGEO_DEBUG=1`` to see the traceback of an unexpected error instead.
+Every error (missing file, wrong shape, bad key, bad number) prints one line to stderr
+and exits with status 2; set ``REFGEO_DEBUG=1`` to see the traceback of an unexpected
+error instead.  Ctrl-C prints one line and exits with status 130.  A closed pipe
+(``refgeo inspect m.npy | head -n 3``) ends the command quietly with status 0, the
+Unix convention.  ``.npy`` inputs are memory-mapped, not read into memory whole.
+
+On a terminal, long computations show progress on stderr (``--no-progress`` turns it
+off; ``--progress`` turns it on where stderr is not a terminal).
 
 Examples
 --------
@@ -25,13 +30,32 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import importlib
+import importlib.util
+import inspect
 import json
 import math
 import os
 import sys
 import zipfile
 from typing import Any, Callable, NoReturn
+
+import numpy as np
+
+from refgeo import (
+    __version__,
+    closest_pair,
+    covering_radius,
+    decompose,
+    diameter_lmo,
+    jung_constant,
+    ratio_upper_bound,
+    row_diameter,
+    show_config,
+    spread,
+    worst_case_hidden_state,
+)
+
+from ._validate import as_float_array, check_min_rows, check_same_shape
 
 __all__ = ["main"]
 
@@ -80,26 +104,13 @@ def _float_type(name: str, *, positive: bool = True) -> Callable[[str], float]:
 
 # ------------------------------------------------------------------ helpers
 
-def _require(module: str, name: str, command: str) -> Any:
-    """The public function ``refgeo.<module>.<name>``, or a CLIError saying it is missing."""
-    try:
-        mod = importlib.import_module(f"refgeo.{module}")
-    except ImportError as exc:
-        raise CLIError(f"refgeo.{module} cannot be imported ({exc}); '{command}' needs it") from None
-    fn = getattr(mod, name, None)
-    if fn is None:
-        from refgeo import __version__
-
-        raise CLIError(
-            f"refgeo.{module}.{name} is not available in this refgeo ({__version__}); '{command}' needs it"
-        )
-    return fn
-
-
 def _load_matrix(path: str, *, key: str | None = None, label: str = "FILE"):
-    """Load a finite real 2-D array from .npy or .npz (no pickles)."""
-    import numpy as np
+    """A finite real 2-D array from .npy (memory-mapped) or .npz (read whole; no pickles).
 
+    A ``.npy`` file is opened with ``mmap_mode="r"``: the rows are paged in from the file
+    as the computation reads them, so a matrix larger than memory is never copied in
+    whole by the loader (the finiteness check reads it in blocks of rows).
+    """
     if not os.path.exists(path):
         raise CLIError(f"{label} {path!r} does not exist")
     if os.path.isdir(path):
@@ -111,7 +122,7 @@ def _load_matrix(path: str, *, key: str | None = None, label: str = "FILE"):
         if lower.endswith(".npy"):
             if key is not None:
                 raise CLIError(f"--key applies to .npz files only, got --key {key!r} for {path!r}")
-            arr = np.load(path, allow_pickle=False)
+            arr = np.load(path, mmap_mode="r", allow_pickle=False)
             where = path
         else:
             with np.load(path, allow_pickle=False) as npz:
@@ -133,21 +144,12 @@ def _load_matrix(path: str, *, key: str | None = None, label: str = "FILE"):
     except (ValueError, OSError, EOFError, zipfile.BadZipFile) as exc:
         reason = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
         raise CLIError(f"cannot read {path!r} as a NumPy file: {reason}") from None
-    if arr.dtype.kind not in "biuf":
-        raise CLIError(f"{where} must hold real numbers, got dtype {arr.dtype} instead")
-    if arr.ndim != 2:
-        raise CLIError(f"{where} must hold a 2-D array of shape (rows, columns), got shape {arr.shape} instead")
-    if arr.size == 0:
-        raise CLIError(f"{where} must be non-empty, got shape {arr.shape} instead")
-    arr = np.asarray(arr, dtype=np.float64) if arr.dtype.kind != "f" else arr
-    if not np.all(np.isfinite(arr)):
-        raise CLIError(f"{where} must contain only finite values, got {int(np.sum(~np.isfinite(arr)))} NaN/inf entries")
+    # the library's own checks and messages: dtype, 2-D, non-empty, finite
+    arr = as_float_array(arr, where, ndim=2, shape_hint="2-D array of shape (rows, columns)")
     return arr, where
 
 
 def _jsonable(x: Any) -> Any:
-    import numpy as np
-
     if dataclasses.is_dataclass(x) and not isinstance(x, type):
         return {f.name: _jsonable(getattr(x, f.name)) for f in dataclasses.fields(x)}
     if isinstance(x, dict):
@@ -179,111 +181,6 @@ def _print_table(rows: list[tuple[str, Any]]) -> None:
         print(f"{k:<{width}}  {_fmt(v)}")
 
 
-def _save_npy(path: str, arr: Any, label: str = "--out") -> None:
-    import numpy as np
-
-    if not path.lower().endswith(".npy"):
-        raise CLIError(f"{label} must name a .npy file, got {path!r} instead")
-    parent = os.path.dirname(os.path.abspath(path))
-    if not os.path.isdir(parent):
-        raise CLIError(f"{label}: directory {parent!r} does not exist")
-    try:
-        np.save(path, np.asarray(arr))
-    except OSError as exc:
-        raise CLIError(f"cannot write {path!r}: {exc.strerror or exc}") from None
-
-
-def _value(x: Any) -> float:
-    """A float from a number or a result object with a ``value`` field."""
-    return float(getattr(x, "value", x))
-
-
-# ------------------------------------------------------------------ commands
-
-def _cmd_config(args: argparse.Namespace) -> int:
-    import refgeo
-
-    if args.json:
-        _print_json(refgeo.show_config(mode="dicts"))
-    else:
-        refgeo.show_config()
-    return 0
-
-
-def _inspect_report(S, *, H: float) -> dict[str, Any]:
-    import numpy as np
-
-    row_diameter = _require("rows", "row_diameter", "inspect")
-    closest_pair = _require("rows", "closest_pair", "inspect")
-    V, d = S.shape
-    if V < 2:
-        raise CLIError(f"the matrix must have at least 2 rows, got shape {S.shape} instead")
-    out: dict[str, Any] = {"shape": [V, d], "dtype": str(S.dtype)}
-    D = row_diameter(S)
-    m = closest_pair(S)
-    out["diameter"] = {"value": D.value, "pair": [D.i, D.j], "error_bound": D.error_bound, "backend": D.backend}
-    out["closest_pair"] = {"value": m.value, "pair": [m.i, m.j], "error_bound": m.error_bound, "backend": m.backend}
-    out["ratio"] = m.value / D.value if D.value > 0 else None
-    out["condition_number"] = D.value / m.value if m.value > 0 else None
-    X = np.asarray(S, dtype=np.float64)
-    k = int(np.linalg.matrix_rank(X - X.mean(axis=0))) if D.value > 0 else 0
-    out["rank_centred"] = k
-    covering_radius = getattr(importlib.import_module("refgeo.rows"), "covering_radius", None)
-    jung_constant = getattr(importlib.import_module("refgeo.rows"), "jung_constant", None)
-    if covering_radius is not None:
-        ball = covering_radius(S, max_iter=20_000)
-        out["covering_radius"] = {"radius": ball.radius, "lower_bound": ball.lower_bound, "n_iter": ball.n_iter}
-    if jung_constant is not None:
-        J = jung_constant(k)
-        out["jung"] = {"k": k, "J_k": J, "lower": D.value / 2, "upper": J * D.value}
-    ratio_upper_bound = getattr(importlib.import_module("refgeo.bounds"), "ratio_upper_bound", None)
-    if ratio_upper_bound is not None:
-        out["ratio_upper_bound"] = _value(ratio_upper_bound(V, d))
-    out["backward_bound"] = {"factor": D.value / 2, "meaning": "||S^T r||_2 <= (D/2) ||r||_1 for 1^T r = 0"}
-    worst = getattr(importlib.import_module("refgeo.rows"), "worst_case_hidden_state", None)
-    if worst is not None:
-        w = worst(S, H=H)
-        out["worst_case_hidden_state"] = {"H": H, "value": w.value, "pair": [w.i, w.j], "h": np.asarray(w.h)}
-    return out
-
-
-def _cmd_inspect(args: argparse.Namespace) -> int:
-    S, where = _load_matrix(args.file, key=args.key)
-    rep = _inspect_report(S, H=args.H)
-    rep = {"source": where, **rep}
-    if args.json:
-        _print_json(rep)
-        return 0
-    D, m = rep["diameter"], rep["closest_pair"]
-    rows: list[tuple[str, Any]] = [
-        ("source", where),
-        ("shape (V, d)", f"({rep['shape'][0]}, {rep['shape'][1]})  {rep['dtype']}"),
-        ("diameter D", f"{D['value']:.10g}  rows ({D['pair'][0]}, {D['pair'][1]})  [{D['backend']}]"),
-        ("closest pair m", f"{m['value']:.10g}  rows ({m['pair'][0]}, {m['pair'][1]})"),
-        ("ratio rho = m/D", "undefined (all rows equal)" if rep["ratio"] is None else f"{rep['ratio']:.6g}"),
-        ("condition D/m", "inf (duplicate rows)" if rep["condition_number"] is None else f"{rep['condition_number']:.6g}"),
-        ("rank of centred rows", rep["rank_centred"]),
-    ]
-    if "covering_radius" in rep:
-        c = rep["covering_radius"]
-        rows.append(("covering radius", f"{c['radius']:.8g}  (certified >= {c['lower_bound']:.8g})"))
-    if "jung" in rep:
-        j = rep["jung"]
-        rows.append(("Jung bounds", f"D/2 = {j['lower']:.6g} <= rad <= J_k D = {j['upper']:.6g}  (J_{j['k']} = {j['J_k']:.6g})"))
-    if "ratio_upper_bound" in rep:
-        rows.append(("rho upper bound (V, d)", f"{rep['ratio_upper_bound']:.6g}"))
-    else:
-        rows.append(("rho upper bound (V, d)", "unavailable (refgeo.bounds.ratio_upper_bound missing)"))
-    rows.append(("backward bound", f"||S^T r|| <= {rep['backward_bound']['factor']:.6g} ||r||_1  (1^T r = 0)"))
-    if "worst_case_hidden_state" in rep:
-        w = rep["worst_case_hidden_state"]
-        h = w["h"]
-        shown = ", ".join(f"{v:.4g}" for v in h[:8]) + (", ..." if len(h) > 8 else "")
-        rows.append((f"h* (||h|| = {w['H']:g})", f"[{shown}]  moves logits by {w['value']:.6g} (Hilbert)"))
-    _print_table(rows)
-    return 0
-
-
 def _check_out_path(path: str | None) -> None:
     """Validate an ``--out`` .npy path before a (possibly long) computation."""
     if path is None:
@@ -295,10 +192,112 @@ def _check_out_path(path: str | None) -> None:
         raise CLIError(f"--out: directory {parent!r} does not exist")
 
 
+def _save_npy(path: str, arr: Any) -> None:
+    _check_out_path(path)
+    try:
+        np.save(path, np.asarray(arr))
+    except OSError as exc:
+        raise CLIError(f"cannot write {path!r}: {exc.strerror or exc}") from None
+
+
+def _show_progress(args: argparse.Namespace) -> bool:
+    """``--progress`` / ``--no-progress`` if given, else whether stderr is a terminal."""
+    if args.progress is not None:
+        return bool(args.progress)
+    try:
+        return sys.stderr.isatty()
+    except (AttributeError, ValueError):  # a replaced or closed stderr
+        return False
+
+
+def _progress_kw(fn: Callable[..., Any], args: argparse.Namespace) -> dict[str, Any]:
+    """``{"progress": ...}`` for a library call that takes ``progress=``, else ``{}``.
+
+    The feature check of the ``--progress`` flag: the long calls gain ``progress=`` one
+    by one, and the command passes it to exactly those that accept it.  The library's
+    bar is tqdm; by default (a terminal, no flag) it is shown only where tqdm is
+    installed, so that a default never prints the library's "install tqdm" warning.
+    """
+    if "progress" not in inspect.signature(fn).parameters:
+        return {}
+    show = _show_progress(args)
+    if show and args.progress is None and importlib.util.find_spec("tqdm") is None:
+        show = False
+    return {"progress": show}
+
+
+# ------------------------------------------------------------------ commands
+
+def _cmd_config(args: argparse.Namespace) -> int:
+    if args.json:
+        _print_json(show_config(mode="dicts"))
+    else:
+        show_config()
+    return 0
+
+
+def _inspect_report(S, args: argparse.Namespace) -> dict[str, Any]:
+    H = args.H
+    V, d = S.shape
+    out: dict[str, Any] = {"shape": [V, d], "dtype": str(S.dtype)}
+    D = row_diameter(S, **_progress_kw(row_diameter, args))
+    m = closest_pair(S, **_progress_kw(closest_pair, args))
+    out["diameter"] = {"value": D.value, "pair": [D.i, D.j], "error_bound": D.error_bound, "backend": D.backend}
+    out["closest_pair"] = {"value": m.value, "pair": [m.i, m.j], "error_bound": m.error_bound, "backend": m.backend}
+    out["ratio"] = m.value / D.value if D.value > 0 else None
+    out["condition_number"] = D.value / m.value if m.value > 0 else None
+    if D.value > 0:
+        X = np.array(S, dtype=np.float64)  # one float64 copy, centered in place
+        X -= X.mean(axis=0)
+        k = int(np.linalg.matrix_rank(X))
+        del X
+    else:
+        k = 0
+    out["rank_centered"] = k
+    ball = covering_radius(S, max_iter=20_000)
+    out["covering_radius"] = {"radius": ball.radius, "lower_bound": ball.lower_bound, "n_iter": ball.n_iter}
+    J = jung_constant(k)
+    out["jung"] = {"k": k, "J_k": J, "lower": D.value / 2, "upper": J * D.value}
+    out["ratio_upper_bound"] = float(ratio_upper_bound(V, d).value)
+    out["backward_bound"] = {"factor": D.value / 2, "meaning": "||S^T r||_2 <= (D/2) ||r||_1 for 1^T r = 0"}
+    w = worst_case_hidden_state(S, H=H)
+    out["worst_case_hidden_state"] = {"H": H, "value": w.value, "pair": [w.i, w.j], "h": np.asarray(w.h)}
+    return out
+
+
+def _cmd_inspect(args: argparse.Namespace) -> int:
+    S, where = _load_matrix(args.file, key=args.key)
+    check_min_rows(S, where, 2)
+    rep = _inspect_report(S, args)
+    rep = {"source": where, **rep}
+    if args.json:
+        _print_json(rep)
+        return 0
+    D, m = rep["diameter"], rep["closest_pair"]
+    c, j, w = rep["covering_radius"], rep["jung"], rep["worst_case_hidden_state"]
+    h = w["h"]
+    shown = ", ".join(f"{v:.4g}" for v in h[:8]) + (", ..." if len(h) > 8 else "")
+    _print_table([
+        ("source", where),
+        ("shape (V, d)", f"({rep['shape'][0]}, {rep['shape'][1]})  {rep['dtype']}"),
+        ("diameter D", f"{D['value']:.10g}  rows ({D['pair'][0]}, {D['pair'][1]})  [{D['backend']}]"),
+        ("closest pair m", f"{m['value']:.10g}  rows ({m['pair'][0]}, {m['pair'][1]})"),
+        ("ratio rho = m/D", "undefined (all rows equal)" if rep["ratio"] is None else f"{rep['ratio']:.6g}"),
+        ("condition D/m", "inf (duplicate rows)" if rep["condition_number"] is None else f"{rep['condition_number']:.6g}"),
+        ("rank of centered rows", rep["rank_centered"]),
+        ("covering radius", f"{c['radius']:.8g}  (certified >= {c['lower_bound']:.8g})"),
+        ("Jung bounds", f"D/2 = {j['lower']:.6g} <= rad <= J_k D = {j['upper']:.6g}  (J_{j['k']} = {j['J_k']:.6g})"),
+        ("rho upper bound (V, d)", f"{rep['ratio_upper_bound']:.6g}"),
+        ("backward bound", f"||S^T r|| <= {rep['backward_bound']['factor']:.6g} ||r||_1  (1^T r = 0)"),
+        (f"h* (||h|| = {w['H']:g})", f"[{shown}]  moves logits by {w['value']:.6g} (Hilbert)"),
+    ])
+    return 0
+
+
 def _cmd_spread(args: argparse.Namespace) -> int:
-    spread = _require("spread", "spread", "spread")
     _check_out_path(args.out)
-    res = spread(args.V, args.d, eta=args.eta, seed=args.seed, max_time=args.max_time)
+    res = spread(args.V, args.d, eta=args.eta, seed=args.seed, max_time=args.max_time,
+                 **_progress_kw(spread, args))
     rep: dict[str, Any] = {
         "V": args.V,
         "d": args.d,
@@ -307,14 +306,17 @@ def _cmd_spread(args: argparse.Namespace) -> int:
         "diameter": res.diameter,
         "ratio": res.ratio,
         "upper_bound": res.upper_bound,
+        "upper_bound_binding": res.bound.binding,
+        "certified": res.certified,
+        "certificate": res.certificate,
+        "error_bound": res.error_bound,
+        "min_pair": res.min_pair,
+        "diameter_pair": res.diameter_pair,
+        "method": res.method,
+        "init": res.init,
+        "n_iter": res.n_iter,
+        "elapsed": res.elapsed,
     }
-    for extra in ("certified", "certificate", "error_bound", "min_pair", "diameter_pair", "method", "init",
-                  "n_iter", "elapsed"):
-        if hasattr(res, extra):
-            rep[extra] = getattr(res, extra)
-    bound = getattr(res, "bound", None)
-    if bound is not None and hasattr(bound, "binding"):
-        rep["upper_bound_binding"] = bound.binding
     if args.out is not None:
         _save_npy(args.out, res.points)
         rep["saved"] = args.out
@@ -326,29 +328,33 @@ def _cmd_spread(args: argparse.Namespace) -> int:
 
 
 def _cmd_lmo(args: argparse.Namespace) -> int:
-    import numpy as np
-
-    diameter_lmo = _require("lmo", "diameter_lmo", "lmo")
     G, where = _load_matrix(args.grad, key=args.key, label="GRAD")
-    if G.shape[0] < 2:
-        raise CLIError(f"{where} must have at least 2 rows, got shape {G.shape} instead")
+    check_min_rows(G, where, 2)
     _check_out_path(args.out)
     if args.center:
         G = G - G.mean(axis=0, dtype=np.float64)
-    res = diameter_lmo(G, eta=args.eta, rtol=args.rtol, max_time=args.max_time)
+    res = diameter_lmo(G, eta=args.eta, rtol=args.rtol, max_time=args.max_time,
+                       **_progress_kw(diameter_lmo, args))
     G64 = np.asarray(G, dtype=np.float64)
     half_sum = 0.5 * float(np.linalg.norm(G64 - G64.mean(axis=0), axis=1).sum())
-    rep: dict[str, Any] = {"source": where, "shape": list(G.shape), "eta": args.eta}
-    for name in ("decrease", "lower_bound", "upper_bound", "gap", "converged", "method", "iterations",
-                 "rounds", "elapsed"):
-        if hasattr(res, name):
-            rep[name] = getattr(res, name)
-    pairs = getattr(res, "pairs", None)
-    if pairs is not None:
-        rep["active_pairs"] = int(np.shape(pairs)[0])
     lo, hi = float(res.lower_bound), float(res.upper_bound)
-    rep["rownorm_half_sum"] = half_sum
-    rep["rownorm_over_exact"] = [half_sum / hi if hi > 0 else 1.0, min(1.0, half_sum / lo) if lo > 0 else 1.0]
+    rep: dict[str, Any] = {
+        "source": where,
+        "shape": list(G.shape),
+        "eta": args.eta,
+        "decrease": res.decrease,
+        "lower_bound": res.lower_bound,
+        "upper_bound": res.upper_bound,
+        "gap": res.gap,
+        "converged": res.converged,
+        "method": res.method,
+        "iterations": res.iterations,
+        "rounds": res.rounds,
+        "elapsed": res.elapsed,
+        "active_pairs": int(np.shape(res.pairs)[0]),
+        "rownorm_half_sum": half_sum,
+        "rownorm_over_exact": [half_sum / hi if hi > 0 else 1.0, min(1.0, half_sum / lo) if lo > 0 else 1.0],
+    }
     if args.out is not None:
         _save_npy(args.out, res.update)
         rep["saved"] = args.out
@@ -363,13 +369,9 @@ def _cmd_lmo(args: argparse.Namespace) -> int:
 
 
 def _cmd_tokenwise(args: argparse.Namespace) -> int:
-    import numpy as np
-
-    decompose = _require("tokenwise", "decompose", "tokenwise")
     X, wx = _load_matrix(args.x, label="X")
     Y, wy = _load_matrix(args.y, label="Y")
-    if X.shape != Y.shape:
-        raise CLIError(f"X and Y must have the same shape (N, d), got {X.shape} and {Y.shape} instead")
+    check_same_shape(X, Y, ("X", "Y"))
     if args.k >= X.shape[0]:
         raise CLIError(f"--k must be smaller than the number of tokens N = {X.shape[0]}, got {args.k} instead")
     kwargs: dict[str, Any] = {"k": args.k, "cls": args.cls}
@@ -377,9 +379,9 @@ def _cmd_tokenwise(args: argparse.Namespace) -> int:
         kwargs["rank"] = args.rank
     if args.ridge is not None:
         kwargs["ridge"] = args.ridge
-    res = decompose(X, Y, **kwargs)
+    res = decompose(X, Y, **kwargs, **_progress_kw(decompose, args))
     rep: dict[str, Any] = {"X": wx, "Y": wy, "N": X.shape[0], "d": X.shape[1]}
-    rep.update(_tokenwise_summary(res))
+    rep.update(res.summary())
     if args.json:
         _print_json(rep)
     else:
@@ -387,36 +389,24 @@ def _cmd_tokenwise(args: argparse.Namespace) -> int:
     return 0
 
 
-def _tokenwise_summary(res: Any) -> dict[str, Any]:
-    """The result's own ``summary()``, else its scalar fields and per-token medians."""
-    import numpy as np
-
-    summary = getattr(res, "summary", None)
-    if callable(summary):
-        return dict(summary())
-    out: dict[str, Any] = {}
-    for f in dataclasses.fields(res):
-        v = getattr(res, f.name)
-        if isinstance(v, np.ndarray) and v.ndim == 1 and v.dtype.kind == "f":
-            out[f"median_{f.name}"] = float(np.nanmedian(v))
-        elif isinstance(v, (int, float, str, bool, np.generic)):
-            out[f.name] = v
-    return out
-
-
 def _cmd_demo(args: argparse.Namespace) -> int:
-    from . import _demo
+    from . import _demo  # the demo's plotting and corpus code loads only for this command
 
     size = args.size or ("quick" if args.quick else "full")
     out = args.out
     if os.path.exists(out) and not os.path.isdir(out):
         raise CLIError(f"--out {out!r} exists and is not a directory")
-    report = _demo.run_demo(out, size=size, seed=args.seed, progress=not args.no_progress)
+    report = _demo.run_demo(out, size=size, seed=args.seed, progress=_show_progress(args))
     print(f"refgeo demo: wrote {report}", file=sys.stderr)
     return 0
 
 
 # ------------------------------------------------------------------ parser
+
+def _add_progress(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--progress", action=argparse.BooleanOptionalAction, default=None,
+                   help="show progress on stderr (default: only when stderr is a terminal)")
+
 
 def _build_parser() -> argparse.ArgumentParser:
     parser = _Parser(
@@ -426,8 +416,6 @@ def _build_parser() -> argparse.ArgumentParser:
         epilog="Run 'refgeo demo' for a tour on real text (no downloads). "
         "Errors print one line and exit with status 2.",
     )
-    from refgeo import __version__
-
     parser.add_argument("--version", action="version", version=f"refgeo {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
 
@@ -436,13 +424,13 @@ def _build_parser() -> argparse.ArgumentParser:
         help="train a small next-token LM head on Python's own documentation and write a report",
         description="Build a word-level corpus from pydoc_data.topics and standard-library docstrings, "
         "train the softmax head of a small next-token model with AdamW, RowNorm, rescaled RowNorm, "
-        "the exact diameter LMO and the spreading update (where available), and write "
+        "the exact diameter LMO and the spreading update (at small vocabularies), and write "
         "DIR/report.md with PNG plots and DIR/results.json.",
     )
     p.add_argument("--out", default="refgeo-demo", metavar="DIR", help="output directory (default: %(default)s)")
-    p.add_argument("--quick", action="store_true", help="small run, about 15-30 s")
+    p.add_argument("--quick", action="store_true", help="small run, about 10-30 s")
     p.add_argument("--seed", type=_int_type("--seed", 0), default=0, help="random seed (default: %(default)s)")
-    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    _add_progress(p)
     p.add_argument("--size", choices=("full", "quick", "tiny"), default=None, help=argparse.SUPPRESS)
     p.set_defaults(func=_cmd_demo)
 
@@ -456,6 +444,7 @@ def _build_parser() -> argparse.ArgumentParser:
     p.add_argument("--H", type=_float_type("--H", positive=False), default=1.0,
                    help="hidden-state norm for the worst-case h* (default: %(default)s)")
     p.add_argument("--json", action="store_true", help="print JSON instead of text")
+    _add_progress(p)
     p.set_defaults(func=_cmd_inspect)
 
     p = sub.add_parser(
@@ -472,6 +461,7 @@ def _build_parser() -> argparse.ArgumentParser:
                    help="time limit of the solver (default: %(default)s)")
     p.add_argument("--out", metavar="FILE", help="save the points to this .npy file")
     p.add_argument("--json", action="store_true", help="print JSON instead of text")
+    _add_progress(p)
     p.set_defaults(func=_cmd_spread)
 
     p = sub.add_parser(
@@ -490,24 +480,26 @@ def _build_parser() -> argparse.ArgumentParser:
                    help="subtract the mean row first (gradients must have rows summing to about zero)")
     p.add_argument("--out", metavar="FILE", help="save the update S to this .npy file")
     p.add_argument("--json", action="store_true", help="print JSON instead of text")
+    _add_progress(p)
     p.set_defaults(func=_cmd_lmo)
 
     p = sub.add_parser(
         "tokenwise",
         help="tokenwise decomposition y_i = A(x_i) x_i + r_i of a layer update",
-        description="Fit a local linear map on the k nearest neighbours of each token and report "
+        description="Fit a local linear map on the k nearest neighbors of each token and report "
         "how much of the update Y - X is tokenwise.",
     )
     p.add_argument("x", metavar="X.npy", help="hidden states before the layer, shape (N, d)")
     p.add_argument("y", metavar="Y.npy", help="hidden states after the layer, shape (N, d)")
-    p.add_argument("--k", type=_int_type("--k", 1), default=16, help="neighbours per token (default: %(default)s)")
+    p.add_argument("--k", type=_int_type("--k", 1), default=16, help="neighbors per token (default: %(default)s)")
     p.add_argument("--cls", default="diagonal", metavar="CLASS",
-                   help="class of local maps: diagonal, psd_diagonal, lowrank, orthogonal, scaled_orthogonal, "
+                   help="class of local maps: diagonal, psd_diagonal, low_rank, orthogonal, scaled_orthogonal, "
                    "full or mlp (default: %(default)s)")
-    p.add_argument("--rank", type=_int_type("--rank", 1), default=None, help="rank for --cls lowrank")
+    p.add_argument("--rank", type=_int_type("--rank", 1), default=None, help="rank for --cls low_rank")
     p.add_argument("--ridge", type=_float_type("--ridge", positive=False), default=None,
                    help="ridge penalty lambda >= 0 (library default if omitted)")
     p.add_argument("--json", action="store_true", help="print JSON instead of text")
+    _add_progress(p)
     p.set_defaults(func=_cmd_tokenwise)
 
     p = sub.add_parser("config", help="print the installation's configuration (refgeo.show_config)",
@@ -524,8 +516,7 @@ def _fail(command: str | None, message: str) -> int:
     return 2
 
 
-def main(argv: list[str] | None = None) -> int:
-    """Run the ``refgeo`` command with ``argv`` (default ``sys.argv[1:]``); return the exit status."""
+def _run(argv: list[str] | None) -> int:
     parser = _build_parser()
     try:
         args = parser.parse_args(sys.argv[1:] if argv is None else argv)
@@ -537,13 +528,15 @@ def main(argv: list[str] | None = None) -> int:
         return int(args.func(args))
     except CLIError as exc:
         return _fail(args.command, str(exc))
+    except BrokenPipeError:
+        raise  # the reader went away: not an error of the command (see main)
     except (ValueError, TypeError, OSError, KeyError, RuntimeError, MemoryError) as exc:
         if os.environ.get("REFGEO_DEBUG") == "1":
             raise
         msg = str(exc) or type(exc).__name__
         if isinstance(exc, KeyError):
             msg = f"missing key {msg}"
-        if isinstance(exc, MemoryError):
+        if isinstance(exc, MemoryError) and not str(exc):
             msg = "out of memory"
         return _fail(args.command, msg)
     except KeyboardInterrupt:
@@ -553,3 +546,37 @@ def main(argv: list[str] | None = None) -> int:
         if os.environ.get("REFGEO_DEBUG") == "1":
             raise
         return _fail(args.command, f"internal error ({type(exc).__name__}): {exc} (set REFGEO_DEBUG=1 for the traceback)")
+
+
+def _stdout_to_devnull() -> None:
+    """Point file descriptor 1 at /dev/null, so that the interpreter's final flush of the
+    output still buffered for a closed pipe succeeds instead of failing at exit."""
+    try:
+        fd = sys.stdout.fileno()
+    except (AttributeError, OSError, ValueError):  # an in-memory stdout (tests): nothing to redirect
+        return
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    try:
+        os.dup2(devnull, fd)
+    finally:
+        os.close(devnull)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run the ``refgeo`` command with ``argv`` (default ``sys.argv[1:]``); return the exit status.
+
+    Exit status: 0 on success (also when the reader of stdout goes away early, as
+    ``refgeo inspect m.npy | head -n 3`` does), 2 for any error (one line on stderr),
+    130 after Ctrl-C (one line on stderr).
+    """
+    try:
+        status = _run(argv)
+        # flush here, not at interpreter exit, so that a closed pipe is seen (and handled) now
+        sys.stdout.flush()
+    except BrokenPipeError:
+        _stdout_to_devnull()
+        return 0
+    except KeyboardInterrupt:  # outside a command: while parsing or flushing
+        print(f"{PROG}: interrupted", file=sys.stderr)
+        return 130
+    return status

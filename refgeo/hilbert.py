@@ -1,8 +1,9 @@
-"""Hilbert projective distance between output distributions (SPEC §1).
+"""Hilbert projective distance between output distributions.
 
 For logits z, z' the Hilbert distance of their softmaxes is the variation seminorm of
 the difference, ``d_H(softmax z, softmax z') = max(z' - z) - min(z' - z)``: shift
-invariant, free of any epsilon, exact for any finite logits.
+invariant, free of any epsilon, exact for any finite logits.  Definitions and proofs:
+:doc:`/theory/hilbert` (``docs/theory/hilbert.md``).
 
 .. autosummary::
 
@@ -163,7 +164,8 @@ def hilbert_distance_logits(z: Any, w: Any, /, *, axis: int = -1):
     Probabilities are never formed, so the result is exact (to one float64 rounding of
     each difference) for any finite logits, including values of size 1e4 whose
     softmax underflows.  Invariant under adding a constant to ``z`` or ``w``;
-    symmetric; satisfies the triangle inequality.  Time O(V) per pair.
+    symmetric; satisfies the triangle inequality.  Time O(V) per pair.  Proof of the
+    identity: :doc:`/theory/hilbert`, "The logit identity".
 
     References
     ----------
@@ -212,7 +214,7 @@ def hilbert_distance(p: Any, q: Any, /, *, axis: int = -1):
     ----------
     p, q : array_like of shape (..., V)
         Probability vectors or any non-negative vectors with a positive entry
-        (normalisation is irrelevant); broadcast against each other.
+        (normalization is irrelevant); broadcast against each other.
     axis : int, default=-1
         Axis holding the vector entries.
 
@@ -269,7 +271,7 @@ def funk_distance(p: Any, q: Any, /, *, axis: int = -1):
     Parameters
     ----------
     p, q : array_like of shape (..., V)
-        Non-negative vectors with a positive entry; normalised internally
+        Non-negative vectors with a positive entry; normalized internally
         (:math:`\hat p = p / \sum p`).
     axis : int, default=-1
         Axis holding the vector entries.
@@ -532,7 +534,8 @@ def pdist_hilbert(
 
     A max-minus-min ("tropical") reduction: no GEMM identity applies, so time is
     O(n^2 V) with extra memory O(tile_size * n) per thread.  The cython backend
-    streams row tiles and column chunks through a vectorised C kernel.
+    streams row tiles and column chunks through a vectorized C kernel (see
+    :doc:`/theory/hilbert`, "Batched and pairwise forms").
 
     Precision: float64 input gives exactly the reference's values (each difference is
     rounded once, max and min are exact).  float32 input is differenced in float32:
@@ -655,7 +658,8 @@ def tv_bound(d: Any, /):
     -----
     .. math:: TV(p, q) \le \tanh\!\left(\frac{d_H(p, q)}{4}\right)
 
-    Sharp: two points with likelihood ratios :math:`e^{\mp d/2}` attain it.
+    Sharp: two points with likelihood ratios :math:`e^{\mp d/2}` attain it (proof:
+    :doc:`/theory/hilbert`, "What the distance controls").
 
     Examples
     --------
@@ -682,13 +686,13 @@ def ce_bound(d: Any, /):
 
     Notes
     -----
-    For normalised p, q, :math:`\log(p_c/q_c)` lies between the minimum and the maximum
+    For normalized p, q, :math:`\log(p_c/q_c)` lies between the minimum and the maximum
     of the log-ratios, and the minimum is <= 0 <= the maximum, so
     :math:`|\log p_c - \log q_c| \le \max - \min = d_H(p, q)`.  Equality needs the
     minimum or the maximum log-ratio to be 0, which forces p = q; for p != q the bound
     is approached, not attained: two-point distributions :math:`p = (1-\varepsilon,
     \varepsilon)`, :math:`q = (1-\delta, \delta)` with :math:`\varepsilon/\delta` fixed
-    and :math:`\delta \to 0`.
+    and :math:`\delta \to 0`.  See :doc:`/theory/hilbert`.
 
     Examples
     --------

@@ -44,7 +44,7 @@ from ._validate import (
     as_float_array,
     check_bool,
     check_callable,
-    check_centred_rows,
+    check_centered_rows,
     check_int,
     check_min_rows,
     check_open_unit_interval,
@@ -318,7 +318,7 @@ def _centred_float64(G) -> tuple[np.ndarray, int]:
     e = _pow2_exponent(Gf)
     if e:
         Gf = np.ldexp(Gf, -e)
-    check_centred_rows(Gf, "G", _CENTRED_RTOL)
+    check_centered_rows(Gf, "G", _CENTRED_RTOL)
     return Gf - Gf.mean(axis=0, keepdims=True), e
 
 

@@ -43,6 +43,7 @@ from ._validate import (
     check_bool,
     check_choice,
     check_int,
+    check_min_rows,
     check_open_unit_interval,
     check_real,
 )
@@ -1550,9 +1551,8 @@ def spread_update(
 
     G = as_float_array(G, "G", ndim=2, shape_hint="2-D array of shape (V, d)")
     G = np.array(G, dtype=np.float64)
+    check_min_rows(G, "G", 2)
     V, d = G.shape
-    if V < 2:
-        raise ValueError(f"G must have at least 2 rows, got shape {G.shape} instead.")
     eta = check_real(eta, "eta", min_value=0.0, strict=True)
     eps = check_real(eps, "eps", min_value=0.0)
     if eps > 1.0:

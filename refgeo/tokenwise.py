@@ -53,6 +53,7 @@ from ._validate import (
     check_choice,
     check_finite,
     check_int,
+    check_min_rows,
     check_real,
     check_same_shape,
 )
@@ -95,8 +96,7 @@ def _panels(X, Y):
     X = as_float_array(X, "X", ndim=2, shape_hint="2-D array of shape (N, d)")
     Y = as_float_array(Y, "Y", ndim=2, shape_hint="2-D array of shape (N, d)")
     check_same_shape(X, Y, ("X", "Y"))
-    if X.shape[0] < 2:
-        raise ValueError(f"X must have at least 2 rows (tokens), got shape {tuple(X.shape)} instead.")
+    check_min_rows(X, "X", 2, "(N, d)")
     if not isinstance(X, np.ndarray) or not isinstance(Y, np.ndarray):
         raise TypeError(
             f"X and Y must be NumPy arrays (the tokenwise fits use batched LAPACK), got "

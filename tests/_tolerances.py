@@ -1,4 +1,4 @@
-"""One table of tolerances, keyed by (quantity, dtype).
+"""Tolerances of the approximate comparisons, each derived from the unit roundoff.
 
 Certified / exact quantities match the float64 reference exactly; approximate ones
 get an eps-derived bound with the reason next to it.
@@ -22,10 +22,3 @@ def pairwise_logits_atol(dtype, max_abs_diff):
         return 0.0
     return EPS32 * max_abs_diff
 
-
-TOL = {
-    # float64 logs of probabilities, then differences: a few ulps of the log-ratios.
-    ("hilbert_probabilities_vs_logits", np.float64): 64 * EPS64,
-    # projective identities (log of a scaled vector): relative to the magnitudes involved
-    ("hilbert_projective", np.float64): 64 * EPS64,
-}

@@ -1,4 +1,4 @@
-"""Upper bounds on the distance ratio (SPEC §4): validity on every configuration,
+"""Upper bounds on the distance ratio (docs/theory/spreading.md): validity on every configuration,
 closed forms, tightness, and the facts the proofs rest on."""
 
 from __future__ import annotations
@@ -198,8 +198,8 @@ def test_closed_forms(V, d):
     assert b3 == 1.0 or b3 == pytest.approx(1 / (V ** (1 / d) - 1), rel=1e-12)
 
 
-def test_reference_numbers_of_the_spec():
-    # SPEC §4: (1000, 64) B1 0.886; (4096, 256) B1 0.941; (50k, 1024) 0.96955;
+def test_reference_numbers_of_the_theory_page():
+    # docs/theory/spreading.md: (1000, 64) B1 0.886; (4096, 256) B1 0.941; (50k, 1024) 0.96955;
     # (50k, 64) B2 0.865; (32768, 512) 0.957; (50257, 768) about 0.965.
     assert round(refgeo.welch_bound(1000, 64), 3) == 0.886
     assert round(refgeo.welch_bound(4096, 256), 3) == 0.941
@@ -211,7 +211,7 @@ def test_reference_numbers_of_the_spec():
 
 
 def test_b2_beats_b1_beyond_binomial():
-    # "better than B1 once V > C(d+3, 2)" (SPEC §4), checked near the crossover.
+    # "better than B1 once V > C(d+3, 2)" (docs/theory/spreading.md), checked near the crossover.
     for d in (8, 16, 32):
         V = 4 * math.comb(d + 3, 2)
         assert refgeo.hadamard_power_bound(V, d) < refgeo.welch_bound(V, d)

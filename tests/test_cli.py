@@ -1,18 +1,21 @@
 """The ``refgeo`` command: every subcommand, its --help, and each error path.
 
 Error paths must print exactly one line to stderr (no traceback) and return 2.
-Expected values come from brute force (scipy's pdist) or closed forms of SPEC.md,
-never from the code under test.
+Expected values come from brute force (scipy's pdist) or closed forms of the theory
+pages (docs/theory/), never from the code under test.  The pipe, Ctrl-C and
+memory-mapping tests run the command as a real process.
 """
 
 from __future__ import annotations
 
-import importlib
 import json
 import math
 import os
+import signal
 import subprocess
 import sys
+import time
+import tracemalloc
 
 import numpy as np
 import pytest
@@ -39,15 +42,6 @@ def assert_one_line_error(rc, err, *fragments):
     assert ": error: " in lines[0]
     for f in fragments:
         assert f in lines[0], (f, lines[0])
-
-
-def mod(name):
-    # not refgeo.<name>: ``from .spread import *`` makes refgeo.spread the function
-    return importlib.import_module(f"refgeo.{name}")
-
-
-def has(module, name):
-    return getattr(mod(module), name, None) is not None
 
 
 @pytest.fixture
@@ -145,13 +139,12 @@ def test_inspect_regular_simplex_closed_form(capsys, files):
     assert rep["diameter"]["value"] == pytest.approx(math.sqrt(2), rel=1e-12)
     assert rep["closest_pair"]["value"] == pytest.approx(math.sqrt(2), rel=1e-12)
     assert rep["ratio"] == pytest.approx(1.0, rel=1e-12)
-    assert rep["rank_centred"] == 4
+    assert rep["rank_centered"] == 4
     J4 = math.sqrt(4 / 10)
     assert rep["jung"]["J_k"] == pytest.approx(J4, rel=1e-12)
     assert rep["covering_radius"]["radius"] == pytest.approx(math.sqrt(4 / 5), rel=1e-6)
     assert rep["covering_radius"]["lower_bound"] <= math.sqrt(4 / 5) + 1e-12
-    if "ratio_upper_bound" in rep:
-        assert rep["ratio_upper_bound"] == pytest.approx(1.0)  # V <= d + 1: the simplex is optimal
+    assert rep["ratio_upper_bound"] == pytest.approx(1.0)  # V <= d + 1: the simplex is optimal
     w = rep["worst_case_hidden_state"]
     assert np.linalg.norm(w["h"]) == pytest.approx(1.0, rel=1e-12)
     assert w["value"] == pytest.approx(math.sqrt(2), rel=1e-12)
@@ -221,7 +214,7 @@ def test_inspect_duplicate_rows_give_zero_ratio(capsys, tmp_path):
         ("one row", ["inspect", "{onerow}"], ["at least 2 rows"]),
         ("corrupt", ["inspect", "{corrupt}"], ["cannot read"]),
         ("pickled", ["inspect", "{pickled}"], ["cannot read"]),
-        ("strings", ["inspect", "{strings}"], ["real numbers"]),
+        ("strings", ["inspect", "{strings}"], ["real floating dtype", "<U1"]),
         ("several arrays", ["inspect", "{npz}"], ["several arrays", "W, b", "--key"]),
         ("bad key", ["inspect", "{npz}", "--key", "Z"], ["'Z'", "W, b"]),
         ("key on npy", ["inspect", "{simplex}", "--key", "W"], [".npz files only"]),
@@ -239,12 +232,8 @@ def test_inspect_errors(capsys, files, tmp_path, case, args, fragments):
 
 # ------------------------------------------------------------------ spread
 
-needs_spread = pytest.mark.skipif(not has("spread", "spread"), reason="refgeo.spread.spread not available")
-
-
-@needs_spread
 def test_spread_pentagon(capsys, tmp_path):
-    # V = 5 in the plane: the regular pentagon is optimal, rho = 1/phi = 0.61803 (SPEC §4)
+    # V = 5 in the plane: the regular pentagon is optimal, rho = 1/phi = 0.61803 (docs/theory/spreading.md)
     out_file = tmp_path / "points.npy"
     rc, out, _ = run(capsys, "spread", "--V", "5", "--d", "2", "--out", str(out_file), "--json",
                      "--max-time", "5")
@@ -260,7 +249,6 @@ def test_spread_pentagon(capsys, tmp_path):
     assert rep["ratio"] == pytest.approx((math.sqrt(5) - 1) / 2, abs=1e-3)
 
 
-@needs_spread
 def test_spread_text_output(capsys):
     rc, out, _ = run(capsys, "spread", "--V", "4", "--d", "3", "--max-time", "2")
     assert rc == 0
@@ -281,26 +269,14 @@ def test_spread_text_output(capsys):
     ],
 )
 def test_spread_errors(capsys, tmp_path, args, fragments):
-    if any("--out" in a for a in args) and not has("spread", "spread"):
-        pytest.skip("refgeo.spread.spread not available")
     rc, _, err = run(capsys, "spread", *[a.format(tmp=tmp_path) for a in args])
     assert_one_line_error(rc, err, *fragments)
 
 
-def test_spread_missing_module_is_a_clean_error(capsys, monkeypatch):
-    monkeypatch.delattr(mod("spread"), "spread", raising=False)
-    rc, _, err = run(capsys, "spread", "--V", "5", "--d", "2")
-    assert_one_line_error(rc, err, "refgeo.spread.spread is not available")
-
-
 # ------------------------------------------------------------------ lmo
 
-needs_lmo = pytest.mark.skipif(not has("lmo", "diameter_lmo"), reason="refgeo.lmo.diameter_lmo not available")
-
-
-@needs_lmo
 def test_lmo_rank_one_closed_form(capsys, tmp_path):
-    # G = a b^T with 1^T a = 0: T(G) = ||a||_1 ||b|| / 2 (SPEC §3), RowNorm is exact
+    # G = a b^T with 1^T a = 0: T(G) = ||a||_1 ||b|| / 2 (docs/theory/lmo.md), RowNorm is exact
     a = np.array([1.0, -2.0, 0.5, 0.5])
     b = np.array([3.0, 4.0])
     f = tmp_path / "g.npy"
@@ -320,9 +296,8 @@ def test_lmo_rank_one_closed_form(capsys, tmp_path):
     assert -np.sum(np.outer(a, b) * S) == pytest.approx(2 * T, rel=1e-6)
 
 
-@needs_lmo
 def test_lmo_regular_simplex_ratio(capsys, tmp_path):
-    # rows of a centred regular simplex with k = 2: RowNorm / exact = sqrt(3/4) = 0.8660 (SPEC §3)
+    # rows of a centered regular simplex with k = 2: RowNorm / exact = sqrt(3/4) = 0.8660 (docs/theory/lmo.md)
     G = np.array([[1.0, 0.0], [-0.5, math.sqrt(3) / 2], [-0.5, -math.sqrt(3) / 2]])
     f = tmp_path / "tri.npy"
     np.save(f, G)
@@ -333,7 +308,6 @@ def test_lmo_regular_simplex_ratio(capsys, tmp_path):
     assert hi - lo < 1e-4
 
 
-@needs_lmo
 def test_lmo_text_output_and_center(capsys, tmp_path):
     f = tmp_path / "g.npy"
     np.save(f, np.array([[1.0, 2.0], [3.0, 5.0], [0.0, 1.0]]))  # rows do not sum to zero
@@ -360,27 +334,16 @@ def test_lmo_errors(capsys, files, tmp_path, args, fragments):
     assert_one_line_error(rc, err, *fragments)
 
 
-@needs_lmo
-def test_lmo_uncentred_gradient_library_error(capsys, files):
+def test_lmo_uncentered_gradient_library_error(capsys, files):
     # the simplex rows e_i do not sum to zero: the library's ValueError becomes one line
     rc, _, err = run(capsys, "lmo", files["simplex"])
     assert_one_line_error(rc, err)
 
 
-def test_lmo_missing_module_is_a_clean_error(capsys, monkeypatch, files):
-    monkeypatch.delattr(mod("lmo"), "diameter_lmo", raising=False)
-    rc, _, err = run(capsys, "lmo", files["simplex"])
-    assert_one_line_error(rc, err, "refgeo.lmo.diameter_lmo is not available")
-
-
 # ------------------------------------------------------------------ tokenwise
 
-needs_tokenwise = pytest.mark.skipif(not has("tokenwise", "decompose"), reason="refgeo.tokenwise not available")
-
-
-@needs_tokenwise
 def test_tokenwise_linear_layer_is_fully_tokenwise(capsys, tmp_path):
-    # Y = X diag(c): a diagonal map fits exactly, residual energy 0 (SPEC §5)
+    # Y = X diag(c): a diagonal map fits exactly, residual energy 0 (docs/theory/tokenwise.md)
     rng = np.random.default_rng(3)
     X = rng.standard_normal((50, 4))
     Y = X * np.array([2.0, -1.0, 0.5, 3.0])
@@ -393,7 +356,6 @@ def test_tokenwise_linear_layer_is_fully_tokenwise(capsys, tmp_path):
     assert rep["energy_fraction"] == pytest.approx(0.0, abs=1e-20)
 
 
-@needs_tokenwise
 def test_tokenwise_text_output(capsys, tmp_path):
     rng = np.random.default_rng(4)
     X = rng.standard_normal((30, 3))
@@ -421,16 +383,9 @@ def test_tokenwise_errors(capsys, files, tmp_path, args, fragments):
     assert_one_line_error(rc, err, *fragments)
 
 
-@needs_tokenwise
 def test_tokenwise_bad_class_library_error(capsys, files):
     rc, _, err = run(capsys, "tokenwise", files["cloud"], files["cloud"], "--cls", "banana")
     assert_one_line_error(rc, err, "cls")
-
-
-def test_tokenwise_missing_module_is_a_clean_error(capsys, monkeypatch, files):
-    monkeypatch.delattr(mod("tokenwise"), "decompose", raising=False)
-    rc, _, err = run(capsys, "tokenwise", files["cloud"], files["cloud"])
-    assert_one_line_error(rc, err, "refgeo.tokenwise.decompose is not available")
 
 
 # ------------------------------------------------------------------ unexpected errors
@@ -503,3 +458,155 @@ def test_no_stray_files(tmp_path, capsys, monkeypatch):
         cli.main([c, "--help"])
     capsys.readouterr()
     assert os.listdir(tmp_path) == []
+
+
+# ------------------------------------------------------------------ pipes, Ctrl-C, memory-mapped input
+
+def _refgeo(*argv):
+    return [sys.executable, "-m", "refgeo", *argv]
+
+
+def _default_sigint():
+    # a child started from a shell that ignores SIGINT (a background job) would inherit the
+    # ignore; with the default disposition Python installs its KeyboardInterrupt handler
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
+def test_closed_pipe_ends_quietly_with_status_0(tmp_path):
+    # 3 x 30000 rows: the JSON (with h* of 30000 entries) is far larger than a pipe buffer,
+    # so the command is still writing when the reader goes away, as with `| head -c1`
+    f = tmp_path / "wide.npy"
+    np.save(f, np.random.default_rng(0).standard_normal((3, 30_000)))
+    proc = subprocess.Popen(_refgeo("inspect", str(f), "--json"), stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE)
+    first = proc.stdout.read(1)
+    proc.stdout.close()  # the reader exits
+    err = proc.stderr.read()
+    proc.wait(timeout=120)
+    assert first == b"{"
+    assert err == b""
+    assert proc.returncode == 0
+
+
+def test_reader_that_stops_at_a_match_like_grep_q(tmp_path):
+    f = tmp_path / "wide.npy"
+    np.save(f, np.random.default_rng(1).standard_normal((4, 30_000)))
+    proc = subprocess.Popen(_refgeo("inspect", str(f), "--json"), stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE)
+    seen = b""
+    while b'"diameter"' not in seen:
+        chunk = proc.stdout.read1(4096)
+        assert chunk, "the output ended before the match"
+        seen += chunk
+    proc.stdout.close()
+    err = proc.stderr.read()
+    proc.wait(timeout=120)
+    assert (proc.returncode, err) == (0, b"")
+
+
+def test_ctrl_c_exits_130_with_one_line():
+    t0 = time.monotonic()
+    subprocess.run(_refgeo("--version"), capture_output=True, timeout=120, check=True)
+    startup = time.monotonic() - t0
+    # V = 3000 in R^16 runs the solver for its whole --max-time (60 s)
+    proc = subprocess.Popen(_refgeo("spread", "--V", "3000", "--d", "16", "--max-time", "60"),
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            preexec_fn=_default_sigint)
+    time.sleep(2 * startup + 1.0)  # well inside the computation
+    assert proc.poll() is None, "the command ended before the interrupt"
+    proc.send_signal(signal.SIGINT)
+    t1 = time.monotonic()
+    out, err = proc.communicate(timeout=30)
+    assert time.monotonic() - t1 < 10
+    assert proc.returncode == 130
+    assert out == ""
+    assert err.splitlines() == ["refgeo spread: interrupted"]
+
+
+def test_npy_input_is_memory_mapped_not_read_whole(tmp_path):
+    # 32 MiB of float64 on disk; loading and checking it must allocate only O(1 MiB)
+    rng = np.random.default_rng(5)
+    f = tmp_path / "big.npy"
+    big = rng.standard_normal((4096, 1024))
+    np.save(f, big)
+    tracemalloc.start()
+    try:
+        S, where = cli._load_matrix(str(f))
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert peak < 4 * 2**20, peak
+    assert where == str(f)
+    assert not S.flags.writeable  # a read-only view of the file
+    np.testing.assert_array_equal(S[::512], big[::512])
+
+
+def test_memory_mapped_input_gives_the_brute_force_answer(capsys, tmp_path):
+    rng = np.random.default_rng(6)
+    S = rng.standard_normal((300, 7)).astype(np.float32)
+    f = tmp_path / "f32.npy"
+    np.save(f, S)
+    rc, out, _ = run(capsys, "inspect", str(f), "--json")
+    assert rc == 0
+    rep = json.loads(out)
+    assert rep["dtype"] == "float32"
+    dist = pdist(S.astype(np.float64))
+    assert abs(rep["diameter"]["value"] - dist.max()) <= rep["diameter"]["error_bound"]
+    assert abs(rep["closest_pair"]["value"] - dist.min()) <= rep["closest_pair"]["error_bound"]
+
+
+def test_non_finite_entry_deep_in_a_large_file_is_found(capsys, tmp_path):
+    # the blockwise finiteness check reads every block, not only the first
+    S = np.zeros((3000, 512))
+    S[2999, 511] = np.inf
+    f = tmp_path / "late_inf.npy"
+    np.save(f, S)
+    rc, _, err = run(capsys, "inspect", str(f))
+    assert_one_line_error(rc, err, "finite", "1 infinite")
+
+
+# ------------------------------------------------------------------ progress
+
+def _parse(*argv):
+    return cli._build_parser().parse_args(list(argv))
+
+
+def test_progress_defaults_to_on_for_a_terminal(monkeypatch):
+    pty = pytest.importorskip("pty")
+    master, slave = pty.openpty()  # stderr on the slave side of a real pseudo-terminal
+    try:
+        with os.fdopen(slave, "w") as stream:
+            # set in the test body: pytest re-installs its own capture between phases
+            monkeypatch.setattr(sys, "stderr", stream)
+            for command in (["inspect", "m.npy"], ["spread", "--V", "5", "--d", "2"], ["lmo", "g.npy"],
+                            ["tokenwise", "x.npy", "y.npy"], ["demo"]):
+                assert cli._show_progress(_parse(*command)) is True, command
+                assert cli._show_progress(_parse(*command, "--no-progress")) is False, command
+    finally:
+        os.close(master)
+
+
+def test_library_progress_by_default_only_with_tqdm(monkeypatch):
+    # on a terminal the library's bar is passed on by default only where tqdm can draw
+    # it (no "install tqdm" warning for a default); an explicit --progress always passes
+    import importlib.util
+
+    pty = pytest.importorskip("pty")
+    master, slave = pty.openpty()
+    try:
+        with os.fdopen(slave, "w") as stream:
+            monkeypatch.setattr(sys, "stderr", stream)
+            has_tqdm = importlib.util.find_spec("tqdm") is not None
+            args = _parse("lmo", "g.npy")
+            assert cli._progress_kw(refgeo.diameter_lmo, args) == {"progress": has_tqdm}
+            assert cli._progress_kw(refgeo.diameter_lmo, _parse("lmo", "g.npy", "--progress")) == {"progress": True}
+            assert cli._progress_kw(refgeo.diameter_lmo, _parse("lmo", "g.npy", "--no-progress")) == {"progress": False}
+    finally:
+        os.close(master)
+
+
+def test_progress_defaults_to_off_otherwise(tmp_path, monkeypatch):
+    with open(tmp_path / "log.txt", "w") as fh:
+        monkeypatch.setattr(sys, "stderr", fh)
+        assert cli._show_progress(_parse("inspect", "m.npy")) is False
+        assert cli._show_progress(_parse("inspect", "m.npy", "--progress")) is True

@@ -9,14 +9,18 @@ from __future__ import annotations
 import importlib.util
 import json
 import math
+import os
 import pathlib
 import re
+import select
+import sys
 
 import numpy as np
 import pytest
 from scipy.special import log_softmax
 
-from refgeo import _corpus, _demo, cli
+from refgeo import _demo, cli
+from refgeo._demo import corpus, model, training
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 
@@ -36,12 +40,43 @@ def checker():
     return _load_checker()
 
 
+def _read_all(fd: int) -> str:
+    chunks = []
+    while select.select([fd], [], [], 0)[0]:
+        try:
+            chunk = os.read(fd, 65536)
+        except OSError:  # the slave side is closed
+            break
+        if not chunk:
+            break
+        chunks.append(chunk)
+    return b"".join(chunks).decode("utf-8", "replace")
+
+
 @pytest.fixture(scope="module")
-def tiny_report(tmp_path_factory):
+def tiny_run(tmp_path_factory):
+    """The tiny demo, run as ``refgeo demo`` with stderr on a real terminal (a pseudo-terminal)."""
+    pty = pytest.importorskip("pty")
     out = tmp_path_factory.mktemp("demo_tiny")
-    rc = cli.main(["demo", "--size", "tiny", "--out", str(out), "--no-progress"])
+    master, slave = pty.openpty()
+    saved = sys.stderr
+    try:
+        with os.fdopen(slave, "w") as stream:
+            sys.stderr = stream
+            try:
+                rc = cli.main(["demo", "--size", "tiny", "--out", str(out)])
+            finally:
+                sys.stderr = saved
+        terminal = _read_all(master)
+    finally:
+        os.close(master)
     assert rc == 0
-    return out
+    return out, terminal
+
+
+@pytest.fixture(scope="module")
+def tiny_report(tiny_run):
+    return tiny_run[0]
 
 
 # ------------------------------------------------------------------ the demo end to end
@@ -64,7 +99,7 @@ def test_tiny_demo_numbers_are_consistent(tiny_report):
         # the first held-out loss is at W = 0: exactly the uniform prediction log V
         assert run["eval_loss"][0] == pytest.approx(math.log(V), rel=1e-12), name
         assert all(math.isfinite(x) for x in run["train_loss"])
-        # Hilbert RMS never exceeds max ||h|| D(S_t) (SPEC §2)
+        # Hilbert RMS never exceeds max ||h|| D(S_t) (docs/theory/rows.md)
         for rms, bound in zip(run["hilbert_rms"], run["bound"]):
             assert rms <= bound * (1 + 1e-12)
     eta = 2 * data["config"]["gamma"]
@@ -81,7 +116,7 @@ def test_tiny_demo_numbers_are_consistent(tiny_report):
     lmo = data["lmo"]
     if lmo is not None:
         for lo, hi in zip(lmo["ratio_lo"], lmo["ratio_hi"]):
-            # RowNorm gets at least 1/sqrt(2) of the exact decrease (SPEC §3)
+            # RowNorm gets at least 1/sqrt(2) of the exact decrease (docs/theory/lmo.md)
             assert 1 / math.sqrt(2) - 1e-9 <= hi and lo <= hi <= 1.0
 
 
@@ -91,18 +126,6 @@ def test_demo_report_mentions_what_was_skipped(tiny_report):
     for run in data["runs"].values():
         if run["stopped_early"]:
             assert f"stopped after {run['steps_done']} of" in text
-
-
-def test_demo_without_any_library_part(tmp_path, monkeypatch, checker):
-    # every optional module empty: the demo still writes a report that passes the checker
-    monkeypatch.setattr(_demo, "_lib", lambda module, name: None)
-    path = _demo.run_demo(str(tmp_path), size="tiny", progress=False)
-    text = pathlib.Path(path).read_text(encoding="utf-8")
-    assert checker.check(str(tmp_path)) == []
-    for part in ("refgeo.optim.RowNorm", "refgeo.lmo.rescaled_rownorm", "refgeo.optim.DiameterLMO",
-                 "refgeo.spread.spread_update", "refgeo.lmo.diameter_lmo", "refgeo.tokenwise.decompose"):
-        assert f"`{part}` is not available" in text
-    assert "AdamW" in text
 
 
 def test_demo_survives_a_failing_optimizer(tmp_path, monkeypatch, checker):
@@ -117,20 +140,14 @@ def test_demo_survives_a_failing_optimizer(tmp_path, monkeypatch, checker):
             param -= 0.01 * grad
             return param
 
-    real = _demo._lib
-
-    def fake(module, name):
-        if (module, name) == ("optim", "RowNorm"):
-            return Broken
-        if module in ("spread", "tokenwise", "lmo") or name == "DiameterLMO":
-            return None  # keep this test short: only the training loop matters here
-        return real(module, name)
-
-    monkeypatch.setattr(_demo, "_lib", fake)
+    monkeypatch.setattr(training, "RowNorm", Broken)
     path = _demo.run_demo(str(tmp_path), size="tiny", progress=False)
     text = pathlib.Path(path).read_text(encoding="utf-8")
     assert "failed after 2 steps (FloatingPointError: planted failure)" in text
     assert checker.check(str(tmp_path)) == []
+    data = json.loads((tmp_path / "results.json").read_text(encoding="utf-8"))
+    assert data["runs"]["rownorm"]["steps_done"] == 2
+    assert data["runs"]["adamw"]["steps_done"] == _demo.SIZES["tiny"].steps
 
 
 def test_run_demo_rejects_unknown_size(tmp_path):
@@ -151,7 +168,7 @@ def test_progress_counter_without_tqdm(monkeypatch, capsys):
     import sys
 
     monkeypatch.setitem(sys.modules, "tqdm", None)  # import tqdm now raises ImportError
-    bar = _demo._Progress(total=3, enabled=True)
+    bar = training.Progress(total=3, enabled=True)
     bar.describe("adamw")
     for _ in range(3):
         bar.update()
@@ -160,8 +177,15 @@ def test_progress_counter_without_tqdm(monkeypatch, capsys):
     assert "[refgeo demo] adamw: 3/3 steps" in err
 
 
+def test_demo_shows_progress_on_a_terminal(tiny_run):
+    _, terminal = tiny_run
+    for name in ("adamw", "rownorm", "rescaled", "exact_lmo"):
+        assert name in terminal
+    assert "refgeo demo: wrote" in terminal
+
+
 def test_progress_disabled_is_silent(capsys):
-    bar = _demo._Progress(total=2, enabled=False)
+    bar = training.Progress(total=2, enabled=False)
     bar.describe("x")
     bar.update(2)
     bar.close()
@@ -171,7 +195,7 @@ def test_progress_disabled_is_silent(capsys):
 # ------------------------------------------------------------------ corpus and model
 
 def test_corpus_vocabulary_and_unknown_rate():
-    c = _corpus.build_corpus(vocab_size=50, max_files=2)
+    c = corpus.build_corpus(vocab_size=50, max_files=2)
     assert c.vocab[0] == "<unk>" and len(c.vocab) == 50
     assert len(set(c.vocab)) == 50
     assert c.ids.min() >= 0 and c.ids.max() < 50
@@ -181,8 +205,8 @@ def test_corpus_vocabulary_and_unknown_rate():
 
 
 def test_vocabulary_keeps_most_frequent_tokens_brute_force():
-    tokens = _corpus.tokenize("b a c a b a d e e e e , , .")
-    vocab, ids = _corpus.build_vocabulary(tokens, vocab_size=4)
+    tokens = corpus.tokenize("b a c a b a d e e e e , , .")
+    vocab, ids = corpus.build_vocabulary(tokens, vocab_size=4)
     counts = {t: tokens.count(t) for t in set(tokens)}
     ranked = sorted(counts, key=lambda t: (-counts[t], t))
     assert vocab == ["<unk>"] + ranked[:3]
@@ -195,21 +219,21 @@ def test_loss_and_gradient_match_log_softmax_and_finite_differences():
     W = rng.standard_normal((V, d))
     H = rng.standard_normal((B, d))
     y = rng.integers(0, V, B)
-    loss, G = _demo._loss_grad(W, H, y)
+    loss, G = model.loss_grad(W, H, y)
     assert loss == pytest.approx(-np.mean(log_softmax(H @ W.T, axis=1)[np.arange(B), y]), rel=1e-13)
-    assert _demo._loss(W, H, y, chunk=2) == pytest.approx(loss, rel=1e-13)
+    assert model.loss(W, H, y, chunk=2) == pytest.approx(loss, rel=1e-13)
     np.testing.assert_allclose(G.sum(axis=0), 0.0, atol=1e-13)  # 1^T G = 0
     eps = 1e-6
     for i, j in [(0, 0), (3, 1), (6, 2)]:
         E = np.zeros_like(W)
         E[i, j] = eps
-        num = (_demo._loss(W + E, H, y) - _demo._loss(W - E, H, y)) / (2 * eps)
+        num = (model.loss(W + E, H, y) - model.loss(W - E, H, y)) / (2 * eps)
         assert G[i, j] == pytest.approx(num, rel=1e-6, abs=1e-9)
 
 
 def test_adamw_first_step_is_signed_and_decays():
     # first bias-corrected Adam step is -lr * g / (|g| + eps) = -lr * sign(g), plus decoupled decay
-    opt = _demo._AdamW(0.1, weight_decay=0.5)
+    opt = training.AdamW(0.1, weight_decay=0.5)
     W = np.array([[1.0, -2.0], [0.0, 3.0]])
     G = np.array([[2.0, -0.5], [-3.0, 1e-3]])
     S = opt.update(W, G, 1)
@@ -218,7 +242,7 @@ def test_adamw_first_step_is_signed_and_decays():
 
 def test_features_are_fixed_and_shaped():
     rng = np.random.default_rng(1)
-    f = _demo._Features(V=20, d=6, context=3, rng=rng)
+    f = model.Features(V=20, d=6, context=3, rng=rng)
     ids = np.arange(40) % 20
     pos = np.array([3, 10, 39])
     h0, h1 = f(ids, pos)

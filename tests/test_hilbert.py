@@ -1,4 +1,4 @@
-"""Properties of SPEC §1 (Hilbert projective distance), each against its definition."""
+"""Properties of the Hilbert projective distance (docs/theory/hilbert.md), each against its definition."""
 
 from __future__ import annotations
 
@@ -36,7 +36,7 @@ def positive_vectors(draw, v=None, n=2):
 
 
 def _brute_hilbert(p, q):
-    """max over i, j of |log(p_i/p_j) - log(q_i/q_j)| (SPEC §1, second form)."""
+    """max over i, j of |log(p_i/p_j) - log(q_i/q_j)| (docs/theory/hilbert.md, second form)."""
     lp, lq = np.log(p), np.log(q)
     a = (lp[:, None] - lp[None, :]) - (lq[:, None] - lq[None, :])
     return float(np.max(np.abs(a)))

@@ -1,6 +1,6 @@
 """The docs page "Testing your implementation against refgeo" runs as shown.
 
-Runs the page's Python blocks in order, in one namespace, under the page's derandomised
+Runs the page's Python blocks in order, in one namespace, under the page's derandomized
 profile.  A block followed by a ``text`` block that starts with
 ``refgeo.testing.ConformanceError:`` must raise a report for the same quantity; other blocks
 must run without error.  The exact example is not compared: hypothesis seeds its search with

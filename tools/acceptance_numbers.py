@@ -1,4 +1,4 @@
-"""One-shot measurements of the issue acceptance cases that take minutes per call.
+"""One-shot measurements of the large solver cases that take minutes per call.
 
 The asv benchmarks (``asv_benchmarks/``, ``REFGEO_BENCH_SIZE=realistic``) hold the speed
 ratios measured in one process (pdist, roofline, scikit-learn, NumPy loop).  The solver
@@ -23,7 +23,7 @@ import sys
 SPREAD = [(4096, 256, None), (1000, 64, None), (50000, 1024, 100.0), (32768, 512, 240.0),
           (50257, 768, 480.0), (50000, 64, 300.0)]
 LMO = [(60, 8, 256, 1e-5, None), (2000, 64, 1024, 1e-3, 120.0), (8000, 128, 1024, 1e-2, 300.0)]
-TOKENWISE = [(20000, 768, 64, "diagonal", None), (20000, 768, 64, "lowrank", 8)]
+TOKENWISE = [(20000, 768, 64, "diagonal", None), (20000, 768, 64, "low_rank", 8)]
 
 _CHILD = r"""
 import json, math, resource, sys, time

@@ -1,6 +1,6 @@
 """Shared pieces of refgeo's asv benchmarks.
 
-Conventions (see ../shared/STYLE.md §11):
+Conventions:
 - one file per area (``hilbert.py``, ``extreme_pairs.py``, ``lmo.py``, ...);
 - params ``(size, dtype, backend)``; ``SMALL`` sizes run in CI (``asv run --quick``),
   ``REALISTIC`` sizes are selected with ``REFGEO_BENCH_SIZE=realistic``;

@@ -1,4 +1,4 @@
-"""Benchmarks for the certified pairwise engine (refgeo.rows; issue 3 acceptance).
+"""Benchmarks for the certified pairwise engine (refgeo.rows: extreme pairs and k-NN).
 
 Baselines measured in the same process:
 
@@ -8,7 +8,7 @@ Baselines measured in the same process:
 * scikit-learn's ``NearestNeighbors(algorithm="brute").kneighbors`` for k-NN (a
   benchmark-only dependency; the tracker skips without it).
 
-Small sizes run in CI; ``REFGEO_BENCH_SIZE=realistic`` selects the acceptance sizes
+Small sizes run in CI; ``REFGEO_BENCH_SIZE=realistic`` selects the realistic sizes
 (V = 8192, d = 512 for the diameter; N = 50000, d = 768, k = 32 for k-NN; V = 65536,
 d = 1024 float32 for peak memory).
 """
@@ -112,7 +112,7 @@ class Float32Speedup:
 
     At the realistic size float64 rows are filtered through a float32 copy too (see
     ``refgeo.row_diameter``), so this ratio is near 1: it tracks what the float64
-    originals cost on top (centring, refinement), not a GEMM precision difference.
+    originals cost on top (centering, refinement), not a GEMM precision difference.
     """
 
     params = ([(1024, 64)] if not realistic() else [(8192, 512)],)

@@ -1,8 +1,8 @@
 """Benchmarks for refgeo.hilbert: pairwise Hilbert distances of logits (the tropical kernel).
 
-Baselines measured in the same process: the plain NumPy row loop (the issue's reference
-loop) and SciPy's ``pdist(metric="chebyshev")``, a max-|x - y| reduction of the same
-shape and cost class (SciPy has no Hilbert metric).
+Baselines measured in the same process: the plain NumPy row loop (one ``max - min`` of
+the difference per pair of rows) and SciPy's ``pdist(metric="chebyshev")``, a max-|x - y|
+reduction of the same shape and cost class (SciPy has no Hilbert metric).
 """
 
 import numpy as np

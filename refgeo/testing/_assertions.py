@@ -31,6 +31,8 @@ from typing import Any
 
 import numpy as np
 
+from .._validate import check_choice
+
 __all__ = [
     "ConformanceError",
     "as_numpy",
@@ -185,9 +187,7 @@ def as_numpy(x: Any) -> np.ndarray:
 
 
 def _check_rule(tie_break: str) -> str:
-    if tie_break not in _TIE_RULES:
-        raise ValueError(f"tie_break must be one of {_TIE_RULES}, got {tie_break!r} instead.")
-    return tie_break
+    return check_choice(tie_break, "tie_break", _TIE_RULES)
 
 
 def _unit_roundoff(dtype) -> float:

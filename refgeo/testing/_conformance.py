@@ -18,9 +18,11 @@ from hypothesis import seed as hseed
 from hypothesis import settings as hsettings
 from hypothesis import strategies as st
 
+from .._validate import check_callable
 from . import strategies as rst
 from ._assertions import (
     ConformanceError,
+    _check_rule,
     as_numpy,
     assert_cdist_close,
     assert_extreme_pair_close,
@@ -603,10 +605,8 @@ def check_against_reference(
     """
     __tracebackhide__ = True
     entry = _entry(name)
-    if not callable(candidate):
-        raise TypeError(f"candidate must be callable, got {type(candidate).__name__} instead.")
-    if tie_break not in ("smallest", "any"):
-        raise ValueError(f"tie_break must be one of ('smallest', 'any'), got {tie_break!r} instead.")
+    check_callable(candidate, "candidate")
+    _check_rule(tie_break)
     if isinstance(max_examples, bool) or not isinstance(max_examples, int) or max_examples < 1:
         raise ValueError(f"max_examples must be a positive int, got {max_examples!r} instead.")
     if strategy is None:

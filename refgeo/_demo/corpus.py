@@ -42,7 +42,7 @@ _TOKEN = re.compile(r"[a-z]+|[0-9]+|[^\sa-z0-9]")
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class Corpus:
-    """A tokenised corpus.
+    """A tokenized corpus.
 
     Attributes
     ----------
@@ -116,7 +116,7 @@ def _stdlib_docstrings(max_files: int | None) -> tuple[list[str], int]:
 
 
 def build_corpus(*, vocab_size: int, max_files: int | None = None) -> Corpus:
-    """Tokenise ``pydoc_data.topics`` and standard-library docstrings.
+    """Tokenize ``pydoc_data.topics`` and standard-library docstrings.
 
     Parameters
     ----------
