@@ -398,8 +398,6 @@ def knn(X, k, Y, *, exclude_self, tile_size=None, n_threads=None) -> KernelRun:
         ((blocks, offsets),), mu = _blocks_and_mean([X], tile_size)
         yblocks, yoffsets = blocks, offsets
     else:
-        if _is_dask(Y) != _is_dask(X):
-            raise TypeError("X and Y must both be Dask arrays, got one Dask array and one other array instead.")
         ((blocks, offsets), (yblocks, yoffsets)), mu = _blocks_and_mean([X, Y], tile_size)
     task = dask.delayed(_knn_task, pure=True, nout=2)
     nb = len(blocks)
@@ -424,9 +422,3 @@ def knn(X, k, Y, *, exclude_self, tile_size=None, n_threads=None) -> KernelRun:
         indices=np.concatenate([r.index for r in recs], axis=0),
         distances=np.sqrt(np.concatenate([r.values for r in recs], axis=0)),
     )
-
-
-def _is_dask(a) -> bool:
-    from array_api_compat import is_dask_array
-
-    return is_dask_array(a)
