@@ -42,8 +42,8 @@ from typing import Any, NamedTuple
 import numpy as np
 
 from ._backend import KernelRun
-from ._certify import MAX_NORM2, better, reported_bound, rounding_bound
-from ._tiled import _filter, _refine
+from ._certify import MAX_NORM2, UNIT_ROUNDOFF, better, reported_bound, rounding_bound
+from ._tiled import _refine
 
 __all__ = ["MAX_BLOCK_ROWS", "block_rows", "closest", "diameter", "farthest", "knn"]
 
@@ -140,9 +140,14 @@ def _compute(*values):
 # --------------------------------------------------------------------------- task kernels
 
 
-def _filter_dtype(*blocks) -> str:
+def _filter_dtype(blocks, float32_filter) -> str:
+    """float32 for float32 rows, and for float64 rows in the maximum modes
+    (``float32_filter``: the band within the float32 bound of the largest distance is
+    thin, so few pairs are refined); float64 where float32 gives no useful bound."""
     d = blocks[0].shape[1]
-    if all(b.dtype == np.float32 for b in blocks) and math.isfinite(rounding_bound(d, "float32")[0]):
+    if not math.isfinite(rounding_bound(d, "float32")[0]):
+        return "float64"
+    if float32_filter or all(b.dtype == np.float32 for b in blocks):
         return "float32"
     return "float64"
 
@@ -158,13 +163,31 @@ def _centered(S64, mu, dt):
     return X, nrm
 
 
-def _prepare(SA, SB, mu):
-    """Both blocks as float64 originals, centered copies, norms, filter dtype.
+class _Blocks(NamedTuple):
+    A64: Any
+    B64: Any
+    H: Any  # filter values n_i + n_j - 2 x_i . x_j in the filter dtype, (rows of A, rows of B)
+    nA: Any
+    nB: Any
+    c: float  # |H_ij - r_ij| <= c (n_i + n_j) + eabs
+    eabs: float
+    bound: float  # the reported bound of this task
+
+
+def _prepare(SA, SB, mu, float32_filter=False) -> _Blocks:
+    """Both blocks as float64 originals, the filter values and their rounding bound.
 
     ``SB`` None means the block against itself.  A float32 copy whose norms would
     overflow the float32 GEMM is replaced by a float64 one (as the engines do).
+
+    The filter ``H = (fl(-2 x_i . x_j) + fl(n_i)) + fl(n_j)`` is formed in place on the
+    GEMM output, in the filter dtype with unit roundoff u.  Against the float64
+    epilogue ``f_ij`` of :func:`refgeo._certify.rounding_bound` this adds at most
+    ``u (a + 2.01 a + 3.02 a) <= 6.1 u a`` (``a = n_i + n_j``, ``|2 x_i . x_j| <= 1.01 a``),
+    so ``c`` below is that bound's ``c`` plus ``7 u``.
     """
-    dt = _filter_dtype(SA) if SB is None else _filter_dtype(SA, SB)
+    blocks = [SA] if SB is None else [SA, SB]
+    dt = _filter_dtype(blocks, float32_filter)
     A64 = np.asarray(SA, dtype=np.float64)
     B64 = A64 if SB is None else np.asarray(SB, dtype=np.float64)
     for _ in range(2):
@@ -181,31 +204,65 @@ def _prepare(SA, SB, mu):
         )
     d = A64.shape[1]
     c, eabs = rounding_bound(d, dt)
-    return A64, B64, XA, nA, XB, nB, c, eabs, reported_bound(d, dt, top)
+    c += 7.0 * UNIT_ROUNDOFF[dt]
+    H = XA @ XB.T
+    H *= -2.0
+    H += nA.astype(H.dtype)[:, None]
+    H += nB.astype(H.dtype)[None, :]
+    return _Blocks(A64, B64, H, nA, nB, c, eabs, reported_bound(d, dt, top))
+
+
+def _widen(t, nrm_rows, nrm_other_max, b: _Blocks, sign):
+    """Per-row thresholds ``t +- 2 e_i`` (``e_i = c (n_i + max n) + eabs`` bounds every
+    ``e_ij`` of the row), rounded outward into the filter dtype.  ``sign`` +1 widens up."""
+    e = (b.c * (nrm_rows + nrm_other_max) + b.eabs) * (1.0 + 2.0**-40)
+    w = np.asarray(t, dtype=np.float64) + sign * (2.0 * e + np.abs(t) * 2.0**-50)
+    w32 = w.astype(b.H.dtype)
+    off = (w32 > w) if sign < 0 else (w32 < w)
+    w32[off] = np.nextafter(w32[off], np.asarray(sign * math.inf, dtype=b.H.dtype))
+    return w32
+
+
+def _refined(b: _Blocks, r, q):
+    """Refined float64 squared distances of the candidate pairs ``(r[t], q[t])``."""
+    if r.shape[0] == 0:
+        return np.empty(0)
+    return _refine(np, b.A64, b.B64, r, q)
 
 
 def _pair_task(SA, SB, i0, j0, mu, maximize):
     """Certified extreme of the pairs (i in block A, j in block B, i < j)."""
     same = SB is None
-    A64, B64, XA, nA, XB, nB, c, eabs, bound = _prepare(SA, SB, mu)
-    F, E = _filter(np, XA, nA, XB, nB, c, eabs)
-    sign = 1.0 if maximize else -1.0
-    if same:
-        if A64.shape[0] < 2:
-            return None
-        valid = np.triu(np.ones(F.shape, dtype=bool), k=1)
-        lo = np.where(valid, sign * F - E, -math.inf)
+    if same and SA.shape[0] < 2:
+        return None
+    if maximize:
+        b = _prepare(SA, SB, mu, float32_filter=True)
+        H = b.H
+        if same:
+            H[np.tril_indices(H.shape[0])] = -math.inf
+        # the best refined value is at least max H - e_max; a pair with
+        # H_ij + e_max below that is strictly beaten (e_max bounds every e_ij)
+        t = _widen(np.array([float(H.max())]), np.array([float(b.nA.max())]), float(b.nB.max()), b, -1.0)
+        r, q = np.nonzero(H >= t[0])
     else:
-        lo = sign * F - E
-    # every pair with g + e below the best certified lower end is strictly beaten
-    thr = float(lo.max())
-    cand = sign * F + E >= thr
-    if same:
-        cand &= valid
-    r, q = np.nonzero(cand)  # row-major: the first maximum is the smallest (i, j)
-    vals = _refine(np, A64, B64, r, q)
-    k = int(np.argmax(sign * vals))
-    return _Pair(float(vals[k]), i0 + int(r[k]), j0 + int(q[k]), bound, int(vals.shape[0]))
+        b = _prepare(SA, SB, mu)
+        # the closest pair keeps per-pair bounds: near-duplicate clusters would fill a
+        # uniform band with candidates
+        a = b.nA[:, None] + b.nB[None, :]
+        E = b.c * a + b.eabs
+        F = b.H.astype(np.float64)
+        hi = F + E
+        lo = F - E
+        if same:
+            lo[np.tril_indices(F.shape[0])] = math.inf
+            hi[np.tril_indices(F.shape[0])] = math.inf
+        # some pair has r <= min hi: a pair whose lower end lies beyond it is beaten
+        thr = float(hi.min())
+        r, q = np.nonzero(lo <= thr + abs(thr) * 2.0**-50)
+    vals = _refined(b, r, q)
+    sign = 1.0 if maximize else -1.0
+    k = int(np.argmax(sign * vals))  # row-major: the first extreme is the smallest (i, j)
+    return _Pair(float(vals[k]), i0 + int(r[k]), j0 + int(q[k]), b.bound, int(vals.shape[0]))
 
 
 def _merge_pairs(records, maximize):
@@ -222,37 +279,45 @@ def _merge_pairs(records, maximize):
     return _Pair(best[0], best[1], best[2], bound, n)
 
 
+_NO_INDEX = np.iinfo(np.int64).max
+
+
+def _first_per_row(keys, vals, rows, cols, n_rows, m):
+    """The first ``m`` candidates of every row, ordered by ``keys`` then column."""
+    order = np.lexsort((cols, keys, rows))
+    rs = rows[order]
+    start = np.searchsorted(rs, np.arange(n_rows))
+    count = np.diff(np.append(start, rs.shape[0]))
+    pos = np.minimum(start[:, None] + np.arange(m)[None, :], max(rs.shape[0] - 1, 0))
+    ok = np.arange(m)[None, :] < count[:, None]
+    return vals[order][pos], cols[order][pos], ok
+
+
 def _farthest_task(SA, SB, i0, j0, mu):
     """Farthest partner of every row of A within B and, for B != A, of every row of B
     within A: ``(rows of A, rows of B or None)``."""
     same = SB is None
-    A64, B64, XA, nA, XB, nB, c, eabs, bound = _prepare(SA, SB, mu)
-    F, E = _filter(np, XA, nA, XB, nB, c, eabs)
-    lo = F - E
-    hi = F + E
+    b = _prepare(SA, SB, mu, float32_filter=True)
+    H = b.H
     if same:
-        diag = np.eye(F.shape[0], dtype=bool)
-        lo[diag] = -math.inf
-        hi[diag] = -math.inf
-    cand = hi >= lo.max(axis=1, keepdims=True)
+        np.fill_diagonal(H, -math.inf)
+    # row i: its best refined value is at least max_j H_ij - e_i
+    cand = H >= _widen(H.max(axis=1), b.nA, float(b.nB.max()), b, -1.0)[:, None]
     if not same:
-        cand |= hi >= lo.max(axis=0, keepdims=True)
+        cand |= H >= _widen(H.max(axis=0), b.nB, float(b.nA.max()), b, -1.0)[None, :]
+    elif H.shape[0] == 1:  # one row: no partner in its own block
+        return _Rows(np.full(1, -math.inf), np.full(1, _NO_INDEX, dtype=np.int64), b.bound, 0), None
     r, q = np.nonzero(cand)
-    vals = _refine(np, A64, B64, r, q)
-    R = np.full(F.shape, -math.inf)
-    R[r, q] = vals
+    vals = _refined(b, r, q)
     n = int(vals.shape[0])
-    ja = np.argmax(R, axis=1)  # first occurrence: the smallest j among ties
-    rows_a = _Rows(R[np.arange(R.shape[0]), ja], ja.astype(np.int64) + j0, bound, n)
-    if same:
-        return rows_a, None
-    ib = np.argmax(R, axis=0)
-    rows_b = _Rows(R[ib, np.arange(R.shape[1])], ib.astype(np.int64) + i0, bound, 0)
-    return rows_a, rows_b
 
+    def side(rows, cols, n_rows, offset):
+        v, j, ok = _first_per_row(-vals, vals, rows, cols, n_rows, 1)
+        return _Rows(np.where(ok[:, 0], v[:, 0], -math.inf), np.where(ok[:, 0], j[:, 0] + offset, _NO_INDEX),
+                     b.bound, 0)
 
-def _pick(pair, side):
-    return pair[side]
+    rows_a = side(r, q, H.shape[0], j0)._replace(n_refined=n)
+    return rows_a, (None if same else side(q, r, H.shape[1], i0))
 
 
 def _merge_farthest(records):
@@ -265,56 +330,88 @@ def _merge_farthest(records):
     return _Rows(v, j, max(r.bound for r in recs), sum(r.n_refined for r in recs))
 
 
-def _topk_of(vals, rows, cols, n_rows, m):
-    """The ``m`` smallest ``(value, col)`` of every row among candidate triples."""
-    order = np.lexsort((cols, vals, rows))
-    rs = rows[order]
-    start = np.searchsorted(rs, np.arange(n_rows))
-    pos = start[:, None] + np.arange(m)[None, :]
-    return vals[order][pos], cols[order][pos]
+class _Candidates(NamedTuple):
+    """k-NN candidates of one block pair after the filter, not yet refined."""
+
+    rows: Any  # local row of the query block
+    cols: Any  # local row of the candidate block
+    lo: Any  # float64 lower ends of the refined squared distances
+    bound: float
 
 
-def _knn_task(SA, SB, i0, j0, mu, k, exclude_self, both):
-    """Exact top-k of the rows of A among B (and of B among A when ``both``)."""
+def _knn_side(H, nrm, other_max, b: _Blocks, m):
+    """Threshold ends and candidates of the rows of ``H`` (a view, rows x cols).
+
+    ``e_i = c (n_i + max n) + eabs`` bounds every ``e_ij`` of row i.  Returns ``hi``,
+    the ``m`` smallest upper ends ``H_ij + e_i`` of each row (float64, rounded up), and
+    the pairs whose lower end ``H_ij - e_i`` does not exceed the largest of them.
+    """
+    e = (b.c * (nrm + other_max) + b.eabs) * (1.0 + 2.0**-40)
+    part = np.partition(H, m - 1, axis=1)[:, :m].astype(np.float64)
+    hi = part + (e[:, None] + np.abs(part) * 2.0**-50)
+    t = hi.max(axis=1)
+    # H_ij - e_i <= t_i  <=>  H_ij <= t_i + e_i, rounded up into the filter dtype
+    w = _widen(t, nrm, other_max, b, 1.0)
+    r, q = np.nonzero(H <= w[:, None])
+    h = H[r, q].astype(np.float64)
+    lo = h - (e[r] + np.abs(h) * 2.0**-50)
+    return hi, _Candidates(r.astype(np.int64), q.astype(np.int64), lo, b.bound)
+
+
+def _knn_filter_task(SA, SB, mu, k, exclude_self, both):
+    """Filter one block pair for k-NN: ``(hi_A, candidates_A, hi_B, candidates_B)``.
+
+    The ``hi`` of all block pairs of a row merge into its k-th smallest upper end T_i
+    (:func:`_merge_ends`); a pair is among the k nearest of row i, or ties the k-th,
+    only if its lower end is at most T_i, and every such pair is among the candidates
+    of its block pair (T_i never exceeds the block pair's own k-th smallest upper end).
+    """
     same = SB is None
-    A64, B64, XA, nA, XB, nB, c, eabs, bound = _prepare(SA, SB, mu)
-    F, E = _filter(np, XA, nA, XB, nB, c, eabs)
-    lo = F - E
-    hi = F + E
-    na, nb = F.shape
+    b = _prepare(SA, SB, mu)
+    H = b.H
+    na, nb = H.shape
     if same and exclude_self:
-        diag = np.eye(na, dtype=bool)
-        lo[diag] = math.inf
-        hi[diag] = math.inf
+        np.fill_diagonal(H, math.inf)
     ma = min(k, nb - int(same and exclude_self))
     if ma < 1:
-        return None, None
-    # k pairs of the row are certainly within its k-th smallest upper end; a pair whose
-    # lower end lies beyond it cannot be among the k nearest, nor tie the k-th
-    kth = np.partition(hi, ma - 1, axis=1)[:, ma - 1 : ma]
-    cand = lo <= kth
-    mb = min(k, na)
-    if both:
-        kth_b = np.partition(hi, mb - 1, axis=0)[mb - 1 : mb, :]
-        cand |= lo <= kth_b
-    r, q = np.nonzero(cand)
-    vals = _refine(np, A64, B64, r, q)
-    n = int(vals.shape[0])
-    if both:
-        keep = lo[r, q] <= kth[r, 0]
-        va, ia = _topk_of(vals[keep], r[keep], q[keep], na, ma)
-    else:
-        va, ia = _topk_of(vals, r, q, na, ma)
-    rows_a = _Rows(va, ia.astype(np.int64) + j0, bound, n)
+        return None, None, None, None
+    hi_a, cand_a = _knn_side(H, b.nA, float(b.nB.max()), b, ma)
     if not both:
-        return rows_a, None
-    keep = lo[r, q] <= kth_b[0, q]
-    vb, ib = _topk_of(vals[keep], q[keep], r[keep], nb, mb)
-    return rows_a, _Rows(vb, ib.astype(np.int64) + i0, bound, 0)
+        return hi_a, cand_a, None, None
+    hi_b, cand_b = _knn_side(H.T, b.nB, float(b.nA.max()), b, min(k, na))
+    return hi_a, cand_a, hi_b, cand_b
+
+
+def _merge_ends(parts, k):
+    """The ``k`` smallest upper ends of every row among ``parts`` (None entries skipped)."""
+    v = np.concatenate([p for p in parts if p is not None], axis=1)
+    m = min(k, v.shape[1])
+    return np.partition(v, m - 1, axis=1)[:, :m]
+
+
+def _knn_refine_task(SA, SB, cand, ends, j0, k):
+    """Refine the candidates whose lower end is within the row's k-th smallest upper end;
+    the best (at most k) of each row, padded with ``inf``."""
+    if cand is None:
+        return None
+    T = ends.max(axis=1)  # the k-th smallest upper end of each row, over all blocks
+    keep = cand.lo <= T[cand.rows]
+    r, q = cand.rows[keep], cand.cols[keep]
+    if r.shape[0] == 0:
+        return None
+    A64 = np.asarray(SA, dtype=np.float64)
+    B64 = A64 if SB is None else np.asarray(SB, dtype=np.float64)
+    vals = _refine(np, A64, B64, r, q)
+    n_rows = A64.shape[0]
+    m = int(min(k, np.bincount(r, minlength=n_rows).max()))
+    v, j, ok = _first_per_row(vals, vals, r, q, n_rows, m)
+    return _Rows(np.where(ok, v, math.inf), np.where(ok, j + j0, _NO_INDEX), cand.bound, int(vals.shape[0]))
 
 
 def _merge_knn(records, k):
     recs = [r for r in records if r is not None]
+    if not recs:
+        return None
     v = np.concatenate([r.values for r in recs], axis=1)
     j = np.concatenate([r.index for r in recs], axis=1)
     order = np.lexsort((j, v), axis=1)[:, :k]  # by value, then the smaller index
@@ -399,22 +496,32 @@ def knn(X, k, Y, *, exclude_self, tile_size=None, n_threads=None) -> KernelRun:
         yblocks, yoffsets = blocks, offsets
     else:
         ((blocks, offsets), (yblocks, yoffsets)), mu = _blocks_and_mean([X, Y], tile_size)
-    task = dask.delayed(_knn_task, pure=True, nout=2)
+    filt = dask.delayed(_knn_filter_task, pure=True, nout=4)
+    refine = dask.delayed(_knn_refine_task, pure=True)
     nb = len(blocks)
-    parts: list[list] = [[] for _ in range(nb)]
+    # phase 1: filter every block pair; the upper ends merge per row block
+    pairs = []  # (query block, candidate block or None for itself, candidates, offset, side)
+    ends: list[list] = [[] for _ in range(nb)]
     if symmetric:
         for a in range(nb):
             for b in range(a, nb):
-                ra, rb = task(blocks[a], None if a == b else blocks[b], offsets[a], offsets[b], mu,
-                              k, exclude_self, a != b)
-                parts[a].append(ra)
+                hi_a, ca, hi_b, cb = filt(blocks[a], None if a == b else blocks[b], mu, k, exclude_self, a != b)
+                ends[a].append(hi_a)
+                pairs.append((a, None if a == b else blocks[b], ca, offsets[b]))
                 if a != b:
-                    parts[b].append(rb)
+                    ends[b].append(hi_b)
+                    pairs.append((b, blocks[a], cb, offsets[a]))
     else:
         for a in range(nb):
             for b in range(len(yblocks)):
-                ra, _ = task(blocks[a], yblocks[b], offsets[a], yoffsets[b], mu, k, False, False)
-                parts[a].append(ra)
+                hi_a, ca, _, _ = filt(blocks[a], yblocks[b], mu, k, False, False)
+                ends[a].append(hi_a)
+                pairs.append((a, yblocks[b], ca, yoffsets[b]))
+    T = [_tree(ends[a], _merge_ends, k) for a in range(nb)]
+    # phase 2: refine the surviving candidates where both rows are, merge per row block
+    parts: list[list] = [[] for _ in range(nb)]
+    for a, other, cand, off in pairs:
+        parts[a].append(refine(blocks[a], other, cand, T[a], off, k))
     recs = _compute(*_per_row_blocks(parts, nb, _merge_knn, k))
     return KernelRun(
         backend=_BACKEND, error_bound=max(r.bound for r in recs),
