@@ -27,8 +27,9 @@ bound any task used; it can differ from the single-machine one in its last bits 
 mean computed in another order) and ``n_refined`` counts what the tasks refined.
 
 Memory.  A task holds its two row blocks (``O(b d)``) and a few ``b x b`` float64
-filter arrays (``O(b^2)``), with ``b`` at most :data:`MAX_BLOCK_ROWS` rows (larger
-row chunks are split, column chunks are merged: a task needs whole rows).  Records
+filter arrays (``O(b^2)``), with ``b`` at most ``tile_size`` or :data:`MAX_BLOCK_ROWS`
+rows (larger row chunks are split, column chunks are merged: a task needs whole
+rows; smaller row chunks are kept).  Records
 are ``O(1)`` (extreme pairs) or ``O(b k)`` (k-NN); no ``V x V`` array exists and the
 caller's process receives only the merged records.  Dask itself is imported only
 when a Dask array arrives: it is the optional ``[dask]`` extra.
@@ -102,7 +103,7 @@ def _task_blocks(S, tile_size):
             "the Dask array has unknown chunk sizes along its rows; call "
             "x.compute_chunk_sizes() first."
         )
-    cap = max(1, min(tile_size or MAX_BLOCK_ROWS, MAX_BLOCK_ROWS))
+    cap = max(1, tile_size or MAX_BLOCK_ROWS)
     rows = block_rows(S.chunks[0], cap)
     if len(S.chunks[1]) > 1 or rows != S.chunks[0]:
         # a task needs whole rows: merge the column chunks (O(b d) per chunk)

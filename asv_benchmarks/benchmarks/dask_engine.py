@@ -9,8 +9,8 @@ single-process compiled engine with 2 threads on the same rows as one NumPy arra
 * ``track_peak_worker_rss``: the largest peak resident set of a worker process (MiB),
   after the run;
 * ``track_bytes_per_task``, ``track_overhead_per_task``, ``track_gflop_per_task``: the
-  per-task numbers of the scaling model in ``docs/cluster.md`` (bytes a task received
-  from other workers, scheduler and communication time per task not spent computing,
+  per-task numbers of the scaling model in ``docs/cluster.md`` (bytes the workers
+  received per block-pair task on a first call, wall time per task not spent computing,
   and the GEMM work of one block-pair task).
 
 Small sizes run in CI; ``REFGEO_BENCH_SIZE=realistic`` selects ``row_diameter`` at
@@ -69,7 +69,6 @@ class DaskEngine:
         self.D = rows.persist()
         distributed.wait(self.D)
         self.S = self.D.compute()
-        self.ntasks = (n // b) * (n // b + 1) // 2
         self.gflop = 2.0 * b * b * d / 1e9
 
     def teardown(self, case):
@@ -116,17 +115,19 @@ class DaskEngine:
         return ts.data, wall
 
     def track_bytes_per_task(self, case):
-        """Bytes moved between workers per block-pair task (MiB)."""
-        data, _ = self._stream()
-        moved = sum(
-            s.get("nbytes", 0) if isinstance(s.get("nbytes"), (int, float)) else sum(s["nbytes"].values())
-            for t in data
-            for s in t.get("startstops", ())
-            if s.get("action") == "transfer"
-        )
-        return moved / max(1, self.ntasks) / 2**20
+        """Bytes received by workers per block-pair task, on the first call (KiB)."""
 
-    track_bytes_per_task.unit = "MiB"
+        def incoming(dask_worker):
+            log = getattr(dask_worker, "transfer_incoming_log", None) or ()
+            return sum(e.get("total", 0) for e in log)
+
+        before = self.client.run(incoming)
+        data, _ = self._stream()
+        after = self.client.run(incoming)
+        moved = sum(after[w] - before.get(w, 0) for w in after)
+        return moved / max(1, sum(1 for t in data if "_task" in str(t["key"]))) / 2**10
+
+    track_bytes_per_task.unit = "KiB"
 
     def track_overhead_per_task(self, case):
         """Wall time not spent computing, per task, with 2 workers (ms)."""
