@@ -24,6 +24,7 @@ import refgeo
 
 da = pytest.importorskip("dask.array")
 distributed = pytest.importorskip("distributed")
+cloudpickle = pytest.importorskip("cloudpickle")
 
 # seconds any cluster operation may take before the test fails instead of hanging
 _TIMEOUT = 60
@@ -170,6 +171,17 @@ def test_memory_mapped_npy(client, tmp_path):
     D = da.from_array(np.load(path, mmap_mode="r"), chunks=(16, 6))
     _same_pair(refgeo.row_diameter(S), refgeo.row_diameter(D))
     _same_rows(refgeo.knn(S, 4), refgeo.knn(D, 4))
+    # the form of docs/cluster.md for large files: each task opens the memory map itself,
+    # so only the file name travels through the scheduler
+    import dask
+
+    S = _rows(12, 400, 6, np.float32, ties=False)
+    np.save(path, S)
+    read = dask.delayed(lambda a, b: np.load(path, mmap_mode="r")[a:b], pure=True)
+    D = da.concatenate([da.from_delayed(read(a, a + 100), shape=(100, 6), dtype=S.dtype) for a in range(0, 400, 100)])
+    assert len(cloudpickle.dumps(dict(D.__dask_graph__()))) < S.nbytes / 2
+    _same_pair(refgeo.row_diameter(S), refgeo.row_diameter(D))
+    _same_rows(refgeo.farthest_partners(S), refgeo.farthest_partners(D))
 
 
 def test_nan_names_the_chunk(client):
