@@ -7,10 +7,10 @@ of ``X`` against another ``Y``), and a tree reduction of their small records:
 
 1. the common float64 mean of the rows, a Dask reduction, is the center of every task;
 2. a task centers its two row blocks about that mean, filters their pairs with the
-   Gram expansion (:func:`refgeo._tiled._filter`: one GEMM in the filter dtype, the
-   rest in float64) and refines, in float64 from the original rows it holds, every
-   pair that the a-priori rounding bound (:func:`refgeo._certify.rounding_bound`)
-   cannot rule out (:func:`refgeo._tiled._refine`, the canonical summation order of
+   Gram expansion (one GEMM in the filter dtype, formed in place) and refines, in
+   float64 from the original rows it holds, every pair that the a-priori rounding
+   bound (:func:`refgeo._certify.rounding_bound`) cannot rule out
+   (:func:`refine_pairs`, the canonical summation order of
    :func:`refgeo._certify.canonical_sq`);
 3. it returns the extreme of its block pair (value, pair, bound, number of refined
    pairs), or per-row best partners, or per-row top-k lists for k-NN;
@@ -44,9 +44,8 @@ import numpy as np
 
 from ._backend import KernelRun
 from ._certify import MAX_NORM2, UNIT_ROUNDOFF, better, reported_bound, rounding_bound
-from ._tiled import _refine
 
-__all__ = ["MAX_BLOCK_ROWS", "block_rows", "closest", "diameter", "farthest", "knn"]
+__all__ = ["MAX_BLOCK_ROWS", "block_rows", "closest", "diameter", "farthest", "knn", "refine_pairs"]
 
 _BACKEND = "dask"
 
@@ -224,11 +223,52 @@ def _widen(t, nrm_rows, nrm_other_max, b: _Blocks, sign):
     return w32
 
 
+# Candidate pairs refined per batch: (batch, d) float64 differences.
+_REFINE_BATCH = 1 << 12
+
+
+def refine_pairs(A64, B64, rows, cols):
+    """Refined squared distances ``sum_k (A64[rows[t], k] - B64[cols[t], k])**2``, float64.
+
+    The same operations in the same order as :func:`refgeo._certify.canonical_sq`, so
+    the same bits: lane ``k mod 8`` accumulates the squared differences in increasing
+    ``k``, and the lanes combine as ``((p0+p1)+(p2+p3))+((p4+p5)+(p6+p7))``.  The
+    differences of a batch are formed once and the lanes are added in place (a missing
+    tail of the last group of eight adds nothing: ``x + 0 = x`` for the non-negative
+    partial sums), which is several times faster than slicing each group out of
+    freshly gathered rows.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> refine_pairs(np.array([[0.0, 0.0]]), np.array([[3.0, 4.0]]), np.array([0]), np.array([0]))
+    array([25.])
+    """
+    n = rows.shape[0]
+    d = A64.shape[1]
+    out = np.empty(n)
+    full = d - d % 8
+    for s in range(0, n, _REFINE_BATCH):
+        e = min(s + _REFINE_BATCH, n)
+        D = A64[rows[s:e]]
+        D -= B64[cols[s:e]]
+        D *= D
+        if full:
+            lanes = D[:, 0:8].copy()
+            for k0 in range(8, full, 8):
+                lanes += D[:, k0 : k0 + 8]
+        else:
+            lanes = np.zeros((e - s, 8))
+        if d > full:
+            lanes[:, : d - full] += D[:, full:]
+        p = [lanes[:, t] for t in range(8)]
+        out[s:e] = ((p[0] + p[1]) + (p[2] + p[3])) + ((p[4] + p[5]) + (p[6] + p[7]))
+    return out
+
+
 def _refined(b: _Blocks, r, q):
     """Refined float64 squared distances of the candidate pairs ``(r[t], q[t])``."""
-    if r.shape[0] == 0:
-        return np.empty(0)
-    return _refine(np, b.A64, b.B64, r, q)
+    return refine_pairs(b.A64, b.B64, r, q)
 
 
 def _pair_task(SA, SB, i0, j0, mu, maximize):
@@ -402,7 +442,7 @@ def _knn_refine_task(SA, SB, cand, ends, j0, k):
         return None
     A64 = np.asarray(SA, dtype=np.float64)
     B64 = A64 if SB is None else np.asarray(SB, dtype=np.float64)
-    vals = _refine(np, A64, B64, r, q)
+    vals = refine_pairs(A64, B64, r, q)
     n_rows = A64.shape[0]
     m = int(min(k, np.bincount(r, minlength=n_rows).max()))
     v, j, ok = _first_per_row(vals, vals, r, q, n_rows, m)

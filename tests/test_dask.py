@@ -238,3 +238,17 @@ def test_killed_worker_gives_the_same_result(client):
     assert killed.is_set(), "the run ended before a worker could be killed"
     _same_rows(refgeo.knn(S, 4), got)
     client.wait_for_workers(2, timeout=_TIMEOUT)
+
+
+@settings(max_examples=30)
+@given(st.integers(1, 40), st.integers(1, 300), st.integers(-30, 30))
+def test_refine_pairs_is_the_canonical_sum(d, n, scale):
+    # the tasks' refinement must give the bits of the one canonical summation order
+    from refgeo._certify import canonical_sq
+    from refgeo._dask import refine_pairs
+
+    rng = np.random.default_rng(d * 1000 + n)
+    A = rng.standard_normal((17, d)) * 2.0**scale
+    B = rng.standard_normal((9, d))
+    r, q = rng.integers(0, 17, n), rng.integers(0, 9, n)
+    np.testing.assert_array_equal(refine_pairs(A, B, r, q), canonical_sq(np, A[r], B[q]))
