@@ -13,7 +13,10 @@ of ``X`` against another ``Y``), and a tree reduction of their small records:
    (:func:`refine_pairs`, the canonical summation order of
    :func:`refgeo._certify.canonical_sq`);
 3. it returns the extreme of its block pair (value, pair, bound, number of refined
-   pairs), or per-row best partners, or per-row top-k lists for k-NN;
+   pairs); farthest partners and k-NN run in two phases, filter tasks returning each
+   row's threshold ends and unrefined candidates, refinement tasks (again holding both
+   blocks) refining only the candidates that survive the row's threshold over all
+   blocks, so that each row refines about as many pairs as on one machine;
 4. records merge with the one tie rule (:func:`refgeo._certify.better`: among equal
    values the smallest ``(i, j)``; for k-NN the smaller index), eight at a time.
 
@@ -334,35 +337,63 @@ def _first_per_row(keys, vals, rows, cols, n_rows, m):
     return vals[order][pos], cols[order][pos], ok
 
 
-def _farthest_task(SA, SB, i0, j0, mu):
-    """Farthest partner of every row of A within B and, for B != A, of every row of B
-    within A: ``(rows of A, rows of B or None)``."""
+def _farthest_side(H, nrm, other_max, b: _Blocks):
+    """Each row's best lower end ``max_j H_ij - e_i`` and the pairs whose upper end
+    ``H_ij + e_i`` reaches it (``e_i`` as in :func:`_knn_side`)."""
+    e = (b.c * (nrm + other_max) + b.eabs) * (1.0 + 2.0**-40)
+    m = H.max(axis=1).astype(np.float64)
+    low = m - (e + np.abs(m) * 2.0**-50)
+    # H_ij + e_i >= m_i - e_i  <=>  H_ij >= m_i - 2 e_i, rounded down into the filter dtype
+    r, q = np.nonzero(H >= _widen(m, nrm, other_max, b, -1.0)[:, None])
+    h = H[r, q].astype(np.float64)
+    hi = h + (e[r] + np.abs(h) * 2.0**-50)
+    return low, _Candidates(r.astype(np.int64), q.astype(np.int64), hi, b.bound)
+
+
+def _farthest_filter_task(SA, SB, mu):
+    """Filter one block pair for farthest partners: ``(low_A, candidates_A, low_B,
+    candidates_B)``.  A row's lower ends merge into the largest over all blocks, L_i
+    (its farthest partner's refined value is at least L_i); only pairs whose upper end
+    reaches L_i can be, or tie, the farthest, and every such pair is among the
+    candidates of its block pair (L_i is never below the block pair's own lower end)."""
     same = SB is None
+    if same and SA.shape[0] < 2:  # one row: no partner in its own block
+        return None, None, None, None
     b = _prepare(SA, SB, mu, float32_filter=True)
     H = b.H
     if same:
         np.fill_diagonal(H, -math.inf)
-    # row i: its best refined value is at least max_j H_ij - e_i
-    cand = H >= _widen(H.max(axis=1), b.nA, float(b.nB.max()), b, -1.0)[:, None]
-    if not same:
-        cand |= H >= _widen(H.max(axis=0), b.nB, float(b.nA.max()), b, -1.0)[None, :]
-    elif H.shape[0] == 1:  # one row: no partner in its own block
-        return _Rows(np.full(1, -math.inf), np.full(1, _NO_INDEX, dtype=np.int64), b.bound, 0), None
-    r, q = np.nonzero(cand)
-    vals = _refined(b, r, q)
-    n = int(vals.shape[0])
+    low_a, cand_a = _farthest_side(H, b.nA, float(b.nB.max()), b)
+    if same:
+        return low_a, cand_a, None, None
+    low_b, cand_b = _farthest_side(H.T, b.nB, float(b.nA.max()), b)
+    return low_a, cand_a, low_b, cand_b
 
-    def side(rows, cols, n_rows, offset):
-        v, j, ok = _first_per_row(-vals, vals, rows, cols, n_rows, 1)
-        return _Rows(np.where(ok[:, 0], v[:, 0], -math.inf), np.where(ok[:, 0], j[:, 0] + offset, _NO_INDEX),
-                     b.bound, 0)
 
-    rows_a = side(r, q, H.shape[0], j0)._replace(n_refined=n)
-    return rows_a, (None if same else side(q, r, H.shape[1], i0))
+def _merge_lows(parts):
+    return np.maximum.reduce([p for p in parts if p is not None])
+
+
+def _farthest_refine_task(SA, SB, cand, low, j0):
+    """Refine the candidates whose upper end reaches the row's L_i; each row's best."""
+    if cand is None:
+        return None
+    keep = cand.end >= low[cand.rows]
+    r, q = cand.rows[keep], cand.cols[keep]
+    if r.shape[0] == 0:
+        return None
+    A64 = np.asarray(SA, dtype=np.float64)
+    B64 = A64 if SB is None else np.asarray(SB, dtype=np.float64)
+    vals = refine_pairs(A64, B64, r, q)
+    v, j, ok = _first_per_row(-vals, vals, r, q, A64.shape[0], 1)  # largest, then smallest j
+    return _Rows(np.where(ok[:, 0], v[:, 0], -math.inf), np.where(ok[:, 0], j[:, 0] + j0, _NO_INDEX),
+                 cand.bound, int(vals.shape[0]))
 
 
 def _merge_farthest(records):
     recs = [r for r in records if r is not None]
+    if not recs:
+        return None
     v, j = recs[0].values, recs[0].index
     for rec in recs[1:]:
         take = (rec.values > v) | ((rec.values == v) & (rec.index < j))
@@ -372,11 +403,11 @@ def _merge_farthest(records):
 
 
 class _Candidates(NamedTuple):
-    """k-NN candidates of one block pair after the filter, not yet refined."""
+    """Candidates of one block pair after the filter, not yet refined."""
 
     rows: Any  # local row of the query block
     cols: Any  # local row of the candidate block
-    lo: Any  # float64 lower ends of the refined squared distances
+    end: Any  # float64 lower (k-NN) or upper (farthest) ends of the refined squared distances
     bound: float
 
 
@@ -436,7 +467,7 @@ def _knn_refine_task(SA, SB, cand, ends, j0, k):
     if cand is None:
         return None
     T = ends.max(axis=1)  # the k-th smallest upper end of each row, over all blocks
-    keep = cand.lo <= T[cand.rows]
+    keep = cand.end <= T[cand.rows]
     r, q = cand.rows[keep], cand.cols[keep]
     if r.shape[0] == 0:
         return None
@@ -508,16 +539,24 @@ def farthest(S, *, tile_size=None, n_threads=None) -> KernelRun:
 
     ((blocks, offsets),), mu = _blocks_and_mean([S], tile_size)
     nb = len(blocks)
-    task = dask.delayed(_farthest_task, pure=True, nout=2)
-    parts: list[list] = [[] for _ in range(nb)]
+    filt = dask.delayed(_farthest_filter_task, pure=True, nout=4)
+    refine = dask.delayed(_farthest_refine_task, pure=True)
+    # phase 1: filter every block pair; each row's lower ends merge per row block
+    lows: list[list] = [[] for _ in range(nb)]
+    pairs = []
     for a in range(nb):
         for b in range(a, nb):
-            ra, rb = task(blocks[a], None if a == b else blocks[b], offsets[a], offsets[b], mu)
-            parts[a].append(ra)
+            low_a, ca, low_b, cb = filt(blocks[a], None if a == b else blocks[b], mu)
+            lows[a].append(low_a)
+            pairs.append((a, None if a == b else blocks[b], ca, offsets[b]))
             if a != b:
-                parts[b].append(rb)
-    if offsets[-1] < 2:  # pragma: no cover - the public functions need two rows
-        raise ValueError("farthest partners need at least two rows")
+                lows[b].append(low_b)
+                pairs.append((b, blocks[a], cb, offsets[a]))
+    L = [_tree(lows[a], _merge_lows) for a in range(nb)]
+    # phase 2: refine the survivors where both rows are, merge per row block
+    parts: list[list] = [[] for _ in range(nb)]
+    for a, other, cand, off in pairs:
+        parts[a].append(refine(blocks[a], other, cand, L[a], off))
     recs = _compute(*_per_row_blocks(parts, nb, _merge_farthest))
     return KernelRun(
         backend=_BACKEND, error_bound=max(r.bound for r in recs),
