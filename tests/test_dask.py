@@ -220,13 +220,13 @@ def test_killed_worker_gives_the_same_result(client):
     def kill_when_busy():
         t0 = time.monotonic()
         while not done.is_set() and time.monotonic() - t0 < _TIMEOUT:
-            if any(client.processing().values()):
-                time.sleep(0.3)  # let some tasks finish first
+            # kill as soon as the block-pair tasks of the k-NN graph are running
+            if any("_knn_" in str(key) for keys in client.processing().values() for key in keys):
                 if not done.is_set():
                     os.kill(victim, signal.SIGKILL)
                     killed.set()
                 return
-            time.sleep(0.02)
+            time.sleep(0.01)
 
     killer = threading.Thread(target=kill_when_busy)
     killer.start()
