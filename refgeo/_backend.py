@@ -32,6 +32,8 @@ from typing import Any
 
 from array_api_compat import is_array_api_obj, is_cupy_array, is_dask_array, is_numpy_array
 
+from ._validate import check_int
+
 __all__ = [
     "BACKENDS",
     "ExtensionUnavailableError",
@@ -313,8 +315,6 @@ def run(info: KernelInfo, arrays: tuple[Any, ...], *args: Any, **kwargs: Any) ->
 
 def resolve_n_threads(n_threads: Any) -> int:
     """``None`` -> every OpenMP thread; otherwise a positive int (checked)."""
-    from ._validate import check_int
-
     if n_threads is None:
         return int(_ext.openmp_max_threads()) if _ext is not None else 1
     return check_int(n_threads, "n_threads", min_value=1)

@@ -19,7 +19,10 @@ and the array-API engine all build on it, and it on none of them.
 
 from __future__ import annotations
 
+import contextlib
 import math
+
+import numpy as np
 
 __all__ = [
     "ETA",
@@ -219,8 +222,4 @@ def unscale_array(xp, a, e: int):
 
 
 def _quiet_overflow(xp):
-    import contextlib
-
-    import numpy as np
-
     return np.errstate(over="ignore") if xp.__name__.endswith("numpy") else contextlib.nullcontext()

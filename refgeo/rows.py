@@ -390,7 +390,9 @@ def row_diameter(S: Any, /, *, tile_size: int | None = None, n_threads: int | No
     ----------
     S : array_like of shape (V, d)
         Finite rows, ``V >= 2``.  float32 and float64 are kept; integer and boolean
-        inputs are converted to float64.
+        inputs are converted to float64.  A torch tensor (CPU: viewed zero-copy, run
+        on the compiled engine; CUDA: through CuPy) is accepted as well; bfloat16 and
+        float16 tensors are upcast to float32 (``converted_from`` says so).
     tile_size : int, default=None
         Rows per tile of the compiled engine (chosen from ``d`` and the cache when
         None).  Never changes the value or the pair.
@@ -577,7 +579,9 @@ def farthest_partners(
     -------
     fp : FarthestPartners
         ``indices`` (int64, shape (V,)): :math:`\arg\max_{j \ne i} \lVert s_i - s_j \rVert`
-        with ties to the smallest ``j``; ``distances`` (float64, shape (V,)).
+        with ties to the smallest ``j``; ``distances`` (float64, shape (V,)); torch
+        tensors for a tensor ``S``.  Also the backend that ran, the rounding bound and
+        the number of refined pairs.
 
     Notes
     -----
@@ -645,7 +649,9 @@ def knn(
     -------
     result : KNNResult
         ``indices`` (int64, shape (n, k)) and ``distances`` (float64, shape (n, k)),
-        ascending; equal squared distances are ordered by the smaller index.
+        ascending; equal squared distances are ordered by the smaller index; torch
+        tensors when ``X`` or ``Y`` is one.  Also the backend that ran, the rounding
+        bound and the number of refined pairs.
 
     Notes
     -----

@@ -138,3 +138,24 @@ def test_no_import_cycle_in_refgeo():
     cycle = find_cycle(import_graph())
     if cycle is not None:
         pytest.fail("import cycle in refgeo: " + " -> ".join(cycle))
+
+
+# The layers of the pairwise engine, bottom first: a module imports only from layers
+# below its own, so that no later edit can quietly bring a cycle back.
+ENGINE_LAYERS = (
+    ("refgeo._validate", "refgeo._threads", "refgeo._certify", "refgeo._interop"),
+    ("refgeo._backend",),
+    ("refgeo._reference", "refgeo._engine", "refgeo._tiled"),
+    ("refgeo.rows",),
+)
+
+
+def test_engine_modules_import_only_downward():
+    g = import_graph()
+    below: set[str] = set()
+    for layer in ENGINE_LAYERS:
+        for mod in layer:
+            assert mod in g, f"{mod} is missing from the package"
+            upward = sorted(g[mod] - below)
+            assert not upward, f"{mod} imports {upward}, which are not below it"
+        below |= set(layer)
