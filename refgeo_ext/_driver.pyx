@@ -90,8 +90,8 @@ cdef class TileDriver:
         """
         cdef int n = usable_threads(n_threads)
         cdef Py_ssize_t p, q, I, J, n_tasks
-        cdef int tid
-        cdef int started
+        cdef int tid = 0
+        cdef int started = 0
         cdef double t0
         free(self.task_i)
         free(self.task_j)

@@ -10,7 +10,7 @@ def knn64(XA: npt.NDArray[np.float64], nA: npt.NDArray[np.float64], SA: npt.NDAr
           n_threads: int, keys: npt.NDArray[np.float64], ids: npt.NDArray[np.int64],
           out_idx: npt.NDArray[np.int64], out_dist: npt.NDArray[np.float64],
           out_stats: npt.NDArray[np.int64],
-    progress: ProgressHook = None) -> None: ...
+          progress: ProgressHook = None) -> None: ...
 def knn32(XA: npt.NDArray[np.float32], nA: npt.NDArray[np.float64], SA: npt.NDArray[np.float32],
           XB: npt.NDArray[np.float32], nB: npt.NDArray[np.float64], SB: npt.NDArray[np.float32],
           symmetric: bool, exclude_self: bool, self_idx: npt.NDArray[np.int64], defer: bool,
@@ -18,7 +18,7 @@ def knn32(XA: npt.NDArray[np.float32], nA: npt.NDArray[np.float64], SA: npt.NDAr
           n_threads: int, keys: npt.NDArray[np.float64], ids: npt.NDArray[np.int64],
           out_idx: npt.NDArray[np.int64], out_dist: npt.NDArray[np.float64],
           out_stats: npt.NDArray[np.int64],
-    progress: ProgressHook = None) -> None: ...
+          progress: ProgressHook = None) -> None: ...
 def knn32s64(XA: npt.NDArray[np.float32], nA: npt.NDArray[np.float64], SA: npt.NDArray[np.float64],
              XB: npt.NDArray[np.float32], nB: npt.NDArray[np.float64], SB: npt.NDArray[np.float64],
              symmetric: bool, exclude_self: bool, self_idx: npt.NDArray[np.int64], defer: bool,
@@ -26,4 +26,4 @@ def knn32s64(XA: npt.NDArray[np.float32], nA: npt.NDArray[np.float64], SA: npt.N
              n_threads: int, keys: npt.NDArray[np.float64], ids: npt.NDArray[np.int64],
              out_idx: npt.NDArray[np.int64], out_dist: npt.NDArray[np.float64],
              out_stats: npt.NDArray[np.int64],
-    progress: ProgressHook = None) -> None: ...
+             progress: ProgressHook = None) -> None: ...

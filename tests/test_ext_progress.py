@@ -26,9 +26,9 @@ def test_progress_counts_every_task_and_leaves_results_alone(n_threads):
     calls = []
     got = _pdist(Z, 16, n_threads, progress=lambda done, total: calls.append((done, total)))
     assert got.tobytes() == _pdist(Z, 16, n_threads).tobytes()
-    # tasks: 13 row tiles of 16 rows times 4 column blocks of 64 rows
-    assert calls[-1] == (52, 52)
-    assert all(t == 52 for _, t in calls)
+    # tasks: 13 row tiles of 16 rows times 2 column blocks of 8 * 16 = 128 rows
+    assert calls[-1] == (26, 26)
+    assert all(t == 26 for _, t in calls)
     assert [d for d, _ in calls] == sorted(d for d, _ in calls)
 
 
