@@ -337,14 +337,16 @@ def _first_per_row(keys, vals, rows, cols, n_rows, m):
     return vals[order][pos], cols[order][pos], ok
 
 
-def _farthest_side(H, nrm, other_max, b: _Blocks):
-    """Each row's best lower end ``max_j H_ij - e_i`` and the pairs whose upper end
-    ``H_ij + e_i`` reaches it (``e_i`` as in :func:`_knn_side`)."""
+def _farthest_side(H, nrm, other_max, b: _Blocks, columns=False):
+    """Each row's (column's, when ``columns``) best lower end ``max_j H_ij - e_i`` and
+    the pairs whose upper end ``H_ij + e_i`` reaches it (``e_i`` as in :func:`_knn_side`)."""
     e = (b.c * (nrm + other_max) + b.eabs) * (1.0 + 2.0**-40)
-    m = H.max(axis=1).astype(np.float64)
+    m = H.max(axis=0 if columns else 1).astype(np.float64)
     low = m - (e + np.abs(m) * 2.0**-50)
     # H_ij + e_i >= m_i - e_i  <=>  H_ij >= m_i - 2 e_i, rounded down into the filter dtype
-    r, q = np.nonzero(H >= _widen(m, nrm, other_max, b, -1.0)[:, None])
+    w = _widen(m, nrm, other_max, b, -1.0)
+    r, q = _pairs_where(lambda M: M >= (w[None, :] if columns else w[:, None]), H, columns)
+    H = H.T if columns else H
     h = H[r, q].astype(np.float64)
     hi = h + (e[r] + np.abs(h) * 2.0**-50)
     return low, _Candidates(r.astype(np.int64), q.astype(np.int64), hi, b.bound)
@@ -366,7 +368,7 @@ def _farthest_filter_task(SA, SB, mu):
     low_a, cand_a = _farthest_side(H, b.nA, float(b.nB.max()), b)
     if same:
         return low_a, cand_a, None, None
-    low_b, cand_b = _farthest_side(H.T, b.nB, float(b.nA.max()), b)
+    low_b, cand_b = _farthest_side(H, b.nB, float(b.nA.max()), b, columns=True)
     return low_a, cand_a, low_b, cand_b
 
 
@@ -411,20 +413,44 @@ class _Candidates(NamedTuple):
     bound: float
 
 
-def _knn_side(H, nrm, other_max, b: _Blocks, m):
-    """Threshold ends and candidates of the rows of ``H`` (a view, rows x cols).
+def _smallest(M, m):
+    """The ``m`` smallest entries of every row of ``M`` (any order within a row).
+
+    A transposed view is partitioned in strips of 64 of its rows copied contiguous:
+    partitioning along the strided axis directly is several times slower.
+    """
+    if M.flags.c_contiguous:
+        return np.partition(M, m - 1, axis=1)[:, :m]
+    out = np.empty((M.shape[0], m), dtype=M.dtype)
+    for s in range(0, M.shape[0], 64):
+        out[s : s + 64] = np.partition(np.ascontiguousarray(M[s : s + 64]), m - 1, axis=1)[:, :m]
+    return out
+
+
+def _pairs_where(mask_of, H, columns):
+    """``(rows, cols)`` of the side's pairs where ``mask_of(H)`` holds; for the column
+    side (``columns``) the mask is taken on ``H`` itself, in its memory order."""
+    if not columns:
+        return np.nonzero(mask_of(H))
+    q, r = np.nonzero(mask_of(H))
+    return r, q
+
+
+def _knn_side(H, nrm, other_max, b: _Blocks, m, columns=False):
+    """Threshold ends and candidates of the rows of ``H`` (of its columns when ``columns``).
 
     ``e_i = c (n_i + max n) + eabs`` bounds every ``e_ij`` of row i.  Returns ``hi``,
     the ``m`` smallest upper ends ``H_ij + e_i`` of each row (float64, rounded up), and
     the pairs whose lower end ``H_ij - e_i`` does not exceed the largest of them.
     """
     e = (b.c * (nrm + other_max) + b.eabs) * (1.0 + 2.0**-40)
-    part = np.partition(H, m - 1, axis=1)[:, :m].astype(np.float64)
+    part = _smallest(H.T if columns else H, m).astype(np.float64)
     hi = part + (e[:, None] + np.abs(part) * 2.0**-50)
     t = hi.max(axis=1)
     # H_ij - e_i <= t_i  <=>  H_ij <= t_i + e_i, rounded up into the filter dtype
     w = _widen(t, nrm, other_max, b, 1.0)
-    r, q = np.nonzero(H <= w[:, None])
+    r, q = _pairs_where(lambda M: M <= (w[None, :] if columns else w[:, None]), H, columns)
+    H = H.T if columns else H
     h = H[r, q].astype(np.float64)
     lo = h - (e[r] + np.abs(h) * 2.0**-50)
     return hi, _Candidates(r.astype(np.int64), q.astype(np.int64), lo, b.bound)
@@ -450,7 +476,7 @@ def _knn_filter_task(SA, SB, mu, k, exclude_self, both):
     hi_a, cand_a = _knn_side(H, b.nA, float(b.nB.max()), b, ma)
     if not both:
         return hi_a, cand_a, None, None
-    hi_b, cand_b = _knn_side(H.T, b.nB, float(b.nA.max()), b, min(k, na))
+    hi_b, cand_b = _knn_side(H, b.nB, float(b.nA.max()), b, min(k, na), columns=True)
     return hi_a, cand_a, hi_b, cand_b
 
 
