@@ -30,7 +30,7 @@ import os
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from array_api_compat import is_array_api_obj, is_cupy_array, is_numpy_array
+from array_api_compat import is_array_api_obj, is_cupy_array, is_dask_array, is_numpy_array
 
 from ._validate import check_int
 
@@ -171,12 +171,16 @@ class KernelInfo:
         input the public function validated (no fallback inside a call).
     cupy : callable or None
         GPU implementation for CuPy arrays; without one CuPy inputs run ``reference``.
+    dask : callable or None
+        Task-graph implementation for Dask arrays (``refgeo._dask``); without one Dask
+        inputs run ``reference``.
     """
 
     name: str
     reference: Callable[..., Any]
     cython: Callable[..., Any] | None = None
     cupy: Callable[..., Any] | None = None
+    dask: Callable[..., Any] | None = None
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -244,6 +248,10 @@ def select(info: KernelInfo, *arrays: Any) -> Selection:
     """Pick the backend for a call of ``info`` on ``arrays`` (None entries ignored)."""
     arrays = tuple(a for a in arrays if a is not None)
     requested = get_backend()
+    if info.dask is not None and any(is_dask_array(a) for a in arrays):
+        # the array type wins, whatever was requested: the task graph runs the engine
+        # on NumPy blocks on the workers (refgeo._dask)
+        return Selection("dask", info.dask, "Dask input runs the task-graph engine")
     if any(is_cupy_array(a) for a in arrays):
         if requested == "reference":
             return Selection("reference", info.reference, "CuPy input, reference backend requested")

@@ -17,7 +17,7 @@ import numbers
 from typing import Any, Literal, TypeVar, overload
 
 import numpy as np
-from array_api_compat import array_namespace, is_array_api_obj, is_numpy_array
+from array_api_compat import array_namespace, is_array_api_obj, is_dask_array, is_numpy_array
 
 __all__ = [
     "as_float_array",
@@ -126,8 +126,27 @@ def _all_finite(xp, x) -> bool:
     return all(bool(np.isfinite(x[a : a + rows]).all()) for a in range(0, x.shape[0], rows))
 
 
+def _check_finite_chunks(x, name: str) -> None:
+    """The finiteness check of a Dask array, naming the row range of the first bad chunk."""
+    ok = x.map_blocks(
+        lambda b: np.isfinite(b).all(axis=tuple(range(1, b.ndim))), drop_axis=list(range(1, x.ndim)),
+        dtype=bool,
+    ).compute()
+    if bool(ok.all()):
+        return
+    bad = int(np.argmin(ok))
+    edges = np.cumsum((0,) + tuple(x.chunks[0]))
+    c = int(np.searchsorted(edges, bad, side="right")) - 1
+    raise ValueError(
+        f"{name} must contain only finite values, got NaN or infinite entries in the chunk "
+        f"of rows {int(edges[c])}:{int(edges[c + 1])} (first at row {bad}) instead."
+    )
+
+
 def check_finite(x, name: str) -> None:
     """Raise ``ValueError`` if ``x`` holds NaN or infinity (large arrays are checked in blocks)."""
+    if is_dask_array(x) and x.ndim >= 1:
+        return _check_finite_chunks(x, name)
     xp = array_namespace(x)
     if not _all_finite(xp, x):
         n_nan = int(xp.sum(xp.astype(xp.isnan(x), xp.int64)))

@@ -71,7 +71,7 @@ from typing import Any
 import numpy as np
 from array_api_compat import array_namespace, is_numpy_array
 
-from . import _backend, _engine, _reference, _tiled
+from . import _backend, _dask, _engine, _reference, _tiled
 from ._certify import dtype_name, f64, scale_exponent, scale_rows, unscale, unscale_array
 from ._interop import from_foreign, to_caller
 from ._validate import (
@@ -281,15 +281,20 @@ class WorstCaseHiddenState:
 # wrap the KernelRun in a result.
 
 _DIAMETER = _backend.KernelInfo(
-    name="row_diameter", reference=_reference.diameter, cython=_engine.diameter, cupy=_tiled.diameter
+    name="row_diameter", reference=_reference.diameter, cython=_engine.diameter, cupy=_tiled.diameter,
+    dask=_dask.diameter,
 )
 _CLOSEST = _backend.KernelInfo(
-    name="closest_pair", reference=_reference.closest, cython=_engine.closest, cupy=_tiled.closest
+    name="closest_pair", reference=_reference.closest, cython=_engine.closest, cupy=_tiled.closest,
+    dask=_dask.closest,
 )
 _FARTHEST = _backend.KernelInfo(
-    name="farthest_partners", reference=_reference.farthest, cython=_engine.farthest, cupy=_tiled.farthest
+    name="farthest_partners", reference=_reference.farthest, cython=_engine.farthest, cupy=_tiled.farthest,
+    dask=_dask.farthest,
 )
-_KNN = _backend.KernelInfo(name="knn", reference=_reference.knn, cython=_engine.knn, cupy=_tiled.knn)
+_KNN = _backend.KernelInfo(
+    name="knn", reference=_reference.knn, cython=_engine.knn, cupy=_tiled.knn, dask=_dask.knn
+)
 
 
 def _readonly(a):

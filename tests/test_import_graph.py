@@ -145,7 +145,7 @@ def test_no_import_cycle_in_refgeo():
 ENGINE_LAYERS = (
     ("refgeo._validate", "refgeo._threads", "refgeo._certify", "refgeo._interop"),
     ("refgeo._backend",),
-    ("refgeo._reference", "refgeo._engine", "refgeo._tiled"),
+    ("refgeo._reference", "refgeo._engine", "refgeo._tiled", "refgeo._dask"),
     ("refgeo.rows",),
 )
 

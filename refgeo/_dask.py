@@ -1,0 +1,637 @@
+"""The ``dask`` backend: the certified pairwise engine as a Dask task graph.
+
+``row_diameter``, ``closest_pair``, ``distance_ratio``, ``farthest_partners`` and
+``knn`` route ``dask.array.Array`` inputs here (:func:`refgeo._backend.select`).  The
+graph has one task per pair of row blocks ``(I, J)``, ``I <= J`` (all pairs for k-NN
+of ``X`` against another ``Y``), and a tree reduction of their small records:
+
+1. the common float64 mean of the rows, a Dask reduction, is the center of every task;
+2. a task centers its two row blocks about that mean, filters their pairs with the
+   Gram expansion (one GEMM in the filter dtype, formed in place) and refines, in
+   float64 from the original rows it holds, every pair that the a-priori rounding
+   bound (:func:`refgeo._certify.rounding_bound`) cannot rule out
+   (:func:`refine_pairs`, the canonical summation order of
+   :func:`refgeo._certify.canonical_sq`);
+3. it returns the extreme of its block pair (value, pair, bound, number of refined
+   pairs); farthest partners and k-NN run in two phases, filter tasks returning each
+   row's threshold ends and unrefined candidates, refinement tasks (again holding both
+   blocks) refining only the candidates that survive the row's threshold over all
+   blocks, so that each row refines about as many pairs as on one machine;
+4. records merge with the one tie rule (:func:`refgeo._certify.better`: among equal
+   values the smallest ``(i, j)``; for k-NN the smaller index), eight at a time.
+
+Every value a task reports is the refined float64 squared distance of two original
+rows, and a task never drops a pair that could reach or tie the extreme of its block
+pair, so the merged answer is exactly the single-machine engine's answer: the same
+value and indices, bit for bit, whatever the chunking, the number of workers or the
+order in which tasks finish, and after Dask reruns the tasks of a lost worker (tasks
+are pure functions of their blocks).  The reported ``error_bound`` is the largest
+bound any task used; it can differ from the single-machine one in its last bits (a
+mean computed in another order) and ``n_refined`` counts what the tasks refined.
+
+Memory.  A task holds its two row blocks (``O(b d)``) and a few ``b x b`` float64
+filter arrays (``O(b^2)``), with ``b`` at most ``tile_size`` or :data:`MAX_BLOCK_ROWS`
+rows (larger row chunks are split, column chunks are merged: a task needs whole
+rows; smaller row chunks are kept).  Records
+are ``O(1)`` (extreme pairs) or ``O(b k)`` (k-NN); no ``V x V`` array exists and the
+caller's process receives only the merged records.  Dask itself is imported only
+when a Dask array arrives: it is the optional ``[dask]`` extra.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, NamedTuple
+
+import numpy as np
+
+from ._backend import KernelRun
+from ._certify import MAX_NORM2, UNIT_ROUNDOFF, better, reported_bound, rounding_bound
+
+__all__ = ["MAX_BLOCK_ROWS", "block_rows", "closest", "diameter", "farthest", "knn", "refine_pairs"]
+
+_BACKEND = "dask"
+
+# Rows per task block at most: one float64 block x block filter array is 32 MiB, and
+# a (2048 x d) @ (d x 2048) GEMM runs at the BLAS peak for every d of interest.
+MAX_BLOCK_ROWS = 2048
+# Records merged per reduction task.
+FAN_IN = 8
+
+
+class _Pair(NamedTuple):
+    """Extreme of one block pair: refined squared value, pair, bound, refined count."""
+
+    value: float
+    i: int
+    j: int
+    bound: float
+    n_refined: int
+
+
+class _Rows(NamedTuple):
+    """Per-row records of one row block: ``values`` (float64) and ``index`` (int64),
+    shape ``(rows,)`` for farthest partners, ``(rows, m)`` sorted for k-NN."""
+
+    values: Any
+    index: Any
+    bound: float
+    n_refined: int
+
+
+# --------------------------------------------------------------------------- chunking
+
+
+def block_rows(chunks: tuple[int, ...], cap: int) -> tuple[int, ...]:
+    """Row chunks with every chunk above ``cap`` rows split into near-equal parts.
+
+    Examples
+    --------
+    >>> block_rows((5, 1, 9), 4)
+    (3, 2, 1, 3, 3, 3)
+    """
+    out: list[int] = []
+    for c in chunks:
+        parts = -(-c // cap)
+        q, r = divmod(c, parts)
+        out.extend([q + 1] * r + [q] * (parts - r))
+    return tuple(out)
+
+
+def _task_blocks(S, tile_size):
+    """``(delayed row blocks, row offsets)`` of a 2-D Dask array, whole rows per block."""
+    if any(isinstance(c, float) and math.isnan(c) for c in S.chunks[0]):
+        raise ValueError(
+            "the Dask array has unknown chunk sizes along its rows; call "
+            "x.compute_chunk_sizes() first."
+        )
+    cap = max(1, tile_size or MAX_BLOCK_ROWS)
+    rows = block_rows(S.chunks[0], cap)
+    if len(S.chunks[1]) > 1 or rows != S.chunks[0]:
+        # a task needs whole rows: merge the column chunks (O(b d) per chunk)
+        S = S.rechunk({0: rows, 1: -1})
+    blocks = list(S.to_delayed()[:, 0])
+    offsets = np.concatenate([[0], np.cumsum(rows)]).astype(np.int64)
+    return blocks, [int(o) for o in offsets]
+
+
+def _mean(arrays):
+    """The common float64 mean of the rows of ``arrays``, as one delayed value."""
+    total = sum(a.shape[0] for a in arrays)
+    s = arrays[0].sum(axis=0, dtype=np.float64)
+    for a in arrays[1:]:
+        s = s + a.sum(axis=0, dtype=np.float64)
+    mu = (s / total).rechunk(-1)
+    return mu.to_delayed()[0]
+
+
+def _tree(parts, merge, *args):
+    import dask
+
+    fn = dask.delayed(merge, pure=True)
+    while len(parts) > 1:
+        parts = [fn(parts[s : s + FAN_IN], *args) for s in range(0, len(parts), FAN_IN)]
+    return parts[0]
+
+
+def _compute(*values):
+    import dask
+
+    return dask.compute(*values)
+
+
+# --------------------------------------------------------------------------- task kernels
+
+
+def _filter_dtype(blocks, float32_filter) -> str:
+    """float32 for float32 rows, and for float64 rows in the maximum modes
+    (``float32_filter``: the band within the float32 bound of the largest distance is
+    thin, so few pairs are refined); float64 where float32 gives no useful bound."""
+    d = blocks[0].shape[1]
+    if not math.isfinite(rounding_bound(d, "float32")[0]):
+        return "float64"
+    if float32_filter or all(b.dtype == np.float32 for b in blocks):
+        return "float32"
+    return "float64"
+
+
+def _centered(S64, mu, dt):
+    """The centered copy in the filter dtype and its float64 squared norms."""
+    X = S64 - mu
+    if dt == "float32":
+        X = X.astype(np.float32)
+        nrm = np.einsum("ij,ij->i", X, X, dtype=np.float64)
+    else:
+        nrm = np.einsum("ij,ij->i", X, X)
+    return X, nrm
+
+
+class _Blocks(NamedTuple):
+    A64: Any
+    B64: Any
+    H: Any  # filter values n_i + n_j - 2 x_i . x_j in the filter dtype, (rows of A, rows of B)
+    nA: Any
+    nB: Any
+    c: float  # |H_ij - r_ij| <= c (n_i + n_j) + eabs
+    eabs: float
+    bound: float  # the reported bound of this task
+
+
+def _prepare(SA, SB, mu, float32_filter=False) -> _Blocks:
+    """Both blocks as float64 originals, the filter values and their rounding bound.
+
+    ``SB`` None means the block against itself.  A float32 copy whose norms would
+    overflow the float32 GEMM is replaced by a float64 one (as the engines do).
+
+    The filter ``H = (fl(-2 x_i . x_j) + fl(n_i)) + fl(n_j)`` is formed in place on the
+    GEMM output, in the filter dtype with unit roundoff u.  Against the float64
+    epilogue ``f_ij`` of :func:`refgeo._certify.rounding_bound` this adds at most
+    ``u (a + 2.01 a + 3.02 a) <= 6.1 u a`` (``a = n_i + n_j``, ``|2 x_i . x_j| <= 1.01 a``),
+    so ``c`` below is that bound's ``c`` plus ``7 u``.
+    """
+    blocks = [SA] if SB is None else [SA, SB]
+    dt = _filter_dtype(blocks, float32_filter)
+    A64 = np.asarray(SA, dtype=np.float64)
+    B64 = A64 if SB is None else np.asarray(SB, dtype=np.float64)
+    for _ in range(2):
+        XA, nA = _centered(A64, mu, dt)
+        XB, nB = (XA, nA) if SB is None else _centered(B64, mu, dt)
+        top = max(float(nA.max()), float(nB.max()))
+        if dt == "float64" or top <= MAX_NORM2["float32"]:
+            break
+        dt = "float64"
+    if not (math.isfinite(top) and top <= MAX_NORM2["float64"]):
+        raise ValueError(
+            f"centered squared row norms up to {top:.3g} exceed the float64 GEMM range "
+            f"({MAX_NORM2['float64']:.0e}); scale the rows by a power of two first."
+        )
+    d = A64.shape[1]
+    c, eabs = rounding_bound(d, dt)
+    c += 7.0 * UNIT_ROUNDOFF[dt]
+    H = XA @ XB.T
+    H *= -2.0
+    H += nA.astype(H.dtype)[:, None]
+    H += nB.astype(H.dtype)[None, :]
+    return _Blocks(A64, B64, H, nA, nB, c, eabs, reported_bound(d, dt, top))
+
+
+def _widen(t, nrm_rows, nrm_other_max, b: _Blocks, sign):
+    """Per-row thresholds ``t +- 2 e_i`` (``e_i = c (n_i + max n) + eabs`` bounds every
+    ``e_ij`` of the row), rounded outward into the filter dtype.  ``sign`` +1 widens up."""
+    e = (b.c * (nrm_rows + nrm_other_max) + b.eabs) * (1.0 + 2.0**-40)
+    w = np.asarray(t, dtype=np.float64) + sign * (2.0 * e + np.abs(t) * 2.0**-50)
+    w32 = w.astype(b.H.dtype)
+    off = (w32 > w) if sign < 0 else (w32 < w)
+    w32[off] = np.nextafter(w32[off], np.asarray(sign * math.inf, dtype=b.H.dtype))
+    return w32
+
+
+# Candidate pairs refined per batch: (batch, d) float64 differences.
+_REFINE_BATCH = 1 << 12
+
+
+def refine_pairs(A64, B64, rows, cols):
+    """Refined squared distances ``sum_k (A64[rows[t], k] - B64[cols[t], k])**2``, float64.
+
+    The same operations in the same order as :func:`refgeo._certify.canonical_sq`, so
+    the same bits: lane ``k mod 8`` accumulates the squared differences in increasing
+    ``k``, and the lanes combine as ``((p0+p1)+(p2+p3))+((p4+p5)+(p6+p7))``.  The
+    differences of a batch are formed once and the lanes are added in place (a missing
+    tail of the last group of eight adds nothing: ``x + 0 = x`` for the non-negative
+    partial sums), which is several times faster than slicing each group out of
+    freshly gathered rows.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> refine_pairs(np.array([[0.0, 0.0]]), np.array([[3.0, 4.0]]), np.array([0]), np.array([0]))
+    array([25.])
+    """
+    n = rows.shape[0]
+    d = A64.shape[1]
+    out = np.empty(n)
+    full = d - d % 8
+    for s in range(0, n, _REFINE_BATCH):
+        e = min(s + _REFINE_BATCH, n)
+        D = A64[rows[s:e]]
+        D -= B64[cols[s:e]]
+        D *= D
+        if full:
+            lanes = D[:, 0:8].copy()
+            for k0 in range(8, full, 8):
+                lanes += D[:, k0 : k0 + 8]
+        else:
+            lanes = np.zeros((e - s, 8))
+        if d > full:
+            lanes[:, : d - full] += D[:, full:]
+        p = [lanes[:, t] for t in range(8)]
+        out[s:e] = ((p[0] + p[1]) + (p[2] + p[3])) + ((p[4] + p[5]) + (p[6] + p[7]))
+    return out
+
+
+def _refined(b: _Blocks, r, q):
+    """Refined float64 squared distances of the candidate pairs ``(r[t], q[t])``."""
+    return refine_pairs(b.A64, b.B64, r, q)
+
+
+def _pair_task(SA, SB, i0, j0, mu, maximize):
+    """Certified extreme of the pairs (i in block A, j in block B, i < j)."""
+    same = SB is None
+    if same and SA.shape[0] < 2:
+        return None
+    if maximize:
+        b = _prepare(SA, SB, mu, float32_filter=True)
+        H = b.H
+        if same:
+            H[np.tril_indices(H.shape[0])] = -math.inf
+        # the best refined value is at least max H - e_max; a pair with
+        # H_ij + e_max below that is strictly beaten (e_max bounds every e_ij)
+        t = _widen(np.array([float(H.max())]), np.array([float(b.nA.max())]), float(b.nB.max()), b, -1.0)
+        r, q = np.nonzero(H >= t[0])
+    else:
+        b = _prepare(SA, SB, mu)
+        # the closest pair keeps per-pair bounds: near-duplicate clusters would fill a
+        # uniform band with candidates
+        a = b.nA[:, None] + b.nB[None, :]
+        E = b.c * a + b.eabs
+        F = b.H.astype(np.float64)
+        hi = F + E
+        lo = F - E
+        if same:
+            lo[np.tril_indices(F.shape[0])] = math.inf
+            hi[np.tril_indices(F.shape[0])] = math.inf
+        # some pair has r <= min hi: a pair whose lower end lies beyond it is beaten
+        thr = float(hi.min())
+        r, q = np.nonzero(lo <= thr + abs(thr) * 2.0**-50)
+    vals = _refined(b, r, q)
+    sign = 1.0 if maximize else -1.0
+    k = int(np.argmax(sign * vals))  # row-major: the first extreme is the smallest (i, j)
+    return _Pair(float(vals[k]), i0 + int(r[k]), j0 + int(q[k]), b.bound, int(vals.shape[0]))
+
+
+def _merge_pairs(records, maximize):
+    best, bound, n = None, 0.0, 0
+    for rec in records:
+        if rec is None:
+            continue
+        bound = max(bound, rec.bound)
+        n += rec.n_refined
+        if better(rec.value, rec.i, rec.j, None if best is None else best[:3], maximize):
+            best = (rec.value, rec.i, rec.j)
+    if best is None:
+        return None
+    return _Pair(best[0], best[1], best[2], bound, n)
+
+
+_NO_INDEX = np.iinfo(np.int64).max
+
+
+def _first_per_row(keys, vals, rows, cols, n_rows, m):
+    """The first ``m`` candidates of every row, ordered by ``keys`` then column."""
+    order = np.lexsort((cols, keys, rows))
+    rs = rows[order]
+    start = np.searchsorted(rs, np.arange(n_rows))
+    count = np.diff(np.append(start, rs.shape[0]))
+    pos = np.minimum(start[:, None] + np.arange(m)[None, :], max(rs.shape[0] - 1, 0))
+    ok = np.arange(m)[None, :] < count[:, None]
+    return vals[order][pos], cols[order][pos], ok
+
+
+def _farthest_side(H, nrm, other_max, b: _Blocks, columns=False):
+    """Each row's (column's, when ``columns``) best lower end ``max_j H_ij - e_i`` and
+    the pairs whose upper end ``H_ij + e_i`` reaches it (``e_i`` as in :func:`_knn_side`)."""
+    e = (b.c * (nrm + other_max) + b.eabs) * (1.0 + 2.0**-40)
+    m = H.max(axis=0 if columns else 1).astype(np.float64)
+    low = m - (e + np.abs(m) * 2.0**-50)
+    # H_ij + e_i >= m_i - e_i  <=>  H_ij >= m_i - 2 e_i, rounded down into the filter dtype
+    w = _widen(m, nrm, other_max, b, -1.0)
+    r, q = _pairs_where(lambda M: M >= (w[None, :] if columns else w[:, None]), H, columns)
+    H = H.T if columns else H
+    h = H[r, q].astype(np.float64)
+    hi = h + (e[r] + np.abs(h) * 2.0**-50)
+    return low, _Candidates(r.astype(np.int64), q.astype(np.int64), hi, b.bound)
+
+
+def _farthest_filter_task(SA, SB, mu):
+    """Filter one block pair for farthest partners: ``(low_A, candidates_A, low_B,
+    candidates_B)``.  A row's lower ends merge into the largest over all blocks, L_i
+    (its farthest partner's refined value is at least L_i); only pairs whose upper end
+    reaches L_i can be, or tie, the farthest, and every such pair is among the
+    candidates of its block pair (L_i is never below the block pair's own lower end)."""
+    same = SB is None
+    if same and SA.shape[0] < 2:  # one row: no partner in its own block
+        return None, None, None, None
+    b = _prepare(SA, SB, mu, float32_filter=True)
+    H = b.H
+    if same:
+        np.fill_diagonal(H, -math.inf)
+    low_a, cand_a = _farthest_side(H, b.nA, float(b.nB.max()), b)
+    if same:
+        return low_a, cand_a, None, None
+    low_b, cand_b = _farthest_side(H, b.nB, float(b.nA.max()), b, columns=True)
+    return low_a, cand_a, low_b, cand_b
+
+
+def _merge_lows(parts):
+    return np.maximum.reduce([p for p in parts if p is not None])
+
+
+def _farthest_refine_task(SA, SB, cand, low, j0):
+    """Refine the candidates whose upper end reaches the row's L_i; each row's best."""
+    if cand is None:
+        return None
+    keep = cand.end >= low[cand.rows]
+    r, q = cand.rows[keep], cand.cols[keep]
+    if r.shape[0] == 0:
+        return None
+    A64 = np.asarray(SA, dtype=np.float64)
+    B64 = A64 if SB is None else np.asarray(SB, dtype=np.float64)
+    vals = refine_pairs(A64, B64, r, q)
+    v, j, ok = _first_per_row(-vals, vals, r, q, A64.shape[0], 1)  # largest, then smallest j
+    return _Rows(np.where(ok[:, 0], v[:, 0], -math.inf), np.where(ok[:, 0], j[:, 0] + j0, _NO_INDEX),
+                 cand.bound, int(vals.shape[0]))
+
+
+def _merge_farthest(records):
+    recs = [r for r in records if r is not None]
+    if not recs:
+        return None
+    v, j = recs[0].values, recs[0].index
+    for rec in recs[1:]:
+        take = (rec.values > v) | ((rec.values == v) & (rec.index < j))
+        v = np.where(take, rec.values, v)
+        j = np.where(take, rec.index, j)
+    return _Rows(v, j, max(r.bound for r in recs), sum(r.n_refined for r in recs))
+
+
+class _Candidates(NamedTuple):
+    """Candidates of one block pair after the filter, not yet refined."""
+
+    rows: Any  # local row of the query block
+    cols: Any  # local row of the candidate block
+    end: Any  # float64 lower (k-NN) or upper (farthest) ends of the refined squared distances
+    bound: float
+
+
+def _smallest(M, m):
+    """The ``m`` smallest entries of every row of ``M`` (any order within a row).
+
+    A transposed view is partitioned in strips of 64 of its rows copied contiguous:
+    partitioning along the strided axis directly is several times slower.
+    """
+    if M.flags.c_contiguous:
+        return np.partition(M, m - 1, axis=1)[:, :m]
+    out = np.empty((M.shape[0], m), dtype=M.dtype)
+    for s in range(0, M.shape[0], 64):
+        out[s : s + 64] = np.partition(np.ascontiguousarray(M[s : s + 64]), m - 1, axis=1)[:, :m]
+    return out
+
+
+def _pairs_where(mask_of, H, columns):
+    """``(rows, cols)`` of the side's pairs where ``mask_of(H)`` holds; for the column
+    side (``columns``) the mask is taken on ``H`` itself, in its memory order."""
+    if not columns:
+        return np.nonzero(mask_of(H))
+    q, r = np.nonzero(mask_of(H))
+    return r, q
+
+
+def _knn_side(H, nrm, other_max, b: _Blocks, m, columns=False):
+    """Threshold ends and candidates of the rows of ``H`` (of its columns when ``columns``).
+
+    ``e_i = c (n_i + max n) + eabs`` bounds every ``e_ij`` of row i.  Returns ``hi``,
+    the ``m`` smallest upper ends ``H_ij + e_i`` of each row (float64, rounded up), and
+    the pairs whose lower end ``H_ij - e_i`` does not exceed the largest of them.
+    """
+    e = (b.c * (nrm + other_max) + b.eabs) * (1.0 + 2.0**-40)
+    part = _smallest(H.T if columns else H, m).astype(np.float64)
+    hi = part + (e[:, None] + np.abs(part) * 2.0**-50)
+    t = hi.max(axis=1)
+    # H_ij - e_i <= t_i  <=>  H_ij <= t_i + e_i, rounded up into the filter dtype
+    w = _widen(t, nrm, other_max, b, 1.0)
+    r, q = _pairs_where(lambda M: M <= (w[None, :] if columns else w[:, None]), H, columns)
+    H = H.T if columns else H
+    h = H[r, q].astype(np.float64)
+    lo = h - (e[r] + np.abs(h) * 2.0**-50)
+    return hi, _Candidates(r.astype(np.int64), q.astype(np.int64), lo, b.bound)
+
+
+def _knn_filter_task(SA, SB, mu, k, exclude_self, both):
+    """Filter one block pair for k-NN: ``(hi_A, candidates_A, hi_B, candidates_B)``.
+
+    The ``hi`` of all block pairs of a row merge into its k-th smallest upper end T_i
+    (:func:`_merge_ends`); a pair is among the k nearest of row i, or ties the k-th,
+    only if its lower end is at most T_i, and every such pair is among the candidates
+    of its block pair (T_i never exceeds the block pair's own k-th smallest upper end).
+    """
+    same = SB is None
+    b = _prepare(SA, SB, mu)
+    H = b.H
+    na, nb = H.shape
+    if same and exclude_self:
+        np.fill_diagonal(H, math.inf)
+    ma = min(k, nb - int(same and exclude_self))
+    if ma < 1:
+        return None, None, None, None
+    hi_a, cand_a = _knn_side(H, b.nA, float(b.nB.max()), b, ma)
+    if not both:
+        return hi_a, cand_a, None, None
+    hi_b, cand_b = _knn_side(H, b.nB, float(b.nA.max()), b, min(k, na), columns=True)
+    return hi_a, cand_a, hi_b, cand_b
+
+
+def _merge_ends(parts, k):
+    """The ``k`` smallest upper ends of every row among ``parts`` (None entries skipped)."""
+    v = np.concatenate([p for p in parts if p is not None], axis=1)
+    m = min(k, v.shape[1])
+    return np.partition(v, m - 1, axis=1)[:, :m]
+
+
+def _knn_refine_task(SA, SB, cand, ends, j0, k):
+    """Refine the candidates whose lower end is within the row's k-th smallest upper end;
+    the best (at most k) of each row, padded with ``inf``."""
+    if cand is None:
+        return None
+    T = ends.max(axis=1)  # the k-th smallest upper end of each row, over all blocks
+    keep = cand.end <= T[cand.rows]
+    r, q = cand.rows[keep], cand.cols[keep]
+    if r.shape[0] == 0:
+        return None
+    A64 = np.asarray(SA, dtype=np.float64)
+    B64 = A64 if SB is None else np.asarray(SB, dtype=np.float64)
+    vals = refine_pairs(A64, B64, r, q)
+    n_rows = A64.shape[0]
+    m = int(min(k, np.bincount(r, minlength=n_rows).max()))
+    v, j, ok = _first_per_row(vals, vals, r, q, n_rows, m)
+    return _Rows(np.where(ok, v, math.inf), np.where(ok, j + j0, _NO_INDEX), cand.bound, int(vals.shape[0]))
+
+
+def _merge_knn(records, k):
+    recs = [r for r in records if r is not None]
+    if not recs:
+        return None
+    v = np.concatenate([r.values for r in recs], axis=1)
+    j = np.concatenate([r.index for r in recs], axis=1)
+    order = np.lexsort((j, v), axis=1)[:, :k]  # by value, then the smaller index
+    return _Rows(
+        np.take_along_axis(v, order, axis=1), np.take_along_axis(j, order, axis=1),
+        max(r.bound for r in recs), sum(r.n_refined for r in recs),
+    )
+
+
+# --------------------------------------------------------------------------- graphs
+
+
+def _blocks_and_mean(arrays, tile_size):
+    return [_task_blocks(a, tile_size) for a in arrays], _mean(arrays)
+
+
+def _extreme(S, *, maximize, tile_size) -> KernelRun:
+    import dask
+
+    ((blocks, offsets),), mu = _blocks_and_mean([S], tile_size)
+    task = dask.delayed(_pair_task, pure=True)
+    parts = [
+        task(blocks[a], None if a == b else blocks[b], offsets[a], offsets[b], mu, maximize)
+        for a in range(len(blocks))
+        for b in range(a, len(blocks))
+    ]
+    (rec,) = _compute(_tree(parts, _merge_pairs, maximize))
+    return KernelRun(
+        backend=_BACKEND, error_bound=rec.bound, n_refined=rec.n_refined,
+        value=math.sqrt(rec.value), i=rec.i, j=rec.j,
+    )
+
+
+def diameter(S, *, tile_size=None, n_threads=None) -> KernelRun:
+    """Row diameter of a Dask array (``n_threads`` is the workers' business)."""
+    return _extreme(S, maximize=True, tile_size=tile_size)
+
+
+def closest(S, *, tile_size=None, n_threads=None) -> KernelRun:
+    """Closest pair of a Dask array."""
+    return _extreme(S, maximize=False, tile_size=tile_size)
+
+
+def _per_row_blocks(tasks, nblocks, merge, *args):
+    """Tree-merge the per-row records of each row block: ``tasks`` maps a block
+    to its delayed records."""
+    return [_tree(tasks[a], merge, *args) for a in range(nblocks)]
+
+
+def farthest(S, *, tile_size=None, n_threads=None) -> KernelRun:
+    """Each row's farthest other row for a Dask array."""
+    import dask
+
+    ((blocks, offsets),), mu = _blocks_and_mean([S], tile_size)
+    nb = len(blocks)
+    filt = dask.delayed(_farthest_filter_task, pure=True, nout=4)
+    refine = dask.delayed(_farthest_refine_task, pure=True)
+    # phase 1: filter every block pair; each row's lower ends merge per row block
+    lows: list[list] = [[] for _ in range(nb)]
+    pairs = []
+    for a in range(nb):
+        for b in range(a, nb):
+            low_a, ca, low_b, cb = filt(blocks[a], None if a == b else blocks[b], mu)
+            lows[a].append(low_a)
+            pairs.append((a, None if a == b else blocks[b], ca, offsets[b]))
+            if a != b:
+                lows[b].append(low_b)
+                pairs.append((b, blocks[a], cb, offsets[a]))
+    L = [_tree(lows[a], _merge_lows) for a in range(nb)]
+    # phase 2: refine the survivors where both rows are, merge per row block
+    parts: list[list] = [[] for _ in range(nb)]
+    for a, other, cand, off in pairs:
+        parts[a].append(refine(blocks[a], other, cand, L[a], off))
+    recs = _compute(*_per_row_blocks(parts, nb, _merge_farthest))
+    return KernelRun(
+        backend=_BACKEND, error_bound=max(r.bound for r in recs),
+        n_refined=sum(r.n_refined for r in recs),
+        indices=np.concatenate([r.index for r in recs]),
+        distances=np.sqrt(np.concatenate([r.values for r in recs])),
+    )
+
+
+def knn(X, k, Y, *, exclude_self, tile_size=None, n_threads=None) -> KernelRun:
+    """The k nearest rows for Dask arrays (``Y`` None: ``X`` against itself)."""
+    import dask
+
+    symmetric = Y is None
+    if symmetric:
+        ((blocks, offsets),), mu = _blocks_and_mean([X], tile_size)
+        yblocks, yoffsets = blocks, offsets
+    else:
+        ((blocks, offsets), (yblocks, yoffsets)), mu = _blocks_and_mean([X, Y], tile_size)
+    filt = dask.delayed(_knn_filter_task, pure=True, nout=4)
+    refine = dask.delayed(_knn_refine_task, pure=True)
+    nb = len(blocks)
+    # phase 1: filter every block pair; the upper ends merge per row block
+    pairs = []  # (query block, candidate block or None for itself, candidates, offset, side)
+    ends: list[list] = [[] for _ in range(nb)]
+    if symmetric:
+        for a in range(nb):
+            for b in range(a, nb):
+                hi_a, ca, hi_b, cb = filt(blocks[a], None if a == b else blocks[b], mu, k, exclude_self, a != b)
+                ends[a].append(hi_a)
+                pairs.append((a, None if a == b else blocks[b], ca, offsets[b]))
+                if a != b:
+                    ends[b].append(hi_b)
+                    pairs.append((b, blocks[a], cb, offsets[a]))
+    else:
+        for a in range(nb):
+            for b in range(len(yblocks)):
+                hi_a, ca, _, _ = filt(blocks[a], yblocks[b], mu, k, False, False)
+                ends[a].append(hi_a)
+                pairs.append((a, yblocks[b], ca, yoffsets[b]))
+    T = [_tree(ends[a], _merge_ends, k) for a in range(nb)]
+    # phase 2: refine the surviving candidates where both rows are, merge per row block
+    parts: list[list] = [[] for _ in range(nb)]
+    for a, other, cand, off in pairs:
+        parts[a].append(refine(blocks[a], other, cand, T[a], off, k))
+    recs = _compute(*_per_row_blocks(parts, nb, _merge_knn, k))
+    return KernelRun(
+        backend=_BACKEND, error_bound=max(r.bound for r in recs),
+        n_refined=sum(r.n_refined for r in recs),
+        indices=np.concatenate([r.index for r in recs], axis=0),
+        distances=np.sqrt(np.concatenate([r.values for r in recs], axis=0)),
+    )

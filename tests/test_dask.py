@@ -1,0 +1,254 @@
+"""The Dask backend on a real ``distributed.LocalCluster``: identical to the single-machine engine.
+
+One cluster for the module (two single-threaded worker processes on the loopback
+interface), shut down at the end within a bounded time.  Every test compares a Dask
+input against the same rows as a NumPy array on the single-machine engine, for exact
+equality of values and indices (the certified values are refined float64 numbers, so
+"equal" means bit for bit).  The module skips when ``dask`` or ``distributed`` is not
+installed (the optional ``[dask]`` extra).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+import time
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import refgeo
+
+da = pytest.importorskip("dask.array")
+distributed = pytest.importorskip("distributed")
+cloudpickle = pytest.importorskip("cloudpickle")
+
+# seconds any cluster operation may take before the test fails instead of hanging
+_TIMEOUT = 60
+
+
+@pytest.fixture(scope="module")
+def client():
+    cluster = distributed.LocalCluster(
+        n_workers=2, threads_per_worker=1, processes=True, host="127.0.0.1",
+        dashboard_address=None, worker_dashboard_address=None, timeout=_TIMEOUT,
+    )
+    c = distributed.Client(cluster, timeout=_TIMEOUT)
+    try:
+        c.wait_for_workers(2, timeout=_TIMEOUT)
+        yield c
+    finally:
+        c.close(timeout=_TIMEOUT)
+        cluster.close(timeout=_TIMEOUT)
+
+
+def _rows(seed, V, d, dtype, ties):
+    rng = np.random.default_rng(seed)
+    if ties:  # small integers: many equal distances, so the tie rule decides
+        S = rng.integers(-2, 3, size=(V, d)).astype(dtype)
+    else:
+        S = rng.standard_normal((V, d)).astype(dtype)
+    return S
+
+
+def _same_pair(a, b):
+    assert (a.value, a.i, a.j) == (b.value, b.i, b.j)
+    assert b.backend == "dask"
+    assert a.dtype == b.dtype
+
+
+def _same_rows(a, b):
+    assert isinstance(b.indices, np.ndarray) and isinstance(b.distances, np.ndarray)
+    np.testing.assert_array_equal(b.indices, a.indices)
+    np.testing.assert_array_equal(b.distances, a.distances)
+    assert b.distances.dtype == np.float64 and b.indices.dtype == np.int64
+    assert b.backend == "dask" and a.dtype == b.dtype
+
+
+def _chunks(draw, V):
+    kind = draw(st.sampled_from(["one", "rows", "any"]))
+    if kind == "one":
+        return V
+    if kind == "rows":
+        return 1
+    return draw(st.integers(1, V))  # a ragged last chunk unless it divides V
+
+
+@st.composite
+def _case(draw):
+    V = draw(st.integers(2, 20))
+    d = draw(st.integers(1, 9))
+    dtype = draw(st.sampled_from([np.float64, np.float32]))
+    return V, d, dtype, _chunks(draw, V), draw(st.booleans()), draw(st.integers(0, 2**16))
+
+
+@settings(max_examples=10)
+@given(_case())
+def test_extreme_pairs_match_the_engine(client, case):
+    V, d, dtype, chunk, ties, seed = case
+    S = _rows(seed, V, d, dtype, ties)
+    D = da.from_array(S, chunks=(chunk, d))
+    _same_pair(refgeo.row_diameter(S), refgeo.row_diameter(D))
+    _same_pair(refgeo.closest_pair(S), refgeo.closest_pair(D))
+    _same_rows(refgeo.farthest_partners(S), refgeo.farthest_partners(D))
+
+
+@settings(max_examples=10)
+@given(_case(), st.integers(1, 6), st.booleans())
+def test_knn_matches_the_engine(client, case, k, exclude_self):
+    V, d, dtype, chunk, ties, seed = case
+    S = _rows(seed, V, d, dtype, ties)
+    k = min(k, V - int(exclude_self))
+    D = da.from_array(S, chunks=(chunk, d))
+    _same_rows(refgeo.knn(S, k, exclude_self=exclude_self), refgeo.knn(D, k, exclude_self=exclude_self))
+
+
+@settings(max_examples=8)
+@given(_case(), st.integers(1, 30), st.integers(1, 8))
+def test_knn_against_other_rows_matches_the_engine(client, case, n_y, k):
+    V, d, dtype, chunk, ties, seed = case
+    X = _rows(seed, V, d, dtype, ties)
+    Y = _rows(seed + 1, n_y, d, dtype, ties)
+    k = min(k, n_y)
+    got = refgeo.knn(da.from_array(X, chunks=(chunk, d)), k, da.from_array(Y, chunks=(max(1, n_y // 2), d)))
+    _same_rows(refgeo.knn(X, k, Y), got)
+
+
+@pytest.mark.parametrize(
+    "V, chunks", [(40, (7, 4)), (8, (1, 4)), (40, (40, 4)), (40, (13, 1))],
+    ids=["ragged", "rows", "one", "columns"],
+)
+def test_chunkings_of_one_matrix_agree(client, V, chunks):
+    # (13, 1) chunks the column axis too: the backend merges the column chunks
+    S = _rows(3, V, 4, np.float64, ties=True)
+    D = da.from_array(S, chunks=chunks)
+    _same_pair(refgeo.row_diameter(S), refgeo.row_diameter(D))
+    _same_rows(refgeo.knn(S, 5), refgeo.knn(D, 5))
+    assert refgeo.distance_ratio(D) == refgeo.distance_ratio(S)
+
+
+def test_task_blocks_larger_than_the_cap_are_split(client, monkeypatch):
+    from refgeo import _dask
+
+    S = _rows(5, 60, 3, np.float32, ties=False)
+    D = da.from_array(S, chunks=(60, 3))
+    # tile_size caps the rows of a task block: one chunk becomes several tasks
+    _same_pair(refgeo.row_diameter(S), refgeo.row_diameter(D, tile_size=7))
+    _same_rows(refgeo.farthest_partners(S), refgeo.farthest_partners(D, tile_size=7))
+    assert _dask.block_rows((60,), 7) == (7,) * 6 + (6,) * 3
+
+
+def test_wide_range_float64_rows_are_prescaled_alike(client):
+    S = _rows(8, 30, 5, np.float64, ties=False) * 1e200
+    D = da.from_array(S, chunks=(8, 5))
+    a, b = refgeo.row_diameter(S), refgeo.row_diameter(D)
+    _same_pair(a, b)
+    assert b.scale_exponent == a.scale_exponent != 0
+    _same_rows(refgeo.knn(S, 3), refgeo.knn(D, 3))
+
+
+def test_near_ties_in_the_float32_band(client):
+    # two far-apart clusters of near-duplicate float64 rows: thousands of cross pairs lie
+    # within the float32 bound of the diameter, and near-duplicates make the closest
+    # pairs and the k-NN hinge on the last bits of the refined values
+    rng = np.random.default_rng(4)
+    S = np.repeat([[1e3] * 6, [-1e3] * 6], 24, axis=0) + rng.standard_normal((48, 6)) * 1e-9
+    S[5] = S[30] + 1e-13
+    D = da.from_array(S, chunks=(11, 6))
+    _same_pair(refgeo.row_diameter(S), refgeo.row_diameter(D))
+    _same_pair(refgeo.closest_pair(S), refgeo.closest_pair(D))
+    _same_rows(refgeo.farthest_partners(S), refgeo.farthest_partners(D))
+    _same_rows(refgeo.knn(S, 7), refgeo.knn(D, 7))
+
+
+def test_memory_mapped_npy(client, tmp_path):
+    S = _rows(11, 50, 6, np.float32, ties=False)
+    path = tmp_path / "rows.npy"
+    np.save(path, S)
+    D = da.from_array(np.load(path, mmap_mode="r"), chunks=(16, 6))
+    _same_pair(refgeo.row_diameter(S), refgeo.row_diameter(D))
+    _same_rows(refgeo.knn(S, 4), refgeo.knn(D, 4))
+    # the form of docs/cluster.md for large files: each task opens the memory map itself,
+    # so only the file name travels through the scheduler
+    import dask
+
+    S = _rows(12, 400, 6, np.float32, ties=False)
+    np.save(path, S)
+    read = dask.delayed(lambda a, b: np.load(path, mmap_mode="r")[a:b], pure=True)
+    D = da.concatenate([da.from_delayed(read(a, a + 100), shape=(100, 6), dtype=S.dtype) for a in range(0, 400, 100)])
+    assert len(cloudpickle.dumps(dict(D.__dask_graph__()))) < S.nbytes / 2
+    _same_pair(refgeo.row_diameter(S), refgeo.row_diameter(D))
+    _same_rows(refgeo.farthest_partners(S), refgeo.farthest_partners(D))
+
+
+def test_nan_names_the_chunk(client):
+    S = _rows(1, 40, 3, np.float64, ties=False)
+    S[25, 1] = np.nan
+    with pytest.raises(ValueError, match=r"chunk of rows 20:30"):
+        refgeo.row_diameter(da.from_array(S, chunks=(10, 3)))
+    with pytest.raises(ValueError, match=r"X must contain only finite values.*rows 20:30"):
+        refgeo.knn(da.from_array(S, chunks=(10, 3)), 2)
+
+
+def test_mixed_dtypes(client):
+    X = _rows(2, 20, 4, np.float32, ties=False)
+    Y = _rows(3, 25, 4, np.float64, ties=False)
+    got = refgeo.knn(da.from_array(X, chunks=(6, 4)), 3, da.from_array(Y, chunks=(10, 4)))
+    want = refgeo.knn(X, 3, Y)
+    _same_rows(want, got)
+    assert got.dtype == "float64"
+    # integers are converted to float64, as for NumPy input
+    Z = np.arange(24).reshape(8, 3) ** 2
+    _same_pair(refgeo.row_diameter(Z), refgeo.row_diameter(da.from_array(Z, chunks=(3, 3))))
+    with pytest.raises(TypeError, match="S must have a real floating dtype"):
+        refgeo.row_diameter(da.from_array(np.ones((4, 2), dtype=complex), chunks=2))
+
+
+def test_killed_worker_gives_the_same_result(client):
+    # enough tasks that the run is still going when one worker process is killed;
+    # Dask reruns the lost tasks on the other worker and on the restarted one
+    S = _rows(21, 300, 8, np.float64, ties=True)
+    D = da.from_array(S, chunks=(15, 8))
+    pids = client.run(os.getpid)
+    victim = sorted(pids.values())[0]
+    killed = threading.Event()
+    done = threading.Event()
+
+    def kill_when_busy():
+        t0 = time.monotonic()
+        while not done.is_set() and time.monotonic() - t0 < _TIMEOUT:
+            # kill as soon as the block-pair tasks of the k-NN graph are running
+            if any("_knn_" in str(key) for keys in client.processing().values() for key in keys):
+                if not done.is_set():
+                    os.kill(victim, signal.SIGKILL)
+                    killed.set()
+                return
+            time.sleep(0.01)
+
+    killer = threading.Thread(target=kill_when_busy)
+    killer.start()
+    try:
+        got = refgeo.knn(D, 4)
+    finally:
+        done.set()
+        killer.join(_TIMEOUT)
+    assert killed.is_set(), "the run ended before a worker could be killed"
+    _same_rows(refgeo.knn(S, 4), got)
+    client.wait_for_workers(2, timeout=_TIMEOUT)
+
+
+@settings(max_examples=30)
+@given(st.integers(1, 40), st.integers(1, 300), st.integers(-30, 30))
+def test_refine_pairs_is_the_canonical_sum(d, n, scale):
+    # the tasks' refinement must give the bits of the one canonical summation order
+    from refgeo._certify import canonical_sq
+    from refgeo._dask import refine_pairs
+
+    rng = np.random.default_rng(d * 1000 + n)
+    A = rng.standard_normal((17, d)) * 2.0**scale
+    B = rng.standard_normal((9, d))
+    r, q = rng.integers(0, 17, n), rng.integers(0, 9, n)
+    np.testing.assert_array_equal(refine_pairs(A, B, r, q), canonical_sq(np, A[r], B[q]))
