@@ -72,7 +72,7 @@ import numpy as np
 from array_api_compat import array_namespace, is_numpy_array
 
 from . import _backend, _engine, _reference, _tiled
-from ._certify import dtype_name, f64, scale_exponent, scale_rows, unscale, unscale_array
+from ._certify import canonical_sq, dtype_name, f64, scale_exponent, scale_rows, unscale, unscale_array
 from ._interop import from_foreign, to_caller
 from ._validate import (
     as_float_array,
@@ -960,11 +960,20 @@ def worst_case_hidden_state(S: Any, /, *, H: float = 1.0) -> WorstCaseHiddenStat
     pair = row_diameter(S)
     xp = array_namespace(S)
     X = f64(xp, S)
+    value = H * pair.value
     if pair.value == 0.0:
         h = xp.zeros((X.shape[1],), dtype=xp.float64)
-    else:
+    elif pair.scale_exponent == 0:
         h = (X[pair.i, :] - X[pair.j, :]) * (H / pair.value)
-    return WorstCaseHiddenState(value=H * pair.value, h=_readonly(h), i=pair.i, j=pair.j)
+    else:
+        # the direction from the prescaled pair: H / D(S) overflows for subnormal D(S),
+        # and the rows' own difference may be subnormal; the scaled ones are neither
+        e = pair.scale_exponent
+        a, c = scale_rows(xp, X[pair.i, :], e), scale_rows(xp, X[pair.j, :], e)
+        D_scaled = math.sqrt(float(canonical_sq(xp, a, c)))  # the kernels' value, bit for bit
+        h = (a - c) * (H / D_scaled)
+        value = unscale(H * D_scaled, e)  # one rounding, also where H D(S) is subnormal
+    return WorstCaseHiddenState(value=value, h=_readonly(h), i=pair.i, j=pair.j)
 
 
 def hilbert_rms(S: Any, hidden: Any, /) -> float:
@@ -989,7 +998,10 @@ def hilbert_rms(S: Any, hidden: Any, /) -> float:
 
     :math:`\delta_t` is the Hilbert distance between the output distributions before and
     after the step at :math:`h_t`, for any W.  Products and squared ranges accumulate in
-    float64; time O(N V d), extra memory O(V b) for blocks of b hidden states.
+    float64; time O(N V d), extra memory O(V b + N) for blocks of b hidden states.
+    float64 inputs beyond ``[2**-64, 2**65)`` in magnitude are prescaled by powers of
+    two (exact, as in :func:`row_diameter`), and tiny spreads are summed scaled, so
+    the RMS is finite wherever it is a float64; beyond that, ``ValueError``.
     Invariant under a common shift of the rows of S.
 
     References
@@ -1011,14 +1023,32 @@ def hilbert_rms(S: Any, hidden: Any, /) -> float:
         Hm = xp.expand_dims(Hm, axis=0)
     check_same_trailing(S, Hm, ("S", "hidden"), "number of columns (hidden width d)")
     X = f64(xp, S)
+    # S and the hidden states are prescaled by powers of two (exact, as in
+    # row_diameter), so the products cannot overflow; the result is scaled back once.
+    e = scale_exponent(xp, [X]) + scale_exponent(xp, [Hm])
+    X = scale_rows(xp, X, scale_exponent(xp, [X]))
+    Hm = scale_rows(xp, Hm, scale_exponent(xp, [Hm]))
     N, V = Hm.shape[0], X.shape[0]
     b = max(1, _ROW_ELEMENTS // max(V, 1))
-    total = 0.0
+    deltas = []
     for t0 in range(0, N, b):
         Z = Hm[t0 : t0 + b, :] @ xp.permute_dims(X, (1, 0))
-        delta = xp.max(Z, axis=1) - xp.min(Z, axis=1)
-        total += float(xp.sum(delta * delta))
-    return math.sqrt(total / N)
+        deltas.append(xp.max(Z, axis=1) - xp.min(Z, axis=1))
+    top = max(float(xp.max(dl)) for dl in deltas)
+    if top == 0.0:
+        return 0.0
+    # Spreads far below the size of the products (cancellation) would have subnormal
+    # or zero squares: then they are summed scaled by the power of two that brings the
+    # largest to [1/2, 1), like a scaled two-norm.
+    es = 0 if 2.0**-500 <= top <= 2.0**500 else math.frexp(top)[1]
+    total = 0.0
+    for dl in deltas:
+        dl = scale_rows(xp, dl, es)
+        total += float(xp.sum(dl * dl))
+    rms = unscale(math.sqrt(total / N), e + es)
+    if not math.isfinite(rms):
+        raise _too_large("the Hilbert RMS", math.sqrt(total / N), e + es)
+    return rms
 
 
 def backward_bound(S: Any, r: Any, /):

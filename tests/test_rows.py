@@ -413,6 +413,47 @@ def test_rows_of_size_1e200_get_their_finite_diameter(backend):
     np.testing.assert_allclose(ball_big.center, np.ldexp(ball.center, 665), rtol=1e-12)
 
 
+@pytest.mark.parametrize("k", [-1060, -1030, -1000, -600, 0, 600, 1000])
+def test_worst_case_hidden_state_over_the_whole_range(backend, k):
+    """h* is a direction of norm H at every scale of the rows: scaling S by 2**k scales
+    D(S) by 2**k and leaves h* as it is (no inf from H / D for subnormal D)."""
+    S = np.array([[0.0, 0.0], [3.0, 4.0], [1.0, 1.0], [-2.0, 1.0]])  # exact at 2**-1060
+    base = refgeo.worst_case_hidden_state(S, H=2.0)
+    got = refgeo.worst_case_hidden_state(np.ldexp(S, k), H=2.0)
+    np.testing.assert_array_equal(got.h, base.h)
+    assert (got.i, got.j) == (base.i, base.j)
+    assert got.value == math.ldexp(base.value, k)
+
+
+@pytest.mark.parametrize("k", [-1064, -1000, -600, 0, 600, 1000])
+@pytest.mark.parametrize("which", ["S", "hidden"])
+def test_hilbert_rms_over_the_whole_range(k, which):
+    """Scaling S or the hidden states by 2**k scales the RMS by exactly 2**k: no inf
+    from squares that overflow, no 0 from squares that underflow."""
+    S = np.array([[0.0, 0.0], [3.0, 4.0], [1.0, 1.0]])
+    Hs = np.array([[1.0, 0.0], [0.0, 1.0], [0.5, -2.0], [0.25, 0.25]])
+    base = refgeo.hilbert_rms(S, Hs)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        got = refgeo.hilbert_rms(np.ldexp(S, k), Hs) if which == "S" else refgeo.hilbert_rms(S, np.ldexp(Hs, k))
+    assert got == math.ldexp(base, k)
+
+
+def test_hilbert_rms_of_tiny_spreads_next_to_large_entries():
+    """Products that cancel leave a spread of 2**-600 next to entries of size 1: its
+    square underflows, the RMS does not."""
+    S = np.array([[1.0, -1.0], [2.0**-600, 0.0]])
+    Hs = np.array([[1.0, 1.0], [1.0, 1.0]])
+    assert refgeo.hilbert_rms(S, Hs) == 2.0**-600
+    assert refgeo.hilbert_rms(S, Hs[0]) == 2.0**-600
+
+
+def test_hilbert_rms_beyond_the_float64_range_raises():
+    S = np.array([[0.0], [1e300]])
+    with pytest.raises(ValueError, match="beyond the float64 range"):
+        refgeo.hilbert_rms(S, np.array([[1e300]]))
+
+
 def test_distances_beyond_the_float64_range_raise(backend):
     S = np.array([[-1.5e308, 0.0], [1.5e308, 0.0], [0.0, 1.0]])
     with pytest.raises(ValueError, match=r"row diameter is .* beyond the float64 range"):
