@@ -213,7 +213,9 @@ def unscale_array(xp, a, e: int):
     """:func:`unscale` elementwise for a float64 array (``a`` itself when ``e == 0``)."""
     if e == 0:
         return a
-    if hasattr(xp, "ldexp"):  # NumPy, CuPy: one rounding (inf beyond the range)
+    # NumPy, CuPy: one rounding (inf beyond the range); torch.ldexp, for one, takes no
+    # Python int exponent, so other namespaces multiply by normal powers of two
+    if getattr(xp, "__name__", "").endswith(("numpy", "cupy")) and hasattr(xp, "ldexp"):
         with _quiet_overflow(xp):
             return xp.ldexp(a, e)
     for f in _factors(e):

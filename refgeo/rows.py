@@ -1101,15 +1101,23 @@ def backward_bound(S: Any, r: Any, /):
         )
     xp = array_namespace(S, r)
     r64 = f64(xp, r)
+    # residuals prescaled by a power of two (exact) and D split into mantissa and
+    # exponent, so that neither the l1 norms nor the product overflow on the way to a
+    # bound that is a float64; it is scaled back in one step
+    er = scale_exponent(xp, [r64])
+    r64 = scale_rows(xp, r64, er)
     l1 = xp.sum(xp.abs(r64), axis=-1)
     tot = xp.abs(xp.sum(r64, axis=-1))
     if bool(xp.any(tot > 1e-10 * l1)):
-        worst = float(xp.max(tot))
+        worst = unscale(float(xp.max(tot)), er)
         raise ValueError(
             f"r must sum to zero along its last axis (1^T r = 0), got |sum| up to {worst:.3e} instead."
         )
-    D = row_diameter(S).value
-    out = 0.5 * D * l1
+    mD, eD = math.frexp(row_diameter(S).value)
+    scaled = (0.5 * mD) * l1
+    out = unscale_array(xp, scaled, eD + er)
+    if not bool(xp.all(xp.isfinite(out))):
+        raise _too_large("the backward bound", float(xp.max(scaled)), eD + er)
     if out.ndim == 0:
         return float(out)
     return out

@@ -454,6 +454,37 @@ def test_hilbert_rms_beyond_the_float64_range_raises():
         refgeo.hilbert_rms(S, np.array([[1e300]]))
 
 
+@pytest.mark.parametrize("k", [-1000, -600, 0, 600, 1000])
+def test_backward_bound_over_the_whole_range(k):
+    """Scaling the residuals or the rows by 2**k scales the bound by exactly 2**k: no
+    inf from an l1 norm that overflows on its own; beyond the float64 range, ValueError."""
+    S = np.array([[0.0, 0.0], [3.0, 4.0], [1.0, 1.0]])
+    R = np.array([[1.0, -1.0, 0.0], [0.25, 0.5, -0.75]])
+    base = refgeo.backward_bound(S, R)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        np.testing.assert_array_equal(refgeo.backward_bound(S, np.ldexp(R, k)), np.ldexp(base, k))
+        np.testing.assert_array_equal(refgeo.backward_bound(np.ldexp(S, k), R), np.ldexp(base, k))
+        # huge residuals against a tiny step: the l1 norm alone overflows, the bound does not
+        got = refgeo.backward_bound(np.ldexp(S, -k), np.ldexp(R, k) * 2.0**23)
+        np.testing.assert_array_equal(got, base * 2.0**23)
+    with pytest.raises(ValueError, match="beyond the float64 range"):
+        refgeo.backward_bound(S * 1e300, R[0] * 1e10)
+
+
+def test_backward_bound_and_hilbert_rms_take_tensors():
+    torch = pytest.importorskip("torch")
+    S = np.array([[0.0, 0.0], [3.0, 4.0], [1.0, 1.0]])
+    R = np.array([[1.0, -1.0, 0.0], [0.25, 0.5, -0.75]])
+    for k in (0, 700, -700):
+        St, Rt = torch.tensor(np.ldexp(S, k)), torch.tensor(np.ldexp(R, -k))
+        got = refgeo.backward_bound(St, Rt)
+        assert isinstance(got, torch.Tensor)
+        np.testing.assert_array_equal(got.numpy(), refgeo.backward_bound(np.ldexp(S, k), np.ldexp(R, -k)))
+        assert refgeo.backward_bound(St, Rt[0]) == refgeo.backward_bound(S, R[0])
+        assert refgeo.hilbert_rms(St, torch.tensor(R[:, :2])) == refgeo.hilbert_rms(np.ldexp(S, k), R[:, :2])
+
+
 def test_distances_beyond_the_float64_range_raise(backend):
     S = np.array([[-1.5e308, 0.0], [1.5e308, 0.0], [0.0, 1.0]])
     with pytest.raises(ValueError, match=r"row diameter is .* beyond the float64 range"):
