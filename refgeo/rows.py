@@ -437,7 +437,9 @@ def row_diameter(S: Any, /, *, tile_size: int | None = None, n_threads: int | No
     or tie an already certified value; every other pair is refined, so the result
     equals the reference's for every tile size and thread count.  The reported
     ``error_bound`` is :math:`c \cdot \max_{ij} a_{ij} + 32 d \eta`.  A float32 input
-    whose squared norms would overflow the GEMM is filtered in float64.  Large float64
+    whose squared norms would overflow the GEMM, or are so small (below
+    :math:`2^{-70}`) that its products underflow and the absolute term would keep every
+    pair, is filtered in float64.  Large float64
     inputs (:math:`V^2 d / 2 \ge 2^{26}`) are filtered through a float32 centered copy
     (float32 GEMM at about twice the float64 rate, the float32 bound) and refined from
     the float64 rows: the same certified value and pair in about half the time.  The
