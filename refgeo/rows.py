@@ -784,6 +784,7 @@ def covering_radius(S: Any, /, *, tol: float = 1e-10, max_iter: int = 100_000) -
     >>> ball.radius, ball.center.tolist()
     (1.0, [1.0, 0.0])
     """
+    S, origin = from_foreign(S, "S")
     S = _check_rows(S, min_rows=1)
     tol = check_real(tol, "tol", min_value=0.0)
     max_iter = check_int(max_iter, "max_iter", min_value=0)
@@ -854,7 +855,8 @@ def covering_radius(S: Any, /, *, tol: float = 1e-10, max_iter: int = 100_000) -
         center = xp.asarray(center, dtype=xp.float64)
         lam = xp.asarray(lam, dtype=xp.float64)
     return EnclosingBall(
-        radius=radius, center=_readonly(center), lower_bound=unscale(lower, e), weights=_readonly(lam),
+        radius=radius, center=_array_out(center, origin), lower_bound=unscale(lower, e),
+        weights=_array_out(lam, origin),
         n_iter=n_iter,
     )
 
@@ -957,7 +959,7 @@ def worst_case_hidden_state(S: Any, /, *, H: float = 1.0) -> WorstCaseHiddenStat
     >>> w.value, w.h.tolist()
     (25.0, [-3.0, -4.0])
     """
-    S = _check_rows(S)
+    S, origin = _engine_rows(S)
     H = check_real(H, "H", min_value=0.0)
     pair = row_diameter(S)
     xp = array_namespace(S)
@@ -975,7 +977,7 @@ def worst_case_hidden_state(S: Any, /, *, H: float = 1.0) -> WorstCaseHiddenStat
         D_scaled = math.sqrt(float(canonical_sq(xp, a, c)))  # the kernels' value, bit for bit
         h = (a - c) * (H / D_scaled)
         value = unscale(H * D_scaled, e)  # one rounding, also where H D(S) is subnormal
-    return WorstCaseHiddenState(value=value, h=_readonly(h), i=pair.i, j=pair.j)
+    return WorstCaseHiddenState(value=value, h=_array_out(h, origin), i=pair.i, j=pair.j)
 
 
 def hilbert_rms(S: Any, hidden: Any, /) -> float:
@@ -1017,6 +1019,8 @@ def hilbert_rms(S: Any, hidden: Any, /) -> float:
     >>> refgeo.hilbert_rms(S, np.array([[1.0, 0.0], [0.0, 1.0]]))
     3.5355339059327378
     """
+    S, _ = from_foreign(S, "S")
+    hidden, _ = from_foreign(hidden, "hidden")
     S = as_float_array(S, "S", ndim=2, shape_hint="2-D array of shape (V, d)")
     hidden = as_float_array(hidden, "hidden", ndim=(1, 2))
     xp = array_namespace(S, hidden)
@@ -1094,7 +1098,9 @@ def backward_bound(S: Any, r: Any, /):
     >>> refgeo.backward_bound(S, np.array([1.0, -1.0]))
     5.0
     """
-    S = _check_rows(S)
+    S, origin_s = _engine_rows(S)
+    r, origin_r = from_foreign(r, "r")
+    origin = origin_r if origin_r is not None else origin_s
     r = as_float_array(r, "r", ndim=(1, 2))
     if r.shape[-1] != S.shape[0]:
         raise ValueError(
@@ -1122,4 +1128,4 @@ def backward_bound(S: Any, r: Any, /):
         raise _too_large("the backward bound", float(xp.max(scaled)), eD + er)
     if out.ndim == 0:
         return float(out)
-    return out
+    return to_caller(out, origin)

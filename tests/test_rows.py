@@ -539,6 +539,39 @@ def test_cpu_tensors_run_like_their_numpy_arrays(backend):
     assert t.grad is None  # nothing was recorded on the graph
 
 
+def test_the_other_row_functions_take_tensors_like_the_engine_functions():
+    """covering_radius, worst_case_hidden_state, hilbert_rms and backward_bound take
+    requires_grad and half-precision tensors without warnings, record nothing on the
+    graph, equal the NumPy results and return tensors where they return arrays."""
+    torch = pytest.importorskip("torch")
+    rng = np.random.default_rng(12)
+    S = rng.standard_normal((9, 3))
+    Hs = rng.standard_normal((4, 3))
+    R = np.zeros((2, 9))
+    R[0, :2] = [1.0, -1.0]
+    R[1, 3:6] = [0.5, 0.5, -1.0]
+    t = torch.tensor(S, requires_grad=True)
+    half = torch.tensor(S).to(torch.bfloat16)
+    S_half = half.to(torch.float32).numpy()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        for T, A in ((t, S), (half, S_half)):
+            ball, want = refgeo.covering_radius(T), refgeo.covering_radius(A)
+            assert ball.radius == want.radius and isinstance(ball.center, torch.Tensor)
+            np.testing.assert_array_equal(ball.center.numpy(), want.center)
+            np.testing.assert_array_equal(ball.weights.numpy(), want.weights)
+            w, want = refgeo.worst_case_hidden_state(T), refgeo.worst_case_hidden_state(A)
+            assert isinstance(w.h, torch.Tensor) and w.h.grad_fn is None
+            np.testing.assert_array_equal(w.h.numpy(), want.h)
+            assert (w.value, w.i, w.j) == (want.value, want.i, want.j)
+            Ht = torch.tensor(Hs, requires_grad=True)
+            assert refgeo.hilbert_rms(T, Ht) == refgeo.hilbert_rms(A, Hs)
+            b = refgeo.backward_bound(T, torch.tensor(R, requires_grad=True))
+            assert isinstance(b, torch.Tensor) and b.grad_fn is None
+            np.testing.assert_array_equal(b.numpy(), refgeo.backward_bound(A, R))
+    assert t.grad is None
+
+
 @pytest.mark.parametrize("half", ["bfloat16", "float16"])
 def test_half_precision_tensors_are_upcast_to_float32(backend, half):
     torch = pytest.importorskip("torch")
