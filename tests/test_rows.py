@@ -591,6 +591,10 @@ def test_half_precision_tensors_are_upcast_to_float32(backend, half):
 
 def test_tensors_on_devices_refgeo_cannot_run():
     torch = pytest.importorskip("torch")
+    with pytest.raises(TypeError, match=r"S is a sparse tensor \(layout torch.sparse_coo\).*S.to_dense\(\)"):
+        refgeo.row_diameter(torch.eye(3).to_sparse())
+    with pytest.raises(TypeError, match=r"Y is a sparse tensor"):
+        refgeo.knn(np.eye(3), 1, torch.eye(3).to_sparse())
     with pytest.raises(TypeError, match=r"S is a tensor on device meta, which refgeo cannot run; pass S.cpu\(\)"):
         refgeo.row_diameter(torch.empty((3, 2), device="meta"))
     if torch.cuda.is_available():
