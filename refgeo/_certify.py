@@ -27,6 +27,7 @@ import numpy as np
 __all__ = [
     "ETA",
     "MAX_NORM2",
+    "MIN_NORM2_FLOAT32",
     "SCALE_FREE_EXPONENT",
     "U64",
     "UNIT_ROUNDOFF",
@@ -54,6 +55,12 @@ UNIT_ROUNDOFF = {"float64": 2.0**-53, "float32": 2.0**-24}
 ETA = {"float64": 2.0**-1022, "float32": 2.0**-126}
 # Largest centered squared norm the GEMM may see: |x.y| <= max n, far from overflow.
 MAX_NORM2 = {"float64": 1e300, "float32": 1e36}
+# Rows whose largest centered squared norm lies below this are filtered in float64 even
+# where float32 was asked for: the float32 products underflow there, and the absolute
+# term of the float32 bound (32 d 2**-126) grows past its relative term (about
+# d 2**-24 times the norm) near 2**-97, so the filter would prune nothing and every pair
+# would be refined.  At 2**-70 the absolute term is still 2**-28 of the relative one.
+MIN_NORM2_FLOAT32 = 2.0**-70
 
 # float64 rows whose largest magnitude lies in [2**-64, 2**65) are used as given;
 # others are scaled by a power of two first (see scale_exponent).  Inside this band
@@ -213,7 +220,9 @@ def unscale_array(xp, a, e: int):
     """:func:`unscale` elementwise for a float64 array (``a`` itself when ``e == 0``)."""
     if e == 0:
         return a
-    if hasattr(xp, "ldexp"):  # NumPy, CuPy: one rounding (inf beyond the range)
+    # NumPy, CuPy: one rounding (inf beyond the range); torch.ldexp, for one, takes no
+    # Python int exponent, so other namespaces multiply by normal powers of two
+    if getattr(xp, "__name__", "").endswith(("numpy", "cupy")) and hasattr(xp, "ldexp"):
         with _quiet_overflow(xp):
             return xp.ldexp(a, e)
     for f in _factors(e):

@@ -69,8 +69,20 @@ def _torch_dispatch(backends) -> dict[str, Any]:
         torch_version = _pkg_version("torch")
     except PackageNotFoundError:
         torch_version = None
-    cpu = "cython (zero-copy NumPy view)" if backends["cython"]["available"] else "reference (NumPy view)"
-    cuda = "cupy (zero-copy DLPack)" if backends["cupy"]["available"] else "unavailable: install CuPy"
+    # the rules of refgeo._backend.select, applied to the NumPy / CuPy views of tensors
+    requested = _backend.get_backend()
+    if requested == "cupy":
+        cpu = "error: backend 'cupy' needs CuPy arrays (pass CUDA tensors)"
+    elif requested == "reference" or not backends["cython"]["available"]:
+        cpu = "reference (NumPy view)"
+    else:
+        cpu = "cython (zero-copy NumPy view)"
+    if not backends["cupy"]["available"]:
+        cuda = "unavailable: install CuPy"
+    elif requested == "reference":
+        cuda = "reference (zero-copy DLPack to CuPy, array-API code)"
+    else:
+        cuda = "cupy (zero-copy DLPack)"
     return {"version": torch_version, "cpu_tensors": cpu, "cuda_tensors": cuda}
 
 

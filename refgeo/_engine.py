@@ -23,7 +23,7 @@ import numpy as np
 
 from . import _backend
 from ._backend import KernelRun
-from ._certify import MAX_NORM2, better, canonical_sq, reported_bound, rounding_bound
+from ._certify import MAX_NORM2, MIN_NORM2_FLOAT32, better, canonical_sq, reported_bound, rounding_bound
 from ._threads import blas_single_thread
 
 # Every kernel call pins BLAS to one thread, whatever ``n_eff`` is: with OpenMP tiles a
@@ -68,7 +68,8 @@ def _center(arrays, n_threads, float32_filter=False):
     (float64 if any input is), and the centered copies are stored in that dtype, or in
     float32 for float64 originals when ``float32_filter`` asks for it; ``dtype_name`` is
     the dtype of the centered copies (the one the rounding bound is for).  float64 is
-    used where float32 would overflow or where d is too large for a useful float32 bound.
+    used where float32 would overflow, where its products would underflow
+    (:data:`refgeo._certify.MIN_NORM2_FLOAT32`) or where d is too large for a useful float32 bound.
     """
     ext = _backend.extension()
     arrays = [np.ascontiguousarray(a) for a in arrays]
@@ -90,8 +91,12 @@ def _center(arrays, n_threads, float32_filter=False):
         getattr(ext._common, "center" + _kernel_suffix(X, a))(a, mu, X, nrm, n_threads)
         out.append((X, nrm))
     name = "float32" if mixed or dt == np.float32 else "float64"
-    if name == "float32" and max(float(n.max()) for _, n in out) > MAX_NORM2["float32"]:
-        return _center([a.astype(np.float64) for a in arrays], n_threads)
+    if name == "float32":
+        top = max(float(n.max()) for _, n in out)
+        # Too large: the float32 GEMM would overflow.  Too small: its products underflow,
+        # the absolute term of the bound swamps every distance and each pair is refined.
+        if top > MAX_NORM2["float32"] or 0.0 < top < MIN_NORM2_FLOAT32:
+            return _center([a.astype(np.float64) for a in arrays], n_threads)
     return arrays, [X for X, _ in out], [n for _, n in out], name
 
 

@@ -60,6 +60,11 @@ def from_foreign(x: Any, name: str) -> tuple[Any, Origin | None]:
         return x, None
     torch = sys.modules["torch"]
     t = x.detach()
+    if t.layout != torch.strided:
+        raise TypeError(
+            f"{name} is a sparse tensor (layout {t.layout}), which refgeo cannot view as an "
+            f"array; pass {name}.to_dense()."
+        )
     converted = None
     if str(t.dtype) in _UPCAST:
         converted = str(t.dtype)

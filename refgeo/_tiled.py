@@ -36,7 +36,7 @@ import os
 from array_api_compat import array_namespace, is_cupy_array
 
 from ._backend import KernelRun
-from ._certify import MAX_NORM2, better, canonical_sq, f64, reported_bound, rounding_bound
+from ._certify import MAX_NORM2, MIN_NORM2_FLOAT32, better, canonical_sq, f64, reported_bound, rounding_bound
 
 # Rows per block when no tile size is given: a (block x n) float64 filter block of at
 # most 2**22 entries (32 MiB), at least 64 rows.
@@ -77,7 +77,9 @@ def _prepare(xp, arrays):
     cents = [xp.astype(a - mu, fdt) for a in orig64]
     norms = [xp.sum(f64(xp, c) ** 2, axis=1) for c in cents]
     top = max(float(xp.max(n)) for n in norms)
-    if name == "float32" and not top <= MAX_NORM2["float32"]:
+    # float32 products that overflow, or underflow so far that the bound's absolute term
+    # would keep every pair (MIN_NORM2_FLOAT32): filter in float64
+    if name == "float32" and not (top <= MAX_NORM2["float32"] and (top == 0.0 or top >= MIN_NORM2_FLOAT32)):
         cents = [xp.astype(a - mu, xp.float64) for a in orig64]
         norms = [xp.sum(c**2, axis=1) for c in cents]
         name, top = "float64", max(float(xp.max(n)) for n in norms)

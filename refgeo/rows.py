@@ -72,7 +72,7 @@ import numpy as np
 from array_api_compat import array_namespace, is_numpy_array
 
 from . import _backend, _dask, _engine, _reference, _tiled
-from ._certify import dtype_name, f64, scale_exponent, scale_rows, unscale, unscale_array
+from ._certify import canonical_sq, dtype_name, f64, scale_exponent, scale_rows, unscale, unscale_array
 from ._interop import from_foreign, to_caller
 from ._validate import (
     as_float_array,
@@ -450,7 +450,9 @@ def row_diameter(S: Any, /, *, tile_size: int | None = None, n_threads: int | No
     or tie an already certified value; every other pair is refined, so the result
     equals the reference's for every tile size and thread count.  The reported
     ``error_bound`` is :math:`c \cdot \max_{ij} a_{ij} + 32 d \eta`.  A float32 input
-    whose squared norms would overflow the GEMM is filtered in float64.  Large float64
+    whose squared norms would overflow the GEMM, or are so small (below
+    :math:`2^{-70}`) that its products underflow and the absolute term would keep every
+    pair, is filtered in float64.  Large float64
     inputs (:math:`V^2 d / 2 \ge 2^{26}`) are filtered through a float32 centered copy
     (float32 GEMM at about twice the float64 rate, the float32 bound) and refined from
     the float64 rows: the same certified value and pair in about half the time.  The
@@ -795,6 +797,7 @@ def covering_radius(S: Any, /, *, tol: float = 1e-10, max_iter: int = 100_000) -
     >>> ball.radius, ball.center.tolist()
     (1.0, [1.0, 0.0])
     """
+    S, origin = from_foreign(S, "S")
     S = _check_rows(S, min_rows=1)
     tol = check_real(tol, "tol", min_value=0.0)
     max_iter = check_int(max_iter, "max_iter", min_value=0)
@@ -865,7 +868,8 @@ def covering_radius(S: Any, /, *, tol: float = 1e-10, max_iter: int = 100_000) -
         center = xp.asarray(center, dtype=xp.float64)
         lam = xp.asarray(lam, dtype=xp.float64)
     return EnclosingBall(
-        radius=radius, center=_readonly(center), lower_bound=unscale(lower, e), weights=_readonly(lam),
+        radius=radius, center=_array_out(center, origin), lower_bound=unscale(lower, e),
+        weights=_array_out(lam, origin),
         n_iter=n_iter,
     )
 
@@ -968,16 +972,25 @@ def worst_case_hidden_state(S: Any, /, *, H: float = 1.0) -> WorstCaseHiddenStat
     >>> w.value, w.h.tolist()
     (25.0, [-3.0, -4.0])
     """
-    S = _check_rows(S)
+    S, origin = _engine_rows(S)
     H = check_real(H, "H", min_value=0.0)
     pair = row_diameter(S)
     xp = array_namespace(S)
     X = f64(xp, S)
+    value = H * pair.value
     if pair.value == 0.0:
         h = xp.zeros((X.shape[1],), dtype=xp.float64)
-    else:
+    elif pair.scale_exponent == 0:
         h = (X[pair.i, :] - X[pair.j, :]) * (H / pair.value)
-    return WorstCaseHiddenState(value=H * pair.value, h=_readonly(h), i=pair.i, j=pair.j)
+    else:
+        # the direction from the prescaled pair: H / D(S) overflows for subnormal D(S),
+        # and the rows' own difference may be subnormal; the scaled ones are neither
+        e = pair.scale_exponent
+        a, c = scale_rows(xp, X[pair.i, :], e), scale_rows(xp, X[pair.j, :], e)
+        D_scaled = math.sqrt(float(canonical_sq(xp, a, c)))  # the kernels' value, bit for bit
+        h = (a - c) * (H / D_scaled)
+        value = unscale(H * D_scaled, e)  # one rounding, also where H D(S) is subnormal
+    return WorstCaseHiddenState(value=value, h=_array_out(h, origin), i=pair.i, j=pair.j)
 
 
 def hilbert_rms(S: Any, hidden: Any, /) -> float:
@@ -1002,7 +1015,10 @@ def hilbert_rms(S: Any, hidden: Any, /) -> float:
 
     :math:`\delta_t` is the Hilbert distance between the output distributions before and
     after the step at :math:`h_t`, for any W.  Products and squared ranges accumulate in
-    float64; time O(N V d), extra memory O(V b) for blocks of b hidden states.
+    float64; time O(N V d), extra memory O(V b + N) for blocks of b hidden states.
+    float64 inputs beyond ``[2**-64, 2**65)`` in magnitude are prescaled by powers of
+    two (exact, as in :func:`row_diameter`), and tiny spreads are summed scaled, so
+    the RMS is finite wherever it is a float64; beyond that, ``ValueError``.
     Invariant under a common shift of the rows of S.
 
     References
@@ -1016,6 +1032,8 @@ def hilbert_rms(S: Any, hidden: Any, /) -> float:
     >>> refgeo.hilbert_rms(S, np.array([[1.0, 0.0], [0.0, 1.0]]))
     3.5355339059327378
     """
+    S, _ = from_foreign(S, "S")
+    hidden, _ = from_foreign(hidden, "hidden")
     S = as_float_array(S, "S", ndim=2, shape_hint="2-D array of shape (V, d)")
     hidden = as_float_array(hidden, "hidden", ndim=(1, 2))
     xp = array_namespace(S, hidden)
@@ -1024,14 +1042,32 @@ def hilbert_rms(S: Any, hidden: Any, /) -> float:
         Hm = xp.expand_dims(Hm, axis=0)
     check_same_trailing(S, Hm, ("S", "hidden"), "number of columns (hidden width d)")
     X = f64(xp, S)
+    # S and the hidden states are prescaled by powers of two (exact, as in
+    # row_diameter), so the products cannot overflow; the result is scaled back once.
+    e = scale_exponent(xp, [X]) + scale_exponent(xp, [Hm])
+    X = scale_rows(xp, X, scale_exponent(xp, [X]))
+    Hm = scale_rows(xp, Hm, scale_exponent(xp, [Hm]))
     N, V = Hm.shape[0], X.shape[0]
     b = max(1, _ROW_ELEMENTS // max(V, 1))
-    total = 0.0
+    deltas = []
     for t0 in range(0, N, b):
         Z = Hm[t0 : t0 + b, :] @ xp.permute_dims(X, (1, 0))
-        delta = xp.max(Z, axis=1) - xp.min(Z, axis=1)
-        total += float(xp.sum(delta * delta))
-    return math.sqrt(total / N)
+        deltas.append(xp.max(Z, axis=1) - xp.min(Z, axis=1))
+    top = max(float(xp.max(dl)) for dl in deltas)
+    if top == 0.0:
+        return 0.0
+    # Spreads far below the size of the products (cancellation) would have subnormal
+    # or zero squares: then they are summed scaled by the power of two that brings the
+    # largest to [1/2, 1), like a scaled two-norm.
+    es = 0 if 2.0**-500 <= top <= 2.0**500 else math.frexp(top)[1]
+    total = 0.0
+    for dl in deltas:
+        dl = scale_rows(xp, dl, es)
+        total += float(xp.sum(dl * dl))
+    rms = unscale(math.sqrt(total / N), e + es)
+    if not math.isfinite(rms):
+        raise _too_large("the Hilbert RMS", math.sqrt(total / N), e + es)
+    return rms
 
 
 def backward_bound(S: Any, r: Any, /):
@@ -1075,7 +1111,9 @@ def backward_bound(S: Any, r: Any, /):
     >>> refgeo.backward_bound(S, np.array([1.0, -1.0]))
     5.0
     """
-    S = _check_rows(S)
+    S, origin_s = _engine_rows(S)
+    r, origin_r = from_foreign(r, "r")
+    origin = origin_r if origin_r is not None else origin_s
     r = as_float_array(r, "r", ndim=(1, 2))
     if r.shape[-1] != S.shape[0]:
         raise ValueError(
@@ -1084,15 +1122,23 @@ def backward_bound(S: Any, r: Any, /):
         )
     xp = array_namespace(S, r)
     r64 = f64(xp, r)
+    # residuals prescaled by a power of two (exact) and D split into mantissa and
+    # exponent, so that neither the l1 norms nor the product overflow on the way to a
+    # bound that is a float64; it is scaled back in one step
+    er = scale_exponent(xp, [r64])
+    r64 = scale_rows(xp, r64, er)
     l1 = xp.sum(xp.abs(r64), axis=-1)
     tot = xp.abs(xp.sum(r64, axis=-1))
     if bool(xp.any(tot > 1e-10 * l1)):
-        worst = float(xp.max(tot))
+        worst = unscale(float(xp.max(tot)), er)
         raise ValueError(
             f"r must sum to zero along its last axis (1^T r = 0), got |sum| up to {worst:.3e} instead."
         )
-    D = row_diameter(S).value
-    out = 0.5 * D * l1
+    mD, eD = math.frexp(row_diameter(S).value)
+    scaled = (0.5 * mD) * l1
+    out = unscale_array(xp, scaled, eD + er)
+    if not bool(xp.all(xp.isfinite(out))):
+        raise _too_large("the backward bound", float(xp.max(scaled)), eD + er)
     if out.ndim == 0:
         return float(out)
-    return out
+    return to_caller(out, origin)

@@ -182,7 +182,8 @@ def test_show_config_reports_torch_dispatch():
     tv = refgeo.show_config(mode="dicts")["torch"]
     assert tv["version"] == want
     cython_ok = _backend.available_backends()["cython"][0]
-    assert tv["cpu_tensors"].startswith("cython" if cython_ok else "reference")
+    runs_cython = cython_ok and refgeo.get_backend() in ("auto", "cython")
+    assert tv["cpu_tensors"].startswith("cython" if runs_cython else "reference")
 
 
 def test_cython_backend_reported_available_when_required():
@@ -295,3 +296,15 @@ def test_huge_rows_run_on_the_engine_that_is_reported(backend):
         ref = refgeo.row_diameter(S)
     assert math.isfinite(D.value) and (D.value, D.i, D.j) == (ref.value, ref.i, ref.j)
     assert 1e199 < D.value < 3e200
+
+
+def test_show_config_torch_dispatch_follows_the_requested_backend():
+    """Under use_backend("reference") CPU tensors run the reference, and show_config
+    says so (it named the compiled engine whenever it was built)."""
+    with refgeo.use_backend("reference"):
+        tv = refgeo.show_config(mode="dicts")["torch"]
+        assert tv["cpu_tensors"].startswith("reference")
+        if _backend.available_backends()["cupy"][0]:
+            assert tv["cuda_tensors"].startswith("reference")
+    with refgeo.use_backend("cupy"):
+        assert "needs CuPy arrays" in refgeo.show_config(mode="dicts")["torch"]["cpu_tensors"]

@@ -400,3 +400,26 @@ def test_certificate_survives_flush_to_zero(backend, flush_to_zero):
         r = fn(S, tile_size=2)
         assert (r.value, r.i, r.j) == _oracle_extreme(S, maximize)
     np.testing.assert_array_equal(refgeo.knn(S, 1).indices, _oracle_knn(S, 1)[0])
+
+
+@pytest.mark.parametrize("dtype,scale", [(np.float32, 1e-20), (np.float64, 2.0**-60)])
+def test_tiny_rows_keep_the_filter_useful(backend, monkeypatch, dtype, scale):
+    """Rows so small that float32 products underflow (float32 rows near 1e-20, float64
+    rows near 2**-60 that are not prescaled) are filtered where the products are normal:
+    the same exact answer, and the filter still discards almost every pair."""
+    if backend == "reference":
+        pytest.skip("the reference evaluates every pair")
+    monkeypatch.setattr(_engine, "MAX_MIXED_MIN_WORK", 0)  # float64 rows: the float32 filter
+    monkeypatch.setattr(_engine, "KNN_MIXED_MIN_WORK", 0)
+    S = (np.random.default_rng(11).standard_normal((300, 16)) * scale).astype(dtype)
+    assert _oracle_exponent(S) == 0
+    pairs = 300 * 299 // 2
+    D = refgeo.row_diameter(S)
+    _assert_pair(D, _oracle_extreme(S, True), S, backend)
+    m = refgeo.closest_pair(S)
+    _assert_pair(m, _oracle_extreme(S, False), S, backend)
+    kn = refgeo.knn(S, 3)
+    np.testing.assert_array_equal(kn.indices, _oracle_knn(S, 3)[0])
+    fp = refgeo.farthest_partners(S)
+    for r in (D, m, kn, fp):
+        assert r.n_refined < pairs // 20, r

@@ -413,6 +413,78 @@ def test_rows_of_size_1e200_get_their_finite_diameter(backend):
     np.testing.assert_allclose(ball_big.center, np.ldexp(ball.center, 665), rtol=1e-12)
 
 
+@pytest.mark.parametrize("k", [-1060, -1030, -1000, -600, 0, 600, 1000])
+def test_worst_case_hidden_state_over_the_whole_range(backend, k):
+    """h* is a direction of norm H at every scale of the rows: scaling S by 2**k scales
+    D(S) by 2**k and leaves h* as it is (no inf from H / D for subnormal D)."""
+    S = np.array([[0.0, 0.0], [3.0, 4.0], [1.0, 1.0], [-2.0, 1.0]])  # exact at 2**-1060
+    base = refgeo.worst_case_hidden_state(S, H=2.0)
+    got = refgeo.worst_case_hidden_state(np.ldexp(S, k), H=2.0)
+    np.testing.assert_array_equal(got.h, base.h)
+    assert (got.i, got.j) == (base.i, base.j)
+    assert got.value == math.ldexp(base.value, k)
+
+
+@pytest.mark.parametrize("k", [-1064, -1000, -600, 0, 600, 1000])
+@pytest.mark.parametrize("which", ["S", "hidden"])
+def test_hilbert_rms_over_the_whole_range(k, which):
+    """Scaling S or the hidden states by 2**k scales the RMS by exactly 2**k: no inf
+    from squares that overflow, no 0 from squares that underflow."""
+    S = np.array([[0.0, 0.0], [3.0, 4.0], [1.0, 1.0]])
+    Hs = np.array([[1.0, 0.0], [0.0, 1.0], [0.5, -2.0], [0.25, 0.25]])
+    base = refgeo.hilbert_rms(S, Hs)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        got = refgeo.hilbert_rms(np.ldexp(S, k), Hs) if which == "S" else refgeo.hilbert_rms(S, np.ldexp(Hs, k))
+    assert got == math.ldexp(base, k)
+
+
+def test_hilbert_rms_of_tiny_spreads_next_to_large_entries():
+    """Products that cancel leave a spread of 2**-600 next to entries of size 1: its
+    square underflows, the RMS does not."""
+    S = np.array([[1.0, -1.0], [2.0**-600, 0.0]])
+    Hs = np.array([[1.0, 1.0], [1.0, 1.0]])
+    assert refgeo.hilbert_rms(S, Hs) == 2.0**-600
+    assert refgeo.hilbert_rms(S, Hs[0]) == 2.0**-600
+
+
+def test_hilbert_rms_beyond_the_float64_range_raises():
+    S = np.array([[0.0], [1e300]])
+    with pytest.raises(ValueError, match="beyond the float64 range"):
+        refgeo.hilbert_rms(S, np.array([[1e300]]))
+
+
+@pytest.mark.parametrize("k", [-1000, -600, 0, 600, 1000])
+def test_backward_bound_over_the_whole_range(k):
+    """Scaling the residuals or the rows by 2**k scales the bound by exactly 2**k: no
+    inf from an l1 norm that overflows on its own; beyond the float64 range, ValueError."""
+    S = np.array([[0.0, 0.0], [3.0, 4.0], [1.0, 1.0]])
+    R = np.array([[1.0, -1.0, 0.0], [0.25, 0.5, -0.75]])
+    base = refgeo.backward_bound(S, R)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        np.testing.assert_array_equal(refgeo.backward_bound(S, np.ldexp(R, k)), np.ldexp(base, k))
+        np.testing.assert_array_equal(refgeo.backward_bound(np.ldexp(S, k), R), np.ldexp(base, k))
+        # huge residuals against a tiny step: the l1 norm alone overflows, the bound does not
+        got = refgeo.backward_bound(np.ldexp(S, -k), np.ldexp(R, k) * 2.0**23)
+        np.testing.assert_array_equal(got, base * 2.0**23)
+    with pytest.raises(ValueError, match="beyond the float64 range"):
+        refgeo.backward_bound(S * 1e300, R[0] * 1e10)
+
+
+def test_backward_bound_and_hilbert_rms_take_tensors():
+    torch = pytest.importorskip("torch")
+    S = np.array([[0.0, 0.0], [3.0, 4.0], [1.0, 1.0]])
+    R = np.array([[1.0, -1.0, 0.0], [0.25, 0.5, -0.75]])
+    for k in (0, 700, -700):
+        St, Rt = torch.tensor(np.ldexp(S, k)), torch.tensor(np.ldexp(R, -k))
+        got = refgeo.backward_bound(St, Rt)
+        assert isinstance(got, torch.Tensor)
+        np.testing.assert_array_equal(got.numpy(), refgeo.backward_bound(np.ldexp(S, k), np.ldexp(R, -k)))
+        assert refgeo.backward_bound(St, Rt[0]) == refgeo.backward_bound(S, R[0])
+        assert refgeo.hilbert_rms(St, torch.tensor(R[:, :2])) == refgeo.hilbert_rms(np.ldexp(S, k), R[:, :2])
+
+
 def test_distances_beyond_the_float64_range_raise(backend):
     S = np.array([[-1.5e308, 0.0], [1.5e308, 0.0], [0.0, 1.0]])
     with pytest.raises(ValueError, match=r"row diameter is .* beyond the float64 range"):
@@ -467,6 +539,39 @@ def test_cpu_tensors_run_like_their_numpy_arrays(backend):
     assert t.grad is None  # nothing was recorded on the graph
 
 
+def test_the_other_row_functions_take_tensors_like_the_engine_functions():
+    """covering_radius, worst_case_hidden_state, hilbert_rms and backward_bound take
+    requires_grad and half-precision tensors without warnings, record nothing on the
+    graph, equal the NumPy results and return tensors where they return arrays."""
+    torch = pytest.importorskip("torch")
+    rng = np.random.default_rng(12)
+    S = rng.standard_normal((9, 3))
+    Hs = rng.standard_normal((4, 3))
+    R = np.zeros((2, 9))
+    R[0, :2] = [1.0, -1.0]
+    R[1, 3:6] = [0.5, 0.5, -1.0]
+    t = torch.tensor(S, requires_grad=True)
+    half = torch.tensor(S).to(torch.bfloat16)
+    S_half = half.to(torch.float32).numpy()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        for T, A in ((t, S), (half, S_half)):
+            ball, want = refgeo.covering_radius(T), refgeo.covering_radius(A)
+            assert ball.radius == want.radius and isinstance(ball.center, torch.Tensor)
+            np.testing.assert_array_equal(ball.center.numpy(), want.center)
+            np.testing.assert_array_equal(ball.weights.numpy(), want.weights)
+            w, want = refgeo.worst_case_hidden_state(T), refgeo.worst_case_hidden_state(A)
+            assert isinstance(w.h, torch.Tensor) and w.h.grad_fn is None
+            np.testing.assert_array_equal(w.h.numpy(), want.h)
+            assert (w.value, w.i, w.j) == (want.value, want.i, want.j)
+            Ht = torch.tensor(Hs, requires_grad=True)
+            assert refgeo.hilbert_rms(T, Ht) == refgeo.hilbert_rms(A, Hs)
+            b = refgeo.backward_bound(T, torch.tensor(R, requires_grad=True))
+            assert isinstance(b, torch.Tensor) and b.grad_fn is None
+            np.testing.assert_array_equal(b.numpy(), refgeo.backward_bound(A, R))
+    assert t.grad is None
+
+
 @pytest.mark.parametrize("half", ["bfloat16", "float16"])
 def test_half_precision_tensors_are_upcast_to_float32(backend, half):
     torch = pytest.importorskip("torch")
@@ -486,6 +591,10 @@ def test_half_precision_tensors_are_upcast_to_float32(backend, half):
 
 def test_tensors_on_devices_refgeo_cannot_run():
     torch = pytest.importorskip("torch")
+    with pytest.raises(TypeError, match=r"S is a sparse tensor \(layout torch.sparse_coo\).*S.to_dense\(\)"):
+        refgeo.row_diameter(torch.eye(3).to_sparse())
+    with pytest.raises(TypeError, match=r"Y is a sparse tensor"):
+        refgeo.knn(np.eye(3), 1, torch.eye(3).to_sparse())
     with pytest.raises(TypeError, match=r"S is a tensor on device meta, which refgeo cannot run; pass S.cpu\(\)"):
         refgeo.row_diameter(torch.empty((3, 2), device="meta"))
     if torch.cuda.is_available():

@@ -117,6 +117,19 @@ def test_overflowing_float32_norms_fall_back_to_float64():
     assert (got.value, got.i, got.j) == want
 
 
+def test_underflowing_float32_products_filter_in_float64():
+    """float32 rows near 1e-20: float32 products underflow and would leave every pair
+    to refine; the float64 filter gives the same answer and prunes."""
+    S = (np.random.default_rng(4).standard_normal((200, 8)) * 1e-20).astype(np.float32)
+    for fn, maximize in ((_tiled.diameter, True), (_tiled.closest, False)):
+        got = fn(S)
+        assert (got.value, got.i, got.j) == _oracle_extreme(S, maximize)
+        assert got.n_refined < 200 * 199 // 40
+    kn = _tiled.knn(S, 3, None, exclude_self=True)
+    np.testing.assert_array_equal(_np(kn.indices), _oracle_knn(S, 3)[0])
+    assert kn.n_refined < 200 * 199 // 20
+
+
 def test_tf32_request_filters_in_float64(monkeypatch):
     assert _tiled.matmul_precision("float32") == "float32"
     monkeypatch.setenv("CUPY_TF32", "1")
