@@ -1096,7 +1096,8 @@ def fit_tokenwise_mlp(
     opts = _check_mlp_options(X.shape[0], hidden, activation, train_fraction, epochs, learning_rate,
                               batch_size, weight_decay, seed)
     with _progress.Progress(progress, opts[3], desc="fit_tokenwise_mlp", unit="epoch") as bar:
-        return _fit_mlp(X, Y, *opts, tick=bar.advance)
+        hidden, activation, tf, epochs, lr, batch_size, wd, seed = opts
+        return _fit_mlp(X, Y, hidden, activation, tf, epochs, lr, batch_size, wd, seed, tick=bar.advance)
 
 
 def _check_mlp_options(n, hidden, activation, train_fraction, epochs, learning_rate, batch_size, weight_decay,
