@@ -73,7 +73,7 @@ from array_api_compat import array_namespace, is_numpy_array
 
 from . import _backend, _engine, _reference, _tiled
 from ._certify import dtype_name, f64, scale_exponent, scale_rows, unscale, unscale_array
-from ._interop import from_foreign, to_caller
+from ._interop import first_origin, from_foreign, to_caller
 from ._validate import (
     as_float_array,
     check_bool,
@@ -782,6 +782,7 @@ def covering_radius(S: Any, /, *, tol: float = 1e-10, max_iter: int = 100_000) -
     >>> ball.radius, ball.center.tolist()
     (1.0, [1.0, 0.0])
     """
+    S, origin = from_foreign(S, "S")
     S = _check_rows(S, min_rows=1)
     tol = check_real(tol, "tol", min_value=0.0)
     max_iter = check_int(max_iter, "max_iter", min_value=0)
@@ -852,8 +853,8 @@ def covering_radius(S: Any, /, *, tol: float = 1e-10, max_iter: int = 100_000) -
         center = xp.asarray(center, dtype=xp.float64)
         lam = xp.asarray(lam, dtype=xp.float64)
     return EnclosingBall(
-        radius=radius, center=_readonly(center), lower_bound=unscale(lower, e), weights=_readonly(lam),
-        n_iter=n_iter,
+        radius=radius, center=_array_out(center, origin), lower_bound=unscale(lower, e),
+        weights=_array_out(lam, origin), n_iter=n_iter,
     )
 
 
@@ -955,7 +956,7 @@ def worst_case_hidden_state(S: Any, /, *, H: float = 1.0) -> WorstCaseHiddenStat
     >>> w.value, w.h.tolist()
     (25.0, [-3.0, -4.0])
     """
-    S = _check_rows(S)
+    S, origin = _engine_rows(S)
     H = check_real(H, "H", min_value=0.0)
     pair = row_diameter(S)
     xp = array_namespace(S)
@@ -964,7 +965,7 @@ def worst_case_hidden_state(S: Any, /, *, H: float = 1.0) -> WorstCaseHiddenStat
         h = xp.zeros((X.shape[1],), dtype=xp.float64)
     else:
         h = (X[pair.i, :] - X[pair.j, :]) * (H / pair.value)
-    return WorstCaseHiddenState(value=H * pair.value, h=_readonly(h), i=pair.i, j=pair.j)
+    return WorstCaseHiddenState(value=H * pair.value, h=_array_out(h, origin), i=pair.i, j=pair.j)
 
 
 def hilbert_rms(S: Any, hidden: Any, /) -> float:
@@ -1003,6 +1004,8 @@ def hilbert_rms(S: Any, hidden: Any, /) -> float:
     >>> refgeo.hilbert_rms(S, np.array([[1.0, 0.0], [0.0, 1.0]]))
     3.5355339059327378
     """
+    S, _ = from_foreign(S, "S")
+    hidden, _ = from_foreign(hidden, "hidden")
     S = as_float_array(S, "S", ndim=2, shape_hint="2-D array of shape (V, d)")
     hidden = as_float_array(hidden, "hidden", ndim=(1, 2))
     xp = array_namespace(S, hidden)
@@ -1062,7 +1065,8 @@ def backward_bound(S: Any, r: Any, /):
     >>> refgeo.backward_bound(S, np.array([1.0, -1.0]))
     5.0
     """
-    S = _check_rows(S)
+    S, origin_s = _engine_rows(S)
+    r, origin_r = from_foreign(r, "r")
     r = as_float_array(r, "r", ndim=(1, 2))
     if r.shape[-1] != S.shape[0]:
         raise ValueError(
@@ -1082,4 +1086,4 @@ def backward_bound(S: Any, r: Any, /):
     out = 0.5 * D * l1
     if out.ndim == 0:
         return float(out)
-    return out
+    return to_caller(out, first_origin(origin_s, origin_r))
