@@ -16,8 +16,10 @@ converting it silently would hide that.  (NumPy integer arrays keep their docume
 conversion to float64.)
 
 A JAX array on the CPU is viewed through DLPack (zero-copy, read-only) and results
-go back through ``jax.numpy.asarray``; JAX arrays on other devices are refused with a
-``TypeError`` that says how to convert them.
+go back through ``jax.numpy.asarray``, except 64-bit results while JAX's x64 mode is
+off: those stay NumPy arrays, since JAX would round float64 distances and int64
+indices to 32 bits.  JAX arrays on other devices are refused with a ``TypeError``
+that says how to convert them (``np.asarray(x)``).
 
 Array results come back as tensors on the caller's device (``torch.from_numpy``
 shares the memory; ``torch.from_dlpack`` for CuPy results); scalars come back as
@@ -178,8 +180,11 @@ def to_caller(a: Any, origin: Origin | None) -> Any:
     if getattr(a, "ndim", None) == 0 or np.isscalar(a):
         return float(a)
     if origin.framework == "jax":
-        jnp = sys.modules["jax.numpy"]
-        return jnp.asarray(np.asarray(a))
+        a = np.asarray(a)
+        if a.dtype.itemsize == 8 and not sys.modules["jax"].config.read("jax_enable_x64"):
+            # JAX without x64 would round float64 distances and int64 indices to 32 bits
+            return a
+        return sys.modules["jax.numpy"].asarray(a)
     torch = sys.modules["torch"]
     on_cpu = getattr(origin.device, "type", "cpu") == "cpu"
     if is_numpy_array(a):

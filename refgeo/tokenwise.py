@@ -481,8 +481,11 @@ def _finite_median(v):
 
 def _given_neighbors(n, k, neighbors):
     """Validated copies of precomputed neighbors: indices (N, k) int64 and distances or None."""
-    dist = getattr(neighbors, "distances", None)
-    idx = getattr(neighbors, "indices", neighbors)
+    if hasattr(neighbors, "shape"):  # an index array (a tensor's .indices is something else)
+        idx, dist = neighbors, None
+    else:
+        dist = getattr(neighbors, "distances", None)
+        idx = getattr(neighbors, "indices", neighbors)
     idx = to_host(idx)  # a KNNResult of tensors, or a tensor of indices, too
     if idx.ndim != 2 or idx.shape[0] != n or idx.dtype.kind not in "iu":
         raise ValueError(
