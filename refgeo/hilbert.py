@@ -16,6 +16,19 @@ invariant, free of any epsilon, exact for any finite logits.  Definitions and pr
    cdist_hilbert
    tv_bound
    ce_bound
+
+Tensors in, tensors out
+-----------------------
+Every function here accepts torch tensors (and CPU JAX arrays) as well as NumPy
+arrays.  A CPU tensor, with ``requires_grad`` or not, is viewed zero-copy as a NumPy
+array and runs exactly like it, compiled kernels included (:func:`pdist_hilbert` and
+:func:`cdist_hilbert` read a contiguous tensor's memory in place; a non-contiguous
+one is copied once into contiguous rows); bfloat16 and float16 tensors are upcast to
+float32.  Array results come back as tensors on the input's device, and 0-d results
+as Python floats.  Integer, boolean and complex tensors are a ``TypeError``;
+non-finite ones a ``ValueError`` (except where ``inf`` is a valid distance, in
+:func:`tv_bound` and :func:`ce_bound`).  A CUDA tensor goes zero-copy to CuPy (an
+error that says what to install when CuPy is missing).
 """
 
 from __future__ import annotations
@@ -546,7 +559,8 @@ def pdist_hilbert(
     Returns
     -------
     d : ndarray of shape (n*(n-1)//2,) or (n, n)
-        float64 distances.
+        float64 distances (a tensor on ``X``'s device for a tensor ``X``; a
+        contiguous float32/float64 CPU tensor is read in place, without a copy).
 
     Notes
     -----
@@ -623,7 +637,7 @@ def cdist_hilbert(
     Returns
     -------
     d : ndarray of shape (nA, nB)
-        float64, ``d[i, j] = d_H(XA[i], XB[j])``.
+        float64, ``d[i, j] = d_H(XA[i], XB[j])`` (a tensor when ``XA`` or ``XB`` is one).
 
     Notes
     -----

@@ -37,6 +37,23 @@ any work (a ``MemoryError`` says what to change), report progress with
 ``progress=True`` (tqdm) or a callable, stop at the next chunk on ``KeyboardInterrupt``,
 and work on exactly rescaled panels, so that hidden states anywhere in the float64
 range (1e-300 to 1e300) fit alike.
+
+Tensors.  Every function accepts torch tensors (and CPU JAX arrays) for its array
+arguments: CPU tensors, ``requires_grad`` or not, are viewed as NumPy arrays without
+a copy, CUDA tensors are copied to the host (the fits use batched LAPACK), and
+bfloat16/float16 are upcast to float32.  When ``X`` or ``Y`` is a tensor, every array
+field of the result comes back as a tensor on that device: for :class:`LocalFit`
+``fitted``, ``neighbors``, ``distances``, ``weights``, ``coefficients`` and ``maps``;
+for :class:`TokenwiseResult` ``delta``, ``tau``, ``rho``, ``relative_error``, the
+arrays of ``cosines``, ``angles`` and ``projections``, ``subspace``,
+``subspace_singular_values``, ``neighbors``, ``eval_mask``, ``coefficients`` and
+each baseline's ``map`` and ``relative_error``.  Floats (energy fractions, subspace
+energies, :func:`spearman`) stay Python floats.  :class:`MLPFit` keeps its parameters
+and losses as NumPy arrays (it is a NumPy model); its ``predict`` returns a tensor for
+a tensor.  ``output_perturbation`` calls ``logits_fn`` with tensors (on the states'
+device) when the states are tensors, and returns a tensor.  Integer, boolean and
+complex tensors are a ``TypeError`` (precomputed ``neighbors`` excepted: those are
+indices), non-finite ones a ``ValueError``.
 """
 
 from __future__ import annotations
@@ -835,7 +852,8 @@ def fit_local_maps(
     ----------
     X, Y : array_like of shape (N, d)
         Hidden states before (:math:`h_l`) and after (:math:`h_{l+1}`) the layer; finite,
-        float32 or float64 (fits run in float64).
+        float32 or float64 (fits run in float64); torch tensors too (module
+        docstring, "Tensors").
     k : int
         Number of neighbors, ``1 <= k <= N - 1`` (``<= N`` without exclusion).  May be
         omitted when ``neighbors`` is given.
@@ -886,6 +904,7 @@ def fit_local_maps(
     Returns
     -------
     fit : LocalFit
+        Its arrays are tensors on the input's device when ``X`` or ``Y`` is a tensor.
 
     Raises
     ------
@@ -1011,7 +1030,7 @@ def fit_tokenwise_mlp(
     Parameters
     ----------
     X, Y : array_like of shape (N, d)
-        Hidden states before and after the layer (finite).
+        Hidden states before and after the layer (finite; torch tensors too).
     hidden : int, default=64
         Hidden width ``h``.
     activation : {"gelu", "relu", "tanh"}, default="gelu"
@@ -1251,7 +1270,8 @@ def decompose(
     Parameters
     ----------
     X, Y : array_like of shape (N, d)
-        Hidden states :math:`h_l` and :math:`h_{l+1}` (finite; float32 or float64).
+        Hidden states :math:`h_l` and :math:`h_{l+1}` (finite; float32 or float64;
+        torch tensors too, see the module docstring, "Tensors").
     k, cls, rank, ridge, prior, metric, standardize, exclude_self, weights, neighbors, chunk_size
         As in :func:`fit_local_maps`; ``cls`` may also be ``"mlp"`` (a global residual
         MLP, :func:`fit_tokenwise_mlp`, trained with ``mlp_options`` and evaluated on
@@ -1276,6 +1296,10 @@ def decompose(
     Returns
     -------
     result : TokenwiseResult
+        Every array field (the per-token ``delta``, ``tau``, ``rho``,
+        ``relative_error``, ``cosines``, ``angles``, ``projections``, ``neighbors``,
+        ``eval_mask``, ``coefficients``; also ``subspace``, its singular values and the
+        baselines' arrays) is a tensor on the input's device when ``X`` or ``Y`` is one.
 
     Raises
     ------
@@ -1550,8 +1574,10 @@ def output_perturbation(
     ----------
     logits_fn : callable
         Maps hidden states of shape (T, d) or (B, T, d) to logits of shape (T, V) or
-        (B, T, V): the rest of the model, supplied by the user (any framework; it must
-        accept and return NumPy-convertible arrays).  Sequences along the batch axis
+        (B, T, V): the rest of the model, supplied by the user.  It receives tensors
+        (on the states' device) when ``H_orig`` or ``H_patched`` is a tensor, NumPy
+        arrays otherwise, and may return NumPy arrays or tensors (autograd-tracked ones
+        too: they are detached).  Sequences along the batch axis
         must be processed independently.
     H_orig, H_patched : array_like of shape (T, d) or (B, T, d)
         Original states :math:`h_{l+1}` and the patched ones (e.g.
@@ -1570,7 +1596,7 @@ def output_perturbation(
     Returns
     -------
     div : ndarray of shape (T,) or (B, T)
-        float64, ``>= 0``.
+        float64, ``>= 0`` (a tensor on the states' device for tensor states).
 
     Notes
     -----
