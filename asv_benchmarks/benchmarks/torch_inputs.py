@@ -10,11 +10,14 @@ in CI, realistic with ``REFGEO_BENCH_SIZE=realistic``.  Skips without torch.
 from ._common import best_time, environment, realistic, records_runtime, refgeo, require_backend, rng
 
 
-def _interleaved_ratio(numpy_call, torch_call, repeat: int = 5) -> float:
+def _interleaved_ratio(numpy_call, torch_call, budget: float = 0.5) -> float:
     """Best NumPy-input time over best tensor-input time, the two timed alternately
-    (so that a slow phase of a shared machine hits both)."""
+    (so that a slow phase of a shared machine hits both), as many times as fit in
+    about ``budget`` seconds per side (at least 3): short calls need many samples for
+    their best time to settle."""
     numpy_call()
-    torch_call()  # warm both: the first call pays for imports and thread start-up
+    once = best_time(torch_call, 1)  # also warms up: the first call pays for imports and threads
+    repeat = max(3, min(200, int(budget / max(once, 1e-6))))
     t_np = t_torch = float("inf")
     for _ in range(repeat):
         t_np = min(t_np, best_time(numpy_call, 1))
@@ -68,8 +71,7 @@ class TorchInputs:
     def track_numpy_over_torch_knn(self, dtype):
         """knn (X against X): NumPy-input time over CPU-tensor time (target >= 1/1.1)."""
         return _interleaved_ratio(
-            lambda: self._run(refgeo.knn, self.X, self.k), lambda: self._run(refgeo.knn, self.X_t, self.k),
-            repeat=3,
+            lambda: self._run(refgeo.knn, self.X, self.k), lambda: self._run(refgeo.knn, self.X_t, self.k)
         )
 
     track_numpy_over_torch_knn.unit = "x"
