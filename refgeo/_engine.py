@@ -26,6 +26,11 @@ from ._backend import KernelRun
 from ._certify import MAX_NORM2, better, canonical_sq, reported_bound, rounding_bound
 from ._threads import blas_single_thread
 
+# Every kernel call pins BLAS to one thread, whatever ``n_eff`` is: with OpenMP tiles a
+# threaded BLAS would oversubscribe the cores, and with one tile thread (small inputs,
+# ``n_threads=1``, a forked child) the tile GEMMs are too small for BLAS threads to pay
+# (knn 10000 x 768 with n_threads=1: 5.8 s of CPU with threaded BLAS, 0.87 s pinned).
+
 __all__ = ["closest", "diameter", "farthest", "knn"]
 
 _BACKEND = "cython"
@@ -82,7 +87,7 @@ def _center(arrays, n_threads, float32_filter=False):
     for a in arrays:
         X = np.empty(a.shape, dtype=np.float32 if mixed else a.dtype)
         nrm = np.empty(a.shape[0])
-        getattr(ext._extreme_pairs, "center" + _kernel_suffix(X, a))(a, mu, X, nrm, n_threads)
+        getattr(ext._common, "center" + _kernel_suffix(X, a))(a, mu, X, nrm, n_threads)
         out.append((X, nrm))
     name = "float32" if mixed or dt == np.float32 else "float64"
     if name == "float32" and max(float(n.max()) for _, n in out) > MAX_NORM2["float32"]:
@@ -148,17 +153,19 @@ def _compiled_extreme_pair(S, *, maximize, tile_size, n_threads) -> KernelRun:
     out_ij = np.empty((n_eff, 2), dtype=np.int64)
     out_nref = np.zeros(n_eff, dtype=np.int64)
     fn = getattr(ext._extreme_pairs, "extreme_pair" + _kernel_suffix(X, Sc))
-    with blas_single_thread(n_eff):
+    with blas_single_thread():
         # The seed's matrix-vector products run under the one-thread limit too: a
         # multi-threaded BLAS call just before the kernel leaves BLAS worker threads
         # spinning, and they steal cores from the OpenMP tiles (15% of samples in perf).
         bound0 = _diameter_seed(Sc, X, nrm) if maximize else math.inf
         fn(X, nrm, tile_rmax, Sc, maximize, cp, eabs, bound0, tile, n_eff, out_r, out_ij, out_nref)
-    best = None
+    best: tuple[float, int, int] | None = None
     for t in range(n_eff):
         i, j = int(out_ij[t, 0]), int(out_ij[t, 1])
         if i < V and better(float(out_r[t]), i, j, best, maximize):
             best = (float(out_r[t]), i, j)
+    if best is None:  # callers pass at least two rows, so some pair was examined
+        raise RuntimeError("internal error: no pair of rows was examined")
     v, i, j = best
     return KernelRun(
         backend=_BACKEND, error_bound=reported_bound(d, dt, float(nrm.max())),
@@ -192,7 +199,7 @@ def farthest(S, *, tile_size=None, n_threads=None) -> KernelRun:
     Bj = np.full((n_eff, V), V, dtype=np.int64)
     nref = np.zeros(n_eff, dtype=np.int64)
     fn = getattr(ext._extreme_pairs, "farthest_partners" + _kernel_suffix(X, Sc))
-    with blas_single_thread(n_eff):
+    with blas_single_thread():
         fn(X, nrm, Sc, cp, eabs, tile, n_eff, L, B, Bj, nref)
     r, j = B[0].copy(), Bj[0].copy()
     for t in range(1, n_eff):
@@ -224,7 +231,7 @@ def _knn_pass(fn, XA, nA, SA, XB, nB, SB, *, symmetric, exclude_self, self_idx, 
     out_idx = np.empty((nA_rows, k), dtype=np.int64)
     out_dist = np.empty((nA_rows, k))
     stats = np.zeros(2, dtype=np.int64)
-    with blas_single_thread(n_eff):
+    with blas_single_thread():
         fn(XA, nA, SA, XB, nB, SB, symmetric, exclude_self, self_idx, defer, k, cp, eabs, tile,
            n_eff, keys, ids, out_idx, out_dist, stats)
     return out_idx, out_dist, stats

@@ -111,13 +111,13 @@ class Progress:
         self._start = time.perf_counter()
         self._last = self._start
         self._thread = threading.get_ident()
-        self._bar = None
-        self._callback = None
+        self._bar: Any = None  # a tqdm bar (untyped dependency) or None
+        self._callback: Callable[[dict], Any] | None = None
         if progress is True:
             self._bar = _tqdm_bar(self._total, desc, unit)
         elif callable(progress):
             self._callback = progress
-            self._report(self._start)
+            self._report(progress, self._start)
 
     @property
     def active(self) -> bool:
@@ -134,9 +134,9 @@ class Progress:
             eta = math.nan
         return {"done": self._done, "total": self._total, "elapsed": elapsed, "eta": eta}
 
-    def _report(self, now: float) -> None:
+    def _report(self, callback: Callable[[dict], Any], now: float) -> None:
         self._last = now
-        self._callback(self.info(now))
+        callback(self.info(now))
 
     def advance(self, n: int = 1) -> None:
         """Record ``n`` finished steps; report if due (callable) or update the bar."""
@@ -146,7 +146,7 @@ class Progress:
         elif self._callback is not None and threading.get_ident() == self._thread:
             now = time.perf_counter()
             if self._done >= self._total or now - self._last >= self._interval:
-                self._report(now)
+                self._report(self._callback, now)
 
     def close(self) -> None:
         """Close the tqdm bar (idempotent)."""
@@ -173,13 +173,38 @@ def _read_int(path: str) -> int | None:
     return int(text) if text.isdigit() else None
 
 
+def _cgroup_room(root: str = "/sys/fs/cgroup") -> int | None:
+    """Bytes left under a cgroup v2 memory limit, or None without a limit.
+
+    ``memory.max - memory.current``, where the usage leaves out the cgroup's inactive
+    file cache (``inactive_file`` in ``memory.stat``): the kernel reclaims those pages
+    before it fails an allocation, and a memory-mapped input that was read once
+    would otherwise count as used.
+    """
+    limit = _read_int(os.path.join(root, "memory.max"))
+    used = _read_int(os.path.join(root, "memory.current"))
+    if limit is None or used is None:
+        return None
+    try:
+        with open(os.path.join(root, "memory.stat")) as f:
+            for line in f:
+                key, _, value = line.partition(" ")
+                if key == "inactive_file" and value.strip().isdigit():
+                    used -= min(int(value), used)
+                    break
+    except OSError:
+        pass
+    return max(limit - used, 0)
+
+
 def available_memory() -> int | None:
     """Bytes this process can still allocate, or None when unknown.
 
     The smaller of the system's available memory (``MemAvailable`` in
     ``/proc/meminfo``, or ``sysconf`` available pages elsewhere) and the room left
-    under a cgroup v2 memory limit (``memory.max - memory.current``), so that a
-    container's limit counts, not the host's memory.
+    under a cgroup v2 memory limit (``memory.max`` minus the usage without the
+    reclaimable inactive file cache), so that a container's limit counts, not the
+    host's memory.
     """
     found = []
     try:
@@ -195,10 +220,9 @@ def available_memory() -> int | None:
             found.append(os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE"))
         except (AttributeError, ValueError, OSError):
             pass
-    limit = _read_int("/sys/fs/cgroup/memory.max")
-    used = _read_int("/sys/fs/cgroup/memory.current")
-    if limit is not None and used is not None:
-        found.append(max(limit - used, 0))
+    room = _cgroup_room()
+    if room is not None:
+        found.append(room)
     return min(found) if found else None
 
 

@@ -43,7 +43,7 @@ def _scan_extreme_pair(S, *, maximize: bool) -> KernelRun:
     V = X.shape[0]
     b = _block_size(V)
     fill = -math.inf if maximize else math.inf
-    best = None
+    best: tuple[float, int, int] | None = None
     for i0 in range(0, V, b):
         i1 = min(i0 + b, V)
         A = xp.expand_dims(X[i0:i1, :], axis=1)
@@ -60,6 +60,8 @@ def _scan_extreme_pair(S, *, maximize: bool) -> KernelRun:
             cand = (float(vals[k]), i0 + k // bj, j0 + k % bj)
             if better(*cand, best, maximize):
                 best = cand
+    if best is None:  # callers pass at least two rows, so some pair was examined
+        raise RuntimeError("internal error: no pair of rows was examined")
     v, i, j = best
     return KernelRun(
         backend=_BACKEND, error_bound=0.0, n_refined=V * (V - 1) // 2, value=math.sqrt(v), i=i, j=j

@@ -143,7 +143,7 @@ def _tiled_extreme_pair(S, *, maximize, tile_size=None) -> KernelRun:
     c, eabs = rounding_bound(d, dt)
     b = _block_rows(V, V, tile_size)
     sign = 1.0 if maximize else -1.0
-    best = None  # (refined squared value, i, j)
+    best: tuple[float, int, int] | None = None  # (refined squared value, i, j)
     n_refined = 0
     for i0 in range(0, V, b):
         i1 = min(i0 + b, V)
@@ -171,6 +171,8 @@ def _tiled_extreme_pair(S, *, maximize, tile_size=None) -> KernelRun:
             cand_best = (float(vals[k]), i0 + int(r[k]), j0 + int(q[k]))
             if better(*cand_best, best, maximize):
                 best = cand_best
+    if best is None:  # callers pass at least two rows, so some pair was examined
+        raise RuntimeError("internal error: no pair of rows was examined")
     v, i, j = best
     return KernelRun(
         backend=_BACKEND, error_bound=reported_bound(d, dt, float(xp.max(nrm))), n_refined=n_refined,

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import math
 import numbers
-from typing import Any
+from typing import Any, Literal, TypeVar, overload
 
 import numpy as np
 from array_api_compat import array_namespace, is_array_api_obj, is_numpy_array
@@ -39,6 +39,10 @@ __all__ = [
 # Elements per block of the finiteness check of a large NumPy array: the temporaries stay
 # at about 1 MiB whatever the input (a memory-mapped matrix is then read once, in blocks).
 _FINITE_BLOCK = 1 << 20
+
+# The type of the choices of ``check_choice``: a tuple of ``Literal`` strings gives back
+# that ``Literal`` type, so a checked argument keeps its annotated type.
+_Choice = TypeVar("_Choice", bound=str)
 
 
 def _describe_dtype(x) -> str:
@@ -152,6 +156,30 @@ def check_axis(axis: Any, ndim: int, name: str = "axis") -> int:
     return axis % ndim
 
 
+# Overloads: without ``allow_none=True`` the result is always an ``int``, so callers need
+# no ``None`` narrowing after the check.
+@overload
+def check_int(
+    value: Any,
+    name: str,
+    *,
+    min_value: int | None = ...,
+    max_value: int | None = ...,
+    allow_none: Literal[False] = ...,
+) -> int: ...
+
+
+@overload
+def check_int(
+    value: Any,
+    name: str,
+    *,
+    min_value: int | None = ...,
+    max_value: int | None = ...,
+    allow_none: bool,
+) -> int | None: ...
+
+
 def check_int(
     value: Any,
     name: str,
@@ -193,7 +221,13 @@ def check_real(
     (``> min_value`` with ``strict``)."""
     if isinstance(value, bool) or not isinstance(value, numbers.Real):
         raise TypeError(f"{name} must be a real number, got {type(value).__name__} ({value!r}) instead.")
-    value = float(value)
+    try:
+        value = float(value)
+    except OverflowError:  # a Python int or Fraction beyond the float64 range
+        text = repr(value)
+        raise ValueError(
+            f"{name} must be a finite number, got {text[:20] + '...' if len(text) > 24 else text} instead."
+        ) from None
     if math.isnan(value) or (math.isinf(value) and not allow_inf):
         raise ValueError(f"{name} must be a finite number, got {value} instead.")
     if min_value is not None:
@@ -212,7 +246,7 @@ def check_open_unit_interval(value: Any, name: str) -> float:
     return value
 
 
-def check_choice(value: Any, name: str, choices: tuple[str, ...]) -> str:
+def check_choice(value: Any, name: str, choices: tuple[_Choice, ...]) -> _Choice:
     """Check that ``value`` is one of the string ``choices``."""
     if not isinstance(value, str):
         raise TypeError(f"{name} must be a string, one of {choices}, got {type(value).__name__} instead.")

@@ -188,6 +188,8 @@ def _best_hadamard(V: int, d: int, k: int | None) -> tuple[float, int]:
     kk, since = 1, 0
     while math.comb(d + kk + 1, kk) < V and since < _HADAMARD_PATIENCE and kk <= _HADAMARD_MAX_K:
         u = _hadamard_terms(V, d, kk)
+        if u is None:  # not reached: the loop condition is the power's r < V
+            break
         rho = _rho_from_u(u)
         if rho < best:
             best, best_k, since = rho, kk, 0

@@ -372,9 +372,11 @@ def _cmd_tokenwise(args: argparse.Namespace) -> int:
     X, wx = _load_matrix(args.x, label="X")
     Y, wy = _load_matrix(args.y, label="Y")
     check_same_shape(X, Y, ("X", "Y"))
-    if args.k >= X.shape[0]:
-        raise CLIError(f"--k must be smaller than the number of tokens N = {X.shape[0]}, got {args.k} instead")
-    kwargs: dict[str, Any] = {"k": args.k, "cls": args.cls}
+    kwargs: dict[str, Any] = {"cls": args.cls}
+    if args.cls != "mlp":  # the MLP is one global map: no neighbors, --k does not apply
+        if args.k >= X.shape[0]:
+            raise CLIError(f"--k must be smaller than the number of tokens N = {X.shape[0]}, got {args.k} instead")
+        kwargs["k"] = args.k
     if args.rank is not None:
         kwargs["rank"] = args.rank
     if args.ridge is not None:
@@ -491,7 +493,8 @@ def _build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("x", metavar="X.npy", help="hidden states before the layer, shape (N, d)")
     p.add_argument("y", metavar="Y.npy", help="hidden states after the layer, shape (N, d)")
-    p.add_argument("--k", type=_int_type("--k", 1), default=16, help="neighbors per token (default: %(default)s)")
+    p.add_argument("--k", type=_int_type("--k", 1), default=16,
+                   help="neighbors per token, unused by --cls mlp (default: %(default)s)")
     p.add_argument("--cls", default="diagonal", metavar="CLASS",
                    help="class of local maps: diagonal, psd_diagonal, low_rank, orthogonal, scaled_orthogonal, "
                    "full or mlp (default: %(default)s)")

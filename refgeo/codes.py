@@ -839,9 +839,12 @@ def _nearest_points(lat: _Lattice, V: int, c: np.ndarray) -> np.ndarray | None:
     unit_ball = math.pi ** (n / 2.0) / math.gamma(n / 2.0 + 1.0)
     # radius of a ball holding about 1.2 V points, plus the covering slack
     R = (1.2 * V * lat.covolume / unit_ball) ** (1.0 / n) + 0.5 * math.sqrt(lat.min_norm)
+    ball = lat.ball
+    if ball is None:  # callers only ask lattices that enumerate balls
+        raise RuntimeError(f"internal error: lattice {lat.name} has no ball enumeration")
     while True:
         try:
-            P = lat.ball(c, R * R)
+            P = ball(c, R * R)
         except _TooManyPoints:
             return None
         if P.shape[0] >= V:
@@ -866,9 +869,9 @@ def _ball_diameter(X: np.ndarray, c: np.ndarray) -> float:
     return row_diameter(X[keep]).value
 
 
-def _best_ball(lat: _Lattice, V: int) -> tuple[np.ndarray, float, str] | None:
+def _best_ball(lat: _Lattice, V: int) -> tuple[np.ndarray, float, int] | None:
     """The V points nearest to the best of the lattice's centers, with their ratio."""
-    best = None
+    best: tuple[np.ndarray, float, int] | None = None
     for k, c in enumerate(lat.centers()):
         X = _nearest_points(lat, V, c)
         if X is None:
@@ -917,7 +920,7 @@ def _shell_greedy(P: np.ndarray, V: int, r2: float, tag: str) -> list[tuple[str,
         conflict = L < lv
         alive = np.ones(P.shape[0], dtype=bool)
         deg = conflict.sum(axis=1).astype(np.int64)
-        chosen = []
+        chosen: list[int] = []
         while len(chosen) < V and alive.any():
             i = int(np.flatnonzero(alive)[np.argmin(deg[alive])])
             chosen.append(i)
@@ -976,13 +979,13 @@ def _lattice_candidates(V: int, d: int) -> list[_Candidate]:
             b = _best_ball(lat, V)
             if b is not None:
                 X, rho, k = b
-                out.append(_Candidate(f"lattice({name}{pad})", rho, lambda X=X, f=padded: f(X),
+                out.append(_Candidate(f"lattice({name}{pad})", rho, functools.partial(padded, X),
                                       on_sphere=False, iterate=False))
         if name not in ("Z", "A2") and n >= 5:
             M = lat.minimal()
             if V <= M.shape[0] + 1:
                 for label, X, rho in _shell_subsets(M, V):
-                    out.append(_Candidate(f"shell({name}{pad},{label})", rho, lambda X=X, f=padded: f(X),
+                    out.append(_Candidate(f"shell({name}{pad},{label})", rho, functools.partial(padded, X),
                                           on_sphere="+0" not in label, iterate=False))
     return out
 
@@ -1014,6 +1017,10 @@ def _build_simplex_blocks(V: int, d: int) -> np.ndarray:
     return X
 
 
+def _embedded_dg(q: int, V: int, d: int) -> np.ndarray:
+    return embed(delsarte_goethals_code(q, V), d=d)
+
+
 def _candidates(V: int, d: int) -> list[_Candidate]:
     """Constructions usable for (V, d), each with its closed-form ratio (the lattice
     balls of small d with a computed one)."""
@@ -1043,16 +1050,16 @@ def _candidates(V: int, d: int) -> list[_Candidate]:
             if n_copies * q <= d:
                 rho = math.sqrt((sq - 1.0) / (sq + 1.0))
                 out.append(_Candidate(f"kerdock({q})x{n_copies}", rho,
-                                      lambda q=q: _kerdock_tagged(q, V, d, False), math.sqrt(2.0 + 2.0 / sq)))
+                                      functools.partial(_kerdock_tagged, q, V, d, False), math.sqrt(2.0 + 2.0 / sq)))
             if n_copies * q + n_bases <= d:
                 rho = math.sqrt(sq / (sq + 2.0))
                 dyadic = int(round(math.log(q, 4))) % 2 == 0  # q^(1/4) a power of 2
                 out.append(_Candidate(f"kerdock({q})x{n_copies}+tags", rho,
-                                      lambda q=q: _kerdock_tagged(q, V, d, True),
+                                      functools.partial(_kerdock_tagged, q, V, d, True),
                                       math.sqrt(2.0 + 4.0 / sq) if dyadic else None))
             if q >= 16 and V > q * (q // 2 + 1) and V <= q + q**3 // 4:
                 rho = math.sqrt((sq - 2.0) / (sq + 2.0))
                 out.append(_Candidate(f"delsarte_goethals({q})", rho,
-                                      lambda q=q: embed(delsarte_goethals_code(q, V), d=d), math.sqrt(2.0 + 4.0 / sq)))
+                                      functools.partial(_embedded_dg, q, V, d), math.sqrt(2.0 + 4.0 / sq)))
         q *= 4
     return out

@@ -61,7 +61,7 @@ __all__ = [
     "variation",
 ]
 
-_KINDS = ("logits", "probabilities")
+_KINDS: tuple[Literal["logits", "probabilities"], ...] = ("logits", "probabilities")
 
 # Elements per block of partner rows in the reference pdist/cdist: bounds its memory
 # to a few tens of MB whatever the number of rows.

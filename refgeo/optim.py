@@ -1,4 +1,4 @@
-r"""Framework-free optimizers for the LM-head weight on NumPy arrays (SPEC §3).
+r"""Framework-free optimizers for the LM-head weight on NumPy arrays (see :doc:`/theory/lmo`).
 
 Each optimizer keeps its state in plain NumPy arrays, updates ``param`` in place in
 ``step(param, grad)``, and round-trips through ``state_dict()`` /
@@ -67,7 +67,7 @@ def _check_buffer(buf):
 
 
 class RowNorm:
-    r"""RowNorm optimizer for the LM head (SPEC §3), as trained in the source.
+    r"""RowNorm optimizer for the LM head (see :doc:`/theory/lmo`), as trained in the source.
 
     Parameters
     ----------
@@ -80,13 +80,13 @@ class RowNorm:
     bias_correction : bool, default=True
         Divide the average by :math:`1 - \mu^t`.
     project : bool, default=False
-        Apply the outer centring P to the step (changes no probability: it shifts all
+        Apply the outer centering P to the step (changes no probability: it shifts all
         rows by one vector).
     weight_decay : float, default=0.0
         Decoupled weight decay :math:`\lambda \ge 0`: ``param *= 1 - lr * weight_decay``
         before the step is added.
     center : bool, default=True
-        Centre each incoming gradient (:math:`PG`).  A no-op for cross-entropy
+        Center each incoming gradient (:math:`PG`).  A no-op for cross-entropy
         gradients (:math:`\mathbf{1}^\top G = 0`); it makes the step invariant under
         a common row shift of the gradients.
 
@@ -199,7 +199,8 @@ class RowNorm:
 
     def load_state_dict(self, state: dict) -> None:
         """Restore a ``state_dict()``."""
-        self.__init__(
+        RowNorm.__init__(
+            self,
             lr=state["lr"],
             mu=state["mu"],
             eps=state["eps"],
@@ -234,12 +235,13 @@ class DiameterLMO:
     .. math:: S_t = \arg\min \{ \langle M_t, S \rangle : D(S) \le \eta,\
               \mathbf{1}^\top S = 0 \}
 
-    computed by :func:`refgeo.diameter_lmo` warm-started from the previous solve, so
+    computed by :func:`refgeo.diameter_lmo` (given the previous solve as a warm start,
+    which its ADMM uses), so
     :math:`D(S_t) \le \eta` is certified and the decrease
     :math:`-\langle M_t, S_t \rangle` is within ``rtol`` of the optimum
     :math:`\eta T(M_t)`, which is at least RowNorm's and at most :math:`\sqrt{2k/(k+1)}`
     times it (k = rank of :math:`M_t`).
-    Gradients are centred before use (a no-op for cross-entropy gradients; rows that
+    Gradients are centered before use (a no-op for cross-entropy gradients; rows that
     do not sum to about zero raise ``ValueError``).  Time per step: one LMO solve
     (see :func:`refgeo.diameter_lmo`).
 
@@ -336,7 +338,8 @@ class DiameterLMO:
 
     def load_state_dict(self, state: dict) -> None:
         """Restore a ``state_dict()``."""
-        self.__init__(
+        DiameterLMO.__init__(
+            self,
             lr=state["lr"],
             momentum=state["momentum"],
             rtol=state["rtol"],

@@ -321,6 +321,13 @@ def _pair_run(info, S, tile_size, n_threads) -> tuple[_backend.KernelRun, int]:
     return run, e
 
 
+def _pair_of(run: _backend.KernelRun) -> tuple[float, int, int]:
+    """``(value, i, j)`` of an extreme-pair kernel run (every such kernel fills them)."""
+    if run.value is None or run.i is None or run.j is None:
+        raise RuntimeError(f"internal error: the {run.backend} extreme-pair kernel returned no pair")
+    return run.value, run.i, run.j
+
+
 def _too_large(what: str, scaled: float, e: int) -> ValueError:
     return ValueError(
         f"{what} is {scaled!r} * 2**{e}, beyond the float64 range (largest finite "
@@ -351,13 +358,14 @@ def _array_out(a, origin):
 def _extreme_pair_result(info, S, tile_size, n_threads, what) -> ExtremePair:
     S, origin = _engine_rows(S)
     run, e = _pair_run(info, S, _tile_option(tile_size), _threads_option(n_threads))
-    value = unscale(run.value, e)
+    scaled, i, j = _pair_of(run)
+    value = unscale(scaled, e)
     if not math.isfinite(value):
-        raise _too_large(what, run.value, e)
+        raise _too_large(what, scaled, e)
     return ExtremePair(
         value=float(value),
-        i=int(run.i),
-        j=int(run.j),
+        i=int(i),
+        j=int(j),
         error_bound=float(run.error_bound),
         backend=run.backend,
         dtype=dtype_name(S),
@@ -552,13 +560,13 @@ def distance_ratio(S: Any, /, *, tile_size: int | None = None, n_threads: int | 
     n_threads = _threads_option(n_threads)
     # both on the same prescaled rows: the ratio needs no scaling back, so it is
     # finite even where D(S) itself exceeds the float64 range
-    D, _ = _pair_run(_DIAMETER, S, tile_size, n_threads)
-    if D.value == 0.0:
+    D = _pair_of(_pair_run(_DIAMETER, S, tile_size, n_threads)[0])[0]
+    if D == 0.0:
         raise ValueError(
             "S must have at least two distinct rows for the distance ratio, got all rows equal instead."
         )
-    m, _ = _pair_run(_CLOSEST, S, tile_size, n_threads)
-    return m.value / D.value
+    m = _pair_of(_pair_run(_CLOSEST, S, tile_size, n_threads)[0])[0]
+    return m / D
 
 
 def farthest_partners(

@@ -754,6 +754,8 @@ def spread(
         # Exact construction: every pairwise distance is known in closed form (the
         # inner-product spectrum, verified in the tests); scaling by eta/D rounds each
         # entry once, which moves every distance by at most a few ulps (relative).
+        if best_c is None or best_c.diameter is None:  # "algebraic" is chosen only with both
+            raise RuntimeError("internal error: algebraic certificate without a closed-form diameter")
         X = X * (eta / best_c.diameter)
         diameter, min_dist = eta, best_c.rho * eta
         pm, pd = (-1, -1), (-1, -1)
@@ -803,8 +805,8 @@ def spread(
         certified=certificate != "none",
         certificate=certificate,
         error_bound=float(err),
-        min_pair=tuple(int(v) for v in pm),
-        diameter_pair=tuple(int(v) for v in pd),
+        min_pair=(int(pm[0]), int(pm[1])),
+        diameter_pair=(int(pd[0]), int(pd[1])),
         bound=bound,
         method=method,
         init=init_name,

@@ -145,6 +145,8 @@ def degrees_of_freedom(cls: str, d: int, rank: int | None = None) -> int:
     if cls in ("diagonal", "psd_diagonal"):
         return d
     if cls == "low_rank":
+        if rank is None:
+            raise TypeError("rank must be an integer for cls='low_rank', got None instead.")
         return rank * (2 * d - rank)
     if cls == "orthogonal":
         return d * (d - 1) // 2
@@ -521,6 +523,12 @@ def _given_neighbors(n, k, neighbors):
         dist = np.array(to_host(dist), dtype=np.float64)  # a copy: results never alias inputs
         if dist.shape != idx.shape:
             dist = None
+        elif not (np.all(np.isfinite(dist)) and np.all(dist >= 0)):
+            bad = int(np.sum(~np.isfinite(dist) | (dist < 0)))
+            raise ValueError(
+                f"neighbors.distances must be finite and non-negative, got {bad} NaN, infinite or "
+                f"negative entries instead."
+            )
     return np.array(idx, dtype=np.int64), dist
 
 
@@ -691,10 +699,51 @@ def _rows(A, ex, s, t):
     return A[s:t] if ex == 0 else np.ldexp(A[s:t], -ex)
 
 
+def _max_abs(a) -> float:
+    """``max |a|`` without an ``|a|`` temporary (0 for an empty array)."""
+    return max(float(a.max()), -float(a.min())) if a.size else 0.0
+
+
+def _fits_after_scaling(m, e) -> bool:
+    """Whether ``m * 2**e`` (``m`` a scaled magnitude) is a finite float64."""
+    return m == 0 or math.frexp(m)[1] + e <= 1024
+
+
+def _check_update_range(X64, Y64, ex, e):
+    """``ValueError`` unless ``Y - X`` is representable (the panels are scaled by ``2**-e``).
+
+    The scaled entries are below 1, so ``|y - x| < 2**(e + 1)``: only ``e == 1024``
+    (entries of at least 2**1023, about 9e307) can overflow, and only then are the
+    differences taken, a block of rows at a time.
+    """
+    if e < 1024:
+        return
+    m = 0.0
+    for s in range(0, X64.shape[0], _ROWS):
+        t = min(X64.shape[0], s + _ROWS)
+        m = max(m, _max_abs(_rows(Y64, ex, s, t) - _rows(X64, ex, s, t)))
+    if not _fits_after_scaling(m, e):
+        raise ValueError(
+            f"Y - X must lie in the float64 range, got |y - x| up to about 2**{math.frexp(m)[1] + e - 1:.0f} "
+            f"instead (entries near the float64 maximum with opposite signs); scale X and Y down by the "
+            f"same power of two: the decomposition scales exactly."
+        )
+
+
+def _range_error(what, m, e):
+    return ValueError(
+        f"X and Y must be smaller for the result to be a float64 number, got {what} of about "
+        f"2**{math.frexp(m)[1] + e - 1:.0f} instead; scale X and Y down by the same power of two (fitted "
+        f"values, delta, tau, rho and the singular values scale exactly, every other metric is unchanged)."
+    )
+
+
 def _scaled_ridge(ridge, e):
     """The ridge of the scaled problem, ``ridge * 4**-e`` (capped, see above)."""
-    if ridge == 0 or e == 0:
+    if ridge == 0:
         return ridge
+    # the cap applies without scaling too (e == 0): a ridge near the float64 maximum
+    # overflows lam * d in the closed forms
     if math.frexp(ridge)[1] - 2 * e > 600:
         return _MAX_SCALED_RIDGE
     return math.ldexp(ridge, -2 * e)
@@ -773,7 +822,7 @@ def _check_fit_memory(what, parts, plan):
         f"Pass a smaller chunk_size (now {plan.chunk}; the panels grow as chunk_size * k * max(d, k)) "
         f"or a smaller k (now {plan.k})"
         + (", leave return_maps=False" if plan.return_maps else "")
-        + ", or split the tokens over several calls (a Dask cluster holds panels larger than memory)."
+        + ", or pass fewer tokens per call."
     )
     _progress.check_memory(what, parts, advice)
 
@@ -909,7 +958,8 @@ def fit_local_maps(
     Raises
     ------
     ValueError
-        Mismatched shapes, non-finite states, ``k`` out of range, ``rank > d``.
+        Mismatched shapes, non-finite states, ``k`` out of range, ``rank > d``, or
+        fitted values beyond the float64 range (about 1.8e308).
     MemoryError
         Before any work, when the outputs and working memory (from N, d, k, the
         class, ``chunk_size`` and ``return_maps``) exceed the available memory; the
@@ -960,7 +1010,8 @@ def fit_local_maps(
     ``fit(2^m X, 2^m Y, ridge=4^m lam)`` is ``2^m fit(X, Y, ridge=lam)`` bit for bit.
     What scaling cannot help: entries more than about 2^1000 below the largest one
     lose their low bits (they are negligible against it), and a ridge above ``2^600``
-    times the squared largest entry acts as an infinite one.  Invariances: a global
+    times the squared largest entry acts as an infinite one; results beyond the float64
+    maximum (about 1.8e308) raise a ``ValueError``.  Invariances: a global
     rotation of X and Y (not for the diagonal classes), a common scaling of X and Y
     (every class without ridge), token permutations (when no neighbor distances
     tie: :func:`knn` breaks ties by the smaller index, so a permutation can change
@@ -993,6 +1044,8 @@ def fit_local_maps(
         fitted, coef, maps, idx, dist, w, wkind = _run_fit(plan, X, X64, Y64, ex, e, bar, stacklevel=3)
     del X64, Y64
     if e:
+        if e > 0 and not _fits_after_scaling(_max_abs(fitted), e):
+            raise _range_error("|A_i x_i|", _max_abs(fitted), e)
         np.ldexp(fitted, e, out=fitted)  # the maps and coefficients are scale-free
     return fields_to_caller(LocalFit(
         fitted=_ro(fitted),
@@ -1079,15 +1132,15 @@ def fit_tokenwise_mlp(
     """
     X, Y, _ = _foreign_panels(X, Y)
     progress = _progress.check_progress(progress)
-    epochs = check_int(epochs, "epochs", min_value=1)
-    with _progress.Progress(progress, epochs, desc="fit_tokenwise_mlp", unit="epoch") as bar:
-        return _fit_mlp(X, Y, hidden, activation, train_fraction, epochs, learning_rate, batch_size,
-                        weight_decay, seed, tick=bar.advance)
+    opts = _check_mlp_options(X.shape[0], hidden, activation, train_fraction, epochs, learning_rate,
+                              batch_size, weight_decay, seed)
+    with _progress.Progress(progress, opts[3], desc="fit_tokenwise_mlp", unit="epoch") as bar:
+        return _fit_mlp(X, Y, *opts, tick=bar.advance)
 
 
-def _fit_mlp(X, Y, hidden, activation, train_fraction, epochs, learning_rate, batch_size, weight_decay, seed,
-             tick=None):
-    n, d = X.shape
+def _check_mlp_options(n, hidden, activation, train_fraction, epochs, learning_rate, batch_size, weight_decay,
+                       seed):
+    """The validated MLP options, in the order of :func:`_fit_mlp` (before any report or work)."""
     hidden = check_int(hidden, "hidden", min_value=1)
     check_choice(activation, "activation", _ACTIVATIONS)
     tf = check_real(train_fraction, "train_fraction", min_value=0.0, strict=True)
@@ -1102,6 +1155,16 @@ def _fit_mlp(X, Y, hidden, activation, train_fraction, epochs, learning_rate, ba
             f"train_fraction must leave at least one training and one held-out token, got "
             f"{tf} of N = {n} tokens ({n_train} for training) instead."
         )
+    return hidden, activation, tf, epochs, lr, batch_size, wd, seed
+
+
+def _fit_mlp(X, Y, hidden, activation, train_fraction, epochs, learning_rate, batch_size, weight_decay, seed,
+             tick=None):
+    n, d = X.shape
+    hidden, activation, tf, epochs, lr, batch_size, wd, seed = _check_mlp_options(
+        n, hidden, activation, train_fraction, epochs, learning_rate, batch_size, weight_decay, seed
+    )
+    n_train = int(round(tf * n))
     rng = np.random.default_rng(seed)
     perm = rng.permutation(n)
     tr, te = np.sort(perm[:n_train]), np.sort(perm[n_train:])
@@ -1110,6 +1173,7 @@ def _fit_mlp(X, Y, hidden, activation, train_fraction, epochs, learning_rate, ba
     X, Y = np.asarray(X), np.asarray(Y)
     e = _scale_exponent(X, Y)
     X64, Y64 = _scaled64(X, e), _scaled64(Y, e)
+    _check_update_range(X64, Y64, 0, e)
     D = Y64 - X64
     mu = X64[tr].mean(axis=0)
     sx = float(np.sqrt(np.mean((X64[tr] - mu) ** 2))) or 1.0
@@ -1117,6 +1181,8 @@ def _fit_mlp(X, Y, hidden, activation, train_fraction, epochs, learning_rate, ba
     Xs = (X64 - mu) / sx
     T = D / sd
     del X64, Y64, D
+    if not (_fits_after_scaling(sx, e) and _fits_after_scaling(sd, e)):
+        raise _range_error("the RMS spread of the training tokens", max(sx, sd), e)
     mu, sx, sd = np.ldexp(mu, e), math.ldexp(sx, e), math.ldexp(sd, e)
     params, h_tr, h_te = _fit.train_mlp(
         Xs[tr], T[tr], hidden, activation, epochs, lr, batch_size, wd, rng, Xs[te], T[te], tick
@@ -1305,7 +1371,10 @@ def decompose(
     ------
     ValueError, MemoryError, KeyboardInterrupt
         As in :func:`fit_local_maps`; the memory estimate adds the (N, d) outputs
-        and temporaries of the metrics.
+        and temporaries of the metrics.  A ``ValueError`` also when ``Y - X`` (checked
+        before any work), tau, rho or the singular values leave the float64 range
+        (entries near 1e308): scaling X and Y down by a power of two gives the same
+        decomposition, exactly scaled.
 
     Notes
     -----
@@ -1371,8 +1440,8 @@ def decompose(
         if bad:
             raise TypeError(f"mlp_options must hold keywords of fit_tokenwise_mlp, got unknown {bad} instead.")
         opts = {**_MLP_DEFAULTS, **opts}
-        epochs = check_int(opts["epochs"], "epochs", min_value=1)
-        hidden = check_int(opts["hidden"], "hidden", min_value=1)
+        checked = _check_mlp_options(n, **opts)
+        hidden, epochs = checked[0], checked[3]
         parts = {"fitted values (N, d)": f * n * d, "the MLP's (N, hidden) activations": 4 * f * n * hidden,
                  f"{_n_copies(X, Y) + 4} (N, d) standardized copies": (_n_copies(X, Y) + 4) * f * n * d, **extra}
         _progress.check_memory(what, parts, "Pass fewer tokens per call, or a smaller hidden width in mlp_options.")
@@ -1388,10 +1457,17 @@ def decompose(
     # metrics are scale-free, and delta, tau, rho and the singular values are scaled
     # back at the end.
     X64, Y64, ex = _panels64(X, Y, e)
+    _check_update_range(X64, Y64, ex, e)
     with _progress.Progress(progress, n_steps, desc="decompose", unit="step") as bar:
         if cls == "mlp":
             mfit = _fit_mlp(X, Y, **opts, tick=bar.advance)  # scales its panels itself
-            fitted = mfit.predict(X)
+            with np.errstate(over="ignore"):
+                fitted = mfit.predict(X)
+            if not np.all(np.isfinite(fitted)):
+                raise ValueError(
+                    "X and Y must be smaller for the result to be a float64 number, got MLP predictions "
+                    "T(x_i) beyond the float64 range instead; scale X and Y down by the same power of two."
+                )
             if e:
                 np.ldexp(fitted, -e, out=fitted)
             eval_mask = np.zeros(n, dtype=bool)
@@ -1423,7 +1499,17 @@ def decompose(
         fields.pop("_dn2", None)
         if baselines:
             bar.advance()
+    # no entry is larger than its row's norm: the entries are looked at only when some
+    # row norm would leave the range (O(N) in the common case)
+    entries_may_overflow = e > 0 and not _fits_after_scaling(math.sqrt(fields.pop("_max_norm2")), e)
+    fields.pop("_max_norm2", None)
     if e:
+        for name in ("delta", "tau", "rho", "subspace_singular_values"):
+            if name != "subspace_singular_values" and not entries_may_overflow:
+                continue
+            if e > 0 and not _fits_after_scaling(_max_abs(fields[name]), e):
+                raise _range_error(f"|{name}|" if name != "subspace_singular_values" else
+                                   "the largest singular value of [tau_1 ... tau_N]", _max_abs(fields[name]), e)
         for name in ("delta", "tau", "rho", "subspace_singular_values"):
             np.ldexp(fields[name], e, out=fields[name])
     config.update(subspace_rank=subspace_rank, center_subspace=center_subspace, baselines=baselines, layer=layer)
@@ -1499,6 +1585,8 @@ def _metrics(X, Y, ex, fitted, eval_mask, subspace_rank, center_subspace):
         "projections": TokenwiseParts(delta=ro(p_d), tau=ro(p_t), rho=ro(p_r)),
         "subspace_energies": TokenwiseParts(delta=e_d, tau=e_t, rho=e_r),
         "_dn2": dn2,
+        # the largest squared row norm of delta, tau, rho (scaled): bounds every entry
+        "_max_norm2": float(max(dn2.max(), tn2.max(), rn2.max())),
     }
 
 

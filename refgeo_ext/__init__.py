@@ -6,27 +6,45 @@ preallocated outputs and never check arguments themselves.
 
 Dataflow of the tiled kernels::
 
-    row tiles (OpenMP, one thread per tile)
-      -> column chunks / BLAS GEMM of the tile pair (cross term)
-      -> fused epilogue (max, min, top-k, farthest partner) + candidate buffer
-      -> float64 refinement of candidates by direct differences
-      -> merge in tile order (deterministic) -> result
+    center (_common): X = S - mean in the filter dtype, float64 norms n_i
+      -> tile driver (_driver): tile pairs (I, J) on OpenMP threads, per-thread
+         buffers, Ctrl-C and progress polled by the calling thread between tiles
+      -> tile epilogue of the kernel (one hook per kernel):
+           GEMM G = X_I X_J^T (_blas)
+           -> fused epilogue (max, min, top-k, farthest partner) + candidate buffer
+           -> float64 refinement of candidates by direct differences (src/refine.h)
+         or, for Hilbert distances, the tropical max-minus-min fold (src/tropical.h)
+      -> merge per-thread results in tile order with the tie rule -> result
+
+Why tiles: a tile pair's cross-term block (256 x 256 by default) stays in the core's
+L2 cache while the epilogue reads it, so the candidates are filtered at GEMM speed and
+only the few pairs that may reach the extreme are refined.
 
 Modules:
 
-``_tropical``
-    pairwise max-minus-min of logit differences (Hilbert pdist/cdist).
+``_common``
+    ``center64/center32/center32s64``, ``has_openmp``, ``openmp_max_threads`` and the
+    fork detection (a forked child runs every kernel serially, warning once).
+``_driver`` (+ ``_driver.pxd``)
+    ``TileDriver``, the one parallel tile driver; kernels subclass it and override
+    the hooks ``init_thread``, ``process_tile`` and ``finalize_thread``.
 ``_extreme_pairs``
     certified row diameter, closest pair and farthest partners (GEMM tiles).
 ``_knn``
-    certified exact k nearest neighbours (GEMM tiles, per-row heaps).
+    certified exact k nearest neighbors (GEMM tiles, per-row heaps).
+``_tropical``
+    pairwise max-minus-min of logit differences (Hilbert pdist/cdist).
 ``_blas`` (``.pxd`` only)
     dgemm/sgemm from ``scipy.linalg.cython_blas``, row-major convention.
+
+Every tiled kernel takes an optional ``progress`` callable, ``progress(done, total)``
+(see ``_driver.pyi``), and raises ``KeyboardInterrupt`` promptly on Ctrl-C.
 """
 
-from . import _extreme_pairs, _knn, _tropical
+from . import _common, _driver, _extreme_pairs, _knn, _tropical
 
-__all__ = ["_extreme_pairs", "_knn", "_tropical", "has_openmp", "openmp_max_threads"]
+__all__ = ["_common", "_driver", "_extreme_pairs", "_knn", "_tropical", "has_openmp",
+           "openmp_max_threads"]
 
-has_openmp = _tropical.has_openmp
-openmp_max_threads = _tropical.openmp_max_threads
+has_openmp = _common.has_openmp
+openmp_max_threads = _common.openmp_max_threads

@@ -16,7 +16,7 @@ is cast away; BLAS never writes A or B.
 from scipy.linalg.cython_blas cimport dgemm, sgemm
 
 
-cdef inline void gemm_nt64(const double *A, const double *B, int m, int n, int k,
+cdef inline void gemm_nt_f64(const double *A, const double *B, int m, int n, int k,
                            double *C) noexcept nogil:
     """C[i * n + j] = sum_l A[i * k + l] * B[j * k + l]  (row-major C = A B^T)."""
     cdef char ta = b'T'
@@ -28,9 +28,9 @@ cdef inline void gemm_nt64(const double *A, const double *B, int m, int n, int k
     dgemm(&ta, &tb, &n, &m, &k, &one, <double *> B, &ld, <double *> A, &ld, &zero, C, &ldc)
 
 
-cdef inline void gemm_nt32(const float *A, const float *B, int m, int n, int k,
+cdef inline void gemm_nt_f32(const float *A, const float *B, int m, int n, int k,
                            float *C) noexcept nogil:
-    """float32 version of :func:`gemm_nt64` (sgemm)."""
+    """float32 version of :func:`gemm_nt_f64` (sgemm)."""
     cdef char ta = b'T'
     cdef char tb = b'N'
     cdef float one = 1.0

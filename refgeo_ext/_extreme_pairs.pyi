@@ -1,36 +1,38 @@
 import numpy as np
 import numpy.typing as npt
 
-def center64(S: npt.NDArray[np.float64], mu: npt.NDArray[np.float64],
-             X: npt.NDArray[np.float64], nrm: npt.NDArray[np.float64], n_threads: int) -> None: ...
-def center32(S: npt.NDArray[np.float32], mu: npt.NDArray[np.float64],
-             X: npt.NDArray[np.float32], nrm: npt.NDArray[np.float64], n_threads: int) -> None: ...
+from ._driver import ProgressHook
+
 def extreme_pair64(X: npt.NDArray[np.float64], nrm: npt.NDArray[np.float64],
                    tile_rmax: npt.NDArray[np.float64], S: npt.NDArray[np.float64],
                    maximise: bool, cp: float, eabs: float, bound0: float, tile: int,
                    n_threads: int, out_r: npt.NDArray[np.float64],
-                   out_ij: npt.NDArray[np.int64], out_nref: npt.NDArray[np.int64]) -> None: ...
+                   out_ij: npt.NDArray[np.int64], out_nref: npt.NDArray[np.int64],
+                   progress: ProgressHook = None) -> None: ...
 def extreme_pair32(X: npt.NDArray[np.float32], nrm: npt.NDArray[np.float64],
                    tile_rmax: npt.NDArray[np.float64], S: npt.NDArray[np.float32],
                    maximise: bool, cp: float, eabs: float, bound0: float, tile: int,
                    n_threads: int, out_r: npt.NDArray[np.float64],
-                   out_ij: npt.NDArray[np.int64], out_nref: npt.NDArray[np.int64]) -> None: ...
+                   out_ij: npt.NDArray[np.int64], out_nref: npt.NDArray[np.int64],
+                   progress: ProgressHook = None) -> None: ...
 def farthest_partners64(X: npt.NDArray[np.float64], nrm: npt.NDArray[np.float64],
                         S: npt.NDArray[np.float64], cp: float, eabs: float, tile: int,
                         n_threads: int, L: npt.NDArray[np.float64], B: npt.NDArray[np.float64],
-                        Bj: npt.NDArray[np.int64], out_nref: npt.NDArray[np.int64]) -> None: ...
+                        Bj: npt.NDArray[np.int64], out_nref: npt.NDArray[np.int64],
+                        progress: ProgressHook = None) -> None: ...
 def farthest_partners32(X: npt.NDArray[np.float32], nrm: npt.NDArray[np.float64],
                         S: npt.NDArray[np.float32], cp: float, eabs: float, tile: int,
                         n_threads: int, L: npt.NDArray[np.float64], B: npt.NDArray[np.float64],
-                        Bj: npt.NDArray[np.int64], out_nref: npt.NDArray[np.int64]) -> None: ...
-def center32s64(S: npt.NDArray[np.float64], mu: npt.NDArray[np.float64],
-                X: npt.NDArray[np.float32], nrm: npt.NDArray[np.float64], n_threads: int) -> None: ...
+                        Bj: npt.NDArray[np.int64], out_nref: npt.NDArray[np.int64],
+                        progress: ProgressHook = None) -> None: ...
 def extreme_pair32s64(X: npt.NDArray[np.float32], nrm: npt.NDArray[np.float64],
                       tile_rmax: npt.NDArray[np.float64], S: npt.NDArray[np.float64],
                       maximise: bool, cp: float, eabs: float, bound0: float, tile: int,
                       n_threads: int, out_r: npt.NDArray[np.float64],
-                      out_ij: npt.NDArray[np.int64], out_nref: npt.NDArray[np.int64]) -> None: ...
+                      out_ij: npt.NDArray[np.int64], out_nref: npt.NDArray[np.int64],
+                      progress: ProgressHook = None) -> None: ...
 def farthest_partners32s64(X: npt.NDArray[np.float32], nrm: npt.NDArray[np.float64],
                            S: npt.NDArray[np.float64], cp: float, eabs: float, tile: int,
                            n_threads: int, L: npt.NDArray[np.float64], B: npt.NDArray[np.float64],
-                           Bj: npt.NDArray[np.int64], out_nref: npt.NDArray[np.int64]) -> None: ...
+                           Bj: npt.NDArray[np.int64], out_nref: npt.NDArray[np.int64],
+                           progress: ProgressHook = None) -> None: ...

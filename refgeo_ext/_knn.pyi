@@ -1,24 +1,29 @@
 import numpy as np
 import numpy.typing as npt
 
+from ._driver import ProgressHook
+
 def knn64(XA: npt.NDArray[np.float64], nA: npt.NDArray[np.float64], SA: npt.NDArray[np.float64],
           XB: npt.NDArray[np.float64], nB: npt.NDArray[np.float64], SB: npt.NDArray[np.float64],
           symmetric: bool, exclude_self: bool, self_idx: npt.NDArray[np.int64], defer: bool,
           k: int, cp: float, eabs: float, tile: int,
           n_threads: int, keys: npt.NDArray[np.float64], ids: npt.NDArray[np.int64],
           out_idx: npt.NDArray[np.int64], out_dist: npt.NDArray[np.float64],
-          out_stats: npt.NDArray[np.int64]) -> None: ...
+          out_stats: npt.NDArray[np.int64],
+          progress: ProgressHook = None) -> None: ...
 def knn32(XA: npt.NDArray[np.float32], nA: npt.NDArray[np.float64], SA: npt.NDArray[np.float32],
           XB: npt.NDArray[np.float32], nB: npt.NDArray[np.float64], SB: npt.NDArray[np.float32],
           symmetric: bool, exclude_self: bool, self_idx: npt.NDArray[np.int64], defer: bool,
           k: int, cp: float, eabs: float, tile: int,
           n_threads: int, keys: npt.NDArray[np.float64], ids: npt.NDArray[np.int64],
           out_idx: npt.NDArray[np.int64], out_dist: npt.NDArray[np.float64],
-          out_stats: npt.NDArray[np.int64]) -> None: ...
+          out_stats: npt.NDArray[np.int64],
+          progress: ProgressHook = None) -> None: ...
 def knn32s64(XA: npt.NDArray[np.float32], nA: npt.NDArray[np.float64], SA: npt.NDArray[np.float64],
              XB: npt.NDArray[np.float32], nB: npt.NDArray[np.float64], SB: npt.NDArray[np.float64],
              symmetric: bool, exclude_self: bool, self_idx: npt.NDArray[np.int64], defer: bool,
              k: int, cp: float, eabs: float, tile: int,
              n_threads: int, keys: npt.NDArray[np.float64], ids: npt.NDArray[np.int64],
              out_idx: npt.NDArray[np.int64], out_dist: npt.NDArray[np.float64],
-             out_stats: npt.NDArray[np.int64]) -> None: ...
+             out_stats: npt.NDArray[np.int64],
+             progress: ProgressHook = None) -> None: ...

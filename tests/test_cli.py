@@ -367,6 +367,19 @@ def test_tokenwise_text_output(capsys, tmp_path):
     assert "energy_fraction" in out
 
 
+def test_tokenwise_mlp_uses_no_neighbors(capsys, tmp_path):
+    # the MLP is one global map: 12 tokens are enough whatever --k says (default 16)
+    rng = np.random.default_rng(5)
+    X = rng.standard_normal((12, 3))
+    np.save(tmp_path / "x.npy", X)
+    np.save(tmp_path / "y.npy", X + 0.1 * np.tanh(X))
+    rc, out, err = run(capsys, "tokenwise", str(tmp_path / "x.npy"), str(tmp_path / "y.npy"), "--cls", "mlp",
+                       "--json")
+    assert rc == 0, err
+    rep = json.loads(out)
+    assert rep["cls"] == "mlp" and rep["N"] == 12
+
+
 @pytest.mark.parametrize(
     "args, fragments",
     [

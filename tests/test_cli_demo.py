@@ -13,6 +13,7 @@ import os
 import pathlib
 import re
 import select
+import struct
 import sys
 
 import numpy as np
@@ -59,6 +60,11 @@ def tiny_run(tmp_path_factory):
     pty = pytest.importorskip("pty")
     out = tmp_path_factory.mktemp("demo_tiny")
     master, slave = pty.openpty()
+    # a fresh pseudo-terminal is 0 x 0: give it a size, or a tqdm bar with dynamic
+    # width (tqdm installed) draws nothing at all
+    fcntl = pytest.importorskip("fcntl")
+    termios = pytest.importorskip("termios")
+    fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", 24, 120, 0, 0))
     saved = sys.stderr
     try:
         with os.fdopen(slave, "w") as stream:

@@ -1,4 +1,4 @@
-"""SPEC §3 optimizers: RowNorm (as trained in the source) and DiameterLMO."""
+"""The head optimizers of docs/theory/lmo.md: RowNorm (as trained in the source) and DiameterLMO."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ from hypothesis.extra import numpy as hnp
 import refgeo
 
 
-def _centred(A):
+def _centered(A):
     return A - A.mean(axis=0, keepdims=True)
 
 
@@ -35,7 +35,7 @@ def _rn(B, eps):
 
 def _grads(seed, n=4, V=7, d=3):
     rng = np.random.default_rng(seed)
-    return [_centred(rng.standard_normal((V, d))) for _ in range(n)]
+    return [_centered(rng.standard_normal((V, d))) for _ in range(n)]
 
 
 finite = dict(allow_nan=False, allow_infinity=False, allow_subnormal=False)

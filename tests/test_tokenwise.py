@@ -783,6 +783,7 @@ def test_errors_name_the_argument():
         (dict(cls="affine"), ValueError, "cls must be one of"),
         (dict(prior="one"), ValueError, "prior must be one of ('identity', 'zero'), got 'one' instead."),
         (dict(ridge=-1.0), ValueError, "ridge == -1.0, must be >= 0.0."),
+        (dict(ridge=10**400), ValueError, "ridge must be a finite number, got 1000"),  # no OverflowError
         (dict(k=None), TypeError, "k must be an integer (or pass neighbors=), got NoneType instead."),
         (dict(weights=-np.ones((10, 2))), ValueError, "weights must be non-negative, got min -1 instead."),
         (dict(weights=np.ones((10, 3))), ValueError, "weights must have shape (10, 2) (N, k), got shape (10, 3) instead."),
@@ -818,6 +819,22 @@ def test_errors_name_the_argument():
         refgeo.decompose(X, Y, cls="mlp", metric="junk")
     with pytest.raises(ValueError, match=re.escape("weights must be one of ('uniform', 'gaussian'), got 'junk'")):
         refgeo.decompose(X, Y, cls="mlp", weights="junk")
+
+
+def test_given_neighbor_distances_are_checked():
+    """Distances carried by given neighbors weight the fit (weights="gaussian"): a NaN,
+    an inf or a negative one is a ValueError naming them, not a LinAlgError from LAPACK."""
+    import types
+
+    X, Y = _xy(20, 3)
+    nb = refgeo.knn(X, 4, exclude_self=True)
+    for bad in (np.nan, np.inf, -1.0):
+        d = np.array(nb.distances)
+        d[0, -1] = bad
+        given = types.SimpleNamespace(indices=nb.indices, distances=d)
+        for fn in (refgeo.fit_local_maps, refgeo.decompose):
+            with pytest.raises(ValueError, match=re.escape("neighbors.distances must be finite and non-negative")):
+                fn(X, Y, cls="full", neighbors=given, weights="gaussian")
 
 
 def test_underdetermined_warning_states_degrees_of_freedom():
@@ -1017,6 +1034,19 @@ def test_huge_ridge_on_tiny_data_gives_the_prior_not_nan():
         np.testing.assert_allclose(fit.fitted, X * 1e-300, rtol=1e-9, atol=0)
 
 
+def test_huge_ridge_on_unit_data_gives_the_prior_not_nan():
+    """Data already in [1/2, 1) need no scaling (e = 0), and a ridge near the float64
+    maximum must still be capped: lam * d and tr(Q^T (M + lam I)) overflow otherwise."""
+    g = np.random.default_rng(32)
+    X = g.uniform(0.5, 0.99, (30, 4))
+    Y = 0.9 * X[:, ::-1]
+    for cls in CLASSES:
+        fit = refgeo.fit_local_maps(X, Y, k=8, cls=cls, ridge=1.7e308, **_kw(cls))
+        np.testing.assert_allclose(fit.fitted, X, rtol=1e-9, atol=0)
+    r = refgeo.decompose(X, Y, k=8, cls="scaled_orthogonal", ridge=1.7e308)
+    np.testing.assert_allclose(r.tau, 0.0, atol=1e-9)
+
+
 # ------------------------------------------------- progress, interrupts, memory
 
 
@@ -1094,6 +1124,14 @@ def test_progress_errors_and_a_raising_callable_stops_the_call():
         with pytest.raises(TypeError, match=re.escape("progress must be False, True or a callable, got")):
             refgeo.decompose(X, Y, cls="diagonal", neighbors=nbr, progress=bad)
 
+    # the options are checked before the first report (done == 0) is made
+    seen = []
+    with pytest.raises(ValueError, match=re.escape("activation must be one of")):
+        refgeo.fit_tokenwise_mlp(X, Y, activation="swish", progress=seen.append)
+    with pytest.raises(ValueError, match=re.escape("learning_rate == 0.0, must be > 0.0.")):
+        refgeo.decompose(X, Y, cls="mlp", mlp_options={"learning_rate": 0.0}, progress=seen.append)
+    assert seen == []
+
     class Stop(Exception):
         pass
 
@@ -1167,6 +1205,7 @@ def test_memory_estimate_refuses_before_any_work(monkeypatch):
     assert msg.startswith("fit_local_maps(N=200, d=8, k=4, cls='full') needs about ")
     assert "but only 16.0 KiB are available" in msg and "neighbor panels of chunk_size=50 tokens" in msg
     assert "smaller chunk_size (now 50" in msg and "smaller k (now 4)" in msg and "return_maps" not in msg
+    assert "Dask" not in msg  # the fits take NumPy arrays only: no advice the call cannot follow
     assert seen == []  # refused before the neighbor search
     with pytest.raises(MemoryError, match=re.escape("leave return_maps=False")):
         refgeo.fit_local_maps(X, Y, neighbors=nbr, cls="diagonal", return_maps=True)
@@ -1192,6 +1231,21 @@ def test_maps_larger_than_memory_raise_memory_error():
         refgeo.fit_local_maps(X, X, neighbors=np.zeros((n, 1), dtype=np.int64), cls="diagonal", return_maps=True)
 
 
+def test_cgroup_room_leaves_out_reclaimable_file_cache(tmp_path):
+    """Under a 1 GiB cgroup limit with 900 MiB charged, 600 MiB of it inactive file
+    cache (e.g. a memory-mapped input read once), 724 MiB can still be allocated: the
+    kernel drops those pages first.  Without a limit there is no cgroup bound."""
+    mib = 2**20
+    (tmp_path / "memory.max").write_text(f"{1024 * mib}\n")
+    (tmp_path / "memory.current").write_text(f"{900 * mib}\n")
+    (tmp_path / "memory.stat").write_text(f"anon {300 * mib}\nfile {600 * mib}\ninactive_file {600 * mib}\n")
+    assert refgeo._progress._cgroup_room(str(tmp_path)) == 724 * mib
+    (tmp_path / "memory.stat").unlink()  # no statistics: the charged usage counts
+    assert refgeo._progress._cgroup_room(str(tmp_path)) == 124 * mib
+    (tmp_path / "memory.max").write_text("max\n")
+    assert refgeo._progress._cgroup_room(str(tmp_path)) is None
+
+
 def test_available_memory_is_a_plausible_number():
     avail = refgeo._progress.available_memory()
     if avail is None:
@@ -1213,3 +1267,31 @@ def test_mlp_standardization_survives_extreme_scales(scale):
     np.testing.assert_array_equal(fs.train_loss, f.train_loss)
     assert (fs.x_scale, fs.delta_scale) == (f.x_scale * scale, f.delta_scale * scale)
     np.testing.assert_array_equal(fs.predict(X * scale), f.predict(X) * scale)
+
+
+def test_updates_beyond_the_float64_range_raise_value_error():
+    """Entries near +-1.7e308 of opposite signs: Y - X is not a float64 number, and
+    decompose says so (naming the range) instead of returning inf, NaN or an
+    OverflowError; the same data scaled down by a power of two decompose normally."""
+    g = np.random.default_rng(41)
+    X = g.uniform(0.5, 1.0, (30, 3)) * 1.7e308
+    Y = -X[:, ::-1]
+    for cls in ("diagonal", "full", "mlp"):
+        with pytest.raises(ValueError, match=re.escape("Y - X must lie in the float64 range")):
+            refgeo.decompose(X, Y, k=4, cls=cls, mlp_options=dict(hidden=4, epochs=2))
+    with pytest.raises(ValueError, match=re.escape("Y - X must lie in the float64 range")):
+        refgeo.fit_tokenwise_mlp(X, Y, hidden=4, epochs=2)
+    r = refgeo.decompose(X / 64, Y / 64, k=4, cls="diagonal")
+    assert np.all(np.isfinite(r.delta)) and np.all(np.isfinite(r.subspace_singular_values))
+
+
+def test_outputs_beyond_the_float64_range_raise_value_error():
+    """Y - X is representable, but the top singular value of [tau_1 ... tau_N] of 40
+    tokens near 1e308 is not: a ValueError naming the range, not a silent inf."""
+    g = np.random.default_rng(42)
+    X = g.uniform(0.5, 1.0, (40, 3)) * 1.7e308
+    Y = 0.5 * X + 0.1 * X[:, ::-1]
+    with pytest.raises(ValueError, match="X and Y must be smaller for the result to be a float64 number"):
+        refgeo.decompose(X, Y, k=5, cls="diagonal")
+    r = refgeo.decompose(X / 1024, Y / 1024, k=5, cls="diagonal")
+    assert np.all(np.isfinite(r.subspace_singular_values))

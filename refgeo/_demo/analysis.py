@@ -40,6 +40,13 @@ from .training import DemoSize, Run
 __all__ = ["head_geometry", "lmo_track", "tokenwise"]
 
 
+def _trained_head(run: Run) -> np.ndarray:
+    """The final head ``W`` of ``run`` (set by :func:`refgeo._demo.training.train`)."""
+    if run.W is None:
+        raise ValueError(f"run {run.name!r} has no trained head W; train it first.")
+    return run.W
+
+
 def lmo_track(run: Run, size: DemoSize) -> dict[str, Any]:
     """Certified LMO gap and RowNorm/exact ratio at the stored gradients of ``run``.
 
@@ -87,7 +94,7 @@ def head_geometry(runs: list[Run], size: DemoSize, targets: np.ndarray, rng: np.
     out["spread_rho"] = float(spread(V, d, seed=0, max_time=size.stage_budget_s / 4).ratio)
     t_start = time.perf_counter()
     for run in runs:
-        W = run.W
+        W = _trained_head(run)
         D, m = row_diameter(W), closest_pair(W)
         # the most frequent targets of this run: rows the head has evidence on
         counts = np.bincount(targets[: run.steps_done].ravel(), minlength=V)
@@ -124,7 +131,7 @@ def tokenwise(feats: Features, ids: np.ndarray, pos: np.ndarray, head: Run | Non
     out["per_token"]["angle_rho_tau"] = np.asarray(res.angles.rho_tau, dtype=float)
     out["per_token"]["angle_delta_tau"] = np.asarray(res.angles.delta_tau, dtype=float)
     if head is not None:
-        W = head.W
+        W = _trained_head(head)
         kl = np.asarray(output_perturbation(lambda h: np.asarray(h) @ W.T, Y, res.patched(X)), dtype=float)
         out["per_token"]["kl"] = kl
         out["head"] = head.label

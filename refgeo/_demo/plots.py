@@ -39,10 +39,10 @@ def run_label(r, planned: int) -> str:
 
 def smooth(y: list[float], k: int) -> np.ndarray:
     """Running mean over ``k`` points (the first ``k - 1`` values average what there is)."""
-    y = np.asarray(y, dtype=float)
-    if k <= 1 or len(y) < k:
-        return y
-    c = np.cumsum(np.insert(y, 0, 0.0))
+    a = np.asarray(y, dtype=float)
+    if k <= 1 or len(a) < k:
+        return a
+    c = np.cumsum(np.insert(a, 0, 0.0))
     head = c[1:k] / np.arange(1, k)
     return np.concatenate([head, (c[k:] - c[:-k]) / k])
 
@@ -156,7 +156,7 @@ def plot_all(out_dir: str, runs: list[Run], size: DemoSize, lmo: dict | None, ge
         labels = [next(r.label for r in runs if r.name == n).split(" (")[0] for n in names]
         x = np.arange(len(names))
         cols = [_COLORS.get(n, "tab:blue") for n in names]
-        floor = 1e-4  # log axis: a zero ratio (identical rows) is drawn at the floor and labelled
+        floor = 1e-4  # log axis: a zero ratio (identical rows) is drawn at the floor and labeled
         all_rho = [geo["methods"][n]["rho"] for n in names]
         seen_rho = [geo["methods"][n]["rho_seen"] for n in names]
         ax.bar(x - 0.2, [max(v, floor) for v in all_rho], width=0.4, color=cols, alpha=0.45, edgecolor="k",

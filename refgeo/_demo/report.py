@@ -178,8 +178,8 @@ def write_report(out_dir: str, *, size_name: str, size: DemoSize, seed: int, cor
     for r in runs:
         L.append(f"| train {r.label}: updates | {fmt(r.update_s, 3)} | {fmt(1e3 * r.update_s / max(1, r.steps_done), 3)} |")
         L.append(f"| train {r.label}: diagnostics | {fmt(r.diag_s, 3)} | {fmt(1e3 * r.diag_s / max(1, r.steps_done), 3)} |")
-    for k, v in timings.items():
-        L.append(f"| {k} | {fmt(v, 3)} | |")
+    for stage, seconds in timings.items():
+        L.append(f"| {stage} | {fmt(seconds, 3)} | |")
     L.append("")
 
     if skipped:

