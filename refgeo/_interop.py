@@ -1,4 +1,4 @@
-"""Foreign arrays in, results back in the caller's framework (PyTorch for now).
+"""Foreign arrays in, results back in the caller's framework (PyTorch, JAX on CPU).
 
 A CPU tensor is viewed zero-copy as a NumPy array (``tensor.detach().numpy()``: no
 autograd warning, strides kept, so a non-contiguous tensor is copied only where a
@@ -6,13 +6,26 @@ kernel needs contiguous rows), and then runs exactly like the NumPy array would,
 compiled engine included.  bfloat16 and float16 tensors are upcast to float32 first
 (NumPy has no bfloat16, and float32 holds both exactly); results say so.  A CUDA
 tensor goes zero-copy through DLPack to CuPy, and so to the CuPy backend; without
-CuPy it is an error that says what to install.
+CuPy it is an error that says what to install.  Functions that compute with NumPy
+only (``host=True``) take a host copy of a CUDA tensor instead, and return their
+arrays to the tensor's device.
+
+Integer, boolean and complex tensors are refused with ``TypeError``: a tensor of
+indices or of complex values passed where real rows are expected is a mistake, and
+converting it silently would hide that.  (NumPy integer arrays keep their documented
+conversion to float64.)
+
+A JAX array on the CPU is viewed through DLPack (zero-copy, read-only) and results
+go back through ``jax.numpy.asarray``, except 64-bit results while JAX's x64 mode is
+off: those stay NumPy arrays, since JAX would round float64 distances and int64
+indices to 32 bits.  JAX arrays on other devices are refused with a ``TypeError``
+that says how to convert them (``np.asarray(x)``).
 
 Array results come back as tensors on the caller's device (``torch.from_numpy``
-shares the memory; ``torch.from_dlpack`` for CuPy results); scalars stay Python
-floats.  torch is never imported here: a tensor can only exist once its caller
-imported torch, and :func:`array_api_compat.is_torch_array` looks only at
-``sys.modules``.
+shares the memory; ``torch.from_dlpack`` for CuPy results); scalars come back as
+Python floats.  Neither torch nor JAX is imported here: a tensor can only exist once
+its caller imported its framework, and :func:`array_api_compat.is_torch_array` and
+:func:`array_api_compat.is_jax_array` look only at ``sys.modules``.
 """
 
 from __future__ import annotations
@@ -21,12 +34,14 @@ import dataclasses
 import sys
 from typing import Any
 
-from array_api_compat import is_torch_array
+import numpy as np
+from array_api_compat import is_jax_array, is_numpy_array, is_torch_array
 
-__all__ = ["Origin", "from_foreign", "to_caller"]
+__all__ = ["Origin", "fields_to_caller", "first_origin", "from_foreign", "to_caller", "to_host"]
 
 # torch dtypes the compiled engine cannot take as they are, and what they become
 _UPCAST = {"torch.bfloat16": "float32", "torch.float16": "float32"}
+_JAX_UPCAST = {"bfloat16": "float32", "float16": "float32"}
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -36,11 +51,12 @@ class Origin:
     Attributes
     ----------
     framework : str
-        ``"torch"``.
+        ``"torch"`` or ``"jax"``.
     device : Any
-        The tensor's device (``torch.device``).
+        The tensor's device (``torch.device``; the JAX device).
     converted_from : str or None
-        The tensor's dtype when it was upcast (``"torch.bfloat16"``, ``"torch.float16"``).
+        The tensor's dtype when it was upcast (``"torch.bfloat16"``, ``"torch.float16"``,
+        ``"jax.bfloat16"``, ``"jax.float16"``).
     """
 
     framework: str
@@ -48,16 +64,39 @@ class Origin:
     converted_from: str | None = None
 
 
-def from_foreign(x: Any, name: str) -> tuple[Any, Origin | None]:
+def _dtype_error(name: str, dtype: Any, hint: str) -> TypeError:
+    return TypeError(
+        f"{name} must have a real floating dtype (float32 or float64), got dtype {dtype} instead{hint}."
+    )
+
+
+def from_foreign(x: Any, name: str, *, host: bool = False) -> tuple[Any, Origin | None]:
     """``(array, origin)``: a NumPy (or CuPy) view of a tensor, or ``(x, None)``.
+
+    Parameters
+    ----------
+    x : Any
+        The argument as the caller passed it.
+    name : str
+        The argument's name, for error messages.
+    host : bool, default=False
+        Return a NumPy array for CUDA tensors too (a host copy; no CuPy needed), for
+        functions that compute with NumPy only.
 
     Raises
     ------
     TypeError
-        For a CUDA tensor when CuPy is not installed, and for tensors on other devices.
+        For integer, boolean or complex tensors, for a CUDA tensor when CuPy is not
+        installed (``host=False``), and for tensors on devices refgeo cannot run.
     """
-    if not is_torch_array(x):
-        return x, None
+    if is_torch_array(x):
+        return _from_torch(x, name, host)
+    if is_jax_array(x):
+        return _from_jax(x, name)
+    return x, None
+
+
+def _from_torch(x: Any, name: str, host: bool) -> tuple[Any, Origin]:
     torch = sys.modules["torch"]
     t = x.detach()
     if t.layout != torch.strided:
@@ -69,14 +108,21 @@ def from_foreign(x: Any, name: str) -> tuple[Any, Origin | None]:
     if str(t.dtype) in _UPCAST:
         converted = str(t.dtype)
         t = t.to(torch.float32)
-    if t.is_complex():
-        raise TypeError(f"{name} must have a real floating dtype (float32 or float64), got dtype {t.dtype} instead.")
+    if not t.is_floating_point():
+        hint = (
+            f"; pass {name}.double() if the values are meant as real numbers"
+            if not t.is_complex()
+            else ""
+        )
+        raise _dtype_error(name, t.dtype, hint)
     # lazily conjugated or negated views have no NumPy equivalent: materialize them
     t = t.resolve_conj().resolve_neg()
     origin = Origin("torch", t.device, converted)
     if t.device.type == "cpu":
         return t.numpy(), origin
     if t.device.type == "cuda":
+        if host:
+            return t.cpu().numpy(), origin
         try:
             import cupy
         except ImportError:
@@ -91,11 +137,92 @@ def from_foreign(x: Any, name: str) -> tuple[Any, Origin | None]:
     )
 
 
+def _from_jax(x: Any, name: str) -> tuple[Any, Origin]:
+    devices = list(x.devices()) if hasattr(x, "devices") else []
+    if any(getattr(d, "platform", "cpu") != "cpu" for d in devices):
+        raise TypeError(
+            f"{name} is a JAX array on {devices[0]}, which refgeo cannot run; pass "
+            f"np.asarray({name}) (a host copy) instead."
+        )
+    dtype = str(x.dtype)
+    converted = None
+    if dtype in _JAX_UPCAST:
+        converted = f"jax.{dtype}"
+        x = x.astype("float32")
+        dtype = "float32"
+    if dtype not in ("float32", "float64"):
+        raise _dtype_error(name, f"jax.{dtype}", "")
+    # DLPack gives a read-only NumPy view of the CPU buffer (no copy)
+    return np.from_dlpack(x), Origin("jax", devices[0] if devices else None, converted)
+
+
+def first_origin(*origins: Origin | None) -> Origin | None:
+    """The first foreign origin among several arguments' (None when all were NumPy)."""
+    return next((o for o in origins if o is not None), None)
+
+
+def _writable(a):
+    # torch.from_numpy warns on read-only arrays (results are frozen read-only views):
+    # a fresh view of a writable base can be made writable again; otherwise copy
+    if a.flags.writeable:
+        return a
+    v = a.view()
+    try:
+        v.setflags(write=True)
+    except ValueError:
+        v = a.copy()
+    return v
+
+
 def to_caller(a: Any, origin: Origin | None) -> Any:
-    """An array result in the framework and on the device of ``origin``."""
+    """An array result in the framework and on the device of ``origin``.
+
+    ``None`` stays ``None``; 0-d results become Python floats; with no origin (NumPy
+    input) ``a`` is returned as it is.
+    """
     if origin is None or a is None:
         return a
+    if getattr(a, "ndim", None) == 0 or np.isscalar(a):
+        return float(a)
+    if origin.framework == "jax":
+        a = np.asarray(a)
+        if a.dtype.itemsize == 8 and not sys.modules["jax"].config.read("jax_enable_x64"):
+            # JAX without x64 would round float64 distances and int64 indices to 32 bits
+            return a
+        return sys.modules["jax.numpy"].asarray(a)
     torch = sys.modules["torch"]
-    if getattr(origin.device, "type", "cpu") == "cpu":
-        return torch.from_numpy(a)
+    on_cpu = getattr(origin.device, "type", "cpu") == "cpu"
+    if is_numpy_array(a):
+        t = torch.from_numpy(_writable(a))
+        return t if on_cpu else t.to(origin.device)
     return torch.from_dlpack(a)
+
+
+def fields_to_caller(result: Any, origin: Origin | None) -> Any:
+    """A frozen result record with every NumPy array field in the caller's framework.
+
+    Nested records (and tuples of records) are converted too; other fields (floats,
+    ints, dicts) are kept.  With no origin the record is returned as it is.
+    """
+    if origin is None:
+        return result
+    changes = {}
+    for f in dataclasses.fields(result):
+        v = getattr(result, f.name)
+        if is_numpy_array(v):
+            changes[f.name] = to_caller(v, origin)
+        elif dataclasses.is_dataclass(v) and not isinstance(v, type):
+            changes[f.name] = fields_to_caller(v, origin)
+        elif isinstance(v, tuple) and v and all(dataclasses.is_dataclass(b) for b in v):
+            changes[f.name] = tuple(fields_to_caller(b, origin) for b in v)
+    return dataclasses.replace(result, **changes)
+
+
+def to_host(a: Any) -> Any:
+    """A NumPy array of an array result of any framework (results of earlier calls
+    fed back in): zero-copy for CPU tensors and NumPy, a host copy otherwise."""
+    if is_torch_array(a):
+        return a.detach().cpu().numpy()
+    if hasattr(a, "get") and not is_numpy_array(a):  # CuPy
+        return a.get()
+    return np.asarray(a)

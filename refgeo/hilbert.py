@@ -16,6 +16,19 @@ invariant, free of any epsilon, exact for any finite logits.  Definitions and pr
    cdist_hilbert
    tv_bound
    ce_bound
+
+Tensors in, tensors out
+-----------------------
+Every function here accepts torch tensors (and CPU JAX arrays) as well as NumPy
+arrays.  A CPU tensor, with ``requires_grad`` or not, is viewed zero-copy as a NumPy
+array and runs exactly like it, compiled kernels included (:func:`pdist_hilbert` and
+:func:`cdist_hilbert` read a contiguous tensor's memory in place; a non-contiguous
+one is copied once into contiguous rows); bfloat16 and float16 tensors are upcast to
+float32.  Array results come back as tensors on the input's device, and 0-d results
+as Python floats.  Integer, boolean and complex tensors are a ``TypeError``;
+non-finite ones a ``ValueError`` (except where ``inf`` is a valid distance, in
+:func:`tv_bound` and :func:`ce_bound`).  A CUDA tensor goes zero-copy to CuPy (an
+error that says what to install when CuPy is missing).
 """
 
 from __future__ import annotations
@@ -26,6 +39,7 @@ import numpy as np
 from array_api_compat import array_namespace, is_numpy_array
 
 from . import _backend
+from ._interop import first_origin, from_foreign, to_caller
 from ._validate import (
     as_float_array,
     check_axis,
@@ -90,6 +104,20 @@ def _scalar_or_array(xp, out):
     return out
 
 
+def _out(xp, out, origin):
+    """A result for the caller: NumPy scalars/arrays for NumPy input; for a tensor, a
+    tensor on its device (a Python float for a 0-d result)."""
+    if origin is None:
+        return _scalar_or_array(xp, out)
+    return to_caller(out, origin)
+
+
+def _foreign_pair(a, b, names):
+    a, oa = from_foreign(a, names[0])
+    b, ob = from_foreign(b, names[1])
+    return a, b, first_origin(oa, ob)
+
+
 def _f64(xp, x):
     return xp.astype(x, xp.float64) if x.dtype != xp.float64 else x
 
@@ -135,11 +163,12 @@ def variation(x: Any, /, *, axis: int = -1):
     >>> float(refgeo.variation([3.0, -1.0, 2.0]))
     4.0
     """
+    x, origin = from_foreign(x, "x")
     x = as_float_array(x, "x", min_ndim=1)
     xp = array_namespace(x)
     axis = check_axis(axis, x.ndim)
     x = _f64(xp, x)
-    return _scalar_or_array(xp, xp.max(x, axis=axis) - xp.min(x, axis=axis))
+    return _out(xp, xp.max(x, axis=axis) - xp.min(x, axis=axis), origin)
 
 
 def hilbert_distance_logits(z: Any, w: Any, /, *, axis: int = -1):
@@ -178,12 +207,13 @@ def hilbert_distance_logits(z: Any, w: Any, /, *, axis: int = -1):
     ...                                      np.array([5.0, 5.0, 5.0])))
     2.0
     """
+    z, w, origin = _foreign_pair(z, w, ("z", "w"))
     z = as_float_array(z, "z", min_ndim=1)
     w = as_float_array(w, "w", min_ndim=1)
     xp = array_namespace(z, w)
     z, w = _broadcast_pair(xp, z, w, ("z", "w"))
     axis = check_axis(axis, z.ndim)
-    return _scalar_or_array(xp, _difference_range(xp, _f64(xp, z), _f64(xp, w), axis))
+    return _out(xp, _difference_range(xp, _f64(xp, z), _f64(xp, w), axis), origin)
 
 
 def _check_probabilities(p, name, axis):
@@ -249,6 +279,7 @@ def hilbert_distance(p: Any, q: Any, /, *, axis: int = -1):
     >>> float(refgeo.hilbert_distance([1.0, 0.0], [0.5, 0.5]))
     inf
     """
+    p, q, origin = _foreign_pair(p, q, ("p", "q"))
     p = as_float_array(p, "p", min_ndim=1)
     q = as_float_array(q, "q", min_ndim=1)
     xp = array_namespace(p, q)
@@ -262,7 +293,7 @@ def hilbert_distance(p: Any, q: Any, /, *, axis: int = -1):
     hi = xp.max(xp.where(both, r, -inf), axis=axis)
     lo = xp.min(xp.where(both, r, inf), axis=axis)
     mismatch = xp.any(sp != sq, axis=axis)
-    return _scalar_or_array(xp, xp.where(mismatch, inf, hi - lo))
+    return _out(xp, xp.where(mismatch, inf, hi - lo), origin)
 
 
 def funk_distance(p: Any, q: Any, /, *, axis: int = -1):
@@ -296,6 +327,7 @@ def funk_distance(p: Any, q: Any, /, *, axis: int = -1):
     >>> float(refgeo.funk_distance([0.5, 0.5], [0.25, 0.75]))  # log 2
     0.6931471805599453
     """
+    p, q, origin = _foreign_pair(p, q, ("p", "q"))
     p = as_float_array(p, "p", min_ndim=1)
     q = as_float_array(q, "q", min_ndim=1)
     xp = array_namespace(p, q)
@@ -309,7 +341,7 @@ def funk_distance(p: Any, q: Any, /, *, axis: int = -1):
     shift = _log_sum(xp, _f64(xp, q), axis) - _log_sum(xp, _f64(xp, p), axis)
     f = xp.maximum(hi + shift, xp.asarray(0.0, dtype=xp.float64))
     escape = xp.any(sp & ~sq, axis=axis)
-    return _scalar_or_array(xp, xp.where(escape, inf, f))
+    return _out(xp, xp.where(escape, inf, f), origin)
 
 
 def _logsumexp(xp, x, axis):
@@ -350,6 +382,7 @@ def funk_distance_logits(z: Any, w: Any, /, *, axis: int = -1):
     >>> round(float(refgeo.funk_distance_logits(z, w)), 12)
     0.69314718056
     """
+    z, w, origin = _foreign_pair(z, w, ("z", "w"))
     z = as_float_array(z, "z", min_ndim=1)
     w = as_float_array(w, "w", min_ndim=1)
     xp = array_namespace(z, w)
@@ -358,7 +391,7 @@ def funk_distance_logits(z: Any, w: Any, /, *, axis: int = -1):
     z = _f64(xp, z)
     w = _f64(xp, w)
     f = xp.max(z - w, axis=axis) - _logsumexp(xp, z, axis) + _logsumexp(xp, w, axis)
-    return _scalar_or_array(xp, xp.maximum(f, xp.asarray(0.0, dtype=xp.float64)))
+    return _out(xp, xp.maximum(f, xp.asarray(0.0, dtype=xp.float64)), origin)
 
 
 # --------------------------------------------------------------------------- pairwise
@@ -526,7 +559,8 @@ def pdist_hilbert(
     Returns
     -------
     d : ndarray of shape (n*(n-1)//2,) or (n, n)
-        float64 distances.
+        float64 distances (a tensor on ``X``'s device for a tensor ``X``; a
+        contiguous float32/float64 CPU tensor is read in place, without a copy).
 
     Notes
     -----
@@ -552,6 +586,7 @@ def pdist_hilbert(
     """
     kind = check_choice(kind, "kind", _KINDS)
     form = check_choice(form, "form", ("condensed", "square"))
+    X, origin = from_foreign(X, "X")
     X = _check_pairwise_input(X, "X", kind)
     tile_size = _tile_option(tile_size)
     n_threads = _threads_option(n_threads)
@@ -561,8 +596,8 @@ def pdist_hilbert(
     _, fn = _backend.dispatch(info, X)
     out = fn(X, kind=kind, tile_size=tile_size, n_threads=n_threads)
     if form == "square":
-        return _squareform(out, X.shape[0])
-    return out
+        out = _squareform(out, X.shape[0])
+    return to_caller(out, origin)
 
 
 def _squareform(condensed, n):
@@ -602,7 +637,7 @@ def cdist_hilbert(
     Returns
     -------
     d : ndarray of shape (nA, nB)
-        float64, ``d[i, j] = d_H(XA[i], XB[j])``.
+        float64, ``d[i, j] = d_H(XA[i], XB[j])`` (a tensor when ``XA`` or ``XB`` is one).
 
     Notes
     -----
@@ -618,6 +653,7 @@ def cdist_hilbert(
     array([[2., 0.]])
     """
     kind = check_choice(kind, "kind", _KINDS)
+    XA, XB, origin = _foreign_pair(XA, XB, ("XA", "XB"))
     XA = _check_pairwise_input(XA, "XA", kind)
     XB = _check_pairwise_input(XB, "XB", kind)
     check_same_trailing(XA, XB, ("XA", "XB"), "number of columns (vocabulary size)")
@@ -627,18 +663,19 @@ def cdist_hilbert(
     if kind == "probabilities" and not _all_positive(XA, XB):
         info = _backend.KernelInfo(name=_CDIST.name, reference=_CDIST.reference)
     _, fn = _backend.dispatch(info, XA, XB)
-    return fn(XA, XB, kind=kind, tile_size=tile_size, n_threads=n_threads)
+    return to_caller(fn(XA, XB, kind=kind, tile_size=tile_size, n_threads=n_threads), origin)
 
 
 # --------------------------------------------------------------------------- bounds
 
 
 def _check_distance(d):
+    d, origin = from_foreign(d, "d")
     d = as_float_array(d, "d", allow_empty=True, finite=False)
     xp = array_namespace(d)
     if bool(xp.any(xp.isnan(d))) or bool(xp.any(d < 0)):
         raise ValueError("d must be a Hilbert distance (>= 0, not NaN), got negative or NaN entries instead.")
-    return xp, _f64(xp, d)
+    return xp, _f64(xp, d), origin
 
 
 def tv_bound(d: Any, /):
@@ -667,8 +704,8 @@ def tv_bound(d: Any, /):
     >>> float(refgeo.tv_bound(0.0)), float(refgeo.tv_bound(float("inf")))
     (0.0, 1.0)
     """
-    xp, d = _check_distance(d)
-    return _scalar_or_array(xp, xp.tanh(d / 4.0))
+    xp, d, origin = _check_distance(d)
+    return _out(xp, xp.tanh(d / 4.0), origin)
 
 
 def ce_bound(d: Any, /):
@@ -700,5 +737,5 @@ def ce_bound(d: Any, /):
     >>> float(refgeo.ce_bound(0.25))
     0.25
     """
-    xp, d = _check_distance(d)
-    return _scalar_or_array(xp, d + 0.0)
+    xp, d, origin = _check_distance(d)
+    return _out(xp, d + 0.0, origin)

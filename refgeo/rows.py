@@ -73,7 +73,7 @@ from array_api_compat import array_namespace, is_numpy_array
 
 from . import _backend, _dask, _engine, _reference, _tiled
 from ._certify import canonical_sq, dtype_name, f64, scale_exponent, scale_rows, unscale, unscale_array
-from ._interop import from_foreign, to_caller
+from ._interop import first_origin, from_foreign, to_caller
 from ._validate import (
     as_float_array,
     check_bool,
@@ -232,13 +232,13 @@ class EnclosingBall:
     radius : float
         ``max_i ||s_i - center||``: an upper bound on the covering radius, attained by
         ``center``.
-    center : ndarray of shape (d,)
-        float64 center of the ball.
+    center : ndarray or tensor of shape (d,)
+        float64 center of the ball (a tensor for tensor input, as every array here).
     lower_bound : float
         Certified lower bound on the covering radius, from the dual weights:
         :math:`\\sum_i w_i \\lVert s_i - \\bar s_w \\rVert^2 \\le \\mathrm{rad}^2` with
         :math:`\\bar s_w = \\sum_i w_i s_i`.
-    weights : ndarray of shape (V,)
+    weights : ndarray or tensor of shape (V,)
         Dual weights (a probability vector; positive only on the support points).
     n_iter : int
         Iterations of the solver.
@@ -259,8 +259,9 @@ class WorstCaseHiddenState:
     ----------
     value : float
         :math:`\\sup_{\\lVert h \\rVert \\le H} \\lVert S h \\rVert_{var} = H \\cdot D(S)`.
-    h : ndarray of shape (d,)
-        float64 :math:`h^* = H (s_a - s_b) / \\lVert s_a - s_b \\rVert` for the diameter pair
+    h : ndarray or tensor of shape (d,)
+        float64 (a tensor for a tensor ``S``)
+        :math:`h^* = H (s_a - s_b) / \\lVert s_a - s_b \\rVert` for the diameter pair
         (the zero vector when ``D(S) = 0``: then every h attains 0).
     i, j : int
         The diameter pair ``(a, b)``.
@@ -752,7 +753,8 @@ def covering_radius(S: Any, /, *, tol: float = 1e-10, max_iter: int = 100_000) -
     Parameters
     ----------
     S : array_like of shape (V, d)
-        Finite rows, ``V >= 1``.
+        Finite rows, ``V >= 1``; a torch tensor too (``center`` and ``weights`` then
+        come back as tensors on its device).
     tol : float, default=1e-10
         Relative gap at which to stop: ``radius - lower_bound <= tol * radius``.
     max_iter : int, default=100000
@@ -944,7 +946,8 @@ def worst_case_hidden_state(S: Any, /, *, H: float = 1.0) -> WorstCaseHiddenStat
     Parameters
     ----------
     S : array_like of shape (V, d)
-        Finite update rows, ``V >= 2``.
+        Finite update rows, ``V >= 2``; a torch tensor too (``h`` is then a tensor,
+        and the diameter runs on the compiled engine as for the NumPy view).
     H : float, default=1.0
         Radius of the hidden-state ball, ``H >= 0``.
 
@@ -1001,7 +1004,8 @@ def hilbert_rms(S: Any, hidden: Any, /) -> float:
     S : array_like of shape (V, d)
         Update rows.
     hidden : array_like of shape (N, d) or (d,)
-        Hidden states :math:`h_1, \dots, h_N`.
+        Hidden states :math:`h_1, \dots, h_N`.  Either argument may be a torch
+        tensor (viewed as NumPy on the CPU; the result is a Python float either way).
 
     Returns
     -------
@@ -1083,7 +1087,8 @@ def backward_bound(S: Any, r: Any, /):
     Returns
     -------
     bound : float or ndarray of shape (n,)
-        :math:`\tfrac12 D(S) \lVert r \rVert_1` per residual.
+        :math:`\tfrac12 D(S) \lVert r \rVert_1` per residual (a tensor when ``S`` or
+        ``r`` is one; a Python float for one residual).
 
     Raises
     ------

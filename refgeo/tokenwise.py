@@ -37,6 +37,23 @@ any work (a ``MemoryError`` says what to change), report progress with
 ``progress=True`` (tqdm) or a callable, stop at the next chunk on ``KeyboardInterrupt``,
 and work on exactly rescaled panels, so that hidden states anywhere in the float64
 range (1e-300 to 1e300) fit alike.
+
+Tensors.  Every function accepts torch tensors (and CPU JAX arrays) for its array
+arguments: CPU tensors, ``requires_grad`` or not, are viewed as NumPy arrays without
+a copy, CUDA tensors are copied to the host (the fits use batched LAPACK), and
+bfloat16/float16 are upcast to float32.  When ``X`` or ``Y`` is a tensor, every array
+field of the result comes back as a tensor on that device: for :class:`LocalFit`
+``fitted``, ``neighbors``, ``distances``, ``weights``, ``coefficients`` and ``maps``;
+for :class:`TokenwiseResult` ``delta``, ``tau``, ``rho``, ``relative_error``, the
+arrays of ``cosines``, ``angles`` and ``projections``, ``subspace``,
+``subspace_singular_values``, ``neighbors``, ``eval_mask``, ``coefficients`` and
+each baseline's ``map`` and ``relative_error``.  Floats (energy fractions, subspace
+energies, :func:`spearman`) stay Python floats.  :class:`MLPFit` keeps its parameters
+and losses as NumPy arrays (it is a NumPy model); its ``predict`` returns a tensor for
+a tensor.  ``output_perturbation`` calls ``logits_fn`` with tensors (on the states'
+device) when the states are tensors, and returns a tensor.  Integer, boolean and
+complex tensors are a ``TypeError`` (precomputed ``neighbors`` excepted: those are
+indices), non-finite ones a ``ValueError``.
 """
 
 from __future__ import annotations
@@ -51,6 +68,7 @@ import numpy as np
 
 from . import _progress
 from . import _tokenwise_fit as _fit
+from ._interop import fields_to_caller, first_origin, from_foreign, to_caller, to_host
 from ._threads import blas_single_thread
 from ._validate import (
     as_float_array,
@@ -98,6 +116,15 @@ def _ro(a):
 
 def _f64(a):
     return a if a.dtype == np.float64 else a.astype(np.float64)
+
+
+def _foreign_panels(X, Y):
+    """``_panels`` of tensors too (host NumPy views; see :mod:`refgeo._interop`), and
+    where a tensor came from, so that the result's arrays can go back there."""
+    X, origin_x = from_foreign(X, "X", host=True)
+    Y, origin_y = from_foreign(Y, "Y", host=True)
+    X, Y = _panels(X, Y)
+    return X, Y, first_origin(origin_x, origin_y)
 
 
 def _panels(X, Y):
@@ -243,7 +270,9 @@ class MLPFit:
     config: dict
 
     def predict(self, X: Any, /):
-        """Return :math:`T(x) = x + \\mathrm{MLP}(x)` (float64) for rows of ``X``."""
+        """Return :math:`T(x) = x + \\mathrm{MLP}(x)` (float64) for rows of ``X`` (a tensor
+        on ``X``'s device for a tensor ``X``)."""
+        X, origin = from_foreign(X, "X", host=True)
         X = as_float_array(X, "X", ndim=2, shape_hint="2-D array of shape (N, d)")
         if X.shape[1] != self.W1.shape[0]:
             raise ValueError(
@@ -253,7 +282,7 @@ class MLPFit:
         out, _ = _fit.mlp_forward(
             (self.W1, self.b1, self.W2, self.b2), (X - self.x_mean) / self.x_scale, self.config["activation"]
         )
-        return X + out * self.delta_scale
+        return to_caller(X + out * self.delta_scale, origin)
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -407,10 +436,13 @@ class TokenwiseResult:
     config: dict
 
     def patched(self, X: Any, /):
-        """The tokenwise prediction ``X + tau`` (= ``A_i x_i``): the states to patch in."""
+        """The tokenwise prediction ``X + tau`` (= ``A_i x_i``): the states to patch in
+        (a tensor on ``X``'s device for a tensor ``X``)."""
+        X, origin = from_foreign(X, "X", host=True)
         X = as_float_array(X, "X", ndim=2, shape_hint="2-D array of shape (N, d)")
-        check_same_shape(X, self.tau, ("X", "tau"))
-        return _f64(np.asarray(X)) + self.tau
+        tau = to_host(self.tau)
+        check_same_shape(X, tau, ("X", "tau"))
+        return to_caller(_f64(np.asarray(X)) + tau, origin)
 
     def summary(self) -> dict:
         """Means and medians of the per-token metrics over the evaluated tokens.
@@ -421,7 +453,8 @@ class TokenwiseResult:
         ``frac_angle_rho_tau_gt_60``, ``subspace_energy_<part>``, the baselines'
         energy fractions and median relative errors, ``dof`` and ``n_targets``.
         """
-        m = self.eval_mask
+        # fields may be tensors (tensor input): the statistics are NumPy's
+        m = to_host(self.eval_mask)
         out = {
             "cls": self.config["cls"],
             "n_tokens": int(np.sum(m)),
@@ -432,17 +465,17 @@ class TokenwiseResult:
         per_token += [(f"cos_{p}", getattr(self.cosines, p)) for p in _PAIRS]
         per_token += [(f"projection_{p}", getattr(self.projections, p)) for p in _PARTS]
         for name, v in per_token:
-            v = v[m]
+            v = to_host(v)[m]
             out[f"mean_{name}"] = _finite_mean(v)
             out[f"median_{name}"] = _finite_median(v)
-        a = self.angles.rho_tau[m]
+        a = to_host(self.angles.rho_tau)[m]
         a = a[np.isfinite(a)]
         out["frac_angle_rho_tau_gt_60"] = float(np.mean(a > 60.0)) if a.size else math.nan
         for p in _PARTS:
             out[f"subspace_energy_{p}"] = getattr(self.subspace_energies, p)
         for b in self.baselines:
             out[f"baseline_{b.kind}_energy_fraction"] = b.energy_fraction
-            out[f"baseline_{b.kind}_median_relative_error"] = _finite_median(b.relative_error[m])
+            out[f"baseline_{b.kind}_median_relative_error"] = _finite_median(to_host(b.relative_error)[m])
         out["dof"] = self.dof
         out["n_targets"] = self.n_targets
         return out
@@ -467,9 +500,12 @@ def _finite_median(v):
 
 def _given_neighbors(n, k, neighbors):
     """Validated copies of precomputed neighbors: indices (N, k) int64 and distances or None."""
-    dist = getattr(neighbors, "distances", None)
-    idx = getattr(neighbors, "indices", neighbors)
-    idx = np.asarray(idx)
+    if hasattr(neighbors, "shape"):  # an index array (a tensor's .indices is something else)
+        idx, dist = neighbors, None
+    else:
+        dist = getattr(neighbors, "distances", None)
+        idx = getattr(neighbors, "indices", neighbors)
+    idx = to_host(idx)  # a KNNResult of tensors, or a tensor of indices, too
     if idx.ndim != 2 or idx.shape[0] != n or idx.dtype.kind not in "iu":
         raise ValueError(
             f"neighbors must be an integer array of shape (N, k) with N = {n} (or a "
@@ -484,7 +520,7 @@ def _given_neighbors(n, k, neighbors):
     if k is not None and k != idx.shape[1]:
         raise ValueError(f"k must equal neighbors.shape[1] = {idx.shape[1]}, got {k} instead.")
     if dist is not None:
-        dist = np.array(dist, dtype=np.float64)  # a copy: results never alias inputs
+        dist = np.array(to_host(dist), dtype=np.float64)  # a copy: results never alias inputs
         if dist.shape != idx.shape:
             dist = None
         elif not (np.all(np.isfinite(dist)) and np.all(dist >= 0)):
@@ -540,6 +576,7 @@ def _resolve_weights(weights, idx, dist):
         with np.errstate(divide="ignore", invalid="ignore"):
             w = np.where(h > 0, np.exp(-0.5 * (dist / np.where(h > 0, h, 1.0)) ** 2), 1.0)
         return w / w.mean(axis=1, keepdims=True), "gaussian"
+    weights, _ = from_foreign(weights, "weights", host=True)
     w = as_float_array(weights, "weights", ndim=2, shape_hint="2-D array of shape (N, k)")
     w = _f64(np.asarray(w))
     if w.shape != (n, k):
@@ -864,7 +901,8 @@ def fit_local_maps(
     ----------
     X, Y : array_like of shape (N, d)
         Hidden states before (:math:`h_l`) and after (:math:`h_{l+1}`) the layer; finite,
-        float32 or float64 (fits run in float64).
+        float32 or float64 (fits run in float64); torch tensors too (module
+        docstring, "Tensors").
     k : int
         Number of neighbors, ``1 <= k <= N - 1`` (``<= N`` without exclusion).  May be
         omitted when ``neighbors`` is given.
@@ -915,6 +953,7 @@ def fit_local_maps(
     Returns
     -------
     fit : LocalFit
+        Its arrays are tensors on the input's device when ``X`` or ``Y`` is a tensor.
 
     Raises
     ------
@@ -992,7 +1031,7 @@ def fit_local_maps(
     >>> fit.coefficients.tolist()
     [[2.0, 2.0], [2.0, 2.0], [2.0, 2.0], [2.0, 2.0]]
     """
-    X, Y = _panels(X, Y)
+    X, Y, origin = _foreign_panels(X, Y)
     n, d = X.shape
     plan = _plan_fit(X, k, cls, rank, ridge, prior, metric, standardize, exclude_self, weights, neighbors,
                      chunk_size, return_maps)
@@ -1008,7 +1047,7 @@ def fit_local_maps(
         if e > 0 and not _fits_after_scaling(_max_abs(fitted), e):
             raise _range_error("|A_i x_i|", _max_abs(fitted), e)
         np.ldexp(fitted, e, out=fitted)  # the maps and coefficients are scale-free
-    return LocalFit(
+    return fields_to_caller(LocalFit(
         fitted=_ro(fitted),
         neighbors=_ro(idx),
         distances=_ro(dist),
@@ -1018,7 +1057,7 @@ def fit_local_maps(
         dof=int(degrees_of_freedom(plan.cls, d, plan.rank)),
         n_targets=int(plan.k * d),
         config=_fit_config(plan, X, wkind),
-    )
+    ), origin)
 
 
 # ----------------------------------------------------------------------- MLP
@@ -1044,7 +1083,7 @@ def fit_tokenwise_mlp(
     Parameters
     ----------
     X, Y : array_like of shape (N, d)
-        Hidden states before and after the layer (finite).
+        Hidden states before and after the layer (finite; torch tensors too).
     hidden : int, default=64
         Hidden width ``h``.
     activation : {"gelu", "relu", "tanh"}, default="gelu"
@@ -1091,7 +1130,7 @@ def fit_tokenwise_mlp(
     >>> fit.n_parameters, len(fit.train_index), len(fit.test_index)
     (31, 40, 10)
     """
-    X, Y = _panels(X, Y)
+    X, Y, _ = _foreign_panels(X, Y)
     progress = _progress.check_progress(progress)
     opts = _check_mlp_options(X.shape[0], hidden, activation, train_fraction, epochs, learning_rate,
                               batch_size, weight_decay, seed)
@@ -1298,7 +1337,8 @@ def decompose(
     Parameters
     ----------
     X, Y : array_like of shape (N, d)
-        Hidden states :math:`h_l` and :math:`h_{l+1}` (finite; float32 or float64).
+        Hidden states :math:`h_l` and :math:`h_{l+1}` (finite; float32 or float64;
+        torch tensors too, see the module docstring, "Tensors").
     k, cls, rank, ridge, prior, metric, standardize, exclude_self, weights, neighbors, chunk_size
         As in :func:`fit_local_maps`; ``cls`` may also be ``"mlp"`` (a global residual
         MLP, :func:`fit_tokenwise_mlp`, trained with ``mlp_options`` and evaluated on
@@ -1323,6 +1363,10 @@ def decompose(
     Returns
     -------
     result : TokenwiseResult
+        Every array field (the per-token ``delta``, ``tau``, ``rho``,
+        ``relative_error``, ``cosines``, ``angles``, ``projections``, ``neighbors``,
+        ``eval_mask``, ``coefficients``; also ``subspace``, its singular values and the
+        baselines' arrays) is a tensor on the input's device when ``X`` or ``Y`` is one.
 
     Raises
     ------
@@ -1370,7 +1414,7 @@ def decompose(
     >>> [(p["done"], p["total"]) for p in reports]   # the start and the end
     [(0, 4), (4, 4)]
     """
-    X, Y = _panels(X, Y)
+    X, Y, origin = _foreign_panels(X, Y)
     n, d = X.shape
     check_choice(cls, "cls", CLASSES + ("mlp",))
     if subspace_rank is None:
@@ -1470,11 +1514,11 @@ def decompose(
         for name in ("delta", "tau", "rho", "subspace_singular_values"):
             np.ldexp(fields[name], e, out=fields[name])
     config.update(subspace_rank=subspace_rank, center_subspace=center_subspace, baselines=baselines, layer=layer)
-    return TokenwiseResult(
+    return fields_to_caller(TokenwiseResult(
         **{name: _ro(v) if isinstance(v, np.ndarray) else v for name, v in fields.items()},
         dof=int(dof), n_targets=int(n_targets), neighbors=_ro(nbr), eval_mask=_ro(eval_mask),
         coefficients=_ro(coef), baselines=fits, config=config,
-    )
+    ), origin)
 
 
 def _metrics(X, Y, ex, fitted, eval_mask, subspace_rank, center_subspace):
@@ -1590,8 +1634,9 @@ def _divergence(lp, lq, kind):
     return np.maximum(v, 0.0)
 
 
-def _call_logits(logits_fn, H, lead, name):
-    L = logits_fn(H)
+def _call_logits(logits_fn, H, lead, name, origin=None):
+    # the caller's function sees the caller's framework (tensors for tensor states)
+    L, _ = from_foreign(logits_fn(to_caller(H, origin)), name, host=True)
     L = as_float_array(L, name, finite=False)
     if L.ndim != len(lead) + 1 or tuple(L.shape[:-1]) != tuple(lead):
         raise ValueError(
@@ -1618,8 +1663,10 @@ def output_perturbation(
     ----------
     logits_fn : callable
         Maps hidden states of shape (T, d) or (B, T, d) to logits of shape (T, V) or
-        (B, T, V): the rest of the model, supplied by the user (any framework; it must
-        accept and return NumPy-convertible arrays).  Sequences along the batch axis
+        (B, T, V): the rest of the model, supplied by the user.  It receives tensors
+        (on the states' device) when ``H_orig`` or ``H_patched`` is a tensor, NumPy
+        arrays otherwise, and may return NumPy arrays or tensors (autograd-tracked ones
+        too: they are detached).  Sequences along the batch axis
         must be processed independently.
     H_orig, H_patched : array_like of shape (T, d) or (B, T, d)
         Original states :math:`h_{l+1}` and the patched ones (e.g.
@@ -1638,7 +1685,7 @@ def output_perturbation(
     Returns
     -------
     div : ndarray of shape (T,) or (B, T)
-        float64, ``>= 0``.
+        float64, ``>= 0`` (a tensor on the states' device for tensor states).
 
     Notes
     -----
@@ -1664,6 +1711,9 @@ def output_perturbation(
     [0.0, 0.143841036226]
     """
     check_callable(logits_fn, "logits_fn")
+    H_orig, origin_o = from_foreign(H_orig, "H_orig", host=True)
+    H_patched, origin_p = from_foreign(H_patched, "H_patched", host=True)
+    origin = first_origin(origin_o, origin_p)
     Ho = as_float_array(H_orig, "H_orig", ndim=(2, 3), shape_hint="2-D or 3-D array of shape ([B,] T, d)")
     Hp = as_float_array(H_patched, "H_patched", ndim=(2, 3), shape_hint="2-D or 3-D array of shape ([B,] T, d)")
     check_same_shape(Ho, Hp, ("H_orig", "H_patched"))
@@ -1672,19 +1722,19 @@ def output_perturbation(
     check_choice(readout, "readout", ("self", "sum"))
     Ho, Hp = np.asarray(Ho), np.asarray(Hp)
     lead = Ho.shape[:-1]
-    lp = _call_logits(logits_fn, Ho, lead, "logits_fn(H_orig)")
+    lp = _call_logits(logits_fn, Ho, lead, "logits_fn(H_orig)", origin)
     if mode == "all":
-        lq = _call_logits(logits_fn, Hp, lead, "logits_fn(H_patched)")
-        return _divergence(lp, lq, divergence)
+        lq = _call_logits(logits_fn, Hp, lead, "logits_fn(H_patched)", origin)
+        return to_caller(_divergence(lp, lq, divergence), origin)
     T = lead[-1]
     out = np.empty(lead, dtype=np.float64)
     for t in range(T):
         H = Ho.copy()
         H[..., t, :] = Hp[..., t, :]
-        lq = _call_logits(logits_fn, H, lead, "logits_fn(H)")
+        lq = _call_logits(logits_fn, H, lead, "logits_fn(H)", origin)
         dv = _divergence(lp, lq, divergence)
         out[..., t] = dv[..., t] if readout == "self" else np.sum(dv, axis=-1)
-    return out
+    return to_caller(out, origin)
 
 
 # ----------------------------------------------------------------- Spearman
@@ -1733,6 +1783,8 @@ def spearman(a: Any, b: Any, /) -> float:
     >>> refgeo.spearman([1.0, 2.0, 3.0, 4.0], [1.0, 3.0, 2.0, 4.0])
     0.8
     """
+    a, _ = from_foreign(a, "a", host=True)
+    b, _ = from_foreign(b, "b", host=True)
     a = as_float_array(a, "a", ndim=1, shape_hint="1-D array of shape (n,)")
     b = as_float_array(b, "b", ndim=1, shape_hint="1-D array of shape (n,)")
     check_same_shape(a, b, ("a", "b"))
@@ -1824,18 +1876,20 @@ def layer_report(
         p = None if perturbations is None else perturbations[i]
         if p is not None:
             # NaN/inf allowed (a diverged token): they are left out of the statistics
+            p, _ = from_foreign(p, f"perturbations[{i}]", host=True)
             p = as_float_array(p, f"perturbations[{i}]", ndim=1, finite=False, shape_hint="1-D array of shape (N,)")
             p = np.asarray(p, dtype=np.float64)
-            if p.shape[0] != r.relative_error.shape[0]:
+            err, mask = to_host(r.relative_error), to_host(r.eval_mask)
+            if p.shape[0] != err.shape[0]:
                 raise ValueError(
-                    f"perturbations[{i}] must have one value per token ({r.relative_error.shape[0]}), "
+                    f"perturbations[{i}] must have one value per token ({err.shape[0]}), "
                     f"got {p.shape[0]} instead."
                 )
-            m = np.asarray(r.eval_mask) & np.isfinite(p) & np.isfinite(r.relative_error)
-            row["mean_perturbation"] = _finite_mean(p[np.asarray(r.eval_mask)])
-            row["median_perturbation"] = _finite_median(p[np.asarray(r.eval_mask)])
+            m = mask & np.isfinite(p) & np.isfinite(err)
+            row["mean_perturbation"] = _finite_mean(p[mask])
+            row["median_perturbation"] = _finite_median(p[mask])
             row["spearman_error_perturbation"] = (
-                spearman(r.relative_error[m], p[m]) if int(m.sum()) >= 2 else math.nan
+                spearman(err[m], p[m]) if int(m.sum()) >= 2 else math.nan
             )
         rows.append(row)
     return rows
