@@ -5,13 +5,13 @@ from ._driver import ProgressHook
 
 def extreme_pair64(X: npt.NDArray[np.float64], nrm: npt.NDArray[np.float64],
                    tile_rmax: npt.NDArray[np.float64], S: npt.NDArray[np.float64],
-                   maximise: bool, cp: float, eabs: float, bound0: float, tile: int,
+                   maximize: bool, cp: float, eabs: float, bound0: float, tile: int,
                    n_threads: int, out_r: npt.NDArray[np.float64],
                    out_ij: npt.NDArray[np.int64], out_nref: npt.NDArray[np.int64],
                    progress: ProgressHook = None) -> None: ...
 def extreme_pair32(X: npt.NDArray[np.float32], nrm: npt.NDArray[np.float64],
                    tile_rmax: npt.NDArray[np.float64], S: npt.NDArray[np.float32],
-                   maximise: bool, cp: float, eabs: float, bound0: float, tile: int,
+                   maximize: bool, cp: float, eabs: float, bound0: float, tile: int,
                    n_threads: int, out_r: npt.NDArray[np.float64],
                    out_ij: npt.NDArray[np.int64], out_nref: npt.NDArray[np.int64],
                    progress: ProgressHook = None) -> None: ...
@@ -27,7 +27,7 @@ def farthest_partners32(X: npt.NDArray[np.float32], nrm: npt.NDArray[np.float64]
                         progress: ProgressHook = None) -> None: ...
 def extreme_pair32s64(X: npt.NDArray[np.float32], nrm: npt.NDArray[np.float64],
                       tile_rmax: npt.NDArray[np.float64], S: npt.NDArray[np.float64],
-                      maximise: bool, cp: float, eabs: float, bound0: float, tile: int,
+                      maximize: bool, cp: float, eabs: float, bound0: float, tile: int,
                       n_threads: int, out_r: npt.NDArray[np.float64],
                       out_ij: npt.NDArray[np.int64], out_nref: npt.NDArray[np.int64],
                       progress: ProgressHook = None) -> None: ...

@@ -11,7 +11,7 @@ from hypothesis import HealthCheck, settings
 import refgeo
 from refgeo import _backend
 
-# Profiles (HYPOTHESIS_PROFILE): "ci" is derandomised so CI failures reproduce;
+# Profiles (HYPOTHESIS_PROFILE): "ci" is derandomized so CI failures reproduce;
 # "nightly" explores more and keeps a database; "dev" is quick.
 settings.register_profile(
     "ci",

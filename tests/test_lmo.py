@@ -105,7 +105,7 @@ def simplex_gradient(k):
     return _centered(np.eye(k + 1))
 
 
-# ------------------------------------------------------------------ center / normalise / RowNorm
+# ------------------------------------------------------------------ center / normalize / RowNorm
 
 
 def test_center_rows_and_row_normalize():

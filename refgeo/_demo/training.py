@@ -106,11 +106,11 @@ class DemoSize:
 SIZES: dict[str, DemoSize] = {
     "full": DemoSize(vocab=3000, d=64, context=3, batch=256, steps=400, diag_every=4, eval_every=25,
                      lmo_every=50, n_eval=2048, n_panel=512, n_tokenwise=1500, max_files=None,
-                     budget_s=20.0, lmo_budget_s=20.0, lmo_step_s=0.3, spread_max_vocab=600, lmo_rows=300,
+                     budget_s=20.0, lmo_budget_s=30.0, lmo_step_s=2.0, spread_max_vocab=600, lmo_rows=300,
                      lmo_solve_s=1.5, diag_budget_s=4.0, stage_budget_s=12.0, lr_adamw=0.04, gamma=0.025),
     "quick": DemoSize(vocab=2000, d=32, context=3, batch=128, steps=120, diag_every=4, eval_every=20,
                       lmo_every=40, n_eval=1024, n_panel=256, n_tokenwise=600, max_files=40,
-                      budget_s=2.0, lmo_budget_s=2.0, lmo_step_s=0.1, spread_max_vocab=600, lmo_rows=150,
+                      budget_s=2.0, lmo_budget_s=3.0, lmo_step_s=0.3, spread_max_vocab=600, lmo_rows=150,
                       lmo_solve_s=0.5, diag_budget_s=1.0, stage_budget_s=2.0, lr_adamw=0.04, gamma=0.025),
     "tiny": DemoSize(top_rows=64, vocab=300, d=16, context=2, batch=64, steps=24, diag_every=3, eval_every=8,
                      lmo_every=12, n_eval=256, n_panel=64, n_tokenwise=200, max_files=6,
