@@ -25,7 +25,7 @@ from typing import Any, Literal
 import numpy as np
 from array_api_compat import array_namespace, is_numpy_array
 
-from . import _backend
+from . import _backend, _progress
 from ._validate import (
     as_float_array,
     check_axis,
@@ -401,13 +401,13 @@ def _pairwise_probabilities_reference(XA, XB, *, triangle: bool):
     return xp.stack(rows, axis=0)
 
 
-def _pdist_reference(X, *, kind, tile_size, n_threads):
+def _pdist_reference(X, *, kind, tile_size, n_threads, progress=None):
     if kind == "logits":
         return _pairwise_logits_reference(X, X, triangle=True)
     return _pairwise_probabilities_reference(X, X, triangle=True)
 
 
-def _cdist_reference(XA, XB, *, kind, tile_size, n_threads):
+def _cdist_reference(XA, XB, *, kind, tile_size, n_threads, progress=None):
     if kind == "logits":
         return _pairwise_logits_reference(XA, XB, triangle=False)
     return _pairwise_probabilities_reference(XA, XB, triangle=False)
@@ -430,7 +430,12 @@ def _kernel_suffix(X):
     return "32" if X.dtype == np.float32 else "64"
 
 
-def _pdist_cython(X, *, kind, tile_size, n_threads):
+def _tropical_hook(progress, nA, nB, tile):
+    """The kernel's ``progress(done, total)`` (tasks: row tiles x blocks of 8 tiles), or None."""
+    return None if progress is None else progress.kernel_hook(-(-nA // tile) * -(-nB // (8 * tile)))
+
+
+def _pdist_cython(X, *, kind, tile_size, n_threads, progress=None):
     from refgeo_ext import _tropical
 
     Z = _as_kernel_input(X, kind)
@@ -438,7 +443,9 @@ def _pdist_cython(X, *, kind, tile_size, n_threads):
     out = np.empty(n * (n - 1) // 2, dtype=np.float64)
     fn = getattr(_tropical, "pdist_logits" + _kernel_suffix(Z))
     # at most n rows per tile: a larger tile_size only over-allocates the tile buffers
-    fn(Z, out, min(tile_size or _DEFAULT_TILE_ROWS, n), _DEFAULT_CHUNK, _backend.resolve_n_threads(n_threads))
+    tile = min(tile_size or _DEFAULT_TILE_ROWS, n)
+    fn(Z, out, tile, _DEFAULT_CHUNK, _backend.resolve_n_threads(n_threads),
+       progress=_tropical_hook(progress, n, n, tile))
     if kind == "logits" and not np.all(np.isfinite(out)):
         # a difference overflowed in the kernel's dtype (float32 logits near 3e38, or
         # float64 near 1e308): the float64 reference handles those
@@ -446,7 +453,7 @@ def _pdist_cython(X, *, kind, tile_size, n_threads):
     return out
 
 
-def _cdist_cython(XA, XB, *, kind, tile_size, n_threads):
+def _cdist_cython(XA, XB, *, kind, tile_size, n_threads, progress=None):
     from refgeo_ext import _tropical
 
     A = _as_kernel_input(XA, kind)
@@ -456,8 +463,9 @@ def _cdist_cython(XA, XB, *, kind, tile_size, n_threads):
         B = B.astype(np.float64)
     out = np.empty((A.shape[0], B.shape[0]), dtype=np.float64)
     fn = getattr(_tropical, "cdist_logits" + _kernel_suffix(A))
-    fn(A, B, out, min(tile_size or _DEFAULT_TILE_ROWS, A.shape[0]), _DEFAULT_CHUNK,
-       _backend.resolve_n_threads(n_threads))
+    tile = min(tile_size or _DEFAULT_TILE_ROWS, A.shape[0])
+    fn(A, B, out, tile, _DEFAULT_CHUNK, _backend.resolve_n_threads(n_threads),
+       progress=_tropical_hook(progress, A.shape[0], B.shape[0], tile))
     if kind == "logits" and not np.all(np.isfinite(out)):
         return np.asarray(_pairwise_logits_reference(XA, XB, triangle=False))  # see _pdist_cython
     return out
@@ -496,6 +504,22 @@ def _threads_option(n_threads):
     return check_int(n_threads, "n_threads", min_value=1, allow_none=True)
 
 
+def _check_output_memory(what, nA, form, nB=None):
+    """MemoryError before any work when the float64 output cannot fit."""
+    if nB is None:
+        pairs = nA * (nA - 1) // 2
+        parts = {f"condensed output ({pairs} pairs)": 8.0 * pairs}
+        if form == "square":
+            parts[f"square output ({nA}, {nA})"] = 8.0 * nA * nA
+        shape = f"n={nA}"
+        advice = "Pass fewer rows, or compute blocks of rows with cdist_hilbert(X[a:b], X)."
+    else:
+        parts = {f"output ({nA}, {nB})": 8.0 * nA * nB}
+        shape = f"nA={nA}, nB={nB}"
+        advice = "Pass XA in chunks of rows (cdist_hilbert(XA[a:b], XB)) and reduce each block as it comes."
+    _progress.check_memory(f"{what}({shape})", parts, advice)
+
+
 def pdist_hilbert(
     X: Any,
     /,
@@ -504,6 +528,7 @@ def pdist_hilbert(
     form: Literal["condensed", "square"] = "condensed",
     tile_size: int | None = None,
     n_threads: int | None = None,
+    progress: Any = False,
 ):
     r"""Pairwise Hilbert distances between the rows of ``X`` (like ``scipy.spatial.distance.pdist``).
 
@@ -522,11 +547,23 @@ def pdist_hilbert(
         change any result.
     n_threads : int, default=None
         OpenMP threads for the compiled kernel (all when None).
+    progress : bool or callable, default=False
+        Report progress: True shows a tqdm bar, a callable receives ``{"done",
+        "total", "elapsed", "eta"}`` (tasks of row tiles by column blocks) from the
+        calling thread between tiles, at most four times a second and once at the end
+        (as in :func:`refgeo.row_diameter`); the reference backend reports only the
+        end.  Never changes the result.
 
     Returns
     -------
     d : ndarray of shape (n*(n-1)//2,) or (n, n)
         float64 distances.
+
+    Raises
+    ------
+    MemoryError
+        Before any work, when the output (8 bytes per pair; the square form also
+        holds the condensed vector) exceeds the available memory.
 
     Notes
     -----
@@ -558,8 +595,10 @@ def pdist_hilbert(
     info = _PDIST
     if kind == "probabilities" and not _all_positive(X):
         info = _backend.KernelInfo(name=_PDIST.name, reference=_PDIST.reference)
+    _check_output_memory("pdist_hilbert", X.shape[0], form)
     _, fn = _backend.dispatch(info, X)
-    out = fn(X, kind=kind, tile_size=tile_size, n_threads=n_threads)
+    out = _progress.call_with_progress(fn, X, kind=kind, tile_size=tile_size, n_threads=n_threads,
+                                       progress=progress, desc="pdist_hilbert")
     if form == "square":
         return _squareform(out, X.shape[0])
     return out
@@ -585,6 +624,7 @@ def cdist_hilbert(
     kind: Literal["logits", "probabilities"] = "logits",
     tile_size: int | None = None,
     n_threads: int | None = None,
+    progress: Any = False,
 ):
     r"""Hilbert distances between every row of ``XA`` and every row of ``XB``.
 
@@ -598,11 +638,22 @@ def cdist_hilbert(
         Rows of ``XA`` per parallel task (does not change results).
     n_threads : int, default=None
         OpenMP threads (all when None).
+    progress : bool or callable, default=False
+        Report progress: True shows a tqdm bar, a callable receives ``{"done",
+        "total", "elapsed", "eta"}`` (tasks of row tiles by column blocks) from the
+        calling thread between tiles, at most four times a second and once at the end
+        (as in :func:`refgeo.row_diameter`); the reference backend reports only the
+        end.  Never changes the result.
 
     Returns
     -------
     d : ndarray of shape (nA, nB)
         float64, ``d[i, j] = d_H(XA[i], XB[j])``.
+
+    Raises
+    ------
+    MemoryError
+        Before any work, when the (nA, nB) output exceeds the available memory.
 
     Notes
     -----
@@ -626,8 +677,10 @@ def cdist_hilbert(
     info = _CDIST
     if kind == "probabilities" and not _all_positive(XA, XB):
         info = _backend.KernelInfo(name=_CDIST.name, reference=_CDIST.reference)
+    _check_output_memory("cdist_hilbert", XA.shape[0], None, XB.shape[0])
     _, fn = _backend.dispatch(info, XA, XB)
-    return fn(XA, XB, kind=kind, tile_size=tile_size, n_threads=n_threads)
+    return _progress.call_with_progress(fn, XA, XB, kind=kind, tile_size=tile_size, n_threads=n_threads,
+                                        progress=progress, desc="cdist_hilbert")
 
 
 # --------------------------------------------------------------------------- bounds
