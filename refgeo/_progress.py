@@ -159,7 +159,8 @@ class Progress:
             self._bar.update(n)
         elif self._callback is not None and threading.get_ident() == self._thread:
             now = time.perf_counter()
-            if self._done >= self._total or now - self._last >= self._interval:
+            # the end once (not again for steps beyond the total), else throttled
+            if (self._done >= self._total and self._reported != self._done) or now - self._last >= self._interval:
                 self._report(self._callback, now)
 
     def update_to(self, done: float) -> None:
