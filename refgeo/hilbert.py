@@ -639,11 +639,7 @@ def cdist_hilbert(
     n_threads : int, default=None
         OpenMP threads (all when None).
     progress : bool or callable, default=False
-        Report progress: True shows a tqdm bar, a callable receives ``{"done",
-        "total", "elapsed", "eta"}`` (tasks of row tiles by column blocks) from the
-        calling thread between tiles, at most four times a second and once at the end
-        (as in :func:`refgeo.row_diameter`); the reference backend reports only the
-        end.  Never changes the result.
+        As in :func:`pdist_hilbert`.
 
     Returns
     -------

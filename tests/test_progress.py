@@ -244,15 +244,14 @@ def test_cli_inspect_shows_the_engine_progress_on_a_terminal(tmp_path):
     os.close(slave)
     out = proc.stdout.read()
     proc.wait(timeout=120)
-    err = b""
-    while True:
+
+    def read():
         try:
-            chunk = os.read(master, 65536)
-        except OSError:  # the child closed its end
-            break
-        if not chunk:
-            break
-        err += chunk
+            return os.read(master, 65536)
+        except OSError:  # the child closed its end of the terminal
+            return b""
+
+    err = b"".join(iter(read, b""))
     os.close(master)
     assert proc.returncode == 0 and b"diameter" in out
     text = err.decode(errors="replace")
