@@ -165,8 +165,9 @@ class ProgressOverhead:
         with refgeo.use_backend("cython"):
             on = lambda: refgeo.row_diameter(self.S, progress=last.update)  # noqa: E731
             off = lambda: refgeo.row_diameter(self.S, progress=False)  # noqa: E731
+            off(), on()  # warm: first-call costs (imports, page faults) hit neither
             t_on = t_off = float("inf")
-            for _ in range(3):  # alternate, so that drifting machine load hits both
+            for _ in range(5):  # alternate, so that drifting machine load hits both
                 t_off = min(t_off, best_time(off, 1))
                 t_on = min(t_on, best_time(on, 1))
             if last.get("done") != last.get("total"):
