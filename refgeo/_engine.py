@@ -10,6 +10,9 @@ the tile size, the thread count and the filter dtype (the thresholds below), pin
 to one thread while OpenMP runs the tiles, and merge the per-thread results with the
 tie rule.  Each returns a :class:`refgeo._backend.KernelRun`; none falls back to the
 reference inside a call (the rows arrive prescaled into the range the GEMM can hold).
+``progress`` is None or a :class:`refgeo._progress.Progress`: each kernel run is
+announced to it with its task count (tile pairs, plus row blocks for k-NN), and the
+kernel's tile driver reports between tiles; k-NN's float64 redo pass is one more run.
 
 All thresholds change only the speed, never the result: tests set them to 0 or to a
 huge value to exercise both sides.
@@ -21,7 +24,7 @@ import math
 
 import numpy as np
 
-from . import _backend
+from . import _backend, _progress
 from ._backend import KernelRun
 from ._certify import MAX_NORM2, MIN_NORM2_FLOAT32, better, canonical_sq, reported_bound, rounding_bound
 from ._threads import blas_single_thread
@@ -50,6 +53,10 @@ KNN_MIXED_MIN_WORK = 1 << 26
 # refined.  The minimum mode keeps the float64 filter: near-duplicate clusters would
 # put many pairs inside the wider float32 band.
 MAX_MIXED_MIN_WORK = 1 << 26
+
+# Rows per task of the k-NN kernel's second phase (the kernel's ROW_BLOCK): only to
+# announce the task count to a progress reporter, which adopts the kernel's own count.
+KNN_ROW_BLOCK = 64
 
 
 def _suffix(a) -> str:
@@ -142,7 +149,12 @@ def _effective_threads(n_threads, n_tasks, work):
     return max(1, min(n_threads, n_tasks))
 
 
-def _compiled_extreme_pair(S, *, maximize, tile_size, n_threads) -> KernelRun:
+def _hook(progress, n_tasks):
+    """The kernel's ``progress(done, total)`` for a :class:`refgeo._progress.Progress`, or None."""
+    return None if progress is None else progress.kernel_hook(n_tasks)
+
+
+def _compiled_extreme_pair(S, *, maximize, tile_size, n_threads, progress=None) -> KernelRun:
     ext = _backend.extension()
     n = _backend.resolve_n_threads(n_threads)
     V, d = S.shape
@@ -163,7 +175,8 @@ def _compiled_extreme_pair(S, *, maximize, tile_size, n_threads) -> KernelRun:
         # multi-threaded BLAS call just before the kernel leaves BLAS worker threads
         # spinning, and they steal cores from the OpenMP tiles (15% of samples in perf).
         bound0 = _diameter_seed(Sc, X, nrm) if maximize else math.inf
-        fn(X, nrm, tile_rmax, Sc, maximize, cp, eabs, bound0, tile, n_eff, out_r, out_ij, out_nref)
+        fn(X, nrm, tile_rmax, Sc, maximize, cp, eabs, bound0, tile, n_eff, out_r, out_ij, out_nref,
+           progress=_hook(progress, nt * (nt + 1) // 2))
     best: tuple[float, int, int] | None = None
     for t in range(n_eff):
         i, j = int(out_ij[t, 0]), int(out_ij[t, 1])
@@ -178,17 +191,17 @@ def _compiled_extreme_pair(S, *, maximize, tile_size, n_threads) -> KernelRun:
     )
 
 
-def diameter(S, *, tile_size=None, n_threads=None) -> KernelRun:
+def diameter(S, *, tile_size=None, n_threads=None, progress=None) -> KernelRun:
     """Row diameter of NumPy float32/float64 rows on the compiled engine."""
-    return _compiled_extreme_pair(S, maximize=True, tile_size=tile_size, n_threads=n_threads)
+    return _compiled_extreme_pair(S, maximize=True, tile_size=tile_size, n_threads=n_threads, progress=progress)
 
 
-def closest(S, *, tile_size=None, n_threads=None) -> KernelRun:
+def closest(S, *, tile_size=None, n_threads=None, progress=None) -> KernelRun:
     """Closest pair of NumPy float32/float64 rows on the compiled engine."""
-    return _compiled_extreme_pair(S, maximize=False, tile_size=tile_size, n_threads=n_threads)
+    return _compiled_extreme_pair(S, maximize=False, tile_size=tile_size, n_threads=n_threads, progress=progress)
 
 
-def farthest(S, *, tile_size=None, n_threads=None) -> KernelRun:
+def farthest(S, *, tile_size=None, n_threads=None, progress=None) -> KernelRun:
     """Each row's farthest other row on the compiled engine."""
     ext = _backend.extension()
     n = _backend.resolve_n_threads(n_threads)
@@ -205,7 +218,7 @@ def farthest(S, *, tile_size=None, n_threads=None) -> KernelRun:
     nref = np.zeros(n_eff, dtype=np.int64)
     fn = getattr(ext._extreme_pairs, "farthest_partners" + _kernel_suffix(X, Sc))
     with blas_single_thread():
-        fn(X, nrm, Sc, cp, eabs, tile, n_eff, L, B, Bj, nref)
+        fn(X, nrm, Sc, cp, eabs, tile, n_eff, L, B, Bj, nref, progress=_hook(progress, nt * (nt + 1) // 2))
     r, j = B[0].copy(), Bj[0].copy()
     for t in range(1, n_eff):
         better = (B[t] > r) | ((B[t] == r) & (Bj[t] < j))
@@ -218,7 +231,7 @@ def farthest(S, *, tile_size=None, n_threads=None) -> KernelRun:
 
 
 def _knn_pass(fn, XA, nA, SA, XB, nB, SB, *, symmetric, exclude_self, self_idx, defer, k, dt,
-              tile_size, n):
+              tile_size, n, progress=None):
     """One run of a compiled k-NN kernel; returns (indices, distances, stats)."""
     nA_rows, d = SA.shape
     nB_rows = SB.shape[0]
@@ -238,15 +251,45 @@ def _knn_pass(fn, XA, nA, SA, XB, nB, SB, *, symmetric, exclude_self, self_idx, 
     stats = np.zeros(2, dtype=np.int64)
     with blas_single_thread():
         fn(XA, nA, SA, XB, nB, SB, symmetric, exclude_self, self_idx, defer, k, cp, eabs, tile,
-           n_eff, keys, ids, out_idx, out_dist, stats)
+           n_eff, keys, ids, out_idx, out_dist, stats,
+           progress=_hook(progress, npairs + -(-nA_rows // KNN_ROW_BLOCK)))
     return out_idx, out_dist, stats
 
 
-def knn(X, k, Y, *, exclude_self, tile_size=None, n_threads=None) -> KernelRun:
+def knn_memory(nA, nB, d, k, *, symmetric, exclude_self, itemsize, tile_size, n_threads) -> dict:
+    """Bytes the compiled k-NN allocates, by part (before the optional float64 redo).
+
+    Sizes as in :func:`_knn_pass`: the (nA, k) outputs, one (nA, K) heap of keys and
+    indices per thread, and the centered copies with their norms.
+    """
+    n_cand = nB - int(exclude_self) if symmetric else nB
+    K = min(n_cand, k + max(8, k // 2))
+    tile = max(1, min(max(nA, nB), tile_size or DEFAULT_TILE))
+    ntA, ntB = -(-nA // tile), -(-nB // tile)
+    npairs = ntA * (ntA + 1) // 2 if symmetric else ntA * ntB
+    n_eff = _effective_threads(n_threads, npairs, nA * nB * d // (2 if symmetric else 1))
+    rows = nA if symmetric else nA + nB
+    return {
+        f"indices and distances ({nA}, {k})": 16.0 * nA * k,
+        f"heaps ({n_eff} threads, {nA}, K={K})": 16.0 * n_eff * nA * K,
+        f"centered copies ({rows}, {d})": float(rows) * (d * itemsize + 8),
+    }
+
+
+def knn(X, k, Y, *, exclude_self, tile_size=None, n_threads=None, progress=None) -> KernelRun:
     """The k nearest rows on the compiled engine (``Y`` None: ``X`` against itself)."""
     ext = _backend.extension()
     n = _backend.resolve_n_threads(n_threads)
     symmetric = Y is None
+    nA, d = X.shape
+    nB = nA if symmetric else Y.shape[0]
+    _progress.check_memory(
+        f"knn of {nA} x {d} rows against {nB} (k={k})",
+        knn_memory(nA, nB, d, k, symmetric=symmetric, exclude_self=exclude_self,
+                   itemsize=X.dtype.itemsize, tile_size=tile_size, n_threads=n),
+        "Pass a smaller k, fewer n_threads (each thread keeps its own heaps), or query the "
+        "rows of X in chunks (knn(X[a:b], k, Y) for Y the candidate rows).",
+    )
     arrays = [X] if symmetric else [X, Y]
     # float64 rows with enough work are filtered through a float32 centered copy (half
     # the GEMM time); _center falls back to float64 where float32 cannot hold them.
@@ -268,7 +311,7 @@ def knn(X, k, Y, *, exclude_self, tile_size=None, n_threads=None) -> KernelRun:
     idx, dist, stats = _knn_pass(
         getattr(ext._knn, "knn" + _kernel_suffix(XA, SA)), XA, nA, SA, XB, nB, SB,
         symmetric=symmetric, exclude_self=exclude_self, self_idx=no_self, defer=mixed, k=k,
-        dt=dt, tile_size=tile_size, n=n,
+        dt=dt, tile_size=tile_size, n=n, progress=progress,
     )
     n_refined = int(stats[1])
     if mixed and stats[0] > 0:
@@ -282,6 +325,7 @@ def knn(X, k, Y, *, exclude_self, tile_size=None, n_threads=None) -> KernelRun:
             ext._knn.knn64, np.ascontiguousarray(cents64[0][F]), np.ascontiguousarray(norms64[0][F]),
             np.ascontiguousarray(SA[F]), XB64, nB64, SB, symmetric=False, exclude_self=False,
             self_idx=self_idx, defer=False, k=k, dt="float64", tile_size=tile_size, n=n,
+            progress=progress,
         )
         idx[F] = sub_idx
         dist[F] = sub_dist

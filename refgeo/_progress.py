@@ -52,7 +52,7 @@ import numpy as np
 
 from ._validate import check_real
 
-__all__ = ["Progress", "available_memory", "check_memory", "check_progress", "format_bytes"]
+__all__ = ["Progress", "available_memory", "call_with_progress", "check_memory", "check_progress", "format_bytes"]
 
 _TQDM_WARNED = False
 
@@ -66,7 +66,9 @@ def check_progress(value: Any, name: str = "progress") -> bool | Callable[[dict]
     raise TypeError(f"{name} must be False, True or a callable, got {type(value).__name__} instead.")
 
 
-def _tqdm_bar(total: int, desc: str, unit: str):
+def _tqdm_bar(total: float | None, desc: str, unit: str):
+    """A tqdm bar, or None (with the one warning) when tqdm is missing; ``total`` None
+    checks for tqdm and returns a function that makes the bar once the total is known."""
     global _TQDM_WARNED
     try:
         from tqdm.auto import tqdm
@@ -80,6 +82,8 @@ def _tqdm_bar(total: int, desc: str, unit: str):
                 stacklevel=4,
             )
         return None
+    if total is None:
+        return lambda n: tqdm(total=n, desc=desc, unit=unit)
     return tqdm(total=total, desc=desc, unit=unit)
 
 
@@ -101,23 +105,32 @@ class Progress:
         end are always reported).
     """
 
-    __slots__ = ("_bar", "_callback", "_done", "_interval", "_last", "_start", "_thread", "_total")
+    __slots__ = ("_bar", "_callback", "_done", "_interval", "_last", "_reported", "_runs", "_start",
+                 "_started", "_thread", "_total")
 
-    def __init__(self, progress: Any, total: int, *, desc: str = "", unit: str = "step", interval: float = 0.25):
+    def __init__(self, progress: Any, total: int | None, *, desc: str = "", unit: str = "step",
+                 interval: float = 0.25, runs: int = 1):
         progress = check_progress(progress)
         self._interval = check_real(interval, "interval", min_value=0.0)
-        self._total = max(int(total), 0)
+        # total None: the steps are announced by the kernel runs (begin); the start is
+        # reported with the first run, when the total is known
+        self._started = total is not None
+        self._total = max(total, 0) if total is not None else 0
+        self._runs = runs
         self._done = 0
+        self._reported = -1
         self._start = time.perf_counter()
         self._last = self._start
         self._thread = threading.get_ident()
         self._bar: Any = None  # a tqdm bar (untyped dependency) or None
         self._callback: Callable[[dict], Any] | None = None
         if progress is True:
-            self._bar = _tqdm_bar(self._total, desc, unit)
+            # with the total still unknown: a factory, called by the first begin()
+            self._bar = _tqdm_bar(self._total if self._started else None, desc, unit)
         elif callable(progress):
             self._callback = progress
-            self._report(progress, self._start)
+            if self._started:
+                self._report(progress, self._start)
 
     @property
     def active(self) -> bool:
@@ -136,6 +149,7 @@ class Progress:
 
     def _report(self, callback: Callable[[dict], Any], now: float) -> None:
         self._last = now
+        self._reported = self._done
         callback(self.info(now))
 
     def advance(self, n: int = 1) -> None:
@@ -145,13 +159,89 @@ class Progress:
             self._bar.update(n)
         elif self._callback is not None and threading.get_ident() == self._thread:
             now = time.perf_counter()
-            if self._done >= self._total or now - self._last >= self._interval:
+            # the end once (not again for steps beyond the total), else throttled
+            if (self._done >= self._total and self._reported != self._done) or now - self._last >= self._interval:
                 self._report(self._callback, now)
+
+    def update_to(self, done: float) -> None:
+        """Record that ``done`` steps are finished (never moves back); report if due."""
+        if done > self._done:
+            self.advance(done - self._done)
+
+    def set_total(self, total: float) -> None:
+        """Change the number of steps (a kernel run that says how many tasks it has)."""
+        if total != self._total:
+            self._total = total
+            if self._bar is not None:
+                self._bar.total = total
+                self._bar.refresh()
+
+    # A compiled kernel's tile driver reports ``progress(done, total)`` for its own
+    # tasks; a public call may run several kernels (the diameter and the closest pair,
+    # k-NN's float64 redo pass), so each run is a segment of this reporter's steps.
+
+    def begin(self, n_tasks: int) -> int:
+        """A kernel run of ``n_tasks`` steps starts here; returns its first step.
+
+        The total becomes the steps so far plus ``n_tasks`` for this run and for each
+        run still expected (``runs`` in the constructor, all assumed the same size).
+        A run that was not expected (k-NN's redo pass) makes the total grow.
+        """
+        offset = self._done
+        self._runs = max(self._runs - 1, 0)
+        total = offset + n_tasks * (1 + self._runs)
+        if self._started:
+            self.set_total(total)
+        else:
+            self._total = total
+            self._started = True
+            if self._bar is not None:
+                self._bar = self._bar(self._total)
+            if self._callback is not None:
+                self._report(self._callback, time.perf_counter())
+        return offset
+
+    def kernel_hook(self, n_tasks: int) -> Callable[[int, int], None] | None:
+        """``progress(done, total)`` for a compiled kernel of ``n_tasks`` tasks, or None.
+
+        None when nothing is reported, so that the kernel pays nothing.  The kernel's
+        own ``total`` is authoritative (``n_tasks`` is the caller's count of the same).
+        """
+        if not self.active:
+            return None
+        offset = self.begin(n_tasks)
+        later = self._runs
+
+        def hook(done: int, total: int) -> None:
+            self.set_total(offset + total * (1 + later))
+            self.update_to(offset + done)
+
+        return hook
+
+    def finish(self) -> None:
+        """Mark every step done and report the end once (a run with no hook: one step)."""
+        self._runs = 0
+        if not self._started:
+            self.begin(1)
+        self.set_total(max(self._total, self._done))
+        self.update_to(self._total)
+        self.flush()
+
+    def flush(self) -> None:
+        """Report the current state to a callable unless it has just been reported."""
+        if self._callback is not None and self._reported != self._done:
+            self._report(self._callback, time.perf_counter())
+
+    def postfix(self, **values: Any) -> None:
+        """Show ``values`` after the tqdm bar (nothing for a callable)."""
+        if self._bar is not None:
+            self._bar.set_postfix(refresh=False, **values)
 
     def close(self) -> None:
         """Close the tqdm bar (idempotent)."""
         if self._bar is not None:
-            self._bar.close()
+            if self._started:  # else a factory that never made a bar
+                self._bar.close()
             self._bar = None
 
     def __enter__(self) -> Progress:
@@ -159,6 +249,21 @@ class Progress:
 
     def __exit__(self, *exc) -> None:
         self.close()
+
+
+def call_with_progress(fn: Callable[..., Any], *args: Any, progress: Any, desc: str,
+                       unit: str = "tile", **kwargs: Any) -> Any:
+    """``fn(*args, progress=reporter_or_None, **kwargs)`` with one :class:`Progress`.
+
+    For a public call that is one kernel run: ``fn`` receives the reporter when
+    something is reported (it calls :meth:`Progress.kernel_hook` to get the kernel's
+    ``progress`` callable) and None otherwise.  The end is reported when ``fn``
+    returns (``done == total``; a backend without a hook reports one step).
+    """
+    with Progress(progress, None, desc=desc, unit=unit) as bar:
+        out = fn(*args, progress=bar if bar.active else None, **kwargs)
+        bar.finish()
+    return out
 
 
 # ----------------------------------------------------------------------- memory

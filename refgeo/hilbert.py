@@ -38,7 +38,7 @@ from typing import Any, Literal
 import numpy as np
 from array_api_compat import array_namespace, is_numpy_array
 
-from . import _backend
+from . import _backend, _progress
 from ._interop import first_origin, from_foreign, to_caller
 from ._validate import (
     as_float_array,
@@ -434,13 +434,13 @@ def _pairwise_probabilities_reference(XA, XB, *, triangle: bool):
     return xp.stack(rows, axis=0)
 
 
-def _pdist_reference(X, *, kind, tile_size, n_threads):
+def _pdist_reference(X, *, kind, tile_size, n_threads, progress=None):
     if kind == "logits":
         return _pairwise_logits_reference(X, X, triangle=True)
     return _pairwise_probabilities_reference(X, X, triangle=True)
 
 
-def _cdist_reference(XA, XB, *, kind, tile_size, n_threads):
+def _cdist_reference(XA, XB, *, kind, tile_size, n_threads, progress=None):
     if kind == "logits":
         return _pairwise_logits_reference(XA, XB, triangle=False)
     return _pairwise_probabilities_reference(XA, XB, triangle=False)
@@ -463,7 +463,12 @@ def _kernel_suffix(X):
     return "32" if X.dtype == np.float32 else "64"
 
 
-def _pdist_cython(X, *, kind, tile_size, n_threads):
+def _tropical_hook(progress, nA, nB, tile):
+    """The kernel's ``progress(done, total)`` (tasks: row tiles x blocks of 8 tiles), or None."""
+    return None if progress is None else progress.kernel_hook(-(-nA // tile) * -(-nB // (8 * tile)))
+
+
+def _pdist_cython(X, *, kind, tile_size, n_threads, progress=None):
     from refgeo_ext import _tropical
 
     Z = _as_kernel_input(X, kind)
@@ -471,7 +476,9 @@ def _pdist_cython(X, *, kind, tile_size, n_threads):
     out = np.empty(n * (n - 1) // 2, dtype=np.float64)
     fn = getattr(_tropical, "pdist_logits" + _kernel_suffix(Z))
     # at most n rows per tile: a larger tile_size only over-allocates the tile buffers
-    fn(Z, out, min(tile_size or _DEFAULT_TILE_ROWS, n), _DEFAULT_CHUNK, _backend.resolve_n_threads(n_threads))
+    tile = min(tile_size or _DEFAULT_TILE_ROWS, n)
+    fn(Z, out, tile, _DEFAULT_CHUNK, _backend.resolve_n_threads(n_threads),
+       progress=_tropical_hook(progress, n, n, tile))
     if kind == "logits" and not np.all(np.isfinite(out)):
         # a difference overflowed in the kernel's dtype (float32 logits near 3e38, or
         # float64 near 1e308): the float64 reference handles those
@@ -479,7 +486,7 @@ def _pdist_cython(X, *, kind, tile_size, n_threads):
     return out
 
 
-def _cdist_cython(XA, XB, *, kind, tile_size, n_threads):
+def _cdist_cython(XA, XB, *, kind, tile_size, n_threads, progress=None):
     from refgeo_ext import _tropical
 
     A = _as_kernel_input(XA, kind)
@@ -489,8 +496,9 @@ def _cdist_cython(XA, XB, *, kind, tile_size, n_threads):
         B = B.astype(np.float64)
     out = np.empty((A.shape[0], B.shape[0]), dtype=np.float64)
     fn = getattr(_tropical, "cdist_logits" + _kernel_suffix(A))
-    fn(A, B, out, min(tile_size or _DEFAULT_TILE_ROWS, A.shape[0]), _DEFAULT_CHUNK,
-       _backend.resolve_n_threads(n_threads))
+    tile = min(tile_size or _DEFAULT_TILE_ROWS, A.shape[0])
+    fn(A, B, out, tile, _DEFAULT_CHUNK, _backend.resolve_n_threads(n_threads),
+       progress=_tropical_hook(progress, A.shape[0], B.shape[0], tile))
     if kind == "logits" and not np.all(np.isfinite(out)):
         return np.asarray(_pairwise_logits_reference(XA, XB, triangle=False))  # see _pdist_cython
     return out
@@ -529,6 +537,22 @@ def _threads_option(n_threads):
     return check_int(n_threads, "n_threads", min_value=1, allow_none=True)
 
 
+def _check_output_memory(what, nA, form, nB=None):
+    """MemoryError before any work when the float64 output cannot fit."""
+    if nB is None:
+        pairs = nA * (nA - 1) // 2
+        parts = {f"condensed output ({pairs} pairs)": 8.0 * pairs}
+        if form == "square":
+            parts[f"square output ({nA}, {nA})"] = 8.0 * nA * nA
+        shape = f"n={nA}"
+        advice = "Pass fewer rows, or compute blocks of rows with cdist_hilbert(X[a:b], X)."
+    else:
+        parts = {f"output ({nA}, {nB})": 8.0 * nA * nB}
+        shape = f"nA={nA}, nB={nB}"
+        advice = "Pass XA in chunks of rows (cdist_hilbert(XA[a:b], XB)) and reduce each block as it comes."
+    _progress.check_memory(f"{what}({shape})", parts, advice)
+
+
 def pdist_hilbert(
     X: Any,
     /,
@@ -537,6 +561,7 @@ def pdist_hilbert(
     form: Literal["condensed", "square"] = "condensed",
     tile_size: int | None = None,
     n_threads: int | None = None,
+    progress: Any = False,
 ):
     r"""Pairwise Hilbert distances between the rows of ``X`` (like ``scipy.spatial.distance.pdist``).
 
@@ -555,12 +580,24 @@ def pdist_hilbert(
         change any result.
     n_threads : int, default=None
         OpenMP threads for the compiled kernel (all when None).
+    progress : bool or callable, default=False
+        Report progress: True shows a tqdm bar, a callable receives ``{"done",
+        "total", "elapsed", "eta"}`` (tasks of row tiles by column blocks) from the
+        calling thread between tiles, at most four times a second and once at the end
+        (as in :func:`refgeo.row_diameter`); the reference backend reports only the
+        end.  Never changes the result.
 
     Returns
     -------
     d : ndarray of shape (n*(n-1)//2,) or (n, n)
         float64 distances (a tensor on ``X``'s device for a tensor ``X``; a
         contiguous float32/float64 CPU tensor is read in place, without a copy).
+
+    Raises
+    ------
+    MemoryError
+        Before any work, when the output (8 bytes per pair; the square form also
+        holds the condensed vector) exceeds the available memory.
 
     Notes
     -----
@@ -593,8 +630,10 @@ def pdist_hilbert(
     info = _PDIST
     if kind == "probabilities" and not _all_positive(X):
         info = _backend.KernelInfo(name=_PDIST.name, reference=_PDIST.reference)
+    _check_output_memory("pdist_hilbert", X.shape[0], form)
     _, fn = _backend.dispatch(info, X)
-    out = fn(X, kind=kind, tile_size=tile_size, n_threads=n_threads)
+    out = _progress.call_with_progress(fn, X, kind=kind, tile_size=tile_size, n_threads=n_threads,
+                                       progress=progress, desc="pdist_hilbert")
     if form == "square":
         out = _squareform(out, X.shape[0])
     return to_caller(out, origin)
@@ -620,6 +659,7 @@ def cdist_hilbert(
     kind: Literal["logits", "probabilities"] = "logits",
     tile_size: int | None = None,
     n_threads: int | None = None,
+    progress: Any = False,
 ):
     r"""Hilbert distances between every row of ``XA`` and every row of ``XB``.
 
@@ -633,11 +673,18 @@ def cdist_hilbert(
         Rows of ``XA`` per parallel task (does not change results).
     n_threads : int, default=None
         OpenMP threads (all when None).
+    progress : bool or callable, default=False
+        As in :func:`pdist_hilbert`.
 
     Returns
     -------
     d : ndarray of shape (nA, nB)
         float64, ``d[i, j] = d_H(XA[i], XB[j])`` (a tensor when ``XA`` or ``XB`` is one).
+
+    Raises
+    ------
+    MemoryError
+        Before any work, when the (nA, nB) output exceeds the available memory.
 
     Notes
     -----
@@ -662,8 +709,13 @@ def cdist_hilbert(
     info = _CDIST
     if kind == "probabilities" and not _all_positive(XA, XB):
         info = _backend.KernelInfo(name=_CDIST.name, reference=_CDIST.reference)
+    _check_output_memory("cdist_hilbert", XA.shape[0], None, XB.shape[0])
     _, fn = _backend.dispatch(info, XA, XB)
-    return to_caller(fn(XA, XB, kind=kind, tile_size=tile_size, n_threads=n_threads), origin)
+    return to_caller(
+        _progress.call_with_progress(fn, XA, XB, kind=kind, tile_size=tile_size, n_threads=n_threads,
+                                     progress=progress, desc="cdist_hilbert"),
+        origin,
+    )
 
 
 # --------------------------------------------------------------------------- bounds

@@ -34,7 +34,6 @@ from __future__ import annotations
 import dataclasses
 import math
 import time
-import warnings
 from collections.abc import Callable
 from typing import Any
 
@@ -53,6 +52,7 @@ from ._validate import (
     check_open_unit_interval,
     check_real,
 )
+from . import _progress
 from ._threads import blas_single_thread
 from .rows import row_diameter
 
@@ -835,38 +835,17 @@ class _LaplacianSolver:
 
 # --------------------------------------------------------------------------- progress
 
-_TQDM_WARNED = False
-
-
 class _GapProgress:
     """Progress of a solve, measured by the certified-gap estimate on a log scale.
 
-    ``done`` goes from 0 (the first estimate) to 1 (``rtol``); ``eta`` extrapolates
-    the elapsed time.  ``progress=True`` shows a tqdm bar (a warning, once, when tqdm
-    is missing); a callable receives ``{"done", "total", "elapsed", "eta"}`` (total
-    = 1.0) from the calling thread, at most 4 times a second and once at the end.
+    A :class:`refgeo._progress.Progress` over a total of 1.0: ``done`` goes from 0 (the
+    first estimate) to 1 (``rtol``) and never back; the reporter throttles a callable
+    to 4 calls a second from the calling thread and reports the end once.
     """
 
-    _PERIOD = 0.25
-
-    def __init__(self, progress, t0: float):
-        global _TQDM_WARNED
-        self.t0, self.fn, self.tqdm = t0, None, None
+    def __init__(self, progress):
+        self.bar = _progress.Progress(progress, 1.0, desc="diameter_lmo", unit="")
         self.first: float | None = None
-        self.last_call = -math.inf
-        self.done = 0.0
-        if callable(progress):
-            self.fn = progress
-        elif progress:
-            try:
-                from tqdm.auto import tqdm
-            except ImportError:
-                if not _TQDM_WARNED:
-                    _TQDM_WARNED = True
-                    warnings.warn("progress=True needs tqdm (pip install tqdm); no progress is shown.",
-                                  RuntimeWarning, stacklevel=3)
-            else:
-                self.tqdm = tqdm(total=1000, desc="diameter_lmo", unit="‰", leave=False)
 
     def update(self, gap: float, rtol: float, pairs: int) -> None:
         gap = max(gap, rtol * 1e-3)
@@ -874,30 +853,14 @@ class _GapProgress:
             self.first = max(gap, rtol)
         span = math.log(self.first / rtol)
         done = 1.0 if gap <= rtol else (math.log(self.first / gap) / span if span > 0 else 0.0)
-        self.done = min(1.0, max(self.done, done))
-        now = time.perf_counter()
-        if now - self.last_call < self._PERIOD:
-            return
-        self.last_call = now
-        self._emit(now)
-        if self.tqdm is not None:
-            self.tqdm.set_postfix(gap=f"{gap:.2e}", pairs=pairs, refresh=False)
-
-    def _emit(self, now: float) -> None:
-        elapsed = now - self.t0
-        eta = elapsed * (1.0 - self.done) / self.done if self.done > 0 else math.nan
-        if self.fn is not None:
-            self.fn({"done": self.done, "total": 1.0, "elapsed": elapsed, "eta": eta})
-        if self.tqdm is not None:
-            self.tqdm.n = int(round(1000 * self.done))
-            self.tqdm.refresh()
+        self.bar.postfix(gap=f"{gap:.2e}", pairs=pairs)
+        self.bar.update_to(min(1.0, max(done, 0.0)))
 
     def close(self, converged: bool) -> None:
         if converged:
-            self.done = 1.0
-        self._emit(time.perf_counter())
-        if self.tqdm is not None:
-            self.tqdm.close()
+            self.bar.update_to(1.0)
+        self.bar.flush()
+        self.bar.close()
 
 
 # --------------------------------------------------------------------------- aggregation
@@ -1428,9 +1391,9 @@ def diameter_lmo(
         estimates from the Gram filter, certified only in the result).  Returning a true
         value stops the solver.
     progress : bool or callable, default=False
-        True: a tqdm bar (a ``RuntimeWarning``, once, when tqdm is not installed).  A
-        callable is called from the calling thread, at most 4 times a second and once
-        at the end, with a dict ``done`` (0..1, the gap's progress from its first
+        True: a tqdm bar (a ``UserWarning``, once, when tqdm is not installed).  A
+        callable is called from the calling thread, at the start, at most 4 times a
+        second and once at the end, with a dict ``done`` (0..1, the gap's progress from its first
         estimate to ``rtol`` on a log scale), ``total`` (1.0), ``elapsed`` and ``eta``
         (seconds, extrapolated; nan before any progress).
 
@@ -1556,8 +1519,7 @@ def diameter_lmo(
         raise TypeError(
             f"warm_start must be an LMOResult or None, got {type(warm_start).__name__} instead."
         )
-    if not callable(progress):
-        progress = check_bool(progress, "progress")
+    progress = _progress.check_progress(progress)
     Gc, e = _centered_float64(G)
     V, d = Gc.shape
     if warm_start is not None and tuple(warm_start.update.shape) != (V, d):
@@ -1577,7 +1539,7 @@ def diameter_lmo(
             return user_callback({**info, "lower": math.ldexp(info["lower"], e), "upper": math.ldexp(info["upper"], e)})
 
     scale = float(np.sum(np.sqrt(np.einsum("ij,ij->i", Gc, Gc))))
-    bar = _GapProgress(progress, t0) if progress is not False else None
+    bar = _GapProgress(progress) if progress is not False else None
     with blas_single_thread():  # small dense solves and GEMMs: BLAS threads only spin
         agg = None
         if scale > 0.0 and V > 2:

@@ -51,6 +51,22 @@ sum (about ``sqrt(d) 2**-537 m``), not a relative one (entries more than ``2**10
 times smaller than ``m`` are themselves subnormal once scaled).  float32 rows are never
 scaled: their squares always fit in float64.
 
+Progress
+--------
+The engine functions take ``progress=False|True|callable``.  ``True`` shows a tqdm bar
+(when tqdm is not installed: one ``UserWarning`` per process, and nothing else).  A
+callable is called as ``progress(info)`` with ``info = {"done", "total", "elapsed",
+"eta"}`` (steps, steps, seconds, seconds; ``eta`` is NaN before the first step), from
+the calling thread only, at most four times a second: once when the work starts
+(``done == 0``), between tiles, and once at the end with ``done == total``; ``done``
+never decreases.  On the compiled engine a step is one task of the tile driver (a tile
+pair; for k-NN also a block of 64 rows in the certification pass); the total is known
+when the kernel starts and grows only when k-NN redoes rows with a float64 filter (one
+more run).  :func:`distance_ratio` counts both of its kernels in one total.  The
+reference and CuPy backends report their whole run as one step, at its end.  An
+exception raised by the callable stops the computation and propagates; the results
+are bitwise the same with progress on or off.
+
 Where the code lives
 --------------------
 This module holds the results and the public functions.  The certification algebra
@@ -71,7 +87,7 @@ from typing import Any
 import numpy as np
 from array_api_compat import array_namespace, is_numpy_array
 
-from . import _backend, _dask, _engine, _reference, _tiled
+from . import _backend, _dask, _engine, _progress, _reference, _tiled
 from ._certify import canonical_sq, dtype_name, f64, scale_exponent, scale_rows, unscale, unscale_array
 from ._interop import first_origin, from_foreign, to_caller
 from ._validate import (
@@ -281,20 +297,39 @@ class WorstCaseHiddenState:
 # _certify.py), let _backend.run pick and run one kernel, scale the distances back and
 # wrap the KernelRun in a result.
 
+# Only the compiled engine reports progress between tiles; the reference and CuPy
+# kernels take the reporter and report their run as one step when it ends.
+
+
+def _whole_run(kernel):
+    def run(*args, progress=None, **kwargs):
+        if progress is None:
+            return kernel(*args, **kwargs)
+        start = progress.begin(1)
+        out = kernel(*args, **kwargs)
+        progress.update_to(start + 1)
+        return out
+
+    run.__name__ = run.__qualname__ = kernel.__name__
+    run.__doc__ = kernel.__doc__
+    return run
+
+
 _DIAMETER = _backend.KernelInfo(
-    name="row_diameter", reference=_reference.diameter, cython=_engine.diameter, cupy=_tiled.diameter,
-    dask=_dask.diameter,
+    name="row_diameter", reference=_whole_run(_reference.diameter), cython=_engine.diameter,
+    cupy=_whole_run(_tiled.diameter), dask=_whole_run(_dask.diameter),
 )
 _CLOSEST = _backend.KernelInfo(
-    name="closest_pair", reference=_reference.closest, cython=_engine.closest, cupy=_tiled.closest,
-    dask=_dask.closest,
+    name="closest_pair", reference=_whole_run(_reference.closest), cython=_engine.closest,
+    cupy=_whole_run(_tiled.closest), dask=_whole_run(_dask.closest),
 )
 _FARTHEST = _backend.KernelInfo(
-    name="farthest_partners", reference=_reference.farthest, cython=_engine.farthest, cupy=_tiled.farthest,
-    dask=_dask.farthest,
+    name="farthest_partners", reference=_whole_run(_reference.farthest), cython=_engine.farthest,
+    cupy=_whole_run(_tiled.farthest), dask=_whole_run(_dask.farthest),
 )
 _KNN = _backend.KernelInfo(
-    name="knn", reference=_reference.knn, cython=_engine.knn, cupy=_tiled.knn, dask=_dask.knn
+    name="knn", reference=_whole_run(_reference.knn), cython=_engine.knn, cupy=_whole_run(_tiled.knn),
+    dask=_whole_run(_dask.knn),
 )
 
 
@@ -318,11 +353,12 @@ def _threads_option(n_threads):
     return check_int(n_threads, "n_threads", min_value=1, allow_none=True)
 
 
-def _pair_run(info, S, tile_size, n_threads) -> tuple[_backend.KernelRun, int]:
+def _pair_run(info, S, tile_size, n_threads, bar) -> tuple[_backend.KernelRun, int]:
     """The kernel run of ``info`` on ``S * 2**-e``, and ``e``."""
     xp = array_namespace(S)
     e = scale_exponent(xp, [S])
-    run = _backend.run(info, (S,), scale_rows(xp, S, e), tile_size=tile_size, n_threads=n_threads)
+    run = _backend.run(info, (S,), scale_rows(xp, S, e), tile_size=tile_size, n_threads=n_threads,
+                       progress=bar if bar.active else None)
     return run, e
 
 
@@ -360,9 +396,13 @@ def _array_out(a, origin):
     return to_caller(a, origin) if origin is not None else _readonly(a)
 
 
-def _extreme_pair_result(info, S, tile_size, n_threads, what) -> ExtremePair:
+def _extreme_pair_result(info, S, tile_size, n_threads, progress, what) -> ExtremePair:
     S, origin = _engine_rows(S)
-    run, e = _pair_run(info, S, _tile_option(tile_size), _threads_option(n_threads))
+    tile_size, n_threads = _tile_option(tile_size), _threads_option(n_threads)
+    progress = _progress.check_progress(progress)
+    with _progress.Progress(progress, None, desc=info.name, unit="tile") as bar:
+        run, e = _pair_run(info, S, tile_size, n_threads, bar)
+        bar.finish()
     scaled, i, j = _pair_of(run)
     value = unscale(scaled, e)
     if not math.isfinite(value):
@@ -394,7 +434,9 @@ def _unscaled_distances(xp, run, e, what):
 # --------------------------------------------------------------------------- public API
 
 
-def row_diameter(S: Any, /, *, tile_size: int | None = None, n_threads: int | None = None) -> ExtremePair:
+def row_diameter(
+    S: Any, /, *, tile_size: int | None = None, n_threads: int | None = None, progress: Any = False
+) -> ExtremePair:
     r"""Certified row diameter :math:`D(S) = \max_{i<j} \lVert s_i - s_j \rVert_2`.
 
     Parameters
@@ -410,6 +452,10 @@ def row_diameter(S: Any, /, *, tile_size: int | None = None, n_threads: int | No
     n_threads : int, default=None
         Threads of the compiled engine (all OpenMP threads when None).  Never changes
         the value or the pair.
+    progress : bool or callable, default=False
+        Report progress (see :mod:`refgeo.rows`, "Progress"): True shows a tqdm bar, a
+        callable receives ``{"done", "total", "elapsed", "eta"}``.  Never changes the
+        result.
 
     Returns
     -------
@@ -478,10 +524,12 @@ def row_diameter(S: Any, /, *, tile_size: int | None = None, n_threads: int | No
     >>> r.value, r.i, r.j
     (5.0, 0, 1)
     """
-    return _extreme_pair_result(_DIAMETER, S, tile_size, n_threads, "the row diameter")
+    return _extreme_pair_result(_DIAMETER, S, tile_size, n_threads, progress, "the row diameter")
 
 
-def closest_pair(S: Any, /, *, tile_size: int | None = None, n_threads: int | None = None) -> ExtremePair:
+def closest_pair(
+    S: Any, /, *, tile_size: int | None = None, n_threads: int | None = None, progress: Any = False
+) -> ExtremePair:
     r"""Certified closest pair :math:`m(S) = \min_{i<j} \lVert s_i - s_j \rVert_2`.
 
     Parameters
@@ -492,6 +540,10 @@ def closest_pair(S: Any, /, *, tile_size: int | None = None, n_threads: int | No
         Rows per tile of the compiled engine; never changes the result.
     n_threads : int, default=None
         Threads of the compiled engine; never changes the result.
+    progress : bool or callable, default=False
+        Report progress (see :mod:`refgeo.rows`, "Progress"): True shows a tqdm bar, a
+        callable receives ``{"done", "total", "elapsed", "eta"}``.  Never changes the
+        result.
 
     Returns
     -------
@@ -521,10 +573,12 @@ def closest_pair(S: Any, /, *, tile_size: int | None = None, n_threads: int | No
     >>> r.value, r.i, r.j
     (1.0, 1, 2)
     """
-    return _extreme_pair_result(_CLOSEST, S, tile_size, n_threads, "the closest-pair distance")
+    return _extreme_pair_result(_CLOSEST, S, tile_size, n_threads, progress, "the closest-pair distance")
 
 
-def distance_ratio(S: Any, /, *, tile_size: int | None = None, n_threads: int | None = None) -> float:
+def distance_ratio(
+    S: Any, /, *, tile_size: int | None = None, n_threads: int | None = None, progress: Any = False
+) -> float:
     r"""Distance ratio :math:`\rho(S) = m(S) / D(S) \in [0, 1]`.
 
     Parameters
@@ -533,6 +587,8 @@ def distance_ratio(S: Any, /, *, tile_size: int | None = None, n_threads: int | 
         Finite rows with at least two distinct rows.
     tile_size, n_threads : int, default=None
         Passed to :func:`closest_pair` and :func:`row_diameter`.
+    progress : bool or callable, default=False
+        As in :func:`row_diameter`; one total for both kernels.
 
     Returns
     -------
@@ -565,19 +621,23 @@ def distance_ratio(S: Any, /, *, tile_size: int | None = None, n_threads: int | 
     S, _ = _engine_rows(S)
     tile_size = _tile_option(tile_size)
     n_threads = _threads_option(n_threads)
+    progress = _progress.check_progress(progress)
     # both on the same prescaled rows: the ratio needs no scaling back, so it is
-    # finite even where D(S) itself exceeds the float64 range
-    D = _pair_of(_pair_run(_DIAMETER, S, tile_size, n_threads)[0])[0]
-    if D == 0.0:
-        raise ValueError(
-            "S must have at least two distinct rows for the distance ratio, got all rows equal instead."
-        )
-    m = _pair_of(_pair_run(_CLOSEST, S, tile_size, n_threads)[0])[0]
+    # finite even where D(S) itself exceeds the float64 range; two kernel runs of the
+    # same tiles, announced as one total
+    with _progress.Progress(progress, None, desc="distance_ratio", unit="tile", runs=2) as bar:
+        D = _pair_of(_pair_run(_DIAMETER, S, tile_size, n_threads, bar)[0])[0]
+        if D == 0.0:
+            raise ValueError(
+                "S must have at least two distinct rows for the distance ratio, got all rows equal instead."
+            )
+        m = _pair_of(_pair_run(_CLOSEST, S, tile_size, n_threads, bar)[0])[0]
+        bar.finish()
     return m / D
 
 
 def farthest_partners(
-    S: Any, /, *, tile_size: int | None = None, n_threads: int | None = None
+    S: Any, /, *, tile_size: int | None = None, n_threads: int | None = None, progress: Any = False
 ) -> FarthestPartners:
     r"""For every row, the farthest other row.
 
@@ -587,6 +647,10 @@ def farthest_partners(
         Finite rows, ``V >= 2``.
     tile_size, n_threads : int, default=None
         Engine options; never change the result.
+    progress : bool or callable, default=False
+        Report progress (see :mod:`refgeo.rows`, "Progress"): True shows a tqdm bar, a
+        callable receives ``{"done", "total", "elapsed", "eta"}``.  Never changes the
+        result.
 
     Returns
     -------
@@ -617,7 +681,11 @@ def farthest_partners(
     ([2, 2, 0], [3.0, 2.0, 3.0])
     """
     S, origin = _engine_rows(S)
-    run, e = _pair_run(_FARTHEST, S, _tile_option(tile_size), _threads_option(n_threads))
+    tile_size, n_threads = _tile_option(tile_size), _threads_option(n_threads)
+    progress = _progress.check_progress(progress)
+    with _progress.Progress(progress, None, desc="farthest_partners", unit="tile") as bar:
+        run, e = _pair_run(_FARTHEST, S, tile_size, n_threads, bar)
+        bar.finish()
     dist = _unscaled_distances(array_namespace(S), run, e, "the largest farthest-partner distance")
     return FarthestPartners(
         indices=_array_out(run.indices, origin),
@@ -640,6 +708,7 @@ def knn(
     exclude_self: bool = True,
     tile_size: int | None = None,
     n_threads: int | None = None,
+    progress: Any = False,
 ) -> KNNResult:
     r"""Exact k nearest neighbors (Euclidean) of every row of ``X`` among the rows of ``Y``.
 
@@ -657,6 +726,10 @@ def knn(
         duplicates of row ``i`` still are).  Ignored when ``Y`` is given.
     tile_size, n_threads : int, default=None
         Engine options; never change the result.
+    progress : bool or callable, default=False
+        Report progress (see :mod:`refgeo.rows`, "Progress"): True shows a tqdm bar, a
+        callable receives ``{"done", "total", "elapsed", "eta"}``.  Never changes the
+        result.
 
     Returns
     -------
@@ -709,12 +782,23 @@ def knn(
     k = check_int(k, "k", min_value=1, max_value=n_cand)
     tile_size = _tile_option(tile_size)
     n_threads = _threads_option(n_threads)
+    progress = _progress.check_progress(progress)
+    n_rows = X.shape[0]
+    # the (n, k) results exist on every backend: no work starts if they cannot fit
+    # (the compiled engine checks its heaps as well)
+    _progress.check_memory(
+        f"knn of {n_rows} rows (k={k})", {f"indices and distances ({n_rows}, {k})": 16.0 * n_rows * k},
+        "Pass a smaller k, or query the rows of X in chunks (knn(X[a:b], k, Y) for Y the candidate rows).",
+    )
     xp = array_namespace(X) if Y is None else array_namespace(X, Y)
     e = scale_exponent(xp, [X] if Y is None else [X, Y])
-    run = _backend.run(
-        _KNN, (X, Y), scale_rows(xp, X, e), k, None if Y is None else scale_rows(xp, Y, e),
-        exclude_self=exclude_self, tile_size=tile_size, n_threads=n_threads,
-    )
+    with _progress.Progress(progress, None, desc="knn", unit="tile") as bar:
+        run = _backend.run(
+            _KNN, (X, Y), scale_rows(xp, X, e), k, None if Y is None else scale_rows(xp, Y, e),
+            exclude_self=exclude_self, tile_size=tile_size, n_threads=n_threads,
+            progress=bar if bar.active else None,
+        )
+        bar.finish()
     dist = _unscaled_distances(xp, run, e, "the largest k-NN distance")
     return KNNResult(
         indices=_array_out(run.indices, origin),

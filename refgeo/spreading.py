@@ -26,16 +26,15 @@ from __future__ import annotations
 
 import dataclasses
 import math
-import os
 import time
 from collections.abc import Callable
 from typing import Any
 
 import numpy as np
 
+from . import _progress
 from ._validate import (
     as_float_array,
-    check_bool,
     check_choice,
     check_int,
     check_min_rows,
@@ -450,21 +449,6 @@ def _engine_is_compiled(X: np.ndarray) -> bool:
 # --------------------------------------------------------------------------- memory
 
 
-def _available_memory() -> int | None:
-    """Bytes of memory available to this process now (None when unknown)."""
-    try:
-        with open("/proc/meminfo", encoding="ascii") as f:
-            for line in f:
-                if line.startswith("MemAvailable:"):
-                    return int(line.split()[1]) * 1024
-    except (OSError, ValueError, IndexError):
-        pass
-    try:
-        return int(os.sysconf("SC_AVPHYS_PAGES")) * int(os.sysconf("SC_PAGE_SIZE"))
-    except (AttributeError, ValueError, OSError):
-        return None
-
-
 def _gib(n: float) -> str:
     return f"{n / 2**30:.3g} GiB"
 
@@ -479,7 +463,7 @@ def _check_memory(V: int, d: int, k: int) -> None:
     """
     points = 8.0 * V * d
     working = 4.0 * points + 8.0 * (10.0 * V * min(k, V)) + 8.0 * 2**24
-    avail = _available_memory()
+    avail = _progress.available_memory()
     if avail is not None and points + working > avail:
         raise MemoryError(
             f"spread({V}, {d}) needs about {_gib(points)} for the points (V * d float64) and "
@@ -560,8 +544,13 @@ def spread(
     callback : callable, default=None
         Called with a :class:`SpreadProgress` after each start or round; returning
         True stops the optimization.
-    progress : bool, default=False
-        Show a tqdm progress bar when tqdm is importable.
+    progress : bool or callable, default=False
+        True: a tqdm bar (a ``UserWarning``, once, when tqdm is not installed).  A
+        callable receives ``{"done", "total", "elapsed", "eta"}`` from the calling
+        thread at the start, after starts or rounds at most four times a second, and
+        once at the end with ``done == total``; steps are the planned starts
+        (``epigraph``) or rounds (``smooth``), or, with ``max_time``, the fraction of
+        the time budget used (total 1.0).
     n_starts : int, default=None
         Local solves of the epigraph method (default 12 for ``V <= 20``, else 4; stops
         early when the bound is reached).
@@ -638,7 +627,7 @@ def spread(
         max_time = check_real(max_time, "max_time", min_value=0.0)
     if callback is not None and not callable(callback):
         raise TypeError(f"callback must be callable or None, got {type(callback).__name__} instead.")
-    progress = check_bool(progress, "progress")
+    progress = _progress.check_progress(progress)
     n_starts = check_int(n_starts, "n_starts", min_value=1, allow_none=True)
     k = check_int(k, "k", min_value=1)
     max_rounds = check_int(max_rounds, "max_rounds", min_value=0)
@@ -699,20 +688,21 @@ def spread(
             method = "smooth"
 
     history: list[tuple[float, float]] = []
-    bar = None
-    if progress:
-        try:
-            from tqdm.auto import tqdm
-
-            bar = tqdm(total=None, desc="spread", leave=False)
-        except ImportError:  # pragma: no cover - tqdm is optional
-            bar = None
+    if n_starts is None:
+        n_starts = 12 if V <= 20 else 4
+    # Steps: the starts or rounds planned; under a time budget, the budget's fraction
+    # used (total 1.0).  Either may end early (the bound reached): the end is reported.
+    planned = {"epigraph": n_starts, "smooth": max_rounds}.get(method, 0)
+    bar = _progress.Progress(progress, planned if max_time is None else 1.0, desc="spread",
+                             unit="start" if method == "epigraph" else "round")
 
     def report(phase: str, it: int, rho: float) -> bool:
         history.append((clock.elapsed(), rho))
-        if bar is not None:
-            bar.update(1)
-            bar.set_postfix(ratio=f"{rho:.6f}", bound=f"{bound.value:.6f}")
+        bar.postfix(ratio=f"{rho:.6f}", bound=f"{bound.value:.6f}")
+        if max_time is None:
+            bar.advance(1)
+        elif max_time > 0:
+            bar.update_to(min(opt_clock.elapsed() / max_time, 1.0))
         if callback is not None:
             return bool(callback(SpreadProgress(phase, it, clock.elapsed(), rho, bound.value)))
         return False
@@ -721,7 +711,7 @@ def spread(
     modified = method != "construction"
     if method == "epigraph":
         X, n_iter = _multistart(X if (user_X is not None or best_c is not None) else None, V, d,
-                                n_starts=(12 if V <= 20 else 4) if n_starts is None else n_starts, rng=rng,
+                                n_starts=n_starts, rng=rng,
                                 clock=opt_clock, bound=bound.value, report=report)
     elif method == "smooth":
         X0 = X.copy()
@@ -735,8 +725,8 @@ def spread(
         if rho0 is not None and rho <= rho0:
             # the iteration did not beat the construction: say what is returned
             X, modified, method = X0, False, "construction"
-    if bar is not None:
-        bar.close()
+    bar.finish()
+    bar.close()
 
     # ---- scale, center, certify
     X = np.asarray(X, dtype=np.float64)

@@ -20,6 +20,7 @@ from hypothesis.extra import numpy as hnp
 from scipy.optimize import minimize
 
 import refgeo
+import refgeo._progress
 
 # ------------------------------------------------------------------ helpers
 
@@ -425,9 +426,9 @@ def test_progress_callable_and_missing_tqdm(monkeypatch):
         return real_import(name, *args, **kwargs)
 
     monkeypatch.setattr(builtins, "__import__", no_tqdm)
-    monkeypatch.setattr(refgeo.lmo, "_TQDM_WARNED", False)
+    monkeypatch.setattr(refgeo._progress, "_TQDM_WARNED", False)
     small = random_gradient(np.random.default_rng(0), 8, 3)
-    with pytest.warns(RuntimeWarning, match="tqdm"):
+    with pytest.warns(UserWarning, match="tqdm"):
         refgeo.diameter_lmo(small, rtol=1e-3, progress=True)
     import warnings as _w
 

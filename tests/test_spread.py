@@ -166,7 +166,7 @@ def test_max_time_zero_still_returns():
         ({"init": np.zeros((4, 3))}, ValueError, "init must have shape (5, 2), got shape (4, 3) instead."),
         ({"certify": "yes"}, ValueError, "certify must be True, False or 'auto', got 'yes' instead."),
         ({"callback": 3}, TypeError, "callback must be callable or None, got int instead."),
-        ({"progress": 1}, TypeError, "progress must be a bool, got int instead."),
+        ({"progress": 1}, TypeError, "progress must be False, True or a callable, got int instead."),
         ({"k": 0}, ValueError, "k == 0, must be >= 1."),
         ({"max_time": -1.0}, ValueError, "max_time == -1.0, must be >= 0.0."),
         ({"certify": 1}, ValueError, "certify must be True, False or 'auto', got 1 instead."),

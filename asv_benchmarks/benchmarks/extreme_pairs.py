@@ -153,6 +153,43 @@ class Float32Speedup:
     track_float32_speedup.unit = "x"
 
 
+@records_runtime(dtype="float64", backend="cython")
+class ProgressOverhead:
+    """row_diameter with a progress callable against progress=False (same data).
+
+    The callable is the cheapest real consumer (it stores the last report), so the
+    ratio is what the reporting itself costs: the tile driver's clock reads and a
+    GIL round trip at most five times a second.  Target: below 1.02.
+    """
+
+    params = ([(1024, 64)] if not realistic() else [(8192, 512)],)
+    param_names = ["V_d"]
+    timeout = 1200
+
+    def setup(self, V_d):
+        require_backend("cython")
+        V, d = V_d
+        self.S = rng(0).standard_normal((V, d))
+        environment("float64", "cython")
+
+    def track_progress_overhead(self, V_d):
+        """Best time with progress over best time without, alternating the two."""
+        last = {}
+        with refgeo.use_backend("cython"):
+            on = lambda: refgeo.row_diameter(self.S, progress=last.update)  # noqa: E731
+            off = lambda: refgeo.row_diameter(self.S, progress=False)  # noqa: E731
+            off(), on()  # warm: first-call costs (imports, page faults) hit neither
+            t_on = t_off = float("inf")
+            for _ in range(5):  # alternate, so that drifting machine load hits both
+                t_off = min(t_off, best_time(off, 1))
+                t_on = min(t_on, best_time(on, 1))
+            if last.get("done") != last.get("total"):
+                raise AssertionError(f"the last report is not the end: {last}")
+        return t_on / t_off
+
+    track_progress_overhead.unit = "on/off"
+
+
 @records_runtime(dtype="float32", backend="cython")
 class PeakMemoryLarge:
     """Peak memory of row_diameter at V = 65536, d = 1024, float32 (realistic only)."""
