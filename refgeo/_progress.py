@@ -108,17 +108,17 @@ class Progress:
     __slots__ = ("_bar", "_callback", "_done", "_interval", "_last", "_reported", "_runs", "_start",
                  "_started", "_thread", "_total")
 
-    def __init__(self, progress: Any, total: int | None, *, desc: str = "", unit: str = "step",
+    def __init__(self, progress: Any, total: float | None, *, desc: str = "", unit: str = "step",
                  interval: float = 0.25, runs: int = 1):
         progress = check_progress(progress)
         self._interval = check_real(interval, "interval", min_value=0.0)
         # total None: the steps are announced by the kernel runs (begin); the start is
         # reported with the first run, when the total is known
         self._started = total is not None
-        self._total = max(total, 0) if total is not None else 0
+        self._total: float = max(total, 0) if total is not None else 0
         self._runs = runs
-        self._done = 0
-        self._reported = -1
+        self._done: float = 0
+        self._reported: float = -1
         self._start = time.perf_counter()
         self._last = self._start
         self._thread = threading.get_ident()
@@ -152,7 +152,7 @@ class Progress:
         self._reported = self._done
         callback(self.info(now))
 
-    def advance(self, n: int = 1) -> None:
+    def advance(self, n: float = 1) -> None:
         """Record ``n`` finished steps; report if due (callable) or update the bar."""
         self._done = min(self._done + n, self._total) if self._total else self._done + n
         if self._bar is not None:
@@ -180,7 +180,7 @@ class Progress:
     # tasks; a public call may run several kernels (the diameter and the closest pair,
     # k-NN's float64 redo pass), so each run is a segment of this reporter's steps.
 
-    def begin(self, n_tasks: int) -> int:
+    def begin(self, n_tasks: int) -> float:
         """A kernel run of ``n_tasks`` steps starts here; returns its first step.
 
         The total becomes the steps so far plus ``n_tasks`` for this run and for each

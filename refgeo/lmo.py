@@ -1354,7 +1354,7 @@ def diameter_lmo(
     max_iter: int | None = None,
     warm_start: LMOResult | None = None,
     callback: Callable[[dict], Any] | None = None,
-    progress: bool = False,
+    progress: Any = False,
 ) -> LMOResult:
     r"""Exact steepest descent under the row diameter, with a certified optimality gap.
 

@@ -495,7 +495,7 @@ def spread(
     seed: int | None = None,
     max_time: float | None = None,
     callback: Callable[[SpreadProgress], Any] | None = None,
-    progress: bool = False,
+    progress: Any = False,
     n_starts: int | None = None,
     k: int = 16,
     max_rounds: int = 20,
