@@ -31,6 +31,7 @@ __all__ = [
     "SCALE_FREE_EXPONENT",
     "U64",
     "UNIT_ROUNDOFF",
+    "best_pair",
     "better",
     "canonical_sq",
     "dtype_name",
@@ -146,6 +147,18 @@ def better(v, i, j, best, maximize: bool) -> bool:
     if maximize:
         return v > bv or (v == bv and (i, j) < (bi, bj))
     return v < bv or (v == bv and (i, j) < (bi, bj))
+
+
+
+def best_pair(best: tuple[float, int, int] | None) -> tuple[float, int, int]:
+    """The winner of a scan that merged candidates with :func:`better`.
+
+    Every caller passes at least two rows, so some pair was examined; ``None`` here is
+    an internal error, never an answer.
+    """
+    if best is None:
+        raise RuntimeError("internal error: no pair of rows was examined")
+    return best
 
 
 # --------------------------------------------------------------------------- prescaling

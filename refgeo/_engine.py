@@ -26,7 +26,15 @@ import numpy as np
 
 from . import _backend, _progress
 from ._backend import KernelRun
-from ._certify import MAX_NORM2, MIN_NORM2_FLOAT32, better, canonical_sq, reported_bound, rounding_bound
+from ._certify import (
+    MAX_NORM2,
+    MIN_NORM2_FLOAT32,
+    best_pair,
+    better,
+    canonical_sq,
+    reported_bound,
+    rounding_bound,
+)
 from ._threads import blas_single_thread
 
 # Every kernel call pins BLAS to one thread, whatever ``n_eff`` is: with OpenMP tiles a
@@ -182,9 +190,7 @@ def _compiled_extreme_pair(S, *, maximize, tile_size, n_threads, progress=None) 
         i, j = int(out_ij[t, 0]), int(out_ij[t, 1])
         if i < V and better(float(out_r[t]), i, j, best, maximize):
             best = (float(out_r[t]), i, j)
-    if best is None:  # callers pass at least two rows, so some pair was examined
-        raise RuntimeError("internal error: no pair of rows was examined")
-    v, i, j = best
+    v, i, j = best_pair(best)
     return KernelRun(
         backend=_BACKEND, error_bound=reported_bound(d, dt, float(nrm.max())),
         n_refined=int(out_nref.sum()), value=math.sqrt(v), i=i, j=j,

@@ -19,7 +19,7 @@ import math
 from array_api_compat import array_namespace
 
 from ._backend import KernelRun
-from ._certify import better, canonical_sq, f64
+from ._certify import best_pair, better, canonical_sq, f64
 
 __all__ = ["closest", "diameter", "farthest", "knn"]
 
@@ -60,9 +60,7 @@ def _scan_extreme_pair(S, *, maximize: bool) -> KernelRun:
             cand = (float(vals[k]), i0 + k // bj, j0 + k % bj)
             if better(*cand, best, maximize):
                 best = cand
-    if best is None:  # callers pass at least two rows, so some pair was examined
-        raise RuntimeError("internal error: no pair of rows was examined")
-    v, i, j = best
+    v, i, j = best_pair(best)
     return KernelRun(
         backend=_BACKEND, error_bound=0.0, n_refined=V * (V - 1) // 2, value=math.sqrt(v), i=i, j=j
     )

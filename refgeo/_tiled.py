@@ -36,7 +36,16 @@ import os
 from array_api_compat import array_namespace, is_cupy_array
 
 from ._backend import KernelRun
-from ._certify import MAX_NORM2, MIN_NORM2_FLOAT32, better, canonical_sq, f64, reported_bound, rounding_bound
+from ._certify import (
+    MAX_NORM2,
+    MIN_NORM2_FLOAT32,
+    best_pair,
+    better,
+    canonical_sq,
+    f64,
+    reported_bound,
+    rounding_bound,
+)
 
 # Rows per block when no tile size is given: a (block x n) float64 filter block of at
 # most 2**22 entries (32 MiB), at least 64 rows.
@@ -173,9 +182,7 @@ def _tiled_extreme_pair(S, *, maximize, tile_size=None) -> KernelRun:
             cand_best = (float(vals[k]), i0 + int(r[k]), j0 + int(q[k]))
             if better(*cand_best, best, maximize):
                 best = cand_best
-    if best is None:  # callers pass at least two rows, so some pair was examined
-        raise RuntimeError("internal error: no pair of rows was examined")
-    v, i, j = best
+    v, i, j = best_pair(best)
     return KernelRun(
         backend=_BACKEND, error_bound=reported_bound(d, dt, float(xp.max(nrm))), n_refined=n_refined,
         value=math.sqrt(v), i=i, j=j,

@@ -259,9 +259,9 @@ def test_pairwise_kernels_read_a_contiguous_tensor_in_place(monkeypatch, dtype):
     for fn_name in ("pdist_logits" + suffix, "cdist_logits" + suffix):
         real = getattr(_tropical, fn_name)
 
-        def spy(*args, _real=real):
+        def spy(*args, _real=real, **kwargs):
             seen.extend(a.__array_interface__["data"][0] for a in args[:2] if isinstance(a, np.ndarray))
-            return _real(*args)
+            return _real(*args, **kwargs)
 
         monkeypatch.setattr(_tropical, fn_name, spy)
     t = torch.randn(40, 300, dtype=dtype, requires_grad=True)
