@@ -27,6 +27,10 @@ optimal decrease (k = rank G); :func:`diameter_lmo` computes the optimum itself,
 certified bracket: nearly collinear rows are merged under a certified bound on the cost,
 and the merged min-tension flow problem is solved by a barrier method, reweighted
 electrical flows or ADMM over a working set, by size.
+
+Every function accepts torch tensors (CPU tensors viewed without a copy, ``requires_grad``
+and non-contiguous ones included; bfloat16 and float16 computed as float32) and JAX
+arrays, and returns its arrays in the caller's framework; scalars are Python floats.
 """
 
 from __future__ import annotations
@@ -53,6 +57,7 @@ from ._validate import (
     check_real,
 )
 from . import _progress
+from ._interop import fields_to_caller, from_foreign, to_caller, to_host
 from ._threads import blas_single_thread
 from .rows import row_diameter
 
@@ -159,6 +164,7 @@ def center_rows(A: Any, /):
     >>> refgeo.center_rows(np.array([[1.0, 2.0], [3.0, 6.0]])).tolist()
     [[-1.0, -2.0], [1.0, 2.0]]
     """
+    A, origin = from_foreign(A, "A")
     A = as_float_array(A, "A", ndim=2, shape_hint="2-D array of shape (V, d)")
     xp = array_namespace(A)
     Af = _f64(xp, A)
@@ -170,7 +176,7 @@ def center_rows(A: Any, /):
         k = 8 + math.frexp(float(V))[1]
         mean = _pow2_scaled(xp, xp.mean(_pow2_scaled(xp, Af, -k), axis=0, keepdims=True), k)
     C = Af - mean
-    return xp.astype(C, A.dtype) if A.dtype != xp.float64 else C
+    return to_caller(xp.astype(C, A.dtype) if A.dtype != xp.float64 else C, origin)
 
 
 def row_normalize(A: Any, /, *, eps: float = 0.0):
@@ -204,6 +210,7 @@ def row_normalize(A: Any, /, *, eps: float = 0.0):
     >>> refgeo.row_normalize(np.array([[3.0, 4.0], [0.0, 0.0]])).tolist()
     [[0.6, 0.8], [0.0, 0.0]]
     """
+    A, origin = from_foreign(A, "A")
     A = as_float_array(A, "A", ndim=2, shape_hint="2-D array of shape (V, d)")
     eps = check_real(eps, "eps", min_value=0.0)
     xp = array_namespace(A)
@@ -225,7 +232,7 @@ def row_normalize(A: Any, /, *, eps: float = 0.0):
     den_tiny = xp.where(fine, xp.zeros_like(m), m) * v + eps
     N = xp.where(fine, scaled / den, Af / xp.where(den_tiny > 0, den_tiny, xp.ones_like(den_tiny)))
     N = xp.where(nonzero, N, xp.zeros_like(N))
-    return xp.astype(N, A.dtype) if A.dtype != xp.float64 else N
+    return to_caller(xp.astype(N, A.dtype) if A.dtype != xp.float64 else N, origin)
 
 
 def _pow2_scaled(xp, A, k: int):
@@ -290,6 +297,7 @@ def projected_rownorm(G: Any, /, *, eta: float = 1.0):
     >>> refgeo.projected_rownorm(np.array([[2.0, 1.0], [-2.0, -1.0]]), eta=2.0).round(6).tolist()
     [[-0.894427, -0.447214], [0.894427, 0.447214]]
     """
+    G, origin = from_foreign(G, "G")
     G = as_float_array(G, "G", ndim=2, shape_hint="2-D array of shape (V, d)")
     eta = _check_eta(eta)
     xp = array_namespace(G)
@@ -304,7 +312,7 @@ def projected_rownorm(G: Any, /, *, eta: float = 1.0):
     # the textbook formula, not shrunk: it is the oracle user kernels are compared with
     # (refgeo.testing), so D(S) <= eta holds up to rounding, as documented
     S = (-eta / 2.0) * (N - xp.mean(N, axis=0, keepdims=True))
-    return xp.astype(S, G.dtype) if G.dtype != xp.float64 else S
+    return to_caller(xp.astype(S, G.dtype) if G.dtype != xp.float64 else S, origin)
 
 
 def rescaled_rownorm(G: Any, /, *, eta: float = 1.0):
@@ -348,6 +356,7 @@ def rescaled_rownorm(G: Any, /, *, eta: float = 1.0):
     >>> round(refgeo.row_diameter(S).value, 12)
     1.0
     """
+    G, origin = from_foreign(G, "G", host=True)  # NumPy code: a host copy of a CUDA tensor
     G = _check_gradient(G)
     eta = _check_eta(eta)
     Gc, _ = _centered_float64(G)  # the direction does not depend on the scale
@@ -355,8 +364,8 @@ def rescaled_rownorm(G: Any, /, *, eta: float = 1.0):
     N = N - N.mean(axis=0, keepdims=True)
     D = row_diameter(N).value
     if D == 0.0:
-        return np.zeros_like(N)
-    return _scale_to_budget(N, D, -eta)
+        return to_caller(np.zeros_like(N), origin)
+    return to_caller(_scale_to_budget(N, D, -eta), origin)
 
 
 def _centered_float64(G) -> tuple[np.ndarray, int]:
@@ -540,6 +549,7 @@ def tension_bounds(G: Any, /, *, pairwise: bool = True) -> TensionBounds:
     >>> b.lower, b.upper, b.closed_form  # rank 1: (1/2) * ||(2, -1, -1)||_1 * 1
     (2.0, 2.0, 'rank1')
     """
+    G, _ = from_foreign(G, "G", host=True)  # the result holds floats only
     G = _check_gradient(G)
     pairwise = check_bool(pairwise, "pairwise")
     Gc, e = _centered_float64(G)
@@ -1507,6 +1517,7 @@ def diameter_lmo(
     1.0
     """
     t0 = time.perf_counter()
+    G, origin = from_foreign(G, "G", host=True)  # the solver is NumPy code
     G = _check_gradient(G)
     eta = _check_eta(eta)
     rtol = check_open_unit_interval(rtol, "rtol")
@@ -1518,6 +1529,11 @@ def diameter_lmo(
     if warm_start is not None and not isinstance(warm_start, LMOResult):
         raise TypeError(
             f"warm_start must be an LMOResult or None, got {type(warm_start).__name__} instead."
+        )
+    if warm_start is not None:  # a result of a tensor call: its arrays back to NumPy
+        warm_start = dataclasses.replace(
+            warm_start, update=to_host(warm_start.update), pairs=to_host(warm_start.pairs),
+            flows=to_host(warm_start.flows),
         )
     progress = _progress.check_progress(progress)
     Gc, e = _centered_float64(G)
@@ -1569,7 +1585,7 @@ def diameter_lmo(
             res = _lifted(res_m, agg, Gc, t0, rtol)
     if bar is not None:
         bar.close(res.converged)
-    return _for_budget(res, eta, e)
+    return fields_to_caller(_for_budget(res, eta, e), origin)
 
 
 def _solve(Gc, scale, rtol, max_time, max_iter, warm_start, callback, bar, t0) -> LMOResult:

@@ -1,7 +1,8 @@
 r"""Framework-free optimizers for the LM-head weight on NumPy arrays (see :doc:`/theory/lmo`).
 
 Each optimizer keeps its state in plain NumPy arrays, updates ``param`` in place in
-``step(param, grad)``, and round-trips through ``state_dict()`` /
+``step(param, grad)`` (a NumPy array or a torch tensor; the gradient may be any array
+or tensor, viewed as NumPy without a copy where it can be), and round-trips through ``state_dict()`` /
 ``load_state_dict()``.  Both guarantee a row diameter of the step (without weight
 decay) within a stated budget: ``2 * lr`` for :class:`RowNorm`, ``lr`` for
 :class:`DiameterLMO`.
@@ -18,7 +19,9 @@ import math
 from typing import Any
 
 import numpy as np
+from array_api_compat import is_jax_array, is_torch_array
 
+from ._interop import Origin, from_foreign, to_caller
 from ._validate import (
     as_float_array,
     check_bool,
@@ -32,19 +35,52 @@ from .lmo import LMOResult, diameter_lmo, row_normalize
 __all__ = ["DiameterLMO", "RowNorm"]
 
 
-def _check_param_grad(param, grad):
-    if not isinstance(param, np.ndarray) or param.dtype not in (np.float32, np.float64):
-        raise TypeError(
-            "param must be a float32 or float64 numpy.ndarray (updated in place), got "
-            f"{type(param).__name__}{'' if not hasattr(param, 'dtype') else ' of dtype ' + str(param.dtype)} instead."
+class _Param:
+    """The parameter as a writeable NumPy array, and how to return it to the caller.
+
+    A float32/float64 CPU tensor is updated in place through its zero-copy NumPy view;
+    any other tensor (bfloat16, float16, CUDA) is updated on a float32/float64 host
+    copy that :meth:`done` writes back into the tensor.
+    """
+
+    def __init__(self, param: Any, grad: Any):
+        if is_jax_array(param):
+            raise TypeError(
+                "param must be a float32 or float64 numpy.ndarray or torch tensor (updated in "
+                "place), got a JAX array instead, which cannot be updated in place; pass "
+                "np.array(param) and convert the result back."
+            )
+        self.tensor = param if is_torch_array(param) else None
+        origin: Origin | None = None
+        if self.tensor is not None:
+            param, origin = from_foreign(param, "param", host=True)
+        elif not isinstance(param, np.ndarray) or param.dtype not in (np.float32, np.float64):
+            raise TypeError(
+                "param must be a float32 or float64 numpy.ndarray or torch tensor (updated in place), got "
+                f"{type(param).__name__}{'' if not hasattr(param, 'dtype') else ' of dtype ' + str(param.dtype)} instead."
+            )
+        if param.ndim != 2:
+            raise ValueError(f"param must be a 2-D array of shape (V, d), got shape {param.shape} instead.")
+        if not param.flags.writeable:
+            raise ValueError("param must be a writeable array (it is updated in place), got a read-only array instead.")
+        # only a view shares the tensor's memory; upcast or device copies are written back
+        self.copied = origin is not None and (
+            origin.converted_from is not None or getattr(origin.device, "type", "cpu") != "cpu"
         )
-    if param.ndim != 2:
-        raise ValueError(f"param must be a 2-D array of shape (V, d), got shape {param.shape} instead.")
-    if not param.flags.writeable:
-        raise ValueError("param must be a writeable array (it is updated in place), got a read-only array instead.")
-    grad = as_float_array(grad, "grad", ndim=2, shape_hint="2-D array of shape (V, d)")
-    check_same_shape(param, grad, ("param", "grad"))
-    return np.asarray(grad, dtype=np.float64)
+        grad, self.grad_origin = from_foreign(grad, "grad", host=True)
+        grad = as_float_array(grad, "grad", ndim=2, shape_hint="2-D array of shape (V, d)")
+        check_same_shape(param, grad, ("param", "grad"))
+        self.array = param
+        self.grad = np.asarray(grad, dtype=np.float64)
+
+    def done(self) -> Any:
+        """The updated parameter: the caller's tensor itself (updated in place), or the
+        NumPy array, as a tensor sharing its memory when the gradient was a tensor."""
+        if self.tensor is None:
+            return to_caller(self.array, self.grad_origin)
+        if self.copied:
+            self.tensor.detach().copy_(to_caller(self.array, Origin("torch", self.tensor.device)))
+        return self.tensor
 
 
 def _check_unit_interval(value, name):
@@ -152,9 +188,15 @@ class RowNorm:
             check_bool(self.center, "center"),
         )
 
-    def step(self, param: np.ndarray, grad: Any, /) -> np.ndarray:
-        """Update ``param`` (V, d) in place with the gradient ``grad`` (V, d); return it."""
-        g = _check_param_grad(param, grad)
+    def step(self, param: Any, grad: Any, /) -> Any:
+        """Update ``param`` (V, d) in place with the gradient ``grad`` (V, d); return it.
+
+        ``param`` is a NumPy array or a torch tensor, ``grad`` any array or tensor; the
+        state stays NumPy.  A tensor ``param`` is returned itself; a NumPy ``param``
+        comes back as a tensor sharing its memory when ``grad`` is a tensor.
+        """
+        p = _Param(param, grad)
+        param, g = p.array, p.grad
         lr, mu, eps, bias_correction, project, weight_decay, center = self._checked_hyperparameters()
         if center:
             g = g - g.mean(axis=0, keepdims=True)
@@ -176,7 +218,7 @@ class RowNorm:
         if weight_decay:
             param *= 1.0 - lr * weight_decay
         param += S.astype(param.dtype, copy=False)
-        return param
+        return p.done()
 
     def last_step(self) -> np.ndarray | None:
         """The signed, learning-rate-scaled step of the last call (weight decay excluded),
@@ -285,12 +327,16 @@ class DiameterLMO:
             check_real(self.weight_decay, "weight_decay", min_value=0.0),
         )
 
-    def step(self, param: np.ndarray, grad: Any, /) -> np.ndarray:
+    def step(self, param: Any, grad: Any, /) -> Any:
         """Update ``param`` (V, d) in place with the gradient ``grad`` (V, d); return it.
 
         Nothing (parameter, momentum buffer, warm start) changes when it raises.
+        ``param`` is a NumPy array or a torch tensor, ``grad`` any array or tensor; the
+        state stays NumPy.  A tensor ``param`` is returned itself; a NumPy ``param``
+        comes back as a tensor sharing its memory when ``grad`` is a tensor.
         """
-        g = _check_param_grad(param, grad)
+        p = _Param(param, grad)
+        param, g = p.array, p.grad
         lr, momentum, rtol, max_time, _ = self._checked_hyperparameters()
         if self.buffer is not None and self.buffer.shape != g.shape:
             raise ValueError(
@@ -313,7 +359,7 @@ class DiameterLMO:
         if self.weight_decay:
             param *= 1.0 - lr * self.weight_decay
         param += np.asarray(res.update).astype(param.dtype, copy=False)
-        return param
+        return p.done()
 
     def last_step(self) -> np.ndarray | None:
         """The signed step of the last call (weight decay excluded), float64 (V, d)."""

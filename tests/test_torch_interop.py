@@ -325,3 +325,138 @@ def test_jax_arrays():
         np.testing.assert_array_equal(got, refgeo.pdist_hilbert(Z32))
     finally:
         jax.config.update("jax_enable_x64", was)
+
+
+# --------------------------------------------------------------------------- LMO and optimizers
+# Centered gradients (the LMO functions require 1^T G = 0 up to 1e-4 relative); integer
+# values, so that the float32 and half-precision copies are centered exactly as well.
+GC = _RNG.integers(-4, 5, size=(12, 4)).astype(np.float64)
+GC[-1] -= GC.sum(axis=0)
+GC2 = _RNG.integers(-4, 5, size=(12, 4)).astype(np.float64)
+GC2[-1] -= GC2.sum(axis=0)
+
+
+def _timeless(r):
+    # everything of an LMOResult but its wall time is a function of the input
+    return dataclasses.replace(r, elapsed=0.0)
+
+
+def _optimizer_steps(opt, c):
+    # a NumPy parameter stepped with the gradients under test: comes back as a tensor
+    # sharing its memory when the gradients are tensors
+    W = np.zeros(GC.shape)
+    opt.step(W, c(GC))
+    return opt.step(W, c(GC2))
+
+
+LMO_CASES = {
+    "center_rows": lambda c: refgeo.center_rows(c(S)),
+    "row_normalize": lambda c: refgeo.row_normalize(c(S), eps=1e-3),
+    "projected_rownorm": lambda c: refgeo.projected_rownorm(c(S), eta=0.5),
+    "rescaled_rownorm": lambda c: refgeo.rescaled_rownorm(c(GC), eta=0.5),
+    "tension_bounds": lambda c: refgeo.tension_bounds(c(GC)),
+    "diameter_lmo": lambda c: _timeless(refgeo.diameter_lmo(c(GC), eta=0.5, rtol=1e-6)),
+    "RowNorm.step": lambda c: _optimizer_steps(refgeo.RowNorm(lr=0.1, mu=0.9), c),
+    "DiameterLMO.step": lambda c: _optimizer_steps(refgeo.DiameterLMO(lr=0.1, momentum=0.5), c),
+}
+
+
+@pytest.mark.parametrize("kind", ["requires_grad", "strided"])
+@pytest.mark.parametrize("dtype", ["float64", "float32"])
+@pytest.mark.parametrize("name", sorted(LMO_CASES))
+def test_lmo_tensor_result_equals_numpy_result(name, dtype, kind):
+    case = LMO_CASES[name]
+    make = {"requires_grad": _grad, "strided": _strided}[kind]
+    made, leaves = [], []
+
+    def to_tensor(a):
+        leaf, t = make(np.asarray(a, dtype=dtype))
+        made.append(t)
+        leaves.append(leaf)
+        return t
+
+    want = case(lambda a: np.asarray(a, dtype=dtype))
+    got = _run_quietly(case, to_tensor)
+    _assert_same(got, want, name)
+    assert all(t.grad is None for t in leaves)
+    if kind == "strided":
+        assert all(not t.is_contiguous() for t in made)
+
+
+@pytest.mark.parametrize("half", ["bfloat16", "float16"])
+@pytest.mark.parametrize("name", sorted(LMO_CASES))
+def test_lmo_half_tensors_run_as_float32(name, half):
+    case = LMO_CASES[name]
+    half_dtype = getattr(torch, half)
+
+    def rounded(a):
+        return torch.from_numpy(np.asarray(a, dtype=np.float32)).to(half_dtype).to(torch.float32).numpy()
+
+    want = case(rounded)
+    got = _run_quietly(case, lambda a: torch.from_numpy(np.asarray(a, dtype=np.float32)).to(half_dtype))
+    _assert_same(got, want, name)
+
+
+@pytest.mark.parametrize("name", sorted(LMO_CASES))
+def test_lmo_bad_tensors(name):
+    """Integer, boolean and complex tensors: TypeError; non-finite ones: ValueError; a
+    device refgeo cannot run: the converter's TypeError (so every entry point converts)."""
+    case = LMO_CASES[name]
+    for dtype in (torch.int64, torch.int32, torch.bool):
+        with pytest.raises(TypeError, match=r"must have a real floating dtype .* got dtype torch\.(int|bool)"):
+            case(lambda a: torch.from_numpy(np.asarray(a)).to(dtype))
+    with pytest.raises(TypeError, match=r"must have a real floating dtype .* got dtype torch\.complex128"):
+        case(lambda a: torch.from_numpy(np.asarray(a, dtype=np.complex128)))
+
+    def with_nan(a):
+        a = np.array(a, dtype=np.float64)
+        a.flat[a.size // 2] = np.nan
+        return torch.from_numpy(a)
+
+    with pytest.raises(ValueError, match=r"must contain only finite values, got 1 NaN"):
+        case(with_nan)
+    with pytest.raises(TypeError, match=r"is a tensor on device meta, which refgeo cannot run"):
+        case(lambda a: torch.empty(np.shape(a), dtype=torch.float64, device="meta"))
+
+
+@pytest.mark.parametrize("opt_cls", [refgeo.RowNorm, refgeo.DiameterLMO])
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32, torch.bfloat16, torch.float16])
+def test_tensor_parameters_are_updated_in_place(opt_cls, dtype):
+    """A tensor parameter is updated in place and returned itself (half-precision ones
+    through a float32 copy written back); the optimizer state stays NumPy."""
+    W0 = _RNG.standard_normal(GC.shape)
+    leaf = torch.tensor(np.repeat(W0, 2, axis=1)).to(dtype).requires_grad_(True)
+    Wt = leaf[:, ::2]  # non-contiguous
+    Wnp = Wt.detach().to(torch.float32 if dtype in (torch.bfloat16, torch.float16) else dtype).numpy().copy()
+    got_opt, want_opt = opt_cls(lr=0.1), opt_cls(lr=0.1)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        for g in (GC, GC2):
+            assert got_opt.step(Wt, torch.tensor(g, requires_grad=True)) is Wt
+            want_opt.step(Wnp, g)
+            # the parameter holds its own dtype between steps
+            Wnp[...] = torch.from_numpy(Wnp).to(dtype).to(torch.from_numpy(Wnp).dtype).numpy()
+    want = torch.from_numpy(Wnp).to(dtype).to(torch.float64).numpy()
+    np.testing.assert_array_equal(Wt.detach().to(torch.float64).numpy(), want)
+    np.testing.assert_array_equal(leaf.detach()[:, 1::2].to(torch.float64).numpy(),
+                                  torch.tensor(W0[:, :]).to(dtype).to(torch.float64).numpy())
+    assert leaf.grad is None
+    state = got_opt.state_dict()
+    assert isinstance(state["buffer"], np.ndarray) or state["buffer"] is None
+    assert isinstance(got_opt.last_step(), np.ndarray)
+    np.testing.assert_array_equal(got_opt.last_step(), want_opt.last_step())
+
+
+def test_lmo_warm_start_from_a_tensor_result():
+    t = torch.tensor(GC)
+    first = refgeo.diameter_lmo(t, rtol=1e-3)
+    assert isinstance(first.update, torch.Tensor) and isinstance(first.pairs, torch.Tensor)
+    got = refgeo.diameter_lmo(torch.tensor(GC2), rtol=1e-6, warm_start=first)
+    want = refgeo.diameter_lmo(GC2, rtol=1e-6, warm_start=refgeo.diameter_lmo(GC, rtol=1e-3))
+    _assert_same(_timeless(got), _timeless(want))
+
+
+def test_jax_parameters_are_refused():
+    jax = pytest.importorskip("jax")
+    with pytest.raises(TypeError, match="JAX array instead, which cannot be updated in place"):
+        refgeo.RowNorm(lr=0.1).step(jax.numpy.zeros(GC.shape), GC)
