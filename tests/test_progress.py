@@ -106,13 +106,15 @@ def test_compiled_engine_counts_tile_pairs(cython):
 
 @compiled
 def test_reports_are_rate_limited_and_come_between_tiles(cython):
-    Z = np.random.default_rng(2).standard_normal((2400, 4000)).astype(np.float32)
+    Z = np.random.default_rng(2).standard_normal((3400, 4000)).astype(np.float32)
     seen = []
     t0 = time.perf_counter()
     refgeo.pdist_hilbert(Z, tile_size=8, n_threads=2, progress=seen.append)
     elapsed = time.perf_counter() - t0
     times = [i["elapsed"] for i in seen]
-    assert len(seen) >= 3, "a run of several tenths of a second reports in between"
+    if elapsed >= 0.8:  # reports are due every 0.25 s: a run this long has one in between
+        assert len(seen) >= 3, "a run of several tenths of a second reports in between"
+    assert len(seen) >= 2, "the start and the end are always reported"
     # start and end always; in between at least 0.2 s apart
     assert all(b - a >= 0.19 for a, b in zip(times[1:-2], times[2:-1]))
     assert len(seen) <= 3 + elapsed / 0.2
