@@ -155,11 +155,20 @@ def test_progress_is_checked_and_true_without_tqdm_warns_once(monkeypatch):
     assert _same(a, b)
 
 
-def test_progress_true_draws_a_tqdm_bar(capsys):
+@compiled
+def test_progress_true_draws_a_tqdm_bar(cython, capsys):
     pytest.importorskip("tqdm")
     refgeo.row_diameter(_rows(600, 5), tile_size=100, progress=True)
     err = capsys.readouterr().err
     assert "row_diameter" in err and "21/21" in err  # 6 tiles: 6 * 7 / 2 tile pairs
+
+
+def test_progress_true_on_the_reference_backend_draws_one_step(capsys):
+    pytest.importorskip("tqdm")
+    with refgeo.use_backend("reference"):
+        refgeo.row_diameter(_rows(600, 5), tile_size=100, progress=True)
+    err = capsys.readouterr().err
+    assert "row_diameter" in err and "1/1" in err  # the whole run is one step there
 
 
 # ------------------------------------------------------------------ memory
