@@ -1490,7 +1490,7 @@ def diameter_lmo(
     *Cost.*  Aggregation O(V r log V'); a barrier step O((V' r)^3); an IRLS iteration
     O(V'^2 r + V'^3); an ADMM iteration :math:`O(|E| r)` plus the Laplacian solve; a
     certification one certified diameter of the V' merged rows.  Memory
-    O(V d + V'^2) (+ O(|E| r) for ADMM).  Measured (one BLAS thread, two cores shared
+    O(V d + V'^2) (+ :math:`O(|E| r)` for ADMM).  Measured (one BLAS thread, two cores shared
     with other work, min of runs) on the LM-like generator at rtol 1e-3: V = 2000,
     d = 64 in about 6 s (the ADMM alone stopped at 300 s with a gap of 6e-3);
     V = 8000, d = 128 in about 2 s; at rtol 1e-2, V = 50257, d = 768 in about
