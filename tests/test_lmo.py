@@ -730,3 +730,39 @@ def test_acceptance_ce_v8000():
     elapsed = time.perf_counter() - t0
     print(f"V=8000 d=128: gap={res.gap:.2e} time={elapsed:.1f}s")
     assert res.gap <= 1e-2
+
+
+# ------------------------------------------------------------------ Ctrl-C
+
+
+@pytest.mark.slow
+def test_ctrl_c_stops_diameter_lmo_at_its_next_round():
+    import signal
+    import subprocess
+    import sys
+    import textwrap
+
+    # an isotropic gradient at a tolerance far below what 60 s reach: the solver would
+    # run for its whole max_time
+    code = textwrap.dedent("""
+        import numpy as np, refgeo
+        G = np.random.default_rng(0).standard_normal((2000, 64))
+        G -= G.mean(axis=0)
+        print("started", flush=True)
+        refgeo.diameter_lmo(G, rtol=1e-9, max_time=60)
+        print("returned", flush=True)
+    """)
+    p = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    assert p.stdout.readline().strip() == "started"
+    time.sleep(1.0)
+    assert p.poll() is None, "diameter_lmo ended before the interrupt"
+    p.send_signal(signal.SIGINT)
+    t0 = time.perf_counter()
+    try:
+        out, err = p.communicate(timeout=30)
+    except subprocess.TimeoutExpired:  # pragma: no cover - the failure being tested
+        p.kill()
+        raise
+    assert time.perf_counter() - t0 < 2.0
+    assert p.returncode != 0 and "returned" not in out
+    assert "KeyboardInterrupt" in err
