@@ -322,6 +322,22 @@ def test_monitor_bad_input():
         rtorch.HeadStepMonitor(opt, torch.tensor([[1.0, float("nan")]]))
     with pytest.raises(TypeError, match="last_step"):
         rtorch.HeadStepMonitor(torch.optim.SGD([W], lr=0.1), torch.zeros(4, 2))
+    with pytest.raises(ValueError, match="n_threads"):
+        rtorch.HeadStepMonitor(opt, torch.zeros(4, 2), n_threads=0)
+
+
+def test_monitor_records_do_not_depend_on_threads():
+    # Small recordings run on one thread by default; the record must be the same as on
+    # two threads, BLAS pinned or not (the engine is thread-count independent).
+    W0, grads = _lm_gradients(T=2, seed=11)
+    panel = 2.0 + np.random.default_rng(12).standard_normal((40, W0.shape[1]))
+    S = torch.from_numpy(grads[-1])
+    W = torch.nn.Parameter(torch.from_numpy(W0.copy()))
+    records = [
+        rtorch.HeadStepMonitor(rtorch.RowNorm([W], lr=0.1), panel, n_threads=n).record(S, step=1)
+        for n in (None, 1, 2)
+    ]
+    assert records[0] == records[1] == records[2]
 
 
 def test_monitor_docstring_example():

@@ -89,3 +89,90 @@ class TorchInputs:
 
     def peakmem_row_diameter_torch(self, dtype):
         self._run(refgeo.row_diameter, self.S_t)
+
+
+def _tutorial_setup(torch):
+    """The corpus and frozen body of docs/tutorials/torch-rownorm.md: the 511 most
+    frequent tokens of Python's own help text (Zipf frequencies) and hidden states
+    ``tanh(.) + 1`` with a large common component."""
+    import collections
+    import re
+
+    from pydoc_data.topics import topics
+
+    tokens = re.findall(r"[a-z]+|[^\sa-z]", " ".join(topics[k] for k in sorted(topics)).lower())
+    V, d, ctx, batch = 512, 64, 3, 256
+    counts = collections.Counter(tokens)
+    vocab = ["<unk>"] + sorted(counts, key=lambda w: (-counts[w], w))[: V - 1]
+    index = {w: i for i, w in enumerate(vocab)}
+    ids = torch.tensor([index.get(w, 0) for w in tokens])
+    torch.manual_seed(0)
+    embed = torch.nn.Embedding(V, d).requires_grad_(False)
+    mix = torch.nn.Linear(ctx * d, d).requires_grad_(False)
+
+    def hidden(starts):
+        windows = ids[starts[:, None] + torch.arange(ctx)]
+        return torch.tanh(mix(embed(windows).reshape(len(starts), -1))) + 1.0
+
+    return ids, hidden, V, d, ctx, batch
+
+
+class HeadStepMonitorOverhead:
+    """The tutorial's training loop with ``refgeo.torch.HeadStepMonitor(every=10)`` on
+    and off: ``track_monitor_cost`` is the on/off time ratio (target <= 1.5), the median
+    over alternating pairs of 100-step runs (so that a slow phase of a shared machine
+    hits both sides)."""
+
+    timeout = 600
+
+    def setup(self):
+        self.torch = _require_torch()
+        require_backend("cython")
+        import refgeo.torch  # noqa: F401  (the adapter, imported as a user would)
+
+        self.ids, self.hidden, self.V, self.d, self.ctx, self.batch = _tutorial_setup(self.torch)
+        self.panel = self.hidden(self.torch.arange(256))
+        W = self.torch.nn.Parameter(self.torch.zeros(self.V, self.d))
+        self._mon = refgeo.torch.HeadStepMonitor(refgeo.torch.RowNorm([W], lr=0.05), self.panel)
+        self._S = self.torch.randn(self.V, self.d, generator=self.torch.Generator().manual_seed(2))
+        environment("float32", "cython")
+
+    def _loop(self, monitor, steps=100):
+        torch = self.torch
+        torch.manual_seed(1)
+        head = torch.nn.Linear(self.d, self.V, bias=False)
+        opt = refgeo.torch.RowNorm([head.weight], lr=0.05)
+        mon = refgeo.torch.HeadStepMonitor(opt, self.panel, every=10) if monitor else None
+        import time
+
+        t0 = time.perf_counter()
+        for _ in range(steps):
+            starts = torch.randint(0, len(self.ids) - self.ctx - 1, (self.batch,))
+            logits = head(self.hidden(starts))
+            loss = torch.nn.functional.cross_entropy(logits, self.ids[starts + self.ctx])
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+        elapsed = time.perf_counter() - t0
+        if mon is not None and len(mon.records) != steps // 10:
+            raise RuntimeError(f"the monitor recorded {len(mon.records)} steps, not {steps // 10}")
+        return elapsed
+
+    def track_monitor_cost(self):
+        """Loop time with the monitor every 10 steps over the time without it (target <= 1.5)."""
+        import statistics
+
+        self._loop(True, 20)
+        self._loop(False, 20)
+        ratios = []
+        for _ in range(7):
+            off = self._loop(False)
+            on = self._loop(True)
+            ratios.append(on / off)
+        return statistics.median(ratios)
+
+    track_monitor_cost.unit = "x"
+
+    def time_record(self):
+        """One recorded step of the tutorial's head (512 x 64) over the 256-state panel."""
+        self._mon.record(self._S, step=1)
