@@ -1156,9 +1156,15 @@ class _IRLS:
         lower, upper = _checked_bracket(lower, upper, "diameter_lmo")
         if best_C is None or best_CX is None:
             raise RuntimeError("internal error: IRLS certified no iterate")
-        fl = best_C[iu] * np.sqrt(_sq_distances(best_CX)[iu]) * self.scale
+        return self._flow_result(lower, upper, S, best_C, best_CX, iu, "irls")
+
+    def _flow_result(self, lower, upper, S, C, X, pairs_ij, method):
+        """The LMOResult of a certified bracket, with the flows c_e ||x_i - x_j|| of the
+        multipliers C at the iterate X over the pairs ``pairs_ij`` = (I, J), the
+        negligible ones (below a fraction of the largest) left out."""
+        I, J = pairs_ij
+        fl = C[I, J] * np.sqrt(_sq_distances(X)[I, J]) * self.scale
         keep = fl > _IRLS_FLOW_CUT * fl.max() if fl.size and fl.max() > 0 else np.zeros(fl.shape, dtype=bool)
-        pairs = np.stack([iu[0][keep], iu[1][keep]], axis=1).astype(np.int64)
         gap = _relative_gap(lower, upper)
         return LMOResult(
             update=_readonly(S),
@@ -1166,12 +1172,12 @@ class _IRLS:
             lower_bound=lower,
             upper_bound=upper,
             gap=gap,
-            pairs=_readonly(pairs),
+            pairs=_readonly(np.stack([I[keep], J[keep]], axis=1).astype(np.int64)),
             flows=_readonly(fl[keep]),
             iterations=self.iterations,
             rounds=self.rounds,
             eta=1.0,
-            method="irls",
+            method=method,
             converged=gap <= self.rtol,
             elapsed=self._elapsed(),
         )
@@ -1279,25 +1285,7 @@ class _Barrier(_IRLS):
             t *= _BARRIER_GROWTH
         lower, upper, S, C, X = best
         lower, upper = _checked_bracket(lower, upper, "diameter_lmo")
-        fl = C[I, J] * np.sqrt(_sq_distances(X)[I, J]) * self.scale
-        keep = fl > _IRLS_FLOW_CUT * fl.max() if fl.size and fl.max() > 0 else np.zeros(fl.shape, dtype=bool)
-        pairs = np.stack([I[keep], J[keep]], axis=1).astype(np.int64)
-        gap = _relative_gap(lower, upper)
-        return LMOResult(
-            update=_readonly(S),
-            decrease=lower,
-            lower_bound=lower,
-            upper_bound=upper,
-            gap=gap,
-            pairs=_readonly(pairs),
-            flows=_readonly(fl[keep]),
-            iterations=self.iterations,
-            rounds=self.rounds,
-            eta=1.0,
-            method="barrier",
-            converged=gap <= self.rtol,
-            elapsed=self._elapsed(),
-        )
+        return self._flow_result(lower, upper, S, C, X, (I, J), "barrier")
 
 
 def _ridge_solve(A: np.ndarray, b: np.ndarray) -> np.ndarray:
