@@ -168,7 +168,15 @@ def cpu_backend(request):
 def test_tensor_result_equals_numpy_result(name, dtype, kind, cpu_backend):
     """Arrays come back as CPU tensors holding exactly the NumPy call's values; scalars as
     Python floats; no warning (requires_grad included); nothing is recorded on the graph."""
-    case = CASES[name]
+    made = _check_tensor_equals_numpy(CASES[name], name, dtype, kind)
+    if kind == "strided":
+        assert any(not t.is_contiguous() for t in made)
+
+
+def _check_tensor_equals_numpy(case, name, dtype, kind):
+    """Run ``case`` on NumPy arrays and on tensors of ``kind`` holding the same values:
+    the results must be the same and no gradient may reach the leaves.  Returns the
+    tensors the case was given."""
     make = {"requires_grad": _grad, "strided": _strided}[kind]
     made, leaves = [], []
 
@@ -182,15 +190,11 @@ def test_tensor_result_equals_numpy_result(name, dtype, kind, cpu_backend):
     got = _run_quietly(case, to_tensor)
     _assert_same(got, want, name)
     assert all(t.grad is None for t in leaves)
-    if kind == "strided":
-        assert any(not t.is_contiguous() for t in made)
+    return made
 
 
-@pytest.mark.parametrize("half", ["bfloat16", "float16"])
-@pytest.mark.parametrize("name", sorted(CASES))
-def test_half_tensors_run_as_float32(name, half):
-    """bfloat16/float16 tensors give exactly the float32 result of the same values."""
-    case = CASES[name]
+def _check_half_runs_as_float32(case, name, half):
+    """A bfloat16/float16 tensor gives exactly the float32 result of its values."""
     half_dtype = getattr(torch, half)
 
     def rounded(a):  # the half values, as a float32 NumPy array (exact)
@@ -201,9 +205,7 @@ def test_half_tensors_run_as_float32(name, half):
     _assert_same(got, want, name)
 
 
-@pytest.mark.parametrize("name", sorted(ALL_CASES))
-def test_integer_boolean_and_complex_tensors_are_type_errors(name):
-    case = ALL_CASES[name]
+def _check_non_float_tensors_refused(case):
     for dtype in (torch.int64, torch.int32, torch.bool):
         with pytest.raises(TypeError, match=r"must have a real floating dtype .* got dtype torch\.(int|bool)"):
             case(lambda a: torch.from_numpy(np.asarray(a)).to(dtype))
@@ -211,17 +213,28 @@ def test_integer_boolean_and_complex_tensors_are_type_errors(name):
         case(lambda a: torch.from_numpy(np.asarray(a, dtype=np.complex128)))
 
 
+def _with_nan(a):
+    a = np.array(a, dtype=np.float64)
+    a.flat[a.size // 2] = np.nan
+    return torch.from_numpy(a)
+
+
+@pytest.mark.parametrize("half", ["bfloat16", "float16"])
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_half_tensors_run_as_float32(name, half):
+    """bfloat16/float16 tensors give exactly the float32 result of the same values."""
+    _check_half_runs_as_float32(CASES[name], name, half)
+
+
+@pytest.mark.parametrize("name", sorted(ALL_CASES))
+def test_integer_boolean_and_complex_tensors_are_type_errors(name):
+    _check_non_float_tensors_refused(ALL_CASES[name])
+
+
 @pytest.mark.parametrize("name", sorted(ALL_CASES))
 def test_non_finite_tensors_are_value_errors(name):
-    case = ALL_CASES[name]
-
-    def with_nan(a):
-        a = np.array(a, dtype=np.float64)
-        a.flat[a.size // 2] = np.nan
-        return torch.from_numpy(a)
-
     with pytest.raises(ValueError, match=r"(must contain only finite values, got 1 NaN|not NaN)"):
-        case(with_nan)
+        ALL_CASES[name](_with_nan)
 
 
 @pytest.mark.parametrize("name", sorted(ALL_CASES))
@@ -365,20 +378,7 @@ LMO_CASES = {
 @pytest.mark.parametrize("dtype", ["float64", "float32"])
 @pytest.mark.parametrize("name", sorted(LMO_CASES))
 def test_lmo_tensor_result_equals_numpy_result(name, dtype, kind):
-    case = LMO_CASES[name]
-    make = {"requires_grad": _grad, "strided": _strided}[kind]
-    made, leaves = [], []
-
-    def to_tensor(a):
-        leaf, t = make(np.asarray(a, dtype=dtype))
-        made.append(t)
-        leaves.append(leaf)
-        return t
-
-    want = case(lambda a: np.asarray(a, dtype=dtype))
-    got = _run_quietly(case, to_tensor)
-    _assert_same(got, want, name)
-    assert all(t.grad is None for t in leaves)
+    made = _check_tensor_equals_numpy(LMO_CASES[name], name, dtype, kind)
     if kind == "strided":
         assert all(not t.is_contiguous() for t in made)
 
@@ -386,15 +386,7 @@ def test_lmo_tensor_result_equals_numpy_result(name, dtype, kind):
 @pytest.mark.parametrize("half", ["bfloat16", "float16"])
 @pytest.mark.parametrize("name", sorted(LMO_CASES))
 def test_lmo_half_tensors_run_as_float32(name, half):
-    case = LMO_CASES[name]
-    half_dtype = getattr(torch, half)
-
-    def rounded(a):
-        return torch.from_numpy(np.asarray(a, dtype=np.float32)).to(half_dtype).to(torch.float32).numpy()
-
-    want = case(rounded)
-    got = _run_quietly(case, lambda a: torch.from_numpy(np.asarray(a, dtype=np.float32)).to(half_dtype))
-    _assert_same(got, want, name)
+    _check_half_runs_as_float32(LMO_CASES[name], name, half)
 
 
 @pytest.mark.parametrize("name", sorted(LMO_CASES))
@@ -402,19 +394,9 @@ def test_lmo_bad_tensors(name):
     """Integer, boolean and complex tensors: TypeError; non-finite ones: ValueError; a
     device refgeo cannot run: the converter's TypeError (so every entry point converts)."""
     case = LMO_CASES[name]
-    for dtype in (torch.int64, torch.int32, torch.bool):
-        with pytest.raises(TypeError, match=r"must have a real floating dtype .* got dtype torch\.(int|bool)"):
-            case(lambda a: torch.from_numpy(np.asarray(a)).to(dtype))
-    with pytest.raises(TypeError, match=r"must have a real floating dtype .* got dtype torch\.complex128"):
-        case(lambda a: torch.from_numpy(np.asarray(a, dtype=np.complex128)))
-
-    def with_nan(a):
-        a = np.array(a, dtype=np.float64)
-        a.flat[a.size // 2] = np.nan
-        return torch.from_numpy(a)
-
+    _check_non_float_tensors_refused(case)
     with pytest.raises(ValueError, match=r"must contain only finite values, got 1 NaN"):
-        case(with_nan)
+        case(_with_nan)
     with pytest.raises(TypeError, match=r"is a tensor on device meta, which refgeo cannot run"):
         case(lambda a: torch.empty(np.shape(a), dtype=torch.float64, device="meta"))
 
