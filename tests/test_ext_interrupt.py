@@ -9,16 +9,14 @@ between tiles and stops the OpenMP team; without that, the call runs to its end.
 from __future__ import annotations
 
 import os
-import selectors
-import signal
-import subprocess
 import sys
 import textwrap
-import time
 
 import pytest
 
 from refgeo import _backend
+
+from ._interrupt import interrupt
 
 pytestmark = [
     pytest.mark.slow,
@@ -63,42 +61,12 @@ print(f"finished normally after {{time.perf_counter() - t0:.1f}} s", flush=True)
 """
 
 
-def _read_line(proc, timeout):
-    sel = selectors.DefaultSelector()
-    sel.register(proc.stdout, selectors.EVENT_READ)
-    try:
-        if not sel.select(timeout):
-            return None
-        return proc.stdout.readline()
-    finally:
-        sel.close()
-
-
 @pytest.mark.parametrize("name", sorted(CASES))
 def test_sigint_stops_the_kernel(name):
     setup, call = CASES[name]
     code = textwrap.dedent(CHILD.format(setup=setup, call=call))
-    env = dict(os.environ, REFGEO_BACKEND="cython", PYTHONUNBUFFERED="1")
-    proc = subprocess.Popen(
-        [sys.executable, "-c", code], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env
-    )
-    try:
-        line = _read_line(proc, timeout=300)
-        assert line is not None and line.strip() == "ready", f"child did not start: {line!r}"
-        time.sleep(1.0)
-        assert proc.poll() is None, "the call ended before the signal: make the case larger"
-        proc.send_signal(signal.SIGINT)
-        t0 = time.monotonic()
-        try:
-            out, _ = proc.communicate(timeout=30)
-        except subprocess.TimeoutExpired:
-            pytest.fail(f"{name}: still running 30 s after SIGINT")
-        elapsed = time.monotonic() - t0
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.communicate()
-    assert "finished normally" not in out, f"{name} ignored SIGINT:\n{out}"
-    assert "KeyboardInterrupt" in out, out
-    assert proc.returncode != 0
-    assert elapsed < 2.0, f"{name}: exit took {elapsed:.2f} s after SIGINT"
+    run = interrupt(code, env=dict(os.environ, REFGEO_BACKEND="cython", PYTHONUNBUFFERED="1"))
+    assert "finished normally" not in run.out, f"{name} ignored SIGINT:\n{run.out}"
+    assert "KeyboardInterrupt" in run.err, run.err
+    assert run.returncode != 0
+    assert run.seconds < 2.0, f"{name}: exit took {run.seconds:.2f} s after SIGINT"

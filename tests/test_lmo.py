@@ -737,10 +737,9 @@ def test_acceptance_ce_v8000():
 
 @pytest.mark.slow
 def test_ctrl_c_stops_diameter_lmo_at_its_next_round():
-    import signal
-    import subprocess
-    import sys
     import textwrap
+
+    from ._interrupt import interrupt
 
     # an isotropic gradient at a tolerance far below what 60 s reach: the solver would
     # run for its whole max_time
@@ -752,17 +751,7 @@ def test_ctrl_c_stops_diameter_lmo_at_its_next_round():
         refgeo.diameter_lmo(G, rtol=1e-9, max_time=60)
         print("returned", flush=True)
     """)
-    p = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    assert p.stdout.readline().strip() == "started"
-    time.sleep(1.0)
-    assert p.poll() is None, "diameter_lmo ended before the interrupt"
-    p.send_signal(signal.SIGINT)
-    t0 = time.perf_counter()
-    try:
-        out, err = p.communicate(timeout=30)
-    except subprocess.TimeoutExpired:  # pragma: no cover - the failure being tested
-        p.kill()
-        raise
-    assert time.perf_counter() - t0 < 2.0
-    assert p.returncode != 0 and "returned" not in out
-    assert "KeyboardInterrupt" in err
+    run = interrupt(code, ready="started")
+    assert run.seconds < 2.0
+    assert run.returncode != 0 and "returned" not in run.out
+    assert "KeyboardInterrupt" in run.err
