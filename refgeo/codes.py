@@ -473,7 +473,9 @@ class _Candidate:
     build: Callable[[], np.ndarray]
     diameter: float | None = None  # exact D of build() when its distances are known exactly
     on_sphere: bool = True  # False for packings in a ball (the sphere iteration cannot improve them)
-    iterate: bool = True  # False: returned as is by spread(method="auto") (see there)
+    # False: returned as is by spread(method="auto") (see there): ball packings, shell
+    # subsets and the algebraic codes, which no tangent direction improves to first order
+    iterate: bool = True
 
 
 def _kerdock_tagged(q: int, V: int, d: int, tags: bool) -> np.ndarray:
@@ -1050,16 +1052,19 @@ def _candidates(V: int, d: int) -> list[_Candidate]:
             if n_copies * q <= d:
                 rho = math.sqrt((sq - 1.0) / (sq + 1.0))
                 out.append(_Candidate(f"kerdock({q})x{n_copies}", rho,
-                                      functools.partial(_kerdock_tagged, q, V, d, False), math.sqrt(2.0 + 2.0 / sq)))
+                                      functools.partial(_kerdock_tagged, q, V, d, False), math.sqrt(2.0 + 2.0 / sq),
+                                      iterate=False))
             if n_copies * q + n_bases <= d:
                 rho = math.sqrt(sq / (sq + 2.0))
                 dyadic = int(round(math.log(q, 4))) % 2 == 0  # q^(1/4) a power of 2
                 out.append(_Candidate(f"kerdock({q})x{n_copies}+tags", rho,
                                       functools.partial(_kerdock_tagged, q, V, d, True),
-                                      math.sqrt(2.0 + 4.0 / sq) if dyadic else None))
+                                      math.sqrt(2.0 + 4.0 / sq) if dyadic else None,
+                                      iterate=False))
             if q >= 16 and V > q * (q // 2 + 1) and V <= q + q**3 // 4:
                 rho = math.sqrt((sq - 2.0) / (sq + 2.0))
                 out.append(_Candidate(f"delsarte_goethals({q})", rho,
-                                      functools.partial(_embedded_dg, q, V, d), math.sqrt(2.0 + 4.0 / sq)))
+                                      functools.partial(_embedded_dg, q, V, d), math.sqrt(2.0 + 4.0 / sq),
+                                      iterate=False))
         q *= 4
     return out
