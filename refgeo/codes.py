@@ -1023,6 +1023,24 @@ def _embedded_dg(q: int, V: int, d: int) -> np.ndarray:
     return embed(delsarte_goethals_code(q, V), d=d)
 
 
+def _dg_tagged(q: int, V: int, d: int) -> np.ndarray:
+    r"""The Delsarte-Goethals code of R^q with one tag coordinate per basis.
+
+    Every vector of basis b gets :math:`t e_b` with :math:`t^2 = 2/\sqrt q`:
+    same-basis inner products become :math:`t^2` (from 0), cross-basis ones stay in
+    :math:`\{0, \pm 1/\sqrt q, \pm 2/\sqrt q\}` and every norm^2 is
+    :math:`1 + t^2`, so squared distances lie in :math:`[2, 2 + 8/\sqrt q]` and
+    :math:`\rho^2 = \sqrt q/(\sqrt q + 4)` (from :math:`(\sqrt q - 2)/(\sqrt q + 2)`
+    untagged): 2/3 for q = 64.  Needs ``q + ceil(V/q) <= d``.  Entries are dyadic
+    when :math:`t^2 = 2^{1-n/2}` is a square of one, i.e. q = 64, 1024, ...
+    """
+    X = np.zeros((V, d))
+    X[:, :q] = delsarte_goethals_code(q, V)
+    b = np.arange(V) // q
+    X[np.arange(V), q + b] = math.sqrt(2.0 / math.sqrt(q))
+    return X
+
+
 def _candidates(V: int, d: int) -> list[_Candidate]:
     """Constructions usable for (V, d), each with its closed-form ratio (the lattice
     balls of small d with a computed one)."""
@@ -1066,5 +1084,10 @@ def _candidates(V: int, d: int) -> list[_Candidate]:
                 out.append(_Candidate(f"delsarte_goethals({q})", rho,
                                       functools.partial(_embedded_dg, q, V, d), math.sqrt(2.0 + 4.0 / sq),
                                       iterate=False))
+                if q + n_bases <= d:
+                    dyadic = int(round(math.log(q, 4))) % 2 == 1  # 2/sqrt(q) a square of a power of 2
+                    out.append(_Candidate(f"delsarte_goethals({q})+tags", math.sqrt(sq / (sq + 4.0)),
+                                          functools.partial(_dg_tagged, q, V, d),
+                                          math.sqrt(2.0 + 8.0 / sq) if dyadic else None, iterate=False))
         q *= 4
     return out
