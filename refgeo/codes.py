@@ -1023,6 +1023,27 @@ def _embedded_dg(q: int, V: int, d: int) -> np.ndarray:
     return embed(delsarte_goethals_code(q, V), d=d)
 
 
+def _dg_class_tagged(q: int, V: int, d: int) -> np.ndarray:
+    r"""The Delsarte-Goethals code of R^q with one tag coordinate per Kerdock class.
+
+    The bases of :func:`delsarte_goethals_code` come in classes of :math:`q/2`
+    (the Kerdock forms plus one Gold-type form :math:`C_w`; the standard basis joins
+    the first class): within a class every difference of forms is nonsingular, so
+    cross-basis inner products are :math:`\pm\mu`, :math:`\mu = 1/\sqrt q`; the
+    values :math:`\pm 2\mu` occur only across classes.  A tag :math:`t e_c` with
+    :math:`t^2 = \mu` on every vector of class c adds :math:`\mu` inside a class:
+    squared distances lie in :math:`[2 - 2\mu, 2 + 6\mu]` and
+    :math:`ho^2 = (\sqrt q - 1)/(\sqrt q + 3)` (7/11 for q = 64, from 3/5), with
+    only :math:`\lceil (V - q)/(q^2/2) ceil` extra coordinates (25 at V = 50000,
+    q = 64) where one tag per basis needs :math:`V/q`.
+    """
+    X = np.zeros((V, d))
+    X[:, :q] = delsarte_goethals_code(q, V)
+    cls = np.maximum(np.arange(V) - q, 0) // (q * (q // 2))  # basis (i - q) // q, class basis // (q/2)
+    X[np.arange(V), q + cls] = q**-0.25
+    return X
+
+
 def _dg_tagged(q: int, V: int, d: int) -> np.ndarray:
     r"""The Delsarte-Goethals code of R^q with one tag coordinate per basis.
 
@@ -1084,6 +1105,12 @@ def _candidates(V: int, d: int) -> list[_Candidate]:
                 out.append(_Candidate(f"delsarte_goethals({q})", rho,
                                       functools.partial(_embedded_dg, q, V, d), math.sqrt(2.0 + 4.0 / sq),
                                       iterate=False))
+                n_classes = -(-(V - q) // (q * (q // 2)))
+                if q + n_classes <= d:
+                    dyadic = int(round(math.log(q, 4))) % 2 == 0  # q^(-1/4) a power of 2
+                    out.append(_Candidate(f"delsarte_goethals({q})+class_tags", math.sqrt((sq - 1.0) / (sq + 3.0)),
+                                          functools.partial(_dg_class_tagged, q, V, d),
+                                          math.sqrt(2.0 + 6.0 / sq) if dyadic else None, iterate=False))
                 if q + n_bases <= d:
                     dyadic = int(round(math.log(q, 4))) % 2 == 1  # 2/sqrt(q) a square of a power of 2
                     out.append(_Candidate(f"delsarte_goethals({q})+tags", math.sqrt(sq / (sq + 4.0)),

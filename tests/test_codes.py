@@ -227,6 +227,25 @@ def test_tagged_delsarte_goethals_spectrum_and_rho():
     assert plain == pytest.approx(math.sqrt(3 / 5)) and c.rho > plain
 
 
+@pytest.mark.parametrize("V, d, rho2", [(3000, 66, 7 / 11), (1000, 40, 3 / 7)])
+def test_class_tagged_delsarte_goethals(V, d, rho2):
+    """One tag per Kerdock class of bases (2 extra coordinates at (3000, 66)): inside a
+    class the inner products move from +-1/sqrt(q) to 1/sqrt(q) +- 1/sqrt(q)."""
+    cands = {c.name: c for c in _candidates(V, d)}
+    q = 64 if d >= 64 else 16
+    c = cands[f"delsarte_goethals({q})+class_tags"]
+    assert f"delsarte_goethals({q})+tags" not in cands  # one tag per basis needs more room
+    X = c.build()
+    G = X @ X.T
+    n = np.diag(G)
+    e = (n[:, None] + n[None, :] - 2.0 * G)[np.triu_indices(V, 1)]
+    assert math.sqrt(e.min() / e.max()) == pytest.approx(c.rho, abs=1e-12)
+    assert c.rho == pytest.approx(math.sqrt(rho2), abs=1e-15)
+    assert c.rho > cands[f"delsarte_goethals({q})"].rho
+    if c.diameter is not None:
+        assert math.sqrt(e.max()) == pytest.approx(c.diameter, rel=1e-15)
+
+
 def test_tagged_kerdock_beats_plain():
     names = {c.name: c.rho for c in _candidates(32768, 512)}
     assert names["kerdock(256)x1+tags"] == pytest.approx(math.sqrt(16 / 18))
