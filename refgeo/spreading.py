@@ -123,7 +123,11 @@ class SpreadResult:
     bound : RatioBound
         All four bounds and which one binds.
     method : str
-        ``"construction"``, ``"epigraph"`` or ``"smooth"``.
+        ``"construction"``: the start (``init``; with ``init="auto"`` the construction
+        of largest certified ratio, ``candidates[0]``) is returned unchanged, either
+        because no iteration ran or because the iterate's certified ratio did not beat
+        it; ``"epigraph"`` or ``"smooth"``: the iterate of that method (from a
+        construction, kept only when its certified ratio beats the construction's).
     init : str
         Name of the starting construction (or ``"random"``, ``"user"``).
     n_iter : int
