@@ -473,7 +473,9 @@ class _Candidate:
     build: Callable[[], np.ndarray]
     diameter: float | None = None  # exact D of build() when its distances are known exactly
     on_sphere: bool = True  # False for packings in a ball (the sphere iteration cannot improve them)
-    iterate: bool = True  # False: returned as is by spread(method="auto") (see there)
+    # False: returned as is by spread(method="auto") (see there): ball packings, shell
+    # subsets and the algebraic codes, which no tangent direction improves to first order
+    iterate: bool = True
 
 
 def _kerdock_tagged(q: int, V: int, d: int, tags: bool) -> np.ndarray:
@@ -1021,6 +1023,45 @@ def _embedded_dg(q: int, V: int, d: int) -> np.ndarray:
     return embed(delsarte_goethals_code(q, V), d=d)
 
 
+def _dg_class_tagged(q: int, V: int, d: int) -> np.ndarray:
+    r"""The Delsarte-Goethals code of R^q with one tag coordinate per Kerdock class.
+
+    The bases of :func:`delsarte_goethals_code` come in classes of :math:`q/2`
+    (the Kerdock forms plus one Gold-type form :math:`C_w`; the standard basis joins
+    the first class): within a class every difference of forms is nonsingular, so
+    cross-basis inner products are :math:`\pm\mu`, :math:`\mu = 1/\sqrt q`; the
+    values :math:`\pm 2\mu` occur only across classes.  A tag :math:`t e_c` with
+    :math:`t^2 = \mu` on every vector of class c adds :math:`\mu` inside a class:
+    squared distances lie in :math:`[2 - 2\mu, 2 + 6\mu]` and
+    :math:`ho^2 = (\sqrt q - 1)/(\sqrt q + 3)` (7/11 for q = 64, from 3/5), with
+    only :math:`\lceil (V - q)/(q^2/2) ceil` extra coordinates (25 at V = 50000,
+    q = 64) where one tag per basis needs :math:`V/q`.
+    """
+    X = np.zeros((V, d))
+    X[:, :q] = delsarte_goethals_code(q, V)
+    cls = np.maximum(np.arange(V) - q, 0) // (q * (q // 2))  # basis (i - q) // q, class basis // (q/2)
+    X[np.arange(V), q + cls] = q**-0.25
+    return X
+
+
+def _dg_tagged(q: int, V: int, d: int) -> np.ndarray:
+    r"""The Delsarte-Goethals code of R^q with one tag coordinate per basis.
+
+    Every vector of basis b gets :math:`t e_b` with :math:`t^2 = 2/\sqrt q`:
+    same-basis inner products become :math:`t^2` (from 0), cross-basis ones stay in
+    :math:`\{0, \pm 1/\sqrt q, \pm 2/\sqrt q\}` and every norm^2 is
+    :math:`1 + t^2`, so squared distances lie in :math:`[2, 2 + 8/\sqrt q]` and
+    :math:`\rho^2 = \sqrt q/(\sqrt q + 4)` (from :math:`(\sqrt q - 2)/(\sqrt q + 2)`
+    untagged): 2/3 for q = 64.  Needs ``q + ceil(V/q) <= d``.  Entries are dyadic
+    when :math:`t^2 = 2^{1-n/2}` is a square of one, i.e. q = 64, 1024, ...
+    """
+    X = np.zeros((V, d))
+    X[:, :q] = delsarte_goethals_code(q, V)
+    b = np.arange(V) // q
+    X[np.arange(V), q + b] = math.sqrt(2.0 / math.sqrt(q))
+    return X
+
+
 def _candidates(V: int, d: int) -> list[_Candidate]:
     """Constructions usable for (V, d), each with its closed-form ratio (the lattice
     balls of small d with a computed one)."""
@@ -1050,16 +1091,30 @@ def _candidates(V: int, d: int) -> list[_Candidate]:
             if n_copies * q <= d:
                 rho = math.sqrt((sq - 1.0) / (sq + 1.0))
                 out.append(_Candidate(f"kerdock({q})x{n_copies}", rho,
-                                      functools.partial(_kerdock_tagged, q, V, d, False), math.sqrt(2.0 + 2.0 / sq)))
+                                      functools.partial(_kerdock_tagged, q, V, d, False), math.sqrt(2.0 + 2.0 / sq),
+                                      iterate=False))
             if n_copies * q + n_bases <= d:
                 rho = math.sqrt(sq / (sq + 2.0))
                 dyadic = int(round(math.log(q, 4))) % 2 == 0  # q^(1/4) a power of 2
                 out.append(_Candidate(f"kerdock({q})x{n_copies}+tags", rho,
                                       functools.partial(_kerdock_tagged, q, V, d, True),
-                                      math.sqrt(2.0 + 4.0 / sq) if dyadic else None))
+                                      math.sqrt(2.0 + 4.0 / sq) if dyadic else None,
+                                      iterate=False))
             if q >= 16 and V > q * (q // 2 + 1) and V <= q + q**3 // 4:
                 rho = math.sqrt((sq - 2.0) / (sq + 2.0))
                 out.append(_Candidate(f"delsarte_goethals({q})", rho,
-                                      functools.partial(_embedded_dg, q, V, d), math.sqrt(2.0 + 4.0 / sq)))
+                                      functools.partial(_embedded_dg, q, V, d), math.sqrt(2.0 + 4.0 / sq),
+                                      iterate=False))
+                n_classes = -(-(V - q) // (q * (q // 2)))
+                if q + n_classes <= d:
+                    dyadic = int(round(math.log(q, 4))) % 2 == 0  # q^(-1/4) a power of 2
+                    out.append(_Candidate(f"delsarte_goethals({q})+class_tags", math.sqrt((sq - 1.0) / (sq + 3.0)),
+                                          functools.partial(_dg_class_tagged, q, V, d),
+                                          math.sqrt(2.0 + 6.0 / sq) if dyadic else None, iterate=False))
+                if q + n_bases <= d:
+                    dyadic = int(round(math.log(q, 4))) % 2 == 1  # 2/sqrt(q) a square of a power of 2
+                    out.append(_Candidate(f"delsarte_goethals({q})+tags", math.sqrt(sq / (sq + 4.0)),
+                                          functools.partial(_dg_tagged, q, V, d),
+                                          math.sqrt(2.0 + 8.0 / sq) if dyadic else None, iterate=False))
         q *= 4
     return out

@@ -123,7 +123,11 @@ class SpreadResult:
     bound : RatioBound
         All four bounds and which one binds.
     method : str
-        ``"construction"``, ``"epigraph"`` or ``"smooth"``.
+        ``"construction"``: the start (``init``; with ``init="auto"`` the construction
+        of largest certified ratio, ``candidates[0]``) is returned unchanged, either
+        because no iteration ran or because the iterate's certified ratio did not beat
+        it; ``"epigraph"`` or ``"smooth"``: the iterate of that method (from a
+        construction, kept only when its certified ratio beats the construction's).
     init : str
         Name of the starting construction (or ``"random"``, ``"user"``).
     n_iter : int
@@ -132,6 +136,11 @@ class SpreadResult:
         Seconds.
     history : tuple of (float, float)
         ``(elapsed, best ratio)`` after each start or round.
+    candidates : tuple of (str, float)
+        Every construction built for ``(V, d)`` with its certified ratio (closed
+        form, or the engine's for the lattice balls), largest first: the start
+        (``init``) is the first, and ``method == "construction"`` says that it is
+        returned unchanged.  Empty for ``init="random"`` or a user start.
     """
 
     points: np.ndarray
@@ -150,6 +159,7 @@ class SpreadResult:
     n_iter: int
     elapsed: float
     history: tuple[tuple[float, float], ...]
+    candidates: tuple[tuple[str, float], ...] = ()
 
     @property
     def gap(self) -> float:
@@ -304,6 +314,28 @@ def _near_far(X: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
     return near, far
 
 
+def _near_far_engine(X: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
+    """For unit rows: the k nearest and the k farthest other rows, from the certified engine.
+
+    :func:`refgeo.knn` gives the exact k nearest rows (ties to the smaller index); for
+    unit rows the farthest rows from :math:`x_i` are the nearest to :math:`-x_i`, so a
+    second k-NN pass of ``-X`` against ``X`` gives them (:math:`x_i` itself is the
+    farthest point from :math:`-x_i` and is not among its k nearest once ``V > k + 1``).
+    Time O(V^2 d) for each pass.
+    """
+    from .rows import knn
+
+    V = X.shape[0]
+    k = min(k, V - 1)
+    near = np.asarray(knn(X, k).indices)
+    far = np.asarray(knn(-X, min(k + 1, V), X).indices)
+    # drop j == i where it appears (only when k + 1 >= V - 1), keep k per row
+    rows = np.arange(V)[:, None]
+    keep = far != rows
+    far = np.array([f[m][:k] for f, m in zip(far, keep)]) if not keep.all() else far[:, :k]
+    return near, far
+
+
 def _pairs(nbr: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     V, k = nbr.shape
     i = np.repeat(np.arange(V), k)
@@ -331,8 +363,18 @@ def _smooth(
     inner: int,
     target: float,
     report: Callable[[int, float], bool],
+    neighbors: Callable[[np.ndarray, int], tuple[np.ndarray, np.ndarray]] | None = None,
+    stats: list[dict[str, float]] | None = None,
 ) -> tuple[np.ndarray, float, int]:
     r"""Annealed max-min iteration on the sphere over k-NN neighborhoods.
+
+    ``neighbors(X, k)`` gives the working set (default: the certified k-NN of the
+    compiled engine, ``_near_far_engine``; one float32 GEMM pass, ``_near_far``, on the
+    reference backend).
+    With ``stats`` a record per round is appended: the refresh time, the working-set
+    size, how many of its pairs sit at the two extremes, the rows whose k-th near
+    (far) partner is still at the extreme (ties beyond the working set), and the
+    gradient steps tried and accepted.
 
     Each round refreshes the candidate pairs (the ``k`` nearest and ``k`` farthest
     partners of every row), measures the ratio there (exact for the extreme pairs:
@@ -358,14 +400,31 @@ def _smooth(
     frac = _FRAC0  # fraction of the log-gap to the bound asked for in one round
     lr = 1e-2  # step: the largest rotation of a row, in radians
     steps = 0
+    if neighbors is None:
+        # the certified k-NN of the compiled engine: the exact working set (the measured
+        # ratio is exact for the extreme pairs), about as fast as one float32 GEMM pass
+        # with argpartition (7-27 s against 51 s at (50000, 64), 40-83 s against 42 s
+        # at (32768, 512)); the reference backend keeps the GEMM pass
+        neighbors = _near_far_engine if _engine_is_compiled(X) else _near_far
+    nbrs = neighbors
     for r in range(max_rounds + 1):
-        near, far = _near_far(X, k)
+        t_refresh = time.perf_counter()
+        near, far = nbrs(X, k)
+        t_refresh = time.perf_counter() - t_refresh
         In, Jn = _pairs(near)
         If, Jf = _pairs(far)
         ipn = _pair_inner_products(X, In, Jn)
         ipf = _pair_inner_products(X, If, Jf)
         M, mu = float(ipn.max()), float(ipf.min())
         rho = math.sqrt(max(1.0 - M, 0.0) / max(1.0 - mu, 1e-300))
+        if stats is not None:
+            tol = 1e-12
+            kth_n = np.einsum("ij,ij->i", X, X[near[:, -1]])
+            kth_f = np.einsum("ij,ij->i", X, X[far[:, -1]])
+            stats.append({"round": r, "ratio": rho, "refresh_s": t_refresh, "pairs": float(In.size + If.size),
+                          "near_at_max": float(np.sum(ipn >= M - tol)), "far_at_min": float(np.sum(ipf <= mu + tol)),
+                          "rows_near_saturated": float(np.sum(kth_n >= M - tol)),
+                          "rows_far_saturated": float(np.sum(kth_f <= mu + tol)), "tried": 0.0, "accepted": 0.0})
         if rho > best_rho:
             best_X, best_rho = X.copy(), rho
         if report(r, best_rho) or r == max_rounds or clock.left() <= 0:
@@ -403,9 +462,13 @@ def _smooth(
                 if float(vn2 @ vn2 + vf2 @ vf2) < pen:
                     X, ipn, ipf = Xn, ipn_n, ipf_n
                     lr = min(lr * 1.5, 0.5)
+                    if stats is not None:
+                        stats[-1]["accepted"] += 1.0
                     break
                 lr *= 0.5
             steps += 1
+            if stats is not None:
+                stats[-1]["tried"] += 1.0
         frac = min(0.5, frac * 1.5) if ok else max(1e-3, frac * 0.5)
     return best_X, best_rho, steps
 
@@ -520,21 +583,24 @@ def spread(
         ``"smooth"``: the annealed k-NN iteration on the sphere (large V);
         ``"construction"``: no optimization (the start is returned: the best
         construction, or random points where none exists; ``result.init`` says which).
-        ``"auto"``: every construction for ``(V, d)`` is built with its ratio
-        (closed form, or certified by the engine for the lattice balls) and the one of
-        largest ratio is the start (``result.init`` names it).  Then: the regular
-        simplex (:math:`\rho = 1`) is returned; :math:`V \le 50` runs ``"epigraph"``
-        from it (unless one SLSQP iteration, about :math:`3 \cdot 10^{-9} (V d)^3`
-        seconds, would take longer than both ``max_time`` and 1 s); a lattice construction is returned
-        as is (``result.method == "construction"``): the smooth iteration works on
-        the sphere and cannot move a ball packing, and from a shell subset (every
-        point with many neighbors at exactly the closest distance) it found nothing
-        better in the cases measured; a construction within 1% of
-        the bound, or with :math:`V^2 d > 5 \cdot 10^{10}` (where an O(V^2 d)
-        neighborhood refresh costs more than the local iteration can win back against
-        the ties of an algebraic code), is returned as is; otherwise ``"smooth"``
-        runs from it, and its result is kept only when its ratio beats the
-        construction's (else ``result.method`` says ``"construction"``).
+        ``"auto"``: every construction for ``(V, d)`` is built with its certified
+        ratio (closed form, or certified by the engine for the lattice balls) and the
+        one of largest ratio is the start (``result.init`` names it,
+        ``result.candidates`` lists them all).  No rule looks at V or d beyond the
+        cost of the epigraph method.  The regular simplex (:math:`\rho = 1`) is
+        returned; :math:`V \le 50` runs ``"epigraph"`` from it (unless one SLSQP
+        iteration, about :math:`3 \cdot 10^{-9} (V d)^3` seconds, would take longer
+        than both ``max_time`` and 1 s); a construction that the local iteration
+        cannot improve is returned as is (``result.method == "construction"``): a
+        packing in a ball (the iteration works on the sphere), a lattice shell subset,
+        and the Kerdock, tagged Kerdock and Delsarte-Goethals codes, at which no
+        tangent direction improves the ratio to first order (a linear program over
+        all pairs at the two extremes has optimum 0 for the Kerdock codes of
+        :math:`\mathbb{R}^{16}`, tagged or not, with or without spare dimensions;
+        from the tagged Kerdock code at :math:`(32768, 512)` the smooth iteration lost
+        ratio in every round of a 300 s run); otherwise ``"smooth"`` runs, and its
+        result is kept only when its certified ratio beats the construction's
+        (else ``result.method`` says ``"construction"``).
     seed : int, default=None
         Seed of the random starts (results are reproducible for a given seed, up to the
         time budget).
@@ -584,7 +650,10 @@ def spread(
     (\sqrt q - 1)/(\sqrt q + 1)`), *tagged* Kerdock copies where spare dimensions
     exist (one extra coordinate per basis; :math:`\rho^2 = \sqrt q/(\sqrt q + 2)`, e.g.
     0.9428 for :math:`(32768, 512)` and :math:`(50257, 768)`), and
-    :func:`delsarte_goethals_code` beyond :math:`d^2/2`; and from the lattices of
+    :func:`delsarte_goethals_code` beyond :math:`d^2/2`, tagged where spare
+    dimensions exist (one coordinate per Kerdock class of bases: :math:`\rho^2 =
+    (\sqrt q - 1)/(\sqrt q + 3)`, 0.7977 at :math:`(50000, 90)`; one per basis:
+    :math:`\rho^2 = \sqrt q/(\sqrt q + 4)`, 0.8165 at :math:`(5000, 160)`); and from the lattices of
     :mod:`refgeo.codes` (:func:`refgeo.lattice_ball`, :func:`refgeo.minimal_vectors`):
     the V points of :math:`A_2`, :math:`D_n` (:math:`n \le 12`), :math:`E_6`,
     :math:`E_7` or :math:`E_8` nearest to the best of a few centers (lattice points
@@ -673,16 +742,10 @@ def spread(
             # unknowns and cannot be stopped inside: (45, 40) takes 18 s per iteration
             method = "epigraph"
         elif best_c is not None and not best_c.iterate:
-            # the best construction is a packing in a ball (a lattice ball, or a shell
-            # with the origin), which the smooth iteration on the sphere cannot move, or
-            # a lattice shell subset, where every point has many neighbors at exactly
-            # the closest distance: from those the iteration found nothing better at
-            # (300, 16), (700, 24), (2000, 16) or (4096, 24) in 5 to 150 s
-            method = "construction"
-        elif start_rho is not None and (start_rho >= 0.99 * bound.value or V * V * d > 5e10):
-            # Near the bound, or too large for O(V^2 d) neighborhood refreshes to pay off
-            # against an algebraic construction (whose massive ties the local iteration
-            # cannot break): return the construction.
+            # a construction the local iteration cannot improve: a packing in a ball
+            # (the iteration works on the sphere), a lattice shell subset, or an
+            # algebraic code (Kerdock, tagged Kerdock, Delsarte-Goethals), where no
+            # tangent direction improves the ratio to first order (see the docstring)
             method = "construction"
         else:
             method = "smooth"
@@ -708,30 +771,61 @@ def spread(
         return False
 
     n_iter = 0
-    modified = method != "construction"
+    X0 = X.copy()
     if method == "epigraph":
         X, n_iter = _multistart(X if (user_X is not None or best_c is not None) else None, V, d,
                                 n_starts=n_starts, rng=rng,
                                 clock=opt_clock, bound=bound.value, report=report)
     elif method == "smooth":
-        X0 = X.copy()
-        rho0 = start_rho
         if user_X is None and best_c is not None and not best_c.on_sphere:
             X = rng.standard_normal((V, d))  # projecting a ball packing on the sphere collapses it
         elif user_X is None and best_c is not None:
             X = X + 1e-6 * rng.standard_normal(X.shape)  # break the ties of the construction
-        X, rho, n_iter = _smooth(X, k=k, clock=opt_clock, max_rounds=max_rounds, inner=_INNER,
-                                 target=bound.value, report=lambda r, rho: report("round", r, rho))
-        if rho0 is not None and rho <= rho0:
-            # the iteration did not beat the construction: say what is returned
-            X, modified, method = X0, False, "construction"
+        X, _, n_iter = _smooth(X, k=k, clock=opt_clock, max_rounds=max_rounds, inner=_INNER,
+                               target=bound.value, report=lambda r, rho: report("round", r, rho))
     bar.finish()
     bar.close()
 
-    # ---- scale, center, certify
+    # ---- scale, center, certify; an iterate is kept only when its certified ratio
+    # beats the construction's (closed-form or engine-certified) one
+    modified = method != "construction"
+    cert = _certify_points(X, certify, eta, best_c if not modified and user_X is None else None)
+    if modified and start_rho is not None and cert[4] <= start_rho:
+        # (with certify=False both sides are float64 estimates)
+        X, method = X0, "construction"
+        cert = _certify_points(X, certify, eta, best_c)
+    mode, X, min_dist, diameter, ratio, pm, pd, err = cert
+    certificate = mode
+    if callback is not None:
+        callback(SpreadProgress("done", n_iter, clock.elapsed(), ratio, bound.value))
+    return SpreadResult(
+        points=_readonly(X),
+        min_dist=float(min_dist),
+        diameter=float(diameter),
+        ratio=float(ratio),
+        upper_bound=bound.value,
+        certified=certificate != "none",
+        certificate=certificate,
+        error_bound=float(err),
+        min_pair=(int(pm[0]), int(pm[1])),
+        diameter_pair=(int(pd[0]), int(pd[1])),
+        bound=bound,
+        method=method,
+        init=init_name,
+        n_iter=int(n_iter),
+        elapsed=clock.elapsed(),
+        history=tuple(history),
+        candidates=tuple((c.name, float(c.rho)) for c in sorted(cands, key=lambda c: -c.rho)),
+    )
+
+
+def _certify_points(X, certify, eta, construction):
+    """Center, scale to diameter eta and certify; returns (mode, X, m, D, ratio, min_pair,
+    diameter_pair, error_bound).  ``construction``: the unmodified construction X is
+    (its distances known in closed form), or None."""
     X = np.asarray(X, dtype=np.float64)
     V_ = X.shape[0]
-    algebraic = (not modified) and best_c is not None and best_c.diameter is not None and user_X is None
+    algebraic = construction is not None and construction.diameter is not None
     cheap = V_ <= 4000 or (_engine_is_compiled(X) and V_ * V_ * X.shape[1] <= 5e10)
     if certify is True or (certify == "auto" and (cheap or not algebraic)):
         mode = "engine"
@@ -744,12 +838,11 @@ def spread(
         # Exact construction: every pairwise distance is known in closed form (the
         # inner-product spectrum, verified in the tests); scaling by eta/D rounds each
         # entry once, which moves every distance by at most a few ulps (relative).
-        if best_c is None or best_c.diameter is None:  # "algebraic" is chosen only with both
-            raise RuntimeError("internal error: algebraic certificate without a closed-form diameter")
-        X = X * (eta / best_c.diameter)
-        diameter, min_dist = eta, best_c.rho * eta
+        X = X * (eta / construction.diameter)
+        diameter, min_dist = eta, construction.rho * eta
         pm, pd = (-1, -1), (-1, -1)
         err = 8.0 * 2.0**-52
+        ratio = min_dist / diameter
     elif mode == "engine":
         from .rows import closest_pair, row_diameter
 
@@ -775,35 +868,13 @@ def spread(
         # closest pair is short against the norms (cancellation), so say so
         from ._certify import rounding_bound as _rounding_bound
 
-        Xc = X - X.mean(axis=0)
         c, _ = _rounding_bound(X.shape[1], "float64")
-        n_max = float(np.max(np.einsum("ij,ij->i", Xc, Xc)))
+        n_max = float(np.max(np.einsum("ij,ij->i", X, X)))
         err = c * 2.0 * n_max / (m0 * m0) if m0 > 0 else math.inf
         X = X * (eta / D0)
         min_dist, diameter = m0 * eta / D0, eta
-    certificate = mode
-    if mode != "engine":
         ratio = min_dist / diameter
-    if callback is not None:
-        callback(SpreadProgress("done", n_iter, clock.elapsed(), ratio, bound.value))
-    return SpreadResult(
-        points=_readonly(X),
-        min_dist=float(min_dist),
-        diameter=float(diameter),
-        ratio=float(ratio),
-        upper_bound=bound.value,
-        certified=certificate != "none",
-        certificate=certificate,
-        error_bound=float(err),
-        min_pair=(int(pm[0]), int(pm[1])),
-        diameter_pair=(int(pd[0]), int(pd[1])),
-        bound=bound,
-        method=method,
-        init=init_name,
-        n_iter=int(n_iter),
-        elapsed=clock.elapsed(),
-        history=tuple(history),
-    )
+    return mode, X, float(min_dist), float(diameter), float(ratio), pm, pd, float(err)
 
 
 def _multistart(X_first, V, d, *, n_starts, rng, clock, bound, report):

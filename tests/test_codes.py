@@ -209,6 +209,43 @@ def test_candidates_closed_form_rho(V, d):
             assert math.sqrt(_sq_dists(X).max()) == pytest.approx(c.diameter, rel=1e-15), c.name
 
 
+def test_tagged_delsarte_goethals_spectrum_and_rho():
+    """One tag per basis lifts the same-basis inner products from 0 to t^2 = 2/sqrt(q):
+    squared distances in [2, 2 + 8/sqrt(q)], rho^2 = 2/3 for q = 64 (from 3/5)."""
+    V, d = 2200, 64 + 35
+    (c,) = [c for c in _candidates(V, d) if c.name == "delsarte_goethals(64)+tags"]
+    X = c.build()
+    G = X @ X.T
+    assert np.allclose(np.diag(G), 1.25, atol=0, rtol=0)  # dyadic entries: exact
+    levels = sorted(set(np.round(8 * G[np.triu_indices(V, 1)], 12).tolist()))
+    assert levels == [-2.0, -1.0, 0.0, 1.0, 2.0]
+    assert c.rho == pytest.approx(math.sqrt(2 / 3), abs=1e-15)
+    e = (2.5 - 2.0 * G)[np.triu_indices(V, 1)]  # squared distances (exact: dyadic Gram)
+    assert math.sqrt(e.min() / e.max()) == pytest.approx(c.rho, abs=1e-15)
+    assert math.sqrt(e.max()) == c.diameter
+    plain = {k.name: k.rho for k in _candidates(V, d)}["delsarte_goethals(64)"]
+    assert plain == pytest.approx(math.sqrt(3 / 5)) and c.rho > plain
+
+
+@pytest.mark.parametrize("V, d, rho2", [(3000, 66, 7 / 11), (1000, 40, 3 / 7)])
+def test_class_tagged_delsarte_goethals(V, d, rho2):
+    """One tag per Kerdock class of bases (2 extra coordinates at (3000, 66)): inside a
+    class the inner products move from +-1/sqrt(q) to 1/sqrt(q) +- 1/sqrt(q)."""
+    cands = {c.name: c for c in _candidates(V, d)}
+    q = 64 if d >= 64 else 16
+    c = cands[f"delsarte_goethals({q})+class_tags"]
+    assert f"delsarte_goethals({q})+tags" not in cands  # one tag per basis needs more room
+    X = c.build()
+    G = X @ X.T
+    n = np.diag(G)
+    e = (n[:, None] + n[None, :] - 2.0 * G)[np.triu_indices(V, 1)]
+    assert math.sqrt(e.min() / e.max()) == pytest.approx(c.rho, abs=1e-12)
+    assert c.rho == pytest.approx(math.sqrt(rho2), abs=1e-15)
+    assert c.rho > cands[f"delsarte_goethals({q})"].rho
+    if c.diameter is not None:
+        assert math.sqrt(e.max()) == pytest.approx(c.diameter, rel=1e-15)
+
+
 def test_tagged_kerdock_beats_plain():
     names = {c.name: c.rho for c in _candidates(32768, 512)}
     assert names["kerdock(256)x1+tags"] == pytest.approx(math.sqrt(16 / 18))

@@ -365,6 +365,53 @@ def test_lattice_candidates_ratio_and_bound(d, V):
     assert r.ratio == pytest.approx(_pdist_ratio(r.points), rel=1e-12)
 
 
+# (V, d) over the ranges of the code constructions: Kerdock copies (tagged or not) of
+# R^4, R^16 and R^64, and the Delsarte-Goethals codes of R^16 and R^64 (tagged or not)
+_CODE_CASES = st.one_of(
+    st.tuples(st.integers(18, 1040), st.integers(16, 90)),  # Kerdock(16), DG(16) and their tags
+    st.tuples(st.integers(2113, 3000), st.integers(64, 130)),  # DG(64) and DG(64)+tags
+    st.tuples(st.integers(66, 2112), st.integers(64, 100)),  # Kerdock(64) (+tags)
+)
+
+
+@settings(max_examples=12, deadline=None)
+@given(_CODE_CASES)
+def test_code_constructions_certified_ratio_within_the_bound(case):
+    """The engine-certified ratio of the construction spread picks equals its closed
+    form and never exceeds ratio_upper_bound."""
+    V, d = case
+    r = refgeo.spread(V, d, method="construction", certify=True)
+    assert r.certified and r.certificate == "engine"
+    assert 0 < r.ratio <= r.upper_bound
+    assert r.candidates and r.candidates[0][0] == r.init
+    assert r.ratio == pytest.approx(r.candidates[0][1], abs=1e-12)
+    assert [c[1] for c in r.candidates] == sorted((c[1] for c in r.candidates), reverse=True)
+
+
+def test_auto_returns_codes_and_keeps_an_iterate_only_when_certified_better():
+    # Kerdock: first-order stationary, returned at once
+    r = refgeo.spread(1000, 64, seed=0)
+    assert (r.method, r.init) == ("construction", "kerdock(64)x1") and r.n_iter == 0
+    # a forced smooth run from the code loses ratio: the construction comes back
+    r = refgeo.spread(200, 40, method="smooth", seed=0, max_rounds=2)
+    assert r.method == "construction" and r.init == "kerdock(16)x2"
+    assert r.ratio == pytest.approx(r.candidates[0][1], abs=1e-12)
+    # no construction: the iterate is returned, with an empty candidate list
+    r = refgeo.spread(300, 7, init="random", seed=0, max_rounds=2)
+    assert r.method == "smooth" and r.candidates == ()
+
+
+def test_engine_working_set_matches_the_gemm_one():
+    from refgeo.spreading import _near_far, _near_far_engine
+
+    X = np.random.default_rng(3).standard_normal((300, 12))
+    X /= np.linalg.norm(X, axis=1, keepdims=True)
+    n1, f1 = _near_far(X, 5)
+    n2, f2 = _near_far_engine(X, 5)
+    assert np.array_equal(np.sort(n1, axis=1), np.sort(n2, axis=1))
+    assert np.array_equal(np.sort(f1, axis=1), np.sort(f2, axis=1))
+
+
 # =========================================================================== memory and interrupts
 
 

@@ -21,7 +21,7 @@ import subprocess
 import sys
 
 SPREAD = [(4096, 256, None), (1000, 64, None), (50000, 1024, 100.0), (32768, 512, 240.0),
-          (50257, 768, 480.0), (50000, 64, 300.0)]
+          (50257, 768, 480.0), (50000, 64, 300.0), (50000, 90, None)]
 LMO = [(60, 8, 256, 1e-5, None), (2000, 64, 1024, 1e-3, 120.0), (8000, 128, 1024, 1e-2, 300.0)]
 TOKENWISE = [(20000, 768, 64, "diagonal", None), (20000, 768, 64, "low_rank", 8)]
 
@@ -36,7 +36,8 @@ if kind == "spread":
     t0 = time.perf_counter()
     r = refgeo.spread(V, d, seed=0, max_time=t)
     out = dict(seconds=time.perf_counter() - t0, rho=r.ratio, bound=r.upper_bound,
-               certified=bool(r.certified), method=str(getattr(r, "method", "")))
+               certified=bool(r.certified), method=str(getattr(r, "method", "")),
+               init=str(getattr(r, "init", "")))
 elif kind == "lmo":
     V, d, n, rtol, t = args
     rng = np.random.default_rng(0)
