@@ -38,24 +38,56 @@
 REFGEO_DEFINE_SQDIST(refgeo_sqdist_f64, double)
 REFGEO_DEFINE_SQDIST(refgeo_sqdist_f32, float)
 
+/* The top of a k-NN heap is read by the other threads of the tile driver while its
+ * owner updates it (a shared pruning threshold, knn.h): it is stored and loaded as
+ * a relaxed atomic, which is a plain move on x86-64 and AArch64.  Any value a
+ * reader sees was the top at some moment, and tops only decrease. */
+#if defined(__GNUC__)
+static inline double refgeo_load_top(const double *p)
+{
+    double v;
+    __atomic_load(p, &v, __ATOMIC_RELAXED);
+    return v;
+}
+static inline void refgeo_store_top(double *p, double v)
+{
+    __atomic_store(p, &v, __ATOMIC_RELAXED);
+}
+#else
+static inline double refgeo_load_top(const double *p) { return *(const volatile double *)p; }
+static inline void refgeo_store_top(double *p, double v) { *(volatile double *)p = v; }
+#endif
+
 /* Max-heap of n (key, id) pairs, largest key at position 0: replace the top by
- * (key, id) and sift it down.  A heap filled with +inf keys is valid. */
+ * (key, id) and sift it down.  A heap filled with +inf keys is valid.  The larger
+ * child is picked without a branch (which child wins is a coin flip, a branch
+ * would be mispredicted at every other level): the right child when it exists and
+ * its key is strictly larger, else the left one. */
 static inline void refgeo_heap_replace_top(double *key, int64_t *id, ptrdiff_t n,
                                            double k, int64_t j)
 {
     ptrdiff_t pos = 0;
     for (;;) {
         ptrdiff_t l = 2 * pos + 1, r = l + 1, big;
+        double kl, kr;
         if (l >= n)
             break;
-        big = (r < n && key[r] > key[l]) ? r : l;
+        kl = key[l];
+        kr = key[r < n ? r : l];
+        big = l + (ptrdiff_t)(kr > kl);
         if (key[big] <= k)
             break;
-        key[pos] = key[big];
+        if (pos == 0)
+            refgeo_store_top(key, key[big]);
+        else
+            key[pos] = key[big];
         id[pos] = id[big];
         pos = big;
     }
-    key[pos] = k;
+    if (pos == 0)
+        refgeo_store_top(key, k);
+    else
+        key[pos] = k;
     id[pos] = j;
 }
 

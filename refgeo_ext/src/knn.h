@@ -1,0 +1,233 @@
+/* The fused epilogue of one k-NN tile: keys of a GEMM tile into the row heaps.
+ *
+ * For the tile G = X_I Y_J^T (bi x bj, row-major, ld bj) and every pair (i, j) of
+ * the tile, the key n_j - 2 g_ij goes into the max-heap of row i (size K, largest
+ * key at position 0) if it is below the heap's top; for X against X (symmetric)
+ * also the key n_i - 2 g_ij into the heap of row j.  A key is inserted exactly when
+ * the one-element-at-a-time loop would insert it, in the same order per heap, so
+ * the heaps end bitwise identical to that loop's:
+ *
+ *   - almost every key is rejected (a row keeps K of N keys, about K ln(N / K)
+ *     insertions in all), so each row of the tile is first compared against the
+ *     tops its heaps had when the row began, in one branch-free loop that the
+ *     compiler vectorizes, into a byte mask.  Tops only decrease, so a key the mask
+ *     rejects would have been rejected by the plain loop too;
+ *   - the keys the mask flags (found eight mask bytes at a time) are then tried
+ *     one at a time in the plain loop's order, against the current tops.
+ *
+ * Heap i receives its keys in increasing j and heap j (symmetric) in increasing i,
+ * as in the plain loop.  The diagonal tiles of X against X, where one heap receives
+ * keys both as a row and as a column, keep the plain loop (refgeo_ext/_knn.pyx.tp).
+ * Keys are computed with the same two IEEE double operations everywhere
+ * (g2 = 2 * (double) g is exact; v = n - g2 is one rounding), so the vector and
+ * scalar paths agree bitwise; no fast-math, no FMA contraction (meson passes
+ * -ffp-contract=off).
+ */
+#ifndef REFGEO_KNN_H
+#define REFGEO_KNN_H
+
+#include <stddef.h>
+#include <stdint.h>
+#include <math.h>
+#include <string.h>
+
+#include "refine.h"
+
+/* On x86-64 Linux with GCC the tile epilogue is also compiled for AVX2 and chosen
+ * at load time (an ifunc); elsewhere the baseline ISA is used.  Both compute the
+ * same IEEE operations. */
+#if defined(__GNUC__) && !defined(__clang__) && defined(__x86_64__) && defined(__linux__)
+#define REFGEO_KNN_CLONES __attribute__((target_clones("avx2", "default")))
+#else
+#define REFGEO_KNN_CLONES
+#endif
+
+/* mask[q] = 1 where key q of the row can enter a heap whose top is (still) top /
+ * ctop[q]: a straight loop over the row, which the compiler vectorizes. */
+#define REFGEO_DEFINE_KNN_MASK(NAME, T)                                                 \
+    static inline void NAME##_sym(const T *restrict g, const double *restrict nb,       \
+                                  const double *restrict ct, double top, double ni,     \
+                                  unsigned char *restrict mask, ptrdiff_t n)            \
+    {                                                                                   \
+        ptrdiff_t q;                                                                    \
+        for (q = 0; q < n; q++) {                                                       \
+            double g2 = 2.0 * (double)g[q];                                             \
+            mask[q] = (nb[q] - g2 < top) | (ni - g2 < ct[q]);                           \
+        }                                                                               \
+    }                                                                                   \
+    static inline void NAME##_row(const T *restrict g, const double *restrict nb,       \
+                                  double top, unsigned char *restrict mask, ptrdiff_t n) \
+    {                                                                                   \
+        ptrdiff_t q;                                                                    \
+        for (q = 0; q < n; q++) {                                                       \
+            double g2 = 2.0 * (double)g[q];                                             \
+            mask[q] = nb[q] - g2 < top;                                                 \
+        }                                                                               \
+    }
+
+REFGEO_DEFINE_KNN_MASK(refgeo_knn_mask_f64, double)
+REFGEO_DEFINE_KNN_MASK(refgeo_knn_mask_f32, float)
+
+/* The heaps of rows r0 .. r0 + n - 1 into the cache before the tile's insertions.
+ * All heaps together exceed the last-level cache at realistic sizes, and a sift
+ * down is a chain of dependent loads: fetched on demand, a tile's insertions wait
+ * on thousands of memory round trips one after the other, while these prefetches
+ * (independent, n (K keys + K ids) bytes) overlap. */
+static inline void refgeo_knn_prefetch_heaps(const double *keys, const int64_t *ids,
+                                             ptrdiff_t r0, ptrdiff_t n, ptrdiff_t K)
+{
+#if defined(__GNUC__)
+    const char *a = (const char *)(keys + r0 * K), *b = (const char *)(ids + r0 * K);
+    ptrdiff_t off, bytes = n * K * 8;
+    for (off = 0; off < bytes; off += 64) {
+        __builtin_prefetch(a + off, 1, 3);
+        __builtin_prefetch(b + off, 1, 3);
+    }
+#else
+    (void)keys; (void)ids; (void)r0; (void)n; (void)K;
+#endif
+}
+
+/* Eight mask bytes as one word, byte b of the mask in bits 8b .. 8b + 7, and the
+ * index of the lowest nonzero byte of a nonzero such word. */
+#if defined(__GNUC__) && defined(__BYTE_ORDER__) && __BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__
+static inline uint64_t refgeo_mask_word(const unsigned char *m)
+{
+    uint64_t w;
+    memcpy(&w, m, 8);
+    return w;
+}
+static inline ptrdiff_t refgeo_lowest_byte(uint64_t w)
+{
+    return (ptrdiff_t)(__builtin_ctzll(w) >> 3);
+}
+#else
+static inline uint64_t refgeo_mask_word(const unsigned char *m)
+{
+    uint64_t w = 0;
+    int b;
+    for (b = 0; b < 8; b++)
+        w |= (uint64_t)m[b] << (8 * b);
+    return w;
+}
+static inline ptrdiff_t refgeo_lowest_byte(uint64_t w)
+{
+    ptrdiff_t b = 0;
+    while (((w >> (8 * b)) & 0xff) == 0)
+        b++;
+    return b;
+}
+#endif
+
+/* The smallest top over the other threads' heaps of rows r0 .. r0 + n - 1 (+inf
+ * with one thread): heaps is the first thread's heaps, stride the distance between
+ * two threads' heaps, own the caller's (skipped). */
+static inline void refgeo_knn_other_tops(const double *heaps, ptrdiff_t stride, int n_heaps,
+                                         const double *own, ptrdiff_t r0, ptrdiff_t n,
+                                         ptrdiff_t K, double *out)
+{
+    ptrdiff_t q;
+    int t;
+    for (q = 0; q < n; q++)
+        out[q] = INFINITY;
+    for (t = 0; t < n_heaps; t++) {
+        const double *h = heaps + t * stride;
+        if (h == own)
+            continue;
+        for (q = 0; q < n; q++) {
+            double v = refgeo_load_top(h + (r0 + q) * K);
+            if (v < out[q])
+                out[q] = v;
+        }
+    }
+}
+
+/* NAME(G, bi, bj, i0, j0, nA, nB, symmetric, self_idx, K, keys, heaps, stride,
+ *      n_heaps, ids, scratch):
+ * keys/ids are the calling thread's heaps of all rows (row r at r * K), heaps the
+ * first of the n_heaps threads' key heaps (keys among them, stride apart); scratch
+ * holds bi + 2 bj doubles and then bj + 8 bytes.  self_idx[i] is the column row i
+ * must not match (-1: none).
+ *
+ * Shared threshold.  Each thread keeps its own heaps, so without help a row's
+ * heaps would each fill up from its own share of the candidates: twice the
+ * insertions of one heap on two threads.  A key is instead tried only below the
+ * smallest top of the row's heaps on all threads (read when the tile starts; a
+ * stale top is larger, hence still safe).  This is exact: a full heap holds K keys
+ * at or below its top, so the K smallest keys of the row lie at or below every
+ * top, and a key not below some thread's top is never needed among them; the
+ * merged heaps (refgeo_ext/_knn.pyx.tp) still hold the row's K smallest keys, and
+ * every pair they leave out has a key at or above the K-th of them.  A heap may
+ * now end with fewer than K keys (id -1 in the empty slots). */
+#define REFGEO_DEFINE_KNN_TILE(NAME, T, MASK)                                           \
+    REFGEO_KNN_CLONES static void NAME(                                                 \
+        const T *G, ptrdiff_t bi, ptrdiff_t bj, ptrdiff_t i0, ptrdiff_t j0,             \
+        const double *nA, const double *nB, int symmetric, const int64_t *self_idx,     \
+        ptrdiff_t K, double *keys, const double *heaps, ptrdiff_t stride, int n_heaps,  \
+        int64_t *ids, void *scratch)                                                    \
+    {                                                                                   \
+        ptrdiff_t ii, jb, q;                                                            \
+        const double *nb = nB + j0;                                                     \
+        double *rother = (double *)scratch;                                             \
+        double *cother = rother + bi;                                                   \
+        double *ctop = cother + bj;                                                     \
+        unsigned char *mask = (unsigned char *)(ctop + bj);                             \
+        refgeo_knn_prefetch_heaps(keys, ids, i0, bi, K);                                \
+        refgeo_knn_other_tops(heaps, stride, n_heaps, keys, i0, bi, K, rother);         \
+        if (symmetric) {                                                                \
+            refgeo_knn_prefetch_heaps(keys, ids, j0, bj, K);                            \
+            refgeo_knn_other_tops(heaps, stride, n_heaps, keys, j0, bj, K, cother);     \
+            for (q = 0; q < bj; q++) {                                                  \
+                double own = keys[(j0 + q) * K];                                        \
+                ctop[q] = own < cother[q] ? own : cother[q];                            \
+            }                                                                           \
+        }                                                                               \
+        for (q = bj; q < bj + 8; q++)                                                   \
+            mask[q] = 0;                                                                \
+        for (ii = 0; ii < bi; ii++) {                                                   \
+            const ptrdiff_t i = i0 + ii;                                                \
+            const T *row = G + ii * bj;                                                 \
+            double *hk = keys + i * K;                                                  \
+            int64_t *hid = ids + i * K;                                                 \
+            const double ni = nA[i];                                                    \
+            const int64_t sidx = self_idx[i];                                           \
+            const double rt = rother[ii];                                               \
+            double top = hk[0] < rt ? hk[0] : rt;                                       \
+            if (symmetric)                                                              \
+                MASK##_sym(row, nb, ctop, top, ni, mask, bj);                           \
+            else                                                                        \
+                MASK##_row(row, nb, top, mask, bj);                                     \
+            for (jb = 0; jb < bj; jb += 8) {                                            \
+                uint64_t word = refgeo_mask_word(mask + jb);                            \
+                if (word == 0)                                                          \
+                    continue;                                                           \
+                while (word != 0) {                                                     \
+                    const ptrdiff_t c = jb + refgeo_lowest_byte(word);                  \
+                    const int64_t j = j0 + c;                                           \
+                    double g2, v;                                                       \
+                    word &= word - 1;                                                   \
+                    if (j == sidx)                                                      \
+                        continue;                                                       \
+                    g2 = 2.0 * (double)row[c];                                          \
+                    v = nb[c] - g2;                                                     \
+                    if (v < top) {                                                      \
+                        refgeo_heap_replace_top(hk, hid, K, v, j);                      \
+                        top = hk[0] < rt ? hk[0] : rt;                                  \
+                    }                                                                   \
+                    if (symmetric) {                                                    \
+                        v = ni - g2;                                                    \
+                        if (v < ctop[c]) {                                              \
+                            double *hj = keys + j * K;                                  \
+                            refgeo_heap_replace_top(hj, ids + j * K, K, v, (int64_t)i); \
+                            ctop[c] = hj[0] < cother[c] ? hj[0] : cother[c];            \
+                        }                                                               \
+                    }                                                                   \
+                }                                                                       \
+            }                                                                           \
+        }                                                                               \
+    }
+
+REFGEO_DEFINE_KNN_TILE(refgeo_knn_tile_f64, double, refgeo_knn_mask_f64)
+REFGEO_DEFINE_KNN_TILE(refgeo_knn_tile_f32, float, refgeo_knn_mask_f32)
+
+#endif /* REFGEO_KNN_H */
