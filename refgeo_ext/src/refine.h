@@ -38,6 +38,23 @@
 REFGEO_DEFINE_SQDIST(refgeo_sqdist_f64, double)
 REFGEO_DEFINE_SQDIST(refgeo_sqdist_f32, float)
 
+/* Ask for the bytes [p, p + bytes) to be brought into the cache (a hint; no-op
+ * without GCC builtins).  Candidate rows are refined from scattered places of a
+ * large array: fetching the next row while the current one is summed hides most of
+ * the memory latency. */
+static inline void refgeo_prefetch(const void *p, size_t bytes)
+{
+#if defined(__GNUC__)
+    const char *c = (const char *)p;
+    size_t off;
+    for (off = 0; off < bytes; off += 64)
+        __builtin_prefetch(c + off, 0, 3);
+#else
+    (void)p;
+    (void)bytes;
+#endif
+}
+
 /* The top of a k-NN heap is read by the other threads of the tile driver while its
  * owner updates it (a shared pruning threshold, knn.h): it is stored and loaded as
  * a relaxed atomic, which is a plain move on x86-64 and AArch64.  Any value a
