@@ -250,14 +250,12 @@ def _knn_pass(fn, XA, nA, SA, XB, nB, SB, *, symmetric, exclude_self, self_idx, 
     ntA, ntB = -(-nA_rows // tile), -(-nB_rows // tile)
     npairs = ntA * (ntA + 1) // 2 if symmetric else ntA * ntB
     n_eff = _effective_threads(n, npairs, nA_rows * nB_rows * d // (2 if symmetric else 1))
-    keys = np.full((n_eff, nA_rows, K), np.inf)
-    ids = np.full((n_eff, nA_rows, K), -1, dtype=np.int64)
     out_idx = np.empty((nA_rows, k), dtype=np.int64)
     out_dist = np.empty((nA_rows, k))
     stats = np.zeros(2, dtype=np.int64)
     with blas_single_thread():
         fn(XA, nA, SA, XB, nB, SB, symmetric, exclude_self, self_idx, defer, k, cp, eabs, tile,
-           n_eff, keys, ids, out_idx, out_dist, stats,
+           n_eff, K, out_idx, out_dist, stats,
            progress=_hook(progress, npairs + -(-nA_rows // KNN_ROW_BLOCK)))
     return out_idx, out_dist, stats
 

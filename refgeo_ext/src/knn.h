@@ -72,20 +72,11 @@ REFGEO_DEFINE_KNN_MASK(refgeo_knn_mask_f32, float)
  * All heaps together exceed the last-level cache at realistic sizes, and a sift
  * down is a chain of dependent loads: fetched on demand, a tile's insertions wait
  * on thousands of memory round trips one after the other, while these prefetches
- * (independent, n (K keys + K ids) bytes) overlap. */
-static inline void refgeo_knn_prefetch_heaps(const double *keys, const int64_t *ids,
-                                             ptrdiff_t r0, ptrdiff_t n, ptrdiff_t K)
+ * (independent, n K records) overlap. */
+static inline void refgeo_knn_prefetch_heaps(const refgeo_vj *heaps, ptrdiff_t r0,
+                                             ptrdiff_t n, ptrdiff_t K)
 {
-#if defined(__GNUC__)
-    const char *a = (const char *)(keys + r0 * K), *b = (const char *)(ids + r0 * K);
-    ptrdiff_t off, bytes = n * K * 8;
-    for (off = 0; off < bytes; off += 64) {
-        __builtin_prefetch(a + off, 1, 3);
-        __builtin_prefetch(b + off, 1, 3);
-    }
-#else
-    (void)keys; (void)ids; (void)r0; (void)n; (void)K;
-#endif
+    refgeo_prefetch(heaps + r0 * K, (size_t)(n * K) * sizeof(refgeo_vj));
 }
 
 /* Eight mask bytes as one word, byte b of the mask in bits 8b .. 8b + 7, and the
@@ -122,30 +113,30 @@ static inline ptrdiff_t refgeo_lowest_byte(uint64_t w)
 /* The smallest top over the other threads' heaps of rows r0 .. r0 + n - 1 (+inf
  * with one thread): heaps is the first thread's heaps, stride the distance between
  * two threads' heaps, own the caller's (skipped). */
-static inline void refgeo_knn_other_tops(const double *heaps, ptrdiff_t stride, int n_heaps,
-                                         const double *own, ptrdiff_t r0, ptrdiff_t n,
-                                         ptrdiff_t K, double *out)
+static inline void refgeo_knn_other_tops(const refgeo_vj *heaps, ptrdiff_t stride,
+                                         int n_heaps, const refgeo_vj *own, ptrdiff_t r0,
+                                         ptrdiff_t n, ptrdiff_t K, double *out)
 {
     ptrdiff_t q;
     int t;
     for (q = 0; q < n; q++)
         out[q] = INFINITY;
     for (t = 0; t < n_heaps; t++) {
-        const double *h = heaps + t * stride;
+        const refgeo_vj *h = heaps + t * stride;
         if (h == own)
             continue;
         for (q = 0; q < n; q++) {
-            double v = refgeo_load_top(h + (r0 + q) * K);
+            double v = refgeo_load_top(&h[(r0 + q) * K].v);
             if (v < out[q])
                 out[q] = v;
         }
     }
 }
 
-/* NAME(G, bi, bj, i0, j0, nA, nB, symmetric, self_idx, K, keys, heaps, stride,
- *      n_heaps, ids, scratch):
- * keys/ids are the calling thread's heaps of all rows (row r at r * K), heaps the
- * first of the n_heaps threads' key heaps (keys among them, stride apart); scratch
+/* NAME(G, bi, bj, i0, j0, nA, nB, symmetric, self_idx, K, own, heaps, stride,
+ *      n_heaps, scratch):
+ * own is the calling thread's heaps of all rows (row r at r * K records), heaps the
+ * first of the n_heaps threads' heaps (own among them, stride records apart); scratch
  * holds bi + 2 bj doubles and then bj + 8 bytes.  self_idx[i] is the column row i
  * must not match (-1: none).
  *
@@ -163,8 +154,8 @@ static inline void refgeo_knn_other_tops(const double *heaps, ptrdiff_t stride, 
     REFGEO_KNN_CLONES static void NAME(                                                 \
         const T *G, ptrdiff_t bi, ptrdiff_t bj, ptrdiff_t i0, ptrdiff_t j0,             \
         const double *nA, const double *nB, int symmetric, const int64_t *self_idx,     \
-        ptrdiff_t K, double *keys, const double *heaps, ptrdiff_t stride, int n_heaps,  \
-        int64_t *ids, void *scratch)                                                    \
+        ptrdiff_t K, refgeo_vj *own, const refgeo_vj *heaps, ptrdiff_t stride,          \
+        int n_heaps, void *scratch)                                                     \
     {                                                                                   \
         ptrdiff_t ii, jb, q;                                                            \
         const double *nb = nB + j0;                                                     \
@@ -172,14 +163,14 @@ static inline void refgeo_knn_other_tops(const double *heaps, ptrdiff_t stride, 
         double *cother = rother + bi;                                                   \
         double *ctop = cother + bj;                                                     \
         unsigned char *mask = (unsigned char *)(ctop + bj);                             \
-        refgeo_knn_prefetch_heaps(keys, ids, i0, bi, K);                                \
-        refgeo_knn_other_tops(heaps, stride, n_heaps, keys, i0, bi, K, rother);         \
+        refgeo_knn_prefetch_heaps(own, i0, bi, K);                                      \
+        refgeo_knn_other_tops(heaps, stride, n_heaps, own, i0, bi, K, rother);          \
         if (symmetric) {                                                                \
-            refgeo_knn_prefetch_heaps(keys, ids, j0, bj, K);                            \
-            refgeo_knn_other_tops(heaps, stride, n_heaps, keys, j0, bj, K, cother);     \
+            refgeo_knn_prefetch_heaps(own, j0, bj, K);                                  \
+            refgeo_knn_other_tops(heaps, stride, n_heaps, own, j0, bj, K, cother);      \
             for (q = 0; q < bj; q++) {                                                  \
-                double own = keys[(j0 + q) * K];                                        \
-                ctop[q] = own < cother[q] ? own : cother[q];                            \
+                double t = own[(j0 + q) * K].v;                                         \
+                ctop[q] = t < cother[q] ? t : cother[q];                                \
             }                                                                           \
         }                                                                               \
         for (q = bj; q < bj + 8; q++)                                                   \
@@ -187,12 +178,11 @@ static inline void refgeo_knn_other_tops(const double *heaps, ptrdiff_t stride, 
         for (ii = 0; ii < bi; ii++) {                                                   \
             const ptrdiff_t i = i0 + ii;                                                \
             const T *row = G + ii * bj;                                                 \
-            double *hk = keys + i * K;                                                  \
-            int64_t *hid = ids + i * K;                                                 \
+            refgeo_vj *hi = own + i * K;                                                \
             const double ni = nA[i];                                                    \
             const int64_t sidx = self_idx[i];                                           \
             const double rt = rother[ii];                                               \
-            double top = hk[0] < rt ? hk[0] : rt;                                       \
+            double top = hi[0].v < rt ? hi[0].v : rt;                                   \
             if (symmetric)                                                              \
                 MASK##_sym(row, nb, ctop, top, ni, mask, bj);                           \
             else                                                                        \
@@ -211,15 +201,15 @@ static inline void refgeo_knn_other_tops(const double *heaps, ptrdiff_t stride, 
                     g2 = 2.0 * (double)row[c];                                          \
                     v = nb[c] - g2;                                                     \
                     if (v < top) {                                                      \
-                        refgeo_heap_replace_top(hk, hid, K, v, j);                      \
-                        top = hk[0] < rt ? hk[0] : rt;                                  \
+                        refgeo_heap_replace_top(hi, K, v, j);                           \
+                        top = hi[0].v < rt ? hi[0].v : rt;                              \
                     }                                                                   \
                     if (symmetric) {                                                    \
                         v = ni - g2;                                                    \
                         if (v < ctop[c]) {                                              \
-                            double *hj = keys + j * K;                                  \
-                            refgeo_heap_replace_top(hj, ids + j * K, K, v, (int64_t)i); \
-                            ctop[c] = hj[0] < cother[c] ? hj[0] : cother[c];            \
+                            refgeo_vj *hj = own + j * K;                                \
+                            refgeo_heap_replace_top(hj, K, v, (int64_t)i);              \
+                            ctop[c] = hj[0].v < cother[c] ? hj[0].v : cother[c];        \
                         }                                                               \
                     }                                                                   \
                 }                                                                       \

@@ -75,13 +75,19 @@ static inline double refgeo_load_top(const double *p) { return *(const volatile 
 static inline void refgeo_store_top(double *p, double v) { *(volatile double *)p = v; }
 #endif
 
-/* Max-heap of n (key, id) pairs, largest key at position 0: replace the top by
- * (key, id) and sift it down.  A heap filled with +inf keys is valid.  The larger
- * child is picked without a branch (which child wins is a coin flip, a branch
- * would be mispredicted at every other level): the right child when it exists and
- * its key is strictly larger, else the left one. */
-static inline void refgeo_heap_replace_top(double *key, int64_t *id, ptrdiff_t n,
-                                           double k, int64_t j)
+/* (value, index) records, sorted by value then index: the engine's one tie rule. */
+typedef struct {
+    double v;
+    int64_t j;
+} refgeo_vj;
+
+/* Max-heap of n (key, id) records, largest key at position 0: replace the top by
+ * (k, j) and sift it down.  A heap filled with (+inf, -1) is valid.  Key and id
+ * share a record, so a level of the sift touches one cache line, not two.  The
+ * larger child is picked without a branch (which child wins is a coin flip, a
+ * branch would be mispredicted at every other level): the right child when it
+ * exists and its key is strictly larger, else the left one. */
+static inline void refgeo_heap_replace_top(refgeo_vj *h, ptrdiff_t n, double k, int64_t j)
 {
     ptrdiff_t pos = 0;
     for (;;) {
@@ -89,30 +95,24 @@ static inline void refgeo_heap_replace_top(double *key, int64_t *id, ptrdiff_t n
         double kl, kr;
         if (l >= n)
             break;
-        kl = key[l];
-        kr = key[r < n ? r : l];
+        kl = h[l].v;
+        kr = h[r < n ? r : l].v;
         big = l + (ptrdiff_t)(kr > kl);
-        if (key[big] <= k)
+        if (h[big].v <= k)
             break;
         if (pos == 0)
-            refgeo_store_top(key, key[big]);
+            refgeo_store_top(&h[0].v, h[big].v);
         else
-            key[pos] = key[big];
-        id[pos] = id[big];
+            h[pos].v = h[big].v;
+        h[pos].j = h[big].j;
         pos = big;
     }
     if (pos == 0)
-        refgeo_store_top(key, k);
+        refgeo_store_top(&h[0].v, k);
     else
-        key[pos] = k;
-    id[pos] = j;
+        h[pos].v = k;
+    h[pos].j = j;
 }
-
-/* (value, index) records, sorted by value then index: the engine's one tie rule. */
-typedef struct {
-    double v;
-    int64_t j;
-} refgeo_vj;
 
 static int refgeo_vj_cmp(const void *pa, const void *pb)
 {
