@@ -81,29 +81,37 @@ typedef struct {
     int64_t j;
 } refgeo_vj;
 
-/* Max-heap of n (key, id) records, largest key at position 0: replace the top by
- * (k, j) and sift it down.  A heap filled with (+inf, -1) is valid.  Key and id
- * share a record, so a level of the sift touches one cache line, not two.  The
- * larger child is picked without a branch (which child wins is a coin flip, a
- * branch would be mispredicted at every other level): the right child when it
- * exists and its key is strictly larger, else the left one. */
+/* Max-heap of n (key, id) records, largest key at position 0, four children per
+ * node (node p has children 4p + 1 .. 4p + 4): replace the top by (k, j) and sift
+ * it down.  A heap filled with (+inf, -1) is valid.  A sift is a chain of
+ * dependent loads, one per level, that often miss the cache (the heaps of all
+ * rows outgrow it): four children per node halve the levels of a binary heap
+ * (three for K = 48), and key and id share a record, so a level touches at most
+ * two cache lines.  The largest child is picked without branches (which child
+ * wins is unpredictable); on ties the first one. */
 static inline void refgeo_heap_replace_top(refgeo_vj *h, ptrdiff_t n, double k, int64_t j)
 {
     ptrdiff_t pos = 0;
     for (;;) {
-        ptrdiff_t l = 2 * pos + 1, r = l + 1, big;
-        double kl, kr;
-        if (l >= n)
+        ptrdiff_t c = 4 * pos + 1, big, q, e;
+        double kb;
+        if (c >= n)
             break;
-        kl = h[l].v;
-        kr = h[r < n ? r : l].v;
-        big = l + (ptrdiff_t)(kr > kl);
-        if (h[big].v <= k)
+        e = c + 4 < n ? c + 4 : n;
+        big = c;
+        kb = h[c].v;
+        for (q = c + 1; q < e; q++) {
+            double kq = h[q].v;
+            int gt = kq > kb;
+            big = gt ? q : big;
+            kb = gt ? kq : kb;
+        }
+        if (kb <= k)
             break;
         if (pos == 0)
-            refgeo_store_top(&h[0].v, h[big].v);
+            refgeo_store_top(&h[0].v, kb);
         else
-            h[pos].v = h[big].v;
+            h[pos].v = kb;
         h[pos].j = h[big].j;
         pos = big;
     }
