@@ -33,15 +33,6 @@
 
 #include "refine.h"
 
-/* On x86-64 Linux with GCC the tile epilogue is also compiled for AVX2 and chosen
- * at load time (an ifunc); elsewhere the baseline ISA is used.  Both compute the
- * same IEEE operations. */
-#if defined(__GNUC__) && !defined(__clang__) && defined(__x86_64__) && defined(__linux__)
-#define REFGEO_KNN_CLONES __attribute__((target_clones("avx2", "default")))
-#else
-#define REFGEO_KNN_CLONES
-#endif
-
 /* mask[q] = 1 where key q of the row can enter a heap whose top is (still) top /
  * ctop[q]: a straight loop over the row, which the compiler vectorizes. */
 #define REFGEO_DEFINE_KNN_MASK(NAME, T)                                                 \
@@ -151,7 +142,7 @@ static inline void refgeo_knn_other_tops(const refgeo_vj *heaps, ptrdiff_t strid
  * every pair they leave out has a key at or above the K-th of them.  A heap may
  * now end with fewer than K keys (id -1 in the empty slots). */
 #define REFGEO_DEFINE_KNN_TILE(NAME, T, MASK)                                           \
-    REFGEO_KNN_CLONES static void NAME(                                                 \
+    REFGEO_TARGET_CLONES static void NAME(                                                 \
         const T *G, ptrdiff_t bi, ptrdiff_t bj, ptrdiff_t i0, ptrdiff_t j0,             \
         const double *nA, const double *nB, int symmetric, const int64_t *self_idx,     \
         ptrdiff_t K, refgeo_vj *own, const refgeo_vj *heaps, ptrdiff_t stride,          \

@@ -38,6 +38,15 @@
 REFGEO_DEFINE_SQDIST(refgeo_sqdist_f64, double)
 REFGEO_DEFINE_SQDIST(refgeo_sqdist_f32, float)
 
+/* Tile epilogues that scan every entry of a GEMM tile are also compiled for AVX2 and
+ * chosen at load time (an ifunc) on x86-64 Linux with GCC; elsewhere the baseline
+ * ISA is used.  Both compute the same IEEE operations (no FMA contraction). */
+#if defined(__GNUC__) && !defined(__clang__) && defined(__x86_64__) && defined(__linux__)
+#define REFGEO_TARGET_CLONES __attribute__((target_clones("avx2", "default")))
+#else
+#define REFGEO_TARGET_CLONES
+#endif
+
 /* Ask for the bytes [p, p + bytes) to be brought into the cache (a hint; no-op
  * without GCC builtins).  Candidate rows are refined from scattered places of a
  * large array: fetching the next row while the current one is summed hides most of
