@@ -55,6 +55,10 @@ DEFAULT_TILE = 256
 # 0.97).  The epilogue reads the block once, streaming, so it need not fit in L2,
 # and the heaps it updates are walked in cache-sized blocks of tile pairs.
 KNN_DEFAULT_TILE = 1024
+# Bytes of one thread's k-NN heaps per block of rows that the tile pairs are walked in
+# (0: row-major order): the row and column blocks of both threads (4 x 3 MiB) stay in
+# a shared last-level cache of 16 MiB or more, next to the GEMM operands.
+KNN_HEAP_BLOCK_BYTES = 3 << 20
 # Below this many multiply-adds (V^2 d / 2) a call runs on one thread: waking an
 # OpenMP team costs more than the work (tests set it to 0 to exercise the merge).
 MIN_PARALLEL_WORK = 1 << 20
@@ -261,7 +265,7 @@ def _knn_pass(fn, XA, nA, SA, XB, nB, SB, *, symmetric, exclude_self, self_idx, 
     stats = np.zeros(2, dtype=np.int64)
     with blas_single_thread():
         fn(XA, nA, SA, XB, nB, SB, symmetric, exclude_self, self_idx, defer, k, cp, eabs, tile,
-           n_eff, K, out_idx, out_dist, stats,
+           n_eff, K, KNN_HEAP_BLOCK_BYTES, out_idx, out_dist, stats,
            progress=_hook(progress, npairs + -(-nA_rows // KNN_ROW_BLOCK)))
     return out_idx, out_dist, stats
 

@@ -1,11 +1,12 @@
 /* The fused epilogue of one k-NN tile: keys of a GEMM tile into the row heaps.
  *
  * For the tile G = X_I Y_J^T (bi x bj, row-major, ld bj) and every pair (i, j) of
- * the tile, the key n_j - 2 g_ij goes into the max-heap of row i (size K, largest
+ * the tile, the key n_j - 2 g_ij goes into the max-heap of row i (K records, largest
  * key at position 0) if it is below the heap's top; for X against X (symmetric)
- * also the key n_i - 2 g_ij into the heap of row j.  A key is inserted exactly when
- * the one-element-at-a-time loop would insert it, in the same order per heap, so
- * the heaps end bitwise identical to that loop's:
+ * also the key n_i - 2 g_ij into the heap of row j.  On one thread a key is
+ * inserted exactly when the one-element-at-a-time loop would insert it, in the same
+ * order per heap, so the heaps end as that loop leaves them (on several threads the
+ * shared threshold below also applies):
  *
  *   - almost every key is rejected (a row keeps K of N keys, about K ln(N / K)
  *     insertions in all), so each row of the tile is first compared against the
