@@ -125,12 +125,67 @@ static inline void refgeo_knn_other_tops(const refgeo_vj *heaps, ptrdiff_t strid
     }
 }
 
+/* Column keys of a symmetric tile wait in a list and go into their heaps column by
+ * column.  Inserted as they come, row after row of the tile, every insertion into
+ * one of the bj column heaps would find that heap evicted by the others since its
+ * last insertion; grouped per column (a stable counting sort keeps each heap's keys
+ * in increasing i, the plain loop's order) a heap is fetched once per flush.  A key
+ * enters the list when it is below the column's top at the last flush; it is tried
+ * against the current top when the list is flushed, so the heaps end as the plain
+ * loop leaves them. */
+#define REFGEO_KNN_PENDING 16384
+
+typedef struct {
+    double v;
+    int32_t ii;
+    int32_t c;
+} refgeo_knn_pend;
+
+/* Bytes of tile scratch for tiles of at most tile rows (see NAME below). */
+#define REFGEO_KNN_SCRATCH_BYTES(tile)                                                  \
+    (3 * (size_t)(tile) * sizeof(double) + 2 * REFGEO_KNN_PENDING * sizeof(refgeo_knn_pend) \
+     + ((size_t)(tile) + 1) * sizeof(ptrdiff_t) + (size_t)(tile) + 8)
+
+static void refgeo_knn_flush_columns(const refgeo_knn_pend *pend, ptrdiff_t n,
+                                     refgeo_knn_pend *sorted, ptrdiff_t *start,
+                                     ptrdiff_t bj, refgeo_vj *own, ptrdiff_t i0,
+                                     ptrdiff_t j0, ptrdiff_t K, double *ctop,
+                                     const double *cother)
+{
+    ptrdiff_t q, e, b;
+    for (q = 0; q <= bj; q++)
+        start[q] = 0;
+    for (e = 0; e < n; e++)
+        start[pend[e].c + 1]++;
+    for (q = 1; q <= bj; q++)
+        start[q] += start[q - 1];
+    for (e = 0; e < n; e++)
+        sorted[start[pend[e].c]++] = pend[e];
+    /* now start[c] is the end of column c's run; it begins where column c - 1's ends */
+    b = 0;
+    for (q = 0; q < bj; q++) {
+        ptrdiff_t end = start[q];
+        if (b < end) {
+            refgeo_vj *hj = own + (j0 + q) * K;
+            double top = hj[0].v < cother[q] ? hj[0].v : cother[q];
+            for (e = b; e < end; e++) {
+                if (sorted[e].v < top) {
+                    refgeo_heap_replace_top(hj, K, sorted[e].v, (int64_t)(i0 + sorted[e].ii));
+                    top = hj[0].v < cother[q] ? hj[0].v : cother[q];
+                }
+            }
+            ctop[q] = top;
+            b = end;
+        }
+    }
+}
+
 /* NAME(G, bi, bj, i0, j0, nA, nB, symmetric, self_idx, K, own, heaps, stride,
  *      n_heaps, scratch):
  * own is the calling thread's heaps of all rows (row r at r * K records), heaps the
  * first of the n_heaps threads' heaps (own among them, stride records apart); scratch
- * holds bi + 2 bj doubles and then bj + 8 bytes.  self_idx[i] is the column row i
- * must not match (-1: none).
+ * holds REFGEO_KNN_SCRATCH_BYTES(max(bi, bj)) bytes.  self_idx[i] is the column row
+ * i must not match (-1: none).
  *
  * Shared threshold.  Each thread keeps its own heaps, so without help a row's
  * heaps would each fill up from its own share of the candidates: twice the
@@ -154,7 +209,11 @@ static inline void refgeo_knn_other_tops(const refgeo_vj *heaps, ptrdiff_t strid
         double *rother = (double *)scratch;                                             \
         double *cother = rother + bi;                                                   \
         double *ctop = cother + bj;                                                     \
-        unsigned char *mask = (unsigned char *)(ctop + bj);                             \
+        refgeo_knn_pend *pend = (refgeo_knn_pend *)(ctop + bj);                         \
+        refgeo_knn_pend *sorted = pend + REFGEO_KNN_PENDING;                            \
+        ptrdiff_t *start = (ptrdiff_t *)(sorted + REFGEO_KNN_PENDING);                  \
+        unsigned char *mask = (unsigned char *)(start + bj + 1);                        \
+        ptrdiff_t n_pend = 0;                                                           \
         refgeo_knn_prefetch_heaps(own, i0, bi, K);                                      \
         refgeo_knn_other_tops(heaps, stride, n_heaps, own, i0, bi, K, rother);          \
         if (symmetric) {                                                                \
@@ -199,14 +258,23 @@ static inline void refgeo_knn_other_tops(const refgeo_vj *heaps, ptrdiff_t strid
                     if (symmetric) {                                                    \
                         v = ni - g2;                                                    \
                         if (v < ctop[c]) {                                              \
-                            refgeo_vj *hj = own + j * K;                                \
-                            refgeo_heap_replace_top(hj, K, v, (int64_t)i);              \
-                            ctop[c] = hj[0].v < cother[c] ? hj[0].v : cother[c];        \
+                            pend[n_pend].v = v;                                         \
+                            pend[n_pend].ii = (int32_t)ii;                              \
+                            pend[n_pend].c = (int32_t)c;                                \
+                            if (++n_pend == REFGEO_KNN_PENDING) {                       \
+                                refgeo_knn_flush_columns(pend, n_pend, sorted, start,   \
+                                                         bj, own, i0, j0, K, ctop,      \
+                                                         cother);                       \
+                                n_pend = 0;                                             \
+                            }                                                           \
                         }                                                               \
                     }                                                                   \
                 }                                                                       \
             }                                                                           \
         }                                                                               \
+        if (n_pend > 0)                                                                 \
+            refgeo_knn_flush_columns(pend, n_pend, sorted, start, bj, own, i0, j0, K,   \
+                                     ctop, cother);                                     \
     }
 
 REFGEO_DEFINE_KNN_TILE(refgeo_knn_tile_f64, double, refgeo_knn_mask_f64)
