@@ -173,16 +173,20 @@ def dgemm_rate(n: int = 2048, dtype=np.float64) -> float:
     return 2.0 * n**3 / t
 
 
-def roofline_fraction(flops: float, fn, repeat: int, n: int = 4096, dtype=np.float32) -> float:
+def roofline_fraction(flops: float, fn, rounds: int, calls: int = 1, n: int = 4096,
+                      dtype=np.float32) -> float:
     """``flops`` at the best GEMM rate over the best time of ``fn``, interleaved.
 
-    ``repeat`` rounds of (the GEMM rate of an n x n product, best of 3; one call of
-    ``fn``), so that both sides sample the same stretch of a shared machine's load; the
-    fraction is ``flops / max(rate) / min(time)``: the kernel at its best against the
-    ceiling at its best.  Every roofline tracker uses this one definition.
+    ``rounds`` rounds of (the GEMM rate of an n x n product, best of 3; ``calls`` calls
+    of ``fn``), so that both sides sample the same stretch of a shared machine's load;
+    the fraction is ``flops / max(rate) / min(time)``: the kernel at its best against
+    the ceiling at its best.  A call right after the GEMM shares the cores with BLAS
+    worker threads that keep spinning for a while (about 0.1 s) after the GEMM
+    returns, which matters for calls of a fraction of a second: give those
+    ``calls=2``.  Every roofline tracker uses this one definition.
     """
     rate, t = 0.0, float("inf")
-    for _ in range(repeat):
+    for _ in range(rounds):
         rate = max(rate, dgemm_rate(n, dtype))
-        t = min(t, best_time(fn, 1))
+        t = min(t, best_time(fn, calls))
     return flops / rate / t

@@ -89,7 +89,7 @@ class RowDiameter:
     def track_roofline_fraction(self, V_d, dtype, backend, tile_size, runtime):
         """(V^2 d flops / dgemm rate on 4096 x 4096) over row_diameter time."""
         V, d = V_d
-        return roofline_fraction(V * V * d, self._diameter, 3, 4096 if realistic() else 1024, np.float64)
+        return roofline_fraction(V * V * d, self._diameter, 3, 2, 4096 if realistic() else 1024, np.float64)
 
     track_roofline_fraction.unit = "fraction"
 
@@ -101,7 +101,7 @@ class RowDiameter:
         symmetric computation does V^2 d / 2 multiply-adds, one GEMM per tile pair.
         """
         V, d = V_d
-        return roofline_fraction(V * V * d, self._diameter, 3, 4096 if realistic() else 1024)
+        return roofline_fraction(V * V * d, self._diameter, 3, 2, 4096 if realistic() else 1024)
 
     track_sgemm_roofline_fraction.unit = "fraction"
 
@@ -256,6 +256,6 @@ class KNN:
         of an exact k-NN that filters every pair through a float32 GEMM.
         """
         N, d, _ = N_d_k
-        return roofline_fraction(N * N * d, self._run, 2, 4096 if realistic() else 1024)
+        return roofline_fraction(N * N * d, self._run, 2, 1, 4096 if realistic() else 1024)
 
     track_sgemm_roofline_fraction.unit = "fraction"
