@@ -246,6 +246,18 @@ def farthest(S, *, tile_size=None, n_threads=None, progress=None) -> KernelRun:
     )
 
 
+def _knn_tile(nA, nB, symmetric, tile_size, n_threads) -> int:
+    """Rows per k-NN tile: ``tile_size``, else KNN_DEFAULT_TILE halved (down to
+    DEFAULT_TILE) until there are at least 32 tile pairs per thread to balance."""
+    tile = tile_size or KNN_DEFAULT_TILE
+    while tile_size is None and tile > DEFAULT_TILE:
+        ntA, ntB = -(-nA // tile), -(-nB // tile)
+        if (ntA * (ntA + 1) // 2 if symmetric else ntA * ntB) >= 32 * max(1, n_threads):
+            break
+        tile //= 2
+    return max(1, min(max(nA, nB), tile))
+
+
 def _knn_pass(fn, XA, nA, SA, XB, nB, SB, *, symmetric, exclude_self, self_idx, defer, k, dt,
               tile_size, n, progress=None):
     """One run of a compiled k-NN kernel; returns (indices, distances, stats)."""
@@ -256,7 +268,7 @@ def _knn_pass(fn, XA, nA, SA, XB, nB, SB, *, symmetric, exclude_self, self_idx, 
     cp, eabs = rounding_bound(d, dt)
     # heap size: k plus slack, so that the certificate usually holds from the heap alone
     K = min(n_cand, k + max(8, k // 2))
-    tile = max(1, min(max(nA_rows, nB_rows), tile_size or KNN_DEFAULT_TILE))
+    tile = _knn_tile(nA_rows, nB_rows, symmetric, tile_size, n)
     ntA, ntB = -(-nA_rows // tile), -(-nB_rows // tile)
     npairs = ntA * (ntA + 1) // 2 if symmetric else ntA * ntB
     n_eff = _effective_threads(n, npairs, nA_rows * nB_rows * d // (2 if symmetric else 1))
@@ -278,7 +290,7 @@ def knn_memory(nA, nB, d, k, *, symmetric, exclude_self, itemsize, tile_size, n_
     """
     n_cand = nB - int(exclude_self) if symmetric else nB
     K = min(n_cand, k + max(8, k // 2))
-    tile = max(1, min(max(nA, nB), tile_size or KNN_DEFAULT_TILE))
+    tile = _knn_tile(nA, nB, symmetric, tile_size, n_threads)
     ntA, ntB = -(-nA // tile), -(-nB // tile)
     npairs = ntA * (ntA + 1) // 2 if symmetric else ntA * ntB
     n_eff = _effective_threads(n_threads, npairs, nA * nB * d // (2 if symmetric else 1))
