@@ -49,6 +49,16 @@ _BACKEND = "cython"
 # Rows per tile: a float64 256 x 256 cross-term block is 512 KiB (fits in L2), and a
 # (256 x d) @ (d x 256) GEMM already runs near the BLAS peak.
 DEFAULT_TILE = 256
+# k-NN tiles are larger: BLAS packs both operands of every tile GEMM, and at 256 rows
+# the packing is about 8% of the GEMM time (a single-threaded float32 GEMM of
+# 256 x 768 by 768 x 256 runs at 0.93 of the rate of a 2048 x 2048 one, 512 x 512 at
+# 0.97).  The epilogue reads the block once, streaming, so it need not fit in L2,
+# and the heaps it updates are walked in cache-sized blocks of tile pairs.
+KNN_DEFAULT_TILE = 1024
+# Bytes of one thread's k-NN heaps per block of rows that the tile pairs are walked in
+# (0: row-major order): the row and column blocks of both threads (4 x 3 MiB) stay in
+# a shared last-level cache of 16 MiB or more, next to the GEMM operands.
+KNN_HEAP_BLOCK_BYTES = 3 << 20
 # Below this many multiply-adds (V^2 d / 2) a call runs on one thread: waking an
 # OpenMP team costs more than the work (tests set it to 0 to exercise the merge).
 MIN_PARALLEL_WORK = 1 << 20
@@ -236,6 +246,18 @@ def farthest(S, *, tile_size=None, n_threads=None, progress=None) -> KernelRun:
     )
 
 
+def _knn_tile(nA, nB, symmetric, tile_size, n_threads) -> int:
+    """Rows per k-NN tile: ``tile_size``, else KNN_DEFAULT_TILE halved (down to
+    DEFAULT_TILE) until there are at least 32 tile pairs per thread to balance."""
+    tile = tile_size or KNN_DEFAULT_TILE
+    while tile_size is None and tile > DEFAULT_TILE:
+        ntA, ntB = -(-nA // tile), -(-nB // tile)
+        if (ntA * (ntA + 1) // 2 if symmetric else ntA * ntB) >= 32 * max(1, n_threads):
+            break
+        tile //= 2
+    return max(1, min(max(nA, nB), tile))
+
+
 def _knn_pass(fn, XA, nA, SA, XB, nB, SB, *, symmetric, exclude_self, self_idx, defer, k, dt,
               tile_size, n, progress=None):
     """One run of a compiled k-NN kernel; returns (indices, distances, stats)."""
@@ -246,18 +268,16 @@ def _knn_pass(fn, XA, nA, SA, XB, nB, SB, *, symmetric, exclude_self, self_idx, 
     cp, eabs = rounding_bound(d, dt)
     # heap size: k plus slack, so that the certificate usually holds from the heap alone
     K = min(n_cand, k + max(8, k // 2))
-    tile = max(1, min(max(nA_rows, nB_rows), tile_size or DEFAULT_TILE))
+    tile = _knn_tile(nA_rows, nB_rows, symmetric, tile_size, n)
     ntA, ntB = -(-nA_rows // tile), -(-nB_rows // tile)
     npairs = ntA * (ntA + 1) // 2 if symmetric else ntA * ntB
     n_eff = _effective_threads(n, npairs, nA_rows * nB_rows * d // (2 if symmetric else 1))
-    keys = np.full((n_eff, nA_rows, K), np.inf)
-    ids = np.full((n_eff, nA_rows, K), -1, dtype=np.int64)
     out_idx = np.empty((nA_rows, k), dtype=np.int64)
     out_dist = np.empty((nA_rows, k))
     stats = np.zeros(2, dtype=np.int64)
     with blas_single_thread():
         fn(XA, nA, SA, XB, nB, SB, symmetric, exclude_self, self_idx, defer, k, cp, eabs, tile,
-           n_eff, keys, ids, out_idx, out_dist, stats,
+           n_eff, K, KNN_HEAP_BLOCK_BYTES, out_idx, out_dist, stats,
            progress=_hook(progress, npairs + -(-nA_rows // KNN_ROW_BLOCK)))
     return out_idx, out_dist, stats
 
@@ -270,7 +290,7 @@ def knn_memory(nA, nB, d, k, *, symmetric, exclude_self, itemsize, tile_size, n_
     """
     n_cand = nB - int(exclude_self) if symmetric else nB
     K = min(n_cand, k + max(8, k // 2))
-    tile = max(1, min(max(nA, nB), tile_size or DEFAULT_TILE))
+    tile = _knn_tile(nA, nB, symmetric, tile_size, n_threads)
     ntA, ntB = -(-nA // tile), -(-nB // tile)
     npairs = ntA * (ntA + 1) // 2 if symmetric else ntA * ntB
     n_eff = _effective_threads(n_threads, npairs, nA * nB * d // (2 if symmetric else 1))

@@ -21,8 +21,11 @@ cdef enum:
 
 
 cdef class TileDriver:
-    # task list: tile pairs (task_i[p], task_j[p]), p < n_tasks
+    # task list: tile pairs (task_i[p], task_j[p]), p < n_tasks; in row-major order,
+    # or, with task_block > 0 (set by the kernel before run), grouped into blocks of
+    # task_block x task_block tile pairs (see run)
     cdef Py_ssize_t n_tasks
+    cdef Py_ssize_t task_block
     cdef Py_ssize_t *task_i
     cdef Py_ssize_t *task_j
     # per-thread buffers: sizes set by the kernel, memory owned by the driver

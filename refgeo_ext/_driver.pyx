@@ -79,7 +79,12 @@ cdef class TileDriver:
         """Run ``process_tile`` on every tile pair; raise what stopped the run, if anything.
 
         Tasks are the pairs ``(I, J)`` with ``I <= J < n_a`` when ``triangle``, else
-        all of ``range(n_a) x range(n_b)``, in row-major order.  ``progress`` is None
+        all of ``range(n_a) x range(n_b)``, in row-major order; with
+        ``self.task_block = B > 0``, in row-major order of the B x B blocks of pairs
+        and row-major within a block, so that consecutive tasks (on all threads)
+        touch the per-row state of only 2 B tiles: a kernel whose epilogue updates
+        per-row state much larger than the cache (the k-NN heaps) then finds it in
+        the cache.  ``progress`` is None
         or a callable ``progress(done, total)``, called by the calling thread between
         tiles at most every 0.2 s and once with ``done == total`` at the end.  The
         counts are ``progress_offset`` plus the tasks done so far, out of
@@ -89,7 +94,7 @@ cdef class TileDriver:
         ``progress`` stops the run like a Ctrl-C and propagates.
         """
         cdef int n = usable_threads(n_threads)
-        cdef Py_ssize_t p, q, I, J, n_tasks
+        cdef Py_ssize_t p, q, I, J, n_tasks, B, SI, SJ
         cdef int tid = 0
         cdef int started = 0
         cdef double t0
@@ -105,11 +110,16 @@ cdef class TileDriver:
         if self.task_i == NULL or self.task_j == NULL:
             raise MemoryError("no memory for the tile-pair list; pass a larger tile_size")
         q = 0
-        for I in range(n_a):
-            for J in range(I if triangle else 0, n_a if triangle else n_b):
-                self.task_i[q] = I
-                self.task_j[q] = J
-                q += 1
+        if triangle:
+            n_b = n_a
+        B = self.task_block if self.task_block > 0 else max(n_a, n_b, 1)
+        for SI in range(0, n_a, B):
+            for SJ in range(SI if triangle else 0, n_b, B):
+                for I in range(SI, min(SI + B, n_a)):
+                    for J in range(max(SJ, I) if triangle else SJ, min(SJ + B, n_b)):
+                        self.task_i[q] = I
+                        self.task_j[q] = J
+                        q += 1
         if n > n_tasks:
             n = <int> n_tasks if n_tasks > 0 else 1
         self.buffers = <void **> calloc(n * N_THREAD_BUFFERS, sizeof(void *))

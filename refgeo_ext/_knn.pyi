@@ -7,7 +7,7 @@ def knn64(XA: npt.NDArray[np.float64], nA: npt.NDArray[np.float64], SA: npt.NDAr
           XB: npt.NDArray[np.float64], nB: npt.NDArray[np.float64], SB: npt.NDArray[np.float64],
           symmetric: bool, exclude_self: bool, self_idx: npt.NDArray[np.int64], defer: bool,
           k: int, cp: float, eabs: float, tile: int,
-          n_threads: int, keys: npt.NDArray[np.float64], ids: npt.NDArray[np.int64],
+          n_threads: int, K: int, heap_block: int,
           out_idx: npt.NDArray[np.int64], out_dist: npt.NDArray[np.float64],
           out_stats: npt.NDArray[np.int64],
           progress: ProgressHook = None) -> None: ...
@@ -15,7 +15,7 @@ def knn32(XA: npt.NDArray[np.float32], nA: npt.NDArray[np.float64], SA: npt.NDAr
           XB: npt.NDArray[np.float32], nB: npt.NDArray[np.float64], SB: npt.NDArray[np.float32],
           symmetric: bool, exclude_self: bool, self_idx: npt.NDArray[np.int64], defer: bool,
           k: int, cp: float, eabs: float, tile: int,
-          n_threads: int, keys: npt.NDArray[np.float64], ids: npt.NDArray[np.int64],
+          n_threads: int, K: int, heap_block: int,
           out_idx: npt.NDArray[np.int64], out_dist: npt.NDArray[np.float64],
           out_stats: npt.NDArray[np.int64],
           progress: ProgressHook = None) -> None: ...
@@ -23,7 +23,7 @@ def knn32s64(XA: npt.NDArray[np.float32], nA: npt.NDArray[np.float64], SA: npt.N
              XB: npt.NDArray[np.float32], nB: npt.NDArray[np.float64], SB: npt.NDArray[np.float64],
              symmetric: bool, exclude_self: bool, self_idx: npt.NDArray[np.int64], defer: bool,
              k: int, cp: float, eabs: float, tile: int,
-             n_threads: int, keys: npt.NDArray[np.float64], ids: npt.NDArray[np.int64],
+             n_threads: int, K: int, heap_block: int,
              out_idx: npt.NDArray[np.int64], out_dist: npt.NDArray[np.float64],
              out_stats: npt.NDArray[np.int64],
              progress: ProgressHook = None) -> None: ...

@@ -312,6 +312,48 @@ def test_knn_float32_filter_of_float64_rows_redoes_uncertified_rows(backend, mon
         np.testing.assert_array_equal(r.distances, want[1])
 
 
+def _knn_edge_clouds():
+    rng = np.random.default_rng(21)
+    yield "grid_ties", rng.integers(-1, 2, size=(300, 4)).astype(np.float64)
+    yield "grid_ties_f32", rng.integers(-2, 3, size=(260, 3)).astype(np.float32)
+    dup = np.repeat(rng.standard_normal((40, 6)), 8, axis=0)  # every row 8 times
+    dup[::5] += 1e-13
+    yield "duplicates", dup
+    yield "gaussian", rng.standard_normal((333, 9))
+
+
+@pytest.mark.parametrize("name,S", list(_knn_edge_clouds()), ids=[c[0] for c in _knn_edge_clouds()])
+def test_knn_tile_epilogue_edge_cases(backend, parallel_always, monkeypatch, name, S):
+    """The k-NN tile epilogue against the oracle where its shortcuts could slip.
+
+    The epilogue flags, per tile row, the keys below the heaps' tops in one vectorized
+    pass and inserts only those; on two threads a key must also be below the other
+    thread's top for the row (heaps that end with fewer than K entries); the tile
+    pairs may be walked in blocks (KNN_HEAP_BLOCK_BYTES).  Exact ties everywhere
+    (integer grids, rows repeated 8 times), k from 1 to N - 1 (heaps holding every
+    candidate), tiles that are no multiple of the 8-byte mask words, one and two
+    threads, row-major and blocked tile order, float64 rows with and without the
+    float32 filter.
+    """
+    n = len(S)
+    for k in (1, 9, n - 1):
+        want = _oracle_knn(S, k)
+        for tile, n_threads, block, mixed in ((13, 2, 40000, 0), (64, 2, 0, 1 << 62),
+                                              (64, 1, 40000, 0), (n, 2, 1, 0), (7, 2, 1 << 40, 0)):
+            monkeypatch.setattr(_engine, "KNN_HEAP_BLOCK_BYTES", block)
+            monkeypatch.setattr(_engine, "KNN_MIXED_MIN_WORK", mixed)
+            r = refgeo.knn(S, k, tile_size=tile, n_threads=n_threads)
+            np.testing.assert_array_equal(r.indices, want[0], err_msg=f"{k=} {tile=} {n_threads=}")
+            np.testing.assert_array_equal(r.distances, want[1])
+    # X against Y (no column heaps; the float64 redo excludes row i by index)
+    Y = S[::3].copy()
+    want = _oracle_knn(S, 5, Y)
+    for tile, n_threads in ((13, 2), (len(S), 1)):
+        r = refgeo.knn(S, 5, Y, tile_size=tile, n_threads=n_threads)
+        np.testing.assert_array_equal(r.indices, want[0])
+        np.testing.assert_array_equal(r.distances, want[1])
+
+
 def test_float32_and_float64_agree_on_float32_values(backend):
     rng = np.random.default_rng(3)
     S32 = rng.standard_normal((500, 24)).astype(np.float32)

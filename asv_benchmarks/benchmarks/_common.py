@@ -16,7 +16,8 @@ Conventions:
   also prints the full details (with refgeo's config) to the benchmark's stderr; call it
   from ``setup``.
 - speed ratios against a baseline are measured in the same process with ``best_time``
-  (``track_speedup_vs_*``, unit ``"x"``); the dgemm roofline rate comes from ``dgemm_rate``.
+  (``track_speedup_vs_*``, unit ``"x"``); roofline fractions come from
+  ``roofline_fraction`` (GEMM rate and kernel time interleaved).
 """
 
 from __future__ import annotations
@@ -165,8 +166,27 @@ def best_time(fn, repeat: int = 3) -> float:
 
 
 def dgemm_rate(n: int = 2048, dtype=np.float64) -> float:
-    """Measured GEMM rate in flop/s on an n x n product (the roofline)."""
+    """Measured GEMM rate in flop/s on an n x n product (the roofline): best of 3."""
     a = rng(1).standard_normal((n, n)).astype(dtype)
     b = rng(2).standard_normal((n, n)).astype(dtype)
     t = best_time(lambda: a @ b, repeat=3)
     return 2.0 * n**3 / t
+
+
+def roofline_fraction(flops: float, fn, rounds: int, calls: int = 1, n: int = 4096,
+                      dtype=np.float32) -> float:
+    """``flops`` at the best GEMM rate over the best time of ``fn``, interleaved.
+
+    ``rounds`` rounds of (the GEMM rate of an n x n product, best of 3; ``calls`` calls
+    of ``fn``), so that both sides sample the same stretch of a shared machine's load;
+    the fraction is ``flops / max(rate) / min(time)``: the kernel at its best against
+    the ceiling at its best.  A call right after the GEMM shares the cores with BLAS
+    worker threads that keep spinning for a while (about 0.1 s) after the GEMM
+    returns, which matters for calls of a fraction of a second: give those
+    ``calls=2``.  Every roofline tracker uses this one definition.
+    """
+    rate, t = 0.0, float("inf")
+    for _ in range(rounds):
+        rate = max(rate, dgemm_rate(n, dtype))
+        t = min(t, best_time(fn, calls))
+    return flops / rate / t

@@ -3,8 +3,9 @@
 Baselines measured in the same process:
 
 * ``scipy.spatial.distance.pdist(S).max()`` (direct differences, one thread);
-* the dgemm roofline: ``V^2 d`` flops (one GEMM per tile pair ``I <= J``) divided by the
-  rate of NumPy's GEMM on a 4096 x 4096 product (``_common.dgemm_rate``);
+* the GEMM roofline: ``V^2 d`` flops (one GEMM per tile pair ``I <= J``) divided by the
+  rate of NumPy's GEMM on a 4096 x 4096 product, rate and kernel time measured in
+  interleaved rounds (``_common.roofline_fraction``);
 * scikit-learn's ``NearestNeighbors(algorithm="brute").kneighbors`` for k-NN (a
   benchmark-only dependency; the tracker skips without it).
 
@@ -19,13 +20,13 @@ from ._common import (
     BACKENDS,
     DTYPES,
     best_time,
-    dgemm_rate,
     environment,
     realistic,
     records_runtime,
     refgeo,
     require_backend,
     rng,
+    roofline_fraction,
     with_runtime,
 )
 
@@ -88,8 +89,7 @@ class RowDiameter:
     def track_roofline_fraction(self, V_d, dtype, backend, tile_size, runtime):
         """(V^2 d flops / dgemm rate on 4096 x 4096) over row_diameter time."""
         V, d = V_d
-        rate = dgemm_rate(4096 if realistic() else 1024, np.float64)
-        return (V * V * d / rate) / best_time(self._diameter, 2)
+        return roofline_fraction(V * V * d, self._diameter, 3, 2, 4096 if realistic() else 1024, np.float64)
 
     track_roofline_fraction.unit = "fraction"
 
@@ -101,8 +101,7 @@ class RowDiameter:
         symmetric computation does V^2 d / 2 multiply-adds, one GEMM per tile pair.
         """
         V, d = V_d
-        rate = dgemm_rate(4096 if realistic() else 1024, np.float32)
-        return (V * V * d / rate) / best_time(self._diameter, 2)
+        return roofline_fraction(V * V * d, self._diameter, 3, 2, 4096 if realistic() else 1024)
 
     track_sgemm_roofline_fraction.unit = "fraction"
 
@@ -257,7 +256,6 @@ class KNN:
         of an exact k-NN that filters every pair through a float32 GEMM.
         """
         N, d, _ = N_d_k
-        rate = dgemm_rate(4096 if realistic() else 1024, np.float32)
-        return (N * N * d / rate) / best_time(self._run, 1)
+        return roofline_fraction(N * N * d, self._run, 2, 1, 4096 if realistic() else 1024)
 
     track_sgemm_roofline_fraction.unit = "fraction"

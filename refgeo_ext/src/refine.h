@@ -38,32 +38,98 @@
 REFGEO_DEFINE_SQDIST(refgeo_sqdist_f64, double)
 REFGEO_DEFINE_SQDIST(refgeo_sqdist_f32, float)
 
-/* Max-heap of n (key, id) pairs, largest key at position 0: replace the top by
- * (key, id) and sift it down.  A heap filled with +inf keys is valid. */
-static inline void refgeo_heap_replace_top(double *key, int64_t *id, ptrdiff_t n,
-                                           double k, int64_t j)
+/* Tile epilogues that scan every entry of a GEMM tile are also compiled for AVX2 and
+ * chosen at load time (an ifunc) on x86-64 Linux with GCC; elsewhere the baseline
+ * ISA is used.  Both compute the same IEEE operations (no FMA contraction). */
+#if defined(__GNUC__) && !defined(__clang__) && defined(__x86_64__) && defined(__linux__)
+#define REFGEO_TARGET_CLONES __attribute__((target_clones("avx2", "default")))
+#else
+#define REFGEO_TARGET_CLONES
+#endif
+
+/* Ask for the bytes [p, p + bytes) to be brought into the cache (a hint; no-op
+ * without GCC builtins).  Candidate rows are refined from scattered places of a
+ * large array: fetching the next row while the current one is summed hides most of
+ * the memory latency. */
+static inline void refgeo_prefetch(const void *p, size_t bytes)
 {
-    ptrdiff_t pos = 0;
-    for (;;) {
-        ptrdiff_t l = 2 * pos + 1, r = l + 1, big;
-        if (l >= n)
-            break;
-        big = (r < n && key[r] > key[l]) ? r : l;
-        if (key[big] <= k)
-            break;
-        key[pos] = key[big];
-        id[pos] = id[big];
-        pos = big;
-    }
-    key[pos] = k;
-    id[pos] = j;
+#if defined(__GNUC__)
+    const char *c = (const char *)p;
+    size_t off;
+    for (off = 0; off < bytes; off += 64)
+        __builtin_prefetch(c + off, 0, 3);
+#else
+    (void)p;
+    (void)bytes;
+#endif
 }
+
+/* The top of a k-NN heap is read by the other threads of the tile driver while its
+ * owner updates it (a shared pruning threshold, knn.h): it is stored and loaded as
+ * a relaxed atomic, which is a plain move on x86-64 and AArch64.  Any value a
+ * reader sees was the top at some moment, and tops only decrease. */
+#if defined(__GNUC__)
+static inline double refgeo_load_top(const double *p)
+{
+    double v;
+    __atomic_load(p, &v, __ATOMIC_RELAXED);
+    return v;
+}
+static inline void refgeo_store_top(double *p, double v)
+{
+    __atomic_store(p, &v, __ATOMIC_RELAXED);
+}
+#else
+static inline double refgeo_load_top(const double *p) { return *(const volatile double *)p; }
+static inline void refgeo_store_top(double *p, double v) { *(volatile double *)p = v; }
+#endif
 
 /* (value, index) records, sorted by value then index: the engine's one tie rule. */
 typedef struct {
     double v;
     int64_t j;
 } refgeo_vj;
+
+/* Max-heap of n (key, id) records, largest key at position 0, four children per
+ * node (node p has children 4p + 1 .. 4p + 4): replace the top by (k, j) and sift
+ * it down.  A heap filled with (+inf, -1) is valid.  A sift is a chain of
+ * dependent loads, one per level, that often miss the cache (the heaps of all
+ * rows outgrow it): four children per node halve the levels of a binary heap
+ * (three for K = 48), and key and id share a record, so a level touches at most
+ * two cache lines.  The largest child is picked without branches (which child
+ * wins is unpredictable); on ties the first one. */
+static inline void refgeo_heap_replace_top(refgeo_vj *h, ptrdiff_t n, double k, int64_t j)
+{
+    ptrdiff_t pos = 0;
+    for (;;) {
+        ptrdiff_t c = 4 * pos + 1, big, q, e;
+        double kb;
+        if (c >= n)
+            break;
+        e = c + 4 < n ? c + 4 : n;
+        big = c;
+        kb = h[c].v;
+        for (q = c + 1; q < e; q++) {
+            double kq = h[q].v;
+            int gt = kq > kb;
+            big = gt ? q : big;
+            kb = gt ? kq : kb;
+        }
+        if (kb <= k)
+            break;
+        if (pos == 0)
+            refgeo_store_top(&h[0].v, kb);
+        else
+            h[pos].v = kb;
+        h[pos].j = h[big].j;
+        pos = big;
+    }
+    if (pos == 0)
+        refgeo_store_top(&h[0].v, k);
+    else
+        h[pos].v = k;
+    h[pos].j = j;
+}
 
 static int refgeo_vj_cmp(const void *pa, const void *pb)
 {
