@@ -345,3 +345,15 @@ def test_lattice_errors():
         refgeo.lattice_ball(5, "E8", center=[0, 0, 0])
     with pytest.raises(ValueError, match=re.escape("offers its minimal vectors only")):
         refgeo.lattice_ball(5, "Leech")
+
+
+@pytest.mark.parametrize("module", ["codes", "spreading"])
+def test_sources_hold_no_control_characters(module):
+    """A docstring written with ``\\rho`` outside a raw string holds a carriage return
+    and renders as "ho"; no control character but the newline belongs in the sources."""
+    import pathlib
+    import refgeo as pkg
+
+    text = (pathlib.Path(pkg.__file__).parent / f"{module}.py").read_bytes().decode("utf-8")
+    bad = sorted({hex(ord(ch)) for ch in text if ord(ch) < 0x20 and ch != "\n"})
+    assert bad == [], f"control characters {bad} in refgeo/{module}.py"
