@@ -246,6 +246,22 @@ def test_class_tagged_delsarte_goethals(V, d, rho2):
         assert math.sqrt(e.max()) == pytest.approx(c.diameter, rel=1e-15)
 
 
+@pytest.mark.parametrize("V, d", [(145, 18), (145, 26), (400, 40), (1040, 16 + 65), (2113, 66), (2113, 98)])
+def test_delsarte_goethals_candidates_at_the_switch_points(V, d):
+    """Every Delsarte-Goethals construction offered one row past the Kerdock code (two
+    classes, a partial basis), with just room for its tags, or whole, has the ratio and
+    the diameter it claims (also those that are not the best for (V, d))."""
+    cands = [c for c in _candidates(V, d) if c.name.startswith("delsarte_goethals")]
+    assert len(cands) >= 2  # the plain code and at least one tagged form
+    for c in cands:
+        X = c.build()
+        D = refgeo.row_diameter(X).value  # certified by the engine
+        assert refgeo.closest_pair(X).value / D == pytest.approx(c.rho, abs=1e-13), c.name
+        assert c.rho <= refgeo.ratio_upper_bound(V, d).value, c.name
+        if c.diameter is not None:
+            assert D == pytest.approx(c.diameter, rel=1e-15), c.name
+
+
 def test_tagged_kerdock_beats_plain():
     names = {c.name: c.rho for c in _candidates(32768, 512)}
     assert names["kerdock(256)x1+tags"] == pytest.approx(math.sqrt(16 / 18))
