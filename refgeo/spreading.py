@@ -126,19 +126,24 @@ class SpreadResult:
         ``"construction"``: the start (``init``; with ``init="auto"`` the construction
         of largest certified ratio, ``candidates[0]``) is returned unchanged, either
         because no iteration ran or because the iterate's certified ratio did not beat
-        it; ``"epigraph"`` or ``"smooth"``: the iterate of that method (from a
-        construction, kept only when its certified ratio beats the construction's).
+        it; ``"epigraph"`` or ``"smooth"``: the iterate of that method (from the
+        construction, or, with ``method="auto"`` where the construction is a code,
+        lattice shell or ball, from random points; kept only when its certified ratio
+        beats the construction's, which ``init`` still names).
     init : str
         Name of the starting construction (or ``"random"``, ``"user"``).
     n_iter : int
-        Local solves (epigraph) or iteration steps (smooth).
+        Local solves (epigraph) or iteration steps (smooth) run, also when their
+        iterate was discarded (``method == "construction"``).
     elapsed : float
         Seconds.
     history : tuple of (float, float)
-        ``(elapsed, best ratio)`` after each start or round.
+        ``(elapsed, best ratio)`` after each start or round (of the iteration, also
+        when its iterate was discarded).
     candidates : tuple of (str, float)
-        Every construction built for ``(V, d)`` with its certified ratio (closed
-        form, or the engine's for the lattice balls), largest first: the start
+        Every construction offered for ``(V, d)`` with its certified ratio (closed
+        form, checked against the engine in the tests, or the engine's for the lattice
+        balls; only the start is built by :func:`spread`), largest first: the start
         (``init``) is the first, and ``method == "construction"`` says that it is
         returned unchanged.  Empty for ``init="random"`` or a user start.
     """
