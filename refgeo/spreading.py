@@ -424,8 +424,10 @@ def _smooth(
         rho = math.sqrt(max(1.0 - M, 0.0) / max(1.0 - mu, 1e-300))
         if stats is not None:
             tol = 1e-12
-            kth_n = np.einsum("ij,ij->i", X, X[near[:, -1]])
-            kth_f = np.einsum("ij,ij->i", X, X[far[:, -1]])
+            # the k-th partner of a row is its least extreme one (the GEMM pass leaves
+            # the columns unordered, so near[:, -1] is not it)
+            kth_n = np.min([np.einsum("ij,ij->i", X, X[near[:, c]]) for c in range(near.shape[1])], axis=0)
+            kth_f = np.max([np.einsum("ij,ij->i", X, X[far[:, c]]) for c in range(far.shape[1])], axis=0)
             stats.append({"round": r, "ratio": rho, "refresh_s": t_refresh, "pairs": float(In.size + If.size),
                           "near_at_max": float(np.sum(ipn >= M - tol)), "far_at_min": float(np.sum(ipf <= mu + tol)),
                           "rows_near_saturated": float(np.sum(kth_n >= M - tol)),
