@@ -598,11 +598,11 @@ def spread(
         ``"smooth"``: the annealed k-NN iteration on the sphere (large V);
         ``"construction"``: no optimization (the start is returned: the best
         construction, or random points where none exists; ``result.init`` says which).
-        ``"auto"``: every construction for ``(V, d)`` is built with its certified
+        ``"auto"``: every construction for ``(V, d)`` is listed with its certified
         ratio (closed form, or certified by the engine for the lattice balls) and the
         one of largest ratio is the start (``result.init`` names it,
         ``result.candidates`` lists them all).  No rule looks at V or d beyond the
-        cost of the epigraph method.  The regular simplex (:math:`\rho = 1`) is
+        estimated cost of the epigraph method and of one smooth run.  The regular simplex (:math:`\rho = 1`) is
         returned; :math:`V \le 50` runs ``"epigraph"`` from it (unless one SLSQP
         iteration, about :math:`3 \cdot 10^{-9} (V d)^3` seconds, would take longer
         than both ``max_time`` and 1 s); a construction that the local iteration
