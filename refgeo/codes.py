@@ -1033,8 +1033,8 @@ def _dg_class_tagged(q: int, V: int, d: int) -> np.ndarray:
     values :math:`\pm 2\mu` occur only across classes.  A tag :math:`t e_c` with
     :math:`t^2 = \mu` on every vector of class c adds :math:`\mu` inside a class:
     squared distances lie in :math:`[2 - 2\mu, 2 + 6\mu]` and
-    :math:`ho^2 = (\sqrt q - 1)/(\sqrt q + 3)` (7/11 for q = 64, from 3/5), with
-    only :math:`\lceil (V - q)/(q^2/2) ceil` extra coordinates (25 at V = 50000,
+    :math:`\rho^2 = (\sqrt q - 1)/(\sqrt q + 3)` (7/11 for q = 64, from 3/5), with
+    only :math:`\lceil (V - q)/(q^2/2) \rceil` extra coordinates (25 at V = 50000,
     q = 64) where one tag per basis needs :math:`V/q`.
     """
     X = np.zeros((V, d))

@@ -246,6 +246,22 @@ def test_class_tagged_delsarte_goethals(V, d, rho2):
         assert math.sqrt(e.max()) == pytest.approx(c.diameter, rel=1e-15)
 
 
+@pytest.mark.parametrize("V, d", [(145, 18), (145, 26), (400, 40), (1040, 16 + 65), (2113, 66), (2113, 98)])
+def test_delsarte_goethals_candidates_at_the_switch_points(V, d):
+    """Every Delsarte-Goethals construction offered one row past the Kerdock code (two
+    classes, a partial basis), with just room for its tags, or whole, has the ratio and
+    the diameter it claims (also those that are not the best for (V, d))."""
+    cands = [c for c in _candidates(V, d) if c.name.startswith("delsarte_goethals")]
+    assert len(cands) >= 2  # the plain code and at least one tagged form
+    for c in cands:
+        X = c.build()
+        D = refgeo.row_diameter(X).value  # certified by the engine
+        assert refgeo.closest_pair(X).value / D == pytest.approx(c.rho, abs=1e-13), c.name
+        assert c.rho <= refgeo.ratio_upper_bound(V, d).value, c.name
+        if c.diameter is not None:
+            assert D == pytest.approx(c.diameter, rel=1e-15), c.name
+
+
 def test_tagged_kerdock_beats_plain():
     names = {c.name: c.rho for c in _candidates(32768, 512)}
     assert names["kerdock(256)x1+tags"] == pytest.approx(math.sqrt(16 / 18))
@@ -345,3 +361,15 @@ def test_lattice_errors():
         refgeo.lattice_ball(5, "E8", center=[0, 0, 0])
     with pytest.raises(ValueError, match=re.escape("offers its minimal vectors only")):
         refgeo.lattice_ball(5, "Leech")
+
+
+@pytest.mark.parametrize("module", ["codes", "spreading"])
+def test_sources_hold_no_control_characters(module):
+    """A docstring written with ``\\rho`` outside a raw string holds a carriage return
+    and renders as "ho"; no control character but the newline belongs in the sources."""
+    import pathlib
+    import refgeo as pkg
+
+    text = (pathlib.Path(pkg.__file__).parent / f"{module}.py").read_bytes().decode("utf-8")
+    bad = sorted({hex(ord(ch)) for ch in text if ord(ch) < 0x20 and ch != "\n"})
+    assert bad == [], f"control characters {bad} in refgeo/{module}.py"

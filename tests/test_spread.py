@@ -13,7 +13,7 @@ import time
 
 import numpy as np
 import pytest
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 import refgeo
@@ -376,6 +376,12 @@ _CODE_CASES = st.one_of(
 
 @settings(max_examples=12, deadline=None)
 @given(_CODE_CASES)
+# the switch points of R^64: the whole Kerdock code, one row past it (two classes, a
+# partial basis) without tags, with just room for the class tags or the basis tags
+@example((2112, 64))
+@example((2113, 64))
+@example((2113, 66))
+@example((2113, 98))
 def test_code_constructions_certified_ratio_within_the_bound(case):
     """The engine-certified ratio of the construction spread picks equals its closed
     form and never exceeds ratio_upper_bound."""
@@ -401,6 +407,19 @@ def test_auto_returns_codes_and_keeps_an_iterate_only_when_certified_better():
     assert r.method == "smooth" and r.candidates == ()
 
 
+def test_auto_tries_a_random_start_where_a_partial_code_is_far_from_the_bound():
+    """Two Kerdock copies of R^16 in R^40 (8 dimensions unused) are first-order
+    stationary but far below the bound; a random start of the smooth iteration beats
+    them within a second, so auto returns that (certified) and says so."""
+    r = refgeo.spread(150, 40, seed=0)
+    assert r.init == "kerdock(16)x2" and r.candidates[0] == ("kerdock(16)x2", pytest.approx(math.sqrt(0.6)))
+    assert r.method == "smooth" and r.certificate == "engine"
+    assert math.sqrt(0.6) + 0.02 < r.ratio <= r.upper_bound
+    assert r.ratio == pytest.approx(_pdist_ratio(r.points), rel=1e-12)
+    again = refgeo.spread(150, 40, seed=0)
+    assert again.ratio == r.ratio and np.array_equal(again.points, r.points)
+
+
 def test_engine_working_set_matches_the_gemm_one():
     from refgeo.spreading import _near_far, _near_far_engine
 
@@ -410,6 +429,23 @@ def test_engine_working_set_matches_the_gemm_one():
     n2, f2 = _near_far_engine(X, 5)
     assert np.array_equal(np.sort(n1, axis=1), np.sort(n2, axis=1))
     assert np.array_equal(np.sort(f1, axis=1), np.sort(f2, axis=1))
+
+
+def test_smooth_round_statistics_do_not_depend_on_the_working_set_order():
+    """The per-round record counts the rows whose k-th partner sits at an extreme; the
+    GEMM pass and the engine's k-NN give the same sets in different column orders."""
+    from refgeo.spreading import _Clock, _near_far, _near_far_engine, _smooth
+
+    X = np.random.default_rng(0).standard_normal((200, 6))
+    X /= np.linalg.norm(X, axis=1, keepdims=True)
+    records = []
+    for nb in (_near_far, _near_far_engine):
+        stats: list = []
+        _smooth(X, k=4, clock=_Clock(None), max_rounds=0, inner=5, target=1.0,
+                report=lambda r, rho: False, neighbors=nb, stats=stats)
+        records.append({key: v for key, v in stats[0].items() if key != "refresh_s"})
+    assert records[0] == records[1]
+    assert records[0]["rows_near_saturated"] == 0.0  # random rows: no ties at the extremes
 
 
 # =========================================================================== memory and interrupts
