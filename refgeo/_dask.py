@@ -45,8 +45,17 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
+from . import _backend
 from ._backend import KernelRun
-from ._certify import MAX_NORM2, UNIT_ROUNDOFF, better, reported_bound, rounding_bound
+from ._threads import blas_single_thread
+from ._certify import (
+    MAX_NORM2,
+    MIN_NORM2_FLOAT32,
+    UNIT_ROUNDOFF,
+    better,
+    reported_bound,
+    rounding_bound,
+)
 
 __all__ = ["MAX_BLOCK_ROWS", "block_rows", "closest", "diameter", "farthest", "knn", "refine_pairs"]
 
@@ -55,6 +64,9 @@ _BACKEND = "dask"
 # Rows per task block at most: one float64 block x block filter array is 32 MiB, and
 # a (2048 x d) @ (d x 2048) GEMM runs at the BLAS peak for every d of interest.
 MAX_BLOCK_ROWS = 2048
+# The compiled k-NN tasks hold no block x block array (per-row heaps of k plus slack
+# entries instead), so their blocks may be larger: fewer tasks, less scheduling.
+MAX_KNN_BLOCK_ROWS = 8192
 # Records merged per reduction task.
 FAN_IN = 8
 
@@ -592,8 +604,238 @@ def farthest(S, *, tile_size=None, n_threads=None) -> KernelRun:
     )
 
 
-def knn(X, k, Y, *, exclude_self, tile_size=None, n_threads=None) -> KernelRun:
-    """The k nearest rows for Dask arrays (``Y`` None: ``X`` against itself)."""
+# --------------------------------------------------------------------------- compiled k-NN tasks
+
+# Rows per GEMM tile inside a task (the compiled engine's default tile).
+_TASK_TILE = 256
+
+
+def _heap_size(k, n_cand):
+    """Heap entries kept per row and block pair: ``k`` plus the engine's slack."""
+    return min(n_cand, k + max(8, k // 2))
+
+
+def _centered_pair(SA, SB, mu):
+    """Originals, centered copies, float64 norms and the filter dtype of a block pair.
+
+    As the compiled engine centers (``refgeo_ext._common.center*``, one thread): the
+    originals share one dtype (float64 if either block is), float32 rows are filtered in
+    float32 unless ``d`` is too large for a useful float32 bound or their norms leave
+    the range where the float32 GEMM neither overflows nor underflows.
+    """
+    ext = _backend_ext()
+    blocks = [SA] if SB is None else [SA, SB]
+    d = SA.shape[1]
+    f32_ok = math.isfinite(rounding_bound(d, "float32")[0])
+    dt = np.float32 if f32_ok and all(b.dtype == np.float32 for b in blocks) else np.float64
+    for _ in range(2):
+        origs = [np.ascontiguousarray(b, dtype=dt) for b in blocks]
+        cents = []
+        for o in origs:
+            X = np.empty(o.shape, dtype=dt)
+            nrm = np.empty(o.shape[0])
+            getattr(ext._common, "center" + ("32" if dt == np.float32 else "64"))(o, mu, X, nrm, 1)
+            cents.append((X, nrm))
+        top = max(float(n.max()) for _, n in cents)
+        if dt == np.float64 or (top <= MAX_NORM2["float32"] and not 0.0 < top < MIN_NORM2_FLOAT32):
+            break
+        dt = np.float64
+    if not (math.isfinite(top) and top <= MAX_NORM2["float64"]):
+        raise ValueError(
+            f"centered squared row norms up to {top:.3g} exceed the float64 GEMM range "
+            f"({MAX_NORM2['float64']:.0e}); scale the rows by a power of two first."
+        )
+    name = "float32" if dt == np.float32 else "float64"
+    if SB is None:
+        origs, cents = origs * 2, cents * 2
+    return origs[0], origs[1], cents[0][0], cents[1][0], cents[0][1], cents[1][1], name, top
+
+
+class _HeapCandidates(NamedTuple):
+    """The heap of every row of one side of a block pair, as certified ends."""
+
+    lo: Any  # (rows, K) float64 lower ends of the kept pairs (+inf: empty slot)
+    ids: Any  # (rows, K) int32 local rows of the other block (-1: empty slot)
+    out: Any  # (rows,) float64 lower end of every pair the heap dropped (+inf: none)
+    bound: float
+
+
+def _key_ends(keys, ids, nI, nJ, n_cand, k, cp, eabs, bound):
+    """Upper ends (the ``k`` smallest) and candidates of one side, from its heaps.
+
+    The ends are the compiled engine's (``refgeo_ext/_knn.pyx.tp``, same operations in
+    the same order): ``key + n_i -+ (c (n_i + n_j)) -+ eabs``, and for a full heap
+    that may have dropped pairs, ``max key + n_i - c (n_i + max n) - eabs`` bounds the
+    lower end of every dropped pair.
+    """
+    K = keys.shape[1]
+    valid = ids >= 0
+    ni = nI[:, None]
+    w = cp * (ni + nJ[np.where(valid, ids, 0)])
+    s = keys + ni
+    up = np.where(valid, (s + w) + eabs, math.inf)
+    lo = np.where(valid, (s - w) - eabs, math.inf)
+    m = min(k, K)
+    ends = up if m == K else np.partition(up, m - 1, axis=1)[:, :m]
+    if K < n_cand:
+        out = ((keys.max(axis=1) + nI) - cp * (nI + float(nJ.max()))) - eabs
+    else:
+        out = np.full(keys.shape[0], math.inf)
+    return ends, _HeapCandidates(lo, ids.astype(np.int32), out, bound)
+
+
+def _knn_keys_task(SA, SB, mu, k, exclude_self, both):
+    """Filter one block pair on the compiled engine: ``(ends_A, cand_A, ends_B, cand_B)``.
+
+    ``ends`` are each row's ``k`` smallest upper ends over this block pair; they merge
+    into the row's k-th smallest over all blocks, T_i (:func:`_merge_ends`).  A pair can
+    be among the k nearest of row i, or tie the k-th, only if its lower end is at most
+    T_i; such a pair is either in the row's heap (``cand.lo``) or, when the heap's
+    dropped pairs reach T_i (``cand.out <= T_i``), the row is refined against the whole
+    block (:func:`_knn_refine_pair_task`), as the engine does for a row its heap cannot
+    certify.
+    """
+    ext = _backend_ext()
+    same = SB is None
+    A, B, XA, XB, nA, nB, dt, top = _centered_pair(SA, SB, mu)
+    na, nb = A.shape[0], B.shape[0]
+    cand_a = nb - int(same and exclude_self)
+    if cand_a < 1:
+        return None, None, None, None
+    d = A.shape[1]
+    cp, eabs = rounding_bound(d, dt)
+    bound = reported_bound(d, dt, top)
+    KA = _heap_size(k, cand_a)
+    keys_a = np.full((na, KA), math.inf)
+    ids_a = np.full((na, KA), -1, dtype=np.int64)
+    two = both and not same
+    KB = _heap_size(k, na) if two else 0
+    keys_b = np.full((nb if two else 0, KB), math.inf)
+    ids_b = np.full((nb if two else 0, KB), -1, dtype=np.int64)
+    fn = getattr(ext._knn_blocks, "block_pair_keys" + ("32" if dt == "float32" else "64"))
+    # one BLAS thread per task whatever the worker's environment: Dask runs the tasks
+    # in parallel, and a threaded BLAS under tile-sized GEMMs on busy cores spins
+    with blas_single_thread():
+        fn(XA, nA, XB, nB, same, exclude_self, two, _TASK_TILE, keys_a, ids_a, keys_b, ids_b)
+    ends_a, c_a = _key_ends(keys_a, ids_a, nA, nB, cand_a, k, cp, eabs, bound)
+    if not two:
+        return ends_a, c_a, None, None
+    ends_b, c_b = _key_ends(keys_b, ids_b, nB, nA, na, k, cp, eabs, bound)
+    return ends_a, c_a, ends_b, c_b
+
+
+def _refine_side(P, Q, cand, ends, q0, k, skip_self):
+    """Refine the pairs of one side that survive the rows' thresholds; each row's best
+    (at most k, sorted by value then index), padded with ``inf``."""
+    if cand is None:
+        return None
+    ext = _backend_ext()
+    T = ends.max(axis=1)  # the k-th smallest upper end of each row, over all blocks
+    whole = cand.out <= T  # the heap may have dropped a candidate: the whole block
+    keep = cand.lo <= T[:, None]
+    keep[whole] = False
+    r, c = np.nonzero(keep)
+    q = cand.ids[r, c].astype(np.int64)
+    r = r.astype(np.int64)
+    if whole.any():
+        ur = np.flatnonzero(whole)
+        nq = Q.shape[0]
+        rr = np.repeat(ur, nq)
+        qq = np.tile(np.arange(nq, dtype=np.int64), ur.shape[0])
+        if skip_self:
+            rr, qq = rr[rr != qq], qq[rr != qq]
+        r, q = np.concatenate([r, rr]), np.concatenate([q, qq])
+    if r.shape[0] == 0:
+        return None
+    vals = np.empty(r.shape[0])
+    getattr(ext._knn_blocks, "refine_pairs" + ("32" if P.dtype == np.float32 else "64"))(P, Q, r, q, vals)
+    n_rows = P.shape[0]
+    m = int(min(k, np.bincount(r, minlength=n_rows).max()))
+    v, j, ok = _first_per_row(vals, vals, r, q, n_rows, m)
+    return _Rows(np.where(ok, v, math.inf), np.where(ok, j + q0, _NO_INDEX), cand.bound, int(vals.shape[0]))
+
+
+def _knn_refine_pair_task(SA, SB, cand_a, ends_a, cand_b, ends_b, i0, j0, k, exclude_self):
+    """Refine both sides of one block pair in float64 from the original rows it holds."""
+    same = SB is None
+    blocks = [SA] if same else [SA, SB]
+    dt = np.float64 if any(b.dtype == np.float64 for b in blocks) else np.float32
+    A = np.ascontiguousarray(SA, dtype=dt)
+    B = A if same else np.ascontiguousarray(SB, dtype=dt)
+    rec_a = _refine_side(A, B, cand_a, ends_a, j0, k, same and exclude_self)
+    rec_b = None if same else _refine_side(B, A, cand_b, ends_b, i0, k, False)
+    return rec_a, rec_b
+
+
+def _backend_ext():
+    return _backend._ext
+
+
+def _knn_compiled(X, k, Y, *, exclude_self, tile_size) -> KernelRun:
+    import dask
+
+    tile_size = tile_size or MAX_KNN_BLOCK_ROWS
+    symmetric = Y is None
+    if symmetric:
+        ((blocks, offsets),), mu = _blocks_and_mean([X], tile_size)
+        yblocks, yoffsets = blocks, offsets
+    else:
+        ((blocks, offsets), (yblocks, yoffsets)), mu = _blocks_and_mean([X, Y], tile_size)
+    filt = dask.delayed(_knn_keys_task, pure=True, nout=4)
+    refine = dask.delayed(_knn_refine_pair_task, pure=True, nout=2)
+    nb = len(blocks)
+    # phase 1: filter every block pair; the upper ends merge per row block
+    pairs = []  # (query block, other block, other block or None, cand_a, cand_b)
+    ends: list[list] = [[] for _ in range(nb)]
+    if symmetric:
+        for a in range(nb):
+            for b in range(a, nb):
+                other = None if a == b else blocks[b]
+                hi_a, ca, hi_b, cb = filt(blocks[a], other, mu, k, exclude_self, a != b)
+                ends[a].append(hi_a)
+                if a != b:
+                    ends[b].append(hi_b)
+                pairs.append((a, b, other, ca, cb))
+    else:
+        for a in range(nb):
+            for b in range(len(yblocks)):
+                hi_a, ca, _, _ = filt(blocks[a], yblocks[b], mu, k, False, False)
+                ends[a].append(hi_a)
+                pairs.append((a, b, yblocks[b], ca, None))
+    T = [_tree(ends[a], _merge_ends, k) for a in range(nb)]
+    # phase 2: one refinement task per block pair, holding both blocks again
+    parts: list[list] = [[] for _ in range(nb)]
+    for a, b, other, ca, cb in pairs:
+        two = symmetric and a != b
+        ra, rb = refine(blocks[a], other, ca, T[a], cb, T[b] if two else None,
+                        offsets[a], yoffsets[b], k, exclude_self)
+        parts[a].append(ra)
+        if two:
+            parts[b].append(rb)
+    recs = _compute(*_per_row_blocks(parts, nb, _merge_knn, k))
+    return KernelRun(
+        backend=_BACKEND, error_bound=max(r.bound for r in recs),
+        n_refined=sum(r.n_refined for r in recs),
+        indices=np.concatenate([r.index for r in recs], axis=0),
+        distances=np.sqrt(np.concatenate([r.values for r in recs], axis=0)),
+    )
+
+
+def knn(X, k, Y, *, exclude_self, tile_size=None, n_threads=None, compiled=None) -> KernelRun:
+    """The k nearest rows for Dask arrays (``Y`` None: ``X`` against itself).
+
+    The tasks run the compiled engine's two-block kernel (``refgeo_ext._knn_blocks``)
+    when the extension is importable here (``compiled`` None), else NumPy tasks;
+    both give the same answer.
+    """
+    if compiled is None:
+        compiled = _backend_ext() is not None
+    if compiled:
+        return _knn_compiled(X, k, Y, exclude_self=exclude_self, tile_size=tile_size)
+    return _knn_numpy(X, k, Y, exclude_self=exclude_self, tile_size=tile_size)
+
+
+def _knn_numpy(X, k, Y, *, exclude_self, tile_size=None) -> KernelRun:
     import dask
 
     symmetric = Y is None
