@@ -184,6 +184,40 @@ def test_memory_mapped_npy(client, tmp_path):
     _same_rows(refgeo.farthest_partners(S), refgeo.farthest_partners(D))
 
 
+def test_zarr_input(client, tmp_path):
+    # a zarr array is read chunk by chunk by the tasks (only the store's path travels)
+    zarr = pytest.importorskip("zarr")
+    S = _rows(13, 300, 5, np.float32, ties=False)
+    z = zarr.create_array(store=str(tmp_path / "rows.zarr"), shape=S.shape, chunks=(64, 5), dtype=S.dtype)
+    z[:] = S
+    D = da.from_zarr(str(tmp_path / "rows.zarr"))
+    assert D.chunks[0][0] == 64
+    assert len(cloudpickle.dumps(dict(D.__dask_graph__()))) < S.nbytes / 2
+    _same_pair(refgeo.row_diameter(S), refgeo.row_diameter(D))
+    _same_rows(refgeo.knn(S, 6), refgeo.knn(D, 6))
+
+
+@pytest.mark.parametrize("compiled", [True, False], ids=["compiled", "numpy"])
+def test_knn_duplicate_rows_overflow_the_heaps(client, compiled):
+    # four distinct points repeated: more exact ties at the k-th distance than a task's
+    # heap holds, so rows are refined against the whole block (the compiled tasks) and
+    # the tie rule alone decides; the NumPy tasks (no extension on the workers) agree
+    from refgeo import _dask
+
+    S = np.random.default_rng(3).integers(0, 2, size=(60, 2)).astype(np.float32)
+    for k, chunk in [(1, 30), (5, 60), (3, 7)]:
+        D = da.from_array(S, chunks=(chunk, 2))
+        got = _dask.knn(D, k, None, exclude_self=True, compiled=compiled)
+        want = refgeo.knn(S, k)
+        np.testing.assert_array_equal(got.indices, want.indices)
+        np.testing.assert_array_equal(got.distances, want.distances)
+        Y = S[::3] + 1
+        got = _dask.knn(D, k, da.from_array(Y, chunks=(9, 2)), exclude_self=False, compiled=compiled)
+        want = refgeo.knn(S, k, Y)
+        np.testing.assert_array_equal(got.indices, want.indices)
+        np.testing.assert_array_equal(got.distances, want.distances)
+
+
 def test_nan_names_the_chunk(client):
     S = _rows(1, 40, 3, np.float64, ties=False)
     S[25, 1] = np.nan
