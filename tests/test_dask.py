@@ -218,6 +218,43 @@ def test_knn_duplicate_rows_overflow_the_heaps(client, compiled):
         np.testing.assert_array_equal(got.distances, want.distances)
 
 
+@pytest.mark.parametrize("suffix", [".npy", ".npz"])
+def test_cli_inspect_on_a_scheduler(client, tmp_path, capsys, suffix):
+    # the same report as on one machine; the progress lines come from the scheduler
+    import json
+
+    from refgeo import cli
+
+    S = _rows(14, 90, 5, np.float32, ties=False)
+    path = str(tmp_path / f"rows{suffix}")
+    np.save(path, S) if suffix == ".npy" else np.savez(path, S=S)
+    assert cli.main(["inspect", path, "--json", "--no-progress"]) == 0
+    want = json.loads(capsys.readouterr().out)
+    argv = ["inspect", path, "--json", "--progress", "--scheduler", client.scheduler.address, "--chunk-rows", "16"]
+    assert cli.main(argv) == 0
+    out, err = capsys.readouterr()
+    got = json.loads(out)
+    for key in ("diameter", "closest_pair"):
+        assert got[key]["backend"] == "dask"
+        assert (got[key]["value"], got[key]["pair"]) == (want[key]["value"], want[key]["pair"])
+    assert got["ratio"] == want["ratio"]
+    lines = [ln for ln in err.splitlines() if ln.startswith("refgeo inspect: dask: ")]
+    assert lines, err
+    done, total = map(int, lines[-1].split()[-2].split("/"))
+    assert done == total > 6 * 7 // 2  # at least the block-pair tasks of 6 blocks
+
+
+def test_cli_inspect_scheduler_errors(capsys, tmp_path, monkeypatch):
+    from refgeo import cli
+
+    monkeypatch.setattr(cli, "SCHEDULER_TIMEOUT", 2)
+    path = str(tmp_path / "rows.npy")
+    np.save(path, _rows(1, 10, 3, np.float64, ties=False))
+    rc = cli.main(["inspect", path, "--scheduler", "tcp://127.0.0.1:9"])
+    err = capsys.readouterr().err
+    assert rc == 2 and "could not connect to the Dask scheduler at 'tcp://127.0.0.1:9'" in err, err
+
+
 def test_nan_names_the_chunk(client):
     S = _rows(1, 40, 3, np.float64, ties=False)
     S[25, 1] = np.nan
