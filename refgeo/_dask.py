@@ -44,6 +44,7 @@ import math
 from typing import Any, NamedTuple
 
 import numpy as np
+from array_api_compat import array_namespace, is_cupy_array
 
 from . import _backend
 from ._backend import KernelRun
@@ -53,6 +54,7 @@ from ._certify import (
     MIN_NORM2_FLOAT32,
     UNIT_ROUNDOFF,
     better,
+    f64,
     reported_bound,
     rounding_bound,
 )
@@ -110,7 +112,7 @@ def block_rows(chunks: tuple[int, ...], cap: int) -> tuple[int, ...]:
     return tuple(out)
 
 
-def _task_blocks(S, tile_size):
+def _task_blocks(S, tile_size, host=True):
     """``(delayed row blocks, row offsets)`` of a 2-D Dask array, whole rows per block."""
     if any(isinstance(c, float) and math.isnan(c) for c in S.chunks[0]):
         raise ValueError(
@@ -119,6 +121,9 @@ def _task_blocks(S, tile_size):
         )
     cap = max(1, tile_size or MAX_BLOCK_ROWS)
     rows = block_rows(S.chunks[0], cap)
+    if host and _chunks_on_gpu(S):
+        # the extreme-pair and farthest-partner tasks run on the host: a copy per chunk
+        S = S.map_blocks(_host, meta=np.empty((0, 0), dtype=S.dtype))
     if len(S.chunks[1]) > 1 or rows != S.chunks[0]:
         # a task needs whole rows: merge the column chunks (O(b d) per chunk)
         S = S.rechunk({0: rows, 1: -1})
@@ -534,8 +539,8 @@ def _merge_knn(records, k):
 # --------------------------------------------------------------------------- graphs
 
 
-def _blocks_and_mean(arrays, tile_size):
-    return [_task_blocks(a, tile_size) for a in arrays], _mean(arrays)
+def _blocks_and_mean(arrays, tile_size, host=True):
+    return [_task_blocks(a, tile_size, host) for a in arrays], _mean(arrays)
 
 
 def _extreme(S, *, maximize, tile_size) -> KernelRun:
@@ -724,12 +729,20 @@ def _knn_keys_task(SA, SB, mu, k, exclude_self, both):
     return ends_a, c_a, ends_b, c_b
 
 
-def _refine_side(P, Q, cand, ends, q0, k, skip_self):
+def _refine_compiled(P, Q, r, q):
+    """Refined squared distances of the pairs ``(r[t], q[t])`` on the compiled engine."""
+    vals = np.empty(r.shape[0])
+    fn = getattr(_backend_ext()._knn_blocks, "refine_pairs" + ("32" if P.dtype == np.float32 else "64"))
+    fn(P, Q, r, q, vals)
+    return vals
+
+
+def _refine_side(P, Q, cand, ends, q0, k, skip_self, refine=_refine_compiled):
     """Refine the pairs of one side that survive the rows' thresholds; each row's best
-    (at most k, sorted by value then index), padded with ``inf``."""
+    (at most k, sorted by value then index), padded with ``inf``.  ``refine(P, Q, r, q)``
+    returns the refined values as a NumPy array."""
     if cand is None:
         return None
-    ext = _backend_ext()
     T = ends.max(axis=1)  # the k-th smallest upper end of each row, over all blocks
     whole = cand.out <= T  # the heap may have dropped a candidate: the whole block
     keep = cand.lo <= T[:, None]
@@ -747,8 +760,7 @@ def _refine_side(P, Q, cand, ends, q0, k, skip_self):
         r, q = np.concatenate([r, rr]), np.concatenate([q, qq])
     if r.shape[0] == 0:
         return None
-    vals = np.empty(r.shape[0])
-    getattr(ext._knn_blocks, "refine_pairs" + ("32" if P.dtype == np.float32 else "64"))(P, Q, r, q, vals)
+    vals = refine(P, Q, r, q)
     n_rows = P.shape[0]
     m = int(min(k, np.bincount(r, minlength=n_rows).max()))
     v, j, ok = _first_per_row(vals, vals, r, q, n_rows, m)
@@ -771,18 +783,93 @@ def _backend_ext():
     return _backend._ext
 
 
-def _knn_compiled(X, k, Y, *, exclude_self, tile_size) -> KernelRun:
+# --------------------------------------------------------------------------- array-API (CuPy) k-NN tasks
+
+
+def _host(a):
+    """A NumPy array with the contents of ``a`` (a CuPy array is copied to the host)."""
+    return a.get() if is_cupy_array(a) else np.asarray(a)
+
+
+def _smallest_keys(xp, M, K):
+    """The ``K`` smallest entries of every row of the device matrix ``M`` and their
+    columns, as host arrays (any order among equal keys: the certificate of
+    :func:`_key_ends` covers every entry left out)."""
+    order = xp.argsort(M, axis=1, stable=True)[:, :K]
+    return _host(xp.take_along_axis(M, order, axis=1)), _host(order).astype(np.int64)
+
+
+def _knn_keys_task_xp(SA, SB, mu, k, exclude_self, both):
+    """:func:`_knn_keys_task` on the array-API engine (``refgeo._tiled``): for CuPy
+    chunks, the GEMM and the selection of each row's smallest keys run on the GPU.
+
+    The keys are the compiled kernel's, ``n_j - 2 x_i . y_j`` in float64 from the GEMM
+    in the filter dtype, so the same certified ends follow; the task centers its blocks
+    about their own mean (any center gives a valid filter: the refined values come from
+    the original rows).
+    """
+    from ._tiled import _prepare as prepare_xp
+
+    xp = array_namespace(SA)
+    same = SB is None
+    _, cents, norms, name = prepare_xp(xp, [SA] if same else [SA, SB])
+    XA, nA = cents[0], norms[0]
+    XB, nB = (XA, nA) if same else (cents[1], norms[1])
+    na, nb = XA.shape[0], XB.shape[0]
+    cand_a = nb - int(same and exclude_self)
+    if cand_a < 1:
+        return None, None, None, None
+    d = XA.shape[1]
+    cp, eabs = rounding_bound(d, name)
+    top = max(float(xp.max(n)) for n in norms)
+    bound = reported_bound(d, name, top)
+    G2 = 2.0 * f64(xp, XA @ xp.permute_dims(XB, (1, 0)))
+    keys = xp.expand_dims(nB, axis=0) - G2
+    if same and exclude_self:
+        eye = xp.expand_dims(xp.arange(na), axis=1) == xp.expand_dims(xp.arange(na), axis=0)
+        keys = xp.where(eye, xp.asarray(math.inf, dtype=xp.float64), keys)
+    keys_a, ids_a = _smallest_keys(xp, keys, _heap_size(k, cand_a))
+    nA_h, nB_h = _host(nA), _host(nB)
+    ends_a, c_a = _key_ends(keys_a, ids_a, nA_h, nB_h, cand_a, k, cp, eabs, bound)
+    if not (both and not same):
+        return ends_a, c_a, None, None
+    mirror = xp.permute_dims(xp.expand_dims(nA, axis=1) - G2, (1, 0))
+    keys_b, ids_b = _smallest_keys(xp, mirror, _heap_size(k, na))
+    ends_b, c_b = _key_ends(keys_b, ids_b, nB_h, nA_h, na, k, cp, eabs, bound)
+    return ends_a, c_a, ends_b, c_b
+
+
+def _refine_xp(P, Q, r, q):
+    """Refined squared distances on the array-API engine (on the GPU for CuPy rows)."""
+    from ._tiled import _refine
+
+    xp = array_namespace(P)
+    return _host(_refine(xp, P, Q, xp.asarray(r), xp.asarray(q))).astype(np.float64)
+
+
+def _knn_refine_pair_task_xp(SA, SB, cand_a, ends_a, cand_b, ends_b, i0, j0, k, exclude_self):
+    """:func:`_knn_refine_pair_task` with the refinement on the array-API engine."""
+    xp = array_namespace(SA)
+    same = SB is None
+    A = f64(xp, SA)
+    B = A if same else f64(xp, SB)
+    rec_a = _refine_side(A, B, cand_a, ends_a, j0, k, same and exclude_self, _refine_xp)
+    rec_b = None if same else _refine_side(B, A, cand_b, ends_b, i0, k, False, _refine_xp)
+    return rec_a, rec_b
+
+
+def _knn_compiled(X, k, Y, *, exclude_self, tile_size, array_api=False) -> KernelRun:
     import dask
 
     tile_size = tile_size or MAX_KNN_BLOCK_ROWS
     symmetric = Y is None
     if symmetric:
-        ((blocks, offsets),), mu = _blocks_and_mean([X], tile_size)
+        ((blocks, offsets),), mu = _blocks_and_mean([X], tile_size, host=not array_api)
         yblocks, yoffsets = blocks, offsets
     else:
-        ((blocks, offsets), (yblocks, yoffsets)), mu = _blocks_and_mean([X, Y], tile_size)
-    filt = dask.delayed(_knn_keys_task, pure=True, nout=4)
-    refine = dask.delayed(_knn_refine_pair_task, pure=True, nout=2)
+        ((blocks, offsets), (yblocks, yoffsets)), mu = _blocks_and_mean([X, Y], tile_size, host=not array_api)
+    filt = dask.delayed(_knn_keys_task_xp if array_api else _knn_keys_task, pure=True, nout=4)
+    refine = dask.delayed(_knn_refine_pair_task_xp if array_api else _knn_refine_pair_task, pure=True, nout=2)
     nb = len(blocks)
     # phase 1: filter every block pair; the upper ends merge per row block
     pairs = []  # (query block, other block, other block or None, cand_a, cand_b)
@@ -821,18 +908,27 @@ def _knn_compiled(X, k, Y, *, exclude_self, tile_size) -> KernelRun:
     )
 
 
-def knn(X, k, Y, *, exclude_self, tile_size=None, n_threads=None, compiled=None) -> KernelRun:
+def _chunks_on_gpu(*arrays) -> bool:
+    """Whether the chunks of the Dask arrays are CuPy arrays (their ``_meta``)."""
+    return any(a is not None and is_cupy_array(getattr(a, "_meta", None)) for a in arrays)
+
+
+def knn(X, k, Y, *, exclude_self, tile_size=None, n_threads=None, engine=None) -> KernelRun:
     """The k nearest rows for Dask arrays (``Y`` None: ``X`` against itself).
 
-    The tasks run the compiled engine's two-block kernel (``refgeo_ext._knn_blocks``)
-    when the extension is importable here (``compiled`` None), else NumPy tasks;
-    both give the same answer.
+    ``engine`` None picks the tasks' engine: ``"array"`` (``refgeo._tiled``, the GPU)
+    for CuPy chunks, else ``"compiled"`` (the two-block kernel of
+    ``refgeo_ext._knn_blocks``) when the extension is importable here, else ``"numpy"``.
+    All three give the same answer.
     """
-    if compiled is None:
-        compiled = _backend_ext() is not None
-    if compiled:
-        return _knn_compiled(X, k, Y, exclude_self=exclude_self, tile_size=tile_size)
-    return _knn_numpy(X, k, Y, exclude_self=exclude_self, tile_size=tile_size)
+    if engine is None:
+        if _chunks_on_gpu(X, Y):
+            engine = "array"
+        else:
+            engine = "compiled" if _backend_ext() is not None else "numpy"
+    if engine == "numpy":
+        return _knn_numpy(X, k, Y, exclude_self=exclude_self, tile_size=tile_size)
+    return _knn_compiled(X, k, Y, exclude_self=exclude_self, tile_size=tile_size, array_api=engine == "array")
 
 
 def _knn_numpy(X, k, Y, *, exclude_self, tile_size=None) -> KernelRun:

@@ -197,22 +197,23 @@ def test_zarr_input(client, tmp_path):
     _same_rows(refgeo.knn(S, 6), refgeo.knn(D, 6))
 
 
-@pytest.mark.parametrize("compiled", [True, False], ids=["compiled", "numpy"])
-def test_knn_duplicate_rows_overflow_the_heaps(client, compiled):
+@pytest.mark.parametrize("engine", ["compiled", "numpy", "array"])
+def test_knn_duplicate_rows_overflow_the_heaps(client, engine):
     # four distinct points repeated: more exact ties at the k-th distance than a task's
-    # heap holds, so rows are refined against the whole block (the compiled tasks) and
-    # the tie rule alone decides; the NumPy tasks (no extension on the workers) agree
+    # heap holds, so rows are refined against the whole block (the compiled and the
+    # array-API tasks) and the tie rule alone decides; the NumPy tasks (no extension on
+    # the workers) and the array-API tasks (CuPy chunks; here on NumPy) agree
     from refgeo import _dask
 
     S = np.random.default_rng(3).integers(0, 2, size=(60, 2)).astype(np.float32)
     for k, chunk in [(1, 30), (5, 60), (3, 7)]:
         D = da.from_array(S, chunks=(chunk, 2))
-        got = _dask.knn(D, k, None, exclude_self=True, compiled=compiled)
+        got = _dask.knn(D, k, None, exclude_self=True, engine=engine)
         want = refgeo.knn(S, k)
         np.testing.assert_array_equal(got.indices, want.indices)
         np.testing.assert_array_equal(got.distances, want.distances)
         Y = S[::3] + 1
-        got = _dask.knn(D, k, da.from_array(Y, chunks=(9, 2)), exclude_self=False, compiled=compiled)
+        got = _dask.knn(D, k, da.from_array(Y, chunks=(9, 2)), exclude_self=False, engine=engine)
         want = refgeo.knn(S, k, Y)
         np.testing.assert_array_equal(got.indices, want.indices)
         np.testing.assert_array_equal(got.distances, want.distances)
@@ -253,6 +254,39 @@ def test_cli_inspect_scheduler_errors(capsys, tmp_path, monkeypatch):
     rc = cli.main(["inspect", path, "--scheduler", "tcp://127.0.0.1:9"])
     err = capsys.readouterr().err
     assert rc == 2 and "could not connect to the Dask scheduler at 'tcp://127.0.0.1:9'" in err, err
+
+
+@settings(max_examples=8)
+@given(_case(), st.integers(1, 6), st.booleans())
+def test_knn_array_api_tasks_match_the_engine(client, case, k, exclude_self):
+    # the tasks that CuPy chunks run, on NumPy chunks: same graph, same answer
+    from refgeo import _dask
+
+    V, d, dtype, chunk, ties, seed = case
+    S = _rows(seed, V, d, dtype, ties)
+    k = min(k, V - int(exclude_self))
+    D = da.from_array(S, chunks=(chunk, d))
+    Y = _rows(seed + 2, V + 3, d, dtype, ties)
+    for want, got in [
+        (refgeo.knn(S, k, exclude_self=exclude_self), _dask.knn(D, k, None, exclude_self=exclude_self, engine="array")),
+        (refgeo.knn(S, k, Y), _dask.knn(D, k, da.from_array(Y, chunks=(chunk, d)), exclude_self=False, engine="array")),
+    ]:
+        np.testing.assert_array_equal(got.indices, want.indices)
+        np.testing.assert_array_equal(got.distances, want.distances)
+
+
+def test_cupy_chunks(client):
+    # CuPy chunks: k-NN tasks on the GPU, the extreme pairs on host copies
+    cupy = pytest.importorskip("cupy")
+    from refgeo._backend import _load_cupy
+
+    if _load_cupy()[0] is None:
+        pytest.skip("no usable CUDA device")
+    S = _rows(15, 200, 7, np.float32, ties=False)
+    D = da.from_array(S, chunks=(64, 7)).map_blocks(cupy.asarray)
+    _same_rows(refgeo.knn(S, 5), refgeo.knn(D, 5))
+    _same_pair(refgeo.row_diameter(S), refgeo.row_diameter(D))
+    _same_rows(refgeo.farthest_partners(S), refgeo.farthest_partners(D))
 
 
 def test_nan_names_the_chunk(client):
