@@ -390,7 +390,8 @@ def _farthest_filter_task(SA, SB, mu):
 
 
 def _merge_lows(parts):
-    return np.maximum.reduce([p for p in parts if p is not None])
+    parts = [p for p in parts if p is not None]
+    return np.maximum.reduce(parts) if parts else None
 
 
 def _farthest_refine_task(SA, SB, cand, low, j0):
@@ -499,7 +500,10 @@ def _knn_filter_task(SA, SB, mu, k, exclude_self, both):
 
 def _merge_ends(parts, k):
     """The ``k`` smallest upper ends of every row among ``parts`` (None entries skipped)."""
-    v = np.concatenate([p for p in parts if p is not None], axis=1)
+    parts = [p for p in parts if p is not None]
+    if not parts:  # a group of the tree with only empty block pairs (one-row blocks)
+        return None
+    v = np.concatenate(parts, axis=1)
     m = min(k, v.shape[1])
     return np.partition(v, m - 1, axis=1)[:, :m]
 

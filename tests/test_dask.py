@@ -130,6 +130,16 @@ def test_chunkings_of_one_matrix_agree(client, V, chunks):
     assert refgeo.distance_ratio(D) == refgeo.distance_ratio(S)
 
 
+@pytest.mark.parametrize("V", [9, 10, 18])
+def test_one_row_chunks_beyond_one_reduction_group(client, V):
+    # one-row blocks have no pair of their own: with more than eight blocks a group of
+    # the tree reduction can hold only that empty record
+    S = _rows(V, V, 3, np.float64, ties=False)
+    D = da.from_array(S, chunks=(1, 3))
+    _same_rows(refgeo.farthest_partners(S), refgeo.farthest_partners(D))
+    _same_rows(refgeo.knn(S, 3), refgeo.knn(D, 3))
+
+
 def test_task_blocks_larger_than_the_cap_are_split(client, monkeypatch):
     from refgeo import _dask
 
