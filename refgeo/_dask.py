@@ -41,6 +41,7 @@ when a Dask array arrives: it is the optional ``[dask]`` extra.
 from __future__ import annotations
 
 import math
+import os
 from typing import Any, NamedTuple
 
 import numpy as np
@@ -54,6 +55,7 @@ from ._certify import (
     MIN_NORM2_FLOAT32,
     UNIT_ROUNDOFF,
     better,
+    canonical_sq,
     f64,
     reported_bound,
     rounding_bound,
@@ -803,6 +805,34 @@ def _smallest_keys(xp, M, K):
     return _host(xp.take_along_axis(M, order, axis=1)), _host(order).astype(np.int64)
 
 
+def _prepare_xp(xp, arrays):
+    """Centered copies in the filter dtype, their float64 norms and the dtype name, for
+    the array-API tasks; as ``refgeo._tiled`` prepares its blocks (the same rules for
+    the filter dtype, including float64 under ``CUPY_TF32=1``: TF32 would void the
+    float32 bound)."""
+    orig64 = [f64(xp, a) for a in arrays]
+    name = "float32" if all(a.dtype == xp.float32 for a in arrays) else "float64"
+    if name == "float32" and (
+        os.environ.get("CUPY_TF32", "0") == "1" or not math.isfinite(rounding_bound(arrays[0].shape[1], "float32")[0])
+    ):
+        name = "float64"
+    mu = sum(xp.sum(a, axis=0) for a in orig64) / sum(a.shape[0] for a in arrays)
+    for _ in range(2):
+        fdt = xp.float32 if name == "float32" else xp.float64
+        cents = [xp.astype(a - mu, fdt) for a in orig64]
+        norms = [xp.sum(f64(xp, c) ** 2, axis=1) for c in cents]
+        top = max(float(xp.max(n)) for n in norms)
+        if name == "float64" or (top <= MAX_NORM2["float32"] and not 0.0 < top < MIN_NORM2_FLOAT32):
+            break
+        name = "float64"
+    if not (math.isfinite(top) and top <= MAX_NORM2["float64"]):
+        raise ValueError(
+            f"centered squared row norms up to {top:.3g} exceed the float64 GEMM range "
+            f"({MAX_NORM2['float64']:.0e}); scale the rows by a power of two first."
+        )
+    return cents, norms, name, top
+
+
 def _knn_keys_task_xp(SA, SB, mu, k, exclude_self, both):
     """:func:`_knn_keys_task` on the array-API engine (``refgeo._tiled``): for CuPy
     chunks, the GEMM and the selection of each row's smallest keys run on the GPU.
@@ -812,11 +842,9 @@ def _knn_keys_task_xp(SA, SB, mu, k, exclude_self, both):
     about their own mean (any center gives a valid filter: the refined values come from
     the original rows).
     """
-    from ._tiled import _prepare as prepare_xp
-
     xp = array_namespace(SA)
     same = SB is None
-    _, cents, norms, name = prepare_xp(xp, [SA] if same else [SA, SB])
+    cents, norms, name, top = _prepare_xp(xp, [SA] if same else [SA, SB])
     XA, nA = cents[0], norms[0]
     XB, nB = (XA, nA) if same else (cents[1], norms[1])
     na, nb = XA.shape[0], XB.shape[0]
@@ -825,7 +853,6 @@ def _knn_keys_task_xp(SA, SB, mu, k, exclude_self, both):
         return None, None, None, None
     d = XA.shape[1]
     cp, eabs = rounding_bound(d, name)
-    top = max(float(xp.max(n)) for n in norms)
     bound = reported_bound(d, name, top)
     G2 = 2.0 * f64(xp, XA @ xp.permute_dims(XB, (1, 0)))
     keys = xp.expand_dims(nB, axis=0) - G2
@@ -844,11 +871,15 @@ def _knn_keys_task_xp(SA, SB, mu, k, exclude_self, both):
 
 
 def _refine_xp(P, Q, r, q):
-    """Refined squared distances on the array-API engine (on the GPU for CuPy rows)."""
-    from ._tiled import _refine
-
+    """Refined squared distances of float64 rows with any array library (on the GPU for
+    CuPy rows), in batches, in the canonical order of :func:`refgeo._certify.canonical_sq`."""
     xp = array_namespace(P)
-    return _host(_refine(xp, P, Q, xp.asarray(r), xp.asarray(q))).astype(np.float64)
+    out = []
+    for s in range(0, r.shape[0], _REFINE_BATCH):
+        rr = xp.asarray(r[s : s + _REFINE_BATCH])
+        qq = xp.asarray(q[s : s + _REFINE_BATCH])
+        out.append(_host(canonical_sq(xp, xp.take(P, rr, axis=0), xp.take(Q, qq, axis=0))))
+    return np.concatenate(out).astype(np.float64)
 
 
 def _knn_refine_pair_task_xp(SA, SB, cand_a, ends_a, cand_b, ends_b, i0, j0, k, exclude_self):
