@@ -549,11 +549,12 @@ def _blocks_and_mean(arrays, tile_size, host=True):
     return [_task_blocks(a, tile_size, host) for a in arrays], _mean(arrays)
 
 
-def _extreme(S, *, maximize, tile_size) -> KernelRun:
+def _extreme(S, *, maximize, tile_size, engine=None) -> KernelRun:
     import dask
 
+    compiled = _backend_ext() is not None if engine is None else engine == "compiled"
     ((blocks, offsets),), mu = _blocks_and_mean([S], tile_size)
-    task = dask.delayed(_pair_task, pure=True)
+    task = dask.delayed(_pair_task_compiled if compiled else _pair_task, pure=True)
     parts = [
         task(blocks[a], None if a == b else blocks[b], offsets[a], offsets[b], mu, maximize)
         for a in range(len(blocks))
@@ -566,14 +567,18 @@ def _extreme(S, *, maximize, tile_size) -> KernelRun:
     )
 
 
-def diameter(S, *, tile_size=None, n_threads=None) -> KernelRun:
-    """Row diameter of a Dask array (``n_threads`` is the workers' business)."""
-    return _extreme(S, maximize=True, tile_size=tile_size)
+def diameter(S, *, tile_size=None, n_threads=None, engine=None) -> KernelRun:
+    """Row diameter of a Dask array (``n_threads`` is the workers' business).
+
+    ``engine``: ``"compiled"`` (``refgeo_ext._knn_blocks.block_pair_extreme*``) or
+    ``"numpy"`` tasks; None picks the compiled one when the extension is importable.
+    """
+    return _extreme(S, maximize=True, tile_size=tile_size, engine=engine)
 
 
-def closest(S, *, tile_size=None, n_threads=None) -> KernelRun:
-    """Closest pair of a Dask array."""
-    return _extreme(S, maximize=False, tile_size=tile_size)
+def closest(S, *, tile_size=None, n_threads=None, engine=None) -> KernelRun:
+    """Closest pair of a Dask array (``engine`` as for :func:`diameter`)."""
+    return _extreme(S, maximize=False, tile_size=tile_size, engine=engine)
 
 
 def _per_row_blocks(tasks, nblocks, merge, *args):
@@ -626,7 +631,27 @@ def _heap_size(k, n_cand):
     return min(n_cand, k + max(8, k // 2))
 
 
-def _centered_pair(SA, SB, mu):
+def _pair_task_compiled(SA, SB, i0, j0, mu, maximize):
+    """:func:`_pair_task` on the compiled engine (``block_pair_extreme``): the GEMM tiles
+    of the two blocks with the refinement fused into the tile loop, as on one machine.
+    float64 rows are filtered in float32 in the maximum mode (the band within the
+    float32 bound of the largest distance is thin)."""
+    same = SB is None
+    if same and SA.shape[0] < 2:
+        return None
+    A, B, XA, XB, nA, nB, dt, top = _centered_pair(SA, SB, mu, float32_filter=maximize)
+    d = A.shape[1]
+    cp, eabs = rounding_bound(d, dt)
+    name = ("32" if A.dtype == np.float32 else "32s64") if dt == "float32" else "64"
+    fn = getattr(_backend_ext()._knn_blocks, "block_pair_extreme" + name)
+    with blas_single_thread():
+        v, i, j, n = fn(XA, nA, A, XB, nB, B, same, maximize, cp, eabs, _TASK_TILE)
+    if i < 0:
+        return None
+    return _Pair(float(v), i0 + int(i), j0 + int(j), reported_bound(d, dt, top), int(n))
+
+
+def _centered_pair(SA, SB, mu, float32_filter=False):
     """Originals, centered copies, float64 norms and the filter dtype of a block pair.
 
     As the compiled engine centers (``refgeo_ext._common.center*``, one thread): the
@@ -638,19 +663,23 @@ def _centered_pair(SA, SB, mu):
     blocks = [SA] if SB is None else [SA, SB]
     d = SA.shape[1]
     f32_ok = math.isfinite(rounding_bound(d, "float32")[0])
-    dt = np.float32 if f32_ok and all(b.dtype == np.float32 for b in blocks) else np.float64
+    odt = np.float32 if f32_ok and all(b.dtype == np.float32 for b in blocks) else np.float64
+    origs = [np.ascontiguousarray(b, dtype=odt) for b in blocks]
+    # the filter dtype: float32 for float32 rows, and for float64 rows when asked
+    dt = np.float32 if odt == np.float32 or (float32_filter and f32_ok) else np.float64
     for _ in range(2):
-        origs = [np.ascontiguousarray(b, dtype=dt) for b in blocks]
         cents = []
         for o in origs:
             X = np.empty(o.shape, dtype=dt)
             nrm = np.empty(o.shape[0])
-            getattr(ext._common, "center" + ("32" if dt == np.float32 else "64"))(o, mu, X, nrm, 1)
+            suffix = "64" if dt == np.float64 else ("32" if o.dtype == np.float32 else "32s64")
+            getattr(ext._common, "center" + suffix)(o, mu, X, nrm, 1)
             cents.append((X, nrm))
         top = max(float(n.max()) for _, n in cents)
         if dt == np.float64 or (top <= MAX_NORM2["float32"] and not 0.0 < top < MIN_NORM2_FLOAT32):
             break
         dt = np.float64
+        origs = [np.ascontiguousarray(o, dtype=np.float64) for o in origs]
     if not (math.isfinite(top) and top <= MAX_NORM2["float64"]):
         raise ValueError(
             f"centered squared row norms up to {top:.3g} exceed the float64 GEMM range "

@@ -33,7 +33,7 @@ Modules:
 ``_knn``
     certified exact k nearest neighbors (GEMM tiles, per-row heaps).
 ``_knn_blocks``
-    the k-NN filter of two row blocks and the float64 refinement of given pairs:
+    the k-NN filter and the extreme pair of two row blocks, the float64 refinement of given pairs:
     the per-task kernels of the Dask backend (serial; Dask runs the tasks in parallel).
 ``_tropical``
     pairwise max-minus-min of logit differences (Hilbert pdist/cdist).

@@ -130,6 +130,19 @@ def test_chunkings_of_one_matrix_agree(client, V, chunks):
     assert refgeo.distance_ratio(D) == refgeo.distance_ratio(S)
 
 
+@pytest.mark.parametrize("engine", ["compiled", "numpy"])
+def test_extreme_pair_tasks_of_either_engine(client, engine):
+    # the compiled block-pair tasks and the NumPy ones (no extension on the workers)
+    from refgeo import _dask
+
+    for seed, ties, chunk in [(1, False, 7), (2, True, 5), (3, True, 40)]:
+        S = _rows(seed, 40, 4, np.float32, ties)
+        D = da.from_array(S, chunks=(chunk, 4))
+        for maximize, fn in [(True, refgeo.row_diameter), (False, refgeo.closest_pair)]:
+            want, got = fn(S), _dask._extreme(D, maximize=maximize, tile_size=None, engine=engine)
+            assert (got.value, got.i, got.j) == (want.value, want.i, want.j)
+
+
 @pytest.mark.parametrize("V", [9, 10, 18])
 def test_one_row_chunks_beyond_one_reduction_group(client, V):
     # one-row blocks have no pair of their own: with more than eight blocks a group of
