@@ -269,7 +269,7 @@ def _inspect_report(S, args: argparse.Namespace, pairs: tuple[Any, Any] | None =
 
 
 # Seconds ``inspect --scheduler`` waits for the scheduler to answer.
-SCHEDULER_TIMEOUT = 20
+SCHEDULER_TIMEOUT = 10
 
 
 def _read_npy_rows(path: str, a: int, b: int) -> np.ndarray:

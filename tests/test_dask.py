@@ -242,6 +242,16 @@ def test_knn_duplicate_rows_overflow_the_heaps(client, engine):
         np.testing.assert_array_equal(got.distances, want.distances)
 
 
+def _cli(*argv, env=None):
+    """``refgeo ...`` in a subprocess: its Dask client, IO loop and threads end with it."""
+    import subprocess
+    import sys
+
+    code = "import sys; from refgeo import cli; sys.exit(cli.main(sys.argv[1:]))"
+    return subprocess.run([sys.executable, "-c", code, *argv], capture_output=True, text=True,
+                          timeout=_TIMEOUT, env=env)
+
+
 @pytest.mark.parametrize("suffix", [".npy", ".npz"])
 def test_cli_inspect_on_a_scheduler(client, tmp_path, capsys, suffix):
     # the same report as on one machine; the progress lines come from the scheduler
@@ -254,62 +264,26 @@ def test_cli_inspect_on_a_scheduler(client, tmp_path, capsys, suffix):
     np.save(path, S) if suffix == ".npy" else np.savez(path, S=S)
     assert cli.main(["inspect", path, "--json", "--no-progress"]) == 0
     want = json.loads(capsys.readouterr().out)
-    argv = ["inspect", path, "--json", "--progress", "--scheduler", client.scheduler.address, "--chunk-rows", "16"]
-    assert cli.main(argv) == 0
-    out, err = capsys.readouterr()
-    got = json.loads(out)
+    run = _cli("inspect", path, "--json", "--progress", "--scheduler", client.scheduler.address,
+               "--chunk-rows", "16")
+    assert run.returncode == 0, run.stderr
+    got = json.loads(run.stdout)
     for key in ("diameter", "closest_pair"):
         assert got[key]["backend"] == "dask"
         assert (got[key]["value"], got[key]["pair"]) == (want[key]["value"], want[key]["pair"])
     assert got["ratio"] == want["ratio"]
-    lines = [ln for ln in err.splitlines() if ln.startswith("refgeo inspect: dask: ")]
-    assert lines, err
+    lines = [ln for ln in run.stderr.splitlines() if ln.startswith("refgeo inspect: dask: ")]
+    assert lines, run.stderr
     done, total = map(int, lines[-1].split()[-2].split("/"))
     assert done == total > 6 * 7 // 2  # at least the block-pair tasks of 6 blocks
 
 
-def test_cli_inspect_scheduler_errors(capsys, tmp_path, monkeypatch):
-    from refgeo import cli
-
-    monkeypatch.setattr(cli, "SCHEDULER_TIMEOUT", 2)
+def test_cli_inspect_scheduler_errors(tmp_path):
     path = str(tmp_path / "rows.npy")
     np.save(path, _rows(1, 10, 3, np.float64, ties=False))
-    rc = cli.main(["inspect", path, "--scheduler", "tcp://127.0.0.1:9"])
-    err = capsys.readouterr().err
-    assert rc == 2 and "could not connect to the Dask scheduler at 'tcp://127.0.0.1:9'" in err, err
-
-
-@settings(max_examples=8)
-@given(_case(), st.integers(1, 6), st.booleans())
-def test_knn_array_api_tasks_match_the_engine(client, case, k, exclude_self):
-    # the tasks that CuPy chunks run, on NumPy chunks: same graph, same answer
-    from refgeo import _dask
-
-    V, d, dtype, chunk, ties, seed = case
-    S = _rows(seed, V, d, dtype, ties)
-    k = min(k, V - int(exclude_self))
-    D = da.from_array(S, chunks=(chunk, d))
-    Y = _rows(seed + 2, V + 3, d, dtype, ties)
-    for want, got in [
-        (refgeo.knn(S, k, exclude_self=exclude_self), _dask.knn(D, k, None, exclude_self=exclude_self, engine="array")),
-        (refgeo.knn(S, k, Y), _dask.knn(D, k, da.from_array(Y, chunks=(chunk, d)), exclude_self=False, engine="array")),
-    ]:
-        np.testing.assert_array_equal(got.indices, want.indices)
-        np.testing.assert_array_equal(got.distances, want.distances)
-
-
-def test_cupy_chunks(client):
-    # CuPy chunks: k-NN tasks on the GPU, the extreme pairs on host copies
-    cupy = pytest.importorskip("cupy")
-    from refgeo._backend import _load_cupy
-
-    if _load_cupy()[0] is None:
-        pytest.skip("no usable CUDA device")
-    S = _rows(15, 200, 7, np.float32, ties=False)
-    D = da.from_array(S, chunks=(64, 7)).map_blocks(cupy.asarray)
-    _same_rows(refgeo.knn(S, 5), refgeo.knn(D, 5))
-    _same_pair(refgeo.row_diameter(S), refgeo.row_diameter(D))
-    _same_rows(refgeo.farthest_partners(S), refgeo.farthest_partners(D))
+    run = _cli("inspect", path, "--scheduler", "tcp://127.0.0.1:9")
+    assert run.returncode == 2, run.stderr
+    assert "could not connect to the Dask scheduler at 'tcp://127.0.0.1:9'" in run.stderr, run.stderr
 
 
 def test_nan_names_the_chunk(client):
