@@ -5,6 +5,11 @@
 graph has one task per pair of row blocks ``(I, J)``, ``I <= J`` (all pairs for k-NN
 of ``X`` against another ``Y``), and a tree reduction of their small records:
 
+Where ``refgeo_ext`` is importable, the k-NN, diameter and closest-pair tasks run the
+compiled engine's two-block kernels (``refgeo_ext._knn_blocks``: the same tiles, bound
+and refinement as on one machine); the NumPy tasks below are the fallback (and the
+farthest partners' tasks), and CuPy chunks run the k-NN tasks on the array-API engine.
+
 1. the common float64 mean of the rows, a Dask reduction, is the center of every task;
 2. a task centers its two row blocks about that mean, filters their pairs with the
    Gram expansion (one GEMM in the filter dtype, formed in place) and refines, in
