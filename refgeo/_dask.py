@@ -5,6 +5,11 @@
 graph has one task per pair of row blocks ``(I, J)``, ``I <= J`` (all pairs for k-NN
 of ``X`` against another ``Y``), and a tree reduction of their small records:
 
+Where ``refgeo_ext`` is importable, the k-NN, diameter and closest-pair tasks run the
+compiled engine's two-block kernels (``refgeo_ext._knn_blocks``: the same tiles, bound
+and refinement as on one machine); the NumPy tasks below are the fallback (and the
+farthest partners' tasks), and CuPy chunks run the k-NN tasks on the array-API engine.
+
 1. the common float64 mean of the rows, a Dask reduction, is the center of every task;
 2. a task centers its two row blocks about that mean, filters their pairs with the
    Gram expansion (one GEMM in the filter dtype, formed in place) and refines, in
@@ -41,12 +46,25 @@ when a Dask array arrives: it is the optional ``[dask]`` extra.
 from __future__ import annotations
 
 import math
+import os
 from typing import Any, NamedTuple
 
 import numpy as np
+from array_api_compat import array_namespace, is_cupy_array
 
+from . import _backend
 from ._backend import KernelRun
-from ._certify import MAX_NORM2, UNIT_ROUNDOFF, better, reported_bound, rounding_bound
+from ._threads import blas_single_thread
+from ._certify import (
+    MAX_NORM2,
+    MIN_NORM2_FLOAT32,
+    UNIT_ROUNDOFF,
+    better,
+    canonical_sq,
+    f64,
+    reported_bound,
+    rounding_bound,
+)
 
 __all__ = ["MAX_BLOCK_ROWS", "block_rows", "closest", "diameter", "farthest", "knn", "refine_pairs"]
 
@@ -55,6 +73,9 @@ _BACKEND = "dask"
 # Rows per task block at most: one float64 block x block filter array is 32 MiB, and
 # a (2048 x d) @ (d x 2048) GEMM runs at the BLAS peak for every d of interest.
 MAX_BLOCK_ROWS = 2048
+# The compiled k-NN tasks hold no block x block array (per-row heaps of k plus slack
+# entries instead), so their blocks may be larger: fewer tasks, less scheduling.
+MAX_KNN_BLOCK_ROWS = 8192
 # Records merged per reduction task.
 FAN_IN = 8
 
@@ -98,7 +119,7 @@ def block_rows(chunks: tuple[int, ...], cap: int) -> tuple[int, ...]:
     return tuple(out)
 
 
-def _task_blocks(S, tile_size):
+def _task_blocks(S, tile_size, host=True):
     """``(delayed row blocks, row offsets)`` of a 2-D Dask array, whole rows per block."""
     if any(isinstance(c, float) and math.isnan(c) for c in S.chunks[0]):
         raise ValueError(
@@ -107,6 +128,9 @@ def _task_blocks(S, tile_size):
         )
     cap = max(1, tile_size or MAX_BLOCK_ROWS)
     rows = block_rows(S.chunks[0], cap)
+    if host and _chunks_on_gpu(S):
+        # the extreme-pair and farthest-partner tasks run on the host: a copy per chunk
+        S = S.map_blocks(_host, meta=np.empty((0, 0), dtype=S.dtype))
     if len(S.chunks[1]) > 1 or rows != S.chunks[0]:
         # a task needs whole rows: merge the column chunks (O(b d) per chunk)
         S = S.rechunk({0: rows, 1: -1})
@@ -373,7 +397,8 @@ def _farthest_filter_task(SA, SB, mu):
 
 
 def _merge_lows(parts):
-    return np.maximum.reduce([p for p in parts if p is not None])
+    parts = [p for p in parts if p is not None]
+    return np.maximum.reduce(parts) if parts else None
 
 
 def _farthest_refine_task(SA, SB, cand, low, j0):
@@ -482,7 +507,10 @@ def _knn_filter_task(SA, SB, mu, k, exclude_self, both):
 
 def _merge_ends(parts, k):
     """The ``k`` smallest upper ends of every row among ``parts`` (None entries skipped)."""
-    v = np.concatenate([p for p in parts if p is not None], axis=1)
+    parts = [p for p in parts if p is not None]
+    if not parts:  # a group of the tree with only empty block pairs (one-row blocks)
+        return None
+    v = np.concatenate(parts, axis=1)
     m = min(k, v.shape[1])
     return np.partition(v, m - 1, axis=1)[:, :m]
 
@@ -522,15 +550,16 @@ def _merge_knn(records, k):
 # --------------------------------------------------------------------------- graphs
 
 
-def _blocks_and_mean(arrays, tile_size):
-    return [_task_blocks(a, tile_size) for a in arrays], _mean(arrays)
+def _blocks_and_mean(arrays, tile_size, host=True):
+    return [_task_blocks(a, tile_size, host) for a in arrays], _mean(arrays)
 
 
-def _extreme(S, *, maximize, tile_size) -> KernelRun:
+def _extreme(S, *, maximize, tile_size, engine=None) -> KernelRun:
     import dask
 
+    compiled = _backend_ext() is not None if engine is None else engine == "compiled"
     ((blocks, offsets),), mu = _blocks_and_mean([S], tile_size)
-    task = dask.delayed(_pair_task, pure=True)
+    task = dask.delayed(_pair_task_compiled if compiled else _pair_task, pure=True)
     parts = [
         task(blocks[a], None if a == b else blocks[b], offsets[a], offsets[b], mu, maximize)
         for a in range(len(blocks))
@@ -543,14 +572,18 @@ def _extreme(S, *, maximize, tile_size) -> KernelRun:
     )
 
 
-def diameter(S, *, tile_size=None, n_threads=None) -> KernelRun:
-    """Row diameter of a Dask array (``n_threads`` is the workers' business)."""
-    return _extreme(S, maximize=True, tile_size=tile_size)
+def diameter(S, *, tile_size=None, n_threads=None, engine=None) -> KernelRun:
+    """Row diameter of a Dask array (``n_threads`` is the workers' business).
+
+    ``engine``: ``"compiled"`` (``refgeo_ext._knn_blocks.block_pair_extreme*``) or
+    ``"numpy"`` tasks; None picks the compiled one when the extension is importable.
+    """
+    return _extreme(S, maximize=True, tile_size=tile_size, engine=engine)
 
 
-def closest(S, *, tile_size=None, n_threads=None) -> KernelRun:
-    """Closest pair of a Dask array."""
-    return _extreme(S, maximize=False, tile_size=tile_size)
+def closest(S, *, tile_size=None, n_threads=None, engine=None) -> KernelRun:
+    """Closest pair of a Dask array (``engine`` as for :func:`diameter`)."""
+    return _extreme(S, maximize=False, tile_size=tile_size, engine=engine)
 
 
 def _per_row_blocks(tasks, nblocks, merge, *args):
@@ -592,8 +625,382 @@ def farthest(S, *, tile_size=None, n_threads=None) -> KernelRun:
     )
 
 
-def knn(X, k, Y, *, exclude_self, tile_size=None, n_threads=None) -> KernelRun:
-    """The k nearest rows for Dask arrays (``Y`` None: ``X`` against itself)."""
+# --------------------------------------------------------------------------- compiled k-NN tasks
+
+# Rows per GEMM tile inside a task (the compiled engine's default tile).
+_TASK_TILE = 256
+
+
+def _heap_size(k, n_cand):
+    """Heap entries kept per row and block pair: ``k`` plus the engine's slack."""
+    return min(n_cand, k + max(8, k // 2))
+
+
+def _pair_task_compiled(SA, SB, i0, j0, mu, maximize):
+    """:func:`_pair_task` on the compiled engine (``block_pair_extreme``): the GEMM tiles
+    of the two blocks with the refinement fused into the tile loop, as on one machine.
+    float64 rows are filtered in float32 in the maximum mode (the band within the
+    float32 bound of the largest distance is thin)."""
+    same = SB is None
+    if same and SA.shape[0] < 2:
+        return None
+    A, B, XA, XB, nA, nB, dt, top = _centered_pair(SA, SB, mu, float32_filter=maximize)
+    d = A.shape[1]
+    cp, eabs = rounding_bound(d, dt)
+    name = ("32" if A.dtype == np.float32 else "32s64") if dt == "float32" else "64"
+    fn = getattr(_backend_ext()._knn_blocks, "block_pair_extreme" + name)
+    with blas_single_thread():
+        v, i, j, n = fn(XA, nA, A, XB, nB, B, same, maximize, cp, eabs, _TASK_TILE)
+    if i < 0:
+        return None
+    return _Pair(float(v), i0 + int(i), j0 + int(j), reported_bound(d, dt, top), int(n))
+
+
+def _centered_pair(SA, SB, mu, float32_filter=False):
+    """Originals, centered copies, float64 norms and the filter dtype of a block pair.
+
+    As the compiled engine centers (``refgeo_ext._common.center*``, one thread): the
+    originals share one dtype (float64 if either block is), float32 rows are filtered in
+    float32 unless ``d`` is too large for a useful float32 bound or their norms leave
+    the range where the float32 GEMM neither overflows nor underflows.
+    """
+    ext = _backend_ext()
+    blocks = [SA] if SB is None else [SA, SB]
+    d = SA.shape[1]
+    f32_ok = math.isfinite(rounding_bound(d, "float32")[0])
+    odt = np.float32 if f32_ok and all(b.dtype == np.float32 for b in blocks) else np.float64
+    origs = [np.ascontiguousarray(b, dtype=odt) for b in blocks]
+    # the filter dtype: float32 for float32 rows, and for float64 rows when asked
+    dt = np.float32 if odt == np.float32 or (float32_filter and f32_ok) else np.float64
+    for _ in range(2):
+        cents = []
+        for o in origs:
+            X = np.empty(o.shape, dtype=dt)
+            nrm = np.empty(o.shape[0])
+            suffix = "64" if dt == np.float64 else ("32" if o.dtype == np.float32 else "32s64")
+            getattr(ext._common, "center" + suffix)(o, mu, X, nrm, 1)
+            cents.append((X, nrm))
+        top = max(float(n.max()) for _, n in cents)
+        if dt == np.float64 or (top <= MAX_NORM2["float32"] and not 0.0 < top < MIN_NORM2_FLOAT32):
+            break
+        dt = np.float64
+        origs = [np.ascontiguousarray(o, dtype=np.float64) for o in origs]
+    if not (math.isfinite(top) and top <= MAX_NORM2["float64"]):
+        raise ValueError(
+            f"centered squared row norms up to {top:.3g} exceed the float64 GEMM range "
+            f"({MAX_NORM2['float64']:.0e}); scale the rows by a power of two first."
+        )
+    name = "float32" if dt == np.float32 else "float64"
+    if SB is None:
+        origs, cents = origs * 2, cents * 2
+    return origs[0], origs[1], cents[0][0], cents[1][0], cents[0][1], cents[1][1], name, top
+
+
+class _HeapCandidates(NamedTuple):
+    """The heap of every row of one side of a block pair, as certified ends."""
+
+    lo: Any  # (rows, K) float64 lower ends of the kept pairs (+inf: empty slot)
+    ids: Any  # (rows, K) int32 local rows of the other block (-1: empty slot)
+    out: Any  # (rows,) float64 lower end of every pair the heap dropped (+inf: none)
+    bound: float
+
+
+def _key_ends(keys, ids, nI, nJ, n_cand, k, cp, eabs, bound):
+    """Upper ends (the ``k`` smallest) and candidates of one side, from its heaps.
+
+    The ends are the compiled engine's (``refgeo_ext/_knn.pyx.tp``, same operations in
+    the same order): ``key + n_i -+ (c (n_i + n_j)) -+ eabs``, and for a full heap
+    that may have dropped pairs, ``max key + n_i - c (n_i + max n) - eabs`` bounds the
+    lower end of every dropped pair.
+    """
+    K = keys.shape[1]
+    valid = ids >= 0
+    ni = nI[:, None]
+    w = cp * (ni + nJ[np.where(valid, ids, 0)])
+    s = keys + ni
+    up = np.where(valid, (s + w) + eabs, math.inf)
+    lo = np.where(valid, (s - w) - eabs, math.inf)
+    m = min(k, K)
+    ends = up if m == K else np.partition(up, m - 1, axis=1)[:, :m]
+    if K < n_cand:
+        out = ((keys.max(axis=1) + nI) - cp * (nI + float(nJ.max()))) - eabs
+    else:
+        out = np.full(keys.shape[0], math.inf)
+    return ends, _HeapCandidates(lo, ids.astype(np.int32), out, bound)
+
+
+def _knn_keys_task(SA, SB, mu, k, exclude_self, both):
+    """Filter one block pair on the compiled engine: ``(ends_A, cand_A, ends_B, cand_B)``.
+
+    ``ends`` are each row's ``k`` smallest upper ends over this block pair; they merge
+    into the row's k-th smallest over all blocks, T_i (:func:`_merge_ends`).  A pair can
+    be among the k nearest of row i, or tie the k-th, only if its lower end is at most
+    T_i; such a pair is either in the row's heap (``cand.lo``) or, when the heap's
+    dropped pairs reach T_i (``cand.out <= T_i``), the row is refined against the whole
+    block (:func:`_knn_refine_pair_task`), as the engine does for a row its heap cannot
+    certify.
+    """
+    ext = _backend_ext()
+    same = SB is None
+    A, B, XA, XB, nA, nB, dt, top = _centered_pair(SA, SB, mu)
+    na, nb = A.shape[0], B.shape[0]
+    cand_a = nb - int(same and exclude_self)
+    if cand_a < 1:
+        return None, None, None, None
+    d = A.shape[1]
+    cp, eabs = rounding_bound(d, dt)
+    bound = reported_bound(d, dt, top)
+    KA = _heap_size(k, cand_a)
+    keys_a = np.full((na, KA), math.inf)
+    ids_a = np.full((na, KA), -1, dtype=np.int64)
+    two = both and not same
+    KB = _heap_size(k, na) if two else 0
+    keys_b = np.full((nb if two else 0, KB), math.inf)
+    ids_b = np.full((nb if two else 0, KB), -1, dtype=np.int64)
+    fn = getattr(ext._knn_blocks, "block_pair_keys" + ("32" if dt == "float32" else "64"))
+    # one BLAS thread per task whatever the worker's environment: Dask runs the tasks
+    # in parallel, and a threaded BLAS under tile-sized GEMMs on busy cores spins
+    with blas_single_thread():
+        fn(XA, nA, XB, nB, same, exclude_self, two, _TASK_TILE, keys_a, ids_a, keys_b, ids_b)
+    ends_a, c_a = _key_ends(keys_a, ids_a, nA, nB, cand_a, k, cp, eabs, bound)
+    if not two:
+        return ends_a, c_a, None, None
+    ends_b, c_b = _key_ends(keys_b, ids_b, nB, nA, na, k, cp, eabs, bound)
+    return ends_a, c_a, ends_b, c_b
+
+
+def _refine_compiled(P, Q, r, q):
+    """Refined squared distances of the pairs ``(r[t], q[t])`` on the compiled engine."""
+    vals = np.empty(r.shape[0])
+    fn = getattr(_backend_ext()._knn_blocks, "refine_pairs" + ("32" if P.dtype == np.float32 else "64"))
+    fn(P, Q, r, q, vals)
+    return vals
+
+
+def _refine_side(P, Q, cand, ends, q0, k, skip_self, refine=_refine_compiled):
+    """Refine the pairs of one side that survive the rows' thresholds; each row's best
+    (at most k, sorted by value then index), padded with ``inf``.  ``refine(P, Q, r, q)``
+    returns the refined values as a NumPy array."""
+    if cand is None:
+        return None
+    T = ends.max(axis=1)  # the k-th smallest upper end of each row, over all blocks
+    whole = cand.out <= T  # the heap may have dropped a candidate: the whole block
+    keep = cand.lo <= T[:, None]
+    keep[whole] = False
+    r, c = np.nonzero(keep)
+    q = cand.ids[r, c].astype(np.int64)
+    r = r.astype(np.int64)
+    if whole.any():
+        ur = np.flatnonzero(whole)
+        nq = Q.shape[0]
+        rr = np.repeat(ur, nq)
+        qq = np.tile(np.arange(nq, dtype=np.int64), ur.shape[0])
+        if skip_self:
+            rr, qq = rr[rr != qq], qq[rr != qq]
+        r, q = np.concatenate([r, rr]), np.concatenate([q, qq])
+    if r.shape[0] == 0:
+        return None
+    vals = refine(P, Q, r, q)
+    n_rows = P.shape[0]
+    m = int(min(k, np.bincount(r, minlength=n_rows).max()))
+    v, j, ok = _first_per_row(vals, vals, r, q, n_rows, m)
+    return _Rows(np.where(ok, v, math.inf), np.where(ok, j + q0, _NO_INDEX), cand.bound, int(vals.shape[0]))
+
+
+def _knn_refine_pair_task(SA, SB, cand_a, ends_a, cand_b, ends_b, i0, j0, k, exclude_self):
+    """Refine both sides of one block pair in float64 from the original rows it holds."""
+    same = SB is None
+    blocks = [SA] if same else [SA, SB]
+    dt = np.float64 if any(b.dtype == np.float64 for b in blocks) else np.float32
+    A = np.ascontiguousarray(SA, dtype=dt)
+    B = A if same else np.ascontiguousarray(SB, dtype=dt)
+    rec_a = _refine_side(A, B, cand_a, ends_a, j0, k, same and exclude_self)
+    rec_b = None if same else _refine_side(B, A, cand_b, ends_b, i0, k, False)
+    return rec_a, rec_b
+
+
+def _backend_ext():
+    return _backend._ext
+
+
+# --------------------------------------------------------------------------- array-API (CuPy) k-NN tasks
+
+
+def _host(a):
+    """A NumPy array with the contents of ``a`` (a CuPy array is copied to the host)."""
+    return a.get() if is_cupy_array(a) else np.asarray(a)
+
+
+def _smallest_keys(xp, M, K):
+    """The ``K`` smallest entries of every row of the device matrix ``M`` and their
+    columns, as host arrays (any order among equal keys: the certificate of
+    :func:`_key_ends` covers every entry left out)."""
+    order = xp.argsort(M, axis=1, stable=True)[:, :K]
+    return _host(xp.take_along_axis(M, order, axis=1)), _host(order).astype(np.int64)
+
+
+def _prepare_xp(xp, arrays):
+    """Centered copies in the filter dtype, their float64 norms and the dtype name, for
+    the array-API tasks; as ``refgeo._tiled`` prepares its blocks (the same rules for
+    the filter dtype, including float64 under ``CUPY_TF32=1``: TF32 would void the
+    float32 bound)."""
+    orig64 = [f64(xp, a) for a in arrays]
+    name = "float32" if all(a.dtype == xp.float32 for a in arrays) else "float64"
+    if name == "float32" and (
+        os.environ.get("CUPY_TF32", "0") == "1" or not math.isfinite(rounding_bound(arrays[0].shape[1], "float32")[0])
+    ):
+        name = "float64"
+    mu = sum(xp.sum(a, axis=0) for a in orig64) / sum(a.shape[0] for a in arrays)
+    for _ in range(2):
+        fdt = xp.float32 if name == "float32" else xp.float64
+        cents = [xp.astype(a - mu, fdt) for a in orig64]
+        norms = [xp.sum(f64(xp, c) ** 2, axis=1) for c in cents]
+        top = max(float(xp.max(n)) for n in norms)
+        if name == "float64" or (top <= MAX_NORM2["float32"] and not 0.0 < top < MIN_NORM2_FLOAT32):
+            break
+        name = "float64"
+    if not (math.isfinite(top) and top <= MAX_NORM2["float64"]):
+        raise ValueError(
+            f"centered squared row norms up to {top:.3g} exceed the float64 GEMM range "
+            f"({MAX_NORM2['float64']:.0e}); scale the rows by a power of two first."
+        )
+    return cents, norms, name, top
+
+
+def _knn_keys_task_xp(SA, SB, mu, k, exclude_self, both):
+    """:func:`_knn_keys_task` on the array-API engine (``refgeo._tiled``): for CuPy
+    chunks, the GEMM and the selection of each row's smallest keys run on the GPU.
+
+    The keys are the compiled kernel's, ``n_j - 2 x_i . y_j`` in float64 from the GEMM
+    in the filter dtype, so the same certified ends follow; the task centers its blocks
+    about their own mean (any center gives a valid filter: the refined values come from
+    the original rows).
+    """
+    xp = array_namespace(SA)
+    same = SB is None
+    cents, norms, name, top = _prepare_xp(xp, [SA] if same else [SA, SB])
+    XA, nA = cents[0], norms[0]
+    XB, nB = (XA, nA) if same else (cents[1], norms[1])
+    na, nb = XA.shape[0], XB.shape[0]
+    cand_a = nb - int(same and exclude_self)
+    if cand_a < 1:
+        return None, None, None, None
+    d = XA.shape[1]
+    cp, eabs = rounding_bound(d, name)
+    bound = reported_bound(d, name, top)
+    G2 = 2.0 * f64(xp, XA @ xp.permute_dims(XB, (1, 0)))
+    keys = xp.expand_dims(nB, axis=0) - G2
+    if same and exclude_self:
+        eye = xp.expand_dims(xp.arange(na), axis=1) == xp.expand_dims(xp.arange(na), axis=0)
+        keys = xp.where(eye, xp.asarray(math.inf, dtype=xp.float64), keys)
+    keys_a, ids_a = _smallest_keys(xp, keys, _heap_size(k, cand_a))
+    nA_h, nB_h = _host(nA), _host(nB)
+    ends_a, c_a = _key_ends(keys_a, ids_a, nA_h, nB_h, cand_a, k, cp, eabs, bound)
+    if not (both and not same):
+        return ends_a, c_a, None, None
+    mirror = xp.permute_dims(xp.expand_dims(nA, axis=1) - G2, (1, 0))
+    keys_b, ids_b = _smallest_keys(xp, mirror, _heap_size(k, na))
+    ends_b, c_b = _key_ends(keys_b, ids_b, nB_h, nA_h, na, k, cp, eabs, bound)
+    return ends_a, c_a, ends_b, c_b
+
+
+def _refine_xp(P, Q, r, q):
+    """Refined squared distances of float64 rows with any array library (on the GPU for
+    CuPy rows), in batches, in the canonical order of :func:`refgeo._certify.canonical_sq`."""
+    xp = array_namespace(P)
+    out = []
+    for s in range(0, r.shape[0], _REFINE_BATCH):
+        rr = xp.asarray(r[s : s + _REFINE_BATCH])
+        qq = xp.asarray(q[s : s + _REFINE_BATCH])
+        out.append(_host(canonical_sq(xp, xp.take(P, rr, axis=0), xp.take(Q, qq, axis=0))))
+    return np.concatenate(out).astype(np.float64)
+
+
+def _knn_refine_pair_task_xp(SA, SB, cand_a, ends_a, cand_b, ends_b, i0, j0, k, exclude_self):
+    """:func:`_knn_refine_pair_task` with the refinement on the array-API engine."""
+    xp = array_namespace(SA)
+    same = SB is None
+    A = f64(xp, SA)
+    B = A if same else f64(xp, SB)
+    rec_a = _refine_side(A, B, cand_a, ends_a, j0, k, same and exclude_self, _refine_xp)
+    rec_b = None if same else _refine_side(B, A, cand_b, ends_b, i0, k, False, _refine_xp)
+    return rec_a, rec_b
+
+
+def _knn_compiled(X, k, Y, *, exclude_self, tile_size, array_api=False) -> KernelRun:
+    import dask
+
+    tile_size = tile_size or MAX_KNN_BLOCK_ROWS
+    symmetric = Y is None
+    if symmetric:
+        ((blocks, offsets),), mu = _blocks_and_mean([X], tile_size, host=not array_api)
+        yblocks, yoffsets = blocks, offsets
+    else:
+        ((blocks, offsets), (yblocks, yoffsets)), mu = _blocks_and_mean([X, Y], tile_size, host=not array_api)
+    filt = dask.delayed(_knn_keys_task_xp if array_api else _knn_keys_task, pure=True, nout=4)
+    refine = dask.delayed(_knn_refine_pair_task_xp if array_api else _knn_refine_pair_task, pure=True, nout=2)
+    nb = len(blocks)
+    # phase 1: filter every block pair; the upper ends merge per row block
+    pairs = []  # (query block, other block, other block or None, cand_a, cand_b)
+    ends: list[list] = [[] for _ in range(nb)]
+    if symmetric:
+        for a in range(nb):
+            for b in range(a, nb):
+                other = None if a == b else blocks[b]
+                hi_a, ca, hi_b, cb = filt(blocks[a], other, mu, k, exclude_self, a != b)
+                ends[a].append(hi_a)
+                if a != b:
+                    ends[b].append(hi_b)
+                pairs.append((a, b, other, ca, cb))
+    else:
+        for a in range(nb):
+            for b in range(len(yblocks)):
+                hi_a, ca, _, _ = filt(blocks[a], yblocks[b], mu, k, False, False)
+                ends[a].append(hi_a)
+                pairs.append((a, b, yblocks[b], ca, None))
+    T = [_tree(ends[a], _merge_ends, k) for a in range(nb)]
+    # phase 2: one refinement task per block pair, holding both blocks again
+    parts: list[list] = [[] for _ in range(nb)]
+    for a, b, other, ca, cb in pairs:
+        two = symmetric and a != b
+        ra, rb = refine(blocks[a], other, ca, T[a], cb, T[b] if two else None,
+                        offsets[a], yoffsets[b], k, exclude_self)
+        parts[a].append(ra)
+        if two:
+            parts[b].append(rb)
+    recs = _compute(*_per_row_blocks(parts, nb, _merge_knn, k))
+    return KernelRun(
+        backend=_BACKEND, error_bound=max(r.bound for r in recs),
+        n_refined=sum(r.n_refined for r in recs),
+        indices=np.concatenate([r.index for r in recs], axis=0),
+        distances=np.sqrt(np.concatenate([r.values for r in recs], axis=0)),
+    )
+
+
+def _chunks_on_gpu(*arrays) -> bool:
+    """Whether the chunks of the Dask arrays are CuPy arrays (their ``_meta``)."""
+    return any(a is not None and is_cupy_array(getattr(a, "_meta", None)) for a in arrays)
+
+
+def knn(X, k, Y, *, exclude_self, tile_size=None, n_threads=None, engine=None) -> KernelRun:
+    """The k nearest rows for Dask arrays (``Y`` None: ``X`` against itself).
+
+    ``engine`` None picks the tasks' engine: ``"array"`` (``refgeo._tiled``, the GPU)
+    for CuPy chunks, else ``"compiled"`` (the two-block kernel of
+    ``refgeo_ext._knn_blocks``) when the extension is importable here, else ``"numpy"``.
+    All three give the same answer.
+    """
+    if engine is None:
+        if _chunks_on_gpu(X, Y):
+            engine = "array"
+        else:
+            engine = "compiled" if _backend_ext() is not None else "numpy"
+    if engine == "numpy":
+        return _knn_numpy(X, k, Y, exclude_self=exclude_self, tile_size=tile_size)
+    return _knn_compiled(X, k, Y, exclude_self=exclude_self, tile_size=tile_size, array_api=engine == "array")
+
+
+def _knn_numpy(X, k, Y, *, exclude_self, tile_size=None) -> KernelRun:
     import dask
 
     symmetric = Y is None

@@ -236,12 +236,15 @@ def _cmd_config(args: argparse.Namespace) -> int:
     return 0
 
 
-def _inspect_report(S, args: argparse.Namespace) -> dict[str, Any]:
+def _inspect_report(S, args: argparse.Namespace, pairs: tuple[Any, Any] | None = None) -> dict[str, Any]:
     H = args.H
     V, d = S.shape
     out: dict[str, Any] = {"shape": [V, d], "dtype": str(S.dtype)}
-    D = row_diameter(S, **_progress_kw(row_diameter, args))
-    m = closest_pair(S, **_progress_kw(closest_pair, args))
+    if pairs is None:
+        D = row_diameter(S, **_progress_kw(row_diameter, args))
+        m = closest_pair(S, **_progress_kw(closest_pair, args))
+    else:  # computed on a Dask cluster
+        D, m = pairs
     out["diameter"] = {"value": D.value, "pair": [D.i, D.j], "error_bound": D.error_bound, "backend": D.backend}
     out["closest_pair"] = {"value": m.value, "pair": [m.i, m.j], "error_bound": m.error_bound, "backend": m.backend}
     out["ratio"] = m.value / D.value if D.value > 0 else None
@@ -265,10 +268,138 @@ def _inspect_report(S, args: argparse.Namespace) -> dict[str, Any]:
     return out
 
 
+# Seconds ``inspect --scheduler`` waits for the scheduler to answer.
+SCHEDULER_TIMEOUT = 10
+
+
+def _read_npy_rows(path: str, a: int, b: int) -> np.ndarray:
+    """Rows ``a:b`` of a ``.npy`` file, read by the Dask worker that runs the task."""
+    return np.array(np.load(path, mmap_mode="r", allow_pickle=False)[a:b])
+
+
+def _install_task_counter(name: str, dask_scheduler: Any = None) -> None:
+    """Add a plugin ``name`` to a Dask scheduler (runs there) that counts the tasks
+    submitted from now on and those finished."""
+    from distributed.diagnostics.plugin import SchedulerPlugin
+
+    class TaskCounter(SchedulerPlugin):
+        def __init__(self) -> None:
+            self.done = self.total = 0
+
+        def transition(self, key: Any, start: str, finish: str, *args: Any, **kwargs: Any) -> None:
+            if start == "released" and finish == "waiting":
+                self.total += 1
+            elif finish == "memory":
+                self.done += 1
+
+    dask_scheduler.add_plugin(TaskCounter(), name=name)
+
+
+def _task_counts(name: str, dask_scheduler: Any = None) -> tuple[int, int]:
+    """``(finished, submitted)`` tasks seen by the plugin ``name`` (runs on the scheduler)."""
+    plugin = dask_scheduler.plugins[name]
+    return plugin.done, plugin.total
+
+
+def _remove_task_counter(name: str, dask_scheduler: Any = None) -> None:
+    dask_scheduler.remove_plugin(name=name)
+
+
+class _SchedulerProgress:
+    """Reports, from the scheduler, the tasks finished by the graphs submitted meanwhile.
+
+    A plugin on the scheduler counts the tasks submitted and finished; a background
+    thread asks it every 0.5 s and writes ``refgeo inspect: dask: <done>/<total>
+    tasks`` to stderr when the counts changed (at most one line a second), and a last
+    line when the block ends.
+    """
+
+    def __init__(self, client: Any, show: bool) -> None:
+        import uuid
+
+        self.client, self.show = client, show
+        self.name = f"refgeo-inspect-{uuid.uuid4().hex}"
+        self.last: tuple[int, int] | None = None
+        self.last_time = 0.0
+        self.stop: Any = None
+        self.thread: Any = None
+
+    def _counts(self) -> tuple[int, int]:
+        return tuple(self.client.run_on_scheduler(_task_counts, self.name))
+
+    def _report(self, force: bool = False) -> None:
+        import time
+
+        now = time.monotonic()
+        c = self._counts()
+        if c != self.last and (force or now - self.last_time >= 1.0) and c[1] > 0:
+            print(f"refgeo inspect: dask: {c[0]}/{c[1]} tasks", file=sys.stderr, flush=True)
+            self.last, self.last_time = c, now
+
+    def _loop(self) -> None:
+        while not self.stop.wait(0.5):
+            try:
+                self._report()
+            except Exception:  # the scheduler went away: the computation reports it
+                return
+
+    def __enter__(self) -> "_SchedulerProgress":
+        import threading
+
+        if self.show:
+            self.client.run_on_scheduler(_install_task_counter, self.name)
+            self.stop = threading.Event()
+            self.thread = threading.Thread(target=self._loop, daemon=True)
+            self.thread.start()
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        if self.show:
+            self.stop.set()
+            self.thread.join(5)
+            if exc[0] is None:
+                self._report(force=True)
+            self.client.run_on_scheduler(_remove_task_counter, self.name)
+
+
+def _dask_inspect(S: Any, args: argparse.Namespace) -> tuple[Any, Any]:
+    """Diameter and closest pair of the rows on the Dask scheduler ``args.scheduler``.
+
+    A ``.npy`` file is read by the workers themselves, ``--chunk-rows`` rows per task
+    (the path must name the same file on every worker); the rows of a ``.npz`` file
+    are sent from this process.
+    """
+    try:
+        import dask
+        import dask.array as da
+        import distributed
+    except ImportError as exc:
+        raise CLIError(f"--scheduler needs Dask: python -m pip install 'refgeo[dask]' ({exc})") from None
+    try:
+        client = distributed.Client(args.scheduler, timeout=SCHEDULER_TIMEOUT, set_as_default=False)
+    except (OSError, TimeoutError, ValueError) as exc:
+        raise CLIError(f"could not connect to the Dask scheduler at {args.scheduler!r}: {exc}") from None
+    V, d = S.shape
+    b = args.chunk_rows
+    with client, dask.config.set(scheduler=client):
+        if isinstance(S, np.memmap):
+            path = os.path.abspath(args.file)
+            read = dask.delayed(_read_npy_rows, pure=True)
+            D = da.concatenate([
+                da.from_delayed(read(path, a, min(a + b, V)), shape=(min(a + b, V) - a, d), dtype=S.dtype)
+                for a in range(0, V, b)
+            ])
+        else:
+            D = da.from_array(np.asarray(S), chunks=(b, d))
+        with _SchedulerProgress(client, _show_progress(args)):
+            return row_diameter(D, tile_size=b), closest_pair(D, tile_size=b)
+
+
 def _cmd_inspect(args: argparse.Namespace) -> int:
     S, where = _load_matrix(args.file, key=args.key)
     check_min_rows(S, where, 2)
-    rep = _inspect_report(S, args)
+    pairs = _dask_inspect(S, args) if args.scheduler is not None else None
+    rep = _inspect_report(S, args, pairs)
     rep = {"source": where, **rep}
     if args.json:
         _print_json(rep)
@@ -446,6 +577,12 @@ def _build_parser() -> argparse.ArgumentParser:
     p.add_argument("--H", type=_float_type("--H", positive=False), default=1.0,
                    help="hidden-state norm for the worst-case h* (default: %(default)s)")
     p.add_argument("--json", action="store_true", help="print JSON instead of text")
+    p.add_argument("--scheduler", metavar="ADDRESS", default=None,
+                   help="compute the diameter and the closest pair on this Dask scheduler "
+                   "(e.g. tcp://host:8786; needs refgeo[dask]; a .npy FILE is read by the "
+                   "workers, so its path must be valid on every worker)")
+    p.add_argument("--chunk-rows", type=_int_type("--chunk-rows", 1), default=4096, metavar="N",
+                   help="rows per Dask task block with --scheduler (default: %(default)s)")
     _add_progress(p)
     p.set_defaults(func=_cmd_inspect)
 

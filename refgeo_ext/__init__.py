@@ -32,6 +32,9 @@ Modules:
     certified row diameter, closest pair and farthest partners (GEMM tiles).
 ``_knn``
     certified exact k nearest neighbors (GEMM tiles, per-row heaps).
+``_knn_blocks``
+    the k-NN filter and the extreme pair of two row blocks, the float64 refinement of given pairs:
+    the per-task kernels of the Dask backend (serial; Dask runs the tasks in parallel).
 ``_tropical``
     pairwise max-minus-min of logit differences (Hilbert pdist/cdist).
 ``_blas`` (``.pxd`` only)
@@ -41,9 +44,9 @@ Every tiled kernel takes an optional ``progress`` callable, ``progress(done, tot
 (see ``_driver.pyi``), and raises ``KeyboardInterrupt`` promptly on Ctrl-C.
 """
 
-from . import _common, _driver, _extreme_pairs, _knn, _tropical
+from . import _common, _driver, _extreme_pairs, _knn, _knn_blocks, _tropical
 
-__all__ = ["_common", "_driver", "_extreme_pairs", "_knn", "_tropical", "has_openmp",
+__all__ = ["_common", "_driver", "_extreme_pairs", "_knn", "_knn_blocks", "_tropical", "has_openmp",
            "openmp_max_threads"]
 
 has_openmp = _common.has_openmp

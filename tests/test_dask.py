@@ -130,6 +130,29 @@ def test_chunkings_of_one_matrix_agree(client, V, chunks):
     assert refgeo.distance_ratio(D) == refgeo.distance_ratio(S)
 
 
+@pytest.mark.parametrize("engine", ["compiled", "numpy"])
+def test_extreme_pair_tasks_of_either_engine(client, engine):
+    # the compiled block-pair tasks and the NumPy ones (no extension on the workers)
+    from refgeo import _dask
+
+    for seed, ties, chunk in [(1, False, 7), (2, True, 5), (3, True, 40)]:
+        S = _rows(seed, 40, 4, np.float32, ties)
+        D = da.from_array(S, chunks=(chunk, 4))
+        for maximize, fn in [(True, refgeo.row_diameter), (False, refgeo.closest_pair)]:
+            want, got = fn(S), _dask._extreme(D, maximize=maximize, tile_size=None, engine=engine)
+            assert (got.value, got.i, got.j) == (want.value, want.i, want.j)
+
+
+@pytest.mark.parametrize("V", [9, 10, 18])
+def test_one_row_chunks_beyond_one_reduction_group(client, V):
+    # one-row blocks have no pair of their own: with more than eight blocks a group of
+    # the tree reduction can hold only that empty record
+    S = _rows(V, V, 3, np.float64, ties=False)
+    D = da.from_array(S, chunks=(1, 3))
+    _same_rows(refgeo.farthest_partners(S), refgeo.farthest_partners(D))
+    _same_rows(refgeo.knn(S, 3), refgeo.knn(D, 3))
+
+
 def test_task_blocks_larger_than_the_cap_are_split(client, monkeypatch):
     from refgeo import _dask
 
@@ -182,6 +205,85 @@ def test_memory_mapped_npy(client, tmp_path):
     assert len(cloudpickle.dumps(dict(D.__dask_graph__()))) < S.nbytes / 2
     _same_pair(refgeo.row_diameter(S), refgeo.row_diameter(D))
     _same_rows(refgeo.farthest_partners(S), refgeo.farthest_partners(D))
+
+
+def test_zarr_input(client, tmp_path):
+    # a zarr array is read chunk by chunk by the tasks (only the store's path travels)
+    zarr = pytest.importorskip("zarr")
+    S = _rows(13, 300, 5, np.float32, ties=False)
+    z = zarr.create_array(store=str(tmp_path / "rows.zarr"), shape=S.shape, chunks=(64, 5), dtype=S.dtype)
+    z[:] = S
+    D = da.from_zarr(str(tmp_path / "rows.zarr"))
+    assert D.chunks[0][0] == 64
+    assert len(cloudpickle.dumps(dict(D.__dask_graph__()))) < S.nbytes / 2
+    _same_pair(refgeo.row_diameter(S), refgeo.row_diameter(D))
+    _same_rows(refgeo.knn(S, 6), refgeo.knn(D, 6))
+
+
+@pytest.mark.parametrize("engine", ["compiled", "numpy", "array"])
+def test_knn_duplicate_rows_overflow_the_heaps(client, engine):
+    # four distinct points repeated: more exact ties at the k-th distance than a task's
+    # heap holds, so rows are refined against the whole block (the compiled and the
+    # array-API tasks) and the tie rule alone decides; the NumPy tasks (no extension on
+    # the workers) and the array-API tasks (CuPy chunks; here on NumPy) agree
+    from refgeo import _dask
+
+    S = np.random.default_rng(3).integers(0, 2, size=(60, 2)).astype(np.float32)
+    for k, chunk in [(1, 30), (5, 60), (3, 7)]:
+        D = da.from_array(S, chunks=(chunk, 2))
+        got = _dask.knn(D, k, None, exclude_self=True, engine=engine)
+        want = refgeo.knn(S, k)
+        np.testing.assert_array_equal(got.indices, want.indices)
+        np.testing.assert_array_equal(got.distances, want.distances)
+        Y = S[::3] + 1
+        got = _dask.knn(D, k, da.from_array(Y, chunks=(9, 2)), exclude_self=False, engine=engine)
+        want = refgeo.knn(S, k, Y)
+        np.testing.assert_array_equal(got.indices, want.indices)
+        np.testing.assert_array_equal(got.distances, want.distances)
+
+
+def _cli(*argv, env=None):
+    """``refgeo ...`` in a subprocess: its Dask client, IO loop and threads end with it."""
+    import subprocess
+    import sys
+
+    code = "import sys; from refgeo import cli; sys.exit(cli.main(sys.argv[1:]))"
+    return subprocess.run([sys.executable, "-c", code, *argv], capture_output=True, text=True,
+                          timeout=_TIMEOUT, env=env)
+
+
+@pytest.mark.parametrize("suffix", [".npy", ".npz"])
+def test_cli_inspect_on_a_scheduler(client, tmp_path, capsys, suffix):
+    # the same report as on one machine; the progress lines come from the scheduler
+    import json
+
+    from refgeo import cli
+
+    S = _rows(14, 90, 5, np.float32, ties=False)
+    path = str(tmp_path / f"rows{suffix}")
+    np.save(path, S) if suffix == ".npy" else np.savez(path, S=S)
+    assert cli.main(["inspect", path, "--json", "--no-progress"]) == 0
+    want = json.loads(capsys.readouterr().out)
+    run = _cli("inspect", path, "--json", "--progress", "--scheduler", client.scheduler.address,
+               "--chunk-rows", "16")
+    assert run.returncode == 0, run.stderr
+    got = json.loads(run.stdout)
+    for key in ("diameter", "closest_pair"):
+        assert got[key]["backend"] == "dask"
+        assert (got[key]["value"], got[key]["pair"]) == (want[key]["value"], want[key]["pair"])
+    assert got["ratio"] == want["ratio"]
+    lines = [ln for ln in run.stderr.splitlines() if ln.startswith("refgeo inspect: dask: ")]
+    assert lines, run.stderr
+    done, total = map(int, lines[-1].split()[-2].split("/"))
+    assert done == total > 6 * 7 // 2  # at least the block-pair tasks of 6 blocks
+
+
+def test_cli_inspect_scheduler_errors(tmp_path):
+    path = str(tmp_path / "rows.npy")
+    np.save(path, _rows(1, 10, 3, np.float64, ties=False))
+    run = _cli("inspect", path, "--scheduler", "tcp://127.0.0.1:9")
+    assert run.returncode == 2, run.stderr
+    assert "could not connect to the Dask scheduler at 'tcp://127.0.0.1:9'" in run.stderr, run.stderr
 
 
 def test_nan_names_the_chunk(client):

@@ -69,7 +69,7 @@ def check_wheel(path: str) -> list[str]:
         names = whl.namelist()
         entry_points = next((whl.read(n).decode() for n in names if n.endswith(".dist-info/entry_points.txt")), "")
     ext = [n for n in names if n.startswith("refgeo_ext/") and n.endswith((".so", ".pyd"))]
-    for kernel in ("_extreme_pairs", "_knn", "_tropical"):
+    for kernel in ("_extreme_pairs", "_knn", "_knn_blocks", "_tropical"):
         if not any(os.path.basename(n).startswith(kernel + ".") for n in ext):
             problems.append(f"wheel: no compiled refgeo_ext/{kernel}")
     for need in ("refgeo/__init__.py", "refgeo/py.typed", "refgeo/testing/__init__.py"):

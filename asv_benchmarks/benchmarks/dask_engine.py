@@ -32,7 +32,7 @@ except ImportError:  # the `dask` extra is not installed: setup skips
 
 # (operation, rows, d, k, rows per task block)
 if realistic():
-    CASES = [("row_diameter", 65536, 1024, 0, 2048), ("knn", 100000, 768, 32, 2048)]
+    CASES = [("row_diameter", 65536, 1024, 0, 2048), ("knn", 100000, 768, 32, 4096)]
 else:
     CASES = [("row_diameter", 4096, 64, 0, 512), ("knn", 4096, 64, 8, 512)]
 
