@@ -131,6 +131,29 @@ static inline void refgeo_heap_replace_top(refgeo_vj *h, ptrdiff_t n, double k, 
     h[pos].j = j;
 }
 
+/* Binary max-heap of n keys with their ids in two parallel arrays, largest key at
+ * position 0: replace the top by (k, j) and sift it down.  A heap filled with +inf
+ * keys is valid.  The Dask block-pair tasks (_knn_blocks) keep their heaps this way:
+ * the keys and ids travel between processes as two NumPy arrays. */
+static inline void refgeo_heap2_replace_top(double *key, int64_t *id, ptrdiff_t n,
+                                            double k, int64_t j)
+{
+    ptrdiff_t pos = 0;
+    for (;;) {
+        ptrdiff_t l = 2 * pos + 1, r = l + 1, big;
+        if (l >= n)
+            break;
+        big = (r < n && key[r] > key[l]) ? r : l;
+        if (key[big] <= k)
+            break;
+        key[pos] = key[big];
+        id[pos] = id[big];
+        pos = big;
+    }
+    key[pos] = k;
+    id[pos] = j;
+}
+
 static int refgeo_vj_cmp(const void *pa, const void *pb)
 {
     const refgeo_vj *a = (const refgeo_vj *)pa, *b = (const refgeo_vj *)pb;
