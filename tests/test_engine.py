@@ -468,6 +468,27 @@ def test_knn_bitwise_repeatable_across_runs(backend, parallel_always, monkeypatc
         np.testing.assert_array_equal(r.distances, dist)
 
 
+def test_knn_kernel_rejects_heap_sizes_it_cannot_hold():
+    """The kernel allocates its heaps itself: a heap smaller than k, or one whose bytes
+    overflow the address space, is refused before anything is allocated or written."""
+    ext = pytest.importorskip("refgeo_ext")
+    X = np.arange(8.0).reshape(4, 2)
+    n = np.sum(X * X, axis=1)
+    cp, eabs = _certify.rounding_bound(2, "float64")
+
+    def run(k, K):
+        out_idx = np.zeros((4, k), dtype=np.int64)
+        ext._knn.knn64(X, n, X, X, n, X, True, True, np.full(4, -1, dtype=np.int64), False,
+                       k, cp, eabs, 4, 1, K, 0, out_idx, np.zeros((4, k)), np.zeros(2, dtype=np.int64))
+        return out_idx
+
+    np.testing.assert_array_equal(run(3, 3)[0], [1, 2, 3])
+    with pytest.raises(ValueError, match="K"):
+        run(3, 1)  # the certificate reads the k-th smallest bound of the heap
+    with pytest.raises(MemoryError, match="heaps"):
+        run(1, 2**60)  # 4 rows x 2**60 records x 16 bytes wraps around size_t
+
+
 def test_float32_and_float64_agree_on_float32_values(backend):
     rng = np.random.default_rng(3)
     S32 = rng.standard_normal((500, 24)).astype(np.float32)
