@@ -354,6 +354,141 @@ def test_knn_tile_epilogue_edge_cases(backend, parallel_always, monkeypatch, nam
         np.testing.assert_array_equal(r.distances, want[1])
 
 
+@st.composite
+def tie_clouds(draw, max_v=80, max_d=4):
+    """Integer-valued clouds where nearly every distance ties with many others.
+
+    Grids of {-1, 0, 1}, a few distinct rows each repeated many times, and the points
+    of an integer lattice box, with signed zeros (whole rows negated) and a power-of-two
+    scale (exact: the ties survive it, and 2**+-600 forces the prescaling).  Sizes span
+    many tiles of 3 to 16 rows, so the off-diagonal tile epilogue, the shared pruning
+    threshold and the blocked tile order all see exact ties at the heaps' tops.
+    """
+    V = draw(st.integers(2, max_v))
+    d = draw(st.integers(1, max_d))
+    kind = draw(st.sampled_from(["grid", "duplicates", "lattice"]))
+    rng = np.random.default_rng(draw(st.integers(0, 2**32 - 1)))
+    if kind == "grid":
+        S = rng.integers(-1, 2, size=(V, d))
+    elif kind == "duplicates":
+        base = rng.integers(-2, 3, size=(draw(st.integers(1, 6)), d))
+        S = base[rng.integers(0, len(base), size=V)]
+    else:
+        side = int(math.ceil(V ** (1.0 / d)))
+        box = np.stack(np.meshgrid(*[np.arange(side)] * d, indexing="ij"), -1).reshape(-1, d)
+        S = box[:V] if draw(st.booleans()) else box[rng.permutation(len(box))[:V]]
+    S = S.astype(np.float64)
+    S[rng.random(V) < 0.5] *= -1.0  # zero entries of these rows become -0.0
+    dtype = draw(st.sampled_from([np.float64, np.float32]))
+    scales = [1.0, 2.0**-30, 2.0**30] + ([2.0**-600, 2.0**600] if dtype == np.float64 else [])
+    return (S * draw(st.sampled_from(scales))).astype(dtype)
+
+
+tie_options = dict(tile_size=st.sampled_from([3, 7, 16]), n_threads=st.sampled_from([1, 2, 3, 4]))
+
+
+def test_knn_exact_with_ties_on_small_tiles_and_threads(backend, parallel_always, monkeypatch):
+    """k-NN on tie clouds: 1 to 4 threads, tiles of 3, 7 and 16 rows, every tile order.
+
+    Every heap sees keys equal to its top (and to the other threads' tops for the row)
+    with smaller and larger indices; k runs from 1 to every candidate.
+    """
+    monkeypatch.setattr(_engine, "KNN_MIXED_MIN_WORK", _engine.KNN_MIXED_MIN_WORK)  # restored after
+    monkeypatch.setattr(_engine, "KNN_HEAP_BLOCK_BYTES", _engine.KNN_HEAP_BLOCK_BYTES)
+
+    @settings(max_examples=_examples(backend, 300))
+    @given(S=tie_clouds(), data=st.data(), **tie_options)
+    def check(S, data, tile_size, n_threads):
+        opts = dict(tile_size=tile_size, n_threads=n_threads)
+        _engine.KNN_MIXED_MIN_WORK = data.draw(st.sampled_from([0, 1 << 62]))
+        # row-major order, blocks of one tile pair, of two to three tiles per side, one block
+        _engine.KNN_HEAP_BLOCK_BYTES = data.draw(
+            st.sampled_from([0, 1, 2 * tile_size * 16 * 16, 3 * tile_size * 16 * 24, 1 << 40])
+        )
+        exclude_self = data.draw(st.booleans())
+        n_cand = len(S) - int(exclude_self)
+        if n_cand >= 1:
+            k = data.draw(st.sampled_from(sorted({1, min(2, n_cand), min(8, n_cand), n_cand})))
+            r = refgeo.knn(S, k, exclude_self=exclude_self, **opts)
+            idx, dist = _oracle_knn(S, k, exclude_self=exclude_self)
+            np.testing.assert_array_equal(r.indices, idx)
+            np.testing.assert_array_equal(r.distances, dist)
+        # against Y: duplicated rows of S and rows of S itself, so X and Y tie across
+        rng = np.random.default_rng(data.draw(st.integers(0, 2**32 - 1)))
+        Y = S[rng.integers(0, len(S), size=data.draw(st.integers(1, 2 * len(S))))]
+        k = data.draw(st.sampled_from(sorted({1, min(8, len(Y)), len(Y)})))
+        r = refgeo.knn(S, k, Y, **opts)
+        idx, dist = _oracle_knn(S, k, Y)
+        np.testing.assert_array_equal(r.indices, idx)
+        np.testing.assert_array_equal(r.distances, dist)
+
+    check()
+
+
+def test_extreme_pairs_exact_with_ties_on_small_tiles_and_threads(backend, parallel_always, monkeypatch):
+    """Diameter, closest pair and farthest partners on tie clouds, 1 to 4 threads.
+
+    The row scan before each tile row's pair loop must not skip a row whose only
+    candidates sit exactly at the running bound (equal distances, smaller indices).
+    """
+    monkeypatch.setattr(_engine, "MAX_MIXED_MIN_WORK", _engine.MAX_MIXED_MIN_WORK)  # restored after
+
+    @settings(max_examples=_examples(backend, 300))
+    @given(S=tie_clouds(), mixed=st.booleans(), **tie_options)
+    def check(S, mixed, tile_size, n_threads):
+        _engine.MAX_MIXED_MIN_WORK = 0 if mixed else 1 << 62
+        opts = dict(tile_size=tile_size, n_threads=n_threads)
+        D2 = _oracle_sq(S, S)
+        _assert_pair(refgeo.row_diameter(S, **opts), _oracle_extreme(S, True, D2), S, backend)
+        _assert_pair(refgeo.closest_pair(S, **opts), _oracle_extreme(S, False, D2), S, backend)
+        fp = refgeo.farthest_partners(S, **opts)
+        np.fill_diagonal(D2, -np.inf)
+        np.testing.assert_array_equal(fp.indices, np.argmax(D2, axis=1))
+
+    check()
+
+
+@pytest.mark.parametrize("n_threads", [2, 4])
+def test_knn_bitwise_repeatable_across_runs(backend, parallel_always, monkeypatch, n_threads):
+    """20 runs on several threads give the oracle's bits every time.
+
+    The threads' heaps share pruning thresholds that they read while the other
+    threads write them; whatever the interleaving, the answer must not change.  Many
+    tile pairs (16-row tiles over 1200 rows) keep the threads racing on the same rows.
+    """
+    monkeypatch.setattr(_engine, "KNN_MIXED_MIN_WORK", 0)  # float32 filter and float64 redo
+    rng = np.random.default_rng(31)
+    S = rng.integers(-2, 3, size=(1200, 5)).astype(np.float64)
+    S[600:] = S[:600]  # every row twice: ties at every heap's top
+    k = 10
+    idx, dist = _oracle_knn(S, k)
+    for _ in range(20 if backend == "cython" else 1):
+        r = refgeo.knn(S, k, tile_size=16, n_threads=n_threads)
+        np.testing.assert_array_equal(r.indices, idx)
+        np.testing.assert_array_equal(r.distances, dist)
+
+
+def test_knn_kernel_rejects_heap_sizes_it_cannot_hold():
+    """The kernel allocates its heaps itself: a heap smaller than k, or one whose bytes
+    overflow the address space, is refused before anything is allocated or written."""
+    ext = pytest.importorskip("refgeo_ext")
+    X = np.arange(8.0).reshape(4, 2)
+    n = np.sum(X * X, axis=1)
+    cp, eabs = _certify.rounding_bound(2, "float64")
+
+    def run(k, K):
+        out_idx = np.zeros((4, k), dtype=np.int64)
+        ext._knn.knn64(X, n, X, X, n, X, True, True, np.full(4, -1, dtype=np.int64), False,
+                       k, cp, eabs, 4, 1, K, 0, out_idx, np.zeros((4, k)), np.zeros(2, dtype=np.int64))
+        return out_idx
+
+    np.testing.assert_array_equal(run(3, 3)[0], [1, 2, 3])
+    with pytest.raises(ValueError, match="K"):
+        run(3, 1)  # the certificate reads the k-th smallest bound of the heap
+    with pytest.raises(MemoryError, match="heaps"):
+        run(1, 2**60)  # 4 rows x 2**60 records x 16 bytes wraps around size_t
+
+
 def test_float32_and_float64_agree_on_float32_values(backend):
     rng = np.random.default_rng(3)
     S32 = rng.standard_normal((500, 24)).astype(np.float32)
