@@ -354,3 +354,76 @@ def test_refine_pairs_is_the_canonical_sum(d, n, scale):
     B = rng.standard_normal((9, d))
     r, q = rng.integers(0, 17, n), rng.integers(0, 9, n)
     np.testing.assert_array_equal(refine_pairs(A, B, r, q), canonical_sq(np, A[r], B[q]))
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.integers(1, 70), st.integers(1, 70), st.integers(1, 9), st.integers(1, 20),
+       st.sampled_from([1, 3, 16, 1024]), st.sampled_from(["float32", "float64"]), st.booleans())
+def test_record_heaps_hold_the_keys_of_the_split_heaps(na, nb, d, K, tile, dtype, ties):
+    # block_pair_records (the engine's vectorized epilogue) against block_pair_keys (the
+    # plain loop) on two distinct blocks: per row the same multiset of kept keys, and
+    # each record names a row whose key it holds (ties may keep other ids)
+    import math
+
+    from refgeo import _backend, _dask
+
+    if not _backend.available_backends()["cython"][0]:
+        pytest.skip("the compiled extension is not built")
+    ext = _backend.extension()
+    rng = np.random.default_rng(na * 10007 + nb * 101 + d)
+    draw = (lambda n: rng.integers(-1, 2, (n, d))) if ties else (lambda n: rng.standard_normal((n, d)))
+    A, B = draw(na).astype(dtype), draw(nb).astype(dtype)
+    nA = np.einsum("ij,ij->i", A.astype(np.float64), A.astype(np.float64))
+    nB = np.einsum("ij,ij->i", B.astype(np.float64), B.astype(np.float64))
+    s = "32" if dtype == "float32" else "64"
+    ka, kb = np.full((na, K), math.inf), np.full((nb, K), math.inf)
+    ia, ib = np.full((na, K), -1, dtype=np.int64), np.full((nb, K), -1, dtype=np.int64)
+    getattr(ext._knn_blocks, "block_pair_keys" + s)(A, nA, B, nB, False, False, True, tile, ka, ia, kb, ib)
+    old = _dask._KNN_TASK_TILE
+    try:
+        _dask._KNN_TASK_TILE = tile
+        ra, rida, rb, ridb = _dask._records_pair(ext, s, A, nA, B, nB, K)
+    finally:
+        _dask._KNN_TASK_TILE = old
+    np.testing.assert_array_equal(np.sort(ra, axis=1), np.sort(ka, axis=1))
+    np.testing.assert_array_equal(np.sort(rb, axis=1), np.sort(kb, axis=1))
+    G = A.astype(np.float64) @ B.astype(np.float64).T
+    for keys, ids, n_other, rows_g in ((ra, rida, nB, G), (rb, ridb, nA, G.T)):
+        assert np.array_equal(ids < 0, np.isinf(keys))
+        r, c = np.nonzero(ids >= 0)
+        # the key of a record is n_j - 2 g_ij of the row it names, up to the filter's rounding
+        np.testing.assert_allclose(keys[r, c], n_other[ids[r, c]] - 2 * rows_g[r, ids[r, c]],
+                                   rtol=1e-5, atol=1e-3 * (1 + np.abs(n_other).max()))
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.integers(1, 60), st.integers(0, 60), st.integers(1, 6), st.sampled_from([1, 4, 256]),
+       st.sampled_from(["float32", "float64"]), st.booleans(), st.booleans())
+def test_extreme_pair_task_is_the_exact_extreme(na, nb, d, tile, dtype, maximize, ties):
+    # one block-pair task of the compiled engine (its tiles scanned row by row before the
+    # pair loop) against the brute-force extreme with the tie rule, on rows with many
+    # exact ties (integer grids) or without
+    from refgeo import _backend, _dask
+
+    if not _backend.available_backends()["cython"][0]:
+        pytest.skip("the compiled extension is not built")
+    rng = np.random.default_rng(na * 1009 + nb * 31 + d)
+    draw = (lambda n: rng.integers(-2, 3, (n, d))) if ties else (lambda n: rng.standard_normal((n, d)))
+    SA = draw(na).astype(dtype)
+    SB = None if nb == 0 else draw(nb).astype(dtype)
+    old = _dask._TASK_TILE
+    try:
+        _dask._TASK_TILE = tile
+        got = _dask._pair_task_compiled(SA, SB, 0, 0, np.zeros(d), maximize)
+    finally:
+        _dask._TASK_TILE = old
+    B = SA if SB is None else SB
+    D = ((SA.astype(np.float64)[:, None, :] - B.astype(np.float64)[None, :, :]) ** 2).sum(axis=2)
+    pairs = [(i, j) for i in range(na) for j in range(B.shape[0]) if SB is not None or i < j]
+    if not pairs:
+        assert got is None
+        return
+    best = max(D[p] for p in pairs) if maximize else min(D[p] for p in pairs)
+    first = min(p for p in pairs if D[p] == best)
+    assert got is not None and (got.i, got.j) == first
+    assert got.value == pytest.approx(best, rel=1e-12, abs=1e-300)
