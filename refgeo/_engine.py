@@ -24,7 +24,7 @@ import math
 
 import numpy as np
 
-from . import _backend, _progress
+from . import _backend, _memory, _progress
 from ._backend import KernelRun
 from ._certify import (
     MAX_NORM2,
@@ -309,7 +309,7 @@ def knn(X, k, Y, *, exclude_self, tile_size=None, n_threads=None, progress=None)
     symmetric = Y is None
     nA, d = X.shape
     nB = nA if symmetric else Y.shape[0]
-    _progress.check_memory(
+    _memory.check_memory(
         f"knn of {nA} x {d} rows against {nB} (k={k})",
         knn_memory(nA, nB, d, k, symmetric=symmetric, exclude_self=exclude_self,
                    itemsize=X.dtype.itemsize, tile_size=tile_size, n_threads=n),

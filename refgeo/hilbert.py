@@ -38,7 +38,7 @@ from typing import Any, Literal
 import numpy as np
 from array_api_compat import array_namespace, is_numpy_array
 
-from . import _backend, _progress
+from . import _backend, _memory, _progress
 from ._interop import first_origin, from_foreign, to_caller
 from ._validate import (
     as_float_array,
@@ -550,7 +550,7 @@ def _check_output_memory(what, nA, form, nB=None):
         parts = {f"output ({nA}, {nB})": 8.0 * nA * nB}
         shape = f"nA={nA}, nB={nB}"
         advice = "Pass XA in chunks of rows (cdist_hilbert(XA[a:b], XB)) and reduce each block as it comes."
-    _progress.check_memory(f"{what}({shape})", parts, advice)
+    _memory.check_memory(f"{what}({shape})", parts, advice)
 
 
 def pdist_hilbert(

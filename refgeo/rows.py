@@ -87,7 +87,7 @@ from typing import Any
 import numpy as np
 from array_api_compat import array_namespace, is_numpy_array
 
-from . import _backend, _dask, _engine, _progress, _reference, _tiled
+from . import _backend, _dask, _engine, _memory, _progress, _reference, _tiled
 from ._certify import canonical_sq, dtype_name, f64, scale_exponent, scale_rows, unscale, unscale_array
 from ._interop import first_origin, from_foreign, to_caller
 from ._validate import (
@@ -786,7 +786,7 @@ def knn(
     n_rows = X.shape[0]
     # the (n, k) results exist on every backend: no work starts if they cannot fit
     # (the compiled engine checks its heaps as well)
-    _progress.check_memory(
+    _memory.check_memory(
         f"knn of {n_rows} rows (k={k})", {f"indices and distances ({n_rows}, {k})": 16.0 * n_rows * k},
         "Pass a smaller k, or query the rows of X in chunks (knn(X[a:b], k, Y) for Y the candidate rows).",
     )

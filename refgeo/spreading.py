@@ -32,7 +32,7 @@ from typing import Any
 
 import numpy as np
 
-from . import _progress
+from . import _memory, _progress
 from ._validate import (
     as_float_array,
     check_choice,
@@ -533,7 +533,7 @@ def _check_memory(V: int, d: int, k: int) -> None:
     """
     points = 8.0 * V * d
     working = 4.0 * points + 8.0 * (10.0 * V * min(k, V)) + 8.0 * 2**24
-    avail = _progress.available_memory()
+    avail = _memory.available_memory()
     if avail is not None and points + working > avail:
         raise MemoryError(
             f"spread({V}, {d}) needs about {_gib(points)} for the points (V * d float64) and "

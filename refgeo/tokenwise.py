@@ -66,7 +66,7 @@ from typing import Any
 
 import numpy as np
 
-from . import _progress
+from . import _memory, _progress
 from . import _tokenwise_fit as _fit
 from ._interop import fields_to_caller, first_origin, from_foreign, to_caller, to_host
 from ._threads import blas_single_thread
@@ -824,7 +824,7 @@ def _check_fit_memory(what, parts, plan):
         + (", leave return_maps=False" if plan.return_maps else "")
         + ", or pass fewer tokens per call."
     )
-    _progress.check_memory(what, parts, advice)
+    _memory.check_memory(what, parts, advice)
 
 
 def _run_fit(plan, X, X64, Y64, ex, e, bar, stacklevel):
@@ -1445,7 +1445,7 @@ def decompose(
         hidden, epochs = checked[0], checked[3]
         parts = {"fitted values (N, d)": f * n * d, "the MLP's (N, hidden) activations": 4 * f * n * hidden,
                  f"{_n_copies(X, Y) + 4} (N, d) standardized copies": (_n_copies(X, Y) + 4) * f * n * d, **extra}
-        _progress.check_memory(what, parts, "Pass fewer tokens per call, or a smaller hidden width in mlp_options.")
+        _memory.check_memory(what, parts, "Pass fewer tokens per call, or a smaller hidden width in mlp_options.")
         n_steps = epochs + 1 + int(baselines)
     else:
         plan = _plan_fit(X, k, cls, rank, ridge, prior, metric, standardize, exclude_self, weights, neighbors,

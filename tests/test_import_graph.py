@@ -143,7 +143,7 @@ def test_no_import_cycle_in_refgeo():
 # The layers of the pairwise engine, bottom first: a module imports only from layers
 # below its own, so that no later edit can quietly bring a cycle back.
 ENGINE_LAYERS = (
-    ("refgeo._validate", "refgeo._threads", "refgeo._certify", "refgeo._interop"),
+    ("refgeo._validate", "refgeo._threads", "refgeo._certify", "refgeo._interop", "refgeo._memory"),
     ("refgeo._progress",),
     ("refgeo._backend",),
     ("refgeo._reference", "refgeo._engine", "refgeo._tiled", "refgeo._dask"),

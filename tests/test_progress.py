@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 import refgeo
-from refgeo import _backend, _progress
+from refgeo import _backend, _memory, _progress
 
 compiled = pytest.mark.skipif(_backend.extension() is None, reason="the compiled extension is not built")
 
@@ -176,7 +176,7 @@ def test_progress_true_on_the_reference_backend_draws_one_step(capsys):
 
 def _too_many_rows(bytes_per_row_pair):
     """A row count whose quadratic output is twice the memory available now."""
-    avail = _progress.available_memory()
+    avail = _memory.available_memory()
     if avail is None:
         pytest.skip("available memory unknown here")
     return int(math.sqrt(2.0 * avail / bytes_per_row_pair)) + 2
@@ -219,7 +219,7 @@ def test_knn_checks_its_outputs_first():
 
 @compiled
 def test_knn_checks_the_per_thread_heaps_first(cython):
-    avail = _progress.available_memory()
+    avail = _memory.available_memory()
     if avail is None:
         pytest.skip("available memory unknown here")
     n, k = 20_000, 400

@@ -1190,7 +1190,7 @@ refgeo.decompose(X, Y, cls="full", neighbors=nb, chunk_size=64)
 
 def test_memory_estimate_refuses_before_any_work(monkeypatch):
     X, Y, nbr = _full_fit_panels(200, d=8, k=4)
-    monkeypatch.setattr(refgeo._progress, "available_memory", lambda: 2**14)
+    monkeypatch.setattr(refgeo._memory, "available_memory", lambda: 2**14)
     seen = []
     with pytest.raises(MemoryError) as info:
         refgeo.fit_local_maps(X, Y, k=4, cls="full", chunk_size=50, progress=seen.append)
@@ -1212,7 +1212,7 @@ def test_memory_estimate_refuses_before_any_work(monkeypatch):
 
 def test_maps_larger_than_memory_raise_memory_error():
     """No stand-in for the memory: return_maps for more (N, d, d) maps than fit."""
-    avail = refgeo._progress.available_memory()
+    avail = refgeo._memory.available_memory()
     if avail is None:
         pytest.skip("the available memory is unknown on this system")
     d = 1024
@@ -1232,15 +1232,15 @@ def test_cgroup_room_leaves_out_reclaimable_file_cache(tmp_path):
     (tmp_path / "memory.max").write_text(f"{1024 * mib}\n")
     (tmp_path / "memory.current").write_text(f"{900 * mib}\n")
     (tmp_path / "memory.stat").write_text(f"anon {300 * mib}\nfile {600 * mib}\ninactive_file {600 * mib}\n")
-    assert refgeo._progress._cgroup_room(str(tmp_path)) == 724 * mib
+    assert refgeo._memory._cgroup_room(str(tmp_path)) == 724 * mib
     (tmp_path / "memory.stat").unlink()  # no statistics: the charged usage counts
-    assert refgeo._progress._cgroup_room(str(tmp_path)) == 124 * mib
+    assert refgeo._memory._cgroup_room(str(tmp_path)) == 124 * mib
     (tmp_path / "memory.max").write_text("max\n")
-    assert refgeo._progress._cgroup_room(str(tmp_path)) is None
+    assert refgeo._memory._cgroup_room(str(tmp_path)) is None
 
 
 def test_available_memory_is_a_plausible_number():
-    avail = refgeo._progress.available_memory()
+    avail = refgeo._memory.available_memory()
     if avail is None:
         pytest.skip("the available memory is unknown on this system")
     total = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
