@@ -112,6 +112,19 @@ def _build() -> dict[str, Any]:
             check_bool(group["center"], "center"),
         )
 
+    def _add_checked_group(opt: Any, param_group: dict, check: Any) -> None:
+        # torch's add_param_group fills in the defaults; the group is then checked as a
+        # whole (one 2-D weight, valid hyperparameters) and taken back out when refused,
+        # so a failed call leaves the optimizer as it was
+        torch.optim.Optimizer.add_param_group(opt, param_group)
+        group = opt.param_groups[-1]
+        try:
+            _check_group(group, len(opt.param_groups) - 1)
+            check(group)
+        except (TypeError, ValueError):
+            opt.param_groups.pop()
+            raise
+
     class RowNorm(torch.optim.Optimizer):  # type: ignore[name-defined,misc]  # built at run time
         r"""RowNorm for the LM-head weight, as a ``torch.optim.Optimizer``.
 
@@ -194,14 +207,7 @@ def _build() -> dict[str, Any]:
             super().__init__(params, defaults)
 
         def add_param_group(self, param_group: dict) -> None:
-            super().add_param_group(param_group)
-            group = self.param_groups[-1]
-            try:
-                _check_group(group, len(self.param_groups) - 1)
-                _hyperparameters(group)
-            except (TypeError, ValueError):
-                self.param_groups.pop()
-                raise
+            _add_checked_group(self, param_group, _hyperparameters)
 
         @torch.no_grad()
         def step(self, closure: Any = None) -> Any:
@@ -347,14 +353,7 @@ def _build() -> dict[str, Any]:
             return solver
 
         def add_param_group(self, param_group: dict) -> None:
-            super().add_param_group(param_group)
-            group = self.param_groups[-1]
-            try:
-                _check_group(group, len(self.param_groups) - 1)
-                self._solver_for(group)
-            except (TypeError, ValueError):
-                self.param_groups.pop()
-                raise
+            _add_checked_group(self, param_group, self._solver_for)
 
         @torch.no_grad()
         def step(self, closure: Any = None) -> Any:

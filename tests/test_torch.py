@@ -412,3 +412,17 @@ def test_diameter_lmo_bad_input_and_monitor():
     W.grad = torch.tensor([[3.0, 4.0], [-3.0, -4.0], [0.0, 0.0]], dtype=torch.float64)
     opt.step()
     assert mon.records[0]["diameter"] == pytest.approx(0.1, rel=1e-9)
+
+
+@pytest.mark.parametrize("cls", ["RowNorm", "DiameterLMO"])
+def test_a_refused_param_group_leaves_the_optimizer_as_it_was(cls):
+    W = torch.nn.Parameter(torch.zeros(4, 3, dtype=torch.float64))
+    opt = getattr(rtorch, cls)([W], lr=0.1)
+    state = opt.state_dict()
+    with pytest.raises(ValueError, match="2-D"):
+        opt.add_param_group({"params": [torch.nn.Parameter(torch.zeros(5, dtype=torch.float64))]})
+    with pytest.raises(ValueError, match="lr"):
+        opt.add_param_group({"params": [torch.nn.Parameter(torch.zeros(2, 3, dtype=torch.float64))], "lr": -1.0})
+    assert len(opt.param_groups) == 1 and opt.state_dict() == state
+    opt.add_param_group({"params": [torch.nn.Parameter(torch.zeros(2, 3, dtype=torch.float64))], "lr": 0.5})
+    assert [g["lr"] for g in opt.param_groups] == [0.1, 0.5]
