@@ -5,10 +5,14 @@
 graph has one task per pair of row blocks ``(I, J)``, ``I <= J`` (all pairs for k-NN
 of ``X`` against another ``Y``), and a tree reduction of their small records:
 
-Where ``refgeo_ext`` is importable, the k-NN, diameter and closest-pair tasks run the
-compiled engine's two-block kernels (``refgeo_ext._knn_blocks``: the same tiles, bound
-and refinement as on one machine); the NumPy tasks below are the fallback (and the
-farthest partners' tasks), and CuPy chunks run the k-NN tasks on the array-API engine.
+Every task has three engines, with the same answers: where ``refgeo_ext`` is
+importable, the compiled engine's two-block kernels (``refgeo_ext._knn_blocks``: the
+same tiles, bound and refinement as on one machine; the farthest partners share the
+single-machine kernel's tile epilogue, ``src/farthest.h``); the NumPy tasks below
+where it is not; and for CuPy chunks the array-API tasks (``_pair_task_xp``,
+``_farthest_task_xp``, ``_knn_keys_task_xp``: the GEMM, the filter and the float64
+refinement on the GPU, only the records come back to the host).  ``engine=`` of
+:func:`diameter`, :func:`closest`, :func:`farthest` and :func:`knn` forces one.
 
 1. the common float64 mean of the rows, a Dask reduction, is the center of every task;
 2. a task centers its two row blocks about that mean, filters their pairs with the
@@ -18,10 +22,13 @@ farthest partners' tasks), and CuPy chunks run the k-NN tasks on the array-API e
    (:func:`refine_pairs`, the canonical summation order of
    :func:`refgeo._certify.canonical_sq`);
 3. it returns the extreme of its block pair (value, pair, bound, number of refined
-   pairs); farthest partners and k-NN run in two phases, filter tasks returning each
-   row's threshold ends and unrefined candidates, refinement tasks (again holding both
-   blocks) refining only the candidates that survive the row's threshold over all
-   blocks, so that each row refines about as many pairs as on one machine;
+   pairs), or for farthest partners on the compiled and array-API engines each row's
+   farthest partner within the block pair (every pair that can reach the row's
+   certified lower bound over the block pair is refined in the task); k-NN, and
+   farthest partners on the NumPy engine, run in two phases, filter tasks returning
+   each row's threshold ends and unrefined candidates, refinement tasks (again holding
+   both blocks) refining only the candidates that survive the row's threshold over
+   all blocks, so that each row refines about as many pairs as on one machine;
 4. records merge with the one tie rule (:func:`refgeo._certify.better`: among equal
    values the smallest ``(i, j)``; for k-NN the smaller index), eight at a time.
 
@@ -129,7 +136,7 @@ def _task_blocks(S, tile_size, host=True):
     cap = max(1, tile_size or MAX_BLOCK_ROWS)
     rows = block_rows(S.chunks[0], cap)
     if host and _chunks_on_gpu(S):
-        # the extreme-pair and farthest-partner tasks run on the host: a copy per chunk
+        # tasks of an engine that runs on the host (engine= forced): a copy per chunk
         S = S.map_blocks(_host, meta=np.empty((0, 0), dtype=S.dtype))
     if len(S.chunks[1]) > 1 or rows != S.chunks[0]:
         # a task needs whole rows: merge the column chunks (O(b d) per chunk)
