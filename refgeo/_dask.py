@@ -561,6 +561,17 @@ def _blocks_and_mean(arrays, tile_size, host=True):
     return [_task_blocks(a, tile_size, host) for a in arrays], _mean(arrays)
 
 
+def _host_blocks_and_mean(S, tile_size, host):
+    """:func:`_blocks_and_mean` of one matrix; with ``host`` (an engine that runs on the
+    host) the mean of CuPy chunks is copied to the host as well as the blocks."""
+    import dask
+
+    ((blocks, offsets),), mu = _blocks_and_mean([S], tile_size, host=host)
+    if host and _chunks_on_gpu(S):
+        mu = dask.delayed(_host, pure=True)(mu)
+    return ((blocks, offsets),), mu
+
+
 def _pair_engine(engine, *arrays) -> str:
     """The engine of the extreme-pair and farthest-partner tasks: ``engine``, or for
     None ``"array"`` for CuPy chunks, else ``"compiled"`` where ``refgeo_ext`` is
@@ -578,7 +589,7 @@ def _extreme(S, *, maximize, tile_size, engine=None) -> KernelRun:
     import dask
 
     engine = _pair_engine(engine, S)
-    ((blocks, offsets),), mu = _blocks_and_mean([S], tile_size, host=engine != "array")
+    ((blocks, offsets),), mu = _host_blocks_and_mean(S, tile_size, engine != "array")
     fn = {"compiled": _pair_task_compiled, "numpy": _pair_task, "array": _pair_task_xp}[engine]
     task = dask.delayed(fn, pure=True)
     parts = [
@@ -633,7 +644,7 @@ def _farthest_numpy(S, *, tile_size=None) -> KernelRun:
     """:func:`farthest` on NumPy tasks: filter, per-row threshold, refinement."""
     import dask
 
-    ((blocks, offsets),), mu = _blocks_and_mean([S], tile_size)
+    ((blocks, offsets),), mu = _host_blocks_and_mean(S, tile_size, True)
     nb = len(blocks)
     filt = dask.delayed(_farthest_filter_task, pure=True, nout=4)
     refine = dask.delayed(_farthest_refine_task, pure=True)
@@ -1122,7 +1133,7 @@ def _farthest_fused(S, *, tile_size=None, array_api=False) -> KernelRun:
     """
     import dask
 
-    ((blocks, offsets),), mu = _blocks_and_mean([S], tile_size, host=not array_api)
+    ((blocks, offsets),), mu = _host_blocks_and_mean(S, tile_size, not array_api)
     nb = len(blocks)
     task = dask.delayed(_farthest_task_xp if array_api else _farthest_task_compiled, pure=True, nout=2)
     parts: list[list] = [[] for _ in range(nb)]
@@ -1208,6 +1219,8 @@ def _refined_on_device(xp, P, Q, r, q):
     in batches, in the canonical order of :func:`refgeo._certify.canonical_sq`; stays
     on the device."""
     n = r.shape[0]
+    if n == 0:
+        return xp.zeros((0,), dtype=xp.float64)
     out = []
     for s in range(0, n, _REFINE_BATCH):
         e = min(s + _REFINE_BATCH, n)

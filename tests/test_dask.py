@@ -437,8 +437,11 @@ def _tie_rows(seed, V, d, dtype, kind):
     """Rows without ties, on an integer grid (many equal distances), with duplicates
     (equal rows: equal farthest values from every other row, and pairs at distance 0),
     or near-duplicates far from the origin (many pairs inside the filter's bound, with
-    distinct refined values)."""
+    distinct refined values); "tiny" rows are filtered in float64 (float32 products
+    would underflow), as rows are where float32 would overflow or has no useful bound."""
     rng = np.random.default_rng(seed)
+    if kind == "tiny":
+        return (rng.standard_normal((V, d)) * 2.0**-40).astype(dtype)
     if kind == "grid":
         return rng.integers(-2, 3, size=(V, d)).astype(dtype)
     if kind == "near":
@@ -536,7 +539,7 @@ def _brute_farthest(A, B, same):
     return D.max(axis=1), D.argmax(axis=1), D.max(axis=0), D.argmax(axis=0)
 
 
-_KINDS = ["normal", "grid", "duplicates", "near"]
+_KINDS = ["normal", "grid", "duplicates", "near", "tiny"]
 
 
 @pytest.mark.parametrize("kind", _KINDS)
