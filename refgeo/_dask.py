@@ -5,10 +5,14 @@
 graph has one task per pair of row blocks ``(I, J)``, ``I <= J`` (all pairs for k-NN
 of ``X`` against another ``Y``), and a tree reduction of their small records:
 
-Where ``refgeo_ext`` is importable, the k-NN, diameter and closest-pair tasks run the
-compiled engine's two-block kernels (``refgeo_ext._knn_blocks``: the same tiles, bound
-and refinement as on one machine); the NumPy tasks below are the fallback (and the
-farthest partners' tasks), and CuPy chunks run the k-NN tasks on the array-API engine.
+Every task has three engines, with the same answers: where ``refgeo_ext`` is
+importable, the compiled engine's two-block kernels (``refgeo_ext._knn_blocks``: the
+same tiles, bound and refinement as on one machine; the farthest partners share the
+single-machine kernel's tile epilogue, ``src/farthest.h``); the NumPy tasks below
+where it is not; and for CuPy chunks the array-API tasks (``_pair_task_xp``,
+``_farthest_task_xp``, ``_knn_keys_task_xp``: the GEMM, the filter and the float64
+refinement on the GPU, only the records come back to the host).  ``engine=`` of
+:func:`diameter`, :func:`closest`, :func:`farthest` and :func:`knn` forces one.
 
 1. the common float64 mean of the rows, a Dask reduction, is the center of every task;
 2. a task centers its two row blocks about that mean, filters their pairs with the
@@ -18,10 +22,13 @@ farthest partners' tasks), and CuPy chunks run the k-NN tasks on the array-API e
    (:func:`refine_pairs`, the canonical summation order of
    :func:`refgeo._certify.canonical_sq`);
 3. it returns the extreme of its block pair (value, pair, bound, number of refined
-   pairs); farthest partners and k-NN run in two phases, filter tasks returning each
-   row's threshold ends and unrefined candidates, refinement tasks (again holding both
-   blocks) refining only the candidates that survive the row's threshold over all
-   blocks, so that each row refines about as many pairs as on one machine;
+   pairs), or for farthest partners on the compiled and array-API engines each row's
+   farthest partner within the block pair (every pair that can reach the row's
+   certified lower bound over the block pair is refined in the task); k-NN, and
+   farthest partners on the NumPy engine, run in two phases, filter tasks returning
+   each row's threshold ends and unrefined candidates, refinement tasks (again holding
+   both blocks) refining only the candidates that survive the row's threshold over
+   all blocks, so that each row refines about as many pairs as on one machine;
 4. records merge with the one tie rule (:func:`refgeo._certify.better`: among equal
    values the smallest ``(i, j)``; for k-NN the smaller index), eight at a time.
 
@@ -129,7 +136,7 @@ def _task_blocks(S, tile_size, host=True):
     cap = max(1, tile_size or MAX_BLOCK_ROWS)
     rows = block_rows(S.chunks[0], cap)
     if host and _chunks_on_gpu(S):
-        # the extreme-pair and farthest-partner tasks run on the host: a copy per chunk
+        # tasks of an engine that runs on the host (engine= forced): a copy per chunk
         S = S.map_blocks(_host, meta=np.empty((0, 0), dtype=S.dtype))
     if len(S.chunks[1]) > 1 or rows != S.chunks[0]:
         # a task needs whole rows: merge the column chunks (O(b d) per chunk)
@@ -554,12 +561,37 @@ def _blocks_and_mean(arrays, tile_size, host=True):
     return [_task_blocks(a, tile_size, host) for a in arrays], _mean(arrays)
 
 
+def _host_blocks_and_mean(S, tile_size, host):
+    """:func:`_blocks_and_mean` of one matrix; with ``host`` (an engine that runs on the
+    host) the mean of CuPy chunks is copied to the host as well as the blocks."""
+    import dask
+
+    ((blocks, offsets),), mu = _blocks_and_mean([S], tile_size, host=host)
+    if host and _chunks_on_gpu(S):
+        mu = dask.delayed(_host, pure=True)(mu)
+    return ((blocks, offsets),), mu
+
+
+def _pair_engine(engine, *arrays) -> str:
+    """The engine of the extreme-pair and farthest-partner tasks: ``engine``, or for
+    None ``"array"`` for CuPy chunks, else ``"compiled"`` where ``refgeo_ext`` is
+    importable, else ``"numpy"``."""
+    if engine is None:
+        if _chunks_on_gpu(*arrays):
+            return "array"
+        return "compiled" if _backend_ext() is not None else "numpy"
+    if engine not in ("compiled", "numpy", "array"):
+        raise ValueError(f"engine must be 'compiled', 'numpy', 'array' or None, got {engine!r} instead.")
+    return engine
+
+
 def _extreme(S, *, maximize, tile_size, engine=None) -> KernelRun:
     import dask
 
-    compiled = _backend_ext() is not None if engine is None else engine == "compiled"
-    ((blocks, offsets),), mu = _blocks_and_mean([S], tile_size)
-    task = dask.delayed(_pair_task_compiled if compiled else _pair_task, pure=True)
+    engine = _pair_engine(engine, S)
+    ((blocks, offsets),), mu = _host_blocks_and_mean(S, tile_size, engine != "array")
+    fn = {"compiled": _pair_task_compiled, "numpy": _pair_task, "array": _pair_task_xp}[engine]
+    task = dask.delayed(fn, pure=True)
     parts = [
         task(blocks[a], None if a == b else blocks[b], offsets[a], offsets[b], mu, maximize)
         for a in range(len(blocks))
@@ -575,8 +607,10 @@ def _extreme(S, *, maximize, tile_size, engine=None) -> KernelRun:
 def diameter(S, *, tile_size=None, n_threads=None, engine=None) -> KernelRun:
     """Row diameter of a Dask array (``n_threads`` is the workers' business).
 
-    ``engine``: ``"compiled"`` (``refgeo_ext._knn_blocks.block_pair_extreme*``) or
-    ``"numpy"`` tasks; None picks the compiled one when the extension is importable.
+    ``engine``: ``"compiled"`` (``refgeo_ext._knn_blocks.block_pair_extreme*``),
+    ``"numpy"`` or ``"array"`` (the array-API tasks, on the GPU for CuPy chunks); None
+    picks ``"array"`` for CuPy chunks, else the compiled one when the extension is
+    importable, else ``"numpy"``.  All three give the same answer.
     """
     return _extreme(S, maximize=True, tile_size=tile_size, engine=engine)
 
@@ -592,11 +626,25 @@ def _per_row_blocks(tasks, nblocks, merge, *args):
     return [_tree(tasks[a], merge, *args) for a in range(nblocks)]
 
 
-def farthest(S, *, tile_size=None, n_threads=None) -> KernelRun:
-    """Each row's farthest other row for a Dask array."""
+def farthest(S, *, tile_size=None, n_threads=None, engine=None) -> KernelRun:
+    """Each row's farthest other row for a Dask array (``engine`` as for :func:`diameter`).
+
+    The compiled and the array-API tasks run in one phase (:func:`_farthest_task_compiled`):
+    a block-pair task refines every pair that can reach its row's farthest value within
+    the block pair, and the per-row bests merge.  The NumPy tasks run in two phases
+    (:func:`_farthest_numpy`).
+    """
+    engine = _pair_engine(engine, S)
+    if engine == "numpy":
+        return _farthest_numpy(S, tile_size=tile_size)
+    return _farthest_fused(S, tile_size=tile_size, array_api=engine == "array")
+
+
+def _farthest_numpy(S, *, tile_size=None) -> KernelRun:
+    """:func:`farthest` on NumPy tasks: filter, per-row threshold, refinement."""
     import dask
 
-    ((blocks, offsets),), mu = _blocks_and_mean([S], tile_size)
+    ((blocks, offsets),), mu = _host_blocks_and_mean(S, tile_size, True)
     nb = len(blocks)
     filt = dask.delayed(_farthest_filter_task, pure=True, nout=4)
     refine = dask.delayed(_farthest_refine_task, pure=True)
@@ -1065,3 +1113,181 @@ def _knn_numpy(X, k, Y, *, exclude_self, tile_size=None) -> KernelRun:
         indices=np.concatenate([r.index for r in recs], axis=0),
         distances=np.sqrt(np.concatenate([r.values for r in recs], axis=0)),
     )
+
+
+# --------------------------------------------------------------------------- one-phase farthest partners
+
+
+def _farthest_fused(S, *, tile_size=None, array_api=False) -> KernelRun:
+    """:func:`farthest` on the compiled (or the array-API) block-pair tasks.
+
+    One task per block pair ``(I, J)``, ``I <= J``, returns the farthest partner of
+    every row of I within J and of every row of J within I; a tree reduction per row
+    block merges them with the tie rule (the larger value, then the smaller index).
+    A row's farthest partner ``j*`` in block J is refined by the task ``(I, J)``: its
+    upper bound ``f + e`` is at least ``r_ij* >= r_ij >= f_ij - e_ij`` for every
+    ``j`` of J, the row's certified lower bound over the block pair, and so is every
+    pair that ties it.  The blocks travel once (no second phase holding them again);
+    each row refines at least one pair per block, ``V n`` pairs in all for ``n``
+    blocks, against the ``V^2 d / 2`` multiply-adds of the GEMMs.
+    """
+    import dask
+
+    ((blocks, offsets),), mu = _host_blocks_and_mean(S, tile_size, not array_api)
+    nb = len(blocks)
+    task = dask.delayed(_farthest_task_xp if array_api else _farthest_task_compiled, pure=True, nout=2)
+    parts: list[list] = [[] for _ in range(nb)]
+    for a in range(nb):
+        for b in range(a, nb):
+            ra, rb = task(blocks[a], None if a == b else blocks[b], offsets[a], offsets[b], mu)
+            parts[a].append(ra)
+            if a != b:
+                parts[b].append(rb)
+    recs = _compute(*_per_row_blocks(parts, nb, _merge_farthest))
+    return KernelRun(
+        backend=_BACKEND, error_bound=max(r.bound for r in recs),
+        n_refined=sum(r.n_refined for r in recs),
+        indices=np.concatenate([r.index for r in recs]),
+        distances=np.sqrt(np.concatenate([r.values for r in recs])),
+    )
+
+
+def _partner_rows(vals, ids, offset, bound, n_refined) -> _Rows:
+    """Per-row farthest partners of one side with global indices (``_NO_INDEX`` and
+    ``-inf`` where the row has no partner in the block pair)."""
+    ids = np.asarray(ids, dtype=np.int64)
+    return _Rows(np.asarray(vals, dtype=np.float64), np.where(ids == _NO_INDEX, _NO_INDEX, ids + offset),
+                 bound, int(n_refined))
+
+
+def _farthest_task_compiled(SA, SB, i0, j0, mu):
+    """Farthest partners within one block pair on the compiled engine
+    (``block_pair_farthest``, the single-machine kernel's tile epilogue): ``(rows of A,
+    rows of B)`` as :class:`_Rows`, B's None when ``SB`` is None (the block against
+    itself).  float64 rows are filtered in float32, as in the maximum mode of the
+    extreme pairs."""
+    same = SB is None
+    if same and SA.shape[0] < 2:  # one row: no partner in its own block
+        return None, None
+    A, B, XA, XB, nA, nB, dt, top = _centered_pair(SA, SB, mu, float32_filter=True)
+    d = A.shape[1]
+    cp, eabs = rounding_bound(d, dt)
+    name = ("32" if A.dtype == np.float32 else "32s64") if dt == "float32" else "64"
+    fn = getattr(_backend_ext()._knn_blocks, "block_pair_farthest" + name)
+    va, ia = np.full(A.shape[0], -math.inf), np.full(A.shape[0], _NO_INDEX, dtype=np.int64)
+    vb, ib = (va, ia) if same else (np.full(B.shape[0], -math.inf), np.full(B.shape[0], _NO_INDEX, dtype=np.int64))
+    with blas_single_thread():
+        n = fn(XA, nA, A, XB, nB, B, same, cp, eabs, _TASK_TILE, va, ia, vb, ib)
+    bound = reported_bound(d, dt, top)
+    rec_a = _partner_rows(va, ia, j0, bound, n)
+    return rec_a, (None if same else _partner_rows(vb, ib, i0, bound, 0))
+
+
+# --------------------------------------------------------------------------- array-API (CuPy) extreme-pair and farthest tasks
+
+
+def _filter_xp(SA, SB):
+    """The filter of one block pair on the array-API engine (on the GPU for CuPy
+    chunks): ``(xp, A64, B64, F, E, valid, bound)`` with ``F = n_i + n_j - 2 x_i . y_j``
+    (float64 from the GEMM in the filter dtype), ``E = c (n_i + n_j) + e_abs`` its
+    rounding bound and ``valid`` the pairs of the task (``i != j`` for the block
+    against itself, None for two blocks: every pair), as ``refgeo._tiled`` filters;
+    the blocks are centered about their own mean (any center gives a valid filter:
+    the refined values come from the original rows)."""
+    xp = array_namespace(SA)
+    same = SB is None
+    cents, norms, name, top = _prepare_xp(xp, [SA] if same else [SA, SB])
+    XA, nA = cents[0], norms[0]
+    XB, nB = (XA, nA) if same else (cents[1], norms[1])
+    d = XA.shape[1]
+    c, eabs = rounding_bound(d, name)
+    G = f64(xp, XA @ xp.permute_dims(XB, (1, 0)))
+    a = xp.expand_dims(nA, axis=1) + xp.expand_dims(nB, axis=0)
+    F = a - 2.0 * G
+    E = c * a + eabs
+    valid = None
+    if same:
+        n = XA.shape[0]
+        valid = xp.expand_dims(xp.arange(n), axis=1) != xp.expand_dims(xp.arange(n), axis=0)
+    A64 = f64(xp, SA)
+    B64 = A64 if same else f64(xp, SB)
+    return xp, A64, B64, F, E, valid, reported_bound(d, name, top)
+
+
+def _refined_on_device(xp, P, Q, r, q):
+    """Refined squared distances of the pairs ``(r[t], q[t])`` (device index arrays),
+    in batches, in the canonical order of :func:`refgeo._certify.canonical_sq`; stays
+    on the device."""
+    n = r.shape[0]
+    if n == 0:
+        return xp.zeros((0,), dtype=xp.float64)
+    out = []
+    for s in range(0, n, _REFINE_BATCH):
+        e = min(s + _REFINE_BATCH, n)
+        out.append(canonical_sq(xp, xp.take(P, r[s:e], axis=0), xp.take(Q, q[s:e], axis=0)))
+    return xp.concat(out) if len(out) > 1 else out[0]
+
+
+def _pair_task_xp(SA, SB, i0, j0, mu, maximize):
+    """:func:`_pair_task` on the array-API engine: for CuPy chunks the GEMM, the filter
+    and the float64 refinement run on the GPU; only the record comes back.
+
+    The pairs are those with ``i < j`` for the block against itself.  In signed form
+    (``g = f`` for the maximum, ``-f`` for the minimum: larger is better) a pair is kept
+    when ``g + e`` reaches the largest ``g - e``, a value some pair certainly attains,
+    so every pair that attains or ties the extreme is refined (as ``refgeo._tiled``).
+    """
+    same = SB is None
+    if same and SA.shape[0] < 2:
+        return None
+    xp, A64, B64, F, E, valid, bound = _filter_xp(SA, SB)
+    if same:
+        n = SA.shape[0]
+        valid = xp.expand_dims(xp.arange(n), axis=1) < xp.expand_dims(xp.arange(n), axis=0)
+    sign = 1.0 if maximize else -1.0
+    g = sign * F
+    lo = g - E
+    if valid is not None:
+        lo = xp.where(valid, lo, xp.asarray(-math.inf, dtype=xp.float64))
+    cand = (g + E) >= xp.max(lo)
+    if valid is not None:
+        cand = cand & valid
+    r, q = xp.nonzero(cand)  # row-major: the first extreme below is the smallest (i, j)
+    vals = _refined_on_device(xp, A64, B64, r, q)
+    k = int(xp.argmax(sign * vals))
+    return _Pair(float(vals[k]), i0 + int(r[k]), j0 + int(q[k]), bound, int(vals.shape[0]))
+
+
+def _farthest_task_xp(SA, SB, i0, j0, mu):
+    """:func:`_farthest_task_compiled` on the array-API engine (on the GPU for CuPy
+    chunks): the same records, from the filter of ``refgeo._tiled``.
+
+    A pair is kept when its upper end ``f + e`` reaches the largest lower end
+    ``f - e`` of its row (or, for two blocks, of its column), a value the row's
+    farthest partner within the block pair certainly attains; the refined values are
+    scattered into the block-pair matrix, whose first maximum per row (per column) is
+    the partner with the smallest index among equal values.
+    """
+    same = SB is None
+    if same and SA.shape[0] < 2:
+        return None, None
+    xp, A64, B64, F, E, valid, bound = _filter_xp(SA, SB)
+    ninf = xp.asarray(-math.inf, dtype=xp.float64)
+    lo = F - E
+    hi = F + E
+    if same:
+        lo = xp.where(valid, lo, ninf)
+    cand = hi >= xp.expand_dims(xp.max(lo, axis=1), axis=1)
+    if same:
+        cand = cand & valid
+    else:
+        cand = cand | (hi >= xp.expand_dims(xp.max(lo, axis=0), axis=0))
+    r, q = xp.nonzero(cand)
+    vals = _refined_on_device(xp, A64, B64, r, q)
+    R = xp.full(cand.shape, -math.inf, dtype=xp.float64)
+    R[cand] = vals  # row-major, the order of nonzero
+    n = int(vals.shape[0])
+    rec_a = _partner_rows(_host(xp.max(R, axis=1)), _host(xp.argmax(R, axis=1)), j0, bound, n)
+    if same:
+        return rec_a, None
+    return rec_a, _partner_rows(_host(xp.max(R, axis=0)), _host(xp.argmax(R, axis=0)), i0, bound, 0)

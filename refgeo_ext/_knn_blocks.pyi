@@ -35,3 +35,18 @@ def block_pair_extreme32s64(XA: npt.NDArray[np.float32], nA: npt.NDArray[np.floa
                             XB: npt.NDArray[np.float32], nB: npt.NDArray[np.float64], SB: npt.NDArray[np.float64],
                             same: bool, maximize: bool, cp: float, eabs: float,
                             tile: int) -> tuple[float, int, int, int]: ...
+def block_pair_farthest64(XA: npt.NDArray[np.float64], nA: npt.NDArray[np.float64], SA: npt.NDArray[np.float64],
+                          XB: npt.NDArray[np.float64], nB: npt.NDArray[np.float64], SB: npt.NDArray[np.float64],
+                          same: bool, cp: float, eabs: float, tile: int,
+                          valA: npt.NDArray[np.float64], idA: npt.NDArray[np.int64],
+                          valB: npt.NDArray[np.float64], idB: npt.NDArray[np.int64]) -> int: ...
+def block_pair_farthest32(XA: npt.NDArray[np.float32], nA: npt.NDArray[np.float64], SA: npt.NDArray[np.float32],
+                          XB: npt.NDArray[np.float32], nB: npt.NDArray[np.float64], SB: npt.NDArray[np.float32],
+                          same: bool, cp: float, eabs: float, tile: int,
+                          valA: npt.NDArray[np.float64], idA: npt.NDArray[np.int64],
+                          valB: npt.NDArray[np.float64], idB: npt.NDArray[np.int64]) -> int: ...
+def block_pair_farthest32s64(XA: npt.NDArray[np.float32], nA: npt.NDArray[np.float64], SA: npt.NDArray[np.float64],
+                          XB: npt.NDArray[np.float32], nB: npt.NDArray[np.float64], SB: npt.NDArray[np.float64],
+                          same: bool, cp: float, eabs: float, tile: int,
+                          valA: npt.NDArray[np.float64], idA: npt.NDArray[np.int64],
+                          valB: npt.NDArray[np.float64], idB: npt.NDArray[np.int64]) -> int: ...

@@ -130,9 +130,10 @@ def test_chunkings_of_one_matrix_agree(client, V, chunks):
     assert refgeo.distance_ratio(D) == refgeo.distance_ratio(S)
 
 
-@pytest.mark.parametrize("engine", ["compiled", "numpy"])
+@pytest.mark.parametrize("engine", ["compiled", "numpy", "array"])
 def test_extreme_pair_tasks_of_either_engine(client, engine):
-    # the compiled block-pair tasks and the NumPy ones (no extension on the workers)
+    # the compiled block-pair tasks, the NumPy ones (no extension on the workers) and
+    # the array-API ones (CuPy chunks; here on NumPy)
     from refgeo import _dask
 
     for seed, ties, chunk in [(1, False, 7), (2, True, 5), (3, True, 40)]:
@@ -427,3 +428,211 @@ def test_extreme_pair_task_is_the_exact_extreme(na, nb, d, tile, dtype, maximize
     first = min(p for p in pairs if D[p] == best)
     assert got is not None and (got.i, got.j) == first
     assert got.value == pytest.approx(best, rel=1e-12, abs=1e-300)
+
+
+_ENGINES = ["compiled", "numpy", "array"]
+
+
+def _tie_rows(seed, V, d, dtype, kind):
+    """Rows without ties, on an integer grid (many equal distances), with duplicates
+    (equal rows: equal farthest values from every other row, and pairs at distance 0),
+    or near-duplicates far from the origin (many pairs inside the filter's bound, with
+    distinct refined values); "tiny" rows are filtered in float64 (float32 products
+    would underflow), as rows are where float32 would overflow or has no useful bound."""
+    rng = np.random.default_rng(seed)
+    if kind == "tiny":
+        return (rng.standard_normal((V, d)) * 2.0**-40).astype(dtype)
+    if kind == "grid":
+        return rng.integers(-2, 3, size=(V, d)).astype(dtype)
+    if kind == "near":
+        base = rng.integers(-1, 2, size=(max(1, V // 4), d)) * 1e3
+        return (base[rng.integers(0, base.shape[0], size=V)] + rng.standard_normal((V, d)) * 1e-9).astype(dtype)
+    S = rng.standard_normal((V, d)).astype(dtype)
+    if kind == "duplicates":
+        S = S[rng.integers(0, max(1, V // 3), size=V)]
+    return S
+
+
+@st.composite
+def _tie_case(draw):
+    V = draw(st.integers(2, 24))
+    d = draw(st.integers(1, 9))
+    dtype = draw(st.sampled_from([np.float64, np.float32]))
+    kind = draw(st.sampled_from(["normal", "grid", "duplicates", "near"]))
+    return V, d, dtype, _chunks(draw, V), kind, draw(st.integers(0, 2**16))
+
+
+def _skip_without_ext(engine):
+    from refgeo import _backend
+
+    if engine == "compiled" and not _backend.available_backends()["cython"][0]:
+        pytest.skip("the compiled extension is not built")
+
+
+@pytest.mark.parametrize("engine", _ENGINES)
+@settings(max_examples=8)
+@given(case=_tie_case())
+def test_farthest_partners_of_every_engine(client, engine, case):
+    # the one-phase compiled and array-API tasks and the two-phase NumPy tasks against
+    # the single-machine engine, bit for bit, ties included
+    from refgeo import _dask
+
+    _skip_without_ext(engine)
+    V, d, dtype, chunk, kind, seed = case
+    S = _tie_rows(seed, V, d, dtype, kind)
+    got = _dask.farthest(da.from_array(S, chunks=(chunk, d)), engine=engine)
+    want = refgeo.farthest_partners(S)
+    np.testing.assert_array_equal(got.indices, want.indices)
+    np.testing.assert_array_equal(got.distances, want.distances)
+    assert got.indices.dtype == np.int64 and got.distances.dtype == np.float64
+
+
+@pytest.mark.parametrize("engine", _ENGINES)
+@settings(max_examples=8)
+@given(case=_tie_case())
+def test_extreme_pairs_of_every_engine(client, engine, case):
+    from refgeo import _dask
+
+    _skip_without_ext(engine)
+    V, d, dtype, chunk, kind, seed = case
+    S = _tie_rows(seed, V, d, dtype, kind)
+    D = da.from_array(S, chunks=(chunk, d))
+    for maximize, fn in [(True, refgeo.row_diameter), (False, refgeo.closest_pair)]:
+        want, got = fn(S), _dask._extreme(D, maximize=maximize, tile_size=None, engine=engine)
+        assert (got.value, got.i, got.j) == (want.value, want.i, want.j)
+
+
+@pytest.mark.parametrize("engine", _ENGINES)
+def test_farthest_partners_tasks_split_and_one_row_blocks(client, engine):
+    # blocks split by tile_size, one-row chunks beyond one reduction group, float64 rows
+    # filtered in float32 by the compiled tasks
+    from refgeo import _dask
+
+    _skip_without_ext(engine)
+    S = _tie_rows(6, 60, 3, np.float64, "duplicates")
+    want = refgeo.farthest_partners(S)
+    for D, tile in [(da.from_array(S, chunks=(60, 3)), 7), (da.from_array(S[:18], chunks=(1, 3)), None)]:
+        got = _dask.farthest(D, tile_size=tile, engine=engine)
+        ref = want if D.shape[0] == 60 else refgeo.farthest_partners(S[:18])
+        np.testing.assert_array_equal(got.indices, ref.indices)
+        np.testing.assert_array_equal(got.distances, ref.distances)
+
+
+def test_pair_engine_dispatch():
+    from refgeo import _backend, _dask
+
+    D = da.from_array(np.zeros((4, 2)), chunks=2)
+    assert _dask._pair_engine(None, D) == ("compiled" if _backend.extension() is not None else "numpy")
+    assert _dask._pair_engine("array", D) == "array"
+    with pytest.raises(ValueError, match="engine must be"):
+        _dask._pair_engine("gpu", D)
+
+
+def _brute_farthest(A, B, same):
+    """Each row's farthest partner by the canonical refined value (ties: smallest index)."""
+    from refgeo._certify import canonical_sq
+
+    A64, B64 = A.astype(np.float64), B.astype(np.float64)
+    D = canonical_sq(np, A64[:, None, :], B64[None, :, :])
+    if same:
+        np.fill_diagonal(D, -np.inf)
+    return D.max(axis=1), D.argmax(axis=1), D.max(axis=0), D.argmax(axis=0)
+
+
+_KINDS = ["normal", "grid", "duplicates", "near", "tiny"]
+
+
+@pytest.mark.parametrize("kind", _KINDS)
+@pytest.mark.parametrize("task", ["compiled", "array"])
+@settings(max_examples=25, deadline=None)
+@given(na=st.integers(1, 60), nb=st.integers(0, 60), d=st.integers(1, 6), tile=st.sampled_from([1, 4, 256]),
+       dtype=st.sampled_from(["float32", "float64"]))
+def test_farthest_task_is_the_exact_farthest(task, kind, na, nb, d, tile, dtype):
+    # one block-pair task (the compiled kernel block_pair_farthest, with tiles of 1, 4
+    # or 256 rows, or the array-API task) against brute force over the canonical
+    # refined values, with the tie rule, for both blocks' rows
+    from refgeo import _dask
+
+    _skip_without_ext(task)
+    seed = na * 1009 + nb * 31 + d
+    SA = _tie_rows(seed, na, d, dtype, kind)
+    SB = None if nb == 0 else _tie_rows(seed + 1, nb, d, dtype, kind)
+    if SB is not None and kind == "duplicates":
+        SB[: min(na, nb) // 2] = SA[: min(na, nb) // 2]  # equal rows across the blocks
+    mu = np.concatenate([SA] if SB is None else [SA, SB]).astype(np.float64).mean(axis=0)
+    fn = _dask._farthest_task_compiled if task == "compiled" else _dask._farthest_task_xp
+    old = _dask._TASK_TILE
+    try:
+        _dask._TASK_TILE = tile
+        rec_a, rec_b = fn(SA, SB, 5, 100, mu)
+    finally:
+        _dask._TASK_TILE = old
+    if SB is None and na < 2:
+        assert rec_a is None and rec_b is None
+        return
+    va, ja, vb, jb = _brute_farthest(SA, SA if SB is None else SB, SB is None)
+    np.testing.assert_array_equal(rec_a.values, va)
+    np.testing.assert_array_equal(rec_a.index, ja + 100)
+    if SB is None:
+        assert rec_b is None
+    else:
+        np.testing.assert_array_equal(rec_b.values, vb)
+        np.testing.assert_array_equal(rec_b.index, jb + 5)
+    assert rec_a.n_refined >= na and np.isfinite(rec_a.bound)
+
+
+@pytest.mark.parametrize("kind", _KINDS)
+@pytest.mark.parametrize("maximize", [True, False], ids=["max", "min"])
+@settings(max_examples=20, deadline=None)
+@given(na=st.integers(1, 40), nb=st.integers(0, 40), d=st.integers(1, 6), dtype=st.sampled_from(["float32", "float64"]))
+def test_array_pair_task_is_the_exact_extreme(maximize, kind, na, nb, d, dtype):
+    # the array-API extreme-pair task against brute force over the canonical refined
+    # values, with the tie rule of the smallest (i, j)
+    from refgeo import _dask
+    from refgeo._certify import canonical_sq
+
+    seed = na * 1013 + nb * 37 + d
+    SA = _tie_rows(seed, na, d, dtype, kind)
+    SB = None if nb == 0 else _tie_rows(seed + 1, nb, d, dtype, kind)
+    got = _dask._pair_task_xp(SA, SB, 3, 50, None, maximize)
+    B = SA if SB is None else SB
+    D = canonical_sq(np, SA.astype(np.float64)[:, None, :], B.astype(np.float64)[None, :, :])
+    pairs = [(i, j) for i in range(na) for j in range(B.shape[0]) if SB is not None or i < j]
+    if not pairs:
+        assert got is None
+        return
+    best = max(D[p] for p in pairs) if maximize else min(D[p] for p in pairs)
+    i, j = min(p for p in pairs if D[p] == best)
+    assert (got.value, got.i, got.j) == (best, i + 3, j + 50)
+
+
+def _cupy_or_skip():
+    cp = pytest.importorskip("cupy")
+    try:
+        if cp.cuda.runtime.getDeviceCount() < 1:
+            pytest.skip("no CUDA device")
+    except cp.cuda.runtime.CUDARuntimeError as exc:
+        pytest.skip(f"no CUDA device: {exc}")
+    return cp
+
+
+@pytest.mark.gpu
+def test_cupy_chunks_run_the_array_tasks_on_the_gpu(client):
+    # real CuPy chunks: the default engine is the array-API one, and the answers are the
+    # single-machine engine's on the same rows as a NumPy array
+    cp = _cupy_or_skip()
+    from refgeo import _dask
+
+    for dtype, kind, chunk in [(np.float64, "normal", 70), (np.float32, "grid", 33), (np.float32, "duplicates", 200)]:
+        S = _tie_rows(7, 200, 16, dtype, kind)
+        D = da.from_array(S, chunks=(chunk, 16)).map_blocks(cp.asarray, dtype=S.dtype)
+        assert _dask._chunks_on_gpu(D) and _dask._pair_engine(None, D) == "array"
+        for maximize, fn in [(True, refgeo.row_diameter), (False, refgeo.closest_pair)]:
+            want, got = fn(S), _dask._extreme(D, maximize=maximize, tile_size=None)
+            assert (got.value, got.i, got.j) == (want.value, want.i, want.j)
+        got, want = _dask.farthest(D), refgeo.farthest_partners(S)
+        np.testing.assert_array_equal(got.indices, want.indices)
+        np.testing.assert_array_equal(got.distances, want.distances)
+        got, want = _dask.knn(D, 5, None, exclude_self=True), refgeo.knn(S, 5)
+        np.testing.assert_array_equal(got.indices, want.indices)
+        np.testing.assert_array_equal(got.distances, want.distances)
