@@ -45,7 +45,7 @@ from . import _tokenwise_fit as _fit
 from ._threads import blas_single_thread
 
 __all__ = [
-    "fit", "max_abs", "metrics", "panels", "parts", "parts_max_abs", "scale_exponent", "search_neighbors",
+    "check_known_chunks", "fit", "max_abs", "metrics", "panels", "parts", "parts_max_abs", "scale_exponent", "search_neighbors",
     "unscaled", "update_max",
 ]
 
@@ -105,11 +105,8 @@ def panels(X, Y):
         X = da.from_array(np.asarray(X), chunks=(Y.chunks[0], -1))
     if not isinstance(Y, da.Array):
         Y = da.from_array(np.asarray(Y), chunks=(X.chunks[0], -1))
-    for name, A in (("X", X), ("Y", Y)):
-        if any(isinstance(c, float) and math.isnan(c) for c in A.chunks[0]):
-            raise ValueError(
-                f"{name} has unknown chunk sizes along its rows; call {name}.compute_chunk_sizes() first."
-            )
+    check_known_chunks(X, "X")
+    check_known_chunks(Y, "Y")
     rows = X.chunks[0]
     if len(X.chunks[1]) > 1:
         X = X.rechunk({1: -1})  # a task needs whole rows
@@ -120,6 +117,15 @@ def panels(X, Y):
     if not isinstance(getattr(Y, "_meta", None), np.ndarray):
         Y = Y.map_blocks(_host, meta=np.empty((0, 0), dtype=Y.dtype))
     return X, Y
+
+
+def check_known_chunks(A, name):
+    """``ValueError`` for a Dask array with chunks of unknown size (e.g. after a boolean mask)."""
+    da = _da()
+    if isinstance(A, da.Array) and any(math.isnan(c) for cs in A.chunks for c in cs):
+        raise ValueError(
+            f"{name} has unknown chunk sizes; call {name}.compute_chunk_sizes() first."
+        )
 
 
 def _offsets(A):
@@ -430,14 +436,17 @@ def metrics(X, Y, F, e, subspace_rank, center_subspace, baselines, ridge, identi
         # G - n m m^T cancels catastrophically for a large mean update)
         means = sums / n
         gtask = dask.delayed(_centered_gram_block, pure=True)
-        G = dask.compute(_sum_tree([gtask(xb[i], yb[i], fb[i], e, means[1]) for i in range(len(xb))]))[0]
+        m_ = dask.delayed(means[1], pure=True)
+        G = dask.compute(_sum_tree([gtask(xb[i], yb[i], fb[i], e, m_) for i in range(len(xb))]))[0]
     with blas_single_thread():
         evals, evecs = np.linalg.eigh(G)
     U = np.ascontiguousarray(evecs[:, ::-1][:, :subspace_rank])
     sv = np.sqrt(np.maximum(evals[::-1][:subspace_rank], 0.0))
     maps = _fit.baseline_maps(B[0], B[1], ridge, identity_prior) if baselines else ()
     ptask = dask.delayed(_projection_block, pure=True)
-    proj = dask.compute([ptask(xb[i], yb[i], fb[i], e, U, means, maps) for i in range(len(xb))])[0]
+    # one key each for the d x r and d x d matrices, not a copy in every task
+    U_, means_, maps_ = (dask.delayed(a, pure=True) for a in (U, means, maps))
+    proj = dask.compute([ptask(xb[i], yb[i], fb[i], e, U_, means_, maps_) for i in range(len(xb))])[0]
     proj = np.concatenate(proj, axis=1)
     dn2, tn2, rn2 = vec[0], vec[1], vec[2]
     out = {

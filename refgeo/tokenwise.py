@@ -1068,6 +1068,8 @@ def _dask_panels(X, Y):
 
     X, _ = from_foreign(X, "X", host=True)
     Y, _ = from_foreign(Y, "Y", host=True)
+    _dt.check_known_chunks(X, "X")
+    _dt.check_known_chunks(Y, "Y")
     X = as_float_array(X, "X", ndim=2, shape_hint="2-D array of shape (N, d)")
     Y = as_float_array(Y, "Y", ndim=2, shape_hint="2-D array of shape (N, d)")
     check_same_shape(X, Y, ("X", "Y"))
