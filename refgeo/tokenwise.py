@@ -54,6 +54,18 @@ a tensor.  ``output_perturbation`` calls ``logits_fn`` with tensors (on the stat
 device) when the states are tensors, and returns a tensor.  Integer, boolean and
 complex tensors are a ``TypeError`` (precomputed ``neighbors`` excepted: those are
 indices), non-finite ones a ``ValueError``.
+
+Dask.  :func:`fit_local_maps` and :func:`decompose` accept ``dask.array.Array``
+hidden states (the optional ``[dask]`` extra) and run on the active Dask scheduler
+(see docs/cluster.md, "Tokenwise fits on a cluster"): the k-NN on the Dask engine of
+:func:`refgeo.knn`, one fit task per token block with its neighbors' rows gathered
+from the other blocks, the metrics as reductions on the workers.  The (N, k)
+neighbors, weights and distances and the (N,) metrics come back as NumPy arrays; the
+(N, d) fields (``fitted``, ``coefficients``, ``maps``, ``delta``, ``tau``, ``rho``)
+are Dask arrays chunked like ``X``, computed during the call and persisted on the
+workers.  Every row-wise result is the single-machine one bit for bit; what comes
+from d x d Gram matrices (subspace, singular values, projections, baselines) agrees
+to rounding.  ``cls="mlp"`` is refused for Dask input (``NotImplementedError``).
 """
 
 from __future__ import annotations
@@ -888,7 +900,9 @@ def fit_local_maps(
     X, Y : array_like of shape (N, d)
         Hidden states before (:math:`h_l`) and after (:math:`h_{l+1}`) the layer; finite,
         float32 or float64 (fits run in float64); torch tensors too (module
-        docstring, "Tensors").
+        docstring, "Tensors"), and Dask arrays chunked along the tokens, which run
+        on the active Dask scheduler, one fit task per row chunk (module docstring,
+        "Dask"; docs/cluster.md).
     k : int
         Number of neighbors, ``1 <= k <= N - 1`` (``<= N`` without exclusion).  May be
         omitted when ``neighbors`` is given.
@@ -940,6 +954,9 @@ def fit_local_maps(
     -------
     fit : LocalFit
         Its arrays are tensors on the input's device when ``X`` or ``Y`` is a tensor.
+        For Dask input ``fitted``, ``coefficients`` and ``maps`` are Dask arrays
+        chunked like ``X`` (persisted on the workers), the (N, k) arrays NumPy; the
+        values are the single-machine ones bit for bit, for every chunking.
 
     Raises
     ------
@@ -1440,7 +1457,9 @@ def decompose(
     ----------
     X, Y : array_like of shape (N, d)
         Hidden states :math:`h_l` and :math:`h_{l+1}` (finite; float32 or float64;
-        torch tensors too, see the module docstring, "Tensors").
+        torch tensors too, see the module docstring, "Tensors"; Dask arrays run on
+        the active Dask scheduler, see "Dask" there and docs/cluster.md; not with
+        ``cls="mlp"``).
     k, cls, rank, ridge, prior, metric, standardize, exclude_self, weights, neighbors, chunk_size
         As in :func:`fit_local_maps`; ``cls`` may also be ``"mlp"`` (a global residual
         MLP, :func:`fit_tokenwise_mlp`, trained with ``mlp_options`` and evaluated on
@@ -1469,9 +1488,18 @@ def decompose(
         ``relative_error``, ``cosines``, ``angles``, ``projections``, ``neighbors``,
         ``eval_mask``, ``coefficients``; also ``subspace``, its singular values and the
         baselines' arrays) is a tensor on the input's device when ``X`` or ``Y`` is one.
+        For Dask input ``delta``, ``tau``, ``rho`` and ``coefficients`` are Dask
+        arrays chunked like ``X`` and every other field is NumPy: the per-token
+        fields, the energy fraction and the neighbors are the single-machine values
+        bit for bit; the subspace (up to the signs of its columns), its singular
+        values, the projections, subspace energies and baselines agree to rounding
+        (d x d Gram matrices summed over token blocks).
 
     Raises
     ------
+    NotImplementedError
+        ``cls="mlp"`` with Dask input (call ``.compute()`` first to train in this
+        process).
     ValueError, MemoryError, KeyboardInterrupt
         As in :func:`fit_local_maps`; the memory estimate adds the (N, d) outputs
         and temporaries of the metrics.  A ``ValueError`` also when ``Y - X`` (checked
