@@ -81,6 +81,18 @@ def _panels64(X, Y, e):
     return X64, Y64, 0
 
 
+def _one_blas_thread(fn):
+    """``fn`` with BLAS on one thread: Dask runs the tasks of a worker in parallel."""
+    import functools
+
+    @functools.wraps(fn)
+    def run(*args):
+        with blas_single_thread():
+            return fn(*args)
+
+    return run
+
+
 def _sum_tree(parts, fan_in=8):
     """The sum of a list of delayed arrays, ``fan_in`` at a time, on the workers."""
     import dask
@@ -107,9 +119,9 @@ def panels(X, Y):
         Y = da.from_array(np.asarray(Y), chunks=(X.chunks[0], -1))
     check_known_chunks(X, "X")
     check_known_chunks(Y, "Y")
-    rows = X.chunks[0]
-    if len(X.chunks[1]) > 1:
-        X = X.rechunk({1: -1})  # a task needs whole rows
+    rows = tuple(c for c in X.chunks[0] if c > 0)  # empty chunks hold no token block
+    if len(X.chunks[1]) > 1 or rows != X.chunks[0]:
+        X = X.rechunk({0: rows, 1: -1})  # a task needs whole rows
     if len(Y.chunks[1]) > 1 or Y.chunks[0] != rows:
         Y = Y.rechunk({0: rows, 1: -1})
     if not isinstance(getattr(X, "_meta", None), np.ndarray):
@@ -333,6 +345,7 @@ def _block_panels(XI, YI, e):
     return _panels64(_host(XI), _host(YI), e)
 
 
+@_one_blas_thread
 def _metrics_block(XI, YI, FI, e, gram, baselines):
     """Per-token records of one block (rows: the squared norms of delta, tau, rho, the
     three cosines and the three angles) and its sums: column sums of delta, tau, rho,
@@ -361,12 +374,14 @@ def _metrics_block(XI, YI, FI, e, gram, baselines):
     return vec, sums, G, B
 
 
+@_one_blas_thread
 def _centered_gram_block(XI, YI, FI, e, m):
     X64, Y64, ex = _block_panels(XI, YI, e)
     tau = _parts(X64, Y64, FI, ex)[2] - m
     return tau.T @ tau
 
 
+@_one_blas_thread
 def _projection_block(XI, YI, FI, e, U, means, maps):
     """Per-token records of one block: for delta, tau, rho the squared norms of their
     projections on ``U`` (and, when centering, of the centered vectors); then the
@@ -468,5 +483,3 @@ def metrics(X, Y, F, e, subspace_rank, center_subspace, baselines, ridge, identi
     out["energy_parts"] = tuple(energies)
     out["baseline_r2"] = tuple(proj[row + j] for j in range(len(maps)))
     return out
-
-

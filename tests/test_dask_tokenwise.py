@@ -233,6 +233,15 @@ def test_given_neighbors_and_array_weights(client):
         _same_fit(want, got)
 
 
+def test_empty_and_column_chunks(client):
+    # a zero-row chunk holds no token block; column chunks are merged
+    X, Y = hidden_states(8, 30, 5, vocab=9)
+    Xd = da.from_array(X, chunks=((10, 0, 20), (2, 3)))
+    kw = dict(k=4, cls="low_rank", rank=2)
+    _same_fit(_quiet(refgeo.fit_local_maps, X, Y, **kw), _quiet(refgeo.fit_local_maps, Xd, Y, **kw))
+    _same_result(_quiet(refgeo.decompose, X, Y, **kw), _quiet(refgeo.decompose, Xd, _dask(Y, 7, 5), **kw))
+
+
 # ----------------------------------------------------------------------- decompose
 
 
