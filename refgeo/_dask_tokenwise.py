@@ -45,8 +45,8 @@ from . import _tokenwise_fit as _fit
 from ._threads import blas_single_thread
 
 __all__ = [
-    "check_known_chunks", "fit", "max_abs", "metrics", "panels", "parts", "parts_max_abs", "scale_exponent", "search_neighbors",
-    "unscaled", "update_max",
+    "check_known_chunks", "fit", "max_abs", "metrics", "panels", "parts", "parts_max_abs", "scale_exponent",
+    "search_neighbors", "unscaled", "update_max",
 ]
 
 
