@@ -13,6 +13,12 @@ written with ``D = A - A0`` and targets ``r_j = y_j - A0 x_j``.  Each kernel ret
 the fitted value ``A_i x_i`` of every token (and small per-token coefficients), never
 the d x d maps, except on request for tests (``return_maps``).
 
+Queries: a kernel fits the first ``nbr.shape[0]`` rows of ``X`` (all of them on one
+machine); the neighbors may be any rows.  A task of the Dask engine passes its token
+block followed by the neighbor rows it gathered from other blocks, with ``nbr``
+remapped to those local rows: the fit of a token reads only its own row and its
+neighbors' rows, so the result is the same bits.
+
 Memory: the neighbor panels ``X[nbr[chunk]]`` are gathered ``chunk`` tokens at a
 time, so at most ``chunk * k * d`` float64 numbers per panel exist at once.
 
@@ -68,25 +74,25 @@ def fit_diagonal(X, Y, nbr, w, lam, a0, nonneg, chunk, tick=None, ex=0):
     """
     import scipy.sparse as sp
 
-    n, d = X.shape
-    k = nbr.shape[1]
+    n_rows, d = X.shape
+    n, k = nbr.shape  # the queries are the first n rows of X
     num = np.empty((n, d))
     den = np.empty((n, d))
     indptr = np.arange(0, min(chunk, n) * k + 1, k)
-    P = np.empty((n, d))
-    for s in range(0, n, chunk):  # X * Y of the scaled panels
-        e = min(n, s + chunk)
+    P = np.empty((n_rows, d))
+    for s in range(0, n_rows, chunk):  # X * Y of the scaled panels
+        e = min(n_rows, s + chunk)
         np.multiply(_rows(X, ex, s, e), _rows(Y, ex, s, e), out=P[s:e])
     for out in (num, den):
         for s in range(0, n, chunk):
             e = min(n, s + chunk)
-            S = sp.csr_matrix((w[s:e].ravel(), nbr[s:e].ravel(), indptr[: e - s + 1]), shape=(e - s, n))
+            S = sp.csr_matrix((w[s:e].ravel(), nbr[s:e].ravel(), indptr[: e - s + 1]), shape=(e - s, n_rows))
             out[s:e] = S @ P
             if tick is not None:
                 tick()
         if out is num:
-            for s in range(0, n, chunk):
-                e = min(n, s + chunk)
+            for s in range(0, n_rows, chunk):
+                e = min(n_rows, s + chunk)
                 xb = _rows(X, ex, s, e)
                 np.multiply(xb, xb, out=P[s:e])
     del P
@@ -139,8 +145,8 @@ def fit_linear(X, Y, nbr, w, lam, identity_prior, rank, chunk, return_maps=False
     ``V_r = Rt^T L Phi_r nu_r^{-1/2}`` from the k x k eigenproblem of
     ``L^T Rt Rt^T L``.  Cost O(k^2 d + k^3) per token, no d x d matrix.
     """
-    n, d = X.shape
-    k = nbr.shape[1]
+    d = X.shape[1]
+    n, k = nbr.shape  # the queries are the first n rows of X
     fitted = np.empty((n, d), dtype=np.float64)
     maps = np.empty((n, d, d), dtype=np.float64) if return_maps else None
     rcond = _RCOND_SCALE * max(k, d) * _EPS
@@ -244,8 +250,8 @@ def fit_orthogonal(X, Y, nbr, w, lam, identity_prior, scaled, chunk, return_maps
     lam = 0 or the zero prior (whose penalty is constant on orthogonal matrices).
     Scaled class: ``s = tr(Q^T (M + lam A0)) / (sum_j w_j ||x_j||^2 + lam d)``.
     """
-    n, d = X.shape
-    k = nbr.shape[1]
+    d = X.shape[1]
+    n, k = nbr.shape  # the queries are the first n rows of X
     fitted = np.empty((n, d), dtype=np.float64)
     scale_out = np.ones(n, dtype=np.float64)
     maps = np.empty((n, d, d), dtype=np.float64) if return_maps else None
@@ -381,3 +387,230 @@ def train_mlp(Xs, T, hidden, act, epochs, lr, batch, weight_decay, rng, Xv=None,
         if tick is not None:
             tick()
     return params, hist_train, hist_test
+
+
+# ------------------------------------------------------------ class dispatch
+
+
+def fit_class(X64, Y64, ex, idx, w, cls, rank, ridge, ident, chunk, return_maps, tick=None):
+    """``(fitted, coefficients, maps)`` of the class ``cls`` for the queries ``idx``."""
+    n = idx.shape[0]
+    d = X64.shape[1]
+    coef = maps = None
+    if cls in ("diagonal", "psd_diagonal"):
+        a0 = 1.0 if ident else 0.0
+        fitted, coef = fit_diagonal(X64, Y64, idx, w, ridge, a0, cls == "psd_diagonal", chunk, tick, ex)
+        if return_maps:
+            maps = np.zeros((n, d, d))
+            maps[:, np.arange(d), np.arange(d)] = coef
+    elif cls in ("low_rank", "full"):
+        fitted, maps = fit_linear(X64, Y64, idx, w, ridge, ident, rank, chunk, return_maps, tick, ex)
+    else:
+        fitted, sc, maps = fit_orthogonal(
+            X64, Y64, idx, w, ridge, ident, cls == "scaled_orthogonal", chunk, return_maps, tick, ex
+        )
+        coef = sc if cls == "scaled_orthogonal" else None
+    return fitted, coef, maps
+
+
+# ------------------------------------------------------------ per-row metrics
+#
+# Every function here works row by row (or entry by entry), so a block of rows gives
+# the same bits as the whole array: the Dask engine runs them on token blocks.
+
+
+def row_inner(a, b):
+    """``sum_c a[i, c] b[i, c]`` for every row ``i``."""
+    return np.einsum("ij,ij->i", a, b)
+
+
+def cosine(ab, na, nb):
+    """Clipped ``ab / (na nb)``; NaN where a norm is zero."""
+    den = na * nb
+    with np.errstate(divide="ignore", invalid="ignore"):
+        c = np.where(den > 0, ab / np.where(den > 0, den, 1.0), np.nan)
+    return np.clip(c, -1.0, 1.0)
+
+
+def angle(a, b, na, nb, c, block=4096):
+    """Angle in degrees; NaN for a zero vector.
+
+    ``arccos(c)`` where ``|c| < 0.99`` (there its error is below 1e-14 degrees);
+    elsewhere Kahan's ``2 atan2(|u - v|, |u + v|)`` on the unit vectors, which stays
+    accurate near 0 and 180 degrees where arccos of a rounded cosine does not (those
+    rows only, ``block`` at a time).
+    """
+    out = np.full(c.shape, np.nan)
+    ok = np.isfinite(c)
+    mid = ok & (np.abs(c) < 0.99)
+    out[mid] = np.degrees(np.arccos(c[mid]))
+    rows = np.flatnonzero(ok & ~mid)
+    for s in range(0, rows.size, block):
+        r = rows[s : s + block]
+        u = a[r] / na[r, None]
+        v = b[r] / nb[r, None]
+        dm = u - v
+        u += v
+        out[r] = np.degrees(2.0 * np.arctan2(np.sqrt(row_inner(dm, dm)), np.sqrt(row_inner(u, u))))
+    return out
+
+
+def ratio(num, den):
+    """``num / den`` where ``den > 0``, NaN elsewhere."""
+    with np.errstate(divide="ignore", invalid="ignore"):
+        return np.where(den > 0, num / np.where(den > 0, den, 1.0), np.nan)
+
+
+def energy(num, den):
+    """``num / den`` as a float; NaN for ``den <= 0``."""
+    return float(num / den) if den > 0 else float("nan")
+
+
+def unit_rows(Z):
+    """Rows of float64 ``Z`` scaled to unit norm (zero rows stay zero), for the cosine metric.
+
+    Rows are divided by their largest entry first: the squared norm of a row much
+    smaller than the largest one would underflow.
+    """
+    amax = np.max(np.abs(Z), axis=1)
+    Z = Z / np.where(amax > 0, amax, 1.0)[:, None]
+    nrm = np.sqrt(row_inner(Z, Z))
+    return Z / np.where(nrm > 0, nrm, 1.0)[:, None]
+
+
+def standardized(Z, mu, sd):
+    """``(Z - mu) / sd`` with a zero spread counting as one."""
+    return (Z - mu) / np.where(sd > 0, sd, 1.0)
+
+
+# ------------------------------------------------------------ global baselines
+
+
+def sym_pinv_solve(G, B):
+    """``G^+ B`` for a symmetric PSD ``G`` (eigenvalues below ``d eps`` relative dropped)."""
+    from ._threads import blas_single_thread
+
+    with blas_single_thread():
+        mu, E = np.linalg.eigh(G)
+    tol = G.shape[0] * _EPS * max(float(mu[-1]), 0.0)
+    keep = mu > tol
+    inv = np.where(keep, 1.0 / np.where(keep, mu, 1.0), 0.0)
+    return E @ (inv[:, None] * (E.T @ B))
+
+
+def baseline_maps(G, M, ridge, identity_prior):
+    """Transposed maps ``(A_linear^T, A_procrustes^T)`` from ``G = X^T X`` and ``M = Y^T X``.
+
+    Linear: normal equations ``(G + lam I) D^T = X^T R`` with ``R = Y - X A_0^T``
+    (pseudo-inverse when ``lam = 0``: the minimum-norm least-squares map).
+    Procrustes: ``s Q`` with ``Q = polar(M)``, ``s = ||M||_* / tr(G)``.
+    """
+    from ._threads import blas_single_thread
+
+    d = G.shape[0]
+    B = M.T - G if identity_prior else M.T  # X^T R
+    if ridge > 0:
+        import scipy.linalg
+
+        with blas_single_thread():
+            DT = scipy.linalg.solve(G + ridge * np.eye(d), B, assume_a="pos")
+    else:
+        DT = sym_pinv_solve(G, B)
+    AT = DT + np.eye(d) if identity_prior else DT
+    with blas_single_thread():
+        U, sv, Vt = np.linalg.svd(M)
+    den = float(np.trace(G))
+    sc = float(np.sum(sv)) / den if den > 0 else 1.0
+    return AT, (sc * (U @ Vt)).T
+
+
+# ------------------------------------------------- reproducible column sums
+#
+# The standardization of the neighbor search needs column means and spreads.  A
+# floating-point sum depends on the order of its terms, so a plain sum over row blocks
+# would change the standardized rows, and with them the neighbors at ties, with the
+# chunking.  These sums are binned instead: every entry is split exactly into slices
+# on a fixed grid of exponents (multiples of ``W`` bits), and the slices of one bin,
+# all multiples of the bin's quantum, add up exactly in any order (``W`` leaves room
+# for N terms in 53 bits).  A block's bins merge exactly with any other block's, so
+# the sum is the same bits for every partition of the rows; its error against the
+# exact sum is below ``N 2**(t - BINS W)`` for entries below ``2**t``, then one
+# rounding (math.fsum of the bins).
+
+BINS = 4  # slices per entry: 4 W >= 100 bits below the largest entry for N < 2**20
+_NO_BIN = -(2**20)  # the top bin of an all-zero column: below every real one
+
+
+def bin_width(n_total: int) -> int:
+    """Bits per bin ``W`` for sums of ``n_total`` terms: ``n_total 2**W < 2**52``."""
+    return max(1, 52 - int(n_total).bit_length())
+
+
+def binned_sums(A, width):
+    """``(top, bins)``: the column sums of float64 ``A`` (entries below 2**960 in
+    magnitude) in ``BINS`` exact bins per column; bin ``j`` of column ``c`` holds
+    multiples of ``2**((top[c] - j) * width)``."""
+    n, d = A.shape
+    amax = np.max(np.abs(A), axis=0) if n else np.zeros(d)
+    ex = np.frexp(amax)[1].astype(np.int64)  # amax < 2**ex
+    # the top bin holds |entries| <= 2**((top + 1) width)
+    top = np.where(amax > 0, -((-ex) // width) - 1, _NO_BIN)
+    bins = np.zeros((BINS, d))
+    r = np.array(A, dtype=np.float64, copy=True)
+    for j in range(BINS):
+        qe = (top - j) * width  # quantum exponent of this bin
+        # sigma = 1.5 * 2**(qe + 52): fl(sigma + r) - sigma is r rounded to a multiple of
+        # 2**qe (|r| < 2**(qe + 51) since width <= 51); below the subnormal quantum every
+        # float64 is already such a multiple and the slice is r itself
+        small = qe < -1074
+        sigma = np.ldexp(1.5, np.clip(qe + 52, -1022, 1023))
+        q = np.where(small, r, (sigma + r) - sigma)
+        bins[j] = q.sum(axis=0)  # exact: multiples of 2**qe below n 2**(qe + width)
+        r -= q
+    return top, bins
+
+
+def merge_binned(a, b):
+    """The binned sums of the union of two blocks (exact, any order)."""
+    ta, ba = a
+    tb, bb = b
+    top = np.maximum(ta, tb)
+    out = np.zeros_like(ba)
+    for t, bs in ((ta, ba), (tb, bb)):
+        shift = top - t  # bins this block's bins move down by
+        for j in range(BINS):
+            dst = j + shift
+            ok = dst < BINS  # bins below the merged range hold what the others dropped too
+            cols = np.flatnonzero(ok)
+            out[dst[cols], cols] += bs[j, cols]
+    return top, out
+
+
+def finish_binned(s) -> np.ndarray:
+    """The column sums, each bin sum added with one rounding (math.fsum)."""
+    import math
+
+    _, bins = s
+    return np.array([math.fsum(bins[:, c]) for c in range(bins.shape[1])])
+
+
+def column_sums(blocks, n_total, transform=None):
+    """Reproducible column sums over an iterable of row blocks (``transform`` applied
+    to each block first): the same bits for every partition of the same rows."""
+    width = bin_width(n_total)
+    acc = None
+    for b in blocks:
+        b = np.asarray(b, dtype=np.float64) if transform is None else transform(b)
+        s = binned_sums(b, width)
+        acc = s if acc is None else merge_binned(acc, s)
+    return finish_binned(acc)
+
+
+def mean_and_spread(Z, rows=8192):
+    """Column means and standard deviations (``sqrt(mean((z - mean)^2))``) of float64
+    ``Z``, as reproducible sums (see :func:`binned_sums`), ``rows`` rows at a time."""
+    n = Z.shape[0]
+    blocks = [Z[s : s + rows] for s in range(0, n, rows)]
+    mu = column_sums(blocks, n) / n
+    var = column_sums(blocks, n, lambda b: (b - mu) ** 2) / n
+    return mu, np.sqrt(var)

@@ -54,6 +54,18 @@ a tensor.  ``output_perturbation`` calls ``logits_fn`` with tensors (on the stat
 device) when the states are tensors, and returns a tensor.  Integer, boolean and
 complex tensors are a ``TypeError`` (precomputed ``neighbors`` excepted: those are
 indices), non-finite ones a ``ValueError``.
+
+Dask.  :func:`fit_local_maps` and :func:`decompose` accept ``dask.array.Array``
+hidden states (the optional ``[dask]`` extra) and run on the active Dask scheduler
+(see docs/cluster.md, "Tokenwise fits on a cluster"): the k-NN on the Dask engine of
+:func:`refgeo.knn`, one fit task per token block with its neighbors' rows gathered
+from the other blocks, the metrics as reductions on the workers.  The (N, k)
+neighbors, weights and distances and the (N,) metrics come back as NumPy arrays; the
+(N, d) fields (``fitted``, ``coefficients``, ``maps``, ``delta``, ``tau``, ``rho``)
+are Dask arrays chunked like ``X``, computed during the call and persisted on the
+workers.  Every row-wise result is the single-machine one bit for bit; what comes
+from d x d Gram matrices (subspace, singular values, projections, baselines) agrees
+to rounding.  ``cls="mlp"`` is refused for Dask input (``NotImplementedError``).
 """
 
 from __future__ import annotations
@@ -438,6 +450,11 @@ class TokenwiseResult:
     def patched(self, X: Any, /):
         """The tokenwise prediction ``X + tau`` (= ``A_i x_i``): the states to patch in
         (a tensor on ``X``'s device for a tensor ``X``)."""
+        if _any_dask(self.tau) or _any_dask(X):  # results of Dask input: lazily, chunk by chunk
+            X, _ = from_foreign(X, "X", host=True)
+            X = as_float_array(X, "X", ndim=2, shape_hint="2-D array of shape (N, d)")
+            check_same_shape(X, self.tau, ("X", "tau"))
+            return X.astype(np.float64) + self.tau
         X, origin = from_foreign(X, "X", host=True)
         X = as_float_array(X, "X", ndim=2, shape_hint="2-D array of shape (N, d)")
         tau = to_host(self.tau)
@@ -537,24 +554,21 @@ def _search_neighbors(X, e, k, metric, standardize, exclude_self):
 
     The search runs on ``X * 2**-e`` (exact: a power of two), so that the squared
     distances of the engine neither overflow nor underflow; the distances are
-    scaled back (the standardized and cosine metrics are scale-free).
+    scaled back (the standardized and cosine metrics are scale-free).  Standardizing
+    uses the column means and spreads of :func:`refgeo._tokenwise_fit.mean_and_spread`
+    (sums that do not depend on the order of the rows).
     """
     from .rows import knn
 
     Z = X if e == 0 else np.ldexp(X, -e)
     if standardize:
         Z = _f64(Z)
-        mu = Z.mean(axis=0)
-        sd = Z.std(axis=0)
-        Z = (Z - mu) / np.where(sd > 0, sd, 1.0)
+        # reproducible means and spreads: the same bits for any order of the rows'
+        # blocks, so that the Dask engine finds the same standardized rows
+        mu, sd = _fit.mean_and_spread(Z)
+        Z = _fit.standardized(Z, mu, sd)
     if metric == "cosine":
-        Z = _f64(Z)
-        # rows divided by their largest entry first: the squared norm of a row much
-        # smaller than the largest one would underflow
-        amax = np.max(np.abs(Z), axis=1)
-        Z = Z / np.where(amax > 0, amax, 1.0)[:, None]
-        nrm = np.sqrt(_row_inner(Z, Z))
-        Z = Z / np.where(nrm > 0, nrm, 1.0)[:, None]
+        Z = _fit.unit_rows(_f64(Z))
     res = knn(Z, k, exclude_self=exclude_self)
     dist = np.asarray(res.distances, dtype=np.float64)
     if e and not standardize and metric == "euclidean":
@@ -623,23 +637,7 @@ def _validate_fit_options(n, d, k, cls, rank, ridge, prior, metric, standardize,
     return ridge, standardize, exclude_self
 
 
-def _dispatch_fit(X64, Y64, ex, idx, w, cls, rank, ridge, ident, chunk, return_maps, tick):
-    n, d = X64.shape
-    coef = maps = None
-    if cls in ("diagonal", "psd_diagonal"):
-        a0 = 1.0 if ident else 0.0
-        fitted, coef = _fit.fit_diagonal(X64, Y64, idx, w, ridge, a0, cls == "psd_diagonal", chunk, tick, ex)
-        if return_maps:
-            maps = np.zeros((n, d, d))
-            maps[:, np.arange(d), np.arange(d)] = coef
-    elif cls in ("low_rank", "full"):
-        fitted, maps = _fit.fit_linear(X64, Y64, idx, w, ridge, ident, rank, chunk, return_maps, tick, ex)
-    else:
-        fitted, sc, maps = _fit.fit_orthogonal(
-            X64, Y64, idx, w, ridge, ident, cls == "scaled_orthogonal", chunk, return_maps, tick, ex
-        )
-        coef = sc if cls == "scaled_orthogonal" else None
-    return fitted, coef, maps
+_dispatch_fit = _fit.fit_class
 
 
 # ------------------------------------------------------------------ scaling
@@ -902,7 +900,9 @@ def fit_local_maps(
     X, Y : array_like of shape (N, d)
         Hidden states before (:math:`h_l`) and after (:math:`h_{l+1}`) the layer; finite,
         float32 or float64 (fits run in float64); torch tensors too (module
-        docstring, "Tensors").
+        docstring, "Tensors"), and Dask arrays chunked along the tokens, which run
+        on the active Dask scheduler, one fit task per row chunk (module docstring,
+        "Dask"; docs/cluster.md).
     k : int
         Number of neighbors, ``1 <= k <= N - 1`` (``<= N`` without exclusion).  May be
         omitted when ``neighbors`` is given.
@@ -954,6 +954,9 @@ def fit_local_maps(
     -------
     fit : LocalFit
         Its arrays are tensors on the input's device when ``X`` or ``Y`` is a tensor.
+        For Dask input ``fitted``, ``coefficients`` and ``maps`` are Dask arrays
+        chunked like ``X`` (persisted on the workers), the (N, k) arrays NumPy; the
+        values are the single-machine ones bit for bit, for every chunking.
 
     Raises
     ------
@@ -1031,6 +1034,9 @@ def fit_local_maps(
     >>> fit.coefficients.tolist()
     [[2.0, 2.0], [2.0, 2.0], [2.0, 2.0], [2.0, 2.0]]
     """
+    if _any_dask(X, Y):
+        return _fit_local_maps_dask(X, Y, k, cls, rank, ridge, prior, metric, standardize, exclude_self, weights,
+                                    neighbors, chunk_size, return_maps, progress)
     X, Y, origin = _foreign_panels(X, Y)
     n, d = X.shape
     plan = _plan_fit(X, k, cls, rank, ridge, prior, metric, standardize, exclude_self, weights, neighbors,
@@ -1058,6 +1064,176 @@ def fit_local_maps(
         n_targets=int(plan.k * d),
         config=_fit_config(plan, X, wkind),
     ), origin)
+
+
+# ---------------------------------------------------------------- Dask input
+#
+# Dask arrays of hidden states run on the task graphs of refgeo._dask_tokenwise
+# (imported, with Dask, only when a Dask array arrives); the options are validated
+# here exactly as for NumPy input, and the records are the same classes.
+
+
+def _any_dask(*arrays) -> bool:
+    from array_api_compat import is_dask_array
+
+    return any(is_dask_array(a) for a in arrays)
+
+
+def _dask_panels(X, Y):
+    """Validated Dask panels (whole rows per chunk, the same row chunks) of X and Y."""
+    from . import _dask_tokenwise as _dt
+
+    X, _ = from_foreign(X, "X", host=True)
+    Y, _ = from_foreign(Y, "Y", host=True)
+    _dt.check_known_chunks(X, "X")
+    _dt.check_known_chunks(Y, "Y")
+    X = as_float_array(X, "X", ndim=2, shape_hint="2-D array of shape (N, d)")
+    Y = as_float_array(Y, "Y", ndim=2, shape_hint="2-D array of shape (N, d)")
+    check_same_shape(X, Y, ("X", "Y"))
+    check_min_rows(X, "X", 2, "(N, d)")
+    return _dt.panels(X, Y)
+
+
+def _dask_weights(weights):
+    """(N, k) weights given as a Dask array come to the caller, as the neighbors do."""
+    if _any_dask(weights):
+        weights, _ = from_foreign(weights, "weights", host=True)
+        return np.asarray(weights.compute())
+    return weights
+
+
+def _dask_unsupported(name, value, why):
+    return NotImplementedError(
+        f"{name}={value!r} is not supported for Dask arrays ({why}); call .compute() on X and Y first "
+        f"to run it in this process."
+    )
+
+
+def _run_fit_dask(plan, X, Y, e, bar, stacklevel):
+    """:func:`_run_fit` on Dask panels: the fitted values stay scaled (persisted)."""
+    from . import _dask_tokenwise as _dt
+
+    d = X.shape[1]
+    if plan.given is None:
+        idx, dist = _dt.search_neighbors(X, e, plan.k, plan.metric, plan.standardize, plan.exclude_self)
+        bar.advance()
+    else:
+        idx, dist = plan.given
+    w, wkind = _resolve_weights(_dask_weights(plan.weights), idx, dist)
+    dof = degrees_of_freedom(plan.cls, d, plan.rank)
+    _warn_underdetermined(plan.cls, dof, plan.k, d, plan.ridge, stacklevel + 1)
+    fitted, coef, maps = _dt.fit(X, Y, e, idx, w, plan.cls, plan.rank, _scaled_ridge(plan.ridge, e),
+                                 plan.prior == "identity", plan.chunk, plan.return_maps)
+    bar.advance()
+    return fitted, coef, maps, idx, dist, w, wkind
+
+
+def _fit_local_maps_dask(X, Y, k, cls, rank, ridge, prior, metric, standardize, exclude_self, weights, neighbors,
+                         chunk_size, return_maps, progress):
+    from . import _dask_tokenwise as _dt
+
+    X, Y = _dask_panels(X, Y)
+    n, d = X.shape
+    plan = _plan_fit(X, k, cls, rank, ridge, prior, metric, standardize, exclude_self, weights, neighbors,
+                     chunk_size, return_maps)
+    progress = _progress.check_progress(progress)
+    e = _dt.scale_exponent(X, Y)
+    # steps: the neighbor search (when it runs) and the fit
+    with _progress.Progress(progress, int(plan.given is None) + 1, desc="fit_local_maps", unit="step") as bar:
+        fitted, coef, maps, idx, dist, w, wkind = _run_fit_dask(plan, X, Y, e, bar, stacklevel=4)
+    if e > 0:
+        m = _dt.max_abs(fitted)
+        if not _fits_after_scaling(m, e):
+            raise _range_error("|A_i x_i|", m, e)
+    config = _fit_config(plan, X, wkind)
+    return LocalFit(
+        fitted=_dt.unscaled(fitted, e),
+        neighbors=_ro(idx),
+        distances=_ro(dist),
+        weights=_ro(w),
+        coefficients=coef,
+        maps=maps,
+        dof=int(degrees_of_freedom(plan.cls, d, plan.rank)),
+        n_targets=int(plan.k * d),
+        config=config,
+    )
+
+
+def _decompose_dask(X, Y, k, cls, rank, ridge, prior, metric, standardize, exclude_self, weights, neighbors,
+                    subspace_rank, center_subspace, mlp_options, baselines, chunk_size, layer, progress):
+    from . import _dask_tokenwise as _dt
+
+    check_choice(cls, "cls", CLASSES + ("mlp",))
+    if cls == "mlp":
+        raise _dask_unsupported("cls", cls, "the MLP trains on all tokens at once in one process")
+    X, Y = _dask_panels(X, Y)
+    n, d = X.shape
+    if subspace_rank is None:
+        subspace_rank = min(8, d)
+    subspace_rank = check_int(subspace_rank, "subspace_rank", min_value=1, max_value=d)
+    center_subspace = check_bool(center_subspace, "center_subspace")
+    baselines = check_bool(baselines, "baselines")
+    progress = _progress.check_progress(progress)
+    plan = _plan_fit(X, k, cls, rank, ridge, prior, metric, standardize, exclude_self, weights, neighbors,
+                     chunk_size, False)
+    ridge = plan.ridge
+    e = _dt.scale_exponent(X, Y)
+    if e >= 1024:  # as _check_update_range: only entries near the float64 maximum can overflow
+        m = _dt.update_max(X, Y, e)
+        if not _fits_after_scaling(m, e):
+            raise ValueError(
+                f"Y - X must lie in the float64 range, got |y - x| up to about 2**{math.frexp(m)[1] + e - 1:.0f} "
+                f"instead (entries near the float64 maximum with opposite signs); scale X and Y down by the "
+                f"same power of two: the decomposition scales exactly."
+            )
+    n_steps = int(plan.given is None) + 2
+    with _progress.Progress(progress, n_steps, desc="decompose", unit="step") as bar:
+        fitted, coef, _, nbr, _, _, wkind = _run_fit_dask(plan, X, Y, e, bar, stacklevel=4)
+        identity = plan.prior == "identity"
+        f = _dt.metrics(X, Y, fitted, e, subspace_rank, center_subspace, baselines, _scaled_ridge(ridge, e),
+                        identity)
+        bar.advance()
+    eval_mask = np.ones(n, dtype=bool)
+    dn2, tn2, rn2 = f["dn2"], f["tn2"], f["rn2"]
+    # the same checks as for NumPy input (see decompose): entries only when a row norm
+    # could leave the range
+    if e > 0:
+        if not _fits_after_scaling(math.sqrt(float(max(dn2.max(), tn2.max(), rn2.max()))), e):
+            for name, m in zip(("delta", "tau", "rho"), _dt.parts_max_abs(X, Y, fitted, e)):
+                if not _fits_after_scaling(m, e):
+                    raise _range_error(f"|{name}|", m, e)
+        m = _max_abs(f["singular_values"])
+        if not _fits_after_scaling(m, e):
+            raise _range_error("the largest singular value of [tau_1 ... tau_N]", m, e)
+    delta, tau, rho = _dt.parts(X, Y, fitted, e)
+    dn, tn, rn = np.sqrt(dn2), np.sqrt(tn2), np.sqrt(rn2)
+    ro = _ro
+    c_dt, c_rt, c_rd = f["cosines"]
+    a_dt, a_rt, a_rd = f["angles"]
+    p_d, p_t, p_r = f["projections"]
+    e_d, e_t, e_r = (_energy(np.sum(p2[eval_mask]), np.sum(vn2[eval_mask])) for p2, vn2 in f["energy_parts"])
+    fits = []
+    for kind, AT, r2 in zip(("linear", "procrustes"), f["baseline_maps"], f["baseline_r2"]):
+        fits.append(GlobalBaseline(
+            kind=kind, map=_ro(np.ascontiguousarray(AT.T)), relative_error=_ro(_ratio(np.sqrt(r2), dn)),
+            energy_fraction=_energy(np.sum(r2[eval_mask]), np.sum(dn2[eval_mask])),
+        ))
+    config = _fit_config(plan, X, wkind)
+    config["mlp"] = None
+    config.update(subspace_rank=subspace_rank, center_subspace=center_subspace, baselines=baselines, layer=layer)
+    sv = f["singular_values"]
+    return TokenwiseResult(
+        delta=delta, tau=tau, rho=rho,
+        relative_error=ro(_ratio(rn, dn)),
+        energy_fraction=_energy(np.sum(rn2[eval_mask]), np.sum(dn2[eval_mask])),
+        cosines=TokenwisePairs(delta_tau=ro(c_dt), rho_tau=ro(c_rt), rho_delta=ro(c_rd)),
+        angles=TokenwisePairs(delta_tau=ro(a_dt), rho_tau=ro(a_rt), rho_delta=ro(a_rd)),
+        subspace=ro(f["subspace"]), subspace_singular_values=ro(np.ldexp(sv, e) if e else sv),
+        projections=TokenwiseParts(delta=ro(p_d), tau=ro(p_t), rho=ro(p_r)),
+        subspace_energies=TokenwiseParts(delta=e_d, tau=e_t, rho=e_r),
+        dof=int(degrees_of_freedom(plan.cls, d, plan.rank)), n_targets=int(plan.k * d), neighbors=ro(nbr),
+        eval_mask=ro(eval_mask), coefficients=coef, baselines=tuple(fits), config=config,
+    )
 
 
 # ----------------------------------------------------------------------- MLP
@@ -1203,57 +1379,12 @@ def _fit_mlp(X, Y, hidden, activation, train_fraction, epochs, learning_rate, ba
 # ------------------------------------------------------------------ metrics
 
 
-def _row_inner(a, b):
-    return np.einsum("ij,ij->i", a, b)
-
-
-def _cosine(ab, na, nb):
-    den = na * nb
-    with np.errstate(divide="ignore", invalid="ignore"):
-        c = np.where(den > 0, ab / np.where(den > 0, den, 1.0), np.nan)
-    return np.clip(c, -1.0, 1.0)
-
-
-def _angle(a, b, na, nb, c, block=4096):
-    """Angle in degrees; NaN for a zero vector.
-
-    ``arccos(c)`` where ``|c| < 0.99`` (there its error is below 1e-14 degrees);
-    elsewhere Kahan's ``2 atan2(|u - v|, |u + v|)`` on the unit vectors, which stays
-    accurate near 0 and 180 degrees where arccos of a rounded cosine does not (those
-    rows only, ``block`` at a time).
-    """
-    out = np.full(c.shape, np.nan)
-    ok = np.isfinite(c)
-    mid = ok & (np.abs(c) < 0.99)
-    out[mid] = np.degrees(np.arccos(c[mid]))
-    rows = np.flatnonzero(ok & ~mid)
-    for s in range(0, rows.size, block):
-        r = rows[s : s + block]
-        u = a[r] / na[r, None]
-        v = b[r] / nb[r, None]
-        dm = u - v
-        u += v
-        out[r] = np.degrees(2.0 * np.arctan2(np.sqrt(_row_inner(dm, dm)), np.sqrt(_row_inner(u, u))))
-    return out
-
-
-def _ratio(num, den):
-    with np.errstate(divide="ignore", invalid="ignore"):
-        return np.where(den > 0, num / np.where(den > 0, den, 1.0), np.nan)
-
-
-def _energy(num, den):
-    return float(num / den) if den > 0 else math.nan
-
-
-def _sym_pinv_solve(G, B):
-    """``G^+ B`` for a symmetric PSD ``G`` (eigenvalues below ``d eps`` relative dropped)."""
-    with blas_single_thread():
-        mu, E = np.linalg.eigh(G)
-    tol = G.shape[0] * _fit._EPS * max(float(mu[-1]), 0.0)
-    keep = mu > tol
-    inv = np.where(keep, 1.0 / np.where(keep, mu, 1.0), 0.0)
-    return E @ (inv[:, None] * (E.T @ B))
+_row_inner = _fit.row_inner
+_cosine = _fit.cosine
+_angle = _fit.angle
+_ratio = _fit.ratio
+_energy = _fit.energy
+_sym_pinv_solve = _fit.sym_pinv_solve
 
 
 def _global_baselines(X, Y, ex, mask_fit, mask_eval, dnorm2, ridge, identity_prior):
@@ -1276,20 +1407,8 @@ def _global_baselines(X, Y, ex, mask_fit, mask_eval, dnorm2, ridge, identity_pri
             xb, yb = xb[mask_fit[s:t]], yb[mask_fit[s:t]]
         G += xb.T @ xb
         M += yb.T @ xb
-    B = M.T - G if identity_prior else M.T  # X^T R
-    if ridge > 0:
-        import scipy.linalg
-
-        with blas_single_thread():
-            DT = scipy.linalg.solve(G + ridge * np.eye(d), B, assume_a="pos")
-    else:
-        DT = _sym_pinv_solve(G, B)
-    AT = DT + np.eye(d) if identity_prior else DT
-    with blas_single_thread():
-        U, sv, Vt = np.linalg.svd(M)
-    den = float(np.trace(G))
-    sc = float(np.sum(sv)) / den if den > 0 else 1.0
-    for kind, AT_ in (("linear", AT), ("procrustes", (sc * (U @ Vt)).T)):
+    AT, PT = _fit.baseline_maps(G, M, ridge, identity_prior)
+    for kind, AT_ in (("linear", AT), ("procrustes", PT)):
         r2 = np.empty(n)
         for s in range(0, n, _ROWS):  # O(_ROWS d) temporaries, not O(N d)
             t = min(n, s + _ROWS)
@@ -1338,7 +1457,9 @@ def decompose(
     ----------
     X, Y : array_like of shape (N, d)
         Hidden states :math:`h_l` and :math:`h_{l+1}` (finite; float32 or float64;
-        torch tensors too, see the module docstring, "Tensors").
+        torch tensors too, see the module docstring, "Tensors"; Dask arrays run on
+        the active Dask scheduler, see "Dask" there and docs/cluster.md; not with
+        ``cls="mlp"``).
     k, cls, rank, ridge, prior, metric, standardize, exclude_self, weights, neighbors, chunk_size
         As in :func:`fit_local_maps`; ``cls`` may also be ``"mlp"`` (a global residual
         MLP, :func:`fit_tokenwise_mlp`, trained with ``mlp_options`` and evaluated on
@@ -1367,9 +1488,18 @@ def decompose(
         ``relative_error``, ``cosines``, ``angles``, ``projections``, ``neighbors``,
         ``eval_mask``, ``coefficients``; also ``subspace``, its singular values and the
         baselines' arrays) is a tensor on the input's device when ``X`` or ``Y`` is one.
+        For Dask input ``delta``, ``tau``, ``rho`` and ``coefficients`` are Dask
+        arrays chunked like ``X`` and every other field is NumPy: the per-token
+        fields, the energy fraction and the neighbors are the single-machine values
+        bit for bit; the subspace (up to the signs of its columns), its singular
+        values, the projections, subspace energies and baselines agree to rounding
+        (d x d Gram matrices summed over token blocks).
 
     Raises
     ------
+    NotImplementedError
+        ``cls="mlp"`` with Dask input (call ``.compute()`` first to train in this
+        process).
     ValueError, MemoryError, KeyboardInterrupt
         As in :func:`fit_local_maps`; the memory estimate adds the (N, d) outputs
         and temporaries of the metrics.  A ``ValueError`` also when ``Y - X`` (checked
@@ -1414,6 +1544,10 @@ def decompose(
     >>> [(p["done"], p["total"]) for p in reports]   # the start and the end
     [(0, 4), (4, 4)]
     """
+    if _any_dask(X, Y):
+        return _decompose_dask(X, Y, k, cls, rank, ridge, prior, metric, standardize, exclude_self, weights,
+                               neighbors, subspace_rank, center_subspace, mlp_options, baselines, chunk_size,
+                               layer, progress)
     X, Y, origin = _foreign_panels(X, Y)
     n, d = X.shape
     check_choice(cls, "cls", CLASSES + ("mlp",))

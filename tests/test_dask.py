@@ -26,23 +26,14 @@ da = pytest.importorskip("dask.array")
 distributed = pytest.importorskip("distributed")
 cloudpickle = pytest.importorskip("cloudpickle")
 
-# seconds any cluster operation may take before the test fails instead of hanging
-_TIMEOUT = 60
+from ._dask_cluster import TIMEOUT as _TIMEOUT  # noqa: E402
+from ._dask_cluster import local_client  # noqa: E402
 
 
 @pytest.fixture(scope="module")
 def client():
-    cluster = distributed.LocalCluster(
-        n_workers=2, threads_per_worker=1, processes=True, host="127.0.0.1",
-        dashboard_address=None, worker_dashboard_address=None, timeout=_TIMEOUT,
-    )
-    c = distributed.Client(cluster, timeout=_TIMEOUT)
-    try:
-        c.wait_for_workers(2, timeout=_TIMEOUT)
+    with local_client() as c:
         yield c
-    finally:
-        c.close(timeout=_TIMEOUT)
-        cluster.close(timeout=_TIMEOUT)
 
 
 def _rows(seed, V, d, dtype, ties):

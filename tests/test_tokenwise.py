@@ -1288,3 +1288,34 @@ def test_outputs_beyond_the_float64_range_raise_value_error():
         refgeo.decompose(X, Y, k=5, cls="diagonal")
     r = refgeo.decompose(X / 1024, Y / 1024, k=5, cls="diagonal")
     assert np.all(np.isfinite(r.subspace_singular_values))
+
+
+# ------------------------------------------------- reproducible column sums
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.integers(1, 60), st.integers(1, 4), st.sampled_from([-1070, -300, -20, 0, 30]), st.integers(0, 2**16),
+       st.lists(st.integers(1, 60), min_size=1, max_size=5))
+def test_binned_column_sums_do_not_depend_on_the_blocks(n, d, scale, seed, cuts):
+    # the column sums of the standardized neighbor search: the same bits for every
+    # partition of the rows, within N 2**(t - BINS W) of the exact sum (entries < 2**t)
+    from fractions import Fraction
+
+    from refgeo import _tokenwise_fit as tf
+
+    rng = np.random.default_rng(seed)
+    A = np.ldexp(rng.standard_normal((n, d)) * np.exp(rng.uniform(-20, 20, (n, d))) * 1e-9, scale)
+    A[rng.random((n, d)) < 0.2] = 0.0
+    A[:, 0] = A[0, 0]  # equal entries in one column
+    whole = tf.column_sums([A], n)
+    edges = sorted({min(n, c) for c in cuts} | {0, n})
+    parts = [A[a:b] for a, b in zip(edges[:-1], edges[1:])]
+    np.testing.assert_array_equal(tf.column_sums(parts, n), whole)
+    np.testing.assert_array_equal(tf.column_sums(parts[::-1], n), whole)
+    np.testing.assert_array_equal(tf.column_sums([A[::-1]], n), whole)
+    width = tf.bin_width(n)
+    for c in range(d):
+        exact = sum(Fraction(float(v)) for v in A[:, c])
+        top = float(np.max(np.abs(A[:, c])))
+        tol = n * math.ldexp(top, -tf.BINS * width + width) + abs(float(exact)) * 2.0**-52 + 2.0**-1074
+        assert abs(Fraction(float(whole[c])) - exact) <= Fraction(tol)

@@ -1,0 +1,485 @@
+"""The tokenwise fits on Dask arrays of hidden states: task graphs for
+:func:`refgeo.fit_local_maps` and :func:`refgeo.decompose`.
+
+:mod:`refgeo.tokenwise` routes ``dask.array.Array`` inputs here (after validating the
+options as for NumPy input) and builds its result records from what these functions
+return.  The graph:
+
+1. Scale: the exponent ``e`` of the largest entry is a Dask max/min reduction (exact).
+2. Neighbors: the rows ``X 2**-e`` (standardized with reproducible column sums, or
+   normalized for the cosine metric, a token block at a time) go to :func:`refgeo.knn`,
+   whose Dask engine returns the (N, k) indices and distances to the caller: the same
+   as on one machine, bit for bit.
+3. Fits: one task per token block (the row chunks of ``X``).  For each other block
+   holding some of its tokens' neighbors a small task extracts those rows of ``X`` and
+   ``Y``; the fit task appends them to its own rows, remaps the neighbor indices to
+   these local rows and runs the single-machine kernel
+   (:func:`refgeo._tokenwise_fit.fit_class`) on its tokens only.  The kernels read
+   nothing but a token's own row and its neighbors' rows, and work token by token
+   within their batches, so every fitted value, coefficient and map is the
+   single-machine one, bit for bit.  The fitted values are persisted on the workers
+   (the call does the work, as on one machine; the returned arrays are chunked like
+   ``X``).
+4. Metrics (:func:`decompose`): per-token quantities come from row-wise tasks (the
+   same functions as on one machine: the same bits) and travel to the caller as (N,)
+   arrays; sums over tokens of those run there with NumPy (the same bits again).  The
+   d x d Gram matrices of the dominant subspace and of the global baselines are sums of
+   per-block products, tree-reduced on the workers: they, and what depends on them
+   (subspace, singular values, projections, baselines), agree with the single-machine
+   values to rounding (a GEMM's summation order depends on its shape).
+
+Memory per task: a token block of ``b`` rows, the rows of its neighbors (at most
+``b k``, at most N) and the kernel's panels of ``chunk`` tokens; per-token records are
+``O(b)``, Gram partials ``O(d^2)``.  Nothing of size N x N or N x d reaches the caller
+besides the (N, k) neighbors, weights and distances and the (N,) metrics.  Dask itself
+is imported only here, when a Dask array arrives.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from . import _tokenwise_fit as _fit
+from ._threads import blas_single_thread
+
+__all__ = [
+    "check_known_chunks", "fit", "max_abs", "metrics", "panels", "parts", "parts_max_abs", "scale_exponent",
+    "search_neighbors", "unscaled", "update_max",
+]
+
+
+def _da():
+    import dask.array as da
+
+    return da
+
+
+def _host(a):
+    """A NumPy array of a chunk (CuPy chunks are copied to the host)."""
+    if not isinstance(a, np.ndarray) and hasattr(a, "get"):
+        return a.get()
+    return np.asarray(a)
+
+
+def _rows(A, ex):
+    """``A * 2**-ex`` (a scaled copy, or ``A`` itself when ``ex == 0``)."""
+    return A if ex == 0 else np.ldexp(A, -ex)
+
+
+def _panels64(X, Y, e):
+    """As the single-machine ``_panels64``: float64 inputs kept (``ex = e``: scaled as
+    the kernels read them), other dtypes converted and scaled (``ex = 0``)."""
+    if X.dtype == np.float64 and Y.dtype == np.float64:
+        return X, Y, e
+    X64 = X.astype(np.float64)
+    Y64 = Y.astype(np.float64)
+    if e:
+        np.ldexp(X64, -e, out=X64)
+        np.ldexp(Y64, -e, out=Y64)
+    return X64, Y64, 0
+
+
+def _one_blas_thread(fn):
+    """``fn`` with BLAS on one thread: Dask runs the tasks of a worker in parallel."""
+    import functools
+
+    @functools.wraps(fn)
+    def run(*args):
+        with blas_single_thread():
+            return fn(*args)
+
+    return run
+
+
+def _sum_tree(parts, fan_in=8):
+    """The sum of a list of delayed arrays, ``fan_in`` at a time, on the workers."""
+    import dask
+
+    add = dask.delayed(lambda xs: sum(xs[1:], xs[0]), pure=True)
+    while len(parts) > 1:
+        parts = [add(parts[s : s + fan_in]) for s in range(0, len(parts), fan_in)]
+    return parts[0]
+
+
+# --------------------------------------------------------------------- panels
+
+
+def panels(X, Y):
+    """``(X, Y)`` as Dask arrays with whole rows per chunk and the same row chunks.
+
+    A NumPy (or host) ``Y`` next to a Dask ``X`` (or the other way round) is wrapped
+    with the other's row chunks.  Unknown chunk sizes are refused.
+    """
+    da = _da()
+    if not isinstance(X, da.Array):
+        X = da.from_array(np.asarray(X), chunks=(Y.chunks[0], -1))
+    if not isinstance(Y, da.Array):
+        Y = da.from_array(np.asarray(Y), chunks=(X.chunks[0], -1))
+    check_known_chunks(X, "X")
+    check_known_chunks(Y, "Y")
+    rows = tuple(c for c in X.chunks[0] if c > 0)  # empty chunks hold no token block
+    if len(X.chunks[1]) > 1 or rows != X.chunks[0]:
+        X = X.rechunk({0: rows, 1: -1})  # a task needs whole rows
+    if len(Y.chunks[1]) > 1 or Y.chunks[0] != rows:
+        Y = Y.rechunk({0: rows, 1: -1})
+    if not isinstance(getattr(X, "_meta", None), np.ndarray):
+        X = X.map_blocks(_host, meta=np.empty((0, 0), dtype=X.dtype))
+    if not isinstance(getattr(Y, "_meta", None), np.ndarray):
+        Y = Y.map_blocks(_host, meta=np.empty((0, 0), dtype=Y.dtype))
+    return X, Y
+
+
+def check_known_chunks(A, name):
+    """``ValueError`` for a Dask array with chunks of unknown size (e.g. after a boolean mask)."""
+    da = _da()
+    if isinstance(A, da.Array) and any(math.isnan(c) for cs in A.chunks for c in cs):
+        raise ValueError(
+            f"{name} has unknown chunk sizes; call {name}.compute_chunk_sizes() first."
+        )
+
+
+def _offsets(A):
+    return np.concatenate([[0], np.cumsum(A.chunks[0])]).astype(np.int64)
+
+
+def scale_exponent(X, Y) -> int:
+    """The ``e`` with ``max |a| 2**-e`` in [1/2, 1) over X and Y (0 when all are zero)."""
+    import dask
+
+    m = dask.compute(X.max(), X.min(), Y.max(), Y.min())
+    top = max(float(m[0]), -float(m[1]), float(m[2]), -float(m[3]))
+    return math.frexp(top)[1] if top > 0 else 0
+
+
+def _update_max_block(XI, YI, ex):
+    XI, YI = _host(XI).astype(np.float64), _host(YI).astype(np.float64)
+    D = _rows(YI, ex) - _rows(XI, ex)
+    return np.array([max(float(D.max()), -float(D.min())) if D.size else 0.0])
+
+
+def update_max(X, Y, e) -> float:
+    """``max |y - x|`` of the scaled panels ``(X, Y) 2**-e`` (a Dask reduction)."""
+    da = _da()
+    parts = da.map_blocks(_update_max_block, X, Y, e, drop_axis=1, chunks=((1,) * X.numblocks[0],),
+                          dtype=np.float64)
+    return float(parts.max().compute())
+
+
+def max_abs(A) -> float:
+    """``max |a|`` of a Dask array (0 for an empty one)."""
+    import dask
+
+    if A.size == 0:
+        return 0.0
+    hi, lo = dask.compute(A.max(), A.min())
+    return max(float(hi), -float(lo))
+
+
+def unscaled(A, e):
+    """``A 2**e`` lazily, a chunk at a time (exact: a power of two)."""
+    if e == 0:
+        return A
+    return A.map_blocks(np.ldexp, e, dtype=A.dtype)
+
+
+# ------------------------------------------------------------------ neighbors
+
+
+def _binned_block(B, width):
+    return _fit.binned_sums(np.asarray(B, dtype=np.float64), width)
+
+
+def _binned_sq_block(B, mu, width):
+    return _fit.binned_sums((np.asarray(B, dtype=np.float64) - mu) ** 2, width)
+
+
+def _merge_tree(parts, fan_in=8):
+    import dask
+
+    def merge(xs):
+        acc = xs[0]
+        for x in xs[1:]:
+            acc = _fit.merge_binned(acc, x)
+        return acc
+
+    fn = dask.delayed(merge, pure=True)
+    while len(parts) > 1:
+        parts = [fn(parts[s : s + fan_in]) for s in range(0, len(parts), fan_in)]
+    return parts[0]
+
+
+def _column_sums(Z, n, fn, *args):
+    import dask
+
+    width = _fit.bin_width(n)
+    task = dask.delayed(fn, pure=True)
+    parts = [task(b, *args, width) for b in Z.to_delayed()[:, 0]]
+    return _fit.finish_binned(dask.compute(_merge_tree(parts))[0])
+
+
+def search_neighbors(X, e, k, metric, standardize, exclude_self):
+    """Indices (N, k) and distances (N, k) (NumPy), as the single-machine search.
+
+    The same transformations of the rows, a token block at a time: the exact scaling
+    by ``2**-e``, the standardization with the reproducible column means and spreads
+    of :func:`refgeo._tokenwise_fit.binned_sums` (the same bits for every chunking),
+    the unit rows of the cosine metric; then the Dask k-NN engine of :func:`refgeo.knn`.
+    """
+    from .rows import knn
+
+    n = X.shape[0]
+    Z = X if e == 0 else X.map_blocks(np.ldexp, -e, dtype=X.dtype)
+    if standardize:
+        Z = Z.astype(np.float64)
+        mu = _column_sums(Z, n, _binned_block) / n
+        var = _column_sums(Z, n, _binned_sq_block, mu) / n
+        Z = Z.map_blocks(_fit.standardized, mu, np.sqrt(var), dtype=np.float64)
+    if metric == "cosine":
+        Z = Z.astype(np.float64).map_blocks(_fit.unit_rows, dtype=np.float64)
+    res = knn(Z, k, exclude_self=exclude_self)
+    dist = np.asarray(res.distances, dtype=np.float64)
+    if e and not standardize and metric == "euclidean":
+        dist = np.ldexp(dist, e)
+    return np.asarray(res.indices, dtype=np.int64), dist
+
+
+# ----------------------------------------------------------------------- fits
+
+
+def _gather(XJ, YJ, rows):
+    """The rows ``rows`` of one source block of X and of Y."""
+    return _host(XJ)[rows], _host(YJ)[rows]
+
+
+def _fit_block(XI, YI, gathered, nbr, w, e, cls, rank, ridge, ident, chunk, return_maps):
+    """The local fits of one token block: its rows, then the gathered neighbor rows."""
+    XI, YI = _host(XI), _host(YI)
+    if gathered:
+        XI = np.concatenate([XI] + [g[0] for g in gathered])
+        YI = np.concatenate([YI] + [g[1] for g in gathered])
+    X64, Y64, ex = _panels64(XI, YI, e)
+    # one BLAS thread per task: Dask runs the tasks in parallel (as the kernels run on
+    # one machine, many small batched GEMMs and eigensolvers)
+    with blas_single_thread():
+        fitted, coef, maps = _fit.fit_class(X64, Y64, ex, nbr, w, cls, rank, ridge, ident,
+                                            max(1, min(chunk, nbr.shape[0])), return_maps)
+    return fitted, coef, maps
+
+
+def _local_plan(idx_block, offsets, I):
+    """Where the neighbors of token block ``I`` live: ``(local neighbor indices,
+    [(source block J, rows of J)])``, the block's own rows first, then those gathered
+    from the other blocks in increasing order of J."""
+    s, t = int(offsets[I]), int(offsets[I + 1])
+    u = np.unique(idx_block)
+    src = np.searchsorted(offsets, u, side="right") - 1
+    local = np.empty(u.shape[0], dtype=np.int64)
+    own = src == I
+    local[own] = u[own] - s
+    nxt = t - s
+    sources = []
+    for J in np.unique(src[~own]):
+        sel = np.flatnonzero(src == J)
+        local[sel] = nxt + np.arange(sel.shape[0])
+        nxt += sel.shape[0]
+        sources.append((int(J), u[sel] - offsets[J]))
+    return local[np.searchsorted(u, idx_block)], sources
+
+
+def fit(X, Y, e, idx, w, cls, rank, ridge, ident, chunk, return_maps):
+    """``(fitted, coefficients, maps)`` of the scaled panels ``(X, Y) 2**-e`` as Dask
+    arrays chunked like X's rows, persisted on the workers (``coefficients`` and
+    ``maps`` None where the class has none or they were not asked for).
+
+    ``idx`` and ``w`` are the (N, k) NumPy neighbors and weights; ``ridge`` is the
+    ridge of the scaled problem.
+    """
+    import dask
+
+    da = _da()
+    n, d = X.shape
+    offsets = _offsets(X)
+    xb, yb = X.to_delayed()[:, 0], Y.to_delayed()[:, 0]
+    gather = dask.delayed(_gather, pure=True, nout=2)
+    task = dask.delayed(_fit_block, pure=True, nout=3)
+    diagonal = cls in ("diagonal", "psd_diagonal")
+    fitted, coefs, maps = [], [], []
+    for I in range(len(xb)):
+        s, t = int(offsets[I]), int(offsets[I + 1])
+        b = t - s
+        if b == 0:
+            continue
+        nbr, sources = _local_plan(idx[s:t], offsets, I)
+        gathered = [gather(xb[J], yb[J], rows) for J, rows in sources]
+        f, c, m = task(xb[I], yb[I], gathered, nbr, w[s:t], e, cls, rank, ridge, ident, chunk, return_maps)
+        fitted.append(da.from_delayed(f, shape=(b, d), dtype=np.float64))
+        if diagonal:
+            coefs.append(da.from_delayed(c, shape=(b, d), dtype=np.float64))
+        elif cls == "scaled_orthogonal":
+            coefs.append(da.from_delayed(c, shape=(b,), dtype=np.float64))
+        if return_maps:
+            maps.append(da.from_delayed(m, shape=(b, d, d), dtype=np.float64))
+    out = [da.concatenate(fitted)]
+    out.append(da.concatenate(coefs) if coefs else None)
+    out.append(da.concatenate(maps) if maps else None)
+    keep = [a for a in out if a is not None]
+    persisted = iter(dask.persist(*keep))
+    return tuple(next(persisted) if a is not None else None for a in out)
+
+
+# -------------------------------------------------------------------- metrics
+
+
+def _parts(XI, YI, FI, ex):
+    """delta, tau and rho of one block (scaled), as the single-machine ``_metrics``."""
+    xb = _rows(XI, ex)
+    delta = np.subtract(_rows(YI, ex), xb)
+    tau = FI - xb
+    rho = delta - tau
+    return xb, delta, tau, rho
+
+
+def _block_panels(XI, YI, e):
+    return _panels64(_host(XI), _host(YI), e)
+
+
+@_one_blas_thread
+def _metrics_block(XI, YI, FI, e, gram, baselines):
+    """Per-token records of one block (rows: the squared norms of delta, tau, rho, the
+    three cosines and the three angles) and its sums: column sums of delta, tau, rho,
+    ``tau^T tau`` (when ``gram``), ``x^T x`` and ``y^T x`` (when ``baselines``)."""
+    X64, Y64, ex = _block_panels(XI, YI, e)
+    xb, delta, tau, rho = _parts(X64, Y64, FI, ex)
+    ri = _fit.row_inner
+    dn2, tn2, rn2 = ri(delta, delta), ri(tau, tau), ri(rho, rho)
+    dn, tn, rn = np.sqrt(dn2), np.sqrt(tn2), np.sqrt(rn2)
+    c_dt = _fit.cosine(ri(delta, tau), dn, tn)
+    c_rt = _fit.cosine(ri(rho, tau), rn, tn)
+    c_rd = _fit.cosine(ri(rho, delta), rn, dn)
+    vec = np.stack([
+        dn2, tn2, rn2, c_dt, c_rt, c_rd,
+        _fit.angle(delta, tau, dn, tn, c_dt), _fit.angle(rho, tau, rn, tn, c_rt),
+        _fit.angle(rho, delta, rn, dn, c_rd),
+    ])
+    d = xb.shape[1]
+    sums = np.stack([delta.sum(axis=0), tau.sum(axis=0), rho.sum(axis=0)])
+    G = tau.T @ tau if gram else np.zeros((0, 0))
+    if baselines:
+        yb = _rows(Y64, ex)
+        B = np.stack([xb.T @ xb, yb.T @ xb])
+    else:
+        B = np.zeros((0, d, d))
+    return vec, sums, G, B
+
+
+@_one_blas_thread
+def _centered_gram_block(XI, YI, FI, e, m):
+    X64, Y64, ex = _block_panels(XI, YI, e)
+    tau = _parts(X64, Y64, FI, ex)[2] - m
+    return tau.T @ tau
+
+
+@_one_blas_thread
+def _projection_block(XI, YI, FI, e, U, means, maps):
+    """Per-token records of one block: for delta, tau, rho the squared norms of their
+    projections on ``U`` (and, when centering, of the centered vectors); then the
+    squared residuals of the baselines' transposed ``maps``."""
+    X64, Y64, ex = _block_panels(XI, YI, e)
+    xb, delta, tau, rho = _parts(X64, Y64, FI, ex)
+    out = []
+    for j, v in enumerate((delta, tau, rho)):
+        if means is not None:
+            v = v - means[j]
+            out.append(_fit.row_inner(v, v))
+        p = v @ U
+        out.append(_fit.row_inner(p, p))
+    yb = _rows(Y64, ex)
+    for AT in maps:
+        res = xb @ AT
+        np.subtract(yb, res, out=res)
+        out.append(_fit.row_inner(res, res))
+    return np.stack(out) if out else np.zeros((0, xb.shape[0]))
+
+
+def _field_block(XI, YI, FI, e, which, scale_back=True):
+    X64, Y64, ex = _block_panels(XI, YI, e)
+    v = _parts(X64, Y64, FI, ex)[which]
+    return np.ldexp(v, e) if e and scale_back else v
+
+
+def parts(X, Y, F, e):
+    """Lazy ``(delta, tau, rho)`` (scaled back) from the persisted fitted values ``F``."""
+    fields = []
+    for which in (1, 2, 3):
+        fields.append(_da().map_blocks(_field_block, X, Y, F, e, which, dtype=np.float64))
+    return tuple(fields)
+
+
+def parts_max_abs(X, Y, F, e):
+    """``max |entry|`` of the scaled delta, tau and rho (for the range check only)."""
+    da = _da()
+    return [max_abs(da.map_blocks(_field_block, X, Y, F, e, which, False, dtype=np.float64))
+            for which in (1, 2, 3)]
+
+
+def metrics(X, Y, F, e, subspace_rank, center_subspace, baselines, ridge, identity_prior):
+    """Every metric of the decomposition, from the persisted scaled fitted values ``F``.
+
+    Returns a dict: the (N,) NumPy arrays ``dn2, tn2, rn2`` (scaled squared norms),
+    ``cosines`` and ``angles`` (three each), ``projections`` and the pairs ``(num,
+    den)`` of the subspace energies (three each), ``subspace`` and
+    ``singular_values`` (scaled), and for the baselines their transposed maps and
+    (N,) squared residuals (scaled).
+    """
+    import dask
+
+    n, d = X.shape
+    xb, yb, fb = X.to_delayed()[:, 0], Y.to_delayed()[:, 0], F.to_delayed()[:, 0]
+    task = dask.delayed(_metrics_block, pure=True, nout=4)
+    recs = [task(xb[i], yb[i], fb[i], e, not center_subspace, baselines) for i in range(len(xb))]
+    vec_parts = [r[0] for r in recs]
+    sums = _sum_tree([r[1] for r in recs])
+    G = _sum_tree([r[2] for r in recs])
+    B = _sum_tree([r[3] for r in recs])
+    vecs, sums, G, B = dask.compute(vec_parts, sums, G, B)
+    vec = np.concatenate(vecs, axis=1)
+    means = None
+    if center_subspace:
+        # explicit subtraction of the mean, as on one machine (the shortcut
+        # G - n m m^T cancels catastrophically for a large mean update)
+        means = sums / n
+        gtask = dask.delayed(_centered_gram_block, pure=True)
+        m_ = dask.delayed(means[1], pure=True)
+        G = dask.compute(_sum_tree([gtask(xb[i], yb[i], fb[i], e, m_) for i in range(len(xb))]))[0]
+    with blas_single_thread():
+        evals, evecs = np.linalg.eigh(G)
+    U = np.ascontiguousarray(evecs[:, ::-1][:, :subspace_rank])
+    sv = np.sqrt(np.maximum(evals[::-1][:subspace_rank], 0.0))
+    maps = _fit.baseline_maps(B[0], B[1], ridge, identity_prior) if baselines else ()
+    ptask = dask.delayed(_projection_block, pure=True)
+    # one key each for the d x r and d x d matrices, not a copy in every task
+    U_, means_, maps_ = (dask.delayed(a, pure=True) for a in (U, means, maps))
+    proj = dask.compute([ptask(xb[i], yb[i], fb[i], e, U_, means_, maps_) for i in range(len(xb))])[0]
+    proj = np.concatenate(proj, axis=1)
+    dn2, tn2, rn2 = vec[0], vec[1], vec[2]
+    out = {
+        "dn2": dn2, "tn2": tn2, "rn2": rn2,
+        "cosines": (vec[3], vec[4], vec[5]), "angles": (vec[6], vec[7], vec[8]),
+        "subspace": U, "singular_values": sv, "baseline_maps": maps,
+    }
+    row = 0
+    projections, energies = [], []
+    for vn2 in (dn2, tn2, rn2):
+        if center_subspace:
+            vn2 = proj[row]
+            row += 1
+        p2 = proj[row]
+        row += 1
+        projections.append(_fit.ratio(p2, vn2))
+        energies.append((p2, vn2))
+    out["projections"] = tuple(projections)
+    out["energy_parts"] = tuple(energies)
+    out["baseline_r2"] = tuple(proj[row + j] for j in range(len(maps)))
+    return out

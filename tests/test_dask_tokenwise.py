@@ -1,0 +1,397 @@
+"""``fit_local_maps`` and ``decompose`` on Dask arrays, on a real ``distributed.LocalCluster``.
+
+Every test compares Dask input with the same rows as NumPy arrays on one machine.  The
+neighbors, the fitted values, coefficients and maps, delta, tau, rho and every
+per-token quantity computed row by row (relative errors, cosines, angles) and the
+sums over tokens of those are the same bits: the fit of a token reads only its own row
+and its neighbors' rows, the single-machine fit does not depend on its chunk size, and
+the sums over tokens run on the gathered (N,) arrays with the same NumPy calls.  What
+comes from d x d Gram matrices (subspace, singular values, projections, subspace
+energies, global baselines) is a sum of per-block GEMMs on the cluster and one GEMM on
+one machine, whose summation orders differ: those agree to rounding.
+"""
+
+from __future__ import annotations
+
+import warnings
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import refgeo
+
+from ._dask_cluster import local_client
+
+da = pytest.importorskip("dask.array")
+distributed = pytest.importorskip("distributed")
+
+_CLASSES = ["diagonal", "psd_diagonal", "low_rank", "orthogonal", "scaled_orthogonal", "full"]
+_PAIRS = ("delta_tau", "rho_tau", "rho_delta")
+_PARTS = ("delta", "tau", "rho")
+# Gram-based quantities: one GEMM against a sum of per-block GEMMs
+_RTOL = 1e-10
+
+
+@pytest.fixture(scope="module")
+def client():
+    with local_client() as c:
+        yield c
+
+
+def hidden_states(seed, n, d, vocab, dtype=np.float64):
+    """Layer inputs and outputs shaped like a residual stream.
+
+    A large common component (norm about 40) shared by every token, a token embedding
+    drawn from a Zipf-distributed vocabulary (repeated tokens give exactly repeated
+    rows of X: ties at distance 0) and a small per-position context term; the layer
+    adds a tokenwise nonlinear update and a context-dependent one.
+    """
+    rng = np.random.default_rng(seed)
+    common = 40.0 * rng.standard_normal(d) / np.sqrt(d)
+    emb = rng.standard_normal((vocab, d))
+    p = 1.0 / np.arange(1, vocab + 1) ** 1.1
+    tokens = rng.choice(vocab, size=n, p=p / p.sum())
+    X = common + emb[tokens]
+    context = rng.random(n) < 0.5  # half of the positions see some context
+    X[context] += 0.05 * rng.standard_normal((int(context.sum()), d))
+    W = np.eye(d) + 0.2 * rng.standard_normal((d, d)) / np.sqrt(d)
+    Y = X @ W.T + np.tanh(X - common) + 0.01 * rng.standard_normal((n, d))
+    return X.astype(dtype), Y.astype(dtype)
+
+
+def _chunks(draw, n):
+    kind = draw(st.sampled_from(["one", "small", "any"]))
+    if kind == "one":
+        return n
+    if kind == "small":
+        return draw(st.integers(1, 3))
+    return draw(st.integers(1, n))  # a ragged last chunk unless it divides n
+
+
+def _class_options(draw, d):
+    cls = draw(st.sampled_from(_CLASSES))
+    rank = draw(st.integers(1, d)) if cls == "low_rank" else None
+    return dict(
+        cls=cls, rank=rank,
+        ridge=draw(st.sampled_from([0.0, 0.0, 1e-3, 1.0])),
+        prior=draw(st.sampled_from(["identity", "zero"])),
+        metric=draw(st.sampled_from(["euclidean", "cosine"])),
+        standardize=draw(st.booleans()),
+        exclude_self=draw(st.booleans()),
+        weights=draw(st.sampled_from([None, "gaussian"])),
+    )
+
+
+@st.composite
+def _case(draw):
+    n = draw(st.integers(4, 40))
+    d = draw(st.integers(1, 7))
+    opts = _class_options(draw, d)
+    k = draw(st.integers(1, min(8, n - 1)))
+    dtype = draw(st.sampled_from([np.float64, np.float32]))
+    return n, d, k, dtype, opts, _chunks(draw, n), _chunks(draw, d), draw(st.integers(0, 2**16))
+
+
+def _dask(A, rows, cols):
+    return da.from_array(A, chunks=(rows, cols))
+
+
+def _quiet(fn, *args, **kw):
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)  # under-determined classes
+        return fn(*args, **kw)
+
+
+def _equal(a, b):
+    np.testing.assert_array_equal(np.asarray(b), np.asarray(a))
+
+
+def _same_fit(a, b):
+    for name in ("neighbors", "distances", "weights"):
+        if getattr(a, name) is None:  # no distances with given indices
+            assert getattr(b, name) is None
+            continue
+        assert isinstance(getattr(b, name), np.ndarray), name  # (N, k): on the caller
+        _equal(getattr(a, name), getattr(b, name))
+    assert isinstance(b.fitted, da.Array)
+    _equal(a.fitted, b.fitted.compute())
+    assert (a.coefficients is None) == (b.coefficients is None)
+    if a.coefficients is not None:
+        _equal(a.coefficients, b.coefficients.compute())
+    assert (a.maps is None) == (b.maps is None)
+    if a.maps is not None:
+        _equal(a.maps, b.maps.compute())
+    assert (a.dof, a.n_targets, a.config) == (b.dof, b.n_targets, b.config)
+
+
+def _aligned(U, V):
+    """``V`` with each column's sign matched to ``U`` (eigenvectors are signed freely)."""
+    s = np.sign(np.sum(U * V, axis=0))
+    return V * np.where(s == 0, 1.0, s)
+
+
+def _close(a, b, scale=1.0, rtol=_RTOL):
+    np.testing.assert_allclose(np.asarray(b), np.asarray(a), rtol=rtol, atol=rtol * scale)
+
+
+def _same_result(a, b, X, Y):
+    """Every field of two decompositions of ``(X, Y)``: bit for bit where it is
+    row-wise, to rounding where it comes from a Gram matrix."""
+    for name in _PARTS:
+        v = getattr(b, name)
+        assert isinstance(v, da.Array), name
+        _equal(getattr(a, name), v.compute())
+    for name in ("relative_error", "neighbors", "eval_mask"):
+        assert isinstance(getattr(b, name), np.ndarray)
+        _equal(getattr(a, name), getattr(b, name))
+    assert a.energy_fraction == b.energy_fraction or (np.isnan(a.energy_fraction) and np.isnan(b.energy_fraction))
+    for p in _PAIRS:
+        _equal(getattr(a.cosines, p), getattr(b.cosines, p))
+        _equal(getattr(a.angles, p), getattr(b.angles, p))
+    if a.coefficients is None:
+        assert b.coefficients is None
+    else:
+        _equal(a.coefficients, b.coefficients.compute())
+    assert (a.dof, a.n_targets, a.config) == (b.dof, b.n_targets, b.config)
+    # the Gram-based fields
+    sv_a, sv_b = a.subspace_singular_values, b.subspace_singular_values
+    top = float(sv_a[0]) if sv_a.size else 0.0
+    _close(sv_a, sv_b, top)
+    # the eigenvectors of well-separated singular values (others span a subspace only)
+    gap = np.diff(sv_a) if sv_a.size > 1 else np.zeros(0)
+    sep = np.ones(sv_a.shape[0], dtype=bool)
+    if sep.size > 1:
+        tight = np.abs(gap) <= 1e-6 * max(top, 1e-300)
+        sep[:-1] &= ~tight
+        sep[1:] &= ~tight
+    sep &= sv_a > 1e-6 * max(top, 1e-300)
+    if sep.any():
+        np.testing.assert_allclose(_aligned(a.subspace, b.subspace)[:, sep], a.subspace[:, sep], atol=1e-6)
+    for p in _PARTS:
+        np.testing.assert_allclose(getattr(b.projections, p), getattr(a.projections, p), atol=1e-6)
+        np.testing.assert_allclose(getattr(b.subspace_energies, p), getattr(a.subspace_energies, p), atol=1e-6)
+    assert len(a.baselines) == len(b.baselines)
+    for x, y in zip(a.baselines, b.baselines):
+        assert x.kind == y.kind
+        rtol = _baseline_rtol(x.kind, X, Y)
+        if rtol is None:
+            continue  # an eigenvalue at the pseudo-inverse's cut-off: kept or dropped by rounding
+        _close(x.map, y.map, float(np.max(np.abs(x.map))) if x.map.size else 1.0, rtol)
+        np.testing.assert_allclose(y.relative_error, x.relative_error, rtol=100 * rtol, atol=100 * rtol)
+        np.testing.assert_allclose(y.energy_fraction, x.energy_fraction, rtol=100 * rtol, atol=100 * rtol)
+
+
+def _baseline_rtol(kind, X, Y):
+    """How far a global baseline may move when its d x d Gram matrices change by a few
+    roundings: the condition of ``G = X^T X`` (linear) or of ``M = Y^T X`` (Procrustes)
+    times the unit roundoff; None where an eigenvalue sits at the cut-off of the
+    pseudo-inverse (the two solves may keep different numbers of directions)."""
+    X, Y = np.asarray(X, dtype=np.float64), np.asarray(Y, dtype=np.float64)
+    top = max(float(np.max(np.abs(X))), float(np.max(np.abs(Y))), 1e-300)
+    X, Y = X / top, Y / top  # condition numbers are scale-free; the Gram matrices of 1e200 are not finite
+    eps = np.finfo(np.float64).eps
+    if kind == "linear":
+        mu = np.linalg.eigvalsh(X.T @ X)
+        cut = X.shape[1] * eps * max(float(mu[-1]), 0.0)
+        if np.any((mu > cut / 1e3) & (mu < cut * 1e3)):
+            return None
+        kept = mu[mu > cut]
+        cond = float(kept[-1] / kept[0]) if kept.size else 1.0
+    else:
+        sv = np.linalg.svd(Y.T @ X, compute_uv=False)
+        pair = sv[:-1] + sv[1:] if sv.size > 1 else sv
+        cond = float(sv[0] / pair.min()) if sv.size and pair.min() > 0 else np.inf
+        if not np.isfinite(cond) or cond > 1e8:
+            return None
+    return max(_RTOL, 1e3 * eps * cond)
+
+
+# ------------------------------------------------------------------ fit_local_maps
+
+
+@settings(max_examples=12, deadline=None)
+@given(_case(), st.booleans())
+def test_fit_local_maps_is_the_single_machine_fit(client, case, return_maps):
+    n, d, k, dtype, opts, rows, cols, seed = case
+    X, Y = hidden_states(seed, n, d, vocab=max(2, n // 3), dtype=dtype)
+    want = _quiet(refgeo.fit_local_maps, X, Y, k=k, return_maps=return_maps, **opts)
+    got = _quiet(refgeo.fit_local_maps, _dask(X, rows, cols), _dask(Y, max(1, rows // 2), d), k=k,
+                 return_maps=return_maps, **opts)
+    _same_fit(want, got)
+    assert got.fitted.chunks[0] == _dask(X, rows, cols).chunks[0]  # chunked like X's rows
+
+
+def test_the_single_machine_fit_does_not_depend_on_its_chunk_size():
+    # the premise of bit identity on a cluster: a token's fit is the same bits whatever
+    # batch of tokens it is computed in
+    X, Y = hidden_states(5, 60, 6, vocab=15)
+    for cls, rank in [("diagonal", None), ("full", None), ("low_rank", 2), ("orthogonal", None),
+                      ("scaled_orthogonal", None)]:
+        for k in (3, 12):  # 2k < d and 2k >= d for the orthogonal classes
+            ref = _quiet(refgeo.fit_local_maps, X, Y, k=k, cls=cls, rank=rank, chunk_size=60, return_maps=True)
+            for c in (1, 7, 59):
+                f = _quiet(refgeo.fit_local_maps, X, Y, k=k, cls=cls, rank=rank, chunk_size=c, return_maps=True)
+                _equal(ref.fitted, f.fitted)
+                _equal(ref.maps, f.maps)
+
+
+@pytest.mark.parametrize("cls", _CLASSES)
+def test_realistic_hidden_states_every_class(client, cls):
+    # a residual stream with a large common component and Zipf-repeated tokens (exact
+    # duplicate rows: ties in the neighbor search), ragged chunks of 23 rows
+    X, Y = hidden_states(11, 120, 8, vocab=30)
+    rank = 3 if cls == "low_rank" else None
+    kw = dict(k=10, cls=cls, rank=rank, ridge=1e-2)
+    Xd, Yd = _dask(X, 23, 8), _dask(Y, 23, 4)
+    _same_fit(_quiet(refgeo.fit_local_maps, X, Y, **kw, return_maps=True),
+              _quiet(refgeo.fit_local_maps, Xd, Yd, **kw, return_maps=True))
+    _same_result(_quiet(refgeo.decompose, X, Y, **kw), _quiet(refgeo.decompose, Xd, Yd, **kw), X, Y)
+
+
+def test_given_neighbors_and_array_weights(client):
+    X, Y = hidden_states(3, 50, 5, vocab=12)
+    nn = refgeo.knn(X, 6)
+    w = np.random.default_rng(0).random((50, 6)) + 0.1
+    for neighbors, weights in [(nn, w), (nn.indices, None), (nn, da.from_array(w, chunks=(7, 6)))]:
+        kw = dict(cls="full", neighbors=neighbors, ridge=0.1)
+        want = _quiet(refgeo.fit_local_maps, X, Y, **kw, weights=None if weights is None else w)
+        got = _quiet(refgeo.fit_local_maps, _dask(X, 9, 5), _dask(Y, 9, 5), **kw, weights=weights)
+        _same_fit(want, got)
+
+
+def test_empty_and_column_chunks(client):
+    # a zero-row chunk holds no token block; column chunks are merged
+    X, Y = hidden_states(8, 30, 5, vocab=9)
+    Xd = da.from_array(X, chunks=((10, 0, 20), (2, 3)))
+    kw = dict(k=4, cls="low_rank", rank=2)
+    _same_fit(_quiet(refgeo.fit_local_maps, X, Y, **kw), _quiet(refgeo.fit_local_maps, Xd, Y, **kw))
+    want = _quiet(refgeo.decompose, X, Y, **kw)
+    _same_result(want, _quiet(refgeo.decompose, Xd, _dask(Y, 7, 5), **kw), X, Y)
+
+
+# ----------------------------------------------------------------------- decompose
+
+
+@settings(max_examples=10, deadline=None)
+@given(_case(), st.integers(1, 4), st.booleans(), st.booleans())
+def test_decompose_is_the_single_machine_decomposition(client, case, r, center, baselines):
+    n, d, k, dtype, opts, rows, cols, seed = case
+    X, Y = hidden_states(seed, n, d, vocab=max(2, n // 3), dtype=dtype)
+    kw = dict(k=k, subspace_rank=min(r, d), center_subspace=center, baselines=baselines, layer=2, **opts)
+    want = _quiet(refgeo.decompose, X, Y, **kw)
+    got = _quiet(refgeo.decompose, _dask(X, rows, cols), _dask(Y, rows, d), **kw)
+    _same_result(want, got, X, Y)
+    assert got.summary().keys() == want.summary().keys()
+    _equal(want.patched(X), got.patched(_dask(X, rows, d)).compute())
+
+
+def test_wide_range_states_scale_exactly(client):
+    # entries near 1e200: the fits and metrics run on exactly rescaled panels
+    X, Y = hidden_states(7, 40, 4, vocab=10)
+    X, Y = X * 1e200, Y * 1e200
+    kw = dict(k=6, cls="scaled_orthogonal")
+    want = _quiet(refgeo.decompose, X, Y, **kw)
+    got = _quiet(refgeo.decompose, _dask(X, 11, 4), _dask(Y, 11, 4), **kw)
+    _same_result(want, got, X, Y)
+    _same_fit(_quiet(refgeo.fit_local_maps, X, Y, **kw), _quiet(refgeo.fit_local_maps, _dask(X, 11, 4), Y, **kw))
+
+
+_CALLER = """
+import json, sys, tracemalloc, warnings
+import dask.array as da, distributed, numpy as np, refgeo
+
+n, d, k = 8000, 256, 4
+client = distributed.Client(sys.argv[1], timeout=60)
+X = da.random.RandomState(0).standard_normal((n, d), chunks=(1000, d)) + 3.0
+Y = 1.5 * X + 0.1 * da.random.RandomState(1).standard_normal((n, d), chunks=(1000, d))
+tracemalloc.start()
+fit = refgeo.fit_local_maps(X, Y, k=k, cls="full", ridge=1.0)
+peak_fit = tracemalloc.get_traced_memory()[1]
+tracemalloc.reset_peak()
+r = refgeo.decompose(X, Y, k=k, cls="diagonal", subspace_rank=4, baselines=False)
+peak = tracemalloc.get_traced_memory()[1]
+tracemalloc.stop()
+print(json.dumps({
+    "nbytes": n * d * 8, "peak_fit": peak_fit, "peak": peak,
+    "lazy": isinstance(fit.fitted, da.Array) and isinstance(r.tau, da.Array),
+    "shapes": [list(fit.neighbors.shape), list(r.relative_error.shape)],
+    "pieces": len(client.who_has(fit.fitted)), "blocks": len(X.chunks[0]),
+    "coefficient": float(r.coefficients.mean().compute()),
+}))
+client.close()
+"""
+
+
+def test_the_caller_never_holds_an_n_by_d_array(client):
+    # a separate caller process (here the scheduler shares the test's process): the
+    # states are made on the workers, and the caller's allocations during the fit and
+    # the decomposition stay well below one (N, d) float64 array: it receives the
+    # (N, k) neighbors, the (N,) metrics and d x d matrices
+    import json
+    import subprocess
+    import sys
+
+    from ._dask_cluster import TIMEOUT
+
+    run = subprocess.run([sys.executable, "-c", _CALLER, client.scheduler.address], capture_output=True,
+                         text=True, timeout=4 * TIMEOUT)
+    assert run.returncode == 0, run.stderr
+    got = json.loads(run.stdout.strip().splitlines()[-1])
+    # (the peaks are the (N, k) and (N,) arrays, d x d eigenproblems and the client's
+    # receive buffers: about 0.2 and 0.3-0.5 of one (N, d) float64 array here)
+    assert got["peak_fit"] < got["nbytes"] / 3, got
+    assert got["peak"] < got["nbytes"] * 0.7, got
+    assert got["lazy"] and got["shapes"] == [[8000, 4], [8000]]
+    # the persisted fitted values live on the workers, one piece per token block
+    assert got["pieces"] == got["blocks"]
+    assert abs(got["coefficient"] - 1.5) < 0.05
+
+
+# -------------------------------------------------------------------------- errors
+
+
+def test_options_that_need_one_process_are_refused(client):
+    X, Y = hidden_states(1, 30, 3, vocab=8)
+    Xd, Yd = _dask(X, 10, 3), _dask(Y, 10, 3)
+    with pytest.raises(NotImplementedError, match=r"cls='mlp' is not supported for Dask arrays.*\.compute\(\)"):
+        refgeo.decompose(Xd, Yd, cls="mlp")
+    with pytest.raises(ValueError, match="cls"):
+        refgeo.fit_local_maps(Xd, Yd, k=3, cls="lowrank")
+    with pytest.raises(ValueError, match="k == 30"):
+        refgeo.fit_local_maps(Xd, Yd, k=30, cls="full")
+    with pytest.raises(ValueError, match="X and Y"):
+        refgeo.fit_local_maps(Xd, _dask(Y[:20], 10, 3), k=3, cls="full")
+
+
+def test_nan_names_the_chunk(client):
+    X, Y = hidden_states(2, 40, 3, vocab=8)
+    X[25, 1] = np.nan
+    with pytest.raises(ValueError, match=r"X must contain only finite values.*rows 20:30"):
+        refgeo.fit_local_maps(_dask(X, 10, 3), _dask(Y, 10, 3), k=3, cls="full")
+
+
+def test_unknown_chunk_sizes_are_refused(client):
+    X, Y = hidden_states(2, 40, 3, vocab=8)
+    Xd = _dask(X, 10, 3)
+    Xd = Xd[Xd[:, 0] > -1e9]  # a boolean mask: row chunks of unknown size
+    with pytest.raises(ValueError, match="unknown chunk sizes.*compute_chunk_sizes"):
+        refgeo.fit_local_maps(Xd, _dask(Y, 10, 3), k=3, cls="full")
+
+
+def test_progress_reports_the_steps(client):
+    X, Y = hidden_states(4, 30, 3, vocab=8)
+    reports = []
+    refgeo.decompose(_dask(X, 10, 3), _dask(Y, 10, 3), k=4, cls="diagonal", progress=reports.append)
+    assert (reports[0]["done"], reports[-1]["done"]) == (0, reports[-1]["total"]) == (0, 3)
+
+
+def test_larger_realistic_layer(client):
+    # 3000 tokens of width 32, k = 40, standardized neighbors, a centered subspace, in
+    # blocks of 700 tokens (about 5 s on two cores)
+    X, Y = hidden_states(21, 3000, 32, vocab=400)
+    for cls in ("full", "scaled_orthogonal"):
+        kw = dict(k=40, cls=cls, ridge=1e-3, standardize=True, center_subspace=True)
+        want = _quiet(refgeo.decompose, X, Y, **kw)
+        _same_result(want, _quiet(refgeo.decompose, _dask(X, 700, 16), Y, **kw), X, Y)
