@@ -708,13 +708,45 @@ class _HeapCandidates(NamedTuple):
     bound: float
 
 
-def _key_ends(keys, ids, nI, nJ, n_cand, k, cp, eabs, bound):
+class _Seeds(NamedTuple):
+    """Pruning thresholds of a row block's heaps in one key space (see :func:`_knn_keys_task`)."""
+
+    dtype: str  # the filter dtype of the keys ("float32" or "float64")
+    keys: Any  # (rows,) float64: the K-th smallest key of the row in one block (+inf: none)
+
+
+def _full_heap(k):
+    """Heap entries of a row against a block of many candidates (:func:`_heap_size`)."""
+    return k + max(8, k // 2)
+
+
+def _seed_keys(seeds, dt):
+    """The rows' thresholds of ``seeds`` if they are in the key space of filter dtype
+    ``dt``, else None (keys of another dtype are refused)."""
+    if seeds is None or seeds.dtype != dt or not np.isfinite(seeds.keys).any():
+        return None
+    return seeds.keys
+
+
+def _heap_tops(keys, ids, k, dt):
+    """The seeds an unseeded task's heaps give (:class:`_Seeds`): the K-th smallest key
+    of each row whose heap is full at the full size ``K = k + slack``, else +inf."""
+    if keys.shape[1] != _full_heap(k):
+        return None
+    return _Seeds(dt, np.where((ids >= 0).all(axis=1), keys.max(axis=1), math.inf))
+
+
+def _key_ends(keys, ids, nI, nJ, n_cand, k, cp, eabs, bound, seeded=None):
     """Upper ends (the ``k`` smallest) and candidates of one side, from its heaps.
 
     The ends are the compiled engine's (``refgeo_ext/_knn.pyx.tp``, same operations in
-    the same order): ``key + n_i -+ (c (n_i + n_j)) -+ eabs``, and for a full heap
-    that may have dropped pairs, ``max key + n_i - c (n_i + max n) - eabs`` bounds the
-    lower end of every dropped pair.
+    the same order): ``key + n_i -+ (c (n_i + n_j)) -+ eabs``, and for a heap that may
+    have dropped pairs (a full heap, or a seeded one: ``seeded[i]`` true when row i's
+    heap started from finite sentinel keys), ``max key + n_i - c (n_i + max n) - eabs``
+    bounds the lower end of every dropped pair.  The maximum runs over the sentinels
+    left in the heap too: a key is dropped only when it is not below the heap's top
+    at that time, and the top never increases, so every dropped key is at least the
+    final top, the largest key the heap holds.
     """
     K = keys.shape[1]
     valid = ids >= 0
@@ -725,15 +757,25 @@ def _key_ends(keys, ids, nI, nJ, n_cand, k, cp, eabs, bound):
     lo = np.where(valid, (s - w) - eabs, math.inf)
     m = min(k, K)
     ends = up if m == K else np.partition(up, m - 1, axis=1)[:, :m]
-    if K < n_cand:
+    if K < n_cand or seeded is not None:
         out = ((keys.max(axis=1) + nI) - cp * (nI + float(nJ.max()))) - eabs
+        if K >= n_cand:  # room for every candidate: only a seeded row may drop pairs
+            out = np.where(seeded, out, math.inf)
     else:
         out = np.full(keys.shape[0], math.inf)
     return ends, _HeapCandidates(lo, ids.astype(np.int32), out, bound)
 
 
-def _knn_keys_task(SA, SB, mu, k, exclude_self, both):
-    """Filter one block pair on the compiled engine: ``(ends_A, cand_A, ends_B, cand_B)``.
+def _heaps(rows, K, seed):
+    """Empty heaps ``(keys, ids)`` of ``rows`` rows: every entry (+inf, -1), or with
+    ``seed`` (float64, one per row) K sentinel entries (seed_i, -1) in row i."""
+    keys = np.full((rows, K), math.inf) if seed is None else np.repeat(seed[:, None], K, axis=1)
+    return keys, np.full((rows, K), -1, dtype=np.int64)
+
+
+def _knn_keys_task(SA, SB, mu, k, exclude_self, both, seeds_a=None, seeds_b=None):
+    """Filter one block pair on the compiled engine:
+    ``(ends_A, cand_A, ends_B, cand_B, seeds_A)``.
 
     ``ends`` are each row's ``k`` smallest upper ends over this block pair; they merge
     into the row's k-th smallest over all blocks, T_i (:func:`_merge_ends`).  A pair can
@@ -742,6 +784,19 @@ def _knn_keys_task(SA, SB, mu, k, exclude_self, both):
     dropped pairs reach T_i (``cand.out <= T_i``), the row is refined against the whole
     block (:func:`_knn_refine_pair_task`), as the engine does for a row its heap cannot
     certify.
+
+    Seeds.  ``seeds_A`` (:class:`_Seeds`, from an unseeded task) is the K-th smallest
+    key of each of A's rows in this block pair.  Passed to the other block pairs of the
+    same rows (``seeds_a``, ``seeds_b`` for B's rows), it starts each heap at K
+    sentinel entries of that key instead of +inf: the heap then takes only keys below
+    the row's threshold, about K of them per block instead of ``K ln(b / K)`` for a
+    heap that starts empty (the shared threshold of the engine's thread heaps, across
+    tasks).  Any seed gives the exact answer: the dropped pairs' bound ``cand.out``
+    comes from the heap's final top, sentinels included, so a seed that is too low
+    only sends rows to the whole-block refinement; the K-th key of another block lies
+    above the row's k-th upper end by the heap's slack, so almost no row goes there.
+    Seeds of another filter dtype (a block pair whose norms need the float64 GEMM)
+    are ignored.
     """
     ext = _backend_ext()
     same = SB is None
@@ -749,17 +804,15 @@ def _knn_keys_task(SA, SB, mu, k, exclude_self, both):
     na, nb = A.shape[0], B.shape[0]
     cand_a = nb - int(same and exclude_self)
     if cand_a < 1:
-        return None, None, None, None
+        return None, None, None, None, None
     d = A.shape[1]
     cp, eabs = rounding_bound(d, dt)
     bound = reported_bound(d, dt, top)
-    KA = _heap_size(k, cand_a)
-    keys_a = np.full((na, KA), math.inf)
-    ids_a = np.full((na, KA), -1, dtype=np.int64)
     two = both and not same
+    sa = _seed_keys(seeds_a, dt)
+    sb = _seed_keys(seeds_b, dt) if two else None
+    KA = _heap_size(k, cand_a)
     KB = _heap_size(k, na) if two else 0
-    keys_b = np.full((nb if two else 0, KB), math.inf)
-    ids_b = np.full((nb if two else 0, KB), -1, dtype=np.int64)
     suffix = "32" if dt == "float32" else "64"
     # one BLAS thread per task whatever the worker's environment: Dask runs the tasks
     # in parallel, and a threaded BLAS under tile-sized GEMMs on busy cores spins
@@ -767,23 +820,30 @@ def _knn_keys_task(SA, SB, mu, k, exclude_self, both):
         if two and KA == KB:
             # two distinct blocks with heaps of one size: the engine's vectorized
             # epilogue, on record heaps (A's rows, then B's)
-            keys_a, ids_a, keys_b, ids_b = _records_pair(ext, suffix, XA, nA, XB, nB, KA)
+            keys_a, ids_a, keys_b, ids_b = _records_pair(ext, suffix, XA, nA, XB, nB, KA, sa, sb)
         else:
+            keys_a, ids_a = _heaps(na, KA, sa)
+            keys_b, ids_b = _heaps(nb if two else 0, KB, sb)
             fn = getattr(ext._knn_blocks, "block_pair_keys" + suffix)
             fn(XA, nA, XB, nB, same, exclude_self, two, _TASK_TILE, keys_a, ids_a, keys_b, ids_b)
-    ends_a, c_a = _key_ends(keys_a, ids_a, nA, nB, cand_a, k, cp, eabs, bound)
+    ends_a, c_a = _key_ends(keys_a, ids_a, nA, nB, cand_a, k, cp, eabs, bound,
+                            None if sa is None else np.isfinite(sa))
+    tops = _heap_tops(keys_a, ids_a, k, dt) if sa is None else None
     if not two:
-        return ends_a, c_a, None, None
-    ends_b, c_b = _key_ends(keys_b, ids_b, nB, nA, na, k, cp, eabs, bound)
-    return ends_a, c_a, ends_b, c_b
+        return ends_a, c_a, None, None, tops
+    ends_b, c_b = _key_ends(keys_b, ids_b, nB, nA, na, k, cp, eabs, bound,
+                            None if sb is None else np.isfinite(sb))
+    return ends_a, c_a, ends_b, c_b, tops
 
 
-def _records_pair(ext, suffix, XA, nA, XB, nB, K):
+def _records_pair(ext, suffix, XA, nA, XB, nB, K, seed_a=None, seed_b=None):
     """The heaps of ``block_pair_keys`` with ``both`` for two distinct blocks, through
-    ``block_pair_records`` (``K`` records per row of A and of B), as key and id arrays."""
+    ``block_pair_records`` (``K`` records per row of A and of B), as key and id arrays;
+    ``seed_a``, ``seed_b``: the rows' sentinel keys as in :func:`_heaps` (None: +inf)."""
     na = XA.shape[0]
     rec = np.empty((na + XB.shape[0], 2 * K))
-    rec[:, 0::2] = math.inf
+    rec[:na, 0::2] = math.inf if seed_a is None else seed_a[:, None]
+    rec[na:, 0::2] = math.inf if seed_b is None else seed_b[:, None]
     ids = rec.view(np.int64)[:, 1::2]
     ids[...] = -1
     getattr(ext._knn_blocks, "block_pair_records" + suffix)(XA, XB, np.concatenate([nA, nB]), _KNN_TASK_TILE, rec)
@@ -890,9 +950,10 @@ def _prepare_xp(xp, arrays):
     return cents, norms, name, top
 
 
-def _knn_keys_task_xp(SA, SB, mu, k, exclude_self, both):
+def _knn_keys_task_xp(SA, SB, mu, k, exclude_self, both, seeds_a=None, seeds_b=None):
     """:func:`_knn_keys_task` on the array-API engine (``refgeo._tiled``): for CuPy
-    chunks, the GEMM and the selection of each row's smallest keys run on the GPU.
+    chunks, the GEMM and the selection of each row's smallest keys run on the GPU
+    (a sort, not heaps: no seeds taken or given, the fifth output is None).
 
     The keys are the compiled kernel's, ``n_j - 2 x_i . y_j`` in float64 from the GEMM
     in the filter dtype, so the same certified ends follow; the task centers its blocks
@@ -907,7 +968,7 @@ def _knn_keys_task_xp(SA, SB, mu, k, exclude_self, both):
     na, nb = XA.shape[0], XB.shape[0]
     cand_a = nb - int(same and exclude_self)
     if cand_a < 1:
-        return None, None, None, None
+        return None, None, None, None, None
     d = XA.shape[1]
     cp, eabs = rounding_bound(d, name)
     bound = reported_bound(d, name, top)
@@ -920,11 +981,11 @@ def _knn_keys_task_xp(SA, SB, mu, k, exclude_self, both):
     nA_h, nB_h = _host(nA), _host(nB)
     ends_a, c_a = _key_ends(keys_a, ids_a, nA_h, nB_h, cand_a, k, cp, eabs, bound)
     if not (both and not same):
-        return ends_a, c_a, None, None
+        return ends_a, c_a, None, None, None
     mirror = xp.permute_dims(xp.expand_dims(nA, axis=1) - G2, (1, 0))
     keys_b, ids_b = _smallest_keys(xp, mirror, _heap_size(k, na))
     ends_b, c_b = _key_ends(keys_b, ids_b, nB_h, nA_h, na, k, cp, eabs, bound)
-    return ends_a, c_a, ends_b, c_b
+    return ends_a, c_a, ends_b, c_b, None
 
 
 def _refine_xp(P, Q, r, q):
@@ -960,25 +1021,33 @@ def _knn_compiled(X, k, Y, *, exclude_self, tile_size, array_api=False) -> Kerne
         yblocks, yoffsets = blocks, offsets
     else:
         ((blocks, offsets), (yblocks, yoffsets)), mu = _blocks_and_mean([X, Y], tile_size, host=not array_api)
-    filt = dask.delayed(_knn_keys_task_xp if array_api else _knn_keys_task, pure=True, nout=4)
+    filt = dask.delayed(_knn_keys_task_xp if array_api else _knn_keys_task, pure=True, nout=5)
     refine = dask.delayed(_knn_refine_pair_task_xp if array_api else _knn_refine_pair_task, pure=True, nout=2)
     nb = len(blocks)
-    # phase 1: filter every block pair; the upper ends merge per row block
+    # phase 1: filter every block pair; the upper ends merge per row block.  One
+    # unseeded block pair per row block runs first (X against X: the diagonal one; X
+    # against Y: the first block of Y) and seeds the heaps of that row block in all
+    # its other block pairs (see _knn_keys_task).
     pairs = []  # (query block, other block, other block or None, cand_a, cand_b)
     ends: list[list] = [[] for _ in range(nb)]
+    seeds = []
+    for a in range(nb):
+        first = None if symmetric else yblocks[0]
+        hi_a, ca, _, _, tops = filt(blocks[a], first, mu, k, exclude_self and symmetric, False)
+        seeds.append(tops)
+        ends[a].append(hi_a)
+        pairs.append((a, a if symmetric else 0, first, ca, None))
     if symmetric:
         for a in range(nb):
-            for b in range(a, nb):
-                other = None if a == b else blocks[b]
-                hi_a, ca, hi_b, cb = filt(blocks[a], other, mu, k, exclude_self, a != b)
+            for b in range(a + 1, nb):
+                hi_a, ca, hi_b, cb, _ = filt(blocks[a], blocks[b], mu, k, exclude_self, True, seeds[a], seeds[b])
                 ends[a].append(hi_a)
-                if a != b:
-                    ends[b].append(hi_b)
-                pairs.append((a, b, other, ca, cb))
+                ends[b].append(hi_b)
+                pairs.append((a, b, blocks[b], ca, cb))
     else:
         for a in range(nb):
-            for b in range(len(yblocks)):
-                hi_a, ca, _, _ = filt(blocks[a], yblocks[b], mu, k, False, False)
+            for b in range(1, len(yblocks)):
+                hi_a, ca, _, _, _ = filt(blocks[a], yblocks[b], mu, k, False, False, seeds[a])
                 ends[a].append(hi_a)
                 pairs.append((a, b, yblocks[b], ca, None))
     T = [_tree(ends[a], _merge_ends, k) for a in range(nb)]
