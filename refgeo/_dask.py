@@ -47,6 +47,8 @@ from __future__ import annotations
 
 import math
 import os
+import threading
+import weakref
 from typing import Any, NamedTuple
 
 import numpy as np
@@ -150,12 +152,24 @@ def _mean(arrays):
 
 
 def _tree(parts, merge, *args):
+    """Merge ``parts`` with ``merge(records, *args)``, ``FAN_IN`` records per task."""
     import dask
+    from dask.base import tokenize
 
-    fn = dask.delayed(merge, pure=True)
+    fn = dask.delayed(_merge_group, pure=True)
+    name = merge.__name__
     while len(parts) > 1:
-        parts = [fn(parts[s : s + FAN_IN], *args) for s in range(0, len(parts), FAN_IN)]
+        groups = [parts[s : s + FAN_IN] for s in range(0, len(parts), FAN_IN)]
+        parts = [fn(merge, args, *g, dask_key_name=f"{name}-{tokenize(name, args, *g)}") for g in groups]
     return parts[0]
+
+
+def _merge_group(merge, args, *records):
+    """One merge of :func:`_tree`.  The records come as separate task arguments: a list
+    of delayed values passed as one argument is finalized by Dask as a collection of
+    its own, a pass over the whole graph built so far on every call (0.8 s of graph
+    building for the 325 block pairs of a k-NN at 25 row blocks)."""
+    return merge(list(records), *args)
 
 
 def _compute(*values):
@@ -699,6 +713,69 @@ def _centered_pair(SA, SB, mu, float32_filter=False):
     return origs[0], origs[1], cents[0][0], cents[1][0], cents[0][1], cents[1][1], name, top
 
 
+# Centered copies of the row blocks a worker process holds, for its k-NN filter tasks:
+# id(block) -> (weak reference to the block, to the mean, filter dtype, copy, norms,
+# top norm).  A block takes part in one filter task per other block, so without the
+# memo each task would center both of its blocks again (13 ms of a 250 ms task at
+# 4096 x 768).  An entry is valid while the weak references still point to the very
+# objects the task received (an id is not reused while its object lives); entries of
+# blocks the worker has released are purged at the next insertion, and at most
+# _CENTERED_MAX entries are kept (the oldest go first).
+_CENTERED: dict = {}
+_CENTERED_LOCK = threading.Lock()
+_CENTERED_MAX = 16
+
+
+def _centered_block(S, mu, odt, dt):
+    """``(centered copy in dt, float64 norms, largest norm)`` of block ``S`` (its rows
+    in ``odt``), centered as :func:`_centered_pair` centers, memoized per process."""
+    key = (id(S), id(mu), np.dtype(odt).char, np.dtype(dt).char)
+    with _CENTERED_LOCK:
+        ent = _CENTERED.get(key)
+    if ent is not None and ent[0]() is S and ent[1]() is mu:
+        return ent[2], ent[3], ent[4]
+    o = np.ascontiguousarray(S, dtype=odt)
+    X = np.empty(o.shape, dtype=dt)
+    nrm = np.empty(o.shape[0])
+    suffix = "64" if dt == np.float64 else ("32" if o.dtype == np.float32 else "32s64")
+    getattr(_backend_ext()._common, "center" + suffix)(o, mu, X, nrm, 1)
+    top = float(nrm.max()) if nrm.shape[0] else 0.0
+    try:
+        refs = (weakref.ref(S), weakref.ref(mu))
+    except TypeError:  # not weakly referenceable: no memo
+        return X, nrm, top
+    with _CENTERED_LOCK:
+        for q in [q for q, e in _CENTERED.items() if e[0]() is None or e[1]() is None]:
+            del _CENTERED[q]
+        while len(_CENTERED) >= _CENTERED_MAX:
+            del _CENTERED[next(iter(_CENTERED))]
+        _CENTERED[key] = (*refs, X, nrm, top)
+    return X, nrm, top
+
+
+def _knn_centered_pair(SA, SB, mu):
+    """:func:`_centered_pair` for the k-NN filter tasks (float32 filter for float32
+    rows, the same dtype rules), from the per-process memo of centered blocks:
+    ``(XA, XB, nA, nB, filter dtype name, top)``."""
+    blocks = [SA] if SB is None else [SA, SB]
+    f32_ok = math.isfinite(rounding_bound(SA.shape[1], "float32")[0])
+    dt = np.float32 if f32_ok and all(b.dtype == np.float32 for b in blocks) else np.float64
+    for _ in range(2):
+        cents = [_centered_block(b, mu, dt, dt) for b in blocks]
+        top = max(c[2] for c in cents)
+        if dt == np.float64 or (top <= MAX_NORM2["float32"] and not 0.0 < top < MIN_NORM2_FLOAT32):
+            break
+        dt = np.float64
+    if not (math.isfinite(top) and top <= MAX_NORM2["float64"]):
+        raise ValueError(
+            f"centered squared row norms up to {top:.3g} exceed the float64 GEMM range "
+            f"({MAX_NORM2['float64']:.0e}); scale the rows by a power of two first."
+        )
+    if SB is None:
+        cents = cents * 2
+    return cents[0][0], cents[1][0], cents[0][1], cents[1][1], "float32" if dt == np.float32 else "float64", top
+
+
 class _HeapCandidates(NamedTuple):
     """The heap of every row of one side of a block pair, as certified ends."""
 
@@ -749,12 +826,21 @@ def _key_ends(keys, ids, nI, nJ, n_cand, k, cp, eabs, bound, seeded=None):
     final top, the largest key the heap holds.
     """
     K = keys.shape[1]
-    valid = ids >= 0
+    empty = ids < 0
     ni = nI[:, None]
-    w = cp * (ni + nJ[np.where(valid, ids, 0)])
+    # w = cp (n_i + n_j), s = key + n_i, up = (s + w) + eabs, lo = (s - w) - eabs, in
+    # place (a task's heaps are a few MB: every temporary is a pass over memory)
+    w = nJ[np.where(empty, 0, ids)]
+    w += ni
+    w *= cp
     s = keys + ni
-    up = np.where(valid, (s + w) + eabs, math.inf)
-    lo = np.where(valid, (s - w) - eabs, math.inf)
+    up = s + w
+    up += eabs
+    up[empty] = math.inf
+    lo = s
+    lo -= w
+    lo -= eabs
+    lo[empty] = math.inf
     m = min(k, K)
     ends = up if m == K else np.partition(up, m - 1, axis=1)[:, :m]
     if K < n_cand or seeded is not None:
@@ -775,7 +861,8 @@ def _heaps(rows, K, seed):
 
 def _knn_keys_task(SA, SB, mu, k, exclude_self, both, seeds_a=None, seeds_b=None):
     """Filter one block pair on the compiled engine:
-    ``(ends_A, cand_A, ends_B, cand_B, seeds_A)``.
+    ``(ends_A, ends_B, (cand_A, cand_B), seeds_A)`` (the candidates of both sides go to
+    one refinement task: one output, so one fewer task in the graph).
 
     ``ends`` are each row's ``k`` smallest upper ends over this block pair; they merge
     into the row's k-th smallest over all blocks, T_i (:func:`_merge_ends`).  A pair can
@@ -800,12 +887,12 @@ def _knn_keys_task(SA, SB, mu, k, exclude_self, both, seeds_a=None, seeds_b=None
     """
     ext = _backend_ext()
     same = SB is None
-    A, B, XA, XB, nA, nB, dt, top = _centered_pair(SA, SB, mu)
-    na, nb = A.shape[0], B.shape[0]
+    XA, XB, nA, nB, dt, top = _knn_centered_pair(SA, SB, mu)
+    na, nb = XA.shape[0], XB.shape[0]
     cand_a = nb - int(same and exclude_self)
     if cand_a < 1:
-        return None, None, None, None, None
-    d = A.shape[1]
+        return None, None, (None, None), None
+    d = XA.shape[1]
     cp, eabs = rounding_bound(d, dt)
     bound = reported_bound(d, dt, top)
     two = both and not same
@@ -830,10 +917,10 @@ def _knn_keys_task(SA, SB, mu, k, exclude_self, both, seeds_a=None, seeds_b=None
                             None if sa is None else np.isfinite(sa))
     tops = _heap_tops(keys_a, ids_a, k, dt) if sa is None else None
     if not two:
-        return ends_a, c_a, None, None, tops
+        return ends_a, None, (c_a, None), tops
     ends_b, c_b = _key_ends(keys_b, ids_b, nB, nA, na, k, cp, eabs, bound,
                             None if sb is None else np.isfinite(sb))
-    return ends_a, c_a, ends_b, c_b, tops
+    return ends_a, ends_b, (c_a, c_b), tops
 
 
 def _records_pair(ext, suffix, XA, nA, XB, nB, K, seed_a=None, seed_b=None):
@@ -847,9 +934,10 @@ def _records_pair(ext, suffix, XA, nA, XB, nB, K, seed_a=None, seed_b=None):
     ids = rec.view(np.int64)[:, 1::2]
     ids[...] = -1
     getattr(ext._knn_blocks, "block_pair_records" + suffix)(XA, XB, np.concatenate([nA, nB]), _KNN_TASK_TILE, rec)
-    ids_a = ids[:na].copy()
+    ids_a = ids[:na]
     ids_a[ids_a >= 0] -= na  # A's records name B's rows from na on
-    return rec[:na, 0::2].copy(), ids_a, rec[na:, 0::2].copy(), ids[na:].copy()
+    # strided views of the records: the callers only read them
+    return rec[:na, 0::2], ids_a, rec[na:, 0::2], ids[na:]
 
 
 def _refine_compiled(P, Q, r, q):
@@ -890,8 +978,10 @@ def _refine_side(P, Q, cand, ends, q0, k, skip_self, refine=_refine_compiled):
     return _Rows(np.where(ok, v, math.inf), np.where(ok, j + q0, _NO_INDEX), cand.bound, int(vals.shape[0]))
 
 
-def _knn_refine_pair_task(SA, SB, cand_a, ends_a, cand_b, ends_b, i0, j0, k, exclude_self):
-    """Refine both sides of one block pair in float64 from the original rows it holds."""
+def _knn_refine_pair_task(SA, SB, cands, ends_a, ends_b, i0, j0, k, exclude_self):
+    """Refine both sides of one block pair in float64 from the original rows it holds
+    (``cands``: the filter task's candidates of both sides)."""
+    cand_a, cand_b = cands
     same = SB is None
     blocks = [SA] if same else [SA, SB]
     dt = np.float64 if any(b.dtype == np.float64 for b in blocks) else np.float32
@@ -968,7 +1058,7 @@ def _knn_keys_task_xp(SA, SB, mu, k, exclude_self, both, seeds_a=None, seeds_b=N
     na, nb = XA.shape[0], XB.shape[0]
     cand_a = nb - int(same and exclude_self)
     if cand_a < 1:
-        return None, None, None, None, None
+        return None, None, (None, None), None
     d = XA.shape[1]
     cp, eabs = rounding_bound(d, name)
     bound = reported_bound(d, name, top)
@@ -981,11 +1071,11 @@ def _knn_keys_task_xp(SA, SB, mu, k, exclude_self, both, seeds_a=None, seeds_b=N
     nA_h, nB_h = _host(nA), _host(nB)
     ends_a, c_a = _key_ends(keys_a, ids_a, nA_h, nB_h, cand_a, k, cp, eabs, bound)
     if not (both and not same):
-        return ends_a, c_a, None, None, None
+        return ends_a, None, (c_a, None), None
     mirror = xp.permute_dims(xp.expand_dims(nA, axis=1) - G2, (1, 0))
     keys_b, ids_b = _smallest_keys(xp, mirror, _heap_size(k, na))
     ends_b, c_b = _key_ends(keys_b, ids_b, nB_h, nA_h, na, k, cp, eabs, bound)
-    return ends_a, c_a, ends_b, c_b, None
+    return ends_a, ends_b, (c_a, c_b), None
 
 
 def _refine_xp(P, Q, r, q):
@@ -1000,8 +1090,9 @@ def _refine_xp(P, Q, r, q):
     return np.concatenate(out).astype(np.float64)
 
 
-def _knn_refine_pair_task_xp(SA, SB, cand_a, ends_a, cand_b, ends_b, i0, j0, k, exclude_self):
+def _knn_refine_pair_task_xp(SA, SB, cands, ends_a, ends_b, i0, j0, k, exclude_self):
     """:func:`_knn_refine_pair_task` with the refinement on the array-API engine."""
+    cand_a, cand_b = cands
     xp = array_namespace(SA)
     same = SB is None
     A = f64(xp, SA)
@@ -1021,46 +1112,49 @@ def _knn_compiled(X, k, Y, *, exclude_self, tile_size, array_api=False) -> Kerne
         yblocks, yoffsets = blocks, offsets
     else:
         ((blocks, offsets), (yblocks, yoffsets)), mu = _blocks_and_mean([X, Y], tile_size, host=not array_api)
-    filt = dask.delayed(_knn_keys_task_xp if array_api else _knn_keys_task, pure=True, nout=5)
+    filt = dask.delayed(_knn_keys_task_xp if array_api else _knn_keys_task, pure=True, nout=4)
     refine = dask.delayed(_knn_refine_pair_task_xp if array_api else _knn_refine_pair_task, pure=True, nout=2)
     nb = len(blocks)
     # phase 1: filter every block pair; the upper ends merge per row block.  One
     # unseeded block pair per row block runs first (X against X: the diagonal one; X
     # against Y: the first block of Y) and seeds the heaps of that row block in all
     # its other block pairs (see _knn_keys_task).
-    pairs = []  # (query block, other block, other block or None, cand_a, cand_b)
+    pairs = []  # (query block, other block, other block or None, candidates of both sides)
     ends: list[list] = [[] for _ in range(nb)]
     seeds = []
     for a in range(nb):
         first = None if symmetric else yblocks[0]
-        hi_a, ca, _, _, tops = filt(blocks[a], first, mu, k, exclude_self and symmetric, False)
+        hi_a, _, cands, tops = filt(blocks[a], first, mu, k, exclude_self and symmetric, False)
         seeds.append(tops)
         ends[a].append(hi_a)
-        pairs.append((a, a if symmetric else 0, first, ca, None))
+        pairs.append((a, a if symmetric else 0, first, cands))
     if symmetric:
         for a in range(nb):
             for b in range(a + 1, nb):
-                hi_a, ca, hi_b, cb, _ = filt(blocks[a], blocks[b], mu, k, exclude_self, True, seeds[a], seeds[b])
+                hi_a, hi_b, cands, _ = filt(blocks[a], blocks[b], mu, k, exclude_self, True, seeds[a], seeds[b])
                 ends[a].append(hi_a)
                 ends[b].append(hi_b)
-                pairs.append((a, b, blocks[b], ca, cb))
+                pairs.append((a, b, blocks[b], cands))
     else:
         for a in range(nb):
             for b in range(1, len(yblocks)):
-                hi_a, ca, _, _, _ = filt(blocks[a], yblocks[b], mu, k, False, False, seeds[a])
+                hi_a, _, cands, _ = filt(blocks[a], yblocks[b], mu, k, False, False, seeds[a])
                 ends[a].append(hi_a)
-                pairs.append((a, b, yblocks[b], ca, None))
+                pairs.append((a, b, yblocks[b], cands))
     T = [_tree(ends[a], _merge_ends, k) for a in range(nb)]
     # phase 2: one refinement task per block pair, holding both blocks again
     parts: list[list] = [[] for _ in range(nb)]
-    for a, b, other, ca, cb in pairs:
+    for a, b, other, cands in pairs:
         two = symmetric and a != b
-        ra, rb = refine(blocks[a], other, ca, T[a], cb, T[b] if two else None,
+        ra, rb = refine(blocks[a], other, cands, T[a], T[b] if two else None,
                         offsets[a], yoffsets[b], k, exclude_self)
         parts[a].append(ra)
         if two:
             parts[b].append(rb)
-    recs = _compute(*_per_row_blocks(parts, nb, _merge_knn, k))
+    # optimize_graph=False: the graph holds only what the results need, and Dask's
+    # optimization culls the whole graph once per result (row block): 1.3 s here for
+    # 25 row blocks, before the first task can start
+    recs = dask.compute(*_per_row_blocks(parts, nb, _merge_knn, k), optimize_graph=False)
     return KernelRun(
         backend=_BACKEND, error_bound=max(r.bound for r in recs),
         n_refined=sum(r.n_refined for r in recs),
