@@ -151,15 +151,15 @@ def _mean(arrays):
     return mu.to_delayed()[0]
 
 
-def _tree(parts, merge, *args):
-    """Merge ``parts`` with ``merge(records, *args)``, ``FAN_IN`` records per task."""
+def _tree(parts, merge, *args, fan_in=FAN_IN):
+    """Merge ``parts`` with ``merge(records, *args)``, ``fan_in`` records per task."""
     import dask
     from dask.base import tokenize
 
     fn = dask.delayed(_merge_group, pure=True)
     name = merge.__name__
     while len(parts) > 1:
-        groups = [parts[s : s + FAN_IN] for s in range(0, len(parts), FAN_IN)]
+        groups = [parts[s : s + fan_in] for s in range(0, len(parts), fan_in)]
         parts = [fn(merge, args, *g, dask_key_name=f"{name}-{tokenize(name, args, *g)}") for g in groups]
     return parts[0]
 
@@ -646,6 +646,13 @@ _TASK_TILE = 256
 # ... and for the k-NN filter of two distinct blocks: larger tiles pack less per flop
 # (4096-row blocks, float32, d = 768: 258 ms a task against 276 ms with 256-row tiles).
 _KNN_TASK_TILE = 1024
+
+
+# Per-row records merged per k-NN reduction task: a row block's records (b k entries of
+# 16 bytes per block pair, 2 MiB at b = 4096, k = 32) are small next to its blocks, so
+# one task merges those of up to 32 block pairs, in one level for up to 32 row blocks
+# (fewer tasks: the scheduler's and the workers' time per task is a few percent here).
+_KNN_FAN_IN = 32
 
 
 def _heap_size(k, n_cand):
@@ -1141,7 +1148,7 @@ def _knn_compiled(X, k, Y, *, exclude_self, tile_size, array_api=False) -> Kerne
                 hi_a, _, cands, _ = filt(blocks[a], yblocks[b], mu, k, False, False, seeds[a])
                 ends[a].append(hi_a)
                 pairs.append((a, b, yblocks[b], cands))
-    T = [_tree(ends[a], _merge_ends, k) for a in range(nb)]
+    T = [_tree(ends[a], _merge_ends, k, fan_in=_KNN_FAN_IN) for a in range(nb)]
     # phase 2: one refinement task per block pair, holding both blocks again
     parts: list[list] = [[] for _ in range(nb)]
     for a, b, other, cands in pairs:
@@ -1154,7 +1161,7 @@ def _knn_compiled(X, k, Y, *, exclude_self, tile_size, array_api=False) -> Kerne
     # optimize_graph=False: the graph holds only what the results need, and Dask's
     # optimization culls the whole graph once per result (row block): 1.3 s here for
     # 25 row blocks, before the first task can start
-    recs = dask.compute(*_per_row_blocks(parts, nb, _merge_knn, k), optimize_graph=False)
+    recs = dask.compute(*[_tree(p, _merge_knn, k, fan_in=_KNN_FAN_IN) for p in parts], optimize_graph=False)
     return KernelRun(
         backend=_BACKEND, error_bound=max(r.bound for r in recs),
         n_refined=sum(r.n_refined for r in recs),
