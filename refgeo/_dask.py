@@ -37,7 +37,8 @@ mean computed in another order) and ``n_refined`` counts what the tasks refined.
 Memory.  A task holds its two row blocks (``O(b d)``) and a few ``b x b`` float64
 filter arrays (``O(b^2)``), with ``b`` at most ``tile_size`` or :data:`MAX_BLOCK_ROWS`
 rows (larger row chunks are split, column chunks are merged: a task needs whole
-rows; smaller row chunks are kept).  Records
+rows; smaller row chunks are kept); a worker also keeps the centered copies of up to
+16 blocks for its k-NN filter tasks (:func:`_centered_block`).  Records
 are ``O(1)`` (extreme pairs) or ``O(b k)`` (k-NN); no ``V x V`` array exists and the
 caller's process receives only the merged records.  Dask itself is imported only
 when a Dask array arrives: it is the optional ``[dask]`` extra.
@@ -1050,7 +1051,7 @@ def _prepare_xp(xp, arrays):
 def _knn_keys_task_xp(SA, SB, mu, k, exclude_self, both, seeds_a=None, seeds_b=None):
     """:func:`_knn_keys_task` on the array-API engine (``refgeo._tiled``): for CuPy
     chunks, the GEMM and the selection of each row's smallest keys run on the GPU
-    (a sort, not heaps: no seeds taken or given, the fifth output is None).
+    (a sort, not heaps: no seeds taken or given, the last output is None).
 
     The keys are the compiled kernel's, ``n_j - 2 x_i . y_j`` in float64 from the GEMM
     in the filter dtype, so the same certified ends follow; the task centers its blocks
