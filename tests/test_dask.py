@@ -234,6 +234,38 @@ def test_knn_duplicate_rows_overflow_the_heaps(client, engine):
         np.testing.assert_array_equal(got.distances, want.distances)
 
 
+@st.composite
+def _seeded_case(draw):
+    # a few distinct integer rows, each repeated across the row blocks: many keys equal
+    # a row's seed (the K-th key of its first block pair) exactly; blocks of fewer rows
+    # than a heap holds sit before and after full ones, so a seeded heap may drop pairs
+    # even where it has room for every candidate
+    k = draw(st.integers(1, 4))
+    full = k + 8  # heap entries of a row against a large block
+    sizes = draw(st.lists(st.one_of(st.integers(1, full), st.integers(full + 2, 2 * full + 4)),
+                          min_size=2, max_size=4))
+    d = draw(st.integers(1, 3))
+    n_distinct = draw(st.integers(1, 4))
+    dtype = draw(st.sampled_from([np.float32, np.float64]))
+    return k, tuple(sizes), d, n_distinct, dtype, draw(st.booleans()), draw(st.integers(0, 2**16))
+
+
+@settings(max_examples=25)
+@given(_seeded_case())
+def test_knn_seeded_heaps_keep_exact_ties(client, case):
+    k, sizes, d, n_distinct, dtype, exclude_self, seed = case
+    rng = np.random.default_rng(seed)
+    points = rng.integers(-2, 3, size=(n_distinct, d))
+    S = points[rng.integers(0, n_distinct, size=sum(sizes))].astype(dtype)
+    k = min(k, S.shape[0] - int(exclude_self))
+    D = da.from_array(S, chunks=(sizes, d))
+    _same_rows(refgeo.knn(S, k, exclude_self=exclude_self), refgeo.knn(D, k, exclude_self=exclude_self))
+    # X against Y: the first block of Y seeds the row's heaps in the other blocks of Y
+    Y = S[::-1].copy()
+    got = refgeo.knn(da.from_array(S, chunks=(sizes[::-1], d)), k, da.from_array(Y, chunks=(sizes, d)))
+    _same_rows(refgeo.knn(S, k, Y), got)
+
+
 def _cli(*argv, env=None):
     """``refgeo ...`` in a subprocess: its Dask client, IO loop and threads end with it."""
     import subprocess

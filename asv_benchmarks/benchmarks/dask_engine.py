@@ -14,7 +14,8 @@ single-process compiled engine with 2 threads on the same rows as one NumPy arra
   and the GEMM work of one block-pair task).
 
 Small sizes run in CI; ``REFGEO_BENCH_SIZE=realistic`` selects ``row_diameter`` at
-V = 65536, d = 1024 float32 and ``knn`` at N = 100000, d = 768, k = 32 (float32).
+V = 65536, d = 1024 float32 and ``knn`` at N = 100000, d = 768, k = 32 (float32, in row
+chunks of 4096 and of 8192).
 """
 
 import time
@@ -32,7 +33,10 @@ except ImportError:  # the `dask` extra is not installed: setup skips
 
 # (operation, rows, d, k, rows per task block)
 if realistic():
-    CASES = [("row_diameter", 65536, 1024, 0, 2048), ("knn", 100000, 768, 32, 4096)]
+    # knn in row chunks of 4096 and of 8192: its work outside the GEMM grows with the
+    # rows of a block pair, so its share halves with twice the rows (docs/cluster.md)
+    CASES = [("row_diameter", 65536, 1024, 0, 2048), ("knn", 100000, 768, 32, 4096),
+             ("knn", 100000, 768, 32, 8192)]
 else:
     CASES = [("row_diameter", 4096, 64, 0, 512), ("knn", 4096, 64, 8, 512)]
 
