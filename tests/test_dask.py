@@ -12,8 +12,6 @@ from __future__ import annotations
 
 import os
 import signal
-import threading
-import time
 
 import numpy as np
 import pytest
@@ -301,37 +299,43 @@ def test_mixed_dtypes(client):
         refgeo.row_diameter(da.from_array(np.ones((4, 2), dtype=complex), chunks=2))
 
 
+class _KillAtFirstResult(distributed.diagnostics.plugin.SchedulerPlugin):
+    """Kills the worker process that holds the first finished task whose key contains
+    ``prefix``, from the scheduler's own transition (the scheduler runs in the test's
+    process): the kill comes while the graph runs, whatever the load, and the result
+    it held is lost with it."""
+
+    name = "kill-at-first-result"
+
+    def __init__(self, pids, prefix):
+        self.pids, self.prefix, self.killed = pids, prefix, None
+
+    def transition(self, key, start, finish, *args, worker=None, **kwargs):
+        if self.killed is None and (start, finish) == ("processing", "memory") and self.prefix in str(key):
+            if worker in self.pids:
+                os.kill(self.pids[worker], signal.SIGKILL)
+                self.killed = worker
+
+
 def test_killed_worker_gives_the_same_result(client):
-    # enough tasks that the run is still going when one worker process is killed;
-    # Dask reruns the lost tasks on the other worker and on the restarted one
+    # one worker process is killed as soon as it has finished the first block-pair
+    # filter task of the k-NN graph (the refinements and merges still to come need its
+    # result); Dask reruns the lost tasks on the other worker and on the restarted one
     S = _rows(21, 300, 8, np.float64, ties=True)
     D = da.from_array(S, chunks=(15, 8))
     pids = client.run(os.getpid)
-    victim = sorted(pids.values())[0]
-    killed = threading.Event()
-    done = threading.Event()
-
-    def kill_when_busy():
-        t0 = time.monotonic()
-        while not done.is_set() and time.monotonic() - t0 < _TIMEOUT:
-            # kill as soon as the block-pair tasks of the k-NN graph are running
-            if any("_knn_" in str(key) for keys in client.processing().values() for key in keys):
-                if not done.is_set():
-                    os.kill(victim, signal.SIGKILL)
-                    killed.set()
-                return
-            time.sleep(0.01)
-
-    killer = threading.Thread(target=kill_when_busy)
-    killer.start()
+    scheduler = client.cluster.scheduler  # in this process: the plugin sees every transition
+    plugin = _KillAtFirstResult(pids, "_knn_")
+    scheduler.add_plugin(plugin)
     try:
         got = refgeo.knn(D, 4)
     finally:
-        done.set()
-        killer.join(_TIMEOUT)
-    assert killed.is_set(), "the run ended before a worker could be killed"
+        scheduler.remove_plugin(plugin.name)
+    assert plugin.killed is not None, "no k-NN task finished on a worker of the cluster"
     _same_rows(refgeo.knn(S, 4), got)
     client.wait_for_workers(2, timeout=_TIMEOUT)
+    # the killed process is gone: its nanny started a new one
+    assert pids[plugin.killed] not in client.run(os.getpid).values()
 
 
 @settings(max_examples=30)
