@@ -432,11 +432,21 @@ def _tie_rows(seed, V, d, dtype, kind):
     """Rows without ties, on an integer grid (many equal distances), with duplicates
     (equal rows: equal farthest values from every other row, and pairs at distance 0),
     or near-duplicates far from the origin (many pairs inside the filter's bound, with
-    distinct refined values); "tiny" rows are filtered in float64 (float32 products
+    distinct refined values); a large common component, antipodal pairs tied to far
+    below the float32 bound, rows of two scales; "tiny" rows are filtered in float64 (float32 products
     would underflow), as rows are where float32 would overflow or has no useful bound."""
     rng = np.random.default_rng(seed)
     if kind == "tiny":
         return (rng.standard_normal((V, d)) * 2.0**-40).astype(dtype)
+    if kind == "common":  # a common component a million times the spread
+        return (1e6 * rng.standard_normal(d) + rng.standard_normal((V, d))).astype(dtype)
+    if kind == "antipodal":  # farthest partners tied to below the float32 bound
+        P = rng.standard_normal(((V + 1) // 2, d))
+        return (np.concatenate([P, -P])[:V] + rng.standard_normal((V, d)) * 1e-12 + 1e3).astype(dtype)
+    if kind == "mixed":  # half the rows a trillion times smaller than the others
+        S = rng.standard_normal((V, d))
+        S[: V // 2] *= 1e-12
+        return S.astype(dtype)
     if kind == "grid":
         return rng.integers(-2, 3, size=(V, d)).astype(dtype)
     if kind == "near":
@@ -453,7 +463,7 @@ def _tie_case(draw):
     V = draw(st.integers(2, 24))
     d = draw(st.integers(1, 9))
     dtype = draw(st.sampled_from([np.float64, np.float32]))
-    kind = draw(st.sampled_from(["normal", "grid", "duplicates", "near"]))
+    kind = draw(st.sampled_from(["normal", "grid", "duplicates", "near", "common", "antipodal", "mixed"]))
     return V, d, dtype, _chunks(draw, V), kind, draw(st.integers(0, 2**16))
 
 
@@ -534,7 +544,7 @@ def _brute_farthest(A, B, same):
     return D.max(axis=1), D.argmax(axis=1), D.max(axis=0), D.argmax(axis=0)
 
 
-_KINDS = ["normal", "grid", "duplicates", "near", "tiny"]
+_KINDS = ["normal", "grid", "duplicates", "near", "tiny", "common", "antipodal", "mixed"]
 
 
 @pytest.mark.parametrize("kind", _KINDS)
