@@ -641,6 +641,16 @@ def _per_row_blocks(tasks, nblocks, merge, *args):
     return [_tree(tasks[a], merge, *args) for a in range(nblocks)]
 
 
+def _farthest_run(recs) -> KernelRun:
+    """The farthest partners' result from the merged records of every row block."""
+    return KernelRun(
+        backend=_BACKEND, error_bound=max(r.bound for r in recs),
+        n_refined=sum(r.n_refined for r in recs),
+        indices=np.concatenate([r.index for r in recs]),
+        distances=np.sqrt(np.concatenate([r.values for r in recs])),
+    )
+
+
 def farthest(S, *, tile_size=None, n_threads=None, engine=None) -> KernelRun:
     """Each row's farthest other row for a Dask array (``engine`` as for :func:`diameter`).
 
@@ -679,13 +689,7 @@ def _farthest_numpy(S, *, tile_size=None) -> KernelRun:
     parts: list[list] = [[] for _ in range(nb)]
     for a, other, cand, off in pairs:
         parts[a].append(refine(blocks[a], other, cand, L[a], off))
-    recs = _compute(*_per_row_blocks(parts, nb, _merge_farthest))
-    return KernelRun(
-        backend=_BACKEND, error_bound=max(r.bound for r in recs),
-        n_refined=sum(r.n_refined for r in recs),
-        indices=np.concatenate([r.index for r in recs]),
-        distances=np.sqrt(np.concatenate([r.values for r in recs])),
-    )
+    return _farthest_run(_compute(*_per_row_blocks(parts, nb, _merge_farthest)))
 
 
 # --------------------------------------------------------------------------- compiled k-NN tasks
@@ -1314,13 +1318,7 @@ def _farthest_fused(S, *, tile_size=None, array_api=False) -> KernelRun:
             parts[a].append(ra)
             if a != b:
                 parts[b].append(rb)
-    recs = _compute(*_per_row_blocks(parts, nb, _merge_farthest))
-    return KernelRun(
-        backend=_BACKEND, error_bound=max(r.bound for r in recs),
-        n_refined=sum(r.n_refined for r in recs),
-        indices=np.concatenate([r.index for r in recs]),
-        distances=np.sqrt(np.concatenate([r.values for r in recs])),
-    )
+    return _farthest_run(_compute(*_per_row_blocks(parts, nb, _merge_farthest)))
 
 
 def _partner_rows(vals, ids, offset, bound, n_refined) -> _Rows:

@@ -62,10 +62,11 @@ hidden states (the optional ``[dask]`` extra) and run on the active Dask schedul
 from the other blocks, the metrics as reductions on the workers.  The (N, k)
 neighbors, weights and distances and the (N,) metrics come back as NumPy arrays; the
 (N, d) fields (``fitted``, ``coefficients``, ``maps``, ``delta``, ``tau``, ``rho``)
-are Dask arrays chunked like ``X``, computed during the call and persisted on the
-workers.  Every row-wise result is the single-machine one bit for bit; what comes
-from d x d Gram matrices (subspace, singular values, projections, baselines) agrees
-to rounding.  ``cls="mlp"`` is refused for Dask input (``NotImplementedError``).
+are Dask arrays chunked like ``X``: ``fitted``, ``coefficients`` and ``maps`` are
+computed during the call and persisted on the workers, ``delta``, ``tau`` and ``rho``
+are lazy, a chunk at a time from those and the chunks of ``X`` and ``Y``.  Every
+row-wise result is the single-machine one bit for bit; what comes from d x d Gram
+matrices (subspace, singular values, projections, baselines) agrees to rounding.  ``cls="mlp"`` is refused for Dask input (``NotImplementedError``).
 """
 
 from __future__ import annotations
@@ -1159,6 +1160,16 @@ def _fit_local_maps_dask(X, Y, k, cls, rank, ridge, prior, metric, standardize, 
     )
 
 
+def _decompose_options(d, subspace_rank, center_subspace, baselines, progress):
+    """The validated subspace, baseline and progress options of :func:`decompose`."""
+    if subspace_rank is None:
+        subspace_rank = min(8, d)
+    subspace_rank = check_int(subspace_rank, "subspace_rank", min_value=1, max_value=d)
+    center_subspace = check_bool(center_subspace, "center_subspace")
+    baselines = check_bool(baselines, "baselines")
+    return subspace_rank, center_subspace, baselines, _progress.check_progress(progress)
+
+
 def _decompose_dask(X, Y, k, cls, rank, ridge, prior, metric, standardize, exclude_self, weights, neighbors,
                     subspace_rank, center_subspace, mlp_options, baselines, chunk_size, layer, progress):
     from . import _dask_tokenwise as _dt
@@ -1168,12 +1179,8 @@ def _decompose_dask(X, Y, k, cls, rank, ridge, prior, metric, standardize, exclu
         raise _dask_unsupported("cls", cls, "the MLP trains on all tokens at once in one process")
     X, Y = _dask_panels(X, Y)
     n, d = X.shape
-    if subspace_rank is None:
-        subspace_rank = min(8, d)
-    subspace_rank = check_int(subspace_rank, "subspace_rank", min_value=1, max_value=d)
-    center_subspace = check_bool(center_subspace, "center_subspace")
-    baselines = check_bool(baselines, "baselines")
-    progress = _progress.check_progress(progress)
+    subspace_rank, center_subspace, baselines, progress = _decompose_options(
+        d, subspace_rank, center_subspace, baselines, progress)
     plan = _plan_fit(X, k, cls, rank, ridge, prior, metric, standardize, exclude_self, weights, neighbors,
                      chunk_size, False)
     ridge = plan.ridge
@@ -1551,12 +1558,8 @@ def decompose(
     X, Y, origin = _foreign_panels(X, Y)
     n, d = X.shape
     check_choice(cls, "cls", CLASSES + ("mlp",))
-    if subspace_rank is None:
-        subspace_rank = min(8, d)
-    subspace_rank = check_int(subspace_rank, "subspace_rank", min_value=1, max_value=d)
-    center_subspace = check_bool(center_subspace, "center_subspace")
-    baselines = check_bool(baselines, "baselines")
-    progress = _progress.check_progress(progress)
+    subspace_rank, center_subspace, baselines, progress = _decompose_options(
+        d, subspace_rank, center_subspace, baselines, progress)
     e = _scale_exponent(X, Y)
     f = 8
     # delta, tau, rho; about 16 per-token float64 arrays; one (N, d) centering temporary

@@ -12,8 +12,6 @@ from __future__ import annotations
 
 import os
 import signal
-import threading
-import time
 
 import numpy as np
 import pytest
@@ -333,37 +331,43 @@ def test_mixed_dtypes(client):
         refgeo.row_diameter(da.from_array(np.ones((4, 2), dtype=complex), chunks=2))
 
 
+class _KillAtFirstResult(distributed.diagnostics.plugin.SchedulerPlugin):
+    """Kills the worker process that holds the first finished task whose key contains
+    ``prefix``, from the scheduler's own transition (the scheduler runs in the test's
+    process): the kill comes while the graph runs, whatever the load, and the result
+    it held is lost with it."""
+
+    name = "kill-at-first-result"
+
+    def __init__(self, pids, prefix):
+        self.pids, self.prefix, self.killed = pids, prefix, None
+
+    def transition(self, key, start, finish, *args, worker=None, **kwargs):
+        if self.killed is None and (start, finish) == ("processing", "memory") and self.prefix in str(key):
+            if worker in self.pids:
+                os.kill(self.pids[worker], signal.SIGKILL)
+                self.killed = worker
+
+
 def test_killed_worker_gives_the_same_result(client):
-    # enough tasks that the run is still going when one worker process is killed;
-    # Dask reruns the lost tasks on the other worker and on the restarted one
+    # one worker process is killed as soon as it has finished the first block-pair
+    # filter task of the k-NN graph (the refinements and merges still to come need its
+    # result); Dask reruns the lost tasks on the other worker and on the restarted one
     S = _rows(21, 300, 8, np.float64, ties=True)
     D = da.from_array(S, chunks=(15, 8))
     pids = client.run(os.getpid)
-    victim = sorted(pids.values())[0]
-    killed = threading.Event()
-    done = threading.Event()
-
-    def kill_when_busy():
-        t0 = time.monotonic()
-        while not done.is_set() and time.monotonic() - t0 < _TIMEOUT:
-            # kill as soon as the block-pair tasks of the k-NN graph are running
-            if any("_knn_" in str(key) for keys in client.processing().values() for key in keys):
-                if not done.is_set():
-                    os.kill(victim, signal.SIGKILL)
-                    killed.set()
-                return
-            time.sleep(0.01)
-
-    killer = threading.Thread(target=kill_when_busy)
-    killer.start()
+    scheduler = client.cluster.scheduler  # in this process: the plugin sees every transition
+    plugin = _KillAtFirstResult(pids, "_knn_")
+    scheduler.add_plugin(plugin)
     try:
         got = refgeo.knn(D, 4)
     finally:
-        done.set()
-        killer.join(_TIMEOUT)
-    assert killed.is_set(), "the run ended before a worker could be killed"
+        scheduler.remove_plugin(plugin.name)
+    assert plugin.killed is not None, "no k-NN task finished on a worker of the cluster"
     _same_rows(refgeo.knn(S, 4), got)
     client.wait_for_workers(2, timeout=_TIMEOUT)
+    # the killed process is gone: its nanny started a new one
+    assert pids[plugin.killed] not in client.run(os.getpid).values()
 
 
 @settings(max_examples=30)
@@ -460,11 +464,21 @@ def _tie_rows(seed, V, d, dtype, kind):
     """Rows without ties, on an integer grid (many equal distances), with duplicates
     (equal rows: equal farthest values from every other row, and pairs at distance 0),
     or near-duplicates far from the origin (many pairs inside the filter's bound, with
-    distinct refined values); "tiny" rows are filtered in float64 (float32 products
+    distinct refined values); a large common component, antipodal pairs tied to far
+    below the float32 bound, rows of two scales; "tiny" rows are filtered in float64 (float32 products
     would underflow), as rows are where float32 would overflow or has no useful bound."""
     rng = np.random.default_rng(seed)
     if kind == "tiny":
         return (rng.standard_normal((V, d)) * 2.0**-40).astype(dtype)
+    if kind == "common":  # a common component a million times the spread
+        return (1e6 * rng.standard_normal(d) + rng.standard_normal((V, d))).astype(dtype)
+    if kind == "antipodal":  # farthest partners tied to below the float32 bound
+        P = rng.standard_normal(((V + 1) // 2, d))
+        return (np.concatenate([P, -P])[:V] + rng.standard_normal((V, d)) * 1e-12 + 1e3).astype(dtype)
+    if kind == "mixed":  # half the rows a trillion times smaller than the others
+        S = rng.standard_normal((V, d))
+        S[: V // 2] *= 1e-12
+        return S.astype(dtype)
     if kind == "grid":
         return rng.integers(-2, 3, size=(V, d)).astype(dtype)
     if kind == "near":
@@ -481,7 +495,7 @@ def _tie_case(draw):
     V = draw(st.integers(2, 24))
     d = draw(st.integers(1, 9))
     dtype = draw(st.sampled_from([np.float64, np.float32]))
-    kind = draw(st.sampled_from(["normal", "grid", "duplicates", "near"]))
+    kind = draw(st.sampled_from(["normal", "grid", "duplicates", "near", "common", "antipodal", "mixed"]))
     return V, d, dtype, _chunks(draw, V), kind, draw(st.integers(0, 2**16))
 
 
@@ -562,7 +576,7 @@ def _brute_farthest(A, B, same):
     return D.max(axis=1), D.argmax(axis=1), D.max(axis=0), D.argmax(axis=0)
 
 
-_KINDS = ["normal", "grid", "duplicates", "near", "tiny"]
+_KINDS = ["normal", "grid", "duplicates", "near", "tiny", "common", "antipodal", "mixed"]
 
 
 @pytest.mark.parametrize("kind", _KINDS)
