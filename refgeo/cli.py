@@ -268,8 +268,9 @@ def _inspect_report(S, args: argparse.Namespace, pairs: tuple[Any, Any] | None =
     return out
 
 
-# Seconds ``inspect --scheduler`` waits for the scheduler to answer.
-SCHEDULER_TIMEOUT = 10
+# Default seconds ``inspect --scheduler`` waits for the scheduler to answer
+# (``--scheduler-timeout``): Dask retries a refused connection until then.
+SCHEDULER_TIMEOUT = 10.0
 
 
 def _read_npy_rows(path: str, a: int, b: int) -> np.ndarray:
@@ -376,7 +377,7 @@ def _dask_inspect(S: Any, args: argparse.Namespace) -> tuple[Any, Any]:
     except ImportError as exc:
         raise CLIError(f"--scheduler needs Dask: python -m pip install 'refgeo[dask]' ({exc})") from None
     try:
-        client = distributed.Client(args.scheduler, timeout=SCHEDULER_TIMEOUT, set_as_default=False)
+        client = distributed.Client(args.scheduler, timeout=args.scheduler_timeout, set_as_default=False)
     except (OSError, TimeoutError, ValueError) as exc:
         raise CLIError(f"could not connect to the Dask scheduler at {args.scheduler!r}: {exc}") from None
     V, d = S.shape
@@ -583,6 +584,9 @@ def _build_parser() -> argparse.ArgumentParser:
                    "workers, so its path must be valid on every worker)")
     p.add_argument("--chunk-rows", type=_int_type("--chunk-rows", 1), default=4096, metavar="N",
                    help="rows per Dask task block with --scheduler (default: %(default)s)")
+    p.add_argument("--scheduler-timeout", type=_float_type("--scheduler-timeout"), default=SCHEDULER_TIMEOUT,
+                   metavar="SECONDS",
+                   help="seconds to wait for the Dask scheduler to answer (default: %(default)s)")
     _add_progress(p)
     p.set_defaults(func=_cmd_inspect)
 

@@ -303,9 +303,11 @@ def test_cli_inspect_on_a_scheduler(client, tmp_path, capsys, suffix):
 def test_cli_inspect_scheduler_errors(tmp_path):
     path = str(tmp_path / "rows.npy")
     np.save(path, _rows(1, 10, 3, np.float64, ties=False))
-    run = _cli("inspect", path, "--scheduler", "tcp://127.0.0.1:9")
+    run = _cli("inspect", path, "--scheduler", "tcp://127.0.0.1:9", "--scheduler-timeout", "1")
     assert run.returncode == 2, run.stderr
     assert "could not connect to the Dask scheduler at 'tcp://127.0.0.1:9'" in run.stderr, run.stderr
+    run = _cli("inspect", path, "--scheduler", "tcp://127.0.0.1:9", "--scheduler-timeout", "0")
+    assert run.returncode == 2 and "--scheduler-timeout" in run.stderr, run.stderr
 
 
 def test_nan_names_the_chunk(client):
