@@ -148,6 +148,18 @@ def _assert_pair(r, want, S, backend):
     assert r.n_refined >= 1
 
 
+def _assert_extremes_exact(S, backend, **opts):
+    """Diameter, closest pair and farthest partners of ``S`` against the float64 oracle."""
+    D2 = _oracle_sq(S, S)
+    _assert_pair(refgeo.row_diameter(S, **opts), _oracle_extreme(S, True, D2), S, backend)
+    _assert_pair(refgeo.closest_pair(S, **opts), _oracle_extreme(S, False, D2), S, backend)
+    fp = refgeo.farthest_partners(S, **opts)
+    np.fill_diagonal(D2, -np.inf)
+    want = np.argmax(D2, axis=1)
+    np.testing.assert_array_equal(fp.indices, want)
+    np.testing.assert_array_equal(fp.distances, np.ldexp(np.sqrt(D2[np.arange(len(S)), want]), _oracle_exponent(S)))
+
+
 # ------------------------------------------------------------------ >= 2000 examples per kernel
 
 
@@ -160,15 +172,7 @@ def test_extreme_pairs_exact(backend, parallel_always, monkeypatch):
     def check(S, mixed, tile_size, n_threads):
         # float64 rows: float32 filter (maximum modes) or not
         _engine.MAX_MIXED_MIN_WORK = 0 if mixed else 1 << 62
-        opts = dict(tile_size=tile_size, n_threads=n_threads)
-        D2 = _oracle_sq(S, S)
-        _assert_pair(refgeo.row_diameter(S, **opts), _oracle_extreme(S, True, D2), S, backend)
-        _assert_pair(refgeo.closest_pair(S, **opts), _oracle_extreme(S, False, D2), S, backend)
-        fp = refgeo.farthest_partners(S, **opts)
-        np.fill_diagonal(D2, -np.inf)
-        want = np.argmax(D2, axis=1)
-        np.testing.assert_array_equal(fp.indices, want)
-        np.testing.assert_array_equal(fp.distances, np.ldexp(np.sqrt(D2[np.arange(len(S)), want]), _oracle_exponent(S)))
+        _assert_extremes_exact(S, backend, tile_size=tile_size, n_threads=n_threads)
 
     check()
 
@@ -437,13 +441,7 @@ def test_extreme_pairs_exact_with_ties_on_small_tiles_and_threads(backend, paral
     @given(S=tie_clouds(), mixed=st.booleans(), **tie_options)
     def check(S, mixed, tile_size, n_threads):
         _engine.MAX_MIXED_MIN_WORK = 0 if mixed else 1 << 62
-        opts = dict(tile_size=tile_size, n_threads=n_threads)
-        D2 = _oracle_sq(S, S)
-        _assert_pair(refgeo.row_diameter(S, **opts), _oracle_extreme(S, True, D2), S, backend)
-        _assert_pair(refgeo.closest_pair(S, **opts), _oracle_extreme(S, False, D2), S, backend)
-        fp = refgeo.farthest_partners(S, **opts)
-        np.fill_diagonal(D2, -np.inf)
-        np.testing.assert_array_equal(fp.indices, np.argmax(D2, axis=1))
+        _assert_extremes_exact(S, backend, tile_size=tile_size, n_threads=n_threads)
 
     check()
 
