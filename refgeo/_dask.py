@@ -64,6 +64,7 @@ from array_api_compat import array_namespace, is_cupy_array
 
 from . import _backend
 from ._backend import KernelRun
+from ._interop import to_host
 from ._threads import blas_single_thread
 from ._certify import (
     MAX_NORM2,
@@ -1059,9 +1060,8 @@ def _backend_ext():
 # --------------------------------------------------------------------------- array-API (CuPy) k-NN tasks
 
 
-def _host(a):
-    """A NumPy array with the contents of ``a`` (a CuPy array is copied to the host)."""
-    return a.get() if is_cupy_array(a) else np.asarray(a)
+# a NumPy array with the contents of a chunk (a CuPy array is copied to the host)
+_host = to_host
 
 
 def _smallest_keys(xp, M, K):

@@ -42,6 +42,7 @@ import math
 import numpy as np
 
 from . import _tokenwise_fit as _fit
+from ._interop import to_host
 from ._threads import blas_single_thread
 
 __all__ = [
@@ -56,29 +57,9 @@ def _da():
     return da
 
 
-def _host(a):
-    """A NumPy array of a chunk (CuPy chunks are copied to the host)."""
-    if not isinstance(a, np.ndarray) and hasattr(a, "get"):
-        return a.get()
-    return np.asarray(a)
-
-
 def _rows(A, ex):
     """``A * 2**-ex`` (a scaled copy, or ``A`` itself when ``ex == 0``)."""
     return A if ex == 0 else np.ldexp(A, -ex)
-
-
-def _panels64(X, Y, e):
-    """As the single-machine ``_panels64``: float64 inputs kept (``ex = e``: scaled as
-    the kernels read them), other dtypes converted and scaled (``ex = 0``)."""
-    if X.dtype == np.float64 and Y.dtype == np.float64:
-        return X, Y, e
-    X64 = X.astype(np.float64)
-    Y64 = Y.astype(np.float64)
-    if e:
-        np.ldexp(X64, -e, out=X64)
-        np.ldexp(Y64, -e, out=Y64)
-    return X64, Y64, 0
 
 
 def _one_blas_thread(fn):
@@ -154,7 +135,7 @@ def scale_exponent(X, Y) -> int:
 
 
 def _update_max_block(XI, YI, ex):
-    XI, YI = _host(XI).astype(np.float64), _host(YI).astype(np.float64)
+    XI, YI = to_host(XI).astype(np.float64), to_host(YI).astype(np.float64)
     D = _rows(YI, ex) - _rows(XI, ex)
     return np.array([max(float(D.max()), -float(D.min())) if D.size else 0.0])
 
@@ -250,16 +231,16 @@ def search_neighbors(X, e, k, metric, standardize, exclude_self):
 
 def _gather(XJ, YJ, rows):
     """The rows ``rows`` of one source block of X and of Y."""
-    return _host(XJ)[rows], _host(YJ)[rows]
+    return to_host(XJ)[rows], to_host(YJ)[rows]
 
 
 def _fit_block(XI, YI, gathered, nbr, w, e, cls, rank, ridge, ident, chunk, return_maps):
     """The local fits of one token block: its rows, then the gathered neighbor rows."""
-    XI, YI = _host(XI), _host(YI)
+    XI, YI = to_host(XI), to_host(YI)
     if gathered:
         XI = np.concatenate([XI] + [g[0] for g in gathered])
         YI = np.concatenate([YI] + [g[1] for g in gathered])
-    X64, Y64, ex = _panels64(XI, YI, e)
+    X64, Y64, ex = _fit.panels64(XI, YI, e)
     # one BLAS thread per task: Dask runs the tasks in parallel (as the kernels run on
     # one machine, many small batched GEMMs and eigensolvers)
     with blas_single_thread():
@@ -342,7 +323,7 @@ def _parts(XI, YI, FI, ex):
 
 
 def _block_panels(XI, YI, e):
-    return _panels64(_host(XI), _host(YI), e)
+    return _fit.panels64(to_host(XI), to_host(YI), e)
 
 
 @_one_blas_thread

@@ -39,6 +39,28 @@ _EPS = float(np.finfo(np.float64).eps)
 _PANEL_BYTES = 48 * 2**20
 
 
+def scaled64(A, e):
+    """float64 ``A * 2**-e`` (exact); ``A`` itself when it is float64 and ``e == 0``."""
+    if A.dtype == np.float64:
+        return A if e == 0 else np.ldexp(A, -e)
+    out = A.astype(np.float64)
+    if e:
+        np.ldexp(out, -e, out=out)
+    return out
+
+
+def panels64(X, Y, e):
+    """``(X64, Y64, ex)``: float64 panels and the exponent still to apply to them.
+
+    float64 inputs are used as they are (``ex = e``: the kernels scale the rows they
+    gather, and no (N, d) copy is made); other dtypes are converted, and the copies
+    are scaled in place (``ex = 0``).
+    """
+    if X.dtype == np.float64 and Y.dtype == np.float64:
+        return X, Y, e
+    return scaled64(X, e), scaled64(Y, e), 0
+
+
 def default_chunk(k: int, d: int, n: int, diagonal: bool = False) -> int:
     """Tokens per chunk so that one (chunk, k, max(d, 4k)) float64 block stays near 48 MiB.
 

@@ -667,26 +667,8 @@ def _scale_exponent(*arrays) -> int:
     return math.frexp(m)[1] if m > 0 else 0
 
 
-def _scaled64(A, e):
-    """float64 ``A * 2**-e`` (exact); ``A`` itself when it is float64 and ``e == 0``."""
-    if A.dtype == np.float64:
-        return A if e == 0 else np.ldexp(A, -e)
-    out = A.astype(np.float64)
-    if e:
-        np.ldexp(out, -e, out=out)
-    return out
-
-
-def _panels64(X, Y, e):
-    """``(X64, Y64, ex)``: float64 panels and the exponent still to apply to them.
-
-    float64 inputs are used as they are (``ex = e``: the kernels scale the rows they
-    gather, and no (N, d) copy is made); other dtypes are converted, and the copies
-    are scaled in place (``ex = 0``).
-    """
-    if X.dtype == np.float64 and Y.dtype == np.float64:
-        return X, Y, e
-    return _scaled64(X, e), _scaled64(Y, e), 0
+_scaled64 = _fit.scaled64
+_panels64 = _fit.panels64
 
 
 # rows per block of the blockwise scaled passes over (N, d) panels: O(8192 d) temporaries
