@@ -38,15 +38,17 @@ is imported only here, when a Dask array arrives.
 from __future__ import annotations
 
 import math
+import sys
 
 import numpy as np
 
+from . import _memory
 from . import _tokenwise_fit as _fit
 from ._interop import to_host
 from ._threads import blas_single_thread
 
 __all__ = [
-    "check_known_chunks", "fit", "max_abs", "metrics", "panels", "parts", "parts_max_abs", "scale_exponent",
+    "check_fit_memory", "check_known_chunks", "fit", "max_abs", "metrics", "panels", "parts", "parts_max_abs", "scale_exponent",
     "search_neighbors", "unscaled", "update_max",
 ]
 
@@ -267,6 +269,65 @@ def _local_plan(idx_block, offsets, I):
         nxt += sel.shape[0]
         sources.append((int(J), u[sel] - offsets[J]))
     return local[np.searchsorted(u, idx_block)], sources
+
+
+def _room():
+    """``(per_task, total, where_task, where_total)``: the bytes one fit task and the
+    persisted results may take on the active scheduler, or None where there is no limit.
+
+    On a ``distributed`` cluster: the smallest memory limit per worker thread (a worker
+    runs one task per thread) and the sum of the workers' limits.  On the local
+    schedulers the tasks run in this process: its available memory, for both.
+    """
+    import dask.base
+
+    client = getattr(dask.base.get_scheduler(), "__self__", None)
+    distributed = sys.modules.get("distributed")  # a Client was made: it is imported
+    if distributed is not None and isinstance(client, distributed.Client):
+        workers = list(client.scheduler_info()["workers"].values())
+        limits = [(int(w.get("memory_limit") or 0), max(1, int(w.get("nthreads") or 1))) for w in workers]
+        if not limits or min(m for m, _ in limits) <= 0:  # a worker without a limit
+            return None, None, "", ""
+        return (min(m // t for m, t in limits), sum(m for m, _ in limits),
+                " per thread of the smallest Dask worker", " on the Dask workers together")
+    avail = _memory.available_memory()
+    where = " in this process (the local Dask scheduler runs the tasks here)"
+    return avail, avail, where, where
+
+
+def check_fit_memory(what, X, k, cls, chunk, return_maps, advice):
+    """Refuse, before any work, a fit whose largest task or whose persisted results
+    exceed the memory of the active scheduler (:func:`_room`).
+
+    A task holds its token block of ``b`` rows and the rows of its neighbors (at most
+    ``min(b k, N - b)``), as given and as float64, the kernel's panels
+    (:func:`refgeo._tokenwise_fit.panel_bytes`) and its results; the workers keep the
+    fitted values, coefficients and maps of all N tokens.  Upper estimates.
+    """
+    n, d = X.shape
+    b = max(X.chunks[0])
+    g = min(b * k, n - b)
+    item = X.dtype.itemsize
+    diagonal = cls in ("diagonal", "psd_diagonal")
+    per_row = 2 * d * (item + (0 if item == 8 else 8))
+    label, panel = _fit.panel_bytes(cls, b + g, d, k, max(1, min(chunk, b)))
+    task = {
+        f"rows of X and Y of the largest token block ({b} rows) and of up to {g} neighbor rows": per_row * (b + g),
+        label: panel,
+        "its fitted values" + (" and coefficients" if diagonal else ""): 8 * b * d * (1 + diagonal),
+    }
+    kept = {"fitted values (N, d)": 8 * n * d}
+    if diagonal:
+        kept["coefficients (N, d)"] = 8 * n * d
+    if return_maps:
+        task["its maps, return_maps=True"] = 8 * b * d * d
+        kept["maps (N, d, d), return_maps=True"] = 8 * n * d * d
+    per_task, total, where_task, where_total = _room()
+    if per_task is not None:
+        _memory.check_memory(f"{what}, one task", task, advice, room=per_task, where=where_task)
+    if total is not None:
+        _memory.check_memory(f"{what}, the results kept on the workers", kept, advice, room=total,
+                             where=where_total)
 
 
 def fit(X, Y, e, idx, w, cls, rank, ridge, ident, chunk, return_maps):

@@ -85,7 +85,8 @@ def format_bytes(n: float) -> str:
     return f"{n:.1f} PiB"  # pragma: no cover
 
 
-def check_memory(what: str, parts: Mapping[str, float], advice: str) -> None:
+def check_memory(what: str, parts: Mapping[str, float], advice: str, *, room: int | None = None,
+                 where: str = "") -> None:
     """Raise ``MemoryError`` when the bytes in ``parts`` exceed :func:`available_memory`.
 
     Parameters
@@ -96,15 +97,19 @@ def check_memory(what: str, parts: Mapping[str, float], advice: str) -> None:
         Bytes per named allocation, e.g. ``{"output (8 arrays of (N, d) float64)": 2.4e9}``.
     advice : str
         What to change so that the call fits.
+    room : int, optional
+        The bytes to compare with instead of this process's available memory (e.g. a
+        Dask worker's memory limit); ``where`` then says whose they are
+        (``" on the smallest Dask worker"``).
 
     Nothing is checked when the available memory is unknown.
     """
     need = float(sum(parts.values()))
-    avail = available_memory()
+    avail = available_memory() if room is None else room
     if avail is None or need <= avail:
         return
     detail = "; ".join(f"{name}: {format_bytes(b)}" for name, b in parts.items() if b > 0)
     raise MemoryError(
         f"{what} needs about {format_bytes(need)} ({detail}), but only {format_bytes(avail)} "
-        f"are available. {advice}"
+        f"are available{where}. {advice}"
     )

@@ -74,6 +74,23 @@ def default_chunk(k: int, d: int, n: int, diagonal: bool = False) -> int:
     return int(max(1, min(n, _PANEL_BYTES // max(1, per_token))))
 
 
+def panel_bytes(cls: str, n: int, d: int, k: int, chunk: int) -> tuple[str, int]:
+    """``(label, bytes)``: the working panels of the fit of ``n`` tokens of class ``cls``
+    in chunks of ``chunk`` tokens (an upper estimate, for the memory checks).
+
+    The diagonal classes hold one (n, d) product panel and a chunk of sparse products;
+    the others gather (chunk, k, d) neighbor panels (the linear fits) or work in the
+    span of ``m = min(d, 2k)`` directions (the orthogonal fits).
+    """
+    f, b = 8, chunk
+    if cls in ("diagonal", "psd_diagonal"):
+        return f"one (N, d) product panel, chunks of chunk_size={b} tokens", f * n * d + (f * d + 12 * k) * b
+    if cls in ("low_rank", "full"):
+        return f"neighbor panels of chunk_size={b} tokens", f * b * k * (3 * d + 6 * k)
+    m = d if 2 * k >= d else 2 * k
+    return f"neighbor panels of chunk_size={b} tokens", f * b * (2 * k * d + 4 * d * m + 2 * k * m + 6 * m * m)
+
+
 # --------------------------------------------------------------------- diagonal
 
 

@@ -788,13 +788,8 @@ def _fit_bytes(plan, n, d, copies):
         parts[f"{copies} scaled float64 copies of (N, d)"] = copies * f * n * d
     if plan.given is None:
         parts["neighbor search (two (N, d) copies)"] = 2 * f * n * d
-    if diagonal:
-        parts[f"one (N, d) product panel, chunks of chunk_size={b} tokens"] = f * n * d + (f * d + 12 * k) * b
-    elif plan.cls in ("low_rank", "full"):
-        parts[f"neighbor panels of chunk_size={b} tokens"] = f * b * k * (3 * d + 6 * k)
-    else:
-        m = d if 2 * k >= d else 2 * k
-        parts[f"neighbor panels of chunk_size={b} tokens"] = f * b * (2 * k * d + 4 * d * m + 2 * k * m + 6 * m * m)
+    label, panel = _fit.panel_bytes(plan.cls, n, d, k, b)
+    parts[label] = panel
     return parts
 
 
@@ -1092,6 +1087,26 @@ def _dask_unsupported(name, value, why):
     )
 
 
+def _check_dask_memory(what, plan, X, metrics):
+    """:func:`_check_fit_memory` for Dask panels: what comes to the caller (the (N, k)
+    neighbors, distances and weights, and the (N,) metrics of :func:`decompose`) against
+    this process's memory, each task and the kept results against the workers'."""
+    from . import _dask_tokenwise as _dt
+
+    n, k = X.shape[0], plan.k
+    parts = {"neighbors, distances and weights (N, k)": 24 * n * k}
+    if metrics:
+        parts["per-token metrics (about 24 (N,) arrays)"] = 24 * 8 * n
+    _memory.check_memory(what, parts, "Pass a smaller k, or pass fewer tokens per call.")
+    advice = (
+        f"Rechunk X and Y into smaller row blocks (now up to {max(X.chunks[0])} rows), pass a smaller k "
+        f"(now {k}) or chunk_size (now {plan.chunk})"
+        + (", leave return_maps=False" if plan.return_maps else "")
+        + ", or add workers."
+    )
+    _dt.check_fit_memory(what, X, k, plan.cls, plan.chunk, plan.return_maps, advice)
+
+
 def _run_fit_dask(plan, X, Y, e, bar, stacklevel):
     """:func:`_run_fit` on Dask panels: the fitted values stay scaled (persisted)."""
     from . import _dask_tokenwise as _dt
@@ -1120,6 +1135,7 @@ def _fit_local_maps_dask(X, Y, k, cls, rank, ridge, prior, metric, standardize, 
     plan = _plan_fit(X, k, cls, rank, ridge, prior, metric, standardize, exclude_self, weights, neighbors,
                      chunk_size, return_maps)
     progress = _progress.check_progress(progress)
+    _check_dask_memory(f"fit_local_maps(N={n}, d={d}, k={plan.k}, cls={plan.cls!r})", plan, X, False)
     e = _dt.scale_exponent(X, Y)
     # steps: the neighbor search (when it runs) and the fit
     with _progress.Progress(progress, int(plan.given is None) + 1, desc="fit_local_maps", unit="step") as bar:
@@ -1166,6 +1182,7 @@ def _decompose_dask(X, Y, k, cls, rank, ridge, prior, metric, standardize, exclu
     plan = _plan_fit(X, k, cls, rank, ridge, prior, metric, standardize, exclude_self, weights, neighbors,
                      chunk_size, False)
     ridge = plan.ridge
+    _check_dask_memory(f"decompose(N={n}, d={d}, cls={plan.cls!r})", plan, X, True)
     e = _dt.scale_exponent(X, Y)
     if e >= 1024:  # as _check_update_range: only entries near the float64 maximum can overflow
         m = _dt.update_max(X, Y, e)

@@ -395,3 +395,51 @@ def test_larger_realistic_layer(client):
         kw = dict(k=40, cls=cls, ridge=1e-3, standardize=True, center_subspace=True)
         want = _quiet(refgeo.decompose, X, Y, **kw)
         _same_result(want, _quiet(refgeo.decompose, _dask(X, 700, 16), Y, **kw), X, Y)
+
+
+def _lazy_panels(n, b, d):
+    """(N, d) Dask zeros in blocks of ``b`` rows: never computed by a refused call."""
+    return da.zeros((n, d), chunks=(b, d))
+
+
+def test_memory_is_checked_against_the_workers_before_any_work(client):
+    # the cluster's own memory limits: the maps of one token block exceed the smallest
+    # worker's, or all the maps together exceed the workers' sum
+    limits = [w["memory_limit"] for w in client.scheduler_info()["workers"].values()]
+    d = 512
+    per_map = 8 * d * d
+    b = min(limits) // per_map + 1
+    X = _lazy_panels(2 * b, b, d)
+    nbr = np.zeros((2 * b, 1), dtype=np.int64)
+    seen = []
+    with pytest.raises(MemoryError) as info:
+        refgeo.fit_local_maps(X, X, neighbors=nbr, cls="diagonal", return_maps=True, progress=seen.append)
+    msg = str(info.value)
+    assert msg.startswith(f"fit_local_maps(N={2 * b}, d=512, k=1, cls='diagonal'), one task needs about ")
+    assert "per thread of the smallest Dask worker" in msg and "its maps, return_maps=True" in msg
+    assert f"Rechunk X and Y into smaller row blocks (now up to {b} rows)" in msg
+    assert "leave return_maps=False" in msg
+    assert seen == []  # refused before the first step
+    # blocks that fit one at a time, whose maps together do not fit the cluster
+    b = min(limits) // (3 * per_map)
+    n = b * (sum(limits) // (b * per_map) + 1)
+    with pytest.raises(MemoryError, match=r"the results kept on the workers needs about .* on the Dask workers"):
+        refgeo.fit_local_maps(_lazy_panels(n, b, d), _lazy_panels(n, b, d), neighbors=np.zeros((n, 1), np.int64),
+                              cls="diagonal", return_maps=True)
+
+
+def test_memory_on_the_local_scheduler_is_this_process(client):
+    import dask
+
+    avail = refgeo._memory.available_memory()
+    if avail is None:
+        pytest.skip("the available memory is unknown on this system")
+    d = 512
+    b = avail // (8 * d * d) + 1
+    with dask.config.set(scheduler="threads"), pytest.raises(MemoryError, match=r"in this process \(the local"):
+        refgeo.fit_local_maps(_lazy_panels(b, b, d), _lazy_panels(b, b, d), neighbors=np.zeros((b, 1), np.int64),
+                              cls="diagonal", return_maps=True)
+    # decompose checks the same way: here the (N,) metrics alone exceed this process
+    n = avail // (24 * 8) + 1
+    with pytest.raises(MemoryError, match=r"decompose\(N=\d+, d=1, cls='diagonal'\) needs about .*per-token metrics"):
+        refgeo.decompose(_lazy_panels(n, n // 4 + 1, 1), _lazy_panels(n, n // 4 + 1, 1), k=1, cls="diagonal")
