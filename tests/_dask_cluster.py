@@ -8,6 +8,8 @@ module within ``TIMEOUT`` seconds, so that no later module runs on it.
 from __future__ import annotations
 
 import contextlib
+import os
+import signal
 
 # seconds any cluster operation may take before the test fails instead of hanging
 TIMEOUT = 60
@@ -29,3 +31,30 @@ def local_client(n_workers: int = 2):
     finally:
         c.close(timeout=TIMEOUT)
         cluster.close(timeout=TIMEOUT)
+
+
+def kill_at_first_result(pids, prefix):
+    """A scheduler plugin that kills the worker process holding the first finished task
+    whose key contains ``prefix``.
+
+    It acts from the scheduler's own transition (the scheduler of :func:`local_client`
+    runs in the test's process), so the kill comes while the graph runs, whatever the
+    load, and the result the worker held is lost with it.  ``pids`` maps worker
+    addresses to process ids (``client.run(os.getpid)``); ``plugin.killed`` is the
+    address of the killed worker, or None.
+    """
+    from distributed.diagnostics.plugin import SchedulerPlugin
+
+    class KillAtFirstResult(SchedulerPlugin):
+        name = "kill-at-first-result"
+
+        def __init__(self):
+            self.killed = None
+
+        def transition(self, key, start, finish, *args, worker=None, **kwargs):
+            if self.killed is None and (start, finish) == ("processing", "memory") and prefix in str(key):
+                if worker in pids:
+                    os.kill(pids[worker], signal.SIGKILL)
+                    self.killed = worker
+
+    return KillAtFirstResult()

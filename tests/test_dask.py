@@ -11,7 +11,6 @@ installed (the optional ``[dask]`` extra).
 from __future__ import annotations
 
 import os
-import signal
 
 import numpy as np
 import pytest
@@ -25,7 +24,7 @@ distributed = pytest.importorskip("distributed")
 cloudpickle = pytest.importorskip("cloudpickle")
 
 from ._dask_cluster import TIMEOUT as _TIMEOUT  # noqa: E402
-from ._dask_cluster import local_client  # noqa: E402
+from ._dask_cluster import kill_at_first_result, local_client  # noqa: E402
 
 
 @pytest.fixture(scope="module")
@@ -333,24 +332,6 @@ def test_mixed_dtypes(client):
         refgeo.row_diameter(da.from_array(np.ones((4, 2), dtype=complex), chunks=2))
 
 
-class _KillAtFirstResult(distributed.diagnostics.plugin.SchedulerPlugin):
-    """Kills the worker process that holds the first finished task whose key contains
-    ``prefix``, from the scheduler's own transition (the scheduler runs in the test's
-    process): the kill comes while the graph runs, whatever the load, and the result
-    it held is lost with it."""
-
-    name = "kill-at-first-result"
-
-    def __init__(self, pids, prefix):
-        self.pids, self.prefix, self.killed = pids, prefix, None
-
-    def transition(self, key, start, finish, *args, worker=None, **kwargs):
-        if self.killed is None and (start, finish) == ("processing", "memory") and self.prefix in str(key):
-            if worker in self.pids:
-                os.kill(self.pids[worker], signal.SIGKILL)
-                self.killed = worker
-
-
 def test_killed_worker_gives_the_same_result(client):
     # one worker process is killed as soon as it has finished the first block-pair
     # filter task of the k-NN graph (the refinements and merges still to come need its
@@ -359,7 +340,7 @@ def test_killed_worker_gives_the_same_result(client):
     D = da.from_array(S, chunks=(15, 8))
     pids = client.run(os.getpid)
     scheduler = client.cluster.scheduler  # in this process: the plugin sees every transition
-    plugin = _KillAtFirstResult(pids, "_knn_")
+    plugin = kill_at_first_result(pids, "_knn_")
     scheduler.add_plugin(plugin)
     try:
         got = refgeo.knn(D, 4)

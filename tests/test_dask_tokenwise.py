@@ -22,7 +22,7 @@ from hypothesis import strategies as st
 
 import refgeo
 
-from ._dask_cluster import local_client
+from ._dask_cluster import TIMEOUT, kill_at_first_result, local_client
 
 da = pytest.importorskip("dask.array")
 distributed = pytest.importorskip("distributed")
@@ -347,6 +347,28 @@ def test_the_caller_never_holds_an_n_by_d_array(client):
     # the persisted fitted values live on the workers, one piece per token block
     assert got["pieces"] == got["blocks"]
     assert abs(got["coefficient"] - 1.5) < 0.05
+
+
+def test_killed_worker_gives_the_same_decomposition(client):
+    # one worker process is killed as soon as it has finished the first fit task (the
+    # fitted values it persisted are lost with it, and the metrics still need them);
+    # Dask reruns the lost tasks on the other worker and on the restarted one
+    import os
+
+    X, Y = hidden_states(31, 600, 8, vocab=60)
+    kw = dict(k=6, cls="full", ridge=1e-3)
+    pids = client.run(os.getpid)
+    scheduler = client.cluster.scheduler  # in this process: the plugin sees every transition
+    plugin = kill_at_first_result(pids, "fit_block")
+    scheduler.add_plugin(plugin)
+    try:
+        got = _quiet(refgeo.decompose, _dask(X, 100, 8), _dask(Y, 100, 8), **kw)
+    finally:
+        scheduler.remove_plugin(plugin.name)
+    assert plugin.killed is not None, "no fit task finished on a worker of the cluster"
+    _same_result(_quiet(refgeo.decompose, X, Y, **kw), got, X, Y)
+    client.wait_for_workers(2, timeout=TIMEOUT)
+    assert pids[plugin.killed] not in client.run(os.getpid).values()
 
 
 # -------------------------------------------------------------------------- errors
