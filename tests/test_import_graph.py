@@ -160,3 +160,52 @@ def test_engine_modules_import_only_downward():
             upward = sorted(g[mod] - below)
             assert not upward, f"{mod} imports {upward}, which are not below it"
         below |= set(layer)
+
+
+# The layers of the whole package, bottom first, as drawn in docs/architecture.md: a
+# module imports from its own layer or the layers below (the cycle test above covers
+# imports within a layer).  A subpackage's modules belong to the layer of the
+# subpackage.  Every module must have a layer, so a new module is placed on purpose.
+PACKAGE_LAYERS = (
+    ("_validate", "_threads", "_certify", "_interop", "_memory", "_lm_gradients"),
+    ("_progress", "_backend", "_tokenwise_fit"),
+    ("_reference", "_engine", "_tiled", "_dask", "_config"),
+    ("rows", "hilbert", "bounds", "codes", "_dask_tokenwise"),
+    ("lmo", "tokenwise", "spreading", "optim"),
+    ("",),  # the package's __init__: the public API
+    ("torch", "hf", "testing", "cli", "_demo", "__main__"),
+)
+
+
+def _layer_of(module: str) -> int:
+    rel = module[len(PACKAGE) + 1:] if module != PACKAGE else ""
+    top = rel.split(".")[0]
+    for i, layer in enumerate(PACKAGE_LAYERS):
+        if top in layer:
+            return i
+    raise AssertionError(f"{module} has no layer in PACKAGE_LAYERS (place it in docs/architecture.md too)")
+
+
+def _upward_imports(g):
+    """``{module: [imports from a layer above]}`` of an import graph (empty: none)."""
+    found = {}
+    for mod, deps in g.items():
+        level = _layer_of(mod)  # every module, even one without imports, has a layer
+        above = sorted(dep for dep in deps if _layer_of(dep) > level)
+        if above:
+            found[mod] = above
+    return found
+
+
+def test_every_module_imports_only_from_its_layer_or_below():
+    upward = _upward_imports(import_graph())
+    assert not upward, f"imports from a layer above: {upward}"
+
+
+def test_the_layer_check_finds_an_upward_import():
+    p = PACKAGE
+    g = {f"{p}.rows": {f"{p}._certify", f"{p}.tokenwise"}, f"{p}.codes": {f"{p}.rows"},
+         f"{p}.testing._assertions": {p}}
+    assert _upward_imports(g) == {f"{p}.rows": [f"{p}.tokenwise"]}
+    with pytest.raises(AssertionError, match="has no layer"):
+        _upward_imports({f"{p}._new_module": set()})
