@@ -95,6 +95,7 @@ def _drop_trailing_arguments(fn, n):
     def wrapper(*args):
         return fn(*args[:-n])
 
+    wrapper._drops_trailing = True
     return wrapper
 
 
@@ -119,7 +120,11 @@ def records_runtime(cls=None, *, dtype=None, backend=None):
     extra.append(("runtime", RUNTIME))
     cls.params = params + [v for _, v in extra]
     cls.param_names = names + [n for n, _ in extra]
-    for attr, fn in list(vars(cls).items()):
+    # inherited methods too (a shared base class of trackers): wrapped on this class
+    for attr in dir(cls):
+        fn = getattr(cls, attr)
+        if getattr(fn, "_drops_trailing", False):  # inherited from a decorated class: wrapped once
+            continue
         if callable(fn) and (attr in ("setup", "teardown") or attr.startswith(_BENCH_PREFIXES)):
             setattr(cls, attr, _drop_trailing_arguments(fn, len(extra)))
     return cls
