@@ -48,8 +48,8 @@ from ._interop import to_host
 from ._threads import blas_single_thread
 
 __all__ = [
-    "check_fit_memory", "check_known_chunks", "fit", "fit_bytes", "max_abs", "metrics", "panels", "parts", "parts_max_abs", "scale_exponent",
-    "search_neighbors", "unscaled", "update_max",
+    "check_fit_memory", "check_known_chunks", "fit", "fit_bytes", "max_abs", "metrics", "metrics_bytes", "panels",
+    "parts", "parts_max_abs", "scale_exponent", "search_neighbors", "unscaled", "update_max",
 ]
 
 
@@ -340,14 +340,36 @@ def fit_bytes(X, Y, k, cls, chunk, return_maps):
     return task, kept
 
 
-def check_fit_memory(what, X, Y, k, cls, chunk, return_maps, caller):
+def metrics_bytes(X, Y):
+    """The bytes, by part, of the largest metrics task of :func:`metrics` (an upper
+    estimate): the block's rows of X and Y (as given and as float64) and of the fitted
+    values, about a dozen (b, d) panels of delta, tau, rho, their projections and
+    cosines, and the (d, d) Gram matrices, baseline maps and subspace."""
+    b, d = max(X.chunks[0]), X.shape[1]
+    as64 = X.dtype != np.float64 or Y.dtype != np.float64
+    given = (X.dtype.itemsize + Y.dtype.itemsize + (16 if as64 else 0)) * b * d
+    return {
+        f"rows of X, Y and the fitted values of the largest token block ({b} rows)": given + 8 * b * d,
+        "the per-token panels of the metrics": 8 * 13 * b * d,
+        "the (d, d) Gram matrices and maps": 8 * 6 * d * d,
+    }
+
+
+def check_fit_memory(what, X, Y, k, cls, chunk, return_maps, caller, metrics=False):
     """Refuse, before any work, a fit whose largest task or whose persisted results
-    (:func:`fit_bytes`) exceed the memory of the scheduler that runs it (:func:`_room`).
+    (:func:`fit_bytes`), or with ``metrics`` (:func:`refgeo.decompose`) whose largest
+    metrics task (:func:`metrics_bytes`), exceed the memory of the scheduler that runs
+    it (:func:`_room`).
 
     On the local schedulers those, the tasks running at once and ``caller`` (the bytes
     that come to this process, by part) share this process's memory.
     """
     task, kept = fit_bytes(X, Y, k, cls, chunk, return_maps)
+    if metrics:
+        # the metrics tasks run after the fit tasks, on the persisted fitted values
+        other = metrics_bytes(X, Y)
+        if sum(other.values()) > sum(task.values()):
+            task = {f"{name} (a metrics task)": v for name, v in other.items()}
     b = max(X.chunks[0])
     n_tasks = sum(1 for c in X.chunks[0] if c > 0)
     c = max(1, min(chunk, b))

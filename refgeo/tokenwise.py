@@ -1109,7 +1109,7 @@ def _check_dask_memory(what, plan, X, Y, metrics):
     if metrics:
         parts["per-token metrics (about 24 (N,) arrays)"] = 24 * 8 * n
     _memory.check_memory(what, parts, "Pass a smaller k, or pass fewer tokens per call.")
-    _dt.check_fit_memory(what, X, Y, k, plan.cls, plan.chunk, plan.return_maps, parts)
+    _dt.check_fit_memory(what, X, Y, k, plan.cls, plan.chunk, plan.return_maps, parts, metrics)
 
 
 def _run_fit_dask(plan, X, Y, e, bar, stacklevel):

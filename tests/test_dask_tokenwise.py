@@ -469,6 +469,13 @@ def test_memory_is_checked_against_the_workers_before_any_work(client):
     # a call that fits goes to work (and stops at its first block here)
     with pytest.raises(_Computed):
         _fit_maps(4 * b, b, d)
+    # decompose: the metrics task of one block holds more than its fit task
+    b = min(limits) // (8 * d * 14)
+    X = _lazy_panels(b, b, d)
+    with pytest.raises(MemoryError, match=r"one task needs .*\(a metrics task\)"):
+        refgeo.decompose(X, X, neighbors=np.zeros((b, 1), np.int64), cls="diagonal")
+    with pytest.raises(_Computed):
+        refgeo.decompose(X[: b // 2], X[: b // 2], neighbors=np.zeros((b // 2, 1), np.int64), cls="diagonal")
 
 
 @pytest.mark.parametrize("memory_limit", [0.5, 0])
