@@ -291,7 +291,9 @@ def _room(X, n_tasks):
     client = getattr(scheduler, "__self__", None)
     distributed = sys.modules.get("distributed")  # a Client was made: it is imported
     if distributed is not None and isinstance(client, distributed.Client):
-        workers = list(client.scheduler_info()["workers"].values())
+        # n_workers=-1: every worker (some releases list only five by default; older
+        # ones ignore the argument and list them all)
+        workers = list(client.scheduler_info(n_workers=-1)["workers"].values())
         limits = [(int(w.get("memory_limit") or 0), max(1, int(w.get("nthreads") or 1))) for w in workers]
         if not limits or min(m for m, _ in limits) <= 0:  # a worker without a limit
             return None, None, False, None
