@@ -48,8 +48,8 @@ from ._interop import to_host
 from ._threads import blas_single_thread
 
 __all__ = [
-    "check_fit_memory", "check_known_chunks", "fit", "max_abs", "metrics", "panels", "parts", "parts_max_abs", "scale_exponent",
-    "search_neighbors", "unscaled", "update_max",
+    "check_fit_memory", "check_known_chunks", "fit", "fit_bytes", "max_abs", "metrics", "metrics_bytes", "panels",
+    "parts", "parts_max_abs", "scale_exponent", "search_neighbors", "unscaled", "update_max",
 ]
 
 
@@ -271,48 +271,65 @@ def _local_plan(idx_block, offsets, I):
     return local[np.searchsorted(u, idx_block)], sources
 
 
-def _room():
-    """``(per_task, total, where_task, where_total)``: the bytes one fit task and the
-    persisted results may take on the active scheduler, or None where there is no limit.
+def _room(X, n_tasks):
+    """``(per_task, total, local, at_once)``: the bytes one fit task and the persisted
+    results may take on the scheduler that runs ``X``'s graph, whether that is one of
+    Dask's local schedulers, and how many tasks run at once there (None where nothing
+    is known).
 
-    On a ``distributed`` cluster: the smallest memory limit per worker thread (a worker
-    runs one task per thread) and the sum of the workers' limits.  On the local
-    schedulers the tasks run in this process: its available memory, for both.
+    On a ``distributed`` cluster a worker runs one task per thread, at most ``n_tasks``
+    at once: the smallest memory limit over those tasks, and the sum of the limits (no
+    check where a worker has no limit).  The local schedulers run the tasks in this
+    process (the synchronous one a task at a time, the others ``num_workers`` at once,
+    by default one per CPU core): its available memory, for everything together.
     """
-    import dask.base
+    import dask
+    import dask.local
+    import dask.system
 
-    client = getattr(dask.base.get_scheduler(), "__self__", None)
+    scheduler = dask.base.get_scheduler(collections=[X])
+    client = getattr(scheduler, "__self__", None)
     distributed = sys.modules.get("distributed")  # a Client was made: it is imported
     if distributed is not None and isinstance(client, distributed.Client):
-        workers = list(client.scheduler_info()["workers"].values())
+        # n_workers=-1: every worker (some releases list only five by default; older
+        # ones ignore the argument and list them all)
+        workers = list(client.scheduler_info(n_workers=-1)["workers"].values())
         limits = [(int(w.get("memory_limit") or 0), max(1, int(w.get("nthreads") or 1))) for w in workers]
         if not limits or min(m for m, _ in limits) <= 0:  # a worker without a limit
-            return None, None, "", ""
-        return (min(m // t for m, t in limits), sum(m for m, _ in limits),
-                " per thread of the smallest Dask worker", " on the Dask workers together")
+            return None, None, False, None
+        per_task = min(limits, key=lambda mt: mt[0] // min(mt[1], n_tasks))
+        at_once = min(per_task[1], n_tasks)
+        return per_task[0] // at_once, sum(m for m, _ in limits), False, at_once
+    if scheduler is dask.local.get_sync:
+        at_once = 1
+    else:
+        at_once = int(dask.config.get("num_workers", None) or dask.system.CPU_COUNT or 1)
     avail = _memory.available_memory()
-    where = " in this process (the local Dask scheduler runs the tasks here)"
-    return avail, avail, where, where
+    return avail, avail, True, max(1, min(at_once, n_tasks))
 
 
-def check_fit_memory(what, X, k, cls, chunk, return_maps, advice):
-    """Refuse, before any work, a fit whose largest task or whose persisted results
-    exceed the memory of the active scheduler (:func:`_room`).
+def fit_bytes(X, Y, k, cls, chunk, return_maps):
+    """``(task, kept)``: the bytes, by part, of the largest fit task of :func:`fit` and
+    of the results it persists (upper estimates, for :func:`check_fit_memory`).
 
     A task holds its token block of ``b`` rows and the rows of its neighbors (at most
-    ``min(b k, N - b)``), as given and as float64, the kernel's panels
+    ``min(b k, N - b)``) as given, joined into one panel and (other dtypes) as float64,
+    its neighbors and weights, the kernel's panels
     (:func:`refgeo._tokenwise_fit.panel_bytes`) and its results; the workers keep the
-    fitted values, coefficients and maps of all N tokens.  Upper estimates.
+    fitted values, coefficients and maps of all N tokens.
     """
     n, d = X.shape
     b = max(X.chunks[0])
     g = min(b * k, n - b)
-    item = X.dtype.itemsize
+    given = X.dtype.itemsize + Y.dtype.itemsize
+    as64 = X.dtype != np.float64 or Y.dtype != np.float64
+    per_row = d * (given * (2 if g else 1) + (16 if as64 else 0))
     diagonal = cls in ("diagonal", "psd_diagonal")
-    per_row = 2 * d * (item + (0 if item == 8 else 8))
-    label, panel = _fit.panel_bytes(cls, b + g, d, k, max(1, min(chunk, b)))
+    label, panel = _fit.panel_bytes(cls, b + g, d, k, max(1, min(chunk, b)), return_maps)
     task = {
-        f"rows of X and Y of the largest token block ({b} rows) and of up to {g} neighbor rows": per_row * (b + g),
+        f"rows of X and Y of the largest token block ({b} rows) and of up to {g} neighbor rows"
+        + (", joined" if g else "") + (", as float64" if as64 else ""): per_row * (b + g),
+        "its neighbors and weights": 24 * b * k,
         label: panel,
         "its fitted values" + (" and coefficients" if diagonal else ""): 8 * b * d * (1 + diagonal),
     }
@@ -322,12 +339,66 @@ def check_fit_memory(what, X, k, cls, chunk, return_maps, advice):
     if return_maps:
         task["its maps, return_maps=True"] = 8 * b * d * d
         kept["maps (N, d, d), return_maps=True"] = 8 * n * d * d
-    per_task, total, where_task, where_total = _room()
+    return task, kept
+
+
+def metrics_bytes(X, Y):
+    """The bytes, by part, of the largest metrics task of :func:`metrics` (an upper
+    estimate): the block's rows of X and Y (as given and as float64) and of the fitted
+    values, about a dozen (b, d) panels of delta, tau, rho, their projections and
+    cosines, and the (d, d) Gram matrices, baseline maps and subspace."""
+    b, d = max(X.chunks[0]), X.shape[1]
+    as64 = X.dtype != np.float64 or Y.dtype != np.float64
+    given = (X.dtype.itemsize + Y.dtype.itemsize + (16 if as64 else 0)) * b * d
+    return {
+        f"rows of X, Y and the fitted values of the largest token block ({b} rows)": given + 8 * b * d,
+        "the per-token panels of the metrics": 8 * 13 * b * d,
+        "the (d, d) Gram matrices and maps": 8 * 6 * d * d,
+    }
+
+
+def check_fit_memory(what, X, Y, k, cls, chunk, return_maps, caller, metrics=False):
+    """Refuse, before any work, a fit whose largest task or whose persisted results
+    (:func:`fit_bytes`), or with ``metrics`` (:func:`refgeo.decompose`) whose largest
+    metrics task (:func:`metrics_bytes`), exceed the memory of the scheduler that runs
+    it (:func:`_room`).
+
+    On the local schedulers those, the tasks running at once and ``caller`` (the bytes
+    that come to this process, by part) share this process's memory.
+    """
+    task, kept = fit_bytes(X, Y, k, cls, chunk, return_maps)
+    if metrics:
+        # the metrics tasks run after the fit tasks, on the persisted fitted values
+        other = metrics_bytes(X, Y)
+        if sum(other.values()) > sum(task.values()):
+            task = {f"{name} (a metrics task)": v for name, v in other.items()}
+    b = max(X.chunks[0])
+    n_tasks = sum(1 for c in X.chunks[0] if c > 0)
+    c = max(1, min(chunk, b))
+    smaller = (f"Rechunk X and Y into smaller row blocks (now up to {b} rows), pass a smaller k (now {k}) "
+               f"or chunk_size (now {c})" + (", leave return_maps=False" if return_maps else ""))
+    per_task, total, local, at_once = _room(X, n_tasks)
+    if local:
+        if total is None:
+            return
+        parts = dict(caller)
+        parts.update(kept)
+        times = f" (times {at_once}, the tasks running at once)" if at_once > 1 else ""
+        parts.update({f"one task: {name}{times}": at_once * v for name, v in task.items()})
+        fewer = f", run fewer tasks at once (now {at_once}: dask.config num_workers)" if at_once > 1 else ""
+        _memory.check_memory(what, parts, f"{smaller}{fewer}, or pass fewer tokens per call.", room=total,
+                             where=" in this process (the local Dask scheduler runs the tasks here)")
+        return
     if per_task is not None:
-        _memory.check_memory(f"{what}, one task", task, advice, room=per_task, where=where_task)
+        tasks = "the one task" if at_once == 1 else f"the {at_once} tasks"
+        _memory.check_memory(f"{what}, one task", task, f"{smaller}, or give the workers more memory per thread.",
+                             room=per_task,
+                             where=f" per task on the smallest Dask worker (its memory limit over {tasks} it runs at once)")
     if total is not None:
-        _memory.check_memory(f"{what}, the results kept on the workers", kept, advice, room=total,
-                             where=where_total)
+        _memory.check_memory(
+            f"{what}, the results kept on the workers", kept,
+            ("Leave return_maps=False, add" if return_maps else "Add") + " workers or memory to them, "
+            "or pass fewer tokens per call.", room=total, where=" on the Dask workers together")
 
 
 def fit(X, Y, e, idx, w, cls, rank, ridge, ident, chunk, return_maps):

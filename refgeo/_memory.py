@@ -99,8 +99,10 @@ def check_memory(what: str, parts: Mapping[str, float], advice: str, *, room: in
         What to change so that the call fits.
     room : int, optional
         The bytes to compare with instead of this process's available memory (e.g. a
-        Dask worker's memory limit); ``where`` then says whose they are
-        (``" on the smallest Dask worker"``).
+        Dask worker's memory limit).
+    where : str, default=""
+        Appended to "are available" in the message: whose the bytes are
+        (``" on the Dask workers together"``).
 
     Nothing is checked when the available memory is unknown.
     """

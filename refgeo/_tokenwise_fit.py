@@ -74,21 +74,31 @@ def default_chunk(k: int, d: int, n: int, diagonal: bool = False) -> int:
     return int(max(1, min(n, _PANEL_BYTES // max(1, per_token))))
 
 
-def panel_bytes(cls: str, n: int, d: int, k: int, chunk: int) -> tuple[str, int]:
+def panel_bytes(cls: str, n: int, d: int, k: int, chunk: int, return_maps: bool = False) -> tuple[str, int]:
     """``(label, bytes)``: the working panels of the fit of ``n`` tokens of class ``cls``
     in chunks of ``chunk`` tokens (an upper estimate, for the memory checks).
 
-    The diagonal classes hold one (n, d) product panel and a chunk of sparse products;
-    the others gather (chunk, k, d) neighbor panels (the linear fits) or work in the
-    span of ``m = min(d, 2k)`` directions (the orthogonal fits).
+    The diagonal classes hold one (n, d) product panel, a chunk of sparse products and
+    the two scaled chunks of rows they multiply; the others gather (chunk, k, d)
+    neighbor panels (the linear fits) or work in the span of ``m = min(d, 2k)``
+    directions (the orthogonal fits), and with ``return_maps`` hold up to four
+    (chunk, d, d) temporaries of the maps besides the (n, d, d) maps themselves (which
+    the callers count with the results).
     """
     f, b = 8, chunk
     if cls in ("diagonal", "psd_diagonal"):
-        return f"one (N, d) product panel, chunks of chunk_size={b} tokens", f * n * d + (f * d + 12 * k) * b
+        # (f + 2) n d: the panel and the two boolean masks of the zero denominators
+        return (f"one (N, d) product panel, chunks of chunk_size={b} tokens",
+                (f + 2) * n * d + (2 * f * d + 12 * k) * b)
+    maps = 4 * f * b * d * d if return_maps else 0
+    label = f"neighbor panels of chunk_size={b} tokens" + (" and their maps" if return_maps else "")
     if cls in ("low_rank", "full"):
-        return f"neighbor panels of chunk_size={b} tokens", f * b * k * (3 * d + 6 * k)
+        # (chunk, k, k): the Gram matrix and its eigenvectors, for low rank also the
+        # products of the rank-r eigenproblem
+        return label, f * b * k * (3 * d + (8 if cls == "low_rank" else 6) * k) + maps
+    # (chunk, m, m): the QR's R, the cross-covariance, its SVD and the polar factor
     m = d if 2 * k >= d else 2 * k
-    return f"neighbor panels of chunk_size={b} tokens", f * b * (2 * k * d + 4 * d * m + 2 * k * m + 6 * m * m)
+    return label, f * b * (2 * k * d + 4 * d * m + 2 * k * m + 8 * m * m) + maps
 
 
 # --------------------------------------------------------------------- diagonal

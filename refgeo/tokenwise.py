@@ -788,7 +788,7 @@ def _fit_bytes(plan, n, d, copies):
         parts[f"{copies} scaled float64 copies of (N, d)"] = copies * f * n * d
     if plan.given is None:
         parts["neighbor search (two (N, d) copies)"] = 2 * f * n * d
-    label, panel = _fit.panel_bytes(plan.cls, n, d, k, b)
+    label, panel = _fit.panel_bytes(plan.cls, n, d, k, b, plan.return_maps)
     parts[label] = panel
     return parts
 
@@ -1058,18 +1058,28 @@ def _any_dask(*arrays) -> bool:
 
 
 def _dask_panels(X, Y):
-    """Validated Dask panels (whole rows per chunk, the same row chunks) of X and Y."""
+    """Validated Dask panels (whole rows per chunk, the same row chunks) of X and Y.
+
+    Their entries are not read: :func:`_check_dask_finite` does that, after the memory
+    check (a pass over all the data is work).
+    """
     from . import _dask_tokenwise as _dt
 
     X, _ = from_foreign(X, "X", host=True)
     Y, _ = from_foreign(Y, "Y", host=True)
     _dt.check_known_chunks(X, "X")
     _dt.check_known_chunks(Y, "Y")
-    X = as_float_array(X, "X", ndim=2, shape_hint="2-D array of shape (N, d)")
-    Y = as_float_array(Y, "Y", ndim=2, shape_hint="2-D array of shape (N, d)")
+    X = as_float_array(X, "X", ndim=2, shape_hint="2-D array of shape (N, d)", finite=False)
+    Y = as_float_array(Y, "Y", ndim=2, shape_hint="2-D array of shape (N, d)", finite=False)
     check_same_shape(X, Y, ("X", "Y"))
     check_min_rows(X, "X", 2, "(N, d)")
     return _dt.panels(X, Y)
+
+
+def _check_dask_finite(X, Y):
+    """``ValueError`` for NaN or infinite entries of the Dask panels (one pass each)."""
+    check_finite(X, "X")
+    check_finite(Y, "Y")
 
 
 def _dask_weights(weights):
@@ -1087,10 +1097,11 @@ def _dask_unsupported(name, value, why):
     )
 
 
-def _check_dask_memory(what, plan, X, metrics):
+def _check_dask_memory(what, plan, X, Y, metrics):
     """:func:`_check_fit_memory` for Dask panels: what comes to the caller (the (N, k)
     neighbors, distances and weights, and the (N,) metrics of :func:`decompose`) against
-    this process's memory, each task and the kept results against the workers'."""
+    this process's memory, each task and the kept results against the workers' (all of
+    it against this process's on Dask's local schedulers)."""
     from . import _dask_tokenwise as _dt
 
     n, k = X.shape[0], plan.k
@@ -1098,13 +1109,7 @@ def _check_dask_memory(what, plan, X, metrics):
     if metrics:
         parts["per-token metrics (about 24 (N,) arrays)"] = 24 * 8 * n
     _memory.check_memory(what, parts, "Pass a smaller k, or pass fewer tokens per call.")
-    advice = (
-        f"Rechunk X and Y into smaller row blocks (now up to {max(X.chunks[0])} rows), pass a smaller k "
-        f"(now {k}) or chunk_size (now {plan.chunk})"
-        + (", leave return_maps=False" if plan.return_maps else "")
-        + ", or add workers."
-    )
-    _dt.check_fit_memory(what, X, k, plan.cls, plan.chunk, plan.return_maps, advice)
+    _dt.check_fit_memory(what, X, Y, k, plan.cls, plan.chunk, plan.return_maps, parts, metrics)
 
 
 def _run_fit_dask(plan, X, Y, e, bar, stacklevel):
@@ -1135,7 +1140,8 @@ def _fit_local_maps_dask(X, Y, k, cls, rank, ridge, prior, metric, standardize, 
     plan = _plan_fit(X, k, cls, rank, ridge, prior, metric, standardize, exclude_self, weights, neighbors,
                      chunk_size, return_maps)
     progress = _progress.check_progress(progress)
-    _check_dask_memory(f"fit_local_maps(N={n}, d={d}, k={plan.k}, cls={plan.cls!r})", plan, X, False)
+    _check_dask_memory(f"fit_local_maps(N={n}, d={d}, k={plan.k}, cls={plan.cls!r})", plan, X, Y, False)
+    _check_dask_finite(X, Y)
     e = _dt.scale_exponent(X, Y)
     # steps: the neighbor search (when it runs) and the fit
     with _progress.Progress(progress, int(plan.given is None) + 1, desc="fit_local_maps", unit="step") as bar:
@@ -1182,7 +1188,8 @@ def _decompose_dask(X, Y, k, cls, rank, ridge, prior, metric, standardize, exclu
     plan = _plan_fit(X, k, cls, rank, ridge, prior, metric, standardize, exclude_self, weights, neighbors,
                      chunk_size, False)
     ridge = plan.ridge
-    _check_dask_memory(f"decompose(N={n}, d={d}, cls={plan.cls!r})", plan, X, True)
+    _check_dask_memory(f"decompose(N={n}, d={d}, cls={plan.cls!r})", plan, X, Y, True)
+    _check_dask_finite(X, Y)
     e = _dt.scale_exponent(X, Y)
     if e >= 1024:  # as _check_update_range: only entries near the float64 maximum can overflow
         m = _dt.update_max(X, Y, e)

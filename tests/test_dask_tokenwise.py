@@ -419,9 +419,27 @@ def test_larger_realistic_layer(client):
         _same_result(want, _quiet(refgeo.decompose, _dask(X, 700, 16), Y, **kw), X, Y)
 
 
+class _Computed(Exception):
+    """Raised by a block of :func:`_lazy_panels`: the call got past its memory check."""
+
+
 def _lazy_panels(n, b, d):
-    """(N, d) Dask zeros in blocks of ``b`` rows: never computed by a refused call."""
-    return da.zeros((n, d), chunks=(b, d))
+    """(N, d) Dask panels in blocks of ``b`` rows that raise :class:`_Computed` when
+    computed: a refused call never computes them, and a call that is not refused stops
+    at its first work, allocating nothing."""
+
+    def computed(block):
+        raise _Computed("a block was computed")
+
+    return da.zeros((n, d), chunks=(b, d)).map_blocks(computed, dtype=np.float64, meta=np.empty((0, 0)))
+
+
+def _fit_maps(n, b, d, **kw):
+    """``fit_local_maps`` with maps of (n, d) lazy panels in blocks of ``b`` rows, each
+    token its own neighbor (k = 1)."""
+    X = _lazy_panels(n, b, d)
+    return refgeo.fit_local_maps(X, X, neighbors=np.zeros((n, 1), np.int64), cls="diagonal", return_maps=True,
+                                 **kw)
 
 
 def test_memory_is_checked_against_the_workers_before_any_work(client):
@@ -431,23 +449,57 @@ def test_memory_is_checked_against_the_workers_before_any_work(client):
     d = 512
     per_map = 8 * d * d
     b = min(limits) // per_map + 1
-    X = _lazy_panels(2 * b, b, d)
-    nbr = np.zeros((2 * b, 1), dtype=np.int64)
     seen = []
     with pytest.raises(MemoryError) as info:
-        refgeo.fit_local_maps(X, X, neighbors=nbr, cls="diagonal", return_maps=True, progress=seen.append)
+        _fit_maps(2 * b, b, d, progress=seen.append)
     msg = str(info.value)
     assert msg.startswith(f"fit_local_maps(N={2 * b}, d=512, k=1, cls='diagonal'), one task needs about ")
-    assert "per thread of the smallest Dask worker" in msg and "its maps, return_maps=True" in msg
+    assert "per task on the smallest Dask worker (its memory limit over the one task it runs at once)" in msg
+    assert "its maps, return_maps=True" in msg
     assert f"Rechunk X and Y into smaller row blocks (now up to {b} rows)" in msg
-    assert "leave return_maps=False" in msg
+    assert "leave return_maps=False" in msg and "more memory per thread" in msg
     assert seen == []  # refused before the first step
     # blocks that fit one at a time, whose maps together do not fit the cluster
     b = min(limits) // (3 * per_map)
     n = b * (sum(limits) // (b * per_map) + 1)
-    with pytest.raises(MemoryError, match=r"the results kept on the workers needs about .* on the Dask workers"):
-        refgeo.fit_local_maps(_lazy_panels(n, b, d), _lazy_panels(n, b, d), neighbors=np.zeros((n, 1), np.int64),
-                              cls="diagonal", return_maps=True)
+    with pytest.raises(MemoryError, match=r"the results kept on the workers needs about .* on the Dask workers") as info:
+        _fit_maps(n, b, d)
+    assert "Leave return_maps=False, add workers or memory to them" in str(info.value)
+    assert "Rechunk" not in str(info.value)  # smaller blocks keep as much
+    # a call that fits goes to work (and stops at its first block here)
+    with pytest.raises(_Computed):
+        _fit_maps(4 * b, b, d)
+    # decompose: the metrics task of one block holds more than its fit task
+    b = min(limits) // (8 * d * 14)
+    X = _lazy_panels(b, b, d)
+    with pytest.raises(MemoryError, match=r"one task needs .*\(a metrics task\)"):
+        refgeo.decompose(X, X, neighbors=np.zeros((b, 1), np.int64), cls="diagonal")
+    with pytest.raises(_Computed):
+        refgeo.decompose(X[: b // 2], X[: b // 2], neighbors=np.zeros((b // 2, 1), np.int64), cls="diagonal")
+
+
+@pytest.mark.parametrize("memory_limit", [0.5, 0])
+@pytest.mark.filterwarnings("ignore:Port .* is already in use:UserWarning")  # the in-process worker's dashboard
+def test_memory_per_task_counts_the_tasks_a_worker_runs_at_once(client, memory_limit):
+    # one worker with two threads (half this machine's memory): one task may take its
+    # whole limit, two take half each; a worker without a limit (0) is not checked
+    d = 512
+    with distributed.LocalCluster(n_workers=1, threads_per_worker=2, processes=False, memory_limit=memory_limit,
+                                  dashboard_address=None, worker_dashboard_address=None) as cluster, \
+            distributed.Client(cluster, timeout=TIMEOUT) as small:
+        limit = next(iter(small.scheduler_info()["workers"].values()))["memory_limit"]
+        assert bool(limit) == bool(memory_limit)
+        b = (limit or 2**30) * 3 // (4 * 8 * d * d)  # maps of 3/4 of the limit per block
+        with pytest.raises(_Computed):
+            _fit_maps(b, b, d)
+        if memory_limit:
+            with pytest.raises(MemoryError, match=r"one task needs .* per task on the smallest Dask worker "
+                                                  r"\(its memory limit over the 2 tasks it runs at once\)"):
+                _fit_maps(2 * b, b, d)
+        else:
+            with pytest.raises(_Computed):
+                _fit_maps(2 * b, b, d)
+    assert distributed.default_client() is client
 
 
 def test_memory_on_the_local_scheduler_is_this_process(client):
@@ -459,9 +511,65 @@ def test_memory_on_the_local_scheduler_is_this_process(client):
     d = 512
     b = avail // (8 * d * d) + 1
     with dask.config.set(scheduler="threads"), pytest.raises(MemoryError, match=r"in this process \(the local"):
-        refgeo.fit_local_maps(_lazy_panels(b, b, d), _lazy_panels(b, b, d), neighbors=np.zeros((b, 1), np.int64),
-                              cls="diagonal", return_maps=True)
+        _fit_maps(b, b, d)
+    # the tasks running at once share this process with the results: blocks with
+    # neighbor rows in the three others, each task about 2/5 of the memory, fit one at
+    # a time (with the kept fitted values and coefficients), not four at once
+    k = 3
+    b = avail // (8 * d * 60)
+    n = 4 * b
+    X = _lazy_panels(n, b, d)
+    nbr = np.zeros((n, k), np.int64)
+    for scheduler, workers in (("sync", 4), ("threads", 1)):
+        with dask.config.set(scheduler=scheduler, num_workers=workers), pytest.raises(_Computed):
+            refgeo.fit_local_maps(X, X, neighbors=nbr, cls="diagonal")
+    with dask.config.set(scheduler="threads", num_workers=4), pytest.raises(MemoryError) as info:
+        refgeo.fit_local_maps(X, X, neighbors=nbr, cls="diagonal")
+    assert "(times 4, the tasks running at once)" in str(info.value)
+    assert "run fewer tasks at once (now 4: dask.config num_workers)" in str(info.value)
     # decompose checks the same way: here the (N,) metrics alone exceed this process
     n = avail // (24 * 8) + 1
     with pytest.raises(MemoryError, match=r"decompose\(N=\d+, d=1, cls='diagonal'\) needs about .*per-token metrics"):
         refgeo.decompose(_lazy_panels(n, n // 4 + 1, 1), _lazy_panels(n, n // 4 + 1, 1), k=1, cls="diagonal")
+
+
+@pytest.mark.parametrize("cls", _CLASSES)
+@pytest.mark.parametrize("return_maps", [False, True])
+@pytest.mark.parametrize("dtype", [np.float64, np.float32])
+def test_the_task_estimate_bounds_what_a_fit_task_holds(cls, return_maps, dtype):
+    # tracemalloc follows NumPy's allocations: the inputs of the first fit task (its
+    # block and the neighbor rows gathered from the three others) and the peak of the
+    # task itself stay within the estimate of the memory check
+    import math
+    import tracemalloc
+
+    from refgeo import _dask_tokenwise as _dt
+
+    n, d, b, k, chunk = 1200, 32, 300, 8, 100
+    rng = np.random.default_rng(3)
+    X = 4 * rng.standard_normal((n, d))
+    Y = (X + 0.1 * rng.standard_normal((n, d))).astype(dtype)
+    X = X.astype(dtype)
+    e = math.frexp(float(max(np.abs(X).max(), np.abs(Y).max())))[1]  # as scale_exponent: rows scaled in the kernels
+    idx = rng.integers(0, n, (n, k))  # neighbors in every block: the most rows to gather
+    w = rng.random((n, k)) + 0.5
+    Xd, Yd = _dask(X, b, d), _dask(Y, b, d)
+    offsets = np.arange(0, n + 1, b)
+    nbr, sources = _dt._local_plan(idx[:b], offsets, 0)
+    XI, YI, wI = X[:b].copy(), Y[:b].copy(), w[:b].copy()
+    gathered = [tuple(np.ascontiguousarray(a) for a in _dt._gather(X[s : s + b], Y[s : s + b], rows))
+                for s, rows in ((offsets[J], rows) for J, rows in sources)]
+    held = XI.nbytes + YI.nbytes + wI.nbytes + nbr.nbytes + sum(a.nbytes + c.nbytes for a, c in gathered)
+    rank = 4 if cls == "low_rank" else None
+    args = (XI, YI, gathered, nbr, wI, e, cls, rank, 1e-3, True, chunk, return_maps)
+    _dt._fit_block(*args)  # the imports and caches of a first call are not the task's
+    tracemalloc.start()
+    try:
+        start = tracemalloc.get_traced_memory()[0]
+        out = _dt._fit_block(*args)
+        peak = tracemalloc.get_traced_memory()[1] - start
+    finally:
+        tracemalloc.stop()
+    assert out[0].shape == (b, d) and (out[2] is not None) == return_maps
+    task, _ = _dt.fit_bytes(Xd, Yd, k, cls, chunk, return_maps)
+    assert held + peak <= sum(task.values())
