@@ -381,13 +381,20 @@ def check_fit_memory(what, X, Y, k, cls, chunk, return_maps, caller, metrics=Fal
     if local:
         if total is None:
             return
+        import dask.base
+        import dask.multiprocessing
+
+        # the processes scheduler runs the tasks in child processes, on this machine
+        here = (" on this machine (the local Dask scheduler's processes run the tasks)"
+                if dask.base.get_scheduler(collections=[X]) is dask.multiprocessing.get
+                else " in this process (the local Dask scheduler runs the tasks here)")
         parts = dict(caller)
         parts.update(kept)
         times = f" (times {at_once}, the tasks running at once)" if at_once > 1 else ""
         parts.update({f"one task: {name}{times}": at_once * v for name, v in task.items()})
         fewer = f", run fewer tasks at once (now {at_once}: dask.config num_workers)" if at_once > 1 else ""
         _memory.check_memory(what, parts, f"{smaller}{fewer}, or pass fewer tokens per call.", room=total,
-                             where=" in this process (the local Dask scheduler runs the tasks here)")
+                             where=here)
         return
     if per_task is not None:
         tasks = "the one task" if at_once == 1 else f"the {at_once} tasks"

@@ -512,6 +512,9 @@ def test_memory_on_the_local_scheduler_is_this_process(client):
     b = avail // (8 * d * d) + 1
     with dask.config.set(scheduler="threads"), pytest.raises(MemoryError, match=r"in this process \(the local"):
         _fit_maps(b, b, d)
+    # the processes scheduler: child processes of this one, on this machine
+    with dask.config.set(scheduler="processes"), pytest.raises(MemoryError, match=r"on this machine \(the local"):
+        _fit_maps(b, b, d)
     # the tasks running at once share this process with the results: blocks with
     # neighbor rows in the three others, each task about 2/5 of the memory, fit one at
     # a time (with the kept fitted values and coefficients), not four at once
