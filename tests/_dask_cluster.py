@@ -18,12 +18,18 @@ TIMEOUT = 60
 @contextlib.contextmanager
 def local_client(n_workers: int = 2):
     """A ``distributed.Client`` on a fresh ``LocalCluster`` (the default scheduler while open)."""
+    import dask
     import distributed
 
-    cluster = distributed.LocalCluster(
-        n_workers=n_workers, threads_per_worker=1, processes=True, host="127.0.0.1",
-        dashboard_address=None, worker_dashboard_address=None, timeout=TIMEOUT,
-    )
+    # The worker processes take the configuration in force when they start.  A worker
+    # that fetches a result from a killed peer retries the refused connection until
+    # the connect timeout (30 s by default, twice in a row seen under load); 10 s is
+    # ample for loopback and bounds what a killed-worker test waits.
+    with dask.config.set({"distributed.comm.timeouts.connect": "10s"}):
+        cluster = distributed.LocalCluster(
+            n_workers=n_workers, threads_per_worker=1, processes=True, host="127.0.0.1",
+            dashboard_address=None, worker_dashboard_address=None, timeout=TIMEOUT,
+        )
     c = distributed.Client(cluster, timeout=TIMEOUT)
     try:
         c.wait_for_workers(n_workers, timeout=TIMEOUT)
