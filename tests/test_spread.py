@@ -5,8 +5,6 @@ from __future__ import annotations
 
 import math
 import re
-import signal
-import subprocess
 import sys
 import textwrap
 import time
@@ -459,22 +457,15 @@ def test_memory_estimate_before_work():
 
 
 def test_ctrl_c_stops_the_smooth_iteration():
+    from ._interrupt import interrupt
+
     code = textwrap.dedent("""
         import sys, refgeo
         print("started", flush=True)
         refgeo.spread(20000, 32, init="random", method="smooth", seed=0, max_rounds=10**6, certify=False)
         print("returned", flush=True)
     """)
-    p = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    assert p.stdout.readline().strip() == "started"
-    time.sleep(1.5)
-    p.send_signal(signal.SIGINT)
-    t0 = time.perf_counter()
-    try:
-        out, err = p.communicate(timeout=10)
-    except subprocess.TimeoutExpired:  # pragma: no cover - the failure being tested
-        p.kill()
-        raise
-    assert time.perf_counter() - t0 < 3.0
-    assert p.returncode != 0 and "returned" not in out
-    assert "KeyboardInterrupt" in err
+    run = interrupt(code, ready="started", delay=1.5, exit_timeout=10.0)
+    assert run.seconds < 3.0
+    assert run.returncode != 0 and "returned" not in run.out
+    assert "KeyboardInterrupt" in run.err
