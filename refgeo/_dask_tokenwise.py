@@ -221,11 +221,7 @@ def search_neighbors(X, e, k, metric, standardize, exclude_self):
         Z = Z.map_blocks(_fit.standardized, mu, np.sqrt(var), dtype=np.float64)
     if metric == "cosine":
         Z = Z.astype(np.float64).map_blocks(_fit.unit_rows, dtype=np.float64)
-    res = knn(Z, k, exclude_self=exclude_self)
-    dist = np.asarray(res.distances, dtype=np.float64)
-    if e and not standardize and metric == "euclidean":
-        dist = np.ldexp(dist, e)
-    return np.asarray(res.indices, dtype=np.int64), dist
+    return _fit.neighbors_in_units_of_x(knn(Z, k, exclude_self=exclude_self), e, metric, standardize)
 
 
 # ----------------------------------------------------------------------- fits

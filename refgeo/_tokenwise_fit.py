@@ -515,6 +515,17 @@ def energy(num, den):
     return float(num / den) if den > 0 else float("nan")
 
 
+def neighbors_in_units_of_x(res, e, metric, standardize):
+    """``(indices, distances)`` of a :class:`refgeo.KNNResult` of the rows ``X 2**-e``
+    as int64 and float64 (N, k) arrays, the Euclidean distances scaled back to the
+    units of ``X`` (exactly: a power of two; the standardized and cosine metrics are
+    scale-free).  The one ending of the NumPy and the Dask neighbor searches."""
+    dist = np.asarray(res.distances, dtype=np.float64)
+    if e and not standardize and metric == "euclidean":
+        dist = np.ldexp(dist, e)
+    return np.asarray(res.indices, dtype=np.int64), dist
+
+
 def unit_rows(Z):
     """Rows of float64 ``Z`` scaled to unit norm (zero rows stay zero), for the cosine metric.
 

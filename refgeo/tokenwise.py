@@ -570,11 +570,7 @@ def _search_neighbors(X, e, k, metric, standardize, exclude_self):
         Z = _fit.standardized(Z, mu, sd)
     if metric == "cosine":
         Z = _fit.unit_rows(_f64(Z))
-    res = knn(Z, k, exclude_self=exclude_self)
-    dist = np.asarray(res.distances, dtype=np.float64)
-    if e and not standardize and metric == "euclidean":
-        dist = np.ldexp(dist, e)
-    return np.asarray(res.indices, dtype=np.int64), dist
+    return _fit.neighbors_in_units_of_x(knn(Z, k, exclude_self=exclude_self), e, metric, standardize)
 
 
 def _resolve_weights(weights, idx, dist):

@@ -489,6 +489,15 @@ def _skip_without_ext(engine):
         pytest.skip("the compiled extension is not built")
 
 
+def _tie_panels(engine, case):
+    """The rows of a :func:`_tie_case` and the same rows as a Dask array (skips the
+    compiled engine where the extension is not built)."""
+    _skip_without_ext(engine)
+    V, d, dtype, chunk, kind, seed = case
+    S = _tie_rows(seed, V, d, dtype, kind)
+    return S, da.from_array(S, chunks=(chunk, d))
+
+
 @pytest.mark.parametrize("engine", _ENGINES)
 @settings(max_examples=8)
 @given(case=_tie_case())
@@ -497,10 +506,8 @@ def test_farthest_partners_of_every_engine(client, engine, case):
     # the single-machine engine, bit for bit, ties included
     from refgeo import _dask
 
-    _skip_without_ext(engine)
-    V, d, dtype, chunk, kind, seed = case
-    S = _tie_rows(seed, V, d, dtype, kind)
-    got = _dask.farthest(da.from_array(S, chunks=(chunk, d)), engine=engine)
+    S, D = _tie_panels(engine, case)
+    got = _dask.farthest(D, engine=engine)
     want = refgeo.farthest_partners(S)
     np.testing.assert_array_equal(got.indices, want.indices)
     np.testing.assert_array_equal(got.distances, want.distances)
@@ -513,10 +520,7 @@ def test_farthest_partners_of_every_engine(client, engine, case):
 def test_extreme_pairs_of_every_engine(client, engine, case):
     from refgeo import _dask
 
-    _skip_without_ext(engine)
-    V, d, dtype, chunk, kind, seed = case
-    S = _tie_rows(seed, V, d, dtype, kind)
-    D = da.from_array(S, chunks=(chunk, d))
+    S, D = _tie_panels(engine, case)
     for maximize, fn in [(True, refgeo.row_diameter), (False, refgeo.closest_pair)]:
         want, got = fn(S), _dask._extreme(D, maximize=maximize, tile_size=None, engine=engine)
         assert (got.value, got.i, got.j) == (want.value, want.i, want.j)
