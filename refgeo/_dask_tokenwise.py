@@ -268,40 +268,56 @@ def _local_plan(idx_block, offsets, I):
 
 
 def _room(X, n_tasks):
-    """``(per_task, total, local, at_once)``: the bytes one fit task and the persisted
-    results may take on the scheduler that runs ``X``'s graph, whether that is one of
-    Dask's local schedulers, and how many tasks run at once there (None where nothing
-    is known).
+    """``(workers, local)``: the memory of the scheduler that runs ``X``'s graph.
 
-    On a ``distributed`` cluster a worker runs one task per thread, at most ``n_tasks``
-    at once: the smallest memory limit over those tasks, and the sum of the limits (no
-    check where a worker has no limit).  The local schedulers run the tasks in this
-    process (the synchronous one a task at a time, the others ``num_workers`` at once,
-    by default one per CPU core): its available memory, for everything together.
+    ``workers`` is ``(per_task, total, at_once)`` on a ``distributed`` cluster whose
+    workers all have a memory limit (else None): a worker runs one task per thread, at
+    most ``n_tasks`` at once, so the smallest limit over those tasks, the sum of the
+    limits, and how many tasks that smallest worker runs at once.
+
+    ``local`` is ``(avail, at_once, where, fewer)`` where the tasks run on this machine
+    and share its memory with the caller (else None): on Dask's local schedulers (the
+    synchronous one a task at a time, the others ``num_workers`` at once, by default one
+    per CPU core) and on a cluster whose workers are threads of this process
+    (``LocalCluster(processes=False)``: every thread of every worker at once, whatever
+    their limits add up to).  ``avail`` is this process's available memory (None where
+    unknown), ``where`` ends the message and ``fewer`` names the knob for ``at_once``.
     """
     import dask
     import dask.local
+    import dask.multiprocessing
     import dask.system
 
     scheduler = dask.base.get_scheduler(collections=[X])
     client = getattr(scheduler, "__self__", None)
     distributed = sys.modules.get("distributed")  # a Client was made: it is imported
+    avail = _memory.available_memory()
     if distributed is not None and isinstance(client, distributed.Client):
         # n_workers=-1: every worker (some releases list only five by default; older
         # ones ignore the argument and list them all)
-        workers = list(client.scheduler_info(n_workers=-1)["workers"].values())
-        limits = [(int(w.get("memory_limit") or 0), max(1, int(w.get("nthreads") or 1))) for w in workers]
-        if not limits or min(m for m, _ in limits) <= 0:  # a worker without a limit
-            return None, None, False, None
-        per_task = min(limits, key=lambda mt: mt[0] // min(mt[1], n_tasks))
-        at_once = min(per_task[1], n_tasks)
-        return per_task[0] // at_once, sum(m for m, _ in limits), False, at_once
+        info = client.scheduler_info(n_workers=-1)["workers"]
+        limits = [(int(w.get("memory_limit") or 0), max(1, int(w.get("nthreads") or 1))) for w in info.values()]
+        workers = None
+        if limits and min(m for m, _ in limits) > 0:  # else a worker without a limit: nothing known
+            smallest = min(limits, key=lambda mt: mt[0] // min(mt[1], n_tasks))
+            at_once = min(smallest[1], n_tasks)
+            workers = (smallest[0] // at_once, sum(m for m, _ in limits), at_once)
+        local = None
+        if info and all(str(address).startswith("inproc://") for address in info):
+            threads = sum(t for _, t in limits)
+            local = (avail, max(1, min(threads, n_tasks)),
+                     " in this process (its in-process Dask workers run the tasks here)",
+                     "the workers' threads")
+        return workers, local
     if scheduler is dask.local.get_sync:
         at_once = 1
     else:
         at_once = int(dask.config.get("num_workers", None) or dask.system.CPU_COUNT or 1)
-    avail = _memory.available_memory()
-    return avail, avail, True, max(1, min(at_once, n_tasks))
+    # the processes scheduler runs the tasks in child processes, on this machine
+    where = (" on this machine (the local Dask scheduler's processes run the tasks)"
+             if scheduler is dask.multiprocessing.get
+             else " in this process (the local Dask scheduler runs the tasks here)")
+    return None, (avail, max(1, min(at_once, n_tasks)), where, "dask.config num_workers")
 
 
 def fit_bytes(X, Y, k, cls, chunk, return_maps):
@@ -359,8 +375,10 @@ def check_fit_memory(what, X, Y, k, cls, chunk, return_maps, caller, metrics=Fal
     metrics task (:func:`metrics_bytes`), exceed the memory of the scheduler that runs
     it (:func:`_room`).
 
-    On the local schedulers those, the tasks running at once and ``caller`` (the bytes
-    that come to this process, by part) share this process's memory.
+    Where the tasks run on this machine (Dask's local schedulers, or workers that are
+    threads of this process), the persisted results, the tasks running at once and
+    ``caller`` (the bytes that come to this process, by part) also share this
+    process's memory: their sum is checked against it, after the workers' own limits.
     """
     task, kept = fit_bytes(X, Y, k, cls, chunk, return_maps)
     if metrics:
@@ -373,35 +391,26 @@ def check_fit_memory(what, X, Y, k, cls, chunk, return_maps, caller, metrics=Fal
     c = max(1, min(chunk, b))
     smaller = (f"Rechunk X and Y into smaller row blocks (now up to {b} rows), pass a smaller k (now {k}) "
                f"or chunk_size (now {c})" + (", leave return_maps=False" if return_maps else ""))
-    per_task, total, local, at_once = _room(X, n_tasks)
-    if local:
-        if total is None:
-            return
-        import dask.base
-        import dask.multiprocessing
-
-        # the processes scheduler runs the tasks in child processes, on this machine
-        here = (" on this machine (the local Dask scheduler's processes run the tasks)"
-                if dask.base.get_scheduler(collections=[X]) is dask.multiprocessing.get
-                else " in this process (the local Dask scheduler runs the tasks here)")
-        parts = dict(caller)
-        parts.update(kept)
-        times = f" (times {at_once}, the tasks running at once)" if at_once > 1 else ""
-        parts.update({f"one task: {name}{times}": at_once * v for name, v in task.items()})
-        fewer = f", run fewer tasks at once (now {at_once}: dask.config num_workers)" if at_once > 1 else ""
-        _memory.check_memory(what, parts, f"{smaller}{fewer}, or pass fewer tokens per call.", room=total,
-                             where=here)
-        return
-    if per_task is not None:
+    workers, local = _room(X, n_tasks)
+    if workers is not None:
+        per_task, total, at_once = workers
         tasks = "the one task" if at_once == 1 else f"the {at_once} tasks"
         _memory.check_memory(f"{what}, one task", task, f"{smaller}, or give the workers more memory per thread.",
                              room=per_task,
                              where=f" per task on the smallest Dask worker (its memory limit over {tasks} it runs at once)")
-    if total is not None:
         _memory.check_memory(
             f"{what}, the results kept on the workers", kept,
             ("Leave return_maps=False, add" if return_maps else "Add") + " workers or memory to them, "
             "or pass fewer tokens per call.", room=total, where=" on the Dask workers together")
+    if local is not None and local[0] is not None:
+        avail, at_once, where, knob = local
+        parts = dict(caller)
+        parts.update(kept)
+        times = f" (times {at_once}, the tasks running at once)" if at_once > 1 else ""
+        parts.update({f"one task: {name}{times}": at_once * v for name, v in task.items()})
+        fewer = f", run fewer tasks at once (now {at_once}: {knob})" if at_once > 1 else ""
+        _memory.check_memory(what, parts, f"{smaller}{fewer}, or pass fewer tokens per call.", room=avail,
+                             where=where)
 
 
 def fit(X, Y, e, idx, w, cls, rank, ridge, ident, chunk, return_maps):

@@ -1097,7 +1097,8 @@ def _check_dask_memory(what, plan, X, Y, metrics):
     """:func:`_check_fit_memory` for Dask panels: what comes to the caller (the (N, k)
     neighbors, distances and weights, and the (N,) metrics of :func:`decompose`) against
     this process's memory, each task and the kept results against the workers' (all of
-    it against this process's on Dask's local schedulers)."""
+    it against this process's where the tasks run here: Dask's local schedulers, or
+    in-process workers)."""
     from . import _dask_tokenwise as _dt
 
     n, k = X.shape[0], plan.k

@@ -478,21 +478,40 @@ def test_memory_is_checked_against_the_workers_before_any_work(client):
         refgeo.decompose(X[: b // 2], X[: b // 2], neighbors=np.zeros((b // 2, 1), np.int64), cls="diagonal")
 
 
-@pytest.mark.parametrize("memory_limit", [0.5, 0])
+def _in_process_client(**kw):
+    """A ``LocalCluster(processes=False)`` (its workers are threads of this process) and
+    its client, as one context manager."""
+    import contextlib
+
+    stack = contextlib.ExitStack()
+    cluster = stack.enter_context(distributed.LocalCluster(processes=False, dashboard_address=None,
+                                                           worker_dashboard_address=None, **kw))
+    stack.enter_context(distributed.Client(cluster, timeout=TIMEOUT))
+    return stack
+
+
+def _available():
+    avail = refgeo._memory.available_memory()
+    if avail is None:
+        pytest.skip("the available memory is unknown on this system")
+    return avail
+
+
+@pytest.mark.parametrize("limited", [True, False])
 @pytest.mark.filterwarnings("ignore:Port .* is already in use:UserWarning")  # the in-process worker's dashboard
-def test_memory_per_task_counts_the_tasks_a_worker_runs_at_once(client, memory_limit):
-    # one worker with two threads (half this machine's memory): one task may take its
-    # whole limit, two take half each; a worker without a limit (0) is not checked
+def test_memory_per_task_counts_the_tasks_a_worker_runs_at_once(client, limited):
+    # one worker with two threads and a limit of a quarter of this process's memory:
+    # one task may take its whole limit, two take half each; a worker without a limit
+    # (0) is not checked (and the calls fit this process)
     d = 512
-    with distributed.LocalCluster(n_workers=1, threads_per_worker=2, processes=False, memory_limit=memory_limit,
-                                  dashboard_address=None, worker_dashboard_address=None) as cluster, \
-            distributed.Client(cluster, timeout=TIMEOUT) as small:
-        limit = next(iter(small.scheduler_info()["workers"].values()))["memory_limit"]
-        assert bool(limit) == bool(memory_limit)
-        b = (limit or 2**30) * 3 // (4 * 8 * d * d)  # maps of 3/4 of the limit per block
+    quarter = _available() // 4
+    with _in_process_client(n_workers=1, threads_per_worker=2, memory_limit=quarter if limited else 0):
+        limit = next(iter(distributed.get_client().scheduler_info()["workers"].values()))["memory_limit"]
+        assert limit == (quarter if limited else 0)
+        b = quarter * 3 // (4 * 8 * d * d)  # maps of 3/4 of the quarter per block
         with pytest.raises(_Computed):
             _fit_maps(b, b, d)
-        if memory_limit:
+        if limited:
             with pytest.raises(MemoryError, match=r"one task needs .* per task on the smallest Dask worker "
                                                   r"\(its memory limit over the 2 tasks it runs at once\)"):
                 _fit_maps(2 * b, b, d)
@@ -502,12 +521,33 @@ def test_memory_per_task_counts_the_tasks_a_worker_runs_at_once(client, memory_l
     assert distributed.default_client() is client
 
 
+@pytest.mark.filterwarnings("ignore:Port .* is already in use:UserWarning")  # the in-process worker's dashboard
+def test_memory_of_in_process_workers_is_this_process(client):
+    # two in-process workers, each allowed all of this process's memory: the workers'
+    # limits pass the maps of four blocks (two fifths of the memory each, 8/5 in all,
+    # under the limits' sum of 2), but the workers are threads of this process, which
+    # holds them all, and the two tasks they run at once
+    d = 512
+    avail = _available()
+    with _in_process_client(n_workers=2, threads_per_worker=1, memory_limit=avail):
+        b = avail * 2 // (5 * 8 * d * d)
+        with pytest.raises(MemoryError) as info:
+            _fit_maps(4 * b, b, d)
+        msg = str(info.value)
+        assert msg.startswith(f"fit_local_maps(N={4 * b}, d=512, k=1, cls='diagonal') needs about ")
+        assert "are available in this process (its in-process Dask workers run the tasks here)" in msg
+        assert "maps (N, d, d), return_maps=True" in msg and "(times 2, the tasks running at once)" in msg
+        assert "run fewer tasks at once (now 2: the workers' threads)" in msg
+        # one block at a time fits
+        with pytest.raises(_Computed):
+            _fit_maps(b, b, d)
+    assert distributed.default_client() is client
+
+
 def test_memory_on_the_local_scheduler_is_this_process(client):
     import dask
 
-    avail = refgeo._memory.available_memory()
-    if avail is None:
-        pytest.skip("the available memory is unknown on this system")
+    avail = _available()
     d = 512
     b = avail // (8 * d * d) + 1
     with dask.config.set(scheduler="threads"), pytest.raises(MemoryError, match=r"in this process \(the local"):
