@@ -55,7 +55,9 @@ from __future__ import annotations
 
 import math
 import os
+import sys
 import threading
+import warnings
 import weakref
 from typing import Any, NamedTuple
 
@@ -89,6 +91,9 @@ MAX_BLOCK_ROWS = 2048
 MAX_KNN_BLOCK_ROWS = 8192
 # Records merged per reduction task.
 FAN_IN = 8
+# Block-pair tasks above which small row chunks are warned about (about ten seconds of
+# a scheduler's time at a millisecond a task).
+SMALL_BLOCK_TASKS = 10_000
 
 
 class _Pair(NamedTuple):
@@ -573,8 +578,54 @@ def _merge_knn(records, k):
 # --------------------------------------------------------------------------- graphs
 
 
-def _blocks_and_mean(arrays, tile_size, host=True):
-    return [_task_blocks(a, tile_size, host) for a in arrays], _mean(arrays)
+def _outside_stacklevel() -> int:
+    """The ``stacklevel`` that makes a warning issued by this function's caller point at
+    the first frame outside refgeo (the user's call)."""
+    level, frame = 1, sys._getframe(1)
+    while frame is not None and frame.f_globals.get("__name__", "").partition(".")[0] == "refgeo":
+        frame, level = frame.f_back, level + 1
+    return level
+
+
+def _warn_small_blocks(blocks, cap):
+    """Warn (``dask.array.PerformanceWarning``) when small row chunks make many more
+    block-pair tasks than chunks of ``cap`` rows would.
+
+    ``blocks`` is the ``(blocks, offsets)`` of one matrix (pairs within it) or of two
+    (pairs across).  Each task costs the scheduler about a millisecond and a worker a
+    few; with 512-row chunks a million rows make 1.9 million tasks, with 2048-row
+    chunks 120,000.  The result does not depend on the chunks, so the fix is the
+    user's rechunk; it is not done here because merging chunks moves data between
+    workers and the chunks may be what the user laid out on purpose.
+    """
+    sizes = [len(b) for b, _ in blocks]
+    merged = [-(-o[-1] // cap) for _, o in blocks]
+    if len(blocks) == 1:
+        now, then = sizes[0] * (sizes[0] + 1) // 2, merged[0] * (merged[0] + 1) // 2
+    else:
+        now, then = sizes[0] * sizes[1], merged[0] * merged[1]
+    if now <= SMALL_BLOCK_TASKS or now < 4 * then:
+        return
+    from dask.array.core import PerformanceWarning
+
+    largest = max(max(np.diff(o)) for _, o in blocks)
+    warnings.warn(
+        f"the row chunks (at most {largest} rows each) make {now:,} block-pair tasks; chunks of "
+        f"{cap} rows would make {then:,}. Rechunk the rows before the call, e.g. "
+        f"x.rechunk({{0: {cap}, 1: -1}}) (the result does not depend on the chunks).",
+        PerformanceWarning,
+        stacklevel=_outside_stacklevel(),
+    )
+
+
+def _blocks_and_mean(arrays, tile_size, host=True, cap=MAX_BLOCK_ROWS):
+    """``([(blocks, offsets) per array], mean)``: the task blocks of each array
+    (:func:`_task_blocks`, at most ``tile_size`` or ``cap`` rows) and the mean of their
+    rows together, warning where the chunks are needlessly small
+    (:func:`_warn_small_blocks`)."""
+    blocks = [_task_blocks(a, tile_size or cap, host) for a in arrays]
+    _warn_small_blocks(blocks, max(1, tile_size or cap))
+    return blocks, _mean(arrays)
 
 
 def _host_blocks_and_mean(S, tile_size, host):
