@@ -618,13 +618,13 @@ def _warn_small_blocks(blocks, cap):
     )
 
 
-def _blocks_and_mean(arrays, tile_size, host=True, cap=MAX_BLOCK_ROWS):
+def _blocks_and_mean(arrays, tile_size, host=True):
     """``([(blocks, offsets) per array], mean)``: the task blocks of each array
-    (:func:`_task_blocks`, at most ``tile_size`` or ``cap`` rows) and the mean of their
-    rows together, warning where the chunks are needlessly small
+    (:func:`_task_blocks`, at most ``tile_size`` or :data:`MAX_BLOCK_ROWS` rows) and the
+    mean of their rows together, warning where the chunks are needlessly small
     (:func:`_warn_small_blocks`)."""
-    blocks = [_task_blocks(a, tile_size or cap, host) for a in arrays]
-    _warn_small_blocks(blocks, max(1, tile_size or cap))
+    blocks = [_task_blocks(a, tile_size, host) for a in arrays]
+    _warn_small_blocks(blocks, max(1, tile_size or MAX_BLOCK_ROWS))
     return blocks, _mean(arrays)
 
 
