@@ -271,7 +271,11 @@ def _readout_logits(model, out, readout, index=None):
 
 
 def _to_numpy(t):
-    return t.detach().cpu().numpy()
+    # NumPy has no bfloat16: float32 holds every bfloat16 value exactly
+    t = t.detach()
+    if t.dtype == _torch().bfloat16:
+        t = t.float()
+    return t.cpu().numpy()
 
 
 # ------------------------------------------------------------------ hidden states
@@ -468,8 +472,9 @@ def model_logits(
     Returns
     -------
     logits : ndarray of shape (B, T, V)
-        In the model's dtype (the readout's with ``readout``); padding positions
-        included, as the model returns them.
+        In the model's dtype (the readout's with ``readout``), bfloat16 as float32
+        (NumPy has no bfloat16; the values are exact); padding positions included, as
+        the model returns them.
 
     Notes
     -----

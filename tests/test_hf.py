@@ -295,3 +295,28 @@ def test_minilm_protocol_offline(tmp_path):
     print("\nall-MiniLM-L6-v2 per-layer table (pydoc topics, %d tokens, %d probed):" % (n, probe.size))
     for row in record:
         print("  " + "  ".join(f"{c}={row[c]:.4g}" if isinstance(row[c], float) else f"{c}={row[c]}" for c in cols))
+
+
+# ----------------------------------------------------------- precision, mode and device
+
+
+def test_bfloat16_model_states_and_logits_are_the_models_own(gpt2):
+    """A bfloat16 model runs (NumPy has no bfloat16): its states and logits come back as
+    float32 holding exactly the model's values, and an identity patch changes nothing."""
+    import copy
+
+    m = copy.deepcopy(gpt2).to(torch.bfloat16)
+    ids, mask = _ids((3, 8)), _mask()
+    hs = hf.hidden_states(m, ids, mask)
+    with torch.no_grad():
+        out = m(input_ids=torch.as_tensor(ids), attention_mask=torch.as_tensor(mask),
+                position_ids=torch.as_tensor((np.cumsum(mask, axis=1) - 1).clip(0)), output_hidden_states=True)
+    for l in range(hs.n_blocks):  # the model's last entry has the final norm applied
+        want = out.hidden_states[l].float().numpy()[hs.sequence, hs.position]
+        assert hs.states[l].dtype == np.float32
+        np.testing.assert_array_equal(hs.states[l], want)
+    z = hf.model_logits(m, ids, mask)
+    assert z.dtype == np.float32
+    np.testing.assert_array_equal(z, out.logits.float().numpy())
+    div = hf.intervene(m, ids, mask, layer=1, states=hs.states[2], readout_position="sum")
+    assert np.all(div == 0.0)
