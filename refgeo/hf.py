@@ -21,6 +21,9 @@ position ids are counted over the tokens (``cumsum(mask) - 1``) and passed to ev
 model whose ``forward`` takes ``position_ids``, so that a sequence has the same states
 whatever its padding.  Decoder-only and encoder-only models are covered
 (encoder-decoder models, which need decoder inputs, are not).
+The model runs in eval mode (dropout off, so that states, logits and divergences are
+functions of the weights), and every module's training flag is restored afterwards, also
+when a call raises.
 
 This module imports torch and transformers when one of its functions is called, never
 at ``import refgeo``; install them with ``pip install "refgeo[hf]"``.  States leave
@@ -39,6 +42,7 @@ Example, three lines on a model with a masked-LM or causal-LM head::
 from __future__ import annotations
 
 import dataclasses
+import functools
 import inspect
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
@@ -86,6 +90,26 @@ def _check_model(model):
     if not isinstance(model, torch.nn.Module):
         raise TypeError(f"model must be a torch.nn.Module (a transformers model), got {type(model).__name__} instead.")
     return torch
+
+
+def _in_eval_mode(fn):
+    """Run ``fn(model, ...)`` with every module of ``model`` in eval mode (dropout off: the
+    states, logits and interventions are functions of the weights, and an identity patch
+    reproduces the logits), and give each module its own training flag back afterwards,
+    also when ``fn`` raises."""
+
+    @functools.wraps(fn)
+    def run(model, *args, **kwargs):
+        _check_model(model)
+        flags = [(m, m.training) for m in model.modules()]
+        try:
+            model.eval()
+            return fn(model, *args, **kwargs)
+        finally:
+            for m, flag in flags:
+                m.training = flag
+
+    return run
 
 
 def _get_path(model, path):
@@ -357,6 +381,7 @@ def _check_layers(layers, n_states, name):
     return out
 
 
+@_in_eval_mode
 def hidden_states(
     model: Any,
     input_ids: Any,
@@ -373,7 +398,8 @@ def hidden_states(
     Parameters
     ----------
     model : torch.nn.Module
-        A ``transformers`` model (eval mode is the caller's choice: dropout stays as set).
+        A ``transformers`` model.  It runs in eval mode (dropout off), and every
+        module's training flag is restored afterwards, also on errors.
     input_ids : array_like or torch.Tensor of int, shape (B, T)
     attention_mask : array_like or torch.Tensor of {0, 1}, shape (B, T), default=None
         ``0`` marks padding (left or right); None means no padding.
@@ -438,6 +464,7 @@ def _patch_hook(block, patch):
     return block.register_forward_hook(hook)
 
 
+@_in_eval_mode
 def model_logits(
     model: Any,
     input_ids: Any,
@@ -622,6 +649,7 @@ def _check_states(P, n, d, name):
     return P
 
 
+@_in_eval_mode
 def intervene(
     model: Any,
     input_ids: Any,
@@ -751,6 +779,7 @@ class ProtocolResult:
     config: dict
 
 
+@_in_eval_mode
 def tokenwise_protocol(
     model: Any,
     input_ids: Any,

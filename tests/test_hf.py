@@ -320,3 +320,32 @@ def test_bfloat16_model_states_and_logits_are_the_models_own(gpt2):
     np.testing.assert_array_equal(z, out.logits.float().numpy())
     div = hf.intervene(m, ids, mask, layer=1, states=hs.states[2], readout_position="sum")
     assert np.all(div == 0.0)
+
+
+def test_train_mode_changes_nothing_and_is_restored():
+    """Dropout is off during every call (results equal eval mode's, an identity patch is
+    bit for bit), and each module's own training flag comes back, also after an error."""
+    cfg = transformers.GPT2Config(n_layer=2, n_embd=16, n_head=2, vocab_size=V, n_positions=32, bos_token_id=0,
+                                  eos_token_id=0, resid_pdrop=0.5, embd_pdrop=0.5, attn_pdrop=0.5)
+    m = _seeded(lambda: transformers.GPT2LMHeadModel(cfg))
+    ids, mask = _ids((3, 8)), _mask()
+    want = hf.hidden_states(m, ids, mask)
+    z_want = hf.model_logits(m, ids, mask)
+    m.train()
+    m.transformer.h[1].eval()  # a mixed state: it must come back as it was
+    flags = [mod.training for mod in m.modules()]
+    hs = hf.hidden_states(m, ids, mask)
+    for l in want.states:
+        np.testing.assert_array_equal(hs.states[l], want.states[l])
+    np.testing.assert_array_equal(hf.model_logits(m, ids, mask), z_want)
+    assert np.all(hf.intervene(m, ids, mask, layer=0, states=hs.states[1]) == 0.0)
+    out = hf.tokenwise_protocol(m, ids, mask, layers=[0], cls="diagonal", k=3, probe=4)
+    assert np.isfinite(out.divergences[0][out.probe]).all()
+    assert [mod.training for mod in m.modules()] == flags
+
+    def bad_readout(h):
+        raise RuntimeError("readout failed")
+
+    with pytest.raises(RuntimeError, match="readout failed"):
+        hf.intervene(m, ids, mask, layer=0, states=hs.states[1], readout=bad_readout)
+    assert [mod.training for mod in m.modules()] == flags
