@@ -197,6 +197,8 @@ def _as_long(torch, x, name, device):
             raise TypeError(f"{name} must be a 2-D array of integers, got {type(x).__name__} instead.") from None
     if t.dtype.is_floating_point or t.dtype.is_complex:
         raise TypeError(f"{name} must hold integers, got dtype {t.dtype} instead.")
+    if t.device.type == "meta":
+        raise TypeError(f"{name} is a meta tensor (a shape without values), which refgeo cannot run.")
     if t.ndim != 2 or t.shape[0] == 0 or t.shape[1] == 0:
         raise ValueError(f"{name} must be a non-empty 2-D array of shape (B, T), got shape {tuple(t.shape)} instead.")
     return t.to(device=device, dtype=torch.long)
@@ -215,7 +217,19 @@ class _Batch:
 def _batch(model, input_ids, attention_mask):
     torch = _torch()
     device = _device(model)
+    if device.type == "meta":
+        raise TypeError(
+            f"model has its parameters on the meta device (shapes without values), which refgeo cannot run; "
+            "load its weights first (e.g. from_pretrained, or to_empty() and load_state_dict)."
+        )
     ids = _as_long(torch, input_ids, "input_ids", device)
+    emb = model.get_input_embeddings() if callable(getattr(model, "get_input_embeddings", None)) else None
+    n_vocab = getattr(emb, "num_embeddings", None)
+    if isinstance(n_vocab, int) and (bool((ids < 0).any()) or bool((ids >= n_vocab).any())):
+        raise ValueError(
+            f"input_ids must hold token ids in [0, {n_vocab}) (the model's vocabulary), got values in "
+            f"[{int(ids.min())}, {int(ids.max())}] instead."
+        )
     if attention_mask is None:
         mask = torch.ones_like(ids)
     else:

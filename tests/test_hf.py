@@ -349,3 +349,20 @@ def test_train_mode_changes_nothing_and_is_restored():
     with pytest.raises(RuntimeError, match="readout failed"):
         hf.intervene(m, ids, mask, layer=0, states=hs.states[1], readout=bad_readout)
     assert [mod.training for mod in m.modules()] == flags
+
+
+def test_meta_models_and_tensors_and_unknown_tokens_are_refused_by_name(gpt2):
+    with torch.device("meta"):
+        meta = transformers.GPT2LMHeadModel(gpt2.config)
+    ids = _ids((2, 5))
+    with pytest.raises(TypeError, match="model .*meta"):
+        hf.hidden_states(meta, ids)
+    with pytest.raises(TypeError, match="input_ids .*meta"):
+        hf.model_logits(gpt2, torch.ones((2, 5), dtype=torch.long, device="meta"))
+    with pytest.raises(TypeError, match="attention_mask .*meta"):
+        hf.hidden_states(gpt2, ids, torch.ones((2, 5), dtype=torch.long, device="meta"))
+    for bad in (ids + V, ids - V):  # outside the vocabulary: not an IndexError deep in torch
+        with pytest.raises(ValueError, match=rf"input_ids .*\[0, {V}\)"):
+            hf.hidden_states(gpt2, bad)
+        with pytest.raises(ValueError, match="input_ids"):
+            hf.tokenwise_protocol(gpt2, bad, cls="diagonal", k=3)
