@@ -50,6 +50,7 @@ from typing import Any
 import numpy as np
 
 from . import _progress
+from ._interop import from_foreign
 from .tokenwise import _divergence, decompose, layer_report, log_softmax
 from ._validate import check_bool, check_choice, check_int
 
@@ -305,7 +306,19 @@ def _readout_logits(model, out, readout, index=None):
             )
         return z if index is None else z[index]
     h = _last_hidden(out)
-    return readout(h if index is None else h[index])
+    return _apply_readout(readout, h if index is None else h[index])
+
+
+def _apply_readout(readout, h):
+    z = readout(h)
+    # logits over a vocabulary per state; anything else would be read as one silently
+    if not isinstance(z, _torch().Tensor) or z.ndim != h.ndim or tuple(z.shape[:-1]) != tuple(h.shape[:-1]):
+        got = f"shape {tuple(z.shape)}" if hasattr(z, "shape") else type(z).__name__
+        raise ValueError(
+            f"readout must map hidden states of shape (..., d) = {tuple(h.shape)} to a tensor of logits "
+            f"(..., V), got {got} instead."
+        )
+    return z
 
 
 def _to_numpy(t):
@@ -503,8 +516,9 @@ def model_logits(
         the model unchanged.
     sequence, position : array_like of int, shape (n,)
         Where to patch (unique pairs, non-padding).
-    states : array_like of shape (n, d)
-        The patched states (cast to the model's dtype).
+    states : array_like or tensor of shape (n, d)
+        The patched states (cast to the model's dtype); a tensor is read as its values
+        (autograd history ignored, bfloat16 exactly).
     readout : callable, default=None
         None: the model's own LM head (``...ForCausalLM``, ``...ForMaskedLM``,
         ``GPT2LMHeadModel``); else a callable from last hidden states (a torch tensor
@@ -533,14 +547,19 @@ def model_logits(
         layer = check_int(layer, "layer", min_value=0, max_value=len(blks) - 1)
         seq = np.asarray(sequence, dtype=np.int64).reshape(-1)
         pos = np.asarray(position, dtype=np.int64).reshape(-1)
-        vals = np.asarray(states)
-        if seq.shape != pos.shape or vals.ndim != 2 or vals.shape[0] != seq.shape[0]:
+        vals = None if states is None else _host_states(states, "states")
+        if seq.shape != pos.shape or vals is None or vals.ndim != 2 or vals.shape[0] != seq.shape[0]:
             raise ValueError("sequence, position and states must have matching lengths n ((n,), (n,), (n, d)).")
         if seq.size:
-            vals = _check_states(vals, seq.size, vals.shape[1], "states")
+            vals = _check_states(vals, seq.size, _d_model(model, batch, blks), "states")
             T = batch.ids.shape[1]
             if seq.min() < 0 or seq.max() >= batch.ids.shape[0] or pos.min() < 0 or pos.max() >= T:
                 raise ValueError("sequence and position must index entries of input_ids.")
+            # a repeated pair would be written twice in an unspecified order
+            if np.unique(seq * T + pos).size != seq.size:
+                raise ValueError("sequence and position must hold unique (sequence, position) pairs.")
+            if not bool(batch.mask[torch.as_tensor(seq), torch.as_tensor(pos)].cpu().bool().all()):
+                raise ValueError("sequence and position must name tokens, not padding (attention_mask == 0).")
         if seq.size:
             patch.update(seq=torch.as_tensor(seq), pos=torch.as_tensor(pos), values=torch.as_tensor(vals))
         hook = _patch_hook(blks[layer], patch)
@@ -640,7 +659,8 @@ def _intervene(model, batch, blks, layer, P, probe, divergence, readout_position
                         if readout is None:
                             zp, zq = z_orig[s_loc, t], out.logits[s_loc, t]
                         else:
-                            zp, zq = readout(h_orig[s_loc, t]), readout(_last_hidden(out)[s_loc, t])
+                            zp = _apply_readout(readout, h_orig[s_loc, t])
+                            zq = _apply_readout(readout, _last_hidden(out)[s_loc, t])
                         div[toks] = _divergence(log_softmax(_to_numpy(zp)), log_softmax(_to_numpy(zq)), divergence)
                     else:
                         sl = s_loc.numpy()
@@ -654,9 +674,19 @@ def _intervene(model, batch, blks, layer, P, probe, divergence, readout_position
     return div
 
 
-def _check_states(P, n, d, name):
+def _host_states(P, name):
+    """States as a NumPy array: tensors (with autograd history, bfloat16, on a device) as
+    their host values; integer, boolean and complex values are a ``TypeError``."""
+    P, _ = from_foreign(P, name, host=True)
     P = np.asarray(P)
-    if P.ndim != 2 or P.shape != (n, d) or P.dtype.kind != "f":
+    if P.dtype.kind != "f":
+        raise TypeError(f"{name} must hold real floating-point values, got dtype {P.dtype} instead.")
+    return P
+
+
+def _check_states(P, n, d, name):
+    P = _host_states(P, name)
+    if P.ndim != 2 or P.shape != (n, d):
         raise ValueError(f"{name} must be a float array of shape ({n}, {d}), got shape {P.shape} instead.")
     if not np.all(np.isfinite(P)):
         raise ValueError(f"{name} must be finite.")
@@ -693,7 +723,7 @@ def intervene(
         As in :func:`hidden_states`.
     layer : int
         Block ``l``, ``0 <= l < L``.
-    states : array_like of shape (N, d)
+    states : array_like or tensor of shape (N, d)
         Replacement states for every token of the batch (token order of
         :func:`hidden_states`), e.g. ``result.patched(h_l)`` of
         :func:`refgeo.decompose`; only the probed rows are used.

@@ -366,3 +366,33 @@ def test_meta_models_and_tensors_and_unknown_tokens_are_refused_by_name(gpt2):
             hf.hidden_states(gpt2, bad)
         with pytest.raises(ValueError, match="input_ids"):
             hf.tokenwise_protocol(gpt2, bad, cls="diagonal", k=3)
+
+
+def test_states_as_tensors_and_bad_patches(gpt2):
+    """Replacement states may be tensors (autograd history, bfloat16); integer states,
+    repeated or padding pairs and readouts that do not return logits are refused."""
+    ids, mask = _ids((3, 8)), _mask()
+    hs = hf.hidden_states(gpt2, ids, mask)
+    h2 = hs.states[2]
+    z0 = hf.model_logits(gpt2, ids, mask)
+    leaf = torch.tensor(h2, requires_grad=True)
+    z = hf.model_logits(gpt2, ids, mask, layer=1, sequence=hs.sequence, position=hs.position, states=leaf * 1.0)
+    assert np.array_equal(z, z0) and leaf.grad is None
+    assert np.all(hf.intervene(gpt2, ids, mask, layer=1, states=leaf * 1.0) == 0.0)
+    h2b = torch.tensor(h2).bfloat16()
+    want = hf.intervene(gpt2, ids, mask, layer=1, states=h2b.float().numpy(), probe=5)
+    np.testing.assert_array_equal(hf.intervene(gpt2, ids, mask, layer=1, states=h2b, probe=5), want)
+    with pytest.raises(TypeError, match="states"):
+        hf.intervene(gpt2, ids, mask, layer=1, states=h2.astype(np.int64))
+    with pytest.raises(TypeError, match="states"):
+        hf.model_logits(gpt2, ids, mask, layer=1, sequence=[0], position=[1], states=np.zeros((1, 16), int))
+    with pytest.raises(ValueError, match="states"):  # width of the model: 16
+        hf.model_logits(gpt2, ids, mask, layer=1, sequence=[0], position=[1], states=np.zeros((1, 5)))
+    with pytest.raises(ValueError, match="unique"):
+        hf.model_logits(gpt2, ids, mask, layer=1, sequence=[0, 0], position=[1, 1], states=np.zeros((2, 16)))
+    with pytest.raises(ValueError, match="padding"):  # mask[1, 6] == 0
+        hf.model_logits(gpt2, ids, mask, layer=1, sequence=[1], position=[6], states=np.zeros((1, 16)))
+    with pytest.raises(ValueError, match="matching"):
+        hf.model_logits(gpt2, ids, mask, layer=1, sequence=[0], position=[1])
+    with pytest.raises(ValueError, match="readout"):  # one number per state, not logits
+        hf.intervene(gpt2, ids, mask, layer=1, states=h2, readout=lambda h: h.sum(-1))
