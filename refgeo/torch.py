@@ -269,6 +269,15 @@ def _build() -> dict[str, Any]:
 
         def load_state_dict(self, state_dict: dict) -> None:
             """Restore a ``state_dict()`` (the buffers keep their float32/float64 precision)."""
+            # torch's loader casts the state to the parameter's dtype, which would round
+            # the float32 buffers of a bfloat16/float16 parameter: keep the saved tensors
+            # (matched to the parameters as torch matches them, group by group, in order)
+            saved_state = state_dict.get("state", {})
+            saved = {}
+            for saved_group, group in zip(state_dict.get("param_groups", ()), self.param_groups):
+                for pid, p in zip(saved_group["params"], group["params"]):
+                    if pid in saved_state:
+                        saved[p] = saved_state[pid]
             super().load_state_dict(state_dict)
             for group in self.param_groups:
                 p = group["params"][0]
@@ -277,7 +286,8 @@ def _build() -> dict[str, Any]:
                     dtype = torch.float64 if p.dtype == torch.float64 else torch.float32
                     state["step"] = int(state["step"])
                     for key in ("momentum_buffer", "last_step"):
-                        state[key] = state[key].to(dtype=dtype, device=p.device)
+                        value = saved[p][key] if p in saved and key in saved[p] else state[key]
+                        state[key] = value.to(dtype=dtype, device=p.device, copy=True)
 
         def last_step(self, group: int = 0) -> Any:
             """The step :math:`S_t` of the last call for param group ``group`` (weight decay

@@ -139,6 +139,30 @@ def test_state_dict_round_trip_continues_identically():
         assert torch.equal(W_a, W_b)
 
 
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_state_dict_round_trip_keeps_float32_buffers_of_half_parameters(dtype):
+    """Half-precision parameters keep float32 buffers, and a state_dict round trip keeps
+    them bit for bit (torch's loader casts state to the parameter's dtype)."""
+    W0, grads = _lm_gradients(T=6, seed=5)
+    W_a = torch.nn.Parameter(torch.from_numpy(W0).to(dtype))
+    opt_a = rtorch.RowNorm([W_a], lr=0.03)
+    for g in grads[:3]:
+        W_a.grad = torch.from_numpy(g).to(dtype)
+        opt_a.step()
+    W_b = torch.nn.Parameter(W_a.detach().clone())
+    opt_b = rtorch.RowNorm([W_b], lr=0.03)
+    opt_b.load_state_dict(copy.deepcopy(opt_a.state_dict()))
+    for key in ("momentum_buffer", "last_step"):
+        assert opt_b.state[W_b][key].dtype == torch.float32
+        assert torch.equal(opt_b.state[W_b][key], opt_a.state[W_a][key]), key
+    for g in grads[3:]:
+        for W, opt in ((W_a, opt_a), (W_b, opt_b)):
+            W.grad = torch.from_numpy(g).to(dtype)
+            opt.step()
+        assert torch.equal(opt_a.state[W_a]["momentum_buffer"], opt_b.state[W_b]["momentum_buffer"])
+        assert torch.equal(W_a, W_b)
+
 def test_closure_and_lr_scheduler():
     W0, grads = _lm_gradients(T=6, seed=5)
     W = torch.nn.Parameter(torch.from_numpy(W0.copy()))
