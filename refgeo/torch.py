@@ -25,6 +25,7 @@ from __future__ import annotations
 import contextlib
 from typing import Any
 
+from ._interop import from_foreign
 from ._validate import as_float_array, check_bool, check_int, check_real
 
 __all__ = ["DiameterLMO", "HeadStepMonitor", "RowNorm"]
@@ -506,8 +507,9 @@ def _build() -> dict[str, Any]:
                 raise ValueError(
                     f"group must be in [0, {len(optimizer.param_groups) - 1}], got {self.group} instead."
                 )
-            if isinstance(hidden_states, torch.Tensor):
-                hidden_states = hidden_states.detach().cpu().numpy()
+            # tensors as their host values (bfloat16 as exact float32, autograd history
+            # ignored); integer, complex and meta tensors are TypeErrors naming the argument
+            hidden_states, _ = from_foreign(hidden_states, "hidden_states", host=True)
             H = as_float_array(hidden_states, "hidden_states", ndim=2, shape_hint="2-D array of shape (N, d)")
             d = optimizer.param_groups[self.group]["params"][0].shape[1]
             if H.shape[1] != d:
@@ -540,8 +542,7 @@ def _build() -> dict[str, Any]:
 
             from ._threads import blas_single_thread
 
-            if isinstance(S, torch.Tensor):
-                S = S.detach().cpu().numpy()
+            S, _ = from_foreign(S, "S", host=True)
             V, d = S.shape
             n_threads = self.n_threads
             if n_threads is None and V * V * d < _SMALL_RECORD_FLOPS:

@@ -350,6 +350,27 @@ def test_monitor_bad_input():
         rtorch.HeadStepMonitor(opt, torch.zeros(4, 2), n_threads=0)
 
 
+
+def test_monitor_reads_bfloat16_and_grad_tensors_and_names_bad_ones():
+    """The panel and a recorded step may be bfloat16 or carry autograd history (read as
+    their exact float32 values); meta and integer tensors are TypeErrors naming them."""
+    W = torch.nn.Parameter(torch.zeros(3, 2))
+    opt = rtorch.RowNorm([W], lr=0.1)
+    H = torch.tensor([[1.0, 0.5], [-2.0, 0.25]])
+    S = torch.tensor([[0.5, -1.0], [0.0, 0.25], [-0.5, 0.75]])
+    want = rtorch.HeadStepMonitor(opt, H.numpy()).record(S.numpy(), step=1)
+    for h, s in ((H.bfloat16(), S.bfloat16()), (H.requires_grad_() * 1.0, S.requires_grad_() * 1.0)):
+        mon = rtorch.HeadStepMonitor(opt, h)
+        assert mon.record(s, step=1) == want
+        mon.close()
+    with pytest.raises(TypeError, match="hidden_states .*meta"):
+        rtorch.HeadStepMonitor(opt, torch.zeros(4, 2, device="meta"))
+    with pytest.raises(TypeError, match="hidden_states"):
+        rtorch.HeadStepMonitor(opt, torch.ones(4, 2, dtype=torch.int64))
+    mon = rtorch.HeadStepMonitor(opt, H)
+    with pytest.raises(TypeError, match="S .*meta"):
+        mon.record(torch.zeros(3, 2, device="meta"), step=1)
+
 def test_monitor_records_do_not_depend_on_threads():
     # Small recordings run on one thread by default; the record must be the same as on
     # two threads, BLAS pinned or not (the engine is thread-count independent).
