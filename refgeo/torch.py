@@ -26,7 +26,7 @@ import contextlib
 from typing import Any
 
 from ._interop import from_foreign
-from ._validate import as_float_array, check_bool, check_int, check_real
+from ._validate import as_float_array, check_bool, check_centered_rows, check_int, check_real
 
 __all__ = ["DiameterLMO", "HeadStepMonitor", "RowNorm"]
 
@@ -368,13 +368,21 @@ def _build() -> dict[str, Any]:
 
         @torch.no_grad()
         def step(self, closure: Any = None) -> Any:
-            """One LMO step for every param group; returns ``closure()`` when given."""
+            """One LMO step for every param group; returns ``closure()`` when given.
+
+            Nothing changes when it raises: every group's gradient (dense, real, finite,
+            rows summing to about zero) and hyper-parameters are checked first."""
             import numpy as np
+
+            from .lmo import _CENTERED_RTOL
 
             loss = None
             if closure is not None:
                 with torch.enable_grad():
                     loss = closure()
+            # Check every group before changing any (as RowNorm does): a bad gradient or
+            # hyper-parameter in group 1 leaves group 0 as it was.
+            work = []
             for k, group in enumerate(self.param_groups):
                 p = group["params"][0]
                 if p.grad is None:
@@ -383,10 +391,18 @@ def _build() -> dict[str, Any]:
                 g = p.grad
                 if g.is_sparse or g.is_complex() or not g.is_floating_point():
                     raise TypeError(f"the gradient of {name} must be a dense real tensor, got {g.dtype} instead.")
+                self._solver_for(group)  # a fresh solver validates the group's hyper-parameters
+                G = g.detach().to(device="cpu", dtype=torch.float64).numpy()
+                try:
+                    as_float_array(G, "grad", ndim=2, shape_hint="2-D array of shape (V, d)")
+                    check_centered_rows(G, "G", _CENTERED_RTOL)
+                except ValueError as exc:
+                    raise ValueError(f"the gradient of {name}: {exc}") from exc
+                work.append((k, group, p, name, G))
+            for k, group, p, name, G in work:
                 solver = self._solvers[k] = self._solver_for(group, self._solvers.get(k))
                 host = torch.float64 if p.dtype == torch.float64 else torch.float32
                 W = p.detach().to(device="cpu", dtype=host).numpy()  # a view for CPU float tensors
-                G = g.detach().to(device="cpu", dtype=torch.float64).numpy()
                 try:
                     solver.step(W, G)
                 except ValueError as exc:

@@ -471,3 +471,31 @@ def test_a_refused_param_group_leaves_the_optimizer_as_it_was(cls):
     assert len(opt.param_groups) == 1 and opt.state_dict() == state
     opt.add_param_group({"params": [torch.nn.Parameter(torch.zeros(2, 3, dtype=torch.float64))], "lr": 0.5})
     assert [g["lr"] for g in opt.param_groups] == [0.1, 0.5]
+
+
+@pytest.mark.parametrize("bad", ["nan", "not_centered", "lr"])
+def test_diameter_lmo_bad_group_changes_no_group(bad):
+    """A bad gradient or hyper-parameter in group 1 leaves group 0 (parameter, solver
+    state) as it was, as RowNorm does: the step is all or nothing."""
+    W0, grads = _lm_gradients(V=8, d=3, T=3, seed=13)
+    A = torch.nn.Parameter(torch.from_numpy(W0.copy()))
+    B = torch.nn.Parameter(torch.from_numpy(W0.copy()))
+    opt = rtorch.DiameterLMO([{"params": [A]}, {"params": [B]}], lr=0.05, momentum=0.5)
+    A.grad, B.grad = torch.from_numpy(grads[0].copy()), torch.from_numpy(grads[0].copy())
+    opt.step()
+    A_before, saved = A.detach().clone(), copy.deepcopy(opt.state_dict())
+    A.grad = torch.from_numpy(grads[1].copy())
+    g = torch.from_numpy(grads[1].copy())
+    if bad == "nan":
+        g[0, 0] = float("nan")
+    elif bad == "not_centered":
+        g[0] += 1.0
+    else:
+        opt.param_groups[1]["lr"] = -1.0
+    B.grad = g
+    with pytest.raises(ValueError):
+        opt.step()
+    assert torch.equal(A.detach(), A_before)
+    after = opt.state_dict()
+    assert after["refgeo_solvers"][0]["t"] == saved["refgeo_solvers"][0]["t"] == 1
+    np.testing.assert_array_equal(after["refgeo_solvers"][0]["buffer"], saved["refgeo_solvers"][0]["buffer"])
