@@ -99,6 +99,11 @@ def _build() -> dict[str, Any]:
             )
         if p.is_sparse:
             raise TypeError(f"parameter {name} must be a dense tensor, got a sparse tensor instead.")
+        if p.device.type == "meta":
+            raise TypeError(
+                f"parameter {name} is a meta tensor (a shape without values); materialize the model "
+                "(to_empty() and load its weights) before building the optimizer."
+            )
         if not bool(torch.isfinite(p).all()):
             raise ValueError(f"parameter {name} must be finite, got a tensor with NaN or inf entries instead.")
 

@@ -499,3 +499,10 @@ def test_diameter_lmo_bad_group_changes_no_group(bad):
     after = opt.state_dict()
     assert after["refgeo_solvers"][0]["t"] == saved["refgeo_solvers"][0]["t"] == 1
     np.testing.assert_array_equal(after["refgeo_solvers"][0]["buffer"], saved["refgeo_solvers"][0]["buffer"])
+
+
+@pytest.mark.parametrize("cls", ["RowNorm", "DiameterLMO"])
+def test_meta_parameters_are_refused_by_name(cls):
+    W = torch.nn.Parameter(torch.empty(4, 3, device="meta"))
+    with pytest.raises(TypeError, match="parameter 'head' is a meta tensor"):
+        getattr(rtorch, cls)([("head", W)], lr=0.1)
