@@ -87,7 +87,8 @@ def from_foreign(x: Any, name: str, *, host: bool = False) -> tuple[Any, Origin 
     ------
     TypeError
         For integer, boolean or complex tensors, for a CUDA tensor when CuPy is not
-        installed (``host=False``), and for tensors on devices refgeo cannot run.
+        installed (``host=False``), for meta tensors and for tensors on devices refgeo
+        cannot run.
     """
     if is_torch_array(x):
         return _from_torch(x, name, host)
@@ -99,6 +100,12 @@ def from_foreign(x: Any, name: str, *, host: bool = False) -> tuple[Any, Origin 
 def _from_torch(x: Any, name: str, host: bool) -> tuple[Any, Origin]:
     torch = sys.modules["torch"]
     t = x.detach()
+    if t.device.type == "meta":
+        # checked first: .cpu() (the hint for other devices) cannot copy a meta tensor
+        raise TypeError(
+            f"{name} is a meta tensor (a shape without values), which refgeo cannot compute with; "
+            "pass a tensor that holds the values."
+        )
     if t.layout != torch.strided:
         raise TypeError(
             f"{name} is a sparse tensor (layout {t.layout}), which refgeo cannot view as an "

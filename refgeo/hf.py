@@ -21,6 +21,9 @@ position ids are counted over the tokens (``cumsum(mask) - 1``) and passed to ev
 model whose ``forward`` takes ``position_ids``, so that a sequence has the same states
 whatever its padding.  Decoder-only and encoder-only models are covered
 (encoder-decoder models, which need decoder inputs, are not).
+The model runs in eval mode (dropout off, so that states, logits and divergences are
+functions of the weights), and every module's training flag is restored afterwards, also
+when a call raises.
 
 This module imports torch and transformers when one of its functions is called, never
 at ``import refgeo``; install them with ``pip install "refgeo[hf]"``.  States leave
@@ -39,6 +42,7 @@ Example, three lines on a model with a masked-LM or causal-LM head::
 from __future__ import annotations
 
 import dataclasses
+import functools
 import inspect
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
@@ -46,6 +50,7 @@ from typing import Any
 import numpy as np
 
 from . import _progress
+from ._interop import from_foreign
 from .tokenwise import _divergence, decompose, layer_report, log_softmax
 from ._validate import check_bool, check_choice, check_int
 
@@ -86,6 +91,26 @@ def _check_model(model):
     if not isinstance(model, torch.nn.Module):
         raise TypeError(f"model must be a torch.nn.Module (a transformers model), got {type(model).__name__} instead.")
     return torch
+
+
+def _in_eval_mode(fn):
+    """Run ``fn(model, ...)`` with every module of ``model`` in eval mode (dropout off: the
+    states, logits and interventions are functions of the weights, and an identity patch
+    reproduces the logits), and give each module its own training flag back afterwards,
+    also when ``fn`` raises."""
+
+    @functools.wraps(fn)
+    def run(model, *args, **kwargs):
+        _check_model(model)
+        flags = [(m, m.training) for m in model.modules()]
+        try:
+            model.eval()
+            return fn(model, *args, **kwargs)
+        finally:
+            for m, flag in flags:
+                m.training = flag
+
+    return run
 
 
 def _get_path(model, path):
@@ -173,6 +198,8 @@ def _as_long(torch, x, name, device):
             raise TypeError(f"{name} must be a 2-D array of integers, got {type(x).__name__} instead.") from None
     if t.dtype.is_floating_point or t.dtype.is_complex:
         raise TypeError(f"{name} must hold integers, got dtype {t.dtype} instead.")
+    if t.device.type == "meta":
+        raise TypeError(f"{name} is a meta tensor (a shape without values), which refgeo cannot run.")
     if t.ndim != 2 or t.shape[0] == 0 or t.shape[1] == 0:
         raise ValueError(f"{name} must be a non-empty 2-D array of shape (B, T), got shape {tuple(t.shape)} instead.")
     return t.to(device=device, dtype=torch.long)
@@ -191,7 +218,19 @@ class _Batch:
 def _batch(model, input_ids, attention_mask):
     torch = _torch()
     device = _device(model)
+    if device.type == "meta":
+        raise TypeError(
+            f"model has its parameters on the meta device (shapes without values), which refgeo cannot run; "
+            "load its weights first (e.g. from_pretrained, or to_empty() and load_state_dict)."
+        )
     ids = _as_long(torch, input_ids, "input_ids", device)
+    emb = model.get_input_embeddings() if callable(getattr(model, "get_input_embeddings", None)) else None
+    n_vocab = getattr(emb, "num_embeddings", None)
+    if isinstance(n_vocab, int) and (bool((ids < 0).any()) or bool((ids >= n_vocab).any())):
+        raise ValueError(
+            f"input_ids must hold token ids in [0, {n_vocab}) (the model's vocabulary), got values in "
+            f"[{int(ids.min())}, {int(ids.max())}] instead."
+        )
     if attention_mask is None:
         mask = torch.ones_like(ids)
     else:
@@ -267,11 +306,27 @@ def _readout_logits(model, out, readout, index=None):
             )
         return z if index is None else z[index]
     h = _last_hidden(out)
-    return readout(h if index is None else h[index])
+    return _apply_readout(readout, h if index is None else h[index])
+
+
+def _apply_readout(readout, h):
+    z = readout(h)
+    # logits over a vocabulary per state; anything else would be read as one silently
+    if not isinstance(z, _torch().Tensor) or z.ndim != h.ndim or tuple(z.shape[:-1]) != tuple(h.shape[:-1]):
+        got = f"shape {tuple(z.shape)}" if hasattr(z, "shape") else type(z).__name__
+        raise ValueError(
+            f"readout must map hidden states of shape (..., d) = {tuple(h.shape)} to a tensor of logits "
+            f"(..., V), got {got} instead."
+        )
+    return z
 
 
 def _to_numpy(t):
-    return t.detach().cpu().numpy()
+    # NumPy has no bfloat16: float32 holds every bfloat16 value exactly
+    t = t.detach()
+    if t.dtype == _torch().bfloat16:
+        t = t.float()
+    return t.cpu().numpy()
 
 
 # ------------------------------------------------------------------ hidden states
@@ -353,6 +408,7 @@ def _check_layers(layers, n_states, name):
     return out
 
 
+@_in_eval_mode
 def hidden_states(
     model: Any,
     input_ids: Any,
@@ -369,7 +425,8 @@ def hidden_states(
     Parameters
     ----------
     model : torch.nn.Module
-        A ``transformers`` model (eval mode is the caller's choice: dropout stays as set).
+        A ``transformers`` model.  It runs in eval mode (dropout off), and every
+        module's training flag is restored afterwards, also on errors.
     input_ids : array_like or torch.Tensor of int, shape (B, T)
     attention_mask : array_like or torch.Tensor of {0, 1}, shape (B, T), default=None
         ``0`` marks padding (left or right); None means no padding.
@@ -434,6 +491,7 @@ def _patch_hook(block, patch):
     return block.register_forward_hook(hook)
 
 
+@_in_eval_mode
 def model_logits(
     model: Any,
     input_ids: Any,
@@ -458,8 +516,9 @@ def model_logits(
         the model unchanged.
     sequence, position : array_like of int, shape (n,)
         Where to patch (unique pairs, non-padding).
-    states : array_like of shape (n, d)
-        The patched states (cast to the model's dtype).
+    states : array_like or tensor of shape (n, d)
+        The patched states (cast to the model's dtype); a tensor is read as its values
+        (autograd history ignored, bfloat16 exactly).
     readout : callable, default=None
         None: the model's own LM head (``...ForCausalLM``, ``...ForMaskedLM``,
         ``GPT2LMHeadModel``); else a callable from last hidden states (a torch tensor
@@ -468,8 +527,9 @@ def model_logits(
     Returns
     -------
     logits : ndarray of shape (B, T, V)
-        In the model's dtype (the readout's with ``readout``); padding positions
-        included, as the model returns them.
+        In the model's dtype (the readout's with ``readout``), bfloat16 as float32
+        (NumPy has no bfloat16; the values are exact); padding positions included, as
+        the model returns them.
 
     Notes
     -----
@@ -487,14 +547,19 @@ def model_logits(
         layer = check_int(layer, "layer", min_value=0, max_value=len(blks) - 1)
         seq = np.asarray(sequence, dtype=np.int64).reshape(-1)
         pos = np.asarray(position, dtype=np.int64).reshape(-1)
-        vals = np.asarray(states)
-        if seq.shape != pos.shape or vals.ndim != 2 or vals.shape[0] != seq.shape[0]:
+        vals = None if states is None else _host_states(states, "states")
+        if seq.shape != pos.shape or vals is None or vals.ndim != 2 or vals.shape[0] != seq.shape[0]:
             raise ValueError("sequence, position and states must have matching lengths n ((n,), (n,), (n, d)).")
         if seq.size:
-            vals = _check_states(vals, seq.size, vals.shape[1], "states")
+            vals = _check_states(vals, seq.size, _d_model(model, batch, blks), "states")
             T = batch.ids.shape[1]
             if seq.min() < 0 or seq.max() >= batch.ids.shape[0] or pos.min() < 0 or pos.max() >= T:
                 raise ValueError("sequence and position must index entries of input_ids.")
+            # a repeated pair would be written twice in an unspecified order
+            if np.unique(seq * T + pos).size != seq.size:
+                raise ValueError("sequence and position must hold unique (sequence, position) pairs.")
+            if not bool(batch.mask[torch.as_tensor(seq), torch.as_tensor(pos)].cpu().bool().all()):
+                raise ValueError("sequence and position must name tokens, not padding (attention_mask == 0).")
         if seq.size:
             patch.update(seq=torch.as_tensor(seq), pos=torch.as_tensor(pos), values=torch.as_tensor(vals))
         hook = _patch_hook(blks[layer], patch)
@@ -594,7 +659,8 @@ def _intervene(model, batch, blks, layer, P, probe, divergence, readout_position
                         if readout is None:
                             zp, zq = z_orig[s_loc, t], out.logits[s_loc, t]
                         else:
-                            zp, zq = readout(h_orig[s_loc, t]), readout(_last_hidden(out)[s_loc, t])
+                            zp = _apply_readout(readout, h_orig[s_loc, t])
+                            zq = _apply_readout(readout, _last_hidden(out)[s_loc, t])
                         div[toks] = _divergence(log_softmax(_to_numpy(zp)), log_softmax(_to_numpy(zq)), divergence)
                     else:
                         sl = s_loc.numpy()
@@ -608,15 +674,26 @@ def _intervene(model, batch, blks, layer, P, probe, divergence, readout_position
     return div
 
 
-def _check_states(P, n, d, name):
+def _host_states(P, name):
+    """States as a NumPy array: tensors (with autograd history, bfloat16, on a device) as
+    their host values; integer, boolean and complex values are a ``TypeError``."""
+    P, _ = from_foreign(P, name, host=True)
     P = np.asarray(P)
-    if P.ndim != 2 or P.shape != (n, d) or P.dtype.kind != "f":
+    if P.dtype.kind != "f":
+        raise TypeError(f"{name} must hold real floating-point values, got dtype {P.dtype} instead.")
+    return P
+
+
+def _check_states(P, n, d, name):
+    P = _host_states(P, name)
+    if P.ndim != 2 or P.shape != (n, d):
         raise ValueError(f"{name} must be a float array of shape ({n}, {d}), got shape {P.shape} instead.")
     if not np.all(np.isfinite(P)):
         raise ValueError(f"{name} must be finite.")
     return P
 
 
+@_in_eval_mode
 def intervene(
     model: Any,
     input_ids: Any,
@@ -646,7 +723,7 @@ def intervene(
         As in :func:`hidden_states`.
     layer : int
         Block ``l``, ``0 <= l < L``.
-    states : array_like of shape (N, d)
+    states : array_like or tensor of shape (N, d)
         Replacement states for every token of the batch (token order of
         :func:`hidden_states`), e.g. ``result.patched(h_l)`` of
         :func:`refgeo.decompose`; only the probed rows are used.
@@ -746,6 +823,7 @@ class ProtocolResult:
     config: dict
 
 
+@_in_eval_mode
 def tokenwise_protocol(
     model: Any,
     input_ids: Any,

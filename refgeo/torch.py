@@ -25,7 +25,8 @@ from __future__ import annotations
 import contextlib
 from typing import Any
 
-from ._validate import as_float_array, check_bool, check_int, check_real
+from ._interop import from_foreign
+from ._validate import as_float_array, check_bool, check_centered_rows, check_int, check_real
 
 __all__ = ["DiameterLMO", "HeadStepMonitor", "RowNorm"]
 
@@ -98,6 +99,11 @@ def _build() -> dict[str, Any]:
             )
         if p.is_sparse:
             raise TypeError(f"parameter {name} must be a dense tensor, got a sparse tensor instead.")
+        if p.device.type == "meta":
+            raise TypeError(
+                f"parameter {name} is a meta tensor (a shape without values); materialize the model "
+                "(to_empty() and load its weights) before building the optimizer."
+            )
         if not bool(torch.isfinite(p).all()):
             raise ValueError(f"parameter {name} must be finite, got a tensor with NaN or inf entries instead.")
 
@@ -269,6 +275,15 @@ def _build() -> dict[str, Any]:
 
         def load_state_dict(self, state_dict: dict) -> None:
             """Restore a ``state_dict()`` (the buffers keep their float32/float64 precision)."""
+            # torch's loader casts the state to the parameter's dtype, which would round
+            # the float32 buffers of a bfloat16/float16 parameter: keep the saved tensors
+            # (matched to the parameters as torch matches them, group by group, in order)
+            saved_state = state_dict.get("state", {})
+            saved = {}
+            for saved_group, group in zip(state_dict.get("param_groups", ()), self.param_groups):
+                for pid, p in zip(saved_group["params"], group["params"]):
+                    if pid in saved_state:
+                        saved[p] = saved_state[pid]
             super().load_state_dict(state_dict)
             for group in self.param_groups:
                 p = group["params"][0]
@@ -277,7 +292,8 @@ def _build() -> dict[str, Any]:
                     dtype = torch.float64 if p.dtype == torch.float64 else torch.float32
                     state["step"] = int(state["step"])
                     for key in ("momentum_buffer", "last_step"):
-                        state[key] = state[key].to(dtype=dtype, device=p.device)
+                        value = saved[p][key] if p in saved and key in saved[p] else state[key]
+                        state[key] = value.to(dtype=dtype, device=p.device, copy=True)
 
         def last_step(self, group: int = 0) -> Any:
             """The step :math:`S_t` of the last call for param group ``group`` (weight decay
@@ -357,13 +373,21 @@ def _build() -> dict[str, Any]:
 
         @torch.no_grad()
         def step(self, closure: Any = None) -> Any:
-            """One LMO step for every param group; returns ``closure()`` when given."""
+            """One LMO step for every param group; returns ``closure()`` when given.
+
+            Nothing changes when it raises: every group's gradient (dense, real, finite,
+            rows summing to about zero) and hyper-parameters are checked first."""
             import numpy as np
+
+            from .lmo import _CENTERED_RTOL
 
             loss = None
             if closure is not None:
                 with torch.enable_grad():
                     loss = closure()
+            # Check every group before changing any (as RowNorm does): a bad gradient or
+            # hyper-parameter in group 1 leaves group 0 as it was.
+            work = []
             for k, group in enumerate(self.param_groups):
                 p = group["params"][0]
                 if p.grad is None:
@@ -372,10 +396,18 @@ def _build() -> dict[str, Any]:
                 g = p.grad
                 if g.is_sparse or g.is_complex() or not g.is_floating_point():
                     raise TypeError(f"the gradient of {name} must be a dense real tensor, got {g.dtype} instead.")
+                self._solver_for(group)  # a fresh solver validates the group's hyper-parameters
+                G = g.detach().to(device="cpu", dtype=torch.float64).numpy()
+                try:
+                    as_float_array(G, "grad", ndim=2, shape_hint="2-D array of shape (V, d)")
+                    check_centered_rows(G, "G", _CENTERED_RTOL)
+                except ValueError as exc:
+                    raise ValueError(f"the gradient of {name}: {exc}") from exc
+                work.append((k, group, p, name, G))
+            for k, group, p, name, G in work:
                 solver = self._solvers[k] = self._solver_for(group, self._solvers.get(k))
                 host = torch.float64 if p.dtype == torch.float64 else torch.float32
                 W = p.detach().to(device="cpu", dtype=host).numpy()  # a view for CPU float tensors
-                G = g.detach().to(device="cpu", dtype=torch.float64).numpy()
                 try:
                     solver.step(W, G)
                 except ValueError as exc:
@@ -496,8 +528,9 @@ def _build() -> dict[str, Any]:
                 raise ValueError(
                     f"group must be in [0, {len(optimizer.param_groups) - 1}], got {self.group} instead."
                 )
-            if isinstance(hidden_states, torch.Tensor):
-                hidden_states = hidden_states.detach().cpu().numpy()
+            # tensors as their host values (bfloat16 as exact float32, autograd history
+            # ignored); integer, complex and meta tensors are TypeErrors naming the argument
+            hidden_states, _ = from_foreign(hidden_states, "hidden_states", host=True)
             H = as_float_array(hidden_states, "hidden_states", ndim=2, shape_hint="2-D array of shape (N, d)")
             d = optimizer.param_groups[self.group]["params"][0].shape[1]
             if H.shape[1] != d:
@@ -530,8 +563,7 @@ def _build() -> dict[str, Any]:
 
             from ._threads import blas_single_thread
 
-            if isinstance(S, torch.Tensor):
-                S = S.detach().cpu().numpy()
+            S, _ = from_foreign(S, "S", host=True)
             V, d = S.shape
             n_threads = self.n_threads
             if n_threads is None and V * V * d < _SMALL_RECORD_FLOPS:

@@ -295,3 +295,104 @@ def test_minilm_protocol_offline(tmp_path):
     print("\nall-MiniLM-L6-v2 per-layer table (pydoc topics, %d tokens, %d probed):" % (n, probe.size))
     for row in record:
         print("  " + "  ".join(f"{c}={row[c]:.4g}" if isinstance(row[c], float) else f"{c}={row[c]}" for c in cols))
+
+
+# ----------------------------------------------------------- precision, mode and device
+
+
+def test_bfloat16_model_states_and_logits_are_the_models_own(gpt2):
+    """A bfloat16 model runs (NumPy has no bfloat16): its states and logits come back as
+    float32 holding exactly the model's values, and an identity patch changes nothing."""
+    import copy
+
+    m = copy.deepcopy(gpt2).to(torch.bfloat16)
+    ids, mask = _ids((3, 8)), _mask()
+    hs = hf.hidden_states(m, ids, mask)
+    with torch.no_grad():
+        out = m(input_ids=torch.as_tensor(ids), attention_mask=torch.as_tensor(mask),
+                position_ids=torch.as_tensor((np.cumsum(mask, axis=1) - 1).clip(0)), output_hidden_states=True)
+    for l in range(hs.n_blocks):  # the model's last entry has the final norm applied
+        want = out.hidden_states[l].float().numpy()[hs.sequence, hs.position]
+        assert hs.states[l].dtype == np.float32
+        np.testing.assert_array_equal(hs.states[l], want)
+    z = hf.model_logits(m, ids, mask)
+    assert z.dtype == np.float32
+    np.testing.assert_array_equal(z, out.logits.float().numpy())
+    div = hf.intervene(m, ids, mask, layer=1, states=hs.states[2], readout_position="sum")
+    assert np.all(div == 0.0)
+
+
+def test_train_mode_changes_nothing_and_is_restored():
+    """Dropout is off during every call (results equal eval mode's, an identity patch is
+    bit for bit), and each module's own training flag comes back, also after an error."""
+    cfg = transformers.GPT2Config(n_layer=2, n_embd=16, n_head=2, vocab_size=V, n_positions=32, bos_token_id=0,
+                                  eos_token_id=0, resid_pdrop=0.5, embd_pdrop=0.5, attn_pdrop=0.5)
+    m = _seeded(lambda: transformers.GPT2LMHeadModel(cfg))
+    ids, mask = _ids((3, 8)), _mask()
+    want = hf.hidden_states(m, ids, mask)
+    z_want = hf.model_logits(m, ids, mask)
+    m.train()
+    m.transformer.h[1].eval()  # a mixed state: it must come back as it was
+    flags = [mod.training for mod in m.modules()]
+    hs = hf.hidden_states(m, ids, mask)
+    for l in want.states:
+        np.testing.assert_array_equal(hs.states[l], want.states[l])
+    np.testing.assert_array_equal(hf.model_logits(m, ids, mask), z_want)
+    assert np.all(hf.intervene(m, ids, mask, layer=0, states=hs.states[1]) == 0.0)
+    out = hf.tokenwise_protocol(m, ids, mask, layers=[0], cls="diagonal", k=3, probe=4)
+    assert np.isfinite(out.divergences[0][out.probe]).all()
+    assert [mod.training for mod in m.modules()] == flags
+
+    def bad_readout(h):
+        raise RuntimeError("readout failed")
+
+    with pytest.raises(RuntimeError, match="readout failed"):
+        hf.intervene(m, ids, mask, layer=0, states=hs.states[1], readout=bad_readout)
+    assert [mod.training for mod in m.modules()] == flags
+
+
+def test_meta_models_and_tensors_and_unknown_tokens_are_refused_by_name(gpt2):
+    with torch.device("meta"):
+        meta = transformers.GPT2LMHeadModel(gpt2.config)
+    ids = _ids((2, 5))
+    with pytest.raises(TypeError, match="model .*meta"):
+        hf.hidden_states(meta, ids)
+    with pytest.raises(TypeError, match="input_ids .*meta"):
+        hf.model_logits(gpt2, torch.ones((2, 5), dtype=torch.long, device="meta"))
+    with pytest.raises(TypeError, match="attention_mask .*meta"):
+        hf.hidden_states(gpt2, ids, torch.ones((2, 5), dtype=torch.long, device="meta"))
+    for bad in (ids + V, ids - V):  # outside the vocabulary: not an IndexError deep in torch
+        with pytest.raises(ValueError, match=rf"input_ids .*\[0, {V}\)"):
+            hf.hidden_states(gpt2, bad)
+        with pytest.raises(ValueError, match="input_ids"):
+            hf.tokenwise_protocol(gpt2, bad, cls="diagonal", k=3)
+
+
+def test_states_as_tensors_and_bad_patches(gpt2):
+    """Replacement states may be tensors (autograd history, bfloat16); integer states,
+    repeated or padding pairs and readouts that do not return logits are refused."""
+    ids, mask = _ids((3, 8)), _mask()
+    hs = hf.hidden_states(gpt2, ids, mask)
+    h2 = hs.states[2]
+    z0 = hf.model_logits(gpt2, ids, mask)
+    leaf = torch.tensor(h2, requires_grad=True)
+    z = hf.model_logits(gpt2, ids, mask, layer=1, sequence=hs.sequence, position=hs.position, states=leaf * 1.0)
+    assert np.array_equal(z, z0) and leaf.grad is None
+    assert np.all(hf.intervene(gpt2, ids, mask, layer=1, states=leaf * 1.0) == 0.0)
+    h2b = torch.tensor(h2).bfloat16()
+    want = hf.intervene(gpt2, ids, mask, layer=1, states=h2b.float().numpy(), probe=5)
+    np.testing.assert_array_equal(hf.intervene(gpt2, ids, mask, layer=1, states=h2b, probe=5), want)
+    with pytest.raises(TypeError, match="states"):
+        hf.intervene(gpt2, ids, mask, layer=1, states=h2.astype(np.int64))
+    with pytest.raises(TypeError, match="states"):
+        hf.model_logits(gpt2, ids, mask, layer=1, sequence=[0], position=[1], states=np.zeros((1, 16), int))
+    with pytest.raises(ValueError, match="states"):  # width of the model: 16
+        hf.model_logits(gpt2, ids, mask, layer=1, sequence=[0], position=[1], states=np.zeros((1, 5)))
+    with pytest.raises(ValueError, match="unique"):
+        hf.model_logits(gpt2, ids, mask, layer=1, sequence=[0, 0], position=[1, 1], states=np.zeros((2, 16)))
+    with pytest.raises(ValueError, match="padding"):  # mask[1, 6] == 0
+        hf.model_logits(gpt2, ids, mask, layer=1, sequence=[1], position=[6], states=np.zeros((1, 16)))
+    with pytest.raises(ValueError, match="matching"):
+        hf.model_logits(gpt2, ids, mask, layer=1, sequence=[0], position=[1])
+    with pytest.raises(ValueError, match="readout"):  # one number per state, not logits
+        hf.intervene(gpt2, ids, mask, layer=1, states=h2, readout=lambda h: h.sum(-1))

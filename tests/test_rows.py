@@ -595,7 +595,7 @@ def test_tensors_on_devices_refgeo_cannot_run():
         refgeo.row_diameter(torch.eye(3).to_sparse())
     with pytest.raises(TypeError, match=r"Y is a sparse tensor"):
         refgeo.knn(np.eye(3), 1, torch.eye(3).to_sparse())
-    with pytest.raises(TypeError, match=r"S is a tensor on device meta, which refgeo cannot run; pass S.cpu\(\)"):
+    with pytest.raises(TypeError, match=r"S is a meta tensor \(a shape without values\)"):
         refgeo.row_diameter(torch.empty((3, 2), device="meta"))
     if torch.cuda.is_available():
         try:

@@ -911,3 +911,38 @@ def test_torch_cuda_kernel_if_available():
                                      convert=lambda a: torch.from_numpy(a).cuda(), max_examples=N, tie_break="any")
     assert report.examples >= N
     _caught(torch_blockwise_diameter, "row_diameter", convert=lambda a: torch.from_numpy(a).cuda(), dtypes="float32")
+
+
+def test_torch_bfloat16_grad_and_view_tensors_as_numpy():
+    """as_numpy takes what torch kernels return: bfloat16 (as exact float32), tensors with
+    autograd history, conjugate views; a meta tensor (no values) is a TypeError."""
+    from refgeo.testing import as_numpy
+
+    torch = _torch()
+    x = torch.tensor([[1.0, -2.5], [3.0, 0.125]])
+    for t in (x.bfloat16(), x.bfloat16().requires_grad_() * 1.0, x.requires_grad_() * 1.0):
+        a = as_numpy(t)
+        assert a.dtype == np.float32
+        np.testing.assert_array_equal(a, x.detach().numpy())
+    c = torch.tensor([1 + 2j, 3 - 1j]).conj()
+    np.testing.assert_array_equal(as_numpy(c), np.array([1 - 2j, 3 + 1j]))
+    with pytest.raises(TypeError, match="meta"):
+        as_numpy(torch.empty(3, device="meta"))
+
+
+def test_helpers_take_torch_inputs_and_bfloat16_outputs():
+    """The assert_* helpers read their inputs as candidates' outputs are read: tensors with
+    autograd history included; a bfloat16 output is compared (and can fail) like any other."""
+    from refgeo.testing import assert_hilbert_logits_close, assert_pdist_close
+
+    torch = _torch()
+    Z = torch.tensor([[0.0, 0.0, 0.0], [0.0, 1.0, 2.0], [5.0, 5.0, 6.0]], requires_grad=True)
+    d = torch.tensor([2.0, 1.0, 1.0])
+    assert_pdist_close(d, Z)
+    assert_pdist_close(d.bfloat16(), Z.detach())
+    assert_hilbert_logits_close(d[:1], Z[:1], Z[1:2] * 1.0)
+    with pytest.raises(ConformanceError):
+        assert_pdist_close((1.5 * d).bfloat16(), Z)
+    err = _caught(lambda X: torch_blockwise_diameter(X, compute_mode="donot_use_mm_for_euclid_dist").bfloat16(),
+                  "row_diameter", convert=torch.from_numpy, dtypes="float32")
+    assert "differs from the reference" in err.reason  # bfloat16 rounding, not a TypeError

@@ -139,6 +139,30 @@ def test_state_dict_round_trip_continues_identically():
         assert torch.equal(W_a, W_b)
 
 
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_state_dict_round_trip_keeps_float32_buffers_of_half_parameters(dtype):
+    """Half-precision parameters keep float32 buffers, and a state_dict round trip keeps
+    them bit for bit (torch's loader casts state to the parameter's dtype)."""
+    W0, grads = _lm_gradients(T=6, seed=5)
+    W_a = torch.nn.Parameter(torch.from_numpy(W0).to(dtype))
+    opt_a = rtorch.RowNorm([W_a], lr=0.03)
+    for g in grads[:3]:
+        W_a.grad = torch.from_numpy(g).to(dtype)
+        opt_a.step()
+    W_b = torch.nn.Parameter(W_a.detach().clone())
+    opt_b = rtorch.RowNorm([W_b], lr=0.03)
+    opt_b.load_state_dict(copy.deepcopy(opt_a.state_dict()))
+    for key in ("momentum_buffer", "last_step"):
+        assert opt_b.state[W_b][key].dtype == torch.float32
+        assert torch.equal(opt_b.state[W_b][key], opt_a.state[W_a][key]), key
+    for g in grads[3:]:
+        for W, opt in ((W_a, opt_a), (W_b, opt_b)):
+            W.grad = torch.from_numpy(g).to(dtype)
+            opt.step()
+        assert torch.equal(opt_a.state[W_a]["momentum_buffer"], opt_b.state[W_b]["momentum_buffer"])
+        assert torch.equal(W_a, W_b)
+
 def test_closure_and_lr_scheduler():
     W0, grads = _lm_gradients(T=6, seed=5)
     W = torch.nn.Parameter(torch.from_numpy(W0.copy()))
@@ -326,6 +350,27 @@ def test_monitor_bad_input():
         rtorch.HeadStepMonitor(opt, torch.zeros(4, 2), n_threads=0)
 
 
+
+def test_monitor_reads_bfloat16_and_grad_tensors_and_names_bad_ones():
+    """The panel and a recorded step may be bfloat16 or carry autograd history (read as
+    their exact float32 values); meta and integer tensors are TypeErrors naming them."""
+    W = torch.nn.Parameter(torch.zeros(3, 2))
+    opt = rtorch.RowNorm([W], lr=0.1)
+    H = torch.tensor([[1.0, 0.5], [-2.0, 0.25]])
+    S = torch.tensor([[0.5, -1.0], [0.0, 0.25], [-0.5, 0.75]])
+    want = rtorch.HeadStepMonitor(opt, H.numpy()).record(S.numpy(), step=1)
+    for h, s in ((H.bfloat16(), S.bfloat16()), (H.requires_grad_() * 1.0, S.requires_grad_() * 1.0)):
+        mon = rtorch.HeadStepMonitor(opt, h)
+        assert mon.record(s, step=1) == want
+        mon.close()
+    with pytest.raises(TypeError, match="hidden_states .*meta"):
+        rtorch.HeadStepMonitor(opt, torch.zeros(4, 2, device="meta"))
+    with pytest.raises(TypeError, match="hidden_states"):
+        rtorch.HeadStepMonitor(opt, torch.ones(4, 2, dtype=torch.int64))
+    mon = rtorch.HeadStepMonitor(opt, H)
+    with pytest.raises(TypeError, match="S .*meta"):
+        mon.record(torch.zeros(3, 2, device="meta"), step=1)
+
 def test_monitor_records_do_not_depend_on_threads():
     # Small recordings run on one thread by default; the record must be the same as on
     # two threads, BLAS pinned or not (the engine is thread-count independent).
@@ -426,3 +471,38 @@ def test_a_refused_param_group_leaves_the_optimizer_as_it_was(cls):
     assert len(opt.param_groups) == 1 and opt.state_dict() == state
     opt.add_param_group({"params": [torch.nn.Parameter(torch.zeros(2, 3, dtype=torch.float64))], "lr": 0.5})
     assert [g["lr"] for g in opt.param_groups] == [0.1, 0.5]
+
+
+@pytest.mark.parametrize("bad", ["nan", "not_centered", "lr"])
+def test_diameter_lmo_bad_group_changes_no_group(bad):
+    """A bad gradient or hyper-parameter in group 1 leaves group 0 (parameter, solver
+    state) as it was, as RowNorm does: the step is all or nothing."""
+    W0, grads = _lm_gradients(V=8, d=3, T=3, seed=13)
+    A = torch.nn.Parameter(torch.from_numpy(W0.copy()))
+    B = torch.nn.Parameter(torch.from_numpy(W0.copy()))
+    opt = rtorch.DiameterLMO([{"params": [A]}, {"params": [B]}], lr=0.05, momentum=0.5)
+    A.grad, B.grad = torch.from_numpy(grads[0].copy()), torch.from_numpy(grads[0].copy())
+    opt.step()
+    A_before, saved = A.detach().clone(), copy.deepcopy(opt.state_dict())
+    A.grad = torch.from_numpy(grads[1].copy())
+    g = torch.from_numpy(grads[1].copy())
+    if bad == "nan":
+        g[0, 0] = float("nan")
+    elif bad == "not_centered":
+        g[0] += 1.0
+    else:
+        opt.param_groups[1]["lr"] = -1.0
+    B.grad = g
+    with pytest.raises(ValueError):
+        opt.step()
+    assert torch.equal(A.detach(), A_before)
+    after = opt.state_dict()
+    assert after["refgeo_solvers"][0]["t"] == saved["refgeo_solvers"][0]["t"] == 1
+    np.testing.assert_array_equal(after["refgeo_solvers"][0]["buffer"], saved["refgeo_solvers"][0]["buffer"])
+
+
+@pytest.mark.parametrize("cls", ["RowNorm", "DiameterLMO"])
+def test_meta_parameters_are_refused_by_name(cls):
+    W = torch.nn.Parameter(torch.empty(4, 3, device="meta"))
+    with pytest.raises(TypeError, match="parameter 'head' is a meta tensor"):
+        getattr(rtorch, cls)([("head", W)], lr=0.1)

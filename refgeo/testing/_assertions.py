@@ -149,7 +149,11 @@ def as_numpy(x: Any) -> np.ndarray:
 
     Tries DLPack (``np.from_dlpack``) for objects that export it, then
     ``np.asarray``; tensors that carry autograd state are detached, device arrays are
-    brought to the host (``.get()`` for CuPy, ``.cpu()`` for PyTorch).
+    brought to the host (``.get()`` for CuPy, ``.cpu()`` for PyTorch).  PyTorch
+    bfloat16 tensors become float32 (exactly: NumPy has no bfloat16), so that the default
+    tolerances applied to them are float32's; pass ``rtol``/``atol`` for a kernel that
+    computes in bfloat16.  The ``assert_*`` helpers read their inputs (``X``, ``z``, ...)
+    through this function too.
 
     Parameters
     ----------
@@ -169,7 +173,9 @@ def as_numpy(x: Any) -> np.ndarray:
     """
     if isinstance(x, np.ndarray):
         return x
-    if hasattr(x, "detach") and callable(x.detach):  # PyTorch autograd tensors
+    if type(x).__module__.split(".")[0] == "torch" and hasattr(x, "detach"):
+        return _torch_as_numpy(x)
+    if hasattr(x, "detach") and callable(x.detach):  # other autograd tensors
         x = x.detach()
     if hasattr(x, "__dlpack__"):
         try:
@@ -184,6 +190,28 @@ def as_numpy(x: Any) -> np.ndarray:
         if hasattr(x, "cpu"):
             return np.asarray(x.cpu())
         raise
+
+
+def _torch_as_numpy(x: Any) -> np.ndarray:
+    # NumPy has no bfloat16 (float32 holds its values exactly); lazily conjugated or
+    # negated views and autograd history have no NumPy equivalent
+    import torch
+
+    t = x.detach()
+    if t.device.type == "meta":
+        raise TypeError("a meta tensor has no values to compare; the candidate must return a tensor with data.")
+    if t.layout != torch.strided:
+        t = t.to_dense()
+    if t.dtype == torch.bfloat16:
+        t = t.float()
+    return t.resolve_conj().resolve_neg().cpu().numpy()
+
+
+def _input(x: Any) -> np.ndarray:
+    """An input of a helper as NumPy (a tensor, or a list of tensors such as gradients)."""
+    if isinstance(x, (list, tuple)) and x and all(hasattr(v, "shape") for v in x):
+        return np.stack([as_numpy(v) for v in x])
+    return as_numpy(x)
 
 
 def _check_rule(tie_break: str) -> str:
@@ -294,6 +322,7 @@ def assert_hilbert_logits_close(
     """
     import refgeo
 
+    z, w = _input(z), _input(w)
     z64 = np.asarray(z, dtype=np.float64)
     w64 = np.asarray(w, dtype=np.float64)
     expected = np.asarray(_reference(refgeo.hilbert_distance_logits, z, w), dtype=np.float64)
@@ -342,6 +371,7 @@ def assert_hilbert_close(
     """
     import refgeo
 
+    p, q = _input(p), _input(q)
     expected = np.asarray(_reference(refgeo.hilbert_distance, p, q), dtype=np.float64)
     got = as_numpy(actual)
     if rtol is None and atol is None:
@@ -396,7 +426,7 @@ def assert_pdist_close(actual: Any, X: Any, /, *, rtol: float | None = None, ato
     """
     import refgeo
 
-    X = np.asarray(X)
+    X = _input(X)
     n = X.shape[0]
     expected = np.asarray(_reference(refgeo.pdist_hilbert, X), dtype=np.float64)
     got = as_numpy(actual)
@@ -443,8 +473,8 @@ def assert_cdist_close(
     """
     import refgeo
 
-    XA = np.asarray(XA)
-    XB = np.asarray(XB)
+    XA = _input(XA)
+    XB = _input(XB)
     expected = np.asarray(_reference(refgeo.cdist_hilbert, XA, XB), dtype=np.float64)
     got = as_numpy(actual)
     if rtol is None and atol is None:
@@ -563,7 +593,7 @@ def assert_extreme_pair_close(
     >>> assert_extreme_pair_close(5.0, None, None, refgeo.row_diameter(S), S)  # value only
     """
     tie_break = _check_rule(tie_break)
-    S = np.asarray(S)
+    S = _input(S)
     V, d = S.shape
     ref_v = float(reference_pair.value)
     ri, rj = int(reference_pair.i), int(reference_pair.j)
@@ -683,8 +713,8 @@ def assert_knn_close(
     >>> assert_knn_close([[1], [0], [1]], [[1.0], [1.0], [2.0]], refgeo.knn(X, 1), X)
     """
     tie_break = _check_rule(tie_break)
-    X = np.asarray(X)
-    B = X if Y is None else np.asarray(Y)
+    X = _input(X)
+    B = X if Y is None else _input(Y)
     ref_idx = np.asarray(reference.indices)
     ref_dist = np.asarray(reference.distances, dtype=np.float64)
     n, k = ref_idx.shape
@@ -787,7 +817,7 @@ def assert_projected_rownorm_close(
     """
     import refgeo
 
-    G = np.asarray(G)
+    G = _input(G)
     expected = np.asarray(_reference(refgeo.projected_rownorm, G, eta=eta), dtype=np.float64)
     got = as_numpy(actual)
     if rtol is None and atol is None:
@@ -840,8 +870,8 @@ def rownorm_reference_steps(
     >>> W[0].round(12).tolist()
     [[-0.06, -0.08], [0.06, 0.08]]
     """
-    W = np.array(W0, copy=True)
-    G = np.asarray(grads, dtype=np.float64)
+    W = np.array(_input(W0), copy=True)
+    G = np.asarray(_input(grads), dtype=np.float64)
     B = np.zeros(W.shape, dtype=np.float64)
     out = []
     for t in range(1, G.shape[0] + 1):
@@ -921,8 +951,8 @@ def assert_rownorm_steps_close(
     >>> W0 = np.zeros((2, 2)); G = np.array([[[3.0, 4.0], [-3.0, -4.0]]])
     >>> assert_rownorm_steps_close([[[-0.06, -0.08], [0.06, 0.08]]], W0, G, lr=0.1, eps=0.0)
     """
-    W0 = np.asarray(W0)
-    grads = np.asarray(grads)
+    W0 = _input(W0)
+    grads = _input(grads)
     expected = _rownorm_oracle(W0, grads, lr, mu, eps).astype(np.float64)
     got = as_numpy(actual)
     if got.shape == W0.shape and grads.shape[0] >= 1:
@@ -1022,9 +1052,9 @@ def assert_local_diagonal_fit_close(
     """
     import refgeo
 
-    X = np.asarray(X)
-    Y = np.asarray(Y)
-    nb = np.asarray(neighbors)
+    X = _input(X)
+    Y = _input(Y)
+    nb = _input(neighbors)
     fit = _reference(refgeo.fit_local_maps, X, Y, neighbors=nb, cls="diagonal", ridge=lam, prior="identity")
     expected = np.asarray(fit.fitted, dtype=np.float64)
     got = as_numpy(actual)
