@@ -7,7 +7,8 @@ or object dtype) raises ``TypeError``.
 
 Dtype policy (documented in the README): float32 and float64 arrays are kept as they
 are; integer and boolean arrays are converted to float64; complex, object and string
-arrays are rejected with ``TypeError``.
+arrays are rejected with ``TypeError``.  NumPy results are C-contiguous (Fortran-order,
+strided and reversed inputs are copied), so no result depends on the memory layout.
 """
 
 from __future__ import annotations
@@ -71,8 +72,8 @@ def as_float_array(
 ):
     """Return ``x`` as a float32/float64 array of its own namespace, or raise.
 
-    NumPy inputs and Python sequences become NumPy arrays; other array-API arrays
-    (CuPy, array-api-strict) stay in their namespace.
+    NumPy inputs and Python sequences become C-contiguous NumPy arrays; other
+    array-API arrays (CuPy, array-api-strict) stay in their namespace.
     """
     if isinstance(x, (str, bytes)) or x is None:
         raise TypeError(f"{name} must be an array of real numbers, got {type(x).__name__} instead.")
@@ -98,6 +99,10 @@ def as_float_array(
                 arr = arr.astype(np.float64)
         else:
             raise _dtype_error(name, arr)
+        if not arr.flags.c_contiguous:
+            # NumPy's reductions and BLAS pick their summation order from the strides:
+            # one layout for every caller makes the results independent of it
+            arr = np.ascontiguousarray(arr)
     shape = tuple(arr.shape)
     if ndim is not None:
         allowed = (ndim,) if isinstance(ndim, int) else tuple(ndim)

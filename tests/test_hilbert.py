@@ -13,6 +13,7 @@ from hypothesis.extra import numpy as hnp
 
 import refgeo
 
+from ._layouts import assert_same_result, other_layouts
 from ._tolerances import EPS64, pairwise_logits_atol
 
 finite = dict(allow_nan=False, allow_infinity=False, allow_subnormal=False)
@@ -301,6 +302,35 @@ def test_pdist_square_form_and_probabilities():
 
 def test_pdist_single_row_is_empty():
     assert refgeo.pdist_hilbert(np.zeros((1, 4))).shape == (0,)
+
+
+# ------------------------------------------------------------------- memory layout
+
+_LAYOUT_CASES = {
+    "variation": lambda P, Q, Z, W: refgeo.variation(Z, axis=0),
+    "hilbert_distance_logits": lambda P, Q, Z, W: refgeo.hilbert_distance_logits(Z, W),
+    "hilbert_distance": lambda P, Q, Z, W: refgeo.hilbert_distance(P, Q, axis=0),
+    "funk_distance": lambda P, Q, Z, W: refgeo.funk_distance(P, Q),
+    "funk_distance_axis0": lambda P, Q, Z, W: refgeo.funk_distance(P, Q, axis=0),
+    "funk_distance_logits": lambda P, Q, Z, W: refgeo.funk_distance_logits(Z, W),
+    "funk_distance_logits_axis0": lambda P, Q, Z, W: refgeo.funk_distance_logits(Z, W, axis=0),
+    "pdist_hilbert": lambda P, Q, Z, W: refgeo.pdist_hilbert(Z),
+    "cdist_hilbert": lambda P, Q, Z, W: refgeo.cdist_hilbert(P, Q, kind="probabilities"),
+}
+
+
+@pytest.mark.parametrize("name", sorted(_LAYOUT_CASES))
+@settings(max_examples=25)
+@given(seed=st.integers(0, 2**32 - 1), n=st.integers(1, 30), V=st.integers(2, 30))
+def test_results_do_not_depend_on_memory_layout(backend, name, seed, n, V):
+    """Fortran-order, strided and reversed views of a batch give the same bits."""
+    fn = _LAYOUT_CASES[name]
+    rng = np.random.default_rng(seed)
+    P, Q = rng.random((n, V)) + 1e-3, rng.random((n, V)) + 1e-3
+    Z, W = 5.0 * rng.standard_normal((n, V)), 5.0 * rng.standard_normal((n, V))
+    want = fn(P, Q, Z, W)
+    for arrays in zip(*(other_layouts(A) for A in (P, Q, Z, W))):
+        assert_same_result(np.asarray(fn(*arrays)), np.asarray(want))
 
 
 # ------------------------------------------------------------------- bad input

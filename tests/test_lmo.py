@@ -22,6 +22,8 @@ from scipy.optimize import minimize
 import refgeo
 import refgeo._progress
 
+from ._layouts import assert_same_result, other_layouts
+
 # ------------------------------------------------------------------ helpers
 
 
@@ -511,6 +513,30 @@ def test_a_crossed_bracket_raises_beyond_rounding():
     assert check(1.0 + 4e-16, 1.0, "x") == (1.0 + 4e-16, 1.0 + 4e-16)
     with pytest.raises(RuntimeError, match=re.escape("internal error in x: the lower bound 1.0 exceeds the upper bound 0.999")):
         check(1.0, 0.999, "x")
+
+
+# ------------------------------------------------------------------ memory layout
+
+_LAYOUT_CASES = {
+    "center_rows": lambda G: refgeo.center_rows(G),
+    "row_normalize": lambda G: refgeo.row_normalize(G, eps=1e-3),
+    "projected_rownorm": lambda G: refgeo.projected_rownorm(G, eta=0.5),
+    "rescaled_rownorm": lambda G: refgeo.rescaled_rownorm(G),
+    "tension_bounds": lambda G: refgeo.tension_bounds(G),
+    "diameter_lmo": lambda G: refgeo.diameter_lmo(G, rtol=1e-4),
+}
+
+
+@pytest.mark.parametrize("name", sorted(_LAYOUT_CASES))
+@settings(max_examples=10)
+@given(seed=st.integers(0, 2**32 - 1), V=st.integers(2, 30), d=st.integers(1, 30))
+def test_results_do_not_depend_on_memory_layout(name, seed, V, d):
+    """Fortran-order, strided and reversed views of a gradient give the same bits."""
+    fn = _LAYOUT_CASES[name]
+    G = random_gradient(np.random.default_rng(seed), V, d)
+    want = fn(G)
+    for view in other_layouts(G):
+        assert_same_result(fn(view), want)
 
 
 # ------------------------------------------------------------------ bad input

@@ -20,6 +20,8 @@ from hypothesis.extra import numpy as hnp
 import refgeo
 from refgeo.testing import strategies as rst
 
+from ._layouts import assert_same_result, other_layouts
+
 finite = dict(allow_nan=False, allow_infinity=False, allow_subnormal=False)
 
 
@@ -264,6 +266,40 @@ def test_jung_constant_values():
     assert refgeo.jung_constant(0) == 0.0
     assert refgeo.jung_constant(1) == 0.5
     assert refgeo.jung_constant(2) == pytest.approx(1 / math.sqrt(3), rel=1e-15)
+
+
+# ------------------------------------------------------------------ memory layout
+
+
+_ROW_FUNCTIONS = {
+    "row_diameter": lambda S, R, Hs: refgeo.row_diameter(S),
+    "closest_pair": lambda S, R, Hs: refgeo.closest_pair(S),
+    "distance_ratio": lambda S, R, Hs: refgeo.distance_ratio(S),
+    "farthest_partners": lambda S, R, Hs: refgeo.farthest_partners(S),
+    "knn": lambda S, R, Hs: refgeo.knn(S, 1),
+    "knn_Y": lambda S, R, Hs: refgeo.knn(Hs, 2, S),
+    "covering_radius": lambda S, R, Hs: refgeo.covering_radius(S),
+    "worst_case_hidden_state": lambda S, R, Hs: refgeo.worst_case_hidden_state(S, H=3.0),
+    "hilbert_rms": lambda S, R, Hs: refgeo.hilbert_rms(S, Hs),
+    "backward_bound": lambda S, R, Hs: refgeo.backward_bound(S, R),
+}
+
+
+@pytest.mark.parametrize("name", sorted(_ROW_FUNCTIONS))
+@settings(max_examples=25)
+@given(seed=st.integers(0, 2**32 - 1), V=st.integers(3, 40), d=st.integers(1, 40))
+def test_results_do_not_depend_on_memory_layout(backend, name, seed, V, d):
+    """Fortran-order, strided and reversed views of the same values give the same bits
+    (NumPy's reductions and BLAS otherwise sum in an order set by the strides)."""
+    fn = _ROW_FUNCTIONS[name]
+    rng = np.random.default_rng(seed)
+    S = rng.standard_normal((V, d)) + 10.0 * rng.standard_normal(d)
+    R = rng.standard_normal((7, V))
+    R -= R.mean(axis=1, keepdims=True)
+    Hs = rng.standard_normal((9, d))
+    want = fn(S, R, Hs)
+    for arrays in zip(other_layouts(S), other_layouts(R), other_layouts(Hs)):
+        assert_same_result(fn(*arrays), want)
 
 
 # ------------------------------------------------------------------ array API (array-api-strict)

@@ -28,6 +28,7 @@ from refgeo.testing.strategies import hidden_state_pairs
 from refgeo.testing.strategies import logit_pairs as kit_logit_pairs
 from refgeo.tokenwise import CLASSES, degrees_of_freedom
 
+from ._layouts import assert_same_result, other_layouts
 from ._tiny_transformer import TinyTransformer
 
 LINEAR_CLASSES = CLASSES  # every local class is a set of linear maps
@@ -383,6 +384,20 @@ def test_psd_diagonal_is_nonnegative_and_clips_the_diagonal_fit():
             x, y = X[fp.neighbors[i], c], Y[fp.neighbors[i], c]
             want = scipy.optimize.lsq_linear(x[:, None], y, bounds=(0.0, np.inf), method="bvls").x[0]
             assert fp.coefficients[i, c] == pytest.approx(want, abs=1e-12)
+
+
+@pytest.mark.parametrize("cls", CLASSES)
+@pytest.mark.parametrize("metric", ["euclidean", "cosine"])
+def test_results_do_not_depend_on_memory_layout(cls, metric):
+    """Fortran-order, strided and reversed views of the hidden states give the same bits
+    (NumPy's reductions and BLAS otherwise sum in an order set by the strides)."""
+    g = np.random.default_rng(21)
+    X = g.standard_normal((50, 6))
+    Y = X + 0.5 * np.tanh(X @ g.standard_normal((6, 6)))
+    kw = dict(k=9, cls=cls, metric=metric, standardize=metric == "cosine", subspace_rank=2, **_kw(cls))
+    want = refgeo.decompose(X, Y, **kw)
+    for Xv, Yv in zip(other_layouts(X), other_layouts(Y)):
+        assert_same_result(refgeo.decompose(Xv, Yv, **kw), want)
 
 
 # ---------------------------------------------------------- decompose metrics
