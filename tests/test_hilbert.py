@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import decimal
 import math
 import re
+import warnings
 
 import numpy as np
 import pytest
@@ -388,6 +390,50 @@ def test_logits_at_the_edge_of_the_float_range(backend, dtype, big):
     np.testing.assert_array_equal(refgeo.pdist_hilbert(X), want)
     np.testing.assert_array_equal(refgeo.cdist_hilbert(X, X[:2]), [[0, 0], [0, 0], [b, b], [b, b]])
     assert refgeo.hilbert_distance_logits(X[0], X[1]) == 0.0
+
+
+def _decimal_funk_logits(z, w):
+    """max_i (z_i - w_i) - lse(z) + lse(w) in 60-digit decimal arithmetic (no overflow)."""
+    with decimal.localcontext() as ctx:
+        ctx.prec = 60
+        Z = [decimal.Decimal(float(a)) for a in z]
+        W = [decimal.Decimal(float(b)) for b in w]
+
+        def lse(x):
+            m = max(x)
+            return m + sum((a - m).exp() for a in x).ln()
+
+        return max(a - b for a, b in zip(Z, W)) - lse(Z) + lse(W)
+
+
+def test_funk_distance_logits_of_logits_whose_differences_overflow():
+    """z - w beyond the float64 range: the representable Funk distance, not inf."""
+    B = 1e308
+    assert refgeo.funk_distance_logits([B, B], [-B, -B]) == 0.0  # softmax(z) == softmax(w)
+    assert refgeo.funk_distance_logits([B, 0.0], [-B, 0.0]) == B
+    assert refgeo.funk_distance_logits([0.0, 0.0], [B, -B]) == math.inf  # 2e308 - log 2
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert refgeo.funk_distance_logits([B, -B], [B, -B]) == 0.0
+
+
+@settings(max_examples=200)
+@given(st.integers(1, 6).flatmap(lambda v: st.tuples(
+    hnp.arrays(np.float64, (2, v), elements=st.floats(-1.0, 1.0, **finite)),
+    st.sampled_from([1.0, 1e4, 1e300, 1e308, 1.7e308]))))
+def test_funk_distance_logits_over_the_whole_float_range(zw):
+    u, scale = zw
+    z, w = u[0] * scale, u[1] * scale
+    want = _decimal_funk_logits(z, w)
+    got = float(refgeo.funk_distance_logits(z, w))
+    if want > decimal.Decimal(np.finfo(np.float64).max) * decimal.Decimal("1.000001"):
+        assert got == math.inf
+        return
+    assume(want < decimal.Decimal(np.finfo(np.float64).max) * decimal.Decimal("0.999999"))
+    # differences of logits of size m carry an absolute rounding of a few ulps of m, the
+    # log-sum-exps (of size up to log V beyond the largest logit) a few ulps of 1
+    m = max(float(np.abs(z).max()), float(np.abs(w).max()), 1.0)
+    assert got == pytest.approx(max(float(want), 0.0), rel=1e-13, abs=8 * EPS64 * m)
 
 
 def test_funk_distance_of_vectors_whose_sum_overflows():
