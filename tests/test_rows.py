@@ -461,6 +461,33 @@ def test_worst_case_hidden_state_over_the_whole_range(backend, k):
     assert got.value == math.ldexp(base.value, k)
 
 
+@pytest.mark.parametrize("k", [-1000, -60, 0, 60, 600, 1000])
+@pytest.mark.parametrize("H", [1e200, 1e300, 1.7e308])
+def test_worst_case_hidden_state_of_a_large_H_and_a_tiny_diameter(backend, k, H):
+    """h* has norm H also where H / D(S) overflows (rows one ulp apart), at every scale
+    of the rows; and the value H D(S) is the float64 product."""
+    S = np.ldexp(np.array([[1.0, 0.0], [1.0 + 2.0**-52, 0.0]]), k)
+    D = refgeo.row_diameter(S).value
+    assert D == math.ldexp(1.0, k - 52)
+    if not math.isfinite(H * D):
+        with pytest.raises(ValueError, match="beyond the float64 range"):
+            refgeo.worst_case_hidden_state(S, H=H)
+        return
+    w = refgeo.worst_case_hidden_state(S, H=H)
+    assert (w.i, w.j) == (0, 1)
+    np.testing.assert_array_equal(w.h, [-H, 0.0])  # s_0 - s_1 points along -e_1
+    assert w.value == H * D
+
+
+def test_worst_case_hidden_state_beyond_the_float64_range_raises(backend):
+    S = np.array([[0.0, 0.0], [3.0, 4.0]])
+    with pytest.raises(ValueError, match=r"H \* D\(S\) = 1e\+308 \* 5.0 is beyond the float64 range"):
+        refgeo.worst_case_hidden_state(S, H=1e308)
+    with pytest.raises(ValueError, match="beyond the float64 range"):
+        refgeo.worst_case_hidden_state(np.ldexp(S, 1000), H=1e10)
+    assert refgeo.worst_case_hidden_state(S, H=3e307).value == 3e307 * 5.0
+
+
 @pytest.mark.parametrize("k", [-1064, -1000, -600, 0, 600, 1000])
 @pytest.mark.parametrize("which", ["S", "hidden"])
 def test_hilbert_rms_over_the_whole_range(k, which):
