@@ -1021,7 +1021,8 @@ def jung_constant(k: int) -> float:
     (0.5, 0.6123724356957945)
     """
     k = check_int(k, "k", min_value=0)
-    return math.sqrt(k / (2.0 * (k + 1)))
+    # integer true division: correctly rounded for every k, also beyond the float range
+    return math.sqrt(k / (2 * (k + 1)))
 
 
 def worst_case_hidden_state(S: Any, /, *, H: float = 1.0) -> WorstCaseHiddenState:

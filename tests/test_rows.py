@@ -266,6 +266,9 @@ def test_jung_constant_values():
     assert refgeo.jung_constant(0) == 0.0
     assert refgeo.jung_constant(1) == 0.5
     assert refgeo.jung_constant(2) == pytest.approx(1 / math.sqrt(3), rel=1e-15)
+    # ranks beyond the float range: J_k -> 1/sqrt(2) (the ratio k / (2 (k + 1)) is a float)
+    assert refgeo.jung_constant(10**400) == math.sqrt(0.5)
+    assert refgeo.jung_constant(np.int64(2**62)) == math.sqrt(0.5)
 
 
 # ------------------------------------------------------------------ memory layout
