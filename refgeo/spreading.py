@@ -95,7 +95,7 @@ class SpreadResult:
     ----------
     points : ndarray of shape (V, d)
         float64 rows, centered (mean row 0), scaled so that the diameter is ``eta``
-        (read-only).
+        (to a few ulps, the reported ``diameter`` never above it; read-only).
     min_dist : float
         :math:`m(X)`, the closest-pair distance.
     diameter : float
@@ -588,7 +588,8 @@ def spread(
     d : int
         Dimension, ``d >= 1``.
     eta : float, default=1.0
-        Diameter budget :math:`\eta > 0`; the result has :math:`D(X) = \eta`.
+        Diameter budget :math:`\eta > 0`; the result has :math:`D(X) = \eta` (to a
+        few ulps; the certified diameter is never above :math:`\eta`).
     init : {"auto", "construction", "random"} or array_like of shape (V, d), default="auto"
         Starting point: the best algebraic construction for ``(V, d)`` (``"auto"`` uses
         it when one exists), random points, or a user configuration.
@@ -879,9 +880,7 @@ def _certify_points(X, certify, eta, construction):
         # certified at diameter ~1, then scaled by eta: squared distances of points at
         # eta = 1e-160 would be subnormal (and at 1e160 overflow), and the refined
         # values with them (the ratio came out above the proven bound at eta = 3e-161)
-        Dp = row_diameter(X)
-        X = X * (1.0 / Dp.value)
-        Dp = row_diameter(X)
+        X, Dp = _within_diameter(X, row_diameter(X).value, 1.0)
         mp = closest_pair(X)
         pd, pm = (Dp.i, Dp.j), (mp.i, mp.j)
         ratio = mp.value / Dp.value
@@ -1008,16 +1007,36 @@ def _align(X: np.ndarray, G: np.ndarray, n_rounds: int = 5) -> np.ndarray:
     return best
 
 
+def _within_diameter(X: np.ndarray, D: float, target: float):
+    """``X`` (of certified diameter ``D > 0``) scaled to a certified diameter at most
+    ``target``, and its :class:`~refgeo.ExtremePair`.
+
+    ``X * (target / D)`` rounds every coordinate, and its certified diameter can come
+    out one ulp above ``target``; the factor is then lowered by the excess (and one
+    ulp) until it is not.  One certified diameter in the usual case, two otherwise.
+    """
+    from .rows import row_diameter
+
+    f = target / D
+    while True:
+        Y = X * f
+        Dp = row_diameter(Y)
+        if Dp.value <= target:
+            return Y, Dp
+        f = math.nextafter(f * (target / Dp.value), 0.0)
+
+
 def _scaled_step(S: np.ndarray, eta: float):
-    """Center S and scale it to a certified diameter eta; return (S, D, m)."""
+    """Center S and scale it to a certified diameter at most eta (equal up to a few
+    ulps); return (S, D, m)."""
     from .rows import closest_pair, row_diameter
 
     S = S - S.mean(axis=0)
     D = row_diameter(S).value
     if D == 0.0:
         return S, 0.0, 0.0
-    S = S * (eta / D)
-    return S, row_diameter(S).value, closest_pair(S).value
+    S, Dp = _within_diameter(S, D, eta)
+    return S, Dp.value, closest_pair(S).value
 
 
 def spread_update(

@@ -227,6 +227,39 @@ def test_spread_update_trade_off():
     assert st_.min_dist in st_.curve_min_dist.tolist()
 
 
+_OVER_BUDGET_GRADIENTS = [  # X * (eta / D(X)) had a certified diameter one ulp above eta
+    (7.0, [[0.03930659588463511, 0.1963962336748134], [1.4554860911812513, 0.3047221106116834],
+           [-2.3120826418682454, 0.3832401936654123], [0.39284127265737145, -0.42167217268466145],
+           [0.42444868214498765, -0.4626863652672478]]),
+    (1e-3, [[-0.4541760657359469, -1.114486801628939], [-0.16840264204947764, 0.02743369809952978],
+            [-0.7202949999208743, -0.40193700024223267], [0.1300981737033838, 0.348084159315288],
+            [0.5039823061242024, 0.16261128366940178], [-0.3645054258004779, -0.3223750590632891],
+            [1.073298653679191, 1.300669719850241]]),
+]
+
+
+@pytest.mark.parametrize("eta, G", _OVER_BUDGET_GRADIENTS)
+def test_spread_update_stays_within_the_budget(eta, G):
+    """D(S) <= eta, certified: the certified diameter of the step, not a rounding above."""
+    st = refgeo.spread_update(np.array(G), eta=eta, seed=0, n_starts=1, n_points=5)
+    assert st.diameter <= eta
+    assert refgeo.row_diameter(st.update).value == st.diameter
+    assert st.diameter == pytest.approx(eta, rel=1e-14)
+
+
+@pytest.mark.parametrize("kwargs", [dict(method="epigraph", n_starts=1), dict(seed=3), dict(max_time=0.0)])
+@pytest.mark.parametrize("eta", [1.0, 7.0])
+def test_spread_diameter_never_exceeds_the_budget(kwargs, eta):
+    """The reported diameter is at most eta (it was eta + one ulp for these (5, 2) runs);
+    at eta = 1 it is the certified diameter of the returned points."""
+    r = refgeo.spread(5, 2, eta=eta, **kwargs)
+    assert r.diameter <= eta
+    assert r.diameter == pytest.approx(eta, rel=1e-14)
+    if eta == 1.0:
+        assert refgeo.row_diameter(r.points).value == r.diameter
+        assert refgeo.closest_pair(r.points).value == r.min_dist
+
+
 def test_spread_update_eps_monotone():
     G = _centered(np.random.default_rng(1), 20, 3)
     m = [refgeo.spread_update(G, eps=e, seed=0, n_points=5, n_starts=1).min_dist for e in (0.0, 0.2, 1.0)]
