@@ -114,7 +114,8 @@ class SpreadResult:
         Bound on the relative error of ``min_dist`` and ``diameter`` (0 when computed
         by the engine with ``eta = 1``: those are the exact refined float64 values;
         otherwise they are certified at diameter 1 and scaled by ``eta``, and ``ratio``
-        is the certified ratio itself).  With ``certify=False`` it is the a-priori
+        is the certified ratio itself; budgets near the smallest normal float64 add
+        the absolute rounding of subnormal coordinates, ``sqrt(d) 2**-1074 / min_dist``).  With ``certify=False`` it is the a-priori
         bound of the float64 Gram expansion relative to ``min_dist**2``, large (even
         inf) when the closest pair is short against the row norms.
     min_pair, diameter_pair : tuple of int
@@ -547,6 +548,7 @@ def _check_memory(V: int, d: int, k: int) -> None:
 # =========================================================================== spread
 
 _INITS = ("auto", "construction", "random")
+_TINY64 = float(np.finfo(np.float64).tiny)  # smallest normal float64: the least budget
 _METHODS = ("auto", "epigraph", "smooth", "construction")
 _SMALL_V = 50
 _SLSQP_SECONDS_PER_VAR3 = 3e-9  # one SLSQP iteration, seconds per (V d)^3, measured
@@ -588,8 +590,9 @@ def spread(
     d : int
         Dimension, ``d >= 1``.
     eta : float, default=1.0
-        Diameter budget :math:`\eta > 0`; the result has :math:`D(X) = \eta` (to a
-        few ulps; the certified diameter is never above :math:`\eta`).
+        Diameter budget, at least the smallest normal float64 (about ``2.2e-308``);
+        the result has :math:`D(X) = \eta` (to a few ulps; the certified diameter is
+        never above :math:`\eta`).
     init : {"auto", "construction", "random"} or array_like of shape (V, d), default="auto"
         Starting point: the best algebraic construction for ``(V, d)`` (``"auto"`` uses
         it when one exists), random points, or a user configuration.
@@ -712,6 +715,9 @@ def spread(
     d = check_int(d, "d", min_value=1)
     V = check_int(V, "V", min_value=2)
     eta = check_real(eta, "eta", min_value=0.0, strict=True)
+    if eta < _TINY64:
+        # subnormal coordinates round in absolute terms: at eta = 5e-324 rows collapse
+        raise ValueError(f"eta == {eta!r}, must be >= {_TINY64!r} (the smallest normal float64).")
     method = check_choice(method, "method", _METHODS)
     if max_time is not None:
         max_time = check_real(max_time, "max_time", min_value=0.0)
@@ -872,7 +878,7 @@ def _certify_points(X, certify, eta, construction):
         X = X * (eta / construction.diameter)
         diameter, min_dist = eta, construction.rho * eta
         pm, pd = (-1, -1), (-1, -1)
-        err = 8.0 * 2.0**-52
+        err = 8.0 * 2.0**-52 + _subnormal_error(X, min_dist)
         ratio = min_dist / diameter
     elif mode == "engine":
         from .rows import closest_pair, row_diameter
@@ -889,7 +895,7 @@ def _certify_points(X, certify, eta, construction):
         diameter, min_dist = Dp.value * eta, mp.value * eta
         # exact refined values at eta = 1; otherwise one rounding per coordinate and
         # one per reported value
-        err = 0.0 if eta == 1.0 else 4.0 * 2.0**-53
+        err = 0.0 if eta == 1.0 else 4.0 * 2.0**-53 + _subnormal_error(X, min_dist)
     else:
         m0, D0, pm, pd = _gram_extremes(X)
         # the Gram expansion's error on a squared distance is about c (n_i + n_j) (the
@@ -904,6 +910,20 @@ def _certify_points(X, certify, eta, construction):
         min_dist, diameter = m0 * eta / D0, eta
         ratio = min_dist / diameter
     return mode, X, float(min_dist), float(diameter), float(ratio), pm, pd, float(err)
+
+
+def _subnormal_error(X: np.ndarray, min_dist: float) -> float:
+    """Relative error that subnormal coordinates of the scaled points add to distances.
+
+    Scaling rounds a coordinate that lands below the smallest normal float64 by up to
+    half the smallest subnormal, not by a relative amount: a difference of two moves
+    by at most ``2**-1074``, a distance by at most ``sqrt(d) 2**-1074``.  0 when no
+    coordinate is subnormal (every budget above about ``1e-290``).
+    """
+    tiny = np.abs(X[X != 0.0])
+    if tiny.size == 0 or float(tiny.min()) >= _TINY64 or min_dist <= 0.0:
+        return 0.0
+    return math.sqrt(X.shape[1]) * 2.0**-1074 / min_dist
 
 
 def _multistart(X_first, V, d, *, n_starts, rng, clock, bound, report):

@@ -287,6 +287,26 @@ def test_certificates_hold_at_any_budget(eta):
     assert r.error_bound <= 1e-15
 
 
+@pytest.mark.parametrize("certify", [True, "auto"])
+@pytest.mark.parametrize("eta", [2.0**-1022, 2.0**-1000, 1e-300])
+@pytest.mark.parametrize("V, d", [(4, 3), (7, 2), (9, 2), (30, 5)])
+def test_error_bound_covers_the_points_at_tiny_budgets(V, d, eta, certify):
+    """The reported distances are within error_bound of the returned points' own: near
+    the smallest normal budget the scaled coordinates are subnormal and round by up
+    to half the smallest subnormal, beyond the four roundoffs the bound said."""
+    r = refgeo.spread(V, d, eta=eta, seed=0, max_rounds=2, n_starts=1, certify=certify)
+    m, D = refgeo.closest_pair(r.points).value, refgeo.row_diameter(r.points).value
+    assert abs(r.min_dist - m) <= r.error_bound * r.min_dist
+    assert abs(r.diameter - D) <= r.error_bound * r.diameter
+
+
+def test_subnormal_budgets_are_rejected():
+    """At eta = 5e-324 the points collapsed (two rows equal) while min_dist said 5e-324."""
+    for fn in (lambda: refgeo.spread(4, 3, eta=5e-324), lambda: refgeo.spread(7, 2, eta=1e-310)):
+        with pytest.raises(ValueError, match=re.escape("must be >= 2.2250738585072014e-308 (the smallest normal float64)")):
+            fn()
+
+
 def test_certify_accepts_numpy_bools_and_smooth_accepts_a_zero_row():
     assert refgeo.spread(5, 2, certify=np.True_).certificate == "engine"
     init = np.random.default_rng(0).standard_normal((60, 3))
