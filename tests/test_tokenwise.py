@@ -1040,6 +1040,31 @@ def test_extreme_scales_match_the_brute_force_fit(cls, scale):
     np.testing.assert_allclose(rl.fitted / s, want, rtol=1e-8, atol=1e-9)
 
 
+@pytest.mark.parametrize("p", [510, 664, -600])
+@pytest.mark.parametrize("cls", CLASSES)
+def test_panels_of_very_different_sizes_are_rejected(cls, p):
+    """Y = 2**p X: the fits square both panels scaled by one power of two, so the smaller
+    one underflowed (NaN fits and LinAlgError at 2**510, the identity in place of the
+    map 1e200 I at 2**664): a ValueError naming the sizes instead."""
+    X, _ = _xy(30, 3)
+    msg = "X and Y must have entries within a factor 2**500 of each other in size"
+    with pytest.raises(ValueError, match=re.escape(msg)):
+        refgeo.fit_local_maps(X, np.ldexp(X, p), k=8, cls=cls, **_kw(cls))
+    with pytest.raises(ValueError, match=re.escape(msg)):
+        refgeo.decompose(X, np.ldexp(X, p), k=8, cls=cls, **_kw(cls))
+
+
+@pytest.mark.parametrize("p", [-500, -200, 200, 500])
+def test_panels_of_different_sizes_within_the_limit_fit_exactly(p):
+    """Up to 2**500 apart the diagonal map of Y = 2**p X is found: 2**p on every token."""
+    X, _ = _xy(30, 3)
+    fit = refgeo.fit_local_maps(X, np.ldexp(X, p), k=8, cls="diagonal")
+    np.testing.assert_allclose(fit.coefficients, math.ldexp(1.0, p), rtol=1e-13)
+    np.testing.assert_allclose(fit.fitted, np.ldexp(X, p), rtol=1e-12)
+    # an all-zero Y has no size to compare: it is fitted (to rounding of the prior)
+    assert np.abs(refgeo.fit_local_maps(X, np.zeros_like(X), k=8, cls="full").fitted).max() <= 1e-14
+
+
 def test_huge_ridge_on_tiny_data_gives_the_prior_not_nan():
     """ridge * 4**-e overflows for tiny data and a large ridge: it is capped, so the fit
     is the prior (as an infinite ridge gives), not inf / inf."""
