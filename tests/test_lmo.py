@@ -8,6 +8,7 @@ against the closed forms of the theory page and against its bounds.
 
 from __future__ import annotations
 
+import decimal
 import math
 import re
 import time
@@ -121,6 +122,26 @@ def test_center_rows_and_row_normalize():
     Ne = refgeo.row_normalize(np.array([[3.0, 4.0], [0.0, 0.0]]), eps=1.0)
     np.testing.assert_allclose(Ne, [[0.5, 4.0 / 6.0], [0.0, 0.0]])
     assert refgeo.row_normalize(np.ones((2, 2), dtype=np.float32)).dtype == np.float32
+
+
+
+@pytest.mark.parametrize("scale", [1e300, 3.4e307, 1e-300, 1e-320])
+@pytest.mark.parametrize("eps", [0.0, 1e-8, 1.0])
+def test_row_normalize_at_extreme_scales_is_the_definition_without_warnings(scale, eps):
+    """a / (||a|| + eps) for rows near the float64 limits; the branch not taken (a / eps
+    for large rows, eps / max|a| for tiny ones) overflowed with a RuntimeWarning."""
+    A = np.array([[3.0, 4.0], [-3.0, -4.0], [0.0, 0.0], [1.0, -2.0]]) * scale
+    got = refgeo.row_normalize(A, eps=eps)  # RuntimeWarnings are errors in this test suite
+    with decimal.localcontext() as ctx:  # the definition in 50 digits (no subnormal norms)
+        ctx.prec = 50
+        for a, g in zip(A, got):
+            da = [decimal.Decimal(float(v)) for v in a]
+            n = sum(v * v for v in da).sqrt() + decimal.Decimal(eps)
+            want = [float(v / n) if n > 0 else 0.0 for v in da]
+            np.testing.assert_allclose(g, want, rtol=1e-12, atol=0)
+    W = np.zeros_like(A)
+    refgeo.RowNorm(lr=0.1, eps=eps).step(W, A)
+    assert np.all(np.isfinite(W))
 
 
 @pytest.mark.parametrize("seed", range(4))
