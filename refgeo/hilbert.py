@@ -155,7 +155,7 @@ def variation(x: Any, /, *, axis: int = -1):
     A seminorm on :math:`\mathbb{R}^V` that vanishes exactly on constant vectors, so it
     is a norm on :math:`\mathbb{R}^V / \mathbb{R}\mathbf{1}`.  Time O(V) per vector, no
     extra memory.  Computed in float64: the maximum and minimum are exact and the
-    result has one rounding.
+    result has one rounding (``inf`` where the range exceeds the largest float64).
 
     Examples
     --------
@@ -168,7 +168,9 @@ def variation(x: Any, /, *, axis: int = -1):
     xp = array_namespace(x)
     axis = check_axis(axis, x.ndim)
     x = _f64(xp, x)
-    return _out(xp, xp.max(x, axis=axis) - xp.min(x, axis=axis), origin)
+    with np.errstate(over="ignore"):  # a range beyond the float64 maximum is inf
+        v = xp.max(x, axis=axis) - xp.min(x, axis=axis)
+    return _out(xp, v, origin)
 
 
 def hilbert_distance_logits(z: Any, w: Any, /, *, axis: int = -1):

@@ -436,5 +436,13 @@ def test_funk_distance_logits_over_the_whole_float_range(zw):
     assert got == pytest.approx(max(float(want), 0.0), rel=1e-13, abs=8 * EPS64 * m)
 
 
+def test_variation_beyond_the_float64_range_is_inf_without_a_warning():
+    """max - min above the largest float64 is inf, as for hilbert_distance_logits (it
+    came with an overflow RuntimeWarning); ranges that fit are exact."""
+    assert refgeo.variation([1e308, -1e308]) == math.inf
+    np.testing.assert_array_equal(refgeo.variation([[1e308, -1e308], [1e308, -7e307]]), [math.inf, 1.7e308])
+    assert refgeo.hilbert_distance_logits([1e308, -1e308], [-1e308, 1e308]) == math.inf
+
+
 def test_funk_distance_of_vectors_whose_sum_overflows():
     assert refgeo.funk_distance([1e308, 1e308], [1.0, 3.0]) == pytest.approx(math.log(2.0), rel=1e-12)
