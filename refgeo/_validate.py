@@ -7,7 +7,8 @@ or object dtype) raises ``TypeError``.
 
 Dtype policy (documented in the README): float32 and float64 arrays are kept as they
 are; integer and boolean arrays are converted to float64; complex, object and string
-arrays are rejected with ``TypeError``.  NumPy results are C-contiguous (Fortran-order,
+arrays are rejected with ``TypeError``, and so are masked arrays with masked entries (the
+mask would be ignored).  NumPy results are C-contiguous (Fortran-order,
 strided and reversed inputs are copied), so no result depends on the memory layout.
 """
 
@@ -86,6 +87,14 @@ def as_float_array(
         else:
             raise _dtype_error(name, x)
     else:
+        if isinstance(x, np.ma.MaskedArray):
+            n_masked = int(np.ma.count_masked(x))
+            if n_masked:
+                raise TypeError(
+                    f"{name} must not have masked entries (NumPy would use the values under "
+                    f"the mask), got {n_masked} masked entr{'y' if n_masked == 1 else 'ies'} instead; "
+                    f"pass {name}.filled(value) or leave the masked rows out."
+                )
         try:
             arr = np.asarray(x)
         except Exception as exc:  # ragged lists and the like

@@ -356,6 +356,18 @@ def test_bad_input(fn):
         fn(np.zeros((2, 2)), n_threads=0)
 
 
+def test_masked_entries_are_rejected_not_ignored():
+    """np.asarray drops the mask: the masked values were used as data."""
+    S = np.ma.array([[0.0, 0.0], [3.0, 4.0], [1e6, 0.0]], mask=[[0, 0], [0, 0], [1, 0]])
+    msg = "S must not have masked entries (NumPy would use the values under the mask), got 1 masked entry instead"
+    with pytest.raises(TypeError, match=re.escape(msg)):
+        refgeo.row_diameter(S)
+    with pytest.raises(TypeError, match=re.escape("hidden must not have masked entries")):
+        refgeo.hilbert_rms(np.eye(2), np.ma.array([1.0, 2.0], mask=[0, 1]))
+    # a masked array without masked entries is its data
+    assert refgeo.row_diameter(np.ma.array(S.data[:2])).value == 5.0
+
+
 def test_integer_input_is_converted_to_float64(backend):
     S = np.array([[0, 0], [3, 4], [1, 1]], dtype=np.int32)
     r = refgeo.row_diameter(S)
