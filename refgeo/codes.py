@@ -808,6 +808,14 @@ def lattice_ball(V: int, lattice: str, *, center: Any = None) -> np.ndarray:
         enumeration order).  Their closest-pair distance is the lattice minimum
         whenever two of them are neighbors in the lattice.
 
+    Raises
+    ------
+    MemoryError
+        When the enumeration would hold more than ``2**20`` lattice points (the
+        ball is enlarged past ``V`` points, and its projections can hold more), so
+        the largest ``V`` lies below 1,000,000: ``V = 880,000`` is refused for
+        ``"Z"``, ``"D3"`` and ``"E8"``.
+
     Notes
     -----
     The points are enumerated coordinate by coordinate within the ball of a radius
