@@ -251,7 +251,7 @@ class EnclosingBall:
         (mean row plus the solver's center) is rounded to the size of the rows, so
         for a cloud far from the origin against its own size (rows 1e8 apart by 1, or
         near-duplicates of size 1) ``max_i ||s_i - center||`` recomputed from it can
-        exceed ``radius`` by that rounding (relative 1e-8 in those examples).
+        exceed ``radius`` by that rounding (up to about 1e-7 relative in those examples).
     center : ndarray or tensor of shape (d,)
         float64 center of the ball (a tensor for tensor input, as every array here).
     lower_bound : float
