@@ -115,9 +115,10 @@ class SpreadResult:
         by the engine with ``eta = 1``: those are the exact refined float64 values;
         otherwise they are certified at diameter 1 and scaled by ``eta``, and ``ratio``
         is the certified ratio itself; budgets near the smallest normal float64 add
-        the absolute rounding of subnormal coordinates, ``sqrt(d) 2**-1074 / min_dist``).  With ``certify=False`` it is the a-priori
-        bound of the float64 Gram expansion relative to ``min_dist**2``, large (even
-        inf) when the closest pair is short against the row norms.
+        the absolute rounding of subnormal coordinates, ``sqrt(d) 2**-1074 /
+        min_dist``).  With ``certify=False`` it is the a-priori bound of the float64
+        Gram expansion relative to ``min_dist**2``, large (even inf) when the closest
+        pair is short against the row norms.
     min_pair, diameter_pair : tuple of int
         A closest pair and a diameter pair ``(i, j)``, ``i < j`` (``(-1, -1)`` when
         not computed, with the algebraic certificate).
