@@ -4,6 +4,7 @@ planted structure, invariances, the intervention divergences and Spearman."""
 from __future__ import annotations
 
 import _thread
+import decimal
 import math
 import os
 import re
@@ -581,6 +582,41 @@ def test_mlp_is_seeded_learns_and_holds_out():
     res = Y - f1.predict(X)
     assert r.energy_fraction == pytest.approx(np.sum(res[held] ** 2) / np.sum((Y - X)[held] ** 2), rel=1e-10)
     assert r.config["mlp"]["hidden"] == 16 and r.dof == f1.n_parameters
+
+
+def _decimal_predict(fit, X):
+    """x + MLP(x) of a fitted GELU MLP, in 40-digit decimal arithmetic (no overflow)."""
+    D = decimal.Decimal
+    with decimal.localcontext() as ctx:
+        ctx.prec = 40
+        c = (D(2) / D(math.pi)).sqrt()
+        out = []
+        for x in X:
+            xs = [(D(float(v)) - D(float(m))) / D(float(sc)) for v, m, sc in
+                  zip(x, np.broadcast_to(fit.x_mean, x.shape), np.broadcast_to(fit.x_scale, x.shape))]
+            z = [sum(xs[i] * D(float(fit.W1[i, j])) for i in range(len(xs))) + D(float(fit.b1[j]))
+                 for j in range(fit.W1.shape[1])]
+            a = []
+            for v in z:
+                u = 2 * c * (v + D("0.044715") * v ** 3)
+                t = 1 - 2 / (u.exp() + 1) if u < 10**6 else D(1)  # tanh(u / 2 * 2)
+                a.append(D("0.5") * v * (1 + t) if u > -(10**6) else D(0))
+            o = [sum(a[j] * D(float(fit.W2[j, i])) for j in range(len(a))) + D(float(fit.b2[i]))
+                 for i in range(fit.W2.shape[1])]
+            ds = np.broadcast_to(fit.delta_scale, x.shape)
+            out.append([float(D(float(v)) + oi * D(float(dsi))) for v, oi, dsi in zip(x, o, ds)])
+        return np.array(out)
+
+
+@pytest.mark.parametrize("scale", [1.0, 1e50, 1e103, 1e200, 1e300])
+def test_mlp_predicts_far_outside_the_training_range_without_warnings(scale):
+    """GELU's cubic overflowed beyond 5.6e102 (an overflow and an invalid-value
+    RuntimeWarning, and NaN derivatives): the prediction is the GELU MLP's value."""
+    g = np.random.default_rng(19)
+    X = g.standard_normal((60, 3))
+    fit = refgeo.fit_tokenwise_mlp(X, X + np.tanh(X), hidden=8, epochs=5, seed=1)
+    Z = X[:3] * scale
+    np.testing.assert_allclose(fit.predict(Z), _decimal_predict(fit, Z), rtol=1e-9, atol=1e-12 * scale)
 
 
 # ------------------------------------------------------------- perturbation
