@@ -105,7 +105,11 @@ def as_float_array(
         elif kind == "f":
             if arr.dtype not in (np.float32, np.float64):
                 # float16 / longdouble: compute in float64, which holds float16 exactly.
-                arr = arr.astype(np.float64)
+                wide = arr
+                with np.errstate(over="ignore"):
+                    arr = arr.astype(np.float64)
+                if finite and wide.dtype.itemsize > 8:
+                    _check_float64_range(wide, arr, name)
         else:
             raise _dtype_error(name, arr)
         if not arr.flags.c_contiguous:
@@ -131,6 +135,22 @@ def as_float_array(
     if finite:
         check_finite(arr, name)
     return arr
+
+
+def _check_float64_range(wide, arr, name: str) -> None:
+    """``ValueError`` for finite long-double entries that became inf in float64 (the
+    finiteness check would report infinities the input did not have)."""
+    if bool(np.all(np.isfinite(arr))):
+        return
+    beyond = np.isinf(arr) & np.isfinite(wide)
+    n = int(np.count_nonzero(beyond))
+    if n:
+        top = np.max(np.abs(wide[beyond]))
+        raise ValueError(
+            f"{name} must have entries within the float64 range (|x| <= "
+            f"{np.finfo(np.float64).max:.4g}), got {n} entr{'y' if n == 1 else 'ies'} beyond it "
+            f"(largest {np.format_float_scientific(top, precision=3, trim='-')}) instead."
+        )
 
 
 def _all_finite(xp, x) -> bool:

@@ -356,6 +356,17 @@ def test_bad_input(fn):
         fn(np.zeros((2, 2)), n_threads=0)
 
 
+@pytest.mark.skipif(np.finfo(np.longdouble).max <= np.finfo(np.float64).max, reason="longdouble is float64 here")
+def test_longdouble_entries_beyond_the_float64_range_are_named():
+    """float64 conversion made them inf, with an overflow RuntimeWarning, and the error
+    then spoke of infinite entries that the input did not have."""
+    S = np.array([[np.longdouble("1e400"), 0.0], [0.0, 0.0]], dtype=np.longdouble)
+    msg = "S must have entries within the float64 range (|x| <= 1.798e+308), got 1 entry beyond it (largest 1e+400) instead."
+    with pytest.raises(ValueError, match=re.escape(msg)):
+        refgeo.row_diameter(S)
+    assert refgeo.row_diameter(np.array([[3, 4], [0, 0]], dtype=np.longdouble)).value == 5.0
+
+
 def test_masked_entries_are_rejected_not_ignored():
     """np.asarray drops the mask: the masked values were used as data."""
     S = np.ma.array([[0.0, 0.0], [3.0, 4.0], [1e6, 0.0]], mask=[[0, 0], [0, 0], [1, 0]])
