@@ -359,13 +359,20 @@ def fit_orthogonal(X, Y, nbr, w, lam, identity_prior, scaled, chunk, return_maps
 # ----------------------------------------------------------------------- MLP
 
 
+# Beyond this |z| the tanh of GELU is +-1 exactly in float64 (its argument exceeds 4e7):
+# the cubic is evaluated on z clipped here, where it cannot overflow (it did beyond 5.6e102,
+# and 0 * inf made the derivative NaN); values inside are unchanged bit for bit.
+_GELU_SATURATED = 1e3
+
+
 def gelu(z):
     """tanh approximation of GELU and its derivative."""
     c = np.sqrt(2.0 / np.pi)
-    u = c * (z + 0.044715 * z**3)
+    zc = np.clip(z, -_GELU_SATURATED, _GELU_SATURATED)
+    u = c * (zc + 0.044715 * zc**3)
     t = np.tanh(u)
     g = 0.5 * z * (1.0 + t)
-    dg = 0.5 * (1.0 + t) + 0.5 * z * (1.0 - t * t) * c * (1.0 + 3 * 0.044715 * z * z)
+    dg = 0.5 * (1.0 + t) + 0.5 * zc * (1.0 - t * t) * c * (1.0 + 3 * 0.044715 * zc * zc)
     return g, dg
 
 

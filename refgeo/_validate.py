@@ -7,7 +7,9 @@ or object dtype) raises ``TypeError``.
 
 Dtype policy (documented in the README): float32 and float64 arrays are kept as they
 are; integer and boolean arrays are converted to float64; complex, object and string
-arrays are rejected with ``TypeError``.
+arrays are rejected with ``TypeError``, and so are masked arrays with masked entries (the
+mask would be ignored).  NumPy results are C-contiguous (Fortran-order,
+strided and reversed inputs are copied), so no result depends on the memory layout.
 """
 
 from __future__ import annotations
@@ -71,8 +73,8 @@ def as_float_array(
 ):
     """Return ``x`` as a float32/float64 array of its own namespace, or raise.
 
-    NumPy inputs and Python sequences become NumPy arrays; other array-API arrays
-    (CuPy, array-api-strict) stay in their namespace.
+    NumPy inputs and Python sequences become C-contiguous NumPy arrays; other
+    array-API arrays (CuPy, array-api-strict) stay in their namespace.
     """
     if isinstance(x, (str, bytes)) or x is None:
         raise TypeError(f"{name} must be an array of real numbers, got {type(x).__name__} instead.")
@@ -85,6 +87,14 @@ def as_float_array(
         else:
             raise _dtype_error(name, x)
     else:
+        if isinstance(x, np.ma.MaskedArray):
+            n_masked = int(np.ma.count_masked(x))
+            if n_masked:
+                raise TypeError(
+                    f"{name} must not have masked entries (NumPy would use the values under "
+                    f"the mask), got {n_masked} masked entr{'y' if n_masked == 1 else 'ies'} instead; "
+                    f"pass {name}.filled(value) or leave the masked rows out."
+                )
         try:
             arr = np.asarray(x)
         except Exception as exc:  # ragged lists and the like
@@ -95,9 +105,17 @@ def as_float_array(
         elif kind == "f":
             if arr.dtype not in (np.float32, np.float64):
                 # float16 / longdouble: compute in float64, which holds float16 exactly.
-                arr = arr.astype(np.float64)
+                wide = arr
+                with np.errstate(over="ignore"):
+                    arr = arr.astype(np.float64)
+                if finite and wide.dtype.itemsize > 8:
+                    _check_float64_range(wide, arr, name)
         else:
             raise _dtype_error(name, arr)
+        if not arr.flags.c_contiguous:
+            # NumPy's reductions and BLAS pick their summation order from the strides:
+            # one layout for every caller makes the results independent of it
+            arr = np.ascontiguousarray(arr)
     shape = tuple(arr.shape)
     if ndim is not None:
         allowed = (ndim,) if isinstance(ndim, int) else tuple(ndim)
@@ -117,6 +135,22 @@ def as_float_array(
     if finite:
         check_finite(arr, name)
     return arr
+
+
+def _check_float64_range(wide, arr, name: str) -> None:
+    """``ValueError`` for finite long-double entries that became inf in float64 (the
+    finiteness check would report infinities the input did not have)."""
+    if bool(np.all(np.isfinite(arr))):
+        return
+    beyond = np.isinf(arr) & np.isfinite(wide)
+    n = int(np.count_nonzero(beyond))
+    if n:
+        top = np.max(np.abs(wide[beyond]))
+        raise ValueError(
+            f"{name} must have entries within the float64 range (|x| <= "
+            f"{np.finfo(np.float64).max:.4g}), got {n} entr{'y' if n == 1 else 'ies'} beyond it "
+            f"(largest {np.format_float_scientific(top, precision=3, trim='-')}) instead."
+        )
 
 
 def _all_finite(xp, x) -> bool:

@@ -163,11 +163,19 @@ def welch_bound(V: int, d: int) -> float:
 
 
 def _hadamard_terms(V: int, d: int, k: int) -> float | None:
-    """u lower bound from the k-th Hadamard power (None when it says nothing)."""
+    r"""The rho bound of the k-th Hadamard power (None when it says nothing).
+
+    With :math:`u = x^{1/(2k)}`, :math:`x = (V - r)/(r (V - 1))`, the bound
+    :math:`\sqrt{(1-u)/(1+u)}` equals :math:`\sqrt{\tanh(-\ln(x) / (4k))}`.  The
+    second form has a few roundings of relative size each; the first loses the
+    relative accuracy of ``1 - u`` when u is near 1 (large k: it fell up to 1e-14
+    below the exact value, more than the outward rounding covers).
+    """
     r = math.comb(d + k + 1, k)
     if r >= V:
         return None
-    return ((V - r) / (r * (V - 1.0))) ** (1.0 / (2 * k))
+    x = (V - r) / (r * (V - 1.0))
+    return _up(math.sqrt(math.tanh(-math.log(x) / (4.0 * k))))
 
 
 _HADAMARD_PATIENCE = 16
@@ -178,8 +186,8 @@ _HADAMARD_MAX_K = 4096
 
 def _best_hadamard(V: int, d: int, k: int | None) -> tuple[float, int]:
     if k is not None:
-        u = _hadamard_terms(V, d, k)
-        return (1.0 if u is None else _rho_from_u(u)), k
+        rho = _hadamard_terms(V, d, k)
+        return (1.0 if rho is None else rho), k
     # Scan k upward; stop after _HADAMARD_PATIENCE powers without improvement or at
     # _HADAMARD_MAX_K (every k gives a valid bound; on d <= 40 and 512, V <= 1e7 the
     # result equals the exhaustive scan, which grows like sqrt(V) for d = 1 and took
@@ -187,10 +195,9 @@ def _best_hadamard(V: int, d: int, k: int | None) -> tuple[float, int]:
     best, best_k = 1.0, 1
     kk, since = 1, 0
     while math.comb(d + kk + 1, kk) < V and since < _HADAMARD_PATIENCE and kk <= _HADAMARD_MAX_K:
-        u = _hadamard_terms(V, d, kk)
-        if u is None:  # not reached: the loop condition is the power's r < V
+        rho = _hadamard_terms(V, d, kk)
+        if rho is None:  # not reached: the loop condition is the power's r < V
             break
-        rho = _rho_from_u(u)
         if rho < best:
             best, best_k, since = rho, kk, 0
         else:

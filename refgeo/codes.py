@@ -524,6 +524,7 @@ def _kerdock_tagged(q: int, V: int, d: int, tags: bool) -> np.ndarray:
 
 _LATTICE_MAX_V = 20000  # lattice balls are offered up to this many points
 _LATTICE_MAX_POINTS = 1 << 20  # lattice points enumerated at most for one ball
+_LATTICE_MAX_CENTER = 2.0**24  # largest |center| entry of a lattice ball
 
 
 def _coset_ball(center: np.ndarray, r2: float, offset: np.ndarray, step: np.ndarray) -> np.ndarray:
@@ -796,8 +797,9 @@ def lattice_ball(V: int, lattice: str, *, center: Any = None) -> np.ndarray:
         See :func:`minimal_vectors` (:math:`\Lambda_{16}` and :math:`\Lambda_{24}`
         offer their minimal vectors only).
     center : array_like of shape (n,), default=None
-        The center (the origin when None).  Deep holes of the lattice are good
-        centers: e.g. :math:`(1, 0, \dots, 0)` for :math:`E_8`.
+        The center (the origin when None), entries at most ``2**24`` in magnitude.
+        Deep holes of the lattice are good centers: e.g. :math:`(1, 0, \dots, 0)` for
+        :math:`E_8`.
 
     Returns
     -------
@@ -805,6 +807,14 @@ def lattice_ball(V: int, lattice: str, *, center: Any = None) -> np.ndarray:
         float64 lattice points sorted by distance to ``center`` (ties in the
         enumeration order).  Their closest-pair distance is the lattice minimum
         whenever two of them are neighbors in the lattice.
+
+    Raises
+    ------
+    MemoryError
+        When the enumeration would hold more than ``2**20`` lattice points (the
+        ball is enlarged past ``V`` points, and its projections can hold more), so
+        the largest ``V`` lies below 1,000,000: ``V = 880,000`` is refused for
+        ``"Z"``, ``"D3"`` and ``"E8"``.
 
     Notes
     -----
@@ -829,6 +839,16 @@ def lattice_ball(V: int, lattice: str, *, center: Any = None) -> np.ndarray:
     c = np.asarray(c, dtype=np.float64)
     if c.shape != (lat.dim,):
         raise ValueError(f"center must have shape ({lat.dim},), got shape {c.shape} instead.")
+    top = float(np.max(np.abs(c)))
+    if top > _LATTICE_MAX_CENTER:
+        # farther out the coordinates (multiples of 1/2, sqrt(3)/2, ...) lose their
+        # fractional bits: near 2**53 the points are no longer distinct, and beyond
+        # the int64 range the enumeration never ends
+        raise ValueError(
+            f"center must have entries of magnitude at most 2**24 (lattice coordinates "
+            f"keep an absolute accuracy of 2**-28 there), got {top!r} instead; subtract a "
+            "nearby lattice vector from the center and add it to the returned points."
+        )
     X = _nearest_points(lat, V, c)
     if X is None:
         raise MemoryError(f"lattice_ball({V}, {lattice!r}) would enumerate more than "

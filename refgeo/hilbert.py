@@ -155,7 +155,7 @@ def variation(x: Any, /, *, axis: int = -1):
     A seminorm on :math:`\mathbb{R}^V` that vanishes exactly on constant vectors, so it
     is a norm on :math:`\mathbb{R}^V / \mathbb{R}\mathbf{1}`.  Time O(V) per vector, no
     extra memory.  Computed in float64: the maximum and minimum are exact and the
-    result has one rounding.
+    result has one rounding (``inf`` where the range exceeds the largest float64).
 
     Examples
     --------
@@ -168,7 +168,9 @@ def variation(x: Any, /, *, axis: int = -1):
     xp = array_namespace(x)
     axis = check_axis(axis, x.ndim)
     x = _f64(xp, x)
-    return _out(xp, xp.max(x, axis=axis) - xp.min(x, axis=axis), origin)
+    with np.errstate(over="ignore"):  # a range beyond the float64 maximum is inf
+        v = xp.max(x, axis=axis) - xp.min(x, axis=axis)
+    return _out(xp, v, origin)
 
 
 def hilbert_distance_logits(z: Any, w: Any, /, *, axis: int = -1):
@@ -344,9 +346,35 @@ def funk_distance(p: Any, q: Any, /, *, axis: int = -1):
     return _out(xp, xp.where(escape, inf, f), origin)
 
 
-def _logsumexp(xp, x, axis):
+def _logsumexp_parts(xp, x, axis):
+    """``(m, s)`` with ``lse(x) = m + s``: the largest entry and ``log sum exp(x - m)``,
+    ``0 <= s <= log V`` (``x - m`` may overflow to ``-inf`` for logits spanning more
+    than the float64 range: those entries weigh ``exp(-inf) = 0``, as they should)."""
     m = xp.max(x, axis=axis, keepdims=True)
-    return xp.squeeze(m, axis=axis) + xp.log(xp.sum(xp.exp(x - m), axis=axis))
+    with np.errstate(over="ignore"):
+        s = xp.log(xp.sum(xp.exp(x - m), axis=axis))
+    return xp.squeeze(m, axis=axis), s
+
+
+def _funk_logits(xp, z, w, axis):
+    """``max(z - w) - lse(z) + lse(w)`` in float64, also when a difference overflows.
+
+    The direct form is kept wherever it is finite (ordinary logits keep their bits).
+    Elsewhere the huge parts cancel first, in halves that cannot overflow:
+    ``max(z - w) - (m_z - m_w) = 2 (max(z/2 - w/2) - (m_z/2 - m_w/2))``, then the
+    small log-sum terms are added; the result overflows only where the distance
+    itself exceeds the float64 range.
+    """
+    mz, sz = _logsumexp_parts(xp, z, axis)
+    mw, sw = _logsumexp_parts(xp, w, axis)
+    with np.errstate(over="ignore", invalid="ignore"):
+        f = xp.max(z - w, axis=axis) - (mz + sz) + (mw + sw)
+    if bool(xp.all(xp.isfinite(f))):
+        return f
+    h = xp.max(z * 0.5 - w * 0.5, axis=axis) - (mz * 0.5 - mw * 0.5)
+    with np.errstate(over="ignore"):
+        f2 = 2.0 * h - (sz - sw)
+    return xp.where(xp.isfinite(f), f, f2)
 
 
 def funk_distance_logits(z: Any, w: Any, /, *, axis: int = -1):
@@ -371,7 +399,10 @@ def funk_distance_logits(z: Any, w: Any, /, *, axis: int = -1):
         F(\operatorname{softmax} z, \operatorname{softmax} w)
             = \max_i (z_i - w_i) - \operatorname{lse}(z) + \operatorname{lse}(w)
 
-    with a max-shifted, float64 log-sum-exp; clamped at 0 against rounding.
+    with a max-shifted, float64 log-sum-exp; clamped at 0 against rounding.  Logits
+    whose differences overflow float64 (near ``1e308``) give the representable
+    distance: the large terms cancel first, computed in halves; ``inf`` only where
+    the distance itself exceeds the float64 range.
     ``funk_distance_logits(z, w) + funk_distance_logits(w, z)`` equals
     :func:`hilbert_distance_logits` up to rounding.  Time O(V).
 
@@ -390,7 +421,7 @@ def funk_distance_logits(z: Any, w: Any, /, *, axis: int = -1):
     axis = check_axis(axis, z.ndim)
     z = _f64(xp, z)
     w = _f64(xp, w)
-    f = xp.max(z - w, axis=axis) - _logsumexp(xp, z, axis) + _logsumexp(xp, w, axis)
+    f = _funk_logits(xp, z, w, axis)
     return _out(xp, xp.maximum(f, xp.asarray(0.0, dtype=xp.float64)), origin)
 
 

@@ -225,12 +225,16 @@ def row_normalize(A: Any, /, *, eps: float = 0.0):
     safe = xp.where(nonzero, m, xp.ones_like(m))
     scaled = Af / safe
     v = xp.linalg.vector_norm(scaled, axis=1, keepdims=True)
-    q = eps / safe
-    fine = q <= _MAX64
-    den = xp.where(fine, v + xp.where(fine, q, xp.zeros_like(q)), xp.ones_like(v))
-    den = xp.where(den > 0, den, xp.ones_like(den))  # zero rows (set to zero below)
-    den_tiny = xp.where(fine, xp.zeros_like(m), m) * v + eps
-    N = xp.where(fine, scaled / den, Af / xp.where(den_tiny > 0, den_tiny, xp.ones_like(den_tiny)))
+    # both branches are evaluated for every row, and each overflows on the rows of the
+    # other (eps / m_i for tiny rows, a_i / eps for large ones): those values are
+    # discarded, so their overflow is not reported
+    with np.errstate(over="ignore"):
+        q = eps / safe
+        fine = q <= _MAX64
+        den = xp.where(fine, v + xp.where(fine, q, xp.zeros_like(q)), xp.ones_like(v))
+        den = xp.where(den > 0, den, xp.ones_like(den))  # zero rows (set to zero below)
+        den_tiny = xp.where(fine, xp.zeros_like(m), m) * v + eps
+        N = xp.where(fine, scaled / den, Af / xp.where(den_tiny > 0, den_tiny, xp.ones_like(den_tiny)))
     N = xp.where(nonzero, N, xp.zeros_like(N))
     return to_caller(xp.astype(N, A.dtype) if A.dtype != xp.float64 else N, origin)
 

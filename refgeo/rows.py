@@ -247,7 +247,11 @@ class EnclosingBall:
     ----------
     radius : float
         ``max_i ||s_i - center||``: an upper bound on the covering radius, attained by
-        ``center``.
+        ``center``.  It is evaluated on the centered rows; the returned ``center``
+        (mean row plus the solver's center) is rounded to the size of the rows, so
+        for a cloud far from the origin against its own size (rows 1e8 apart by 1, or
+        near-duplicates of size 1) ``max_i ||s_i - center||`` recomputed from it can
+        exceed ``radius`` by that rounding (up to about 1e-7 relative in those examples).
     center : ndarray or tensor of shape (d,)
         float64 center of the ball (a tensor for tensor input, as every array here).
     lower_bound : float
@@ -1021,7 +1025,8 @@ def jung_constant(k: int) -> float:
     (0.5, 0.6123724356957945)
     """
     k = check_int(k, "k", min_value=0)
-    return math.sqrt(k / (2.0 * (k + 1)))
+    # integer true division: correctly rounded for every k, also beyond the float range
+    return math.sqrt(k / (2 * (k + 1)))
 
 
 def worst_case_hidden_state(S: Any, /, *, H: float = 1.0) -> WorstCaseHiddenState:
@@ -1046,7 +1051,8 @@ def worst_case_hidden_state(S: Any, /, *, H: float = 1.0) -> WorstCaseHiddenStat
               = \sup_{\lVert h \rVert \le H} \lVert S h \rVert_{var} = H\, D(S),
 
     attained at :math:`h^* = H (s_a - s_b)/\lVert s_a - s_b \rVert`, independently of W.
-    Time O(V^2 d) (one certified diameter).
+    Time O(V^2 d) (one certified diameter).  A value :math:`H D(S)` beyond the largest
+    float64 raises ``ValueError``.
 
     References
     ----------
@@ -1068,16 +1074,30 @@ def worst_case_hidden_state(S: Any, /, *, H: float = 1.0) -> WorstCaseHiddenStat
     if pair.value == 0.0:
         h = xp.zeros((X.shape[1],), dtype=xp.float64)
     elif pair.scale_exponent == 0:
-        h = (X[pair.i, :] - X[pair.j, :]) * (H / pair.value)
+        h = _direction_times(X[pair.i, :] - X[pair.j, :], pair.value, H)
     else:
         # the direction from the prescaled pair: H / D(S) overflows for subnormal D(S),
         # and the rows' own difference may be subnormal; the scaled ones are neither
         e = pair.scale_exponent
         a, c = scale_rows(xp, X[pair.i, :], e), scale_rows(xp, X[pair.j, :], e)
         D_scaled = math.sqrt(float(canonical_sq(xp, a, c)))  # the kernels' value, bit for bit
-        h = (a - c) * (H / D_scaled)
+        h = _direction_times(a - c, D_scaled, H)
         value = unscale(H * D_scaled, e)  # one rounding, also where H D(S) is subnormal
+    if not math.isfinite(value):
+        raise ValueError(
+            f"H * D(S) = {H!r} * {pair.value!r} is beyond the float64 range (largest finite "
+            f"{np.finfo(np.float64).max:.4g}); pass a smaller H or scale S down first."
+        )
     return WorstCaseHiddenState(value=value, h=_array_out(h, origin), i=pair.i, j=pair.j)
+
+
+def _direction_times(diff, norm, H):
+    """``diff * (H / norm)``, or ``(diff / norm) * H`` where ``H / norm`` overflows (a
+    large H and rows a few ulps apart): the entries of h never exceed H in size."""
+    ratio = H / norm
+    if math.isfinite(ratio):
+        return diff * ratio
+    return (diff / norm) * H
 
 
 def hilbert_rms(S: Any, hidden: Any, /) -> float:

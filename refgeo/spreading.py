@@ -95,7 +95,7 @@ class SpreadResult:
     ----------
     points : ndarray of shape (V, d)
         float64 rows, centered (mean row 0), scaled so that the diameter is ``eta``
-        (read-only).
+        (to a few ulps, the reported ``diameter`` never above it; read-only).
     min_dist : float
         :math:`m(X)`, the closest-pair distance.
     diameter : float
@@ -114,9 +114,11 @@ class SpreadResult:
         Bound on the relative error of ``min_dist`` and ``diameter`` (0 when computed
         by the engine with ``eta = 1``: those are the exact refined float64 values;
         otherwise they are certified at diameter 1 and scaled by ``eta``, and ``ratio``
-        is the certified ratio itself).  With ``certify=False`` it is the a-priori
-        bound of the float64 Gram expansion relative to ``min_dist**2``, large (even
-        inf) when the closest pair is short against the row norms.
+        is the certified ratio itself; budgets near the smallest normal float64 add
+        the absolute rounding of subnormal coordinates, ``sqrt(d) 2**-1074 /
+        min_dist``).  With ``certify=False`` it is the a-priori bound of the float64
+        Gram expansion relative to ``min_dist**2``, large (even inf) when the closest
+        pair is short against the row norms.
     min_pair, diameter_pair : tuple of int
         A closest pair and a diameter pair ``(i, j)``, ``i < j`` (``(-1, -1)`` when
         not computed, with the algebraic certificate).
@@ -547,6 +549,7 @@ def _check_memory(V: int, d: int, k: int) -> None:
 # =========================================================================== spread
 
 _INITS = ("auto", "construction", "random")
+_TINY64 = float(np.finfo(np.float64).tiny)  # smallest normal float64: the least budget
 _METHODS = ("auto", "epigraph", "smooth", "construction")
 _SMALL_V = 50
 _SLSQP_SECONDS_PER_VAR3 = 3e-9  # one SLSQP iteration, seconds per (V d)^3, measured
@@ -588,7 +591,9 @@ def spread(
     d : int
         Dimension, ``d >= 1``.
     eta : float, default=1.0
-        Diameter budget :math:`\eta > 0`; the result has :math:`D(X) = \eta`.
+        Diameter budget, at least the smallest normal float64 (about ``2.2e-308``);
+        the result has :math:`D(X) = \eta` (to a few ulps; the certified diameter is
+        never above :math:`\eta`).
     init : {"auto", "construction", "random"} or array_like of shape (V, d), default="auto"
         Starting point: the best algebraic construction for ``(V, d)`` (``"auto"`` uses
         it when one exists), random points, or a user configuration.
@@ -711,6 +716,9 @@ def spread(
     d = check_int(d, "d", min_value=1)
     V = check_int(V, "V", min_value=2)
     eta = check_real(eta, "eta", min_value=0.0, strict=True)
+    if eta < _TINY64:
+        # subnormal coordinates round in absolute terms: at eta = 5e-324 rows collapse
+        raise ValueError(f"eta == {eta!r}, must be >= {_TINY64!r} (the smallest normal float64).")
     method = check_choice(method, "method", _METHODS)
     if max_time is not None:
         max_time = check_real(max_time, "max_time", min_value=0.0)
@@ -871,7 +879,7 @@ def _certify_points(X, certify, eta, construction):
         X = X * (eta / construction.diameter)
         diameter, min_dist = eta, construction.rho * eta
         pm, pd = (-1, -1), (-1, -1)
-        err = 8.0 * 2.0**-52
+        err = 8.0 * 2.0**-52 + _subnormal_error(X, min_dist)
         ratio = min_dist / diameter
     elif mode == "engine":
         from .rows import closest_pair, row_diameter
@@ -879,9 +887,7 @@ def _certify_points(X, certify, eta, construction):
         # certified at diameter ~1, then scaled by eta: squared distances of points at
         # eta = 1e-160 would be subnormal (and at 1e160 overflow), and the refined
         # values with them (the ratio came out above the proven bound at eta = 3e-161)
-        Dp = row_diameter(X)
-        X = X * (1.0 / Dp.value)
-        Dp = row_diameter(X)
+        X, Dp = _within_diameter(X, row_diameter(X).value, 1.0)
         mp = closest_pair(X)
         pd, pm = (Dp.i, Dp.j), (mp.i, mp.j)
         ratio = mp.value / Dp.value
@@ -890,7 +896,7 @@ def _certify_points(X, certify, eta, construction):
         diameter, min_dist = Dp.value * eta, mp.value * eta
         # exact refined values at eta = 1; otherwise one rounding per coordinate and
         # one per reported value
-        err = 0.0 if eta == 1.0 else 4.0 * 2.0**-53
+        err = 0.0 if eta == 1.0 else 4.0 * 2.0**-53 + _subnormal_error(X, min_dist)
     else:
         m0, D0, pm, pd = _gram_extremes(X)
         # the Gram expansion's error on a squared distance is about c (n_i + n_j) (the
@@ -905,6 +911,20 @@ def _certify_points(X, certify, eta, construction):
         min_dist, diameter = m0 * eta / D0, eta
         ratio = min_dist / diameter
     return mode, X, float(min_dist), float(diameter), float(ratio), pm, pd, float(err)
+
+
+def _subnormal_error(X: np.ndarray, min_dist: float) -> float:
+    """Relative error that subnormal coordinates of the scaled points add to distances.
+
+    Scaling rounds a coordinate that lands below the smallest normal float64 by up to
+    half the smallest subnormal, not by a relative amount: a difference of two moves
+    by at most ``2**-1074``, a distance by at most ``sqrt(d) 2**-1074``.  0 when no
+    coordinate is subnormal (every budget above about ``1e-290``).
+    """
+    tiny = np.abs(X[X != 0.0])
+    if tiny.size == 0 or float(tiny.min()) >= _TINY64 or min_dist <= 0.0:
+        return 0.0
+    return math.sqrt(X.shape[1]) * 2.0**-1074 / min_dist
 
 
 def _multistart(X_first, V, d, *, n_starts, rng, clock, bound, report):
@@ -1008,16 +1028,36 @@ def _align(X: np.ndarray, G: np.ndarray, n_rounds: int = 5) -> np.ndarray:
     return best
 
 
+def _within_diameter(X: np.ndarray, D: float, target: float):
+    """``X`` (of certified diameter ``D > 0``) scaled to a certified diameter at most
+    ``target``, and its :class:`~refgeo.ExtremePair`.
+
+    ``X * (target / D)`` rounds every coordinate, and its certified diameter can come
+    out one ulp above ``target``; the factor is then lowered by the excess (and one
+    ulp) until it is not.  One certified diameter in the usual case, two otherwise.
+    """
+    from .rows import row_diameter
+
+    f = target / D
+    while True:
+        Y = X * f
+        Dp = row_diameter(Y)
+        if Dp.value <= target:
+            return Y, Dp
+        f = math.nextafter(f * (target / Dp.value), 0.0)
+
+
 def _scaled_step(S: np.ndarray, eta: float):
-    """Center S and scale it to a certified diameter eta; return (S, D, m)."""
+    """Center S and scale it to a certified diameter at most eta (equal up to a few
+    ulps); return (S, D, m)."""
     from .rows import closest_pair, row_diameter
 
     S = S - S.mean(axis=0)
     D = row_diameter(S).value
     if D == 0.0:
         return S, 0.0, 0.0
-    S = S * (eta / D)
-    return S, row_diameter(S).value, closest_pair(S).value
+    S, Dp = _within_diameter(S, D, eta)
+    return S, Dp.value, closest_pair(S).value
 
 
 def spread_update(

@@ -707,6 +707,29 @@ def _check_update_range(X64, Y64, ex, e):
         )
 
 
+# X and Y share one power-of-two scaling, and the fits square both panels (Gram
+# matrices, kernel forms, eigenproblems): the smaller one may be at most this many
+# binary orders of magnitude below the other before its squares leave the normal range
+# (the full fit returned NaN at 2**510, the diagonal one the identity at 2**664).
+_MAX_SIZE_GAP = 500
+
+
+def _check_relative_size(X, Y):
+    """``ValueError`` unless the largest entries of X and Y are within ``2**500`` (an
+    all-zero panel has no size and passes)."""
+    mx, my = _max_abs(X), _max_abs(Y)
+    if mx == 0.0 or my == 0.0:
+        return
+    gap = math.frexp(my)[1] - math.frexp(mx)[1]
+    if abs(gap) > _MAX_SIZE_GAP:
+        raise ValueError(
+            f"X and Y must have entries within a factor 2**{_MAX_SIZE_GAP} of each other in size, got "
+            f"largest entries {mx:.3g} and {my:.3g} (Y about 2**{gap} times X) instead: the fits square "
+            "both panels scaled by one power of two, and the smaller one underflows; rescale X or Y "
+            "first (a linear map scales with the ratio)."
+        )
+
+
 def _range_error(what, m, e):
     return ValueError(
         f"X and Y must be smaller for the result to be a float64 number, got {what} of about "
@@ -935,8 +958,10 @@ def fit_local_maps(
     Raises
     ------
     ValueError
-        Mismatched shapes, non-finite states, ``k`` out of range, ``rank > d``, or
-        fitted values beyond the float64 range (about 1.8e308).
+        Mismatched shapes, non-finite states, ``k`` out of range, ``rank > d``,
+        fitted values beyond the float64 range (about 1.8e308), or X and Y whose
+        largest entries are more than ``2**500`` apart (their common scaling would
+        underflow the smaller panel's squares).
     MemoryError
         Before any work, when the outputs and working memory (from N, d, k, the
         class, ``chunk_size`` and ``return_maps``) exceed the available memory; the
@@ -1016,6 +1041,7 @@ def fit_local_maps(
     plan = _plan_fit(X, k, cls, rank, ridge, prior, metric, standardize, exclude_self, weights, neighbors,
                      chunk_size, return_maps)
     progress = _progress.check_progress(progress)
+    _check_relative_size(X, Y)
     e = _scale_exponent(X, Y)
     _check_fit_memory(f"fit_local_maps(N={n}, d={d}, k={plan.k}, cls={plan.cls!r})",
                       _fit_bytes(plan, n, d, _n_copies(X, Y)), plan)
@@ -1590,6 +1616,7 @@ def decompose(
     else:
         plan = _plan_fit(X, k, cls, rank, ridge, prior, metric, standardize, exclude_self, weights, neighbors,
                          chunk_size, False)
+        _check_relative_size(X, Y)
         ridge = plan.ridge
         parts = {**_fit_bytes(plan, n, d, _n_copies(X, Y)), **extra}
         _check_fit_memory(what, parts, plan)

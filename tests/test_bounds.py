@@ -3,6 +3,7 @@ closed forms, tightness, and the facts the proofs rest on."""
 
 from __future__ import annotations
 
+import decimal
 import itertools
 import math
 import re
@@ -196,6 +197,33 @@ def test_closed_forms(V, d):
     assert refgeo.hadamard_power_bound(V, d) == pytest.approx(_hadamard_formula(V, d), rel=1e-13)
     b3 = refgeo.volume_bound(V, d)
     assert b3 == 1.0 or b3 == pytest.approx(1 / (V ** (1 / d) - 1), rel=1e-12)
+
+
+def _decimal_hadamard(V, d, k):
+    """The k-th Hadamard bound in 60-digit decimal arithmetic (1 when r_k >= V)."""
+    r = math.comb(d + k + 1, k)
+    if r >= V:
+        return decimal.Decimal(1)
+    with decimal.localcontext() as ctx:
+        ctx.prec = 60
+        u = (decimal.Decimal(V - r) / (decimal.Decimal(r) * (V - 1))) ** (decimal.Decimal(1) / (2 * k))
+        return ((1 - u) / (1 + u)).sqrt()
+
+
+@settings(max_examples=300)
+@given(st.integers(2, 2**53), st.integers(1, 8), st.integers(1, 4096))
+def test_hadamard_bound_is_rounded_outward_also_for_large_powers(V, d, k):
+    """The returned float is never below the exact value of the formula (it was, by up
+    to 1e-14 relative, where u = x**(1/2k) is near 1 and 1 - u cancels)."""
+    got = refgeo.hadamard_power_bound(V, d, k=k)
+    want = _decimal_hadamard(V, d, k)
+    assert decimal.Decimal(got) >= want
+    assert got == pytest.approx(float(want), rel=1e-14)
+
+
+@pytest.mark.parametrize("V, d, k", [(10**15, 1, 4096), (10**12, 1, 2000), (10**6, 1, 1000), (2**53, 2, 4096)])
+def test_hadamard_bound_is_rounded_outward_where_it_was_not(V, d, k):
+    assert decimal.Decimal(refgeo.hadamard_power_bound(V, d, k=k)) >= _decimal_hadamard(V, d, k)
 
 
 def test_reference_numbers_of_the_theory_page():

@@ -350,6 +350,30 @@ def test_lattice_ball_radii_are_sorted_and_min_distance_is_the_minimum(name, d):
     assert np.all(np.diff(r) >= -1e-12)
 
 
+@pytest.mark.parametrize("name, n", [("Z", 1), ("A2", 2), ("D4", 4), ("E8", 8)])
+@pytest.mark.parametrize("big", [2.0**53, 1e17, 1e300])
+def test_lattice_ball_rejects_centers_beyond_exact_lattice_coordinates(name, n, big):
+    """Near 2**53 the lattice points around the center are no longer distinct float64
+    vectors (the ball came back with duplicates, and a center of 1e300 never returned)."""
+    c = np.zeros(n)
+    c[-1] = big
+    with pytest.raises(ValueError, match=re.escape("center must have entries of magnitude at most 2**24")):
+        refgeo.lattice_ball(20, name, center=c)
+
+
+@pytest.mark.parametrize("name, n", [("Z", 1), ("A2", 2), ("D4", 4), ("E8", 8)])
+def test_lattice_ball_far_from_the_origin_is_a_translate(name, n):
+    """A center 2**24 away (the largest accepted) gives distinct points whose closest
+    pair is the lattice minimum and whose distances to the center are sorted."""
+    c = np.full(n, 2.0**24)
+    X = refgeo.lattice_ball(50, name, center=c)
+    assert np.unique(X, axis=0).shape[0] == 50
+    lam = {"Z": 1.0, "A2": 1.0}.get(name, math.sqrt(2.0))
+    assert pdist(X).min() == pytest.approx(lam, rel=1e-8)
+    r = np.linalg.norm(X - c, axis=1)
+    assert np.all(np.diff(r) >= -1e-8)
+
+
 def test_lattice_errors():
     with pytest.raises(ValueError, match=re.escape("lattice must be one of")):
         refgeo.minimal_vectors("E9")

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import decimal
 import math
 import re
+import warnings
 
 import numpy as np
 import pytest
@@ -13,6 +15,7 @@ from hypothesis.extra import numpy as hnp
 
 import refgeo
 
+from ._layouts import assert_same_result, other_layouts
 from ._tolerances import EPS64, pairwise_logits_atol
 
 finite = dict(allow_nan=False, allow_infinity=False, allow_subnormal=False)
@@ -303,6 +306,35 @@ def test_pdist_single_row_is_empty():
     assert refgeo.pdist_hilbert(np.zeros((1, 4))).shape == (0,)
 
 
+# ------------------------------------------------------------------- memory layout
+
+_LAYOUT_CASES = {
+    "variation": lambda P, Q, Z, W: refgeo.variation(Z, axis=0),
+    "hilbert_distance_logits": lambda P, Q, Z, W: refgeo.hilbert_distance_logits(Z, W),
+    "hilbert_distance": lambda P, Q, Z, W: refgeo.hilbert_distance(P, Q, axis=0),
+    "funk_distance": lambda P, Q, Z, W: refgeo.funk_distance(P, Q),
+    "funk_distance_axis0": lambda P, Q, Z, W: refgeo.funk_distance(P, Q, axis=0),
+    "funk_distance_logits": lambda P, Q, Z, W: refgeo.funk_distance_logits(Z, W),
+    "funk_distance_logits_axis0": lambda P, Q, Z, W: refgeo.funk_distance_logits(Z, W, axis=0),
+    "pdist_hilbert": lambda P, Q, Z, W: refgeo.pdist_hilbert(Z),
+    "cdist_hilbert": lambda P, Q, Z, W: refgeo.cdist_hilbert(P, Q, kind="probabilities"),
+}
+
+
+@pytest.mark.parametrize("name", sorted(_LAYOUT_CASES))
+@settings(max_examples=25)
+@given(seed=st.integers(0, 2**32 - 1), n=st.integers(1, 30), V=st.integers(2, 30))
+def test_results_do_not_depend_on_memory_layout(backend, name, seed, n, V):
+    """Fortran-order, strided and reversed views of a batch give the same bits."""
+    fn = _LAYOUT_CASES[name]
+    rng = np.random.default_rng(seed)
+    P, Q = rng.random((n, V)) + 1e-3, rng.random((n, V)) + 1e-3
+    Z, W = 5.0 * rng.standard_normal((n, V)), 5.0 * rng.standard_normal((n, V))
+    want = fn(P, Q, Z, W)
+    for arrays in zip(*(other_layouts(A) for A in (P, Q, Z, W))):
+        assert_same_result(np.asarray(fn(*arrays)), np.asarray(want))
+
+
 # ------------------------------------------------------------------- bad input
 
 BAD_INPUT_CASES = [
@@ -358,6 +390,58 @@ def test_logits_at_the_edge_of_the_float_range(backend, dtype, big):
     np.testing.assert_array_equal(refgeo.pdist_hilbert(X), want)
     np.testing.assert_array_equal(refgeo.cdist_hilbert(X, X[:2]), [[0, 0], [0, 0], [b, b], [b, b]])
     assert refgeo.hilbert_distance_logits(X[0], X[1]) == 0.0
+
+
+def _decimal_funk_logits(z, w):
+    """max_i (z_i - w_i) - lse(z) + lse(w) in 60-digit decimal arithmetic (no overflow)."""
+    with decimal.localcontext() as ctx:
+        ctx.prec = 60
+        Z = [decimal.Decimal(float(a)) for a in z]
+        W = [decimal.Decimal(float(b)) for b in w]
+
+        def lse(x):
+            m = max(x)
+            return m + sum((a - m).exp() for a in x).ln()
+
+        return max(a - b for a, b in zip(Z, W)) - lse(Z) + lse(W)
+
+
+def test_funk_distance_logits_of_logits_whose_differences_overflow():
+    """z - w beyond the float64 range: the representable Funk distance, not inf."""
+    B = 1e308
+    assert refgeo.funk_distance_logits([B, B], [-B, -B]) == 0.0  # softmax(z) == softmax(w)
+    assert refgeo.funk_distance_logits([B, 0.0], [-B, 0.0]) == B
+    assert refgeo.funk_distance_logits([0.0, 0.0], [B, -B]) == math.inf  # 2e308 - log 2
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert refgeo.funk_distance_logits([B, -B], [B, -B]) == 0.0
+
+
+@settings(max_examples=200)
+@given(st.integers(1, 6).flatmap(lambda v: st.tuples(
+    hnp.arrays(np.float64, (2, v), elements=st.floats(-1.0, 1.0, **finite)),
+    st.sampled_from([1.0, 1e4, 1e300, 1e308, 1.7e308]))))
+def test_funk_distance_logits_over_the_whole_float_range(zw):
+    u, scale = zw
+    z, w = u[0] * scale, u[1] * scale
+    want = _decimal_funk_logits(z, w)
+    got = float(refgeo.funk_distance_logits(z, w))
+    if want > decimal.Decimal(np.finfo(np.float64).max) * decimal.Decimal("1.000001"):
+        assert got == math.inf
+        return
+    assume(want < decimal.Decimal(np.finfo(np.float64).max) * decimal.Decimal("0.999999"))
+    # differences of logits of size m carry an absolute rounding of a few ulps of m, the
+    # log-sum-exps (of size up to log V beyond the largest logit) a few ulps of 1
+    m = max(float(np.abs(z).max()), float(np.abs(w).max()), 1.0)
+    assert got == pytest.approx(max(float(want), 0.0), rel=1e-13, abs=8 * EPS64 * m)
+
+
+def test_variation_beyond_the_float64_range_is_inf_without_a_warning():
+    """max - min above the largest float64 is inf, as for hilbert_distance_logits (it
+    came with an overflow RuntimeWarning); ranges that fit are exact."""
+    assert refgeo.variation([1e308, -1e308]) == math.inf
+    np.testing.assert_array_equal(refgeo.variation([[1e308, -1e308], [1e308, -7e307]]), [math.inf, 1.7e308])
+    assert refgeo.hilbert_distance_logits([1e308, -1e308], [-1e308, 1e308]) == math.inf
 
 
 def test_funk_distance_of_vectors_whose_sum_overflows():

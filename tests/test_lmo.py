@@ -8,6 +8,7 @@ against the closed forms of the theory page and against its bounds.
 
 from __future__ import annotations
 
+import decimal
 import math
 import re
 import time
@@ -21,6 +22,8 @@ from scipy.optimize import minimize
 
 import refgeo
 import refgeo._progress
+
+from ._layouts import assert_same_result, other_layouts
 
 # ------------------------------------------------------------------ helpers
 
@@ -119,6 +122,26 @@ def test_center_rows_and_row_normalize():
     Ne = refgeo.row_normalize(np.array([[3.0, 4.0], [0.0, 0.0]]), eps=1.0)
     np.testing.assert_allclose(Ne, [[0.5, 4.0 / 6.0], [0.0, 0.0]])
     assert refgeo.row_normalize(np.ones((2, 2), dtype=np.float32)).dtype == np.float32
+
+
+
+@pytest.mark.parametrize("scale", [1e300, 3.4e307, 1e-300, 1e-320])
+@pytest.mark.parametrize("eps", [0.0, 1e-8, 1.0])
+def test_row_normalize_at_extreme_scales_is_the_definition_without_warnings(scale, eps):
+    """a / (||a|| + eps) for rows near the float64 limits; the branch not taken (a / eps
+    for large rows, eps / max|a| for tiny ones) overflowed with a RuntimeWarning."""
+    A = np.array([[3.0, 4.0], [-3.0, -4.0], [0.0, 0.0], [1.0, -2.0]]) * scale
+    got = refgeo.row_normalize(A, eps=eps)  # RuntimeWarnings are errors in this test suite
+    with decimal.localcontext() as ctx:  # the definition in 50 digits (no subnormal norms)
+        ctx.prec = 50
+        for a, g in zip(A, got):
+            da = [decimal.Decimal(float(v)) for v in a]
+            n = sum(v * v for v in da).sqrt() + decimal.Decimal(eps)
+            want = [float(v / n) if n > 0 else 0.0 for v in da]
+            np.testing.assert_allclose(g, want, rtol=1e-12, atol=0)
+    W = np.zeros_like(A)
+    refgeo.RowNorm(lr=0.1, eps=eps).step(W, A)
+    assert np.all(np.isfinite(W))
 
 
 @pytest.mark.parametrize("seed", range(4))
@@ -511,6 +534,30 @@ def test_a_crossed_bracket_raises_beyond_rounding():
     assert check(1.0 + 4e-16, 1.0, "x") == (1.0 + 4e-16, 1.0 + 4e-16)
     with pytest.raises(RuntimeError, match=re.escape("internal error in x: the lower bound 1.0 exceeds the upper bound 0.999")):
         check(1.0, 0.999, "x")
+
+
+# ------------------------------------------------------------------ memory layout
+
+_LAYOUT_CASES = {
+    "center_rows": lambda G: refgeo.center_rows(G),
+    "row_normalize": lambda G: refgeo.row_normalize(G, eps=1e-3),
+    "projected_rownorm": lambda G: refgeo.projected_rownorm(G, eta=0.5),
+    "rescaled_rownorm": lambda G: refgeo.rescaled_rownorm(G),
+    "tension_bounds": lambda G: refgeo.tension_bounds(G),
+    "diameter_lmo": lambda G: refgeo.diameter_lmo(G, rtol=1e-4),
+}
+
+
+@pytest.mark.parametrize("name", sorted(_LAYOUT_CASES))
+@settings(max_examples=10)
+@given(seed=st.integers(0, 2**32 - 1), V=st.integers(2, 30), d=st.integers(1, 30))
+def test_results_do_not_depend_on_memory_layout(name, seed, V, d):
+    """Fortran-order, strided and reversed views of a gradient give the same bits."""
+    fn = _LAYOUT_CASES[name]
+    G = random_gradient(np.random.default_rng(seed), V, d)
+    want = fn(G)
+    for view in other_layouts(G):
+        assert_same_result(fn(view), want)
 
 
 # ------------------------------------------------------------------ bad input

@@ -198,6 +198,25 @@ def test_diameter_lmo_optimizer():
     np.testing.assert_allclose(Wa, Wb, rtol=1e-5, atol=1e-8)
 
 
+@pytest.mark.parametrize("make", [lambda: refgeo.RowNorm(lr=0.1, eps=1e-3, project=True),
+                                  lambda: refgeo.DiameterLMO(lr=0.1, momentum=0.5)])
+def test_steps_do_not_depend_on_the_memory_layout_of_the_gradient(make):
+    """Fortran-order, strided and reversed gradients give the same parameters, bit for bit."""
+    from ._layouts import assert_same_result, other_layouts
+
+    grads = _grads(5, n=3, V=9, d=4)
+
+    def run(gs):
+        W, opt = np.zeros((9, 4)), make()
+        for g in gs:
+            opt.step(W, g)
+        return W
+
+    want = run(grads)
+    for views in zip(*(other_layouts(g) for g in grads)):
+        assert_same_result(run(views), want)
+
+
 def test_bad_input():
     opt = refgeo.RowNorm(lr=0.1)
     with pytest.raises(TypeError, match=re.escape("param must be a float32 or float64 numpy.ndarray")):

@@ -20,6 +20,8 @@ from hypothesis.extra import numpy as hnp
 import refgeo
 from refgeo.testing import strategies as rst
 
+from ._layouts import assert_same_result, other_layouts
+
 finite = dict(allow_nan=False, allow_infinity=False, allow_subnormal=False)
 
 
@@ -264,6 +266,43 @@ def test_jung_constant_values():
     assert refgeo.jung_constant(0) == 0.0
     assert refgeo.jung_constant(1) == 0.5
     assert refgeo.jung_constant(2) == pytest.approx(1 / math.sqrt(3), rel=1e-15)
+    # ranks beyond the float range: J_k -> 1/sqrt(2) (the ratio k / (2 (k + 1)) is a float)
+    assert refgeo.jung_constant(10**400) == math.sqrt(0.5)
+    assert refgeo.jung_constant(np.int64(2**62)) == math.sqrt(0.5)
+
+
+# ------------------------------------------------------------------ memory layout
+
+
+_ROW_FUNCTIONS = {
+    "row_diameter": lambda S, R, Hs: refgeo.row_diameter(S),
+    "closest_pair": lambda S, R, Hs: refgeo.closest_pair(S),
+    "distance_ratio": lambda S, R, Hs: refgeo.distance_ratio(S),
+    "farthest_partners": lambda S, R, Hs: refgeo.farthest_partners(S),
+    "knn": lambda S, R, Hs: refgeo.knn(S, 1),
+    "knn_Y": lambda S, R, Hs: refgeo.knn(Hs, 2, S),
+    "covering_radius": lambda S, R, Hs: refgeo.covering_radius(S),
+    "worst_case_hidden_state": lambda S, R, Hs: refgeo.worst_case_hidden_state(S, H=3.0),
+    "hilbert_rms": lambda S, R, Hs: refgeo.hilbert_rms(S, Hs),
+    "backward_bound": lambda S, R, Hs: refgeo.backward_bound(S, R),
+}
+
+
+@pytest.mark.parametrize("name", sorted(_ROW_FUNCTIONS))
+@settings(max_examples=25)
+@given(seed=st.integers(0, 2**32 - 1), V=st.integers(3, 40), d=st.integers(1, 40))
+def test_results_do_not_depend_on_memory_layout(backend, name, seed, V, d):
+    """Fortran-order, strided and reversed views of the same values give the same bits
+    (NumPy's reductions and BLAS otherwise sum in an order set by the strides)."""
+    fn = _ROW_FUNCTIONS[name]
+    rng = np.random.default_rng(seed)
+    S = rng.standard_normal((V, d)) + 10.0 * rng.standard_normal(d)
+    R = rng.standard_normal((7, V))
+    R -= R.mean(axis=1, keepdims=True)
+    Hs = rng.standard_normal((9, d))
+    want = fn(S, R, Hs)
+    for arrays in zip(other_layouts(S), other_layouts(R), other_layouts(Hs)):
+        assert_same_result(fn(*arrays), want)
 
 
 # ------------------------------------------------------------------ array API (array-api-strict)
@@ -315,6 +354,29 @@ def test_bad_input(fn):
         fn(np.zeros((2, 2)), tile_size=0)
     with pytest.raises(ValueError, match=re.escape("n_threads == 0, must be >= 1.")):
         fn(np.zeros((2, 2)), n_threads=0)
+
+
+@pytest.mark.skipif(np.finfo(np.longdouble).max <= np.finfo(np.float64).max, reason="longdouble is float64 here")
+def test_longdouble_entries_beyond_the_float64_range_are_named():
+    """float64 conversion made them inf, with an overflow RuntimeWarning, and the error
+    then spoke of infinite entries that the input did not have."""
+    S = np.array([[np.longdouble("1e400"), 0.0], [0.0, 0.0]], dtype=np.longdouble)
+    msg = "S must have entries within the float64 range (|x| <= 1.798e+308), got 1 entry beyond it (largest 1e+400) instead."
+    with pytest.raises(ValueError, match=re.escape(msg)):
+        refgeo.row_diameter(S)
+    assert refgeo.row_diameter(np.array([[3, 4], [0, 0]], dtype=np.longdouble)).value == 5.0
+
+
+def test_masked_entries_are_rejected_not_ignored():
+    """np.asarray drops the mask: the masked values were used as data."""
+    S = np.ma.array([[0.0, 0.0], [3.0, 4.0], [1e6, 0.0]], mask=[[0, 0], [0, 0], [1, 0]])
+    msg = "S must not have masked entries (NumPy would use the values under the mask), got 1 masked entry instead"
+    with pytest.raises(TypeError, match=re.escape(msg)):
+        refgeo.row_diameter(S)
+    with pytest.raises(TypeError, match=re.escape("hidden must not have masked entries")):
+        refgeo.hilbert_rms(np.eye(2), np.ma.array([1.0, 2.0], mask=[0, 1]))
+    # a masked array without masked entries is its data
+    assert refgeo.row_diameter(np.ma.array(S.data[:2])).value == 5.0
 
 
 def test_integer_input_is_converted_to_float64(backend):
@@ -423,6 +485,33 @@ def test_worst_case_hidden_state_over_the_whole_range(backend, k):
     np.testing.assert_array_equal(got.h, base.h)
     assert (got.i, got.j) == (base.i, base.j)
     assert got.value == math.ldexp(base.value, k)
+
+
+@pytest.mark.parametrize("k", [-1000, -60, 0, 60, 600, 1000])
+@pytest.mark.parametrize("H", [1e200, 1e300, 1.7e308])
+def test_worst_case_hidden_state_of_a_large_H_and_a_tiny_diameter(backend, k, H):
+    """h* has norm H also where H / D(S) overflows (rows one ulp apart), at every scale
+    of the rows; and the value H D(S) is the float64 product."""
+    S = np.ldexp(np.array([[1.0, 0.0], [1.0 + 2.0**-52, 0.0]]), k)
+    D = refgeo.row_diameter(S).value
+    assert D == math.ldexp(1.0, k - 52)
+    if not math.isfinite(H * D):
+        with pytest.raises(ValueError, match="beyond the float64 range"):
+            refgeo.worst_case_hidden_state(S, H=H)
+        return
+    w = refgeo.worst_case_hidden_state(S, H=H)
+    assert (w.i, w.j) == (0, 1)
+    np.testing.assert_array_equal(w.h, [-H, 0.0])  # s_0 - s_1 points along -e_1
+    assert w.value == H * D
+
+
+def test_worst_case_hidden_state_beyond_the_float64_range_raises(backend):
+    S = np.array([[0.0, 0.0], [3.0, 4.0]])
+    with pytest.raises(ValueError, match=r"H \* D\(S\) = 1e\+308 \* 5.0 is beyond the float64 range"):
+        refgeo.worst_case_hidden_state(S, H=1e308)
+    with pytest.raises(ValueError, match="beyond the float64 range"):
+        refgeo.worst_case_hidden_state(np.ldexp(S, 1000), H=1e10)
+    assert refgeo.worst_case_hidden_state(S, H=3e307).value == 3e307 * 5.0
 
 
 @pytest.mark.parametrize("k", [-1064, -1000, -600, 0, 600, 1000])

@@ -227,6 +227,39 @@ def test_spread_update_trade_off():
     assert st_.min_dist in st_.curve_min_dist.tolist()
 
 
+_OVER_BUDGET_GRADIENTS = [  # X * (eta / D(X)) had a certified diameter one ulp above eta
+    (7.0, [[0.03930659588463511, 0.1963962336748134], [1.4554860911812513, 0.3047221106116834],
+           [-2.3120826418682454, 0.3832401936654123], [0.39284127265737145, -0.42167217268466145],
+           [0.42444868214498765, -0.4626863652672478]]),
+    (1e-3, [[-0.4541760657359469, -1.114486801628939], [-0.16840264204947764, 0.02743369809952978],
+            [-0.7202949999208743, -0.40193700024223267], [0.1300981737033838, 0.348084159315288],
+            [0.5039823061242024, 0.16261128366940178], [-0.3645054258004779, -0.3223750590632891],
+            [1.073298653679191, 1.300669719850241]]),
+]
+
+
+@pytest.mark.parametrize("eta, G", _OVER_BUDGET_GRADIENTS)
+def test_spread_update_stays_within_the_budget(eta, G):
+    """D(S) <= eta, certified: the certified diameter of the step, not a rounding above."""
+    st = refgeo.spread_update(np.array(G), eta=eta, seed=0, n_starts=1, n_points=5)
+    assert st.diameter <= eta
+    assert refgeo.row_diameter(st.update).value == st.diameter
+    assert st.diameter == pytest.approx(eta, rel=1e-14)
+
+
+@pytest.mark.parametrize("kwargs", [dict(method="epigraph", n_starts=1), dict(seed=3), dict(max_time=0.0)])
+@pytest.mark.parametrize("eta", [1.0, 7.0])
+def test_spread_diameter_never_exceeds_the_budget(kwargs, eta):
+    """The reported diameter is at most eta (it was eta + one ulp for these (5, 2) runs);
+    at eta = 1 it is the certified diameter of the returned points."""
+    r = refgeo.spread(5, 2, eta=eta, **kwargs)
+    assert r.diameter <= eta
+    assert r.diameter == pytest.approx(eta, rel=1e-14)
+    if eta == 1.0:
+        assert refgeo.row_diameter(r.points).value == r.diameter
+        assert refgeo.closest_pair(r.points).value == r.min_dist
+
+
 def test_spread_update_eps_monotone():
     G = _centered(np.random.default_rng(1), 20, 3)
     m = [refgeo.spread_update(G, eps=e, seed=0, n_points=5, n_starts=1).min_dist for e in (0.0, 0.2, 1.0)]
@@ -252,6 +285,26 @@ def test_certificates_hold_at_any_budget(eta):
     assert r.ratio == pytest.approx(math.sqrt(0.5), rel=1e-15)
     assert r.diameter == pytest.approx(eta, rel=1e-15) and r.min_dist == pytest.approx(eta * math.sqrt(0.5), rel=1e-15)
     assert r.error_bound <= 1e-15
+
+
+@pytest.mark.parametrize("certify", [True, "auto"])
+@pytest.mark.parametrize("eta", [2.0**-1022, 2.0**-1000, 1e-300])
+@pytest.mark.parametrize("V, d", [(4, 3), (7, 2), (9, 2), (30, 5)])
+def test_error_bound_covers_the_points_at_tiny_budgets(V, d, eta, certify):
+    """The reported distances are within error_bound of the returned points' own: near
+    the smallest normal budget the scaled coordinates are subnormal and round by up
+    to half the smallest subnormal, beyond the four roundoffs the bound said."""
+    r = refgeo.spread(V, d, eta=eta, seed=0, max_rounds=2, n_starts=1, certify=certify)
+    m, D = refgeo.closest_pair(r.points).value, refgeo.row_diameter(r.points).value
+    assert abs(r.min_dist - m) <= r.error_bound * r.min_dist
+    assert abs(r.diameter - D) <= r.error_bound * r.diameter
+
+
+def test_subnormal_budgets_are_rejected():
+    """At eta = 5e-324 the points collapsed (two rows equal) while min_dist said 5e-324."""
+    for fn in (lambda: refgeo.spread(4, 3, eta=5e-324), lambda: refgeo.spread(7, 2, eta=1e-310)):
+        with pytest.raises(ValueError, match=re.escape("must be >= 2.2250738585072014e-308 (the smallest normal float64)")):
+            fn()
 
 
 def test_certify_accepts_numpy_bools_and_smooth_accepts_a_zero_row():

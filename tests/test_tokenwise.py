@@ -4,6 +4,7 @@ planted structure, invariances, the intervention divergences and Spearman."""
 from __future__ import annotations
 
 import _thread
+import decimal
 import math
 import os
 import re
@@ -28,6 +29,7 @@ from refgeo.testing.strategies import hidden_state_pairs
 from refgeo.testing.strategies import logit_pairs as kit_logit_pairs
 from refgeo.tokenwise import CLASSES, degrees_of_freedom
 
+from ._layouts import assert_same_result, other_layouts
 from ._tiny_transformer import TinyTransformer
 
 LINEAR_CLASSES = CLASSES  # every local class is a set of linear maps
@@ -385,6 +387,20 @@ def test_psd_diagonal_is_nonnegative_and_clips_the_diagonal_fit():
             assert fp.coefficients[i, c] == pytest.approx(want, abs=1e-12)
 
 
+@pytest.mark.parametrize("cls", CLASSES)
+@pytest.mark.parametrize("metric", ["euclidean", "cosine"])
+def test_results_do_not_depend_on_memory_layout(cls, metric):
+    """Fortran-order, strided and reversed views of the hidden states give the same bits
+    (NumPy's reductions and BLAS otherwise sum in an order set by the strides)."""
+    g = np.random.default_rng(21)
+    X = g.standard_normal((50, 6))
+    Y = X + 0.5 * np.tanh(X @ g.standard_normal((6, 6)))
+    kw = dict(k=9, cls=cls, metric=metric, standardize=metric == "cosine", subspace_rank=2, **_kw(cls))
+    want = refgeo.decompose(X, Y, **kw)
+    for Xv, Yv in zip(other_layouts(X), other_layouts(Y)):
+        assert_same_result(refgeo.decompose(Xv, Yv, **kw), want)
+
+
 # ---------------------------------------------------------- decompose metrics
 
 
@@ -566,6 +582,41 @@ def test_mlp_is_seeded_learns_and_holds_out():
     res = Y - f1.predict(X)
     assert r.energy_fraction == pytest.approx(np.sum(res[held] ** 2) / np.sum((Y - X)[held] ** 2), rel=1e-10)
     assert r.config["mlp"]["hidden"] == 16 and r.dof == f1.n_parameters
+
+
+def _decimal_predict(fit, X):
+    """x + MLP(x) of a fitted GELU MLP, in 40-digit decimal arithmetic (no overflow)."""
+    D = decimal.Decimal
+    with decimal.localcontext() as ctx:
+        ctx.prec = 40
+        c = (D(2) / D(math.pi)).sqrt()
+        out = []
+        for x in X:
+            xs = [(D(float(v)) - D(float(m))) / D(float(sc)) for v, m, sc in
+                  zip(x, np.broadcast_to(fit.x_mean, x.shape), np.broadcast_to(fit.x_scale, x.shape))]
+            z = [sum(xs[i] * D(float(fit.W1[i, j])) for i in range(len(xs))) + D(float(fit.b1[j]))
+                 for j in range(fit.W1.shape[1])]
+            a = []
+            for v in z:
+                u = 2 * c * (v + D("0.044715") * v ** 3)
+                t = 1 - 2 / (u.exp() + 1) if u < 10**6 else D(1)  # tanh(u / 2 * 2)
+                a.append(D("0.5") * v * (1 + t) if u > -(10**6) else D(0))
+            o = [sum(a[j] * D(float(fit.W2[j, i])) for j in range(len(a))) + D(float(fit.b2[i]))
+                 for i in range(fit.W2.shape[1])]
+            ds = np.broadcast_to(fit.delta_scale, x.shape)
+            out.append([float(D(float(v)) + oi * D(float(dsi))) for v, oi, dsi in zip(x, o, ds)])
+        return np.array(out)
+
+
+@pytest.mark.parametrize("scale", [1.0, 1e50, 1e103, 1e200, 1e300])
+def test_mlp_predicts_far_outside_the_training_range_without_warnings(scale):
+    """GELU's cubic overflowed beyond 5.6e102 (an overflow and an invalid-value
+    RuntimeWarning, and NaN derivatives): the prediction is the GELU MLP's value."""
+    g = np.random.default_rng(19)
+    X = g.standard_normal((60, 3))
+    fit = refgeo.fit_tokenwise_mlp(X, X + np.tanh(X), hidden=8, epochs=5, seed=1)
+    Z = X[:3] * scale
+    np.testing.assert_allclose(fit.predict(Z), _decimal_predict(fit, Z), rtol=1e-9, atol=1e-12 * scale)
 
 
 # ------------------------------------------------------------- perturbation
@@ -1023,6 +1074,31 @@ def test_extreme_scales_match_the_brute_force_fit(cls, scale):
     rl = refgeo.fit_local_maps(X * s, Y * s, k=k, cls=cls, ridge=lam * s**2, **_kw(cls))
     want = np.array([brute_map(X, Y, nbr[i], np.ones(k), cls, 2, lam, "identity") @ X[i] for i in range(n)])
     np.testing.assert_allclose(rl.fitted / s, want, rtol=1e-8, atol=1e-9)
+
+
+@pytest.mark.parametrize("p", [510, 664, -600])
+@pytest.mark.parametrize("cls", CLASSES)
+def test_panels_of_very_different_sizes_are_rejected(cls, p):
+    """Y = 2**p X: the fits square both panels scaled by one power of two, so the smaller
+    one underflowed (NaN fits and LinAlgError at 2**510, the identity in place of the
+    map 1e200 I at 2**664): a ValueError naming the sizes instead."""
+    X, _ = _xy(30, 3)
+    msg = "X and Y must have entries within a factor 2**500 of each other in size"
+    with pytest.raises(ValueError, match=re.escape(msg)):
+        refgeo.fit_local_maps(X, np.ldexp(X, p), k=8, cls=cls, **_kw(cls))
+    with pytest.raises(ValueError, match=re.escape(msg)):
+        refgeo.decompose(X, np.ldexp(X, p), k=8, cls=cls, **_kw(cls))
+
+
+@pytest.mark.parametrize("p", [-500, -200, 200, 500])
+def test_panels_of_different_sizes_within_the_limit_fit_exactly(p):
+    """Up to 2**500 apart the diagonal map of Y = 2**p X is found: 2**p on every token."""
+    X, _ = _xy(30, 3)
+    fit = refgeo.fit_local_maps(X, np.ldexp(X, p), k=8, cls="diagonal")
+    np.testing.assert_allclose(fit.coefficients, math.ldexp(1.0, p), rtol=1e-13)
+    np.testing.assert_allclose(fit.fitted, np.ldexp(X, p), rtol=1e-12)
+    # an all-zero Y has no size to compare: it is fitted (to rounding of the prior)
+    assert np.abs(refgeo.fit_local_maps(X, np.zeros_like(X), k=8, cls="full").fitted).max() <= 1e-14
 
 
 def test_huge_ridge_on_tiny_data_gives_the_prior_not_nan():
