@@ -48,8 +48,8 @@ from ._interop import to_host
 from ._threads import blas_single_thread
 
 __all__ = [
-    "check_fit_memory", "check_known_chunks", "fit", "fit_bytes", "max_abs", "metrics", "metrics_bytes", "panels",
-    "parts", "parts_max_abs", "scale_exponent", "search_neighbors", "unscaled", "update_max",
+    "check_fit_memory", "check_known_chunks", "exponent_of", "fit", "fit_bytes", "max_abs", "max_abs_each",
+    "metrics", "metrics_bytes", "panels", "parts", "parts_max_abs", "search_neighbors", "unscaled", "update_max",
 ]
 
 
@@ -127,12 +127,16 @@ def _offsets(A):
     return np.concatenate([[0], np.cumsum(A.chunks[0])]).astype(np.int64)
 
 
-def scale_exponent(X, Y) -> int:
-    """The ``e`` with ``max |a| 2**-e`` in [1/2, 1) over X and Y (0 when all are zero)."""
+def max_abs_each(X, Y) -> tuple[float, float]:
+    """``(max |x|, max |y|)`` of two Dask arrays, in one pass (0 for an empty one)."""
     import dask
 
-    m = dask.compute(X.max(), X.min(), Y.max(), Y.min())
-    top = max(float(m[0]), -float(m[1]), float(m[2]), -float(m[3]))
+    (hx, lx, hy, ly) = dask.compute(*(r for A in (X, Y) for r in ((A.max(), A.min()) if A.size else (0.0, 0.0))))
+    return max(float(hx), -float(lx)), max(float(hy), -float(ly))
+
+
+def exponent_of(top) -> int:
+    """The ``e`` with ``top 2**-e`` in [1/2, 1) (0 for ``top == 0``)."""
     return math.frexp(top)[1] if top > 0 else 0
 
 

@@ -714,10 +714,10 @@ def _check_update_range(X64, Y64, ex, e):
 _MAX_SIZE_GAP = 500
 
 
-def _check_relative_size(X, Y):
-    """``ValueError`` unless the largest entries of X and Y are within ``2**500`` (an
-    all-zero panel has no size and passes)."""
-    mx, my = _max_abs(X), _max_abs(Y)
+def _check_relative_size(X, Y, sizes=None):
+    """``ValueError`` unless the largest entries of X and Y (``sizes``, when known) are
+    within ``2**500`` (an all-zero panel has no size and passes)."""
+    mx, my = (_max_abs(X), _max_abs(Y)) if sizes is None else sizes
     if mx == 0.0 or my == 0.0:
         return
     gap = math.frexp(my)[1] - math.frexp(mx)[1]
@@ -1165,7 +1165,9 @@ def _fit_local_maps_dask(X, Y, k, cls, rank, ridge, prior, metric, standardize, 
     progress = _progress.check_progress(progress)
     _check_dask_memory(f"fit_local_maps(N={n}, d={d}, k={plan.k}, cls={plan.cls!r})", plan, X, Y, False)
     _check_dask_finite(X, Y)
-    e = _dt.scale_exponent(X, Y)
+    sizes = _dt.max_abs_each(X, Y)
+    _check_relative_size(X, Y, sizes)
+    e = _dt.exponent_of(max(sizes))
     # steps: the neighbor search (when it runs) and the fit
     with _progress.Progress(progress, int(plan.given is None) + 1, desc="fit_local_maps", unit="step") as bar:
         fitted, coef, maps, idx, dist, w, wkind = _run_fit_dask(plan, X, Y, e, bar, stacklevel=4)
@@ -1213,7 +1215,9 @@ def _decompose_dask(X, Y, k, cls, rank, ridge, prior, metric, standardize, exclu
     ridge = plan.ridge
     _check_dask_memory(f"decompose(N={n}, d={d}, cls={plan.cls!r})", plan, X, Y, True)
     _check_dask_finite(X, Y)
-    e = _dt.scale_exponent(X, Y)
+    sizes = _dt.max_abs_each(X, Y)
+    _check_relative_size(X, Y, sizes)
+    e = _dt.exponent_of(max(sizes))
     if e >= 1024:  # as _check_update_range: only entries near the float64 maximum can overflow
         m = _dt.update_max(X, Y, e)
         if not _fits_after_scaling(m, e):

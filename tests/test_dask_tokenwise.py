@@ -13,6 +13,7 @@ one machine, whose summation orders differ: those agree to rounding.
 
 from __future__ import annotations
 
+import re
 import warnings
 
 import numpy as np
@@ -392,6 +393,25 @@ def test_nan_names_the_chunk(client):
     X[25, 1] = np.nan
     with pytest.raises(ValueError, match=r"X must contain only finite values.*rows 20:30"):
         refgeo.fit_local_maps(_dask(X, 10, 3), _dask(Y, 10, 3), k=3, cls="full")
+
+
+@pytest.mark.parametrize("p", [510, -600])
+def test_panels_of_very_different_sizes_are_rejected(client, p):
+    # as on one machine: Y = 2**p X underflows one panel in the scaled fits
+    X, _ = hidden_states(2, 40, 3, vocab=8)
+    Y = np.ldexp(X, p)
+    msg = "X and Y must have entries within a factor 2**500 of each other in size"
+    for fn in (refgeo.fit_local_maps, refgeo.decompose):
+        with pytest.raises(ValueError, match=re.escape(msg)):
+            fn(X, Y, k=3, cls="full")
+        with pytest.raises(ValueError, match=re.escape(msg)):
+            fn(_dask(X, 10, 3), _dask(Y, 10, 3), k=3, cls="full")
+    # 2**500 apart: fitted, the same bits as on one machine
+    Y = np.ldexp(X, 500)
+    want = refgeo.fit_local_maps(X, Y, k=3, cls="diagonal")
+    got = refgeo.fit_local_maps(_dask(X, 10, 3), _dask(Y, 10, 3), k=3, cls="diagonal")
+    np.testing.assert_array_equal(np.asarray(got.fitted), want.fitted)
+    np.testing.assert_array_equal(np.asarray(got.coefficients), want.coefficients)
 
 
 def test_unknown_chunk_sizes_are_refused(client):
