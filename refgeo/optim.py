@@ -338,16 +338,7 @@ class DiameterLMO:
         p = _Param(param, grad)
         param, g = p.array, p.grad
         lr, momentum, rtol, max_time, _ = self._checked_hyperparameters()
-        if self.buffer is not None and self.buffer.shape != g.shape:
-            raise ValueError(
-                f"grad must keep the shape of the optimizer state {self.buffer.shape}, got "
-                f"shape {g.shape} instead."
-            )
-        if momentum > 0.0:
-            # a new array: the buffer is replaced only once the solve has succeeded
-            M = (1.0 - momentum) * g if self.buffer is None else momentum * self.buffer + (1.0 - momentum) * g
-        else:
-            M = g
+        M = self._averaged(g, momentum)
         warm = self.last_result
         if warm is not None and tuple(warm.update.shape) != M.shape:
             warm = None
@@ -360,6 +351,21 @@ class DiameterLMO:
             param *= 1.0 - lr * self.weight_decay
         param += np.asarray(res.update).astype(param.dtype, copy=False)
         return p.done()
+
+    def _averaged(self, g: np.ndarray, momentum: float) -> np.ndarray:
+        """The matrix the LMO solves for the float64 gradient ``g``: its momentum average
+        with the buffer (a new array: the buffer is replaced only once the solve has
+        succeeded), or ``g`` itself; ``ValueError`` when ``g`` does not have the buffer's
+        shape.  Changes nothing (``refgeo.torch.DiameterLMO`` checks every group with it
+        before stepping any)."""
+        if self.buffer is not None and self.buffer.shape != g.shape:
+            raise ValueError(
+                f"grad must keep the shape of the optimizer state {self.buffer.shape}, got "
+                f"shape {g.shape} instead."
+            )
+        if momentum > 0.0:
+            return (1.0 - momentum) * g if self.buffer is None else momentum * self.buffer + (1.0 - momentum) * g
+        return g
 
     def last_step(self) -> np.ndarray | None:
         """The signed step of the last call (weight decay excluded), float64 (V, d)."""

@@ -26,7 +26,7 @@ import contextlib
 from typing import Any
 
 from ._interop import from_foreign
-from ._validate import as_float_array, check_bool, check_centered_rows, check_int, check_real
+from ._validate import as_float_array, check_bool, check_int, check_real
 
 __all__ = ["DiameterLMO", "HeadStepMonitor", "RowNorm"]
 
@@ -376,10 +376,12 @@ def _build() -> dict[str, Any]:
             """One LMO step for every param group; returns ``closure()`` when given.
 
             Nothing changes when it raises: every group's gradient (dense, real, finite,
-            rows summing to about zero) and hyper-parameters are checked first."""
+            of the momentum buffer's shape) and hyper-parameters, and the matrix its solver
+            will solve for (the momentum average, rows summing to about zero), are checked
+            first."""
             import numpy as np
 
-            from .lmo import _CENTERED_RTOL
+            from .lmo import _centered_float64
 
             loss = None
             if closure is not None:
@@ -396,11 +398,14 @@ def _build() -> dict[str, Any]:
                 g = p.grad
                 if g.is_sparse or g.is_complex() or not g.is_floating_point():
                     raise TypeError(f"the gradient of {name} must be a dense real tensor, got {g.dtype} instead.")
-                self._solver_for(group)  # a fresh solver validates the group's hyper-parameters
+                fresh = self._solver_for(group)  # a fresh solver validates the group's hyper-parameters
                 G = g.detach().to(device="cpu", dtype=torch.float64).numpy()
                 try:
                     as_float_array(G, "grad", ndim=2, shape_hint="2-D array of shape (V, d)")
-                    check_centered_rows(G, "G", _CENTERED_RTOL)
+                    # the solver's own checks, on what it solves: the momentum average of
+                    # G with its buffer (a G that is not centered on its own may be)
+                    M = self._solvers.get(k, fresh)._averaged(G, fresh.momentum)
+                    _centered_float64(as_float_array(M, "G", ndim=2))
                 except ValueError as exc:
                     raise ValueError(f"the gradient of {name}: {exc}") from exc
                 work.append((k, group, p, name, G))

@@ -506,3 +506,55 @@ def test_meta_parameters_are_refused_by_name(cls):
     W = torch.nn.Parameter(torch.empty(4, 3, device="meta"))
     with pytest.raises(TypeError, match="parameter 'head' is a meta tensor"):
         getattr(rtorch, cls)([("head", W)], lr=0.1)
+
+
+def _momentum_checked_gradients():
+    """Two gradients for a momentum-0.9 DiameterLMO: the first centered; the second,
+    ``off``, is not centered on its own, but its momentum average with the first is
+    (the buffer ``0.1 G_1``, then ``0.9 (0.1 G_1) + 0.1 G_2``: the solver checks what it
+    solves, the average)."""
+    W0, grads = _lm_gradients(V=8, d=3, T=1, seed=21)
+    G1 = grads[0]
+    G2 = 1e-3 * (G1 / np.abs(G1).max())
+    off = G2 + 1e-3 * np.abs(G2).max()  # rows summing to about 8e-6, 1e-2 of their norms
+    return W0, G1, off
+
+
+def test_diameter_lmo_accepts_what_refgeo_accepts_with_momentum():
+    """The torch optimizer's up-front check is the solver's own (on the momentum average),
+    so it accepts the gradients refgeo.DiameterLMO accepts and steps the same."""
+    W0, G1, off = _momentum_checked_gradients()
+    with pytest.raises(ValueError, match="rows summing to zero"):
+        refgeo.diameter_lmo(off, eta=0.05)  # not centered on its own
+    W_np = W0.copy()
+    ref = refgeo.DiameterLMO(lr=0.05, momentum=0.9)
+    W = torch.nn.Parameter(torch.from_numpy(W0.copy()))
+    opt = rtorch.DiameterLMO([W], lr=0.05, momentum=0.9)
+    for g in (G1, off):
+        ref.step(W_np, g)
+        W.grad = torch.from_numpy(g.copy())
+        opt.step()
+        np.testing.assert_array_equal(W.detach().numpy(), W_np)
+
+
+def test_diameter_lmo_group_whose_momentum_average_fails_changes_no_group():
+    """A group whose gradient is centered but whose momentum average is not (the solver
+    refuses that average) leaves every group as it was: the check is up front."""
+    W0, G1, _ = _momentum_checked_gradients()
+    A = torch.nn.Parameter(torch.from_numpy(W0.copy()))
+    B = torch.nn.Parameter(torch.from_numpy(W0.copy()))
+    opt = rtorch.DiameterLMO([{"params": [A]}, {"params": [B]}], lr=0.05, momentum=0.9)
+    A.grad, B.grad = torch.from_numpy(G1.copy()), torch.from_numpy(G1.copy())
+    opt.step()
+    # -0.9 G_1 plus a small offset: centered to 1e-5 of its norms, while the average
+    # 0.9 (0.1 G_1) + 0.1 G_2 keeps only the offset (all rows alike: far from centered)
+    bad = -0.9 * G1 + 1e-6 * np.abs(G1).max()
+    refgeo.diameter_lmo(bad, eta=0.05)  # centered enough on its own
+    A_before, saved = A.detach().clone(), copy.deepcopy(opt.state_dict())
+    A.grad, B.grad = torch.from_numpy(G1.copy()), torch.from_numpy(bad)
+    with pytest.raises(ValueError, match="the gradient of .*rows summing to zero"):
+        opt.step()
+    assert torch.equal(A.detach(), A_before)
+    after = opt.state_dict()
+    assert after["refgeo_solvers"][0]["t"] == saved["refgeo_solvers"][0]["t"] == 1
+    np.testing.assert_array_equal(after["refgeo_solvers"][0]["buffer"], saved["refgeo_solvers"][0]["buffer"])
