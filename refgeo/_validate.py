@@ -9,7 +9,8 @@ Dtype policy (documented in the README): float32 and float64 arrays are kept as 
 are; integer and boolean arrays are converted to float64; complex, object and string
 arrays are rejected with ``TypeError``, and so are masked arrays with masked entries (the
 mask would be ignored).  NumPy results are C-contiguous (Fortran-order,
-strided and reversed inputs are copied), so no result depends on the memory layout.
+strided and reversed inputs are copied), so no result depends on the memory layout;
+``contiguous=False`` skips the copy for callers that are exact in any memory order.
 """
 
 from __future__ import annotations
@@ -70,11 +71,14 @@ def as_float_array(
     shape_hint: str | None = None,
     allow_empty: bool = False,
     finite: bool = True,
+    contiguous: bool = True,
 ):
     """Return ``x`` as a float32/float64 array of its own namespace, or raise.
 
     NumPy inputs and Python sequences become C-contiguous NumPy arrays; other
     array-API arrays (CuPy, array-api-strict) stay in their namespace.
+    ``contiguous=False`` keeps a NumPy input's layout (no copy), for callers whose
+    results are exact whatever the memory order (differences, maxima and minima).
     """
     if isinstance(x, (str, bytes)) or x is None:
         raise TypeError(f"{name} must be an array of real numbers, got {type(x).__name__} instead.")
@@ -112,7 +116,7 @@ def as_float_array(
                     _check_float64_range(wide, arr, name)
         else:
             raise _dtype_error(name, arr)
-        if not arr.flags.c_contiguous:
+        if contiguous and not arr.flags.c_contiguous:
             # NumPy's reductions and BLAS pick their summation order from the strides:
             # one layout for every caller makes the results independent of it
             arr = np.ascontiguousarray(arr)

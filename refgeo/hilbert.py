@@ -164,7 +164,8 @@ def variation(x: Any, /, *, axis: int = -1):
     4.0
     """
     x, origin = from_foreign(x, "x")
-    x = as_float_array(x, "x", min_ndim=1)
+    # max - min is exact in any memory order: the input is read where it is
+    x = as_float_array(x, "x", min_ndim=1, contiguous=False)
     xp = array_namespace(x)
     axis = check_axis(axis, x.ndim)
     x = _f64(xp, x)
@@ -210,8 +211,9 @@ def hilbert_distance_logits(z: Any, w: Any, /, *, axis: int = -1):
     2.0
     """
     z, w, origin = _foreign_pair(z, w, ("z", "w"))
-    z = as_float_array(z, "z", min_ndim=1)
-    w = as_float_array(w, "w", min_ndim=1)
+    # differences, maxima and minima are exact in any memory order: no copies
+    z = as_float_array(z, "z", min_ndim=1, contiguous=False)
+    w = as_float_array(w, "w", min_ndim=1, contiguous=False)
     xp = array_namespace(z, w)
     z, w = _broadcast_pair(xp, z, w, ("z", "w"))
     axis = check_axis(axis, z.ndim)

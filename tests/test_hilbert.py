@@ -335,6 +335,30 @@ def test_results_do_not_depend_on_memory_layout(backend, name, seed, n, V):
         assert_same_result(np.asarray(fn(*arrays)), np.asarray(want))
 
 
+@pytest.mark.parametrize("name", ["variation", "hilbert_distance_logits"])
+def test_max_minus_min_reads_any_layout_without_a_copy(name):
+    """variation and hilbert_distance_logits are differences and maxima, exact in any
+    summation order: a Fortran-order or strided input is read as it is, not copied
+    (the copy cost one input's size of memory and a third more time)."""
+    import tracemalloc
+
+    rng = np.random.default_rng(3)
+    Z = rng.standard_normal((600, 500))
+    W = rng.standard_normal((600, 500))
+    fn = {"variation": lambda z, w: refgeo.variation(z), "hilbert_distance_logits": refgeo.hilbert_distance_logits}[name]
+    want = fn(Z, W)
+    for z, w in zip(other_layouts(Z), other_layouts(W)):
+        tracemalloc.start()
+        try:
+            got = fn(z, w)
+            peak = tracemalloc.get_traced_memory()[1]
+        finally:
+            tracemalloc.stop()
+        assert_same_result(got, want)
+        limit = 0.6 * Z.nbytes if name == "variation" else 1.6 * Z.nbytes  # z - w is one temporary
+        assert peak < limit, (peak, Z.nbytes)
+
+
 # ------------------------------------------------------------------- bad input
 
 BAD_INPUT_CASES = [
