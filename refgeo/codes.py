@@ -814,7 +814,8 @@ def lattice_ball(V: int, lattice: str, *, center: Any = None) -> np.ndarray:
         When the enumeration would hold more than ``2**20`` lattice points (the
         ball is enlarged past ``V`` points, and its projections can hold more), so
         the largest ``V`` lies below 1,000,000: ``V = 880,000`` is refused for
-        ``"Z"``, ``"D3"`` and ``"E8"``.
+        every lattice but ``"A2"`` (``"Z"``, the ``"D<n>"``, ``"E6"``, ``"E7"``
+        and ``"E8"``).
 
     Notes
     -----

@@ -1545,7 +1545,8 @@ def decompose(
         and temporaries of the metrics.  A ``ValueError`` also when ``Y - X`` (checked
         before any work), tau, rho or the singular values leave the float64 range
         (entries near 1e308): scaling X and Y down by a power of two gives the same
-        decomposition, exactly scaled.
+        decomposition, exactly scaled.  ``cls="mlp"`` accepts X and Y more than ``2**500``
+        apart in size (the MLP scales its panels itself).
 
     Notes
     -----
