@@ -1071,31 +1071,42 @@ def worst_case_hidden_state(S: Any, /, *, H: float = 1.0) -> WorstCaseHiddenStat
     xp = array_namespace(S)
     X = f64(xp, S)
     value = H * pair.value
-    if pair.value == 0.0:
-        h = xp.zeros((X.shape[1],), dtype=xp.float64)
-    elif pair.scale_exponent == 0:
-        h = _direction_times(X[pair.i, :] - X[pair.j, :], pair.value, H)
-    else:
+    if pair.value != 0.0 and pair.scale_exponent != 0:
         # the direction from the prescaled pair: H / D(S) overflows for subnormal D(S),
         # and the rows' own difference may be subnormal; the scaled ones are neither
         e = pair.scale_exponent
         a, c = scale_rows(xp, X[pair.i, :], e), scale_rows(xp, X[pair.j, :], e)
         D_scaled = math.sqrt(float(canonical_sq(xp, a, c)))  # the kernels' value, bit for bit
-        h = _direction_times(a - c, D_scaled, H)
-        value = unscale(H * D_scaled, e)  # one rounding, also where H D(S) is subnormal
+        # one rounding, also where H D(S) is subnormal; H's own power of two is moved
+        # into the unscaling, so that H times the scaled diameter (about 1) cannot
+        # overflow where H D(S) itself is representable (a large H and tiny rows)
+        mH, eH = math.frexp(H)
+        value = unscale(mH * D_scaled, e + eH)
     if not math.isfinite(value):
+        # checked before h is formed: its entries would overflow too (a RuntimeWarning)
         raise ValueError(
             f"H * D(S) = {H!r} * {pair.value!r} is beyond the float64 range (largest finite "
             f"{np.finfo(np.float64).max:.4g}); pass a smaller H or scale S down first."
         )
+    if pair.value == 0.0:
+        h = xp.zeros((X.shape[1],), dtype=xp.float64)
+    elif pair.scale_exponent == 0:
+        h = _direction_times(X[pair.i, :] - X[pair.j, :], pair.value, H)
+    else:
+        h = _direction_times(a - c, D_scaled, H)
     return WorstCaseHiddenState(value=value, h=_array_out(h, origin), i=pair.i, j=pair.j)
+
+
+_TINY64 = float(np.finfo(np.float64).tiny)  # smallest normal float64
 
 
 def _direction_times(diff, norm, H):
     """``diff * (H / norm)``, or ``(diff / norm) * H`` where ``H / norm`` overflows (a
-    large H and rows a few ulps apart): the entries of h never exceed H in size."""
+    large H and rows a few ulps apart) or is subnormal (a small H and a large diameter,
+    where the ratio kept only a few digits): the entries of h never exceed H in size,
+    and h keeps norm H to rounding."""
     ratio = H / norm
-    if math.isfinite(ratio):
+    if math.isfinite(ratio) and ratio >= _TINY64:
         return diff * ratio
     return (diff / norm) * H
 

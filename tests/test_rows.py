@@ -505,10 +505,39 @@ def test_worst_case_hidden_state_of_a_large_H_and_a_tiny_diameter(backend, k, H)
     assert w.value == H * D
 
 
+@pytest.mark.parametrize("k", [0, 20, 60, 600, 1000])
+@pytest.mark.parametrize("H", [1e-300, 2.2250738585072014e-308])
+def test_worst_case_hidden_state_of_a_small_H_and_a_large_diameter(backend, k, H):
+    """h* has norm H to the last bits also where H / D(S) is subnormal (it was rounded
+    to a few digits: 8e-9 relative for H = 1e-300 and D(S) = 5e15)."""
+    S = np.ldexp(np.array([[0.0, 0.0], [3.0, 4.0]]), k)
+    w = refgeo.worst_case_hidden_state(S, H=H)
+    want = (-0.6 * H, -0.8 * H)  # (s_0 - s_1) / ||s_0 - s_1|| = -(3, 4) / 5
+    np.testing.assert_allclose(w.h, want, rtol=4 * 2.0**-52, atol=0.0)
+
+
+@pytest.mark.parametrize("k", [-1000, -600])
+def test_worst_case_hidden_state_of_a_large_H_and_tiny_rows(backend, k):
+    """H D(S) is representable although H times the prescaled diameter (about 1) is not:
+    the value is the product, not a ValueError (tiny rows were scaled up, and H = 1.7e308
+    times their scaled diameter 1.24 overflowed)."""
+    S = np.ldexp(np.array([[0.0, 0.0], [-7.0, 7.0]]), k)  # scaled: entries 7/8, diameter 1.24
+    H = 1.7e308
+    w = refgeo.worst_case_hidden_state(S, H=H)
+    D = refgeo.row_diameter(S).value
+    assert w.value == pytest.approx(H * D, rel=2.0**-51)
+    r = math.sqrt(0.5)  # (s_0 - s_1) / ||s_0 - s_1|| = (1, -1) / sqrt(2)
+    np.testing.assert_allclose(w.h, (r * H, -r * H), rtol=4 * 2.0**-52, atol=0.0)
+
+
 def test_worst_case_hidden_state_beyond_the_float64_range_raises(backend):
     S = np.array([[0.0, 0.0], [3.0, 4.0]])
     with pytest.raises(ValueError, match=r"H \* D\(S\) = 1e\+308 \* 5.0 is beyond the float64 range"):
         refgeo.worst_case_hidden_state(S, H=1e308)
+    # the largest H: h's entries overflow too, but the ValueError comes first (no
+    # RuntimeWarning from forming h; warnings are errors in this suite)
+    with pytest.raises(ValueError, match="beyond the float64 range"):
+        refgeo.worst_case_hidden_state(np.array([[0.0], [-3.0]]), H=1.7976931348623157e308)
     with pytest.raises(ValueError, match="beyond the float64 range"):
         refgeo.worst_case_hidden_state(np.ldexp(S, 1000), H=1e10)
     assert refgeo.worst_case_hidden_state(S, H=3e307).value == 3e307 * 5.0
