@@ -139,7 +139,6 @@ def test_state_dict_round_trip_continues_identically():
         assert torch.equal(W_a, W_b)
 
 
-
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 def test_state_dict_round_trip_keeps_float32_buffers_of_half_parameters(dtype):
     """Half-precision parameters keep float32 buffers, and a state_dict round trip keeps
@@ -162,6 +161,7 @@ def test_state_dict_round_trip_keeps_float32_buffers_of_half_parameters(dtype):
             opt.step()
         assert torch.equal(opt_a.state[W_a]["momentum_buffer"], opt_b.state[W_b]["momentum_buffer"])
         assert torch.equal(W_a, W_b)
+
 
 def test_closure_and_lr_scheduler():
     W0, grads = _lm_gradients(T=6, seed=5)
@@ -350,7 +350,6 @@ def test_monitor_bad_input():
         rtorch.HeadStepMonitor(opt, torch.zeros(4, 2), n_threads=0)
 
 
-
 def test_monitor_reads_bfloat16_and_grad_tensors_and_names_bad_ones():
     """The panel and a recorded step may be bfloat16 or carry autograd history (read as
     their exact float32 values); meta and integer tensors are TypeErrors naming them."""
@@ -370,6 +369,7 @@ def test_monitor_reads_bfloat16_and_grad_tensors_and_names_bad_ones():
     mon = rtorch.HeadStepMonitor(opt, H)
     with pytest.raises(TypeError, match="S .*meta"):
         mon.record(torch.zeros(3, 2, device="meta"), step=1)
+
 
 def test_monitor_records_do_not_depend_on_threads():
     # Small recordings run on one thread by default; the record must be the same as on
