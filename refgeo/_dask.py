@@ -192,6 +192,40 @@ def _compute(*values):
     return dask.compute(*values)
 
 
+def _beyond_float64(block):
+    """``(count, largest magnitude)`` of the finite entries of ``block`` that become
+    infinite in float64 (long double chunks)."""
+    with np.errstate(over="ignore"):
+        wide = np.asarray(block)
+        beyond = np.isinf(wide.astype(np.float64)) & np.isfinite(wide)
+    n = int(np.count_nonzero(beyond))
+    return n, (np.max(np.abs(wide[beyond])) if n else None)
+
+
+def _engine_rows(S, name):
+    """``S`` with float32 or float64 chunks: other real floating chunks (float16, long
+    double) as float64, as NumPy inputs of those dtypes are converted
+    (:func:`refgeo._validate.as_float_array`).  The tasks' engines, and the k-NN
+    refinement in particular, know only float32 and float64 rows.  Finite long double
+    entries beyond the float64 range raise the ``ValueError`` of a NumPy input, naming
+    ``name``, before any pairwise task runs (one pass over the chunks)."""
+    if S is None or S.dtype in (np.float32, np.float64):
+        return S
+    if S.dtype.itemsize > 8:
+        import dask
+
+        counts = _compute(*[dask.delayed(_beyond_float64, pure=True)(b) for b in S.to_delayed().ravel()])
+        n = sum(c for c, _ in counts)
+        if n:
+            top = max(t for c, t in counts if c)
+            raise ValueError(
+                f"{name} must have entries within the float64 range (|x| <= "
+                f"{np.finfo(np.float64).max:.4g}), got {n} entr{'y' if n == 1 else 'ies'} beyond it "
+                f"(largest {np.format_float_scientific(top, precision=3, trim='-')}) instead."
+            )
+    return S.astype(np.float64)
+
+
 # --------------------------------------------------------------------------- task kernels
 
 
@@ -679,12 +713,12 @@ def diameter(S, *, tile_size=None, n_threads=None, engine=None) -> KernelRun:
     picks ``"array"`` for CuPy chunks, else the compiled one when the extension is
     importable, else ``"numpy"``.  All three give the same answer.
     """
-    return _extreme(S, maximize=True, tile_size=tile_size, engine=engine)
+    return _extreme(_engine_rows(S, "S"), maximize=True, tile_size=tile_size, engine=engine)
 
 
 def closest(S, *, tile_size=None, n_threads=None, engine=None) -> KernelRun:
     """Closest pair of a Dask array (``engine`` as for :func:`diameter`)."""
-    return _extreme(S, maximize=False, tile_size=tile_size, engine=engine)
+    return _extreme(_engine_rows(S, "S"), maximize=False, tile_size=tile_size, engine=engine)
 
 
 def _per_row_blocks(tasks, nblocks, merge, *args):
@@ -711,6 +745,7 @@ def farthest(S, *, tile_size=None, n_threads=None, engine=None) -> KernelRun:
     the block pair, and the per-row bests merge.  The NumPy tasks run in two phases
     (:func:`_farthest_numpy`).
     """
+    S = _engine_rows(S, "S")
     engine = _pair_engine(engine, S)
     if engine == "numpy":
         return _farthest_numpy(S, tile_size=tile_size)
@@ -1287,6 +1322,7 @@ def knn(X, k, Y, *, exclude_self, tile_size=None, n_threads=None, engine=None) -
     ``refgeo_ext._knn_blocks``) when the extension is importable here, else ``"numpy"``.
     All three give the same answer.
     """
+    X, Y = _engine_rows(X, "X"), _engine_rows(Y, "Y")
     if engine is None:
         if _chunks_on_gpu(X, Y):
             engine = "array"

@@ -688,3 +688,38 @@ def test_cupy_chunks_run_the_array_tasks_on_the_gpu(client):
         got, want = _dask.knn(D, 5, None, exclude_self=True), refgeo.knn(S, 5)
         np.testing.assert_array_equal(got.indices, want.indices)
         np.testing.assert_array_equal(got.distances, want.distances)
+
+
+def test_float16_and_long_double_chunks_run_as_float64(client):
+    # NumPy inputs of these dtypes are converted to float64 (float16 exactly); Dask
+    # chunks must give the same answers, bit for bit (the k-NN refinement of long
+    # double chunks must not fall back to float32)
+    S = _rows(9, 30, 5, np.float64, ties=False)
+    for dtype in (np.float16, np.longdouble):
+        W = S.astype(dtype)
+        D = da.from_array(W, chunks=(7, 5))
+        _same_pair(refgeo.row_diameter(W), refgeo.row_diameter(D))
+        _same_pair(refgeo.closest_pair(W), refgeo.closest_pair(D))
+        _same_rows(refgeo.farthest_partners(W), refgeo.farthest_partners(D))
+        _same_rows(refgeo.knn(W, 4), refgeo.knn(D, 4))
+        _same_rows(refgeo.knn(W, 3, W[:11]), refgeo.knn(D, 3, D[:11]))
+
+
+@pytest.mark.skipif(np.finfo(np.longdouble).max <= np.finfo(np.float64).max,
+                    reason="long double is float64 here")
+def test_long_double_beyond_the_float64_range_names_the_argument(client):
+    # as for a NumPy input: a ValueError naming the argument and the largest entry,
+    # before any task runs (no overflow warnings, no error about GEMM norms)
+    import warnings
+
+    W = np.longdouble("1e400") * np.arange(1, 4, dtype=np.longdouble)[:, None] * np.ones((3, 2), dtype=np.longdouble)
+    msg = r"{} must have entries within the float64 range \(\|x\| <= 1.798e\+308\), got 6 entries beyond it \(largest 3e\+400\) instead."
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", RuntimeWarning)
+        for fn in (refgeo.row_diameter, refgeo.closest_pair, refgeo.farthest_partners, refgeo.distance_ratio):
+            with pytest.raises(ValueError, match=msg.format("S")):
+                fn(da.from_array(W, chunks=2))
+        with pytest.raises(ValueError, match=msg.format("X")):
+            refgeo.knn(da.from_array(W, chunks=2), 1)
+        with pytest.raises(ValueError, match=msg.format("Y")):
+            refgeo.knn(da.from_array(np.ones((2, 2)), chunks=1), 1, da.from_array(W, chunks=2))
