@@ -621,15 +621,18 @@ def _outside_stacklevel() -> int:
     return level
 
 
-def _warn_small_blocks(blocks, cap):
+def _warn_small_blocks(blocks, cap, names):
     """Warn (``dask.array.PerformanceWarning``) when small row chunks make many more
     block-pair tasks than chunks of ``cap`` rows would.
 
     ``blocks`` is the ``(blocks, offsets)`` of one matrix (pairs within it) or of two
-    (pairs across).  Each task costs the scheduler about a millisecond and a worker a
-    few; with 512-row chunks a million rows make 1.9 million tasks, with 2048-row
-    chunks 120,000.  The result does not depend on the chunks, so the fix is the
-    user's rechunk; it is not done here because merging chunks moves data between
+    (pairs across), ``names`` the names of their arguments.  Each task costs the
+    scheduler about a millisecond and a worker a few; with 512-row chunks a million rows
+    make 1.9 million tasks, with 2048-row chunks 120,000.  The warning names the
+    matrices whose chunks are small (those that alone would at least halve the number of
+    tasks if merged: for ``X`` against ``Y`` the small chunks may be either's) and the
+    size of their largest chunk.  The result does not depend on the chunks, so the fix
+    is the user's rechunk; it is not done here because merging chunks moves data between
     workers and the chunks may be what the user laid out on purpose.
     """
     sizes = [len(b) for b, _ in blocks]
@@ -642,23 +645,26 @@ def _warn_small_blocks(blocks, cap):
         return
     from dask.array.core import PerformanceWarning
 
-    largest = max(max(np.diff(o)) for _, o in blocks)
+    # now >= 4 then: the ratio sizes / merged of one of at most two matrices is >= 2
+    small = [t for t in range(len(blocks)) if sizes[t] >= 2 * merged[t]]
+    largest = max(int(max(np.diff(blocks[t][1]))) for t in small)
+    rechunk = " and ".join(f"{names[t]}.rechunk({{0: {cap}, 1: -1}})" for t in small)
     warnings.warn(
-        f"the row chunks (at most {largest} rows each) make {now:,} block-pair tasks; chunks of "
-        f"{cap} rows would make {then:,}. Rechunk the rows before the call, e.g. "
-        f"x.rechunk({{0: {cap}, 1: -1}}) (the result does not depend on the chunks).",
+        f"the row chunks of {' and '.join(names[t] for t in small)} (at most {largest} rows each) make "
+        f"{now:,} block-pair tasks; chunks of {cap} rows would make {then:,}. Rechunk the rows before "
+        f"the call, e.g. {rechunk} (the result does not depend on the chunks).",
         PerformanceWarning,
         stacklevel=_outside_stacklevel(),
     )
 
 
-def _blocks_and_mean(arrays, tile_size, host=True):
+def _blocks_and_mean(arrays, tile_size, host=True, names=("S",)):
     """``([(blocks, offsets) per array], mean)``: the task blocks of each array
     (:func:`_task_blocks`, at most ``tile_size`` or :data:`MAX_BLOCK_ROWS` rows) and the
     mean of their rows together, warning where the chunks are needlessly small
-    (:func:`_warn_small_blocks`)."""
+    (:func:`_warn_small_blocks`; ``names``: the arguments' names)."""
     blocks = [_task_blocks(a, tile_size, host) for a in arrays]
-    _warn_small_blocks(blocks, max(1, tile_size or MAX_BLOCK_ROWS))
+    _warn_small_blocks(blocks, max(1, tile_size or MAX_BLOCK_ROWS), names)
     return blocks, _mean(arrays)
 
 
@@ -1254,10 +1260,11 @@ def _knn_compiled(X, k, Y, *, exclude_self, tile_size, array_api=False) -> Kerne
     tile_size = tile_size or MAX_KNN_BLOCK_ROWS
     symmetric = Y is None
     if symmetric:
-        ((blocks, offsets),), mu = _blocks_and_mean([X], tile_size, host=not array_api)
+        ((blocks, offsets),), mu = _blocks_and_mean([X], tile_size, host=not array_api, names=("X",))
         yblocks, yoffsets = blocks, offsets
     else:
-        ((blocks, offsets), (yblocks, yoffsets)), mu = _blocks_and_mean([X, Y], tile_size, host=not array_api)
+        ((blocks, offsets), (yblocks, yoffsets)), mu = _blocks_and_mean([X, Y], tile_size, host=not array_api,
+                                                                         names=("X", "Y"))
     filt = dask.delayed(_knn_keys_task_xp if array_api else _knn_keys_task, pure=True, nout=4)
     refine = dask.delayed(_knn_refine_pair_task_xp if array_api else _knn_refine_pair_task, pure=True, nout=2)
     nb = len(blocks)
@@ -1338,10 +1345,10 @@ def _knn_numpy(X, k, Y, *, exclude_self, tile_size=None) -> KernelRun:
 
     symmetric = Y is None
     if symmetric:
-        ((blocks, offsets),), mu = _blocks_and_mean([X], tile_size)
+        ((blocks, offsets),), mu = _blocks_and_mean([X], tile_size, names=("X",))
         yblocks, yoffsets = blocks, offsets
     else:
-        ((blocks, offsets), (yblocks, yoffsets)), mu = _blocks_and_mean([X, Y], tile_size)
+        ((blocks, offsets), (yblocks, yoffsets)), mu = _blocks_and_mean([X, Y], tile_size, names=("X", "Y"))
     filt = dask.delayed(_knn_filter_task, pure=True, nout=4)
     refine = dask.delayed(_knn_refine_task, pure=True)
     nb = len(blocks)

@@ -559,15 +559,49 @@ def test_small_row_chunks_are_warned_about():
         _same_pair(want, got)
         (w,) = record
         assert str(w.message) == (
-            "the row chunks (at most 1 rows each) make 11,325 block-pair tasks; chunks of 2048 rows would "
-            "make 1. Rechunk the rows before the call, e.g. x.rechunk({0: 2048, 1: -1}) (the result does not "
-            "depend on the chunks).")
+            "the row chunks of S (at most 1 rows each) make 11,325 block-pair tasks; chunks of 2048 rows "
+            "would make 1. Rechunk the rows before the call, e.g. S.rechunk({0: 2048, 1: -1}) (the result "
+            "does not depend on the chunks).")
         assert w.filename == __file__
         with warnings.catch_warnings():
             warnings.simplefilter("error", PerformanceWarning)
             _same_pair(want, refgeo.row_diameter(da.from_array(S, chunks=(150, 2)), tile_size=1))
             # below the task count that matters: 50 chunks, 1,275 tasks
             _same_pair(refgeo.row_diameter(S[:50]), refgeo.row_diameter(da.from_array(S[:50], chunks=(1, 2))))
+
+
+def test_small_row_chunks_of_x_or_y_are_named(monkeypatch):
+    # k-NN of X against Y: the warning names the matrix whose row chunks are small, and
+    # their size, not the largest chunk of both; none where only a merge of chunks that
+    # are already whole blocks would help (fewer tasks than the threshold, here 30)
+    import warnings
+
+    import dask
+    from dask.array.core import PerformanceWarning
+
+    from refgeo import _dask
+
+    monkeypatch.setattr(_dask, "SMALL_BLOCK_TASKS", 30)
+    X = _rows(4, 120, 2, np.float64, ties=False)
+    Y = _rows(5, 150, 2, np.float64, ties=False)
+    rechunk = "{0: 8192, 1: -1}"
+    with dask.config.set(scheduler="sync"):
+        # (rows of X, chunks of X, chunks of Y): the matrices named and their largest chunk
+        for (nx, xc, yc), (name, size) in [((10, 10, 1), ("Y", 1)), ((120, 3, 150), ("X", 3)),
+                                           ((40, 1, 5), ("X and Y", 5))]:
+            with pytest.warns(PerformanceWarning) as record:
+                got = refgeo.knn(da.from_array(X[:nx], chunks=(xc, 2)), 2, da.from_array(Y, chunks=(yc, 2)))
+            _same_rows(refgeo.knn(X[:nx], 2, Y), got)
+            (w,) = record
+            text = str(w.message)
+            assert text.startswith(f"the row chunks of {name} (at most {size} rows each) make "), text
+            want = (f"{name}.rechunk({rechunk})" if name != "X and Y"
+                    else f"X.rechunk({rechunk}) and Y.rechunk({rechunk})")
+            assert f"e.g. {want} (the result" in text, text
+        with warnings.catch_warnings():
+            warnings.simplefilter("error", PerformanceWarning)
+            # 5 one-row chunks of X against one chunk of Y: 5 tasks
+            refgeo.knn(da.from_array(X[:5], chunks=(1, 2)), 2, da.from_array(Y, chunks=(150, 2)))
 
 
 def test_pair_engine_dispatch():
