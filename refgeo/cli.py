@@ -250,7 +250,10 @@ def _inspect_report(S, args: argparse.Namespace, pairs: tuple[Any, Any] | None =
     out["ratio"] = m.value / D.value if D.value > 0 else None
     out["condition_number"] = D.value / m.value if m.value > 0 else None
     if D.value > 0:
-        X = np.array(S, dtype=np.float64)  # one float64 copy, centered in place
+        X = np.array(S, dtype=np.float64)  # one float64 copy, scaled and centered in place
+        # scaled by a power of two (exact: the same rank) to a largest magnitude in
+        # [1/2, 1), so that the mean of rows near the float64 maximum cannot overflow
+        np.ldexp(X, -math.frexp(max(float(X.max()), -float(X.min())))[1], out=X)
         X -= X.mean(axis=0)
         k = int(np.linalg.matrix_rank(X))
         del X

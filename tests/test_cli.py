@@ -203,6 +203,21 @@ def test_inspect_duplicate_rows_give_zero_ratio(capsys, tmp_path):
     assert rep["condition_number"] is None  # infinite: JSON null, never Infinity
 
 
+def test_inspect_rows_near_the_float64_maximum(tmp_path):
+    # rows near 1.7e308 whose differences are representable (D is about 2e307): the
+    # centered rows span the plane, so the rank is 2 and the covering radius lies between
+    # the Jung bounds; a real process, so that a warning on stderr is seen
+    f = tmp_path / "huge.npy"
+    np.save(f, np.array([[1.7e308, 1.7e308], [1.6e308, 1.69e308], [1.5e308, 1.65e308]]))
+    proc = subprocess.run(_refgeo("inspect", str(f), "--json"), capture_output=True, text=True, timeout=120)
+    assert (proc.returncode, proc.stderr) == (0, "")
+    rep = json.loads(proc.stdout)
+    assert rep["rank_centered"] == 2
+    jung, radius = rep["jung"], rep["covering_radius"]["radius"]
+    assert jung["k"] == 2 and jung["J_k"] == pytest.approx(1 / math.sqrt(3))
+    assert jung["lower"] <= radius <= jung["upper"]
+
+
 @pytest.mark.parametrize(
     "case, args, fragments",
     [
