@@ -462,16 +462,44 @@ def _cmd_spread(args: argparse.Namespace) -> int:
     return 0
 
 
+def _scale_exponent(G: np.ndarray) -> int:
+    """The binary exponent of the largest magnitude of ``G`` (0 for a zero array):
+    ``G * 2**-e`` has its largest magnitude in [1/2, 1)."""
+    return math.frexp(max(float(np.max(G)), -float(np.min(G))))[1]
+
+
+def _scaled_mean(G: np.ndarray) -> np.ndarray:
+    """The float64 mean of the rows of ``G``, formed on the rows scaled by a power of two
+    (the same value where the sum fits; no overflow for rows near the float64 maximum)."""
+    e = _scale_exponent(G)
+    return np.ldexp(np.ldexp(np.asarray(G, dtype=np.float64), -e).mean(axis=0), e)
+
+
+def _half_sum_of_centered_row_norms(G: np.ndarray) -> float:
+    """``sum_i ||g_i - mean||_2 / 2`` (the RowNorm decrease), on the rows scaled by a power
+    of two: the squares of the entries of a gradient of magnitude 1e200 overflow and those of
+    1e-200 underflow to 0."""
+    e = _scale_exponent(G)
+    X = np.ldexp(np.asarray(G, dtype=np.float64), -e)
+    X -= X.mean(axis=0)
+    try:
+        return math.ldexp(0.5 * float(np.linalg.norm(X, axis=1).sum()), e)
+    except OverflowError:
+        return math.inf
+
+
 def _cmd_lmo(args: argparse.Namespace) -> int:
     G, where = _load_matrix(args.grad, key=args.key, label="GRAD")
     check_min_rows(G, where, 2)
     _check_out_path(args.out)
     if args.center:
-        G = G - G.mean(axis=0, dtype=np.float64)
+        with np.errstate(over="ignore"):
+            G = G - _scaled_mean(G)
+        if not bool(np.isfinite(G).all()):
+            raise CLIError(f"--center: the centered rows of {where} exceed the float64 range; scale the gradient down")
     res = diameter_lmo(G, eta=args.eta, rtol=args.rtol, max_time=args.max_time,
                        **_progress_kw(diameter_lmo, args))
-    G64 = np.asarray(G, dtype=np.float64)
-    half_sum = 0.5 * float(np.linalg.norm(G64 - G64.mean(axis=0), axis=1).sum())
+    half_sum = _half_sum_of_centered_row_norms(G)
     lo, hi = float(res.lower_bound), float(res.upper_bound)
     rep: dict[str, Any] = {
         "source": where,

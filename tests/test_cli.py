@@ -311,6 +311,26 @@ def test_lmo_rank_one_closed_form(capsys, tmp_path):
     assert -np.sum(np.outer(a, b) * S) == pytest.approx(2 * T, rel=1e-6)
 
 
+@pytest.mark.parametrize("scale, center", [(2.0**664, False), (2.0**-664, False), (2.0**1019, True)],
+                         ids=["1e200", "1e-200", "center-near-max"])
+def test_lmo_tiny_and_huge_gradients(tmp_path, scale, center):
+    # the rank-one closed form of test_lmo_rank_one_closed_form scaled by a power of two:
+    # the half sum of the row norms is T * scale and RowNorm stays exact (the squares of
+    # the entries overflowed or underflowed: "in [inf, 1]" or "[0, 0]"); with --center the
+    # rows a + 3 of a gradient near the float64 maximum, whose column sums overflow
+    a = np.array([1.0, -2.0, 0.5, 0.5])
+    b = np.array([3.0, 4.0])
+    f = tmp_path / "g.npy"
+    np.save(f, np.outer(a + 3 if center else a, b) * scale)
+    proc = subprocess.run(_refgeo("lmo", str(f), "--json", *(["--center"] if center else [])),
+                          capture_output=True, text=True, timeout=120)
+    assert (proc.returncode, proc.stderr) == (0, "")
+    rep = json.loads(proc.stdout)
+    T = 0.5 * np.abs(a).sum() * np.linalg.norm(b)
+    assert rep["rownorm_half_sum"] == pytest.approx(T * scale, rel=1e-12)
+    assert rep["rownorm_over_exact"] == pytest.approx([1.0, 1.0], rel=1e-6)
+
+
 def test_lmo_regular_simplex_ratio(capsys, tmp_path):
     # rows of a centered regular simplex with k = 2: RowNorm / exact = sqrt(3/4) = 0.8660 (docs/theory/lmo.md)
     G = np.array([[1.0, 0.0], [-0.5, math.sqrt(3) / 2], [-0.5, -math.sqrt(3) / 2]])
