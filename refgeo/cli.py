@@ -55,7 +55,8 @@ from refgeo import (
     worst_case_hidden_state,
 )
 
-from ._validate import as_float_array, check_min_rows, check_same_shape
+from ._validate import as_float_array, check_centered_rows, check_min_rows, check_same_shape
+from .lmo import _CENTERED_RTOL
 
 __all__ = ["main"]
 
@@ -492,7 +493,14 @@ def _cmd_lmo(args: argparse.Namespace) -> int:
     G, where = _load_matrix(args.grad, key=args.key, label="GRAD")
     check_min_rows(G, where, 2)
     _check_out_path(args.out)
-    if args.center:
+    if not args.center:
+        # the library's check, first: its remedy is a Python function, the command's --center
+        try:
+            check_centered_rows(np.ldexp(np.asarray(G, dtype=np.float64), -_scale_exponent(G)), "G", _CENTERED_RTOL)
+        except ValueError as exc:
+            msg = str(exc).partition(" Center it first")[0]
+            raise CLIError(f"{where}: {msg} Pass --center to subtract the mean row first.") from None
+    else:
         with np.errstate(over="ignore"):
             G = G - _scaled_mean(G)
         if not bool(np.isfinite(G).all()):

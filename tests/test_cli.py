@@ -375,6 +375,18 @@ def test_lmo_uncentered_gradient_library_error(capsys, files):
     assert_one_line_error(rc, err)
 
 
+def test_lmo_uncentered_gradient_suggests_center(tmp_path):
+    # the remedy on the command line is --center, not the Python function the library
+    # names; the file is named, and with --center the same file runs
+    f = tmp_path / "g.npy"
+    np.save(f, np.array([[1.0, 2.0], [3.0, 5.0], [0.0, 1.0]]))
+    proc = subprocess.run(_refgeo("lmo", str(f)), capture_output=True, text=True, timeout=120)
+    assert_one_line_error(proc.returncode, proc.stderr, str(f), "rows summing to zero", "Pass --center")
+    assert "refgeo.center_rows" not in proc.stderr
+    proc = subprocess.run(_refgeo("lmo", str(f), "--center"), capture_output=True, text=True, timeout=120)
+    assert (proc.returncode, proc.stderr) == (0, "")
+
+
 # ------------------------------------------------------------------ tokenwise
 
 def test_tokenwise_linear_layer_is_fully_tokenwise(capsys, tmp_path):
