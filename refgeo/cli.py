@@ -105,8 +105,11 @@ def _float_type(name: str, *, positive: bool = True) -> Callable[[str], float]:
 
 # ------------------------------------------------------------------ helpers
 
-def _load_matrix(path: str, *, key: str | None = None, label: str = "FILE"):
+def _load_matrix(path: str, *, key: str | None = None, label: str = "FILE", key_flag: str = "--key"):
     """A finite real 2-D array from .npy (memory-mapped) or .npz (read whole; no pickles).
+
+    ``key`` names the array of a ``.npz`` file; ``key_flag`` is the command's option
+    that sets it, for the messages.
 
     A ``.npy`` file is opened with ``mmap_mode="r"``: the rows are paged in from the file
     as the computation reads them, so a matrix larger than memory is never copied in
@@ -122,7 +125,7 @@ def _load_matrix(path: str, *, key: str | None = None, label: str = "FILE"):
     try:
         if lower.endswith(".npy"):
             if key is not None:
-                raise CLIError(f"--key applies to .npz files only, got --key {key!r} for {path!r}")
+                raise CLIError(f"{key_flag} applies to .npz files only, got {key_flag} {key!r} for {path!r}")
             arr = np.load(path, mmap_mode="r", allow_pickle=False)
             where = path
         else:
@@ -133,11 +136,11 @@ def _load_matrix(path: str, *, key: str | None = None, label: str = "FILE"):
                 if key is None:
                     if len(keys) > 1:
                         raise CLIError(
-                            f"{path!r} holds several arrays ({', '.join(keys)}); choose one with --key"
+                            f"{path!r} holds several arrays ({', '.join(keys)}); choose one with {key_flag}"
                         )
                     key = keys[0]
                 if key not in keys:
-                    raise CLIError(f"--key {key!r} is not in {path!r}; available keys: {', '.join(keys)}")
+                    raise CLIError(f"{key_flag} {key!r} is not in {path!r}; available keys: {', '.join(keys)}")
                 arr = npz[key]
                 where = f"{path}[{key}]"
     except CLIError:
@@ -540,8 +543,8 @@ def _cmd_lmo(args: argparse.Namespace) -> int:
 
 
 def _cmd_tokenwise(args: argparse.Namespace) -> int:
-    X, wx = _load_matrix(args.x, label="X")
-    Y, wy = _load_matrix(args.y, label="Y")
+    X, wx = _load_matrix(args.x, key=args.x_key, label="X", key_flag="--x-key")
+    Y, wy = _load_matrix(args.y, key=args.y_key, label="Y", key_flag="--y-key")
     check_same_shape(X, Y, ("X", "Y"))
     kwargs: dict[str, Any] = {"cls": args.cls}
     if args.cls != "mlp":  # the MLP is one global map: no neighbors, --k does not apply
@@ -671,8 +674,10 @@ def _build_parser() -> argparse.ArgumentParser:
         description="Fit a local linear map on the k nearest neighbors of each token and report "
         "how much of the update Y - X is tokenwise.",
     )
-    p.add_argument("x", metavar="X.npy", help="hidden states before the layer, shape (N, d)")
-    p.add_argument("y", metavar="Y.npy", help="hidden states after the layer, shape (N, d)")
+    p.add_argument("x", metavar="X.npy", help="hidden states before the layer, shape (N, d) (.npy or .npz)")
+    p.add_argument("y", metavar="Y.npy", help="hidden states after the layer, shape (N, d) (.npy or .npz)")
+    p.add_argument("--x-key", metavar="K", help="array name of X inside a .npz file")
+    p.add_argument("--y-key", metavar="K", help="array name of Y inside a .npz file (X and Y may share one file)")
     p.add_argument("--k", type=_int_type("--k", 1), default=16,
                    help="neighbors per token, unused by --cls mlp (default: %(default)s)")
     p.add_argument("--cls", default="diagonal", metavar="CLASS",

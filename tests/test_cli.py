@@ -443,6 +443,29 @@ def test_tokenwise_errors(capsys, files, tmp_path, args, fragments):
     assert_one_line_error(rc, err, *fragments)
 
 
+def test_tokenwise_reads_arrays_of_npz_files(tmp_path):
+    # X and Y in one .npz: --x-key and --y-key choose them, and an .npz with several
+    # arrays and no key names the option that exists (tokenwise has no --key)
+    rng = np.random.default_rng(6)
+    X = rng.standard_normal((20, 3))
+    f = tmp_path / "states.npz"
+    np.savez(f, X=X, Y=X * np.array([2.0, -1.0, 0.5]))
+    proc = subprocess.run(_refgeo("tokenwise", str(f), str(f)), capture_output=True, text=True, timeout=120)
+    assert_one_line_error(proc.returncode, proc.stderr, "several arrays", "--x-key")
+    proc = subprocess.run(_refgeo("tokenwise", str(f), str(f), "--x-key", "X"), capture_output=True, text=True,
+                          timeout=120)
+    assert_one_line_error(proc.returncode, proc.stderr, "several arrays", "--y-key")
+    proc = subprocess.run(_refgeo("tokenwise", str(f), str(f), "--x-key", "X", "--y-key", "Y", "--k", "5", "--json"),
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    rep = json.loads(proc.stdout)
+    assert (rep["X"], rep["Y"], rep["N"]) == (f"{f}[X]", f"{f}[Y]", 20)
+    assert rep["energy_fraction"] == pytest.approx(0.0, abs=1e-20)  # Y = X diag(c): diagonal maps are exact
+    proc = subprocess.run(_refgeo("tokenwise", str(f), str(f), "--x-key", "Z", "--y-key", "Y"), capture_output=True,
+                          text=True, timeout=120)
+    assert_one_line_error(proc.returncode, proc.stderr, "--x-key 'Z'", "X, Y")
+
+
 def test_tokenwise_bad_class_library_error(capsys, files):
     rc, _, err = run(capsys, "tokenwise", files["cloud"], files["cloud"], "--cls", "banana")
     assert_one_line_error(rc, err, "cls")
