@@ -280,9 +280,10 @@ def _inspect_report(S, args: argparse.Namespace, pairs: tuple[Any, Any] | None =
 SCHEDULER_TIMEOUT = 10.0
 
 
-def _read_npy_rows(path: str, a: int, b: int) -> np.ndarray:
-    """Rows ``a:b`` of a ``.npy`` file, read by the Dask worker that runs the task."""
-    return np.array(np.load(path, mmap_mode="r", allow_pickle=False)[a:b])
+def _read_npy_rows(path: str, a: int, b: int, dtype: Any) -> np.ndarray:
+    """Rows ``a:b`` of a ``.npy`` file as a C-contiguous array of ``dtype`` (the dtype the
+    command's checks gave the whole file), read by the Dask worker that runs the task."""
+    return np.array(np.load(path, mmap_mode="r", allow_pickle=False)[a:b], dtype=dtype, order="C")
 
 
 def _install_task_counter(name: str, dask_scheduler: Any = None) -> None:
@@ -390,11 +391,13 @@ def _dask_inspect(S: Any, args: argparse.Namespace) -> tuple[Any, Any]:
     V, d = S.shape
     b = args.chunk_rows
     with client, dask.config.set(scheduler=client):
-        if isinstance(S, np.memmap):
+        # the file name, not the loaded array, decides: the checks hand back a plain
+        # array (a view of the memory map, or a converted copy), never an np.memmap
+        if args.file.lower().endswith(".npy"):
             path = os.path.abspath(args.file)
             read = dask.delayed(_read_npy_rows, pure=True)
             D = da.concatenate([
-                da.from_delayed(read(path, a, min(a + b, V)), shape=(min(a + b, V) - a, d), dtype=S.dtype)
+                da.from_delayed(read(path, a, min(a + b, V), S.dtype), shape=(min(a + b, V) - a, d), dtype=S.dtype)
                 for a in range(0, V, b)
             ])
         else:

@@ -10,6 +10,7 @@ installed (the optional ``[dask]`` extra).
 
 from __future__ import annotations
 
+import json
 import os
 
 import numpy as np
@@ -297,6 +298,49 @@ def test_cli_inspect_on_a_scheduler(client, tmp_path, capsys, suffix):
     assert lines, run.stderr
     done, total = map(int, lines[-1].split()[-2].split("/"))
     assert done == total > 6 * 7 // 2  # at least the block-pair tasks of 6 blocks
+
+
+def _task_names(client):
+    """A scheduler plugin (the scheduler of the module's cluster runs in this process) that
+    records the name of every task that finishes: ``plugin.names``."""
+    from distributed.diagnostics.plugin import SchedulerPlugin
+
+    class Names(SchedulerPlugin):
+        name = "record-task-names"
+
+        def __init__(self):
+            self.names = set()
+
+        def transition(self, key, start, finish, *args, **kwargs):
+            if finish == "memory":
+                self.names.add(str(key[0] if isinstance(key, tuple) else key).rpartition("-")[0])
+
+    return Names()
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.int16])
+def test_cli_inspect_npy_is_read_by_the_workers(client, tmp_path, dtype):
+    # a .npy FILE is read by the workers' own tasks, --chunk-rows rows each (only its
+    # path travels), also where the rows are converted (integers to float64); a .npz is
+    # sent from the command's process
+    S = _rows(15, 60, 4, np.float64, ties=True).astype(dtype)
+    path = tmp_path / "rows.npy"
+    np.save(path, S)
+    plugin = _task_names(client)
+    client.cluster.scheduler.add_plugin(plugin)
+    try:
+        run = _cli("inspect", str(path), "--json", "--no-progress", "--scheduler", client.scheduler.address,
+                   "--chunk-rows", "16")
+    finally:
+        client.cluster.scheduler.remove_plugin(plugin.name)
+    assert run.returncode == 0, run.stderr
+    # the reading tasks (fused with their first consumers by Dask's optimization)
+    assert any("read_npy_rows" in n for n in plugin.names), sorted(plugin.names)
+    got = json.loads(run.stdout)
+    for key, fn in (("diameter", refgeo.row_diameter), ("closest_pair", refgeo.closest_pair)):
+        want = fn(S)
+        assert got[key]["backend"] == "dask"
+        assert (got[key]["value"], got[key]["pair"]) == (want.value, [want.i, want.j])
 
 
 def test_cli_inspect_scheduler_errors(tmp_path):
