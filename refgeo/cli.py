@@ -385,6 +385,14 @@ def _dask_inspect(S: Any, args: argparse.Namespace) -> tuple[Any, Any]:
     except ImportError as exc:
         raise CLIError(f"--scheduler needs Dask: python -m pip install 'refgeo[dask]' ({exc})") from None
     try:
+        # a malformed address is refused before a client exists: a client whose start
+        # failed times out again in its finalizer at exit, printing a traceback
+        distributed.comm.get_address_host_port(args.scheduler)
+    except ValueError as exc:
+        raise CLIError(
+            f"--scheduler {args.scheduler!r} is not a Dask scheduler address (e.g. tcp://host:8786): {exc}"
+        ) from None
+    try:
         client = distributed.Client(args.scheduler, timeout=args.scheduler_timeout, set_as_default=False)
     except (OSError, TimeoutError, ValueError) as exc:
         raise CLIError(f"could not connect to the Dask scheduler at {args.scheduler!r}: {exc}") from None

@@ -351,6 +351,12 @@ def test_cli_inspect_scheduler_errors(tmp_path):
     assert "could not connect to the Dask scheduler at 'tcp://127.0.0.1:9'" in run.stderr, run.stderr
     run = _cli("inspect", path, "--scheduler", "tcp://127.0.0.1:9", "--scheduler-timeout", "0")
     assert run.returncode == 2 and "--scheduler-timeout" in run.stderr, run.stderr
+    # malformed addresses: one line, and no traceback from the half-made client at exit
+    for address in ["foo", "tcp://127.0.0.1:notaport", "http://127.0.0.1:9", "inproc://x"]:
+        run = _cli("inspect", path, "--scheduler", address, "--scheduler-timeout", "1")
+        assert run.returncode == 2, run.stderr
+        (line,) = run.stderr.splitlines()
+        assert line.startswith(f"refgeo inspect: error: --scheduler {address!r} is not a Dask scheduler address"), line
 
 
 def test_nan_names_the_chunk(client):
