@@ -615,7 +615,8 @@ def _merge_knn(records, k):
 def _outside_stacklevel() -> int:
     """The ``stacklevel`` that makes a warning issued by this function's caller point at
     the first frame outside refgeo (the user's call)."""
-    level, frame = 1, sys._getframe(1)
+    level = 1
+    frame: Any = sys._getframe(1)  # FrameType, then FrameType | None
     while frame is not None and frame.f_globals.get("__name__", "").partition(".")[0] == "refgeo":
         frame, level = frame.f_back, level + 1
     return level
