@@ -192,6 +192,40 @@ def _compute(*values):
     return dask.compute(*values)
 
 
+def _beyond_float64(block):
+    """``(count, largest magnitude)`` of the finite entries of ``block`` that become
+    infinite in float64 (long double chunks)."""
+    with np.errstate(over="ignore"):
+        wide = np.asarray(block)
+        beyond = np.isinf(wide.astype(np.float64)) & np.isfinite(wide)
+    n = int(np.count_nonzero(beyond))
+    return n, (np.max(np.abs(wide[beyond])) if n else None)
+
+
+def _engine_rows(S, name):
+    """``S`` with float32 or float64 chunks: other real floating chunks (float16, long
+    double) as float64, as NumPy inputs of those dtypes are converted
+    (:func:`refgeo._validate.as_float_array`).  The tasks' engines, and the k-NN
+    refinement in particular, know only float32 and float64 rows.  Finite long double
+    entries beyond the float64 range raise the ``ValueError`` of a NumPy input, naming
+    ``name``, before any pairwise task runs (one pass over the chunks)."""
+    if S is None or S.dtype in (np.float32, np.float64):
+        return S
+    if S.dtype.itemsize > 8:
+        import dask
+
+        counts = _compute(*[dask.delayed(_beyond_float64, pure=True)(b) for b in S.to_delayed().ravel()])
+        n = sum(c for c, _ in counts)
+        if n:
+            top = max(t for c, t in counts if c)
+            raise ValueError(
+                f"{name} must have entries within the float64 range (|x| <= "
+                f"{np.finfo(np.float64).max:.4g}), got {n} entr{'y' if n == 1 else 'ies'} beyond it "
+                f"(largest {np.format_float_scientific(top, precision=3, trim='-')}) instead."
+            )
+    return S.astype(np.float64)
+
+
 # --------------------------------------------------------------------------- task kernels
 
 
@@ -581,21 +615,25 @@ def _merge_knn(records, k):
 def _outside_stacklevel() -> int:
     """The ``stacklevel`` that makes a warning issued by this function's caller point at
     the first frame outside refgeo (the user's call)."""
-    level, frame = 1, sys._getframe(1)
+    level = 1
+    frame: Any = sys._getframe(1)  # FrameType, then FrameType | None
     while frame is not None and frame.f_globals.get("__name__", "").partition(".")[0] == "refgeo":
         frame, level = frame.f_back, level + 1
     return level
 
 
-def _warn_small_blocks(blocks, cap):
+def _warn_small_blocks(blocks, cap, names):
     """Warn (``dask.array.PerformanceWarning``) when small row chunks make many more
     block-pair tasks than chunks of ``cap`` rows would.
 
     ``blocks`` is the ``(blocks, offsets)`` of one matrix (pairs within it) or of two
-    (pairs across).  Each task costs the scheduler about a millisecond and a worker a
-    few; with 512-row chunks a million rows make 1.9 million tasks, with 2048-row
-    chunks 120,000.  The result does not depend on the chunks, so the fix is the
-    user's rechunk; it is not done here because merging chunks moves data between
+    (pairs across), ``names`` the names of their arguments.  Each task costs the
+    scheduler about a millisecond and a worker a few; with 512-row chunks a million rows
+    make 1.9 million tasks, with 2048-row chunks 120,000.  The warning names the
+    matrices whose chunks are small (those that alone would at least halve the number of
+    tasks if merged: for ``X`` against ``Y`` the small chunks may be either's) and the
+    size of their largest chunk.  The result does not depend on the chunks, so the fix
+    is the user's rechunk; it is not done here because merging chunks moves data between
     workers and the chunks may be what the user laid out on purpose.
     """
     sizes = [len(b) for b, _ in blocks]
@@ -608,23 +646,26 @@ def _warn_small_blocks(blocks, cap):
         return
     from dask.array.core import PerformanceWarning
 
-    largest = max(max(np.diff(o)) for _, o in blocks)
+    # now >= 4 then: the ratio sizes / merged of one of at most two matrices is >= 2
+    small = [t for t in range(len(blocks)) if sizes[t] >= 2 * merged[t]]
+    largest = max(int(max(np.diff(blocks[t][1]))) for t in small)
+    rechunk = " and ".join(f"{names[t]}.rechunk({{0: {cap}, 1: -1}})" for t in small)
     warnings.warn(
-        f"the row chunks (at most {largest} rows each) make {now:,} block-pair tasks; chunks of "
-        f"{cap} rows would make {then:,}. Rechunk the rows before the call, e.g. "
-        f"x.rechunk({{0: {cap}, 1: -1}}) (the result does not depend on the chunks).",
+        f"the row chunks of {' and '.join(names[t] for t in small)} (at most {largest} rows each) make "
+        f"{now:,} block-pair tasks; chunks of {cap} rows would make {then:,}. Rechunk the rows before "
+        f"the call, e.g. {rechunk} (the result does not depend on the chunks).",
         PerformanceWarning,
         stacklevel=_outside_stacklevel(),
     )
 
 
-def _blocks_and_mean(arrays, tile_size, host=True):
+def _blocks_and_mean(arrays, tile_size, host=True, names=("S",)):
     """``([(blocks, offsets) per array], mean)``: the task blocks of each array
     (:func:`_task_blocks`, at most ``tile_size`` or :data:`MAX_BLOCK_ROWS` rows) and the
     mean of their rows together, warning where the chunks are needlessly small
-    (:func:`_warn_small_blocks`)."""
+    (:func:`_warn_small_blocks`; ``names``: the arguments' names)."""
     blocks = [_task_blocks(a, tile_size, host) for a in arrays]
-    _warn_small_blocks(blocks, max(1, tile_size or MAX_BLOCK_ROWS))
+    _warn_small_blocks(blocks, max(1, tile_size or MAX_BLOCK_ROWS), names)
     return blocks, _mean(arrays)
 
 
@@ -679,12 +720,12 @@ def diameter(S, *, tile_size=None, n_threads=None, engine=None) -> KernelRun:
     picks ``"array"`` for CuPy chunks, else the compiled one when the extension is
     importable, else ``"numpy"``.  All three give the same answer.
     """
-    return _extreme(S, maximize=True, tile_size=tile_size, engine=engine)
+    return _extreme(_engine_rows(S, "S"), maximize=True, tile_size=tile_size, engine=engine)
 
 
 def closest(S, *, tile_size=None, n_threads=None, engine=None) -> KernelRun:
     """Closest pair of a Dask array (``engine`` as for :func:`diameter`)."""
-    return _extreme(S, maximize=False, tile_size=tile_size, engine=engine)
+    return _extreme(_engine_rows(S, "S"), maximize=False, tile_size=tile_size, engine=engine)
 
 
 def _per_row_blocks(tasks, nblocks, merge, *args):
@@ -711,6 +752,7 @@ def farthest(S, *, tile_size=None, n_threads=None, engine=None) -> KernelRun:
     the block pair, and the per-row bests merge.  The NumPy tasks run in two phases
     (:func:`_farthest_numpy`).
     """
+    S = _engine_rows(S, "S")
     engine = _pair_engine(engine, S)
     if engine == "numpy":
         return _farthest_numpy(S, tile_size=tile_size)
@@ -1219,10 +1261,11 @@ def _knn_compiled(X, k, Y, *, exclude_self, tile_size, array_api=False) -> Kerne
     tile_size = tile_size or MAX_KNN_BLOCK_ROWS
     symmetric = Y is None
     if symmetric:
-        ((blocks, offsets),), mu = _blocks_and_mean([X], tile_size, host=not array_api)
+        ((blocks, offsets),), mu = _blocks_and_mean([X], tile_size, host=not array_api, names=("X",))
         yblocks, yoffsets = blocks, offsets
     else:
-        ((blocks, offsets), (yblocks, yoffsets)), mu = _blocks_and_mean([X, Y], tile_size, host=not array_api)
+        ((blocks, offsets), (yblocks, yoffsets)), mu = _blocks_and_mean([X, Y], tile_size, host=not array_api,
+                                                                         names=("X", "Y"))
     filt = dask.delayed(_knn_keys_task_xp if array_api else _knn_keys_task, pure=True, nout=4)
     refine = dask.delayed(_knn_refine_pair_task_xp if array_api else _knn_refine_pair_task, pure=True, nout=2)
     nb = len(blocks)
@@ -1287,6 +1330,7 @@ def knn(X, k, Y, *, exclude_self, tile_size=None, n_threads=None, engine=None) -
     ``refgeo_ext._knn_blocks``) when the extension is importable here, else ``"numpy"``.
     All three give the same answer.
     """
+    X, Y = _engine_rows(X, "X"), _engine_rows(Y, "Y")
     if engine is None:
         if _chunks_on_gpu(X, Y):
             engine = "array"
@@ -1302,10 +1346,10 @@ def _knn_numpy(X, k, Y, *, exclude_self, tile_size=None) -> KernelRun:
 
     symmetric = Y is None
     if symmetric:
-        ((blocks, offsets),), mu = _blocks_and_mean([X], tile_size)
+        ((blocks, offsets),), mu = _blocks_and_mean([X], tile_size, names=("X",))
         yblocks, yoffsets = blocks, offsets
     else:
-        ((blocks, offsets), (yblocks, yoffsets)), mu = _blocks_and_mean([X, Y], tile_size)
+        ((blocks, offsets), (yblocks, yoffsets)), mu = _blocks_and_mean([X, Y], tile_size, names=("X", "Y"))
     filt = dask.delayed(_knn_filter_task, pure=True, nout=4)
     refine = dask.delayed(_knn_refine_task, pure=True)
     nb = len(blocks)

@@ -55,7 +55,8 @@ from refgeo import (
     worst_case_hidden_state,
 )
 
-from ._validate import as_float_array, check_min_rows, check_same_shape
+from ._validate import as_float_array, check_centered_rows, check_min_rows, check_same_shape
+from .lmo import _CENTERED_RTOL
 
 __all__ = ["main"]
 
@@ -104,8 +105,11 @@ def _float_type(name: str, *, positive: bool = True) -> Callable[[str], float]:
 
 # ------------------------------------------------------------------ helpers
 
-def _load_matrix(path: str, *, key: str | None = None, label: str = "FILE"):
+def _load_matrix(path: str, *, key: str | None = None, label: str = "FILE", key_flag: str = "--key"):
     """A finite real 2-D array from .npy (memory-mapped) or .npz (read whole; no pickles).
+
+    ``key`` names the array of a ``.npz`` file; ``key_flag`` is the command's option
+    that sets it, for the messages.
 
     A ``.npy`` file is opened with ``mmap_mode="r"``: the rows are paged in from the file
     as the computation reads them, so a matrix larger than memory is never copied in
@@ -121,7 +125,7 @@ def _load_matrix(path: str, *, key: str | None = None, label: str = "FILE"):
     try:
         if lower.endswith(".npy"):
             if key is not None:
-                raise CLIError(f"--key applies to .npz files only, got --key {key!r} for {path!r}")
+                raise CLIError(f"{key_flag} applies to .npz files only, got {key_flag} {key!r} for {path!r}")
             arr = np.load(path, mmap_mode="r", allow_pickle=False)
             where = path
         else:
@@ -132,11 +136,11 @@ def _load_matrix(path: str, *, key: str | None = None, label: str = "FILE"):
                 if key is None:
                     if len(keys) > 1:
                         raise CLIError(
-                            f"{path!r} holds several arrays ({', '.join(keys)}); choose one with --key"
+                            f"{path!r} holds several arrays ({', '.join(keys)}); choose one with {key_flag}"
                         )
                     key = keys[0]
                 if key not in keys:
-                    raise CLIError(f"--key {key!r} is not in {path!r}; available keys: {', '.join(keys)}")
+                    raise CLIError(f"{key_flag} {key!r} is not in {path!r}; available keys: {', '.join(keys)}")
                 arr = npz[key]
                 where = f"{path}[{key}]"
     except CLIError:
@@ -250,7 +254,10 @@ def _inspect_report(S, args: argparse.Namespace, pairs: tuple[Any, Any] | None =
     out["ratio"] = m.value / D.value if D.value > 0 else None
     out["condition_number"] = D.value / m.value if m.value > 0 else None
     if D.value > 0:
-        X = np.array(S, dtype=np.float64)  # one float64 copy, centered in place
+        X = np.array(S, dtype=np.float64)  # one float64 copy, scaled and centered in place
+        # scaled by a power of two (exact: the same rank) to a largest magnitude in
+        # [1/2, 1), so that the mean of rows near the float64 maximum cannot overflow
+        np.ldexp(X, -math.frexp(max(float(X.max()), -float(X.min())))[1], out=X)
         X -= X.mean(axis=0)
         k = int(np.linalg.matrix_rank(X))
         del X
@@ -273,9 +280,10 @@ def _inspect_report(S, args: argparse.Namespace, pairs: tuple[Any, Any] | None =
 SCHEDULER_TIMEOUT = 10.0
 
 
-def _read_npy_rows(path: str, a: int, b: int) -> np.ndarray:
-    """Rows ``a:b`` of a ``.npy`` file, read by the Dask worker that runs the task."""
-    return np.array(np.load(path, mmap_mode="r", allow_pickle=False)[a:b])
+def _read_npy_rows(path: str, a: int, b: int, dtype: Any) -> np.ndarray:
+    """Rows ``a:b`` of a ``.npy`` file as a C-contiguous array of ``dtype`` (the dtype the
+    command's checks gave the whole file), read by the Dask worker that runs the task."""
+    return np.array(np.load(path, mmap_mode="r", allow_pickle=False)[a:b], dtype=dtype, order="C")
 
 
 def _install_task_counter(name: str, dask_scheduler: Any = None) -> None:
@@ -377,17 +385,27 @@ def _dask_inspect(S: Any, args: argparse.Namespace) -> tuple[Any, Any]:
     except ImportError as exc:
         raise CLIError(f"--scheduler needs Dask: python -m pip install 'refgeo[dask]' ({exc})") from None
     try:
+        # a malformed address is refused before a client exists: a client whose start
+        # failed times out again in its finalizer at exit, printing a traceback
+        distributed.comm.get_address_host_port(args.scheduler)
+    except ValueError as exc:
+        raise CLIError(
+            f"--scheduler {args.scheduler!r} is not a Dask scheduler address (e.g. tcp://host:8786): {exc}"
+        ) from None
+    try:
         client = distributed.Client(args.scheduler, timeout=args.scheduler_timeout, set_as_default=False)
     except (OSError, TimeoutError, ValueError) as exc:
         raise CLIError(f"could not connect to the Dask scheduler at {args.scheduler!r}: {exc}") from None
     V, d = S.shape
     b = args.chunk_rows
     with client, dask.config.set(scheduler=client):
-        if isinstance(S, np.memmap):
+        # the file name, not the loaded array, decides: the checks hand back a plain
+        # array (a view of the memory map, or a converted copy), never an np.memmap
+        if args.file.lower().endswith(".npy"):
             path = os.path.abspath(args.file)
             read = dask.delayed(_read_npy_rows, pure=True)
             D = da.concatenate([
-                da.from_delayed(read(path, a, min(a + b, V)), shape=(min(a + b, V) - a, d), dtype=S.dtype)
+                da.from_delayed(read(path, a, min(a + b, V), S.dtype), shape=(min(a + b, V) - a, d), dtype=S.dtype)
                 for a in range(0, V, b)
             ])
         else:
@@ -459,16 +477,51 @@ def _cmd_spread(args: argparse.Namespace) -> int:
     return 0
 
 
+def _scale_exponent(G: np.ndarray) -> int:
+    """The binary exponent of the largest magnitude of ``G`` (0 for a zero array):
+    ``G * 2**-e`` has its largest magnitude in [1/2, 1)."""
+    return math.frexp(max(float(np.max(G)), -float(np.min(G))))[1]
+
+
+def _scaled_mean(G: np.ndarray) -> np.ndarray:
+    """The float64 mean of the rows of ``G``, formed on the rows scaled by a power of two
+    (the same value where the sum fits; no overflow for rows near the float64 maximum)."""
+    e = _scale_exponent(G)
+    return np.ldexp(np.ldexp(np.asarray(G, dtype=np.float64), -e).mean(axis=0), e)
+
+
+def _half_sum_of_centered_row_norms(G: np.ndarray) -> float:
+    """``sum_i ||g_i - mean||_2 / 2`` (the RowNorm decrease), on the rows scaled by a power
+    of two: the squares of the entries of a gradient of magnitude 1e200 overflow and those of
+    1e-200 underflow to 0."""
+    e = _scale_exponent(G)
+    X = np.ldexp(np.asarray(G, dtype=np.float64), -e)
+    X -= X.mean(axis=0)
+    try:
+        return math.ldexp(0.5 * float(np.linalg.norm(X, axis=1).sum()), e)
+    except OverflowError:
+        return math.inf
+
+
 def _cmd_lmo(args: argparse.Namespace) -> int:
     G, where = _load_matrix(args.grad, key=args.key, label="GRAD")
     check_min_rows(G, where, 2)
     _check_out_path(args.out)
-    if args.center:
-        G = G - G.mean(axis=0, dtype=np.float64)
+    if not args.center:
+        # the library's check, first: its remedy is a Python function, the command's --center
+        try:
+            check_centered_rows(np.ldexp(np.asarray(G, dtype=np.float64), -_scale_exponent(G)), "G", _CENTERED_RTOL)
+        except ValueError as exc:
+            msg = str(exc).partition(" Center it first")[0]
+            raise CLIError(f"{where}: {msg} Pass --center to subtract the mean row first.") from None
+    else:
+        with np.errstate(over="ignore"):
+            G = G - _scaled_mean(G)
+        if not bool(np.isfinite(G).all()):
+            raise CLIError(f"--center: the centered rows of {where} exceed the float64 range; scale the gradient down")
     res = diameter_lmo(G, eta=args.eta, rtol=args.rtol, max_time=args.max_time,
                        **_progress_kw(diameter_lmo, args))
-    G64 = np.asarray(G, dtype=np.float64)
-    half_sum = 0.5 * float(np.linalg.norm(G64 - G64.mean(axis=0), axis=1).sum())
+    half_sum = _half_sum_of_centered_row_norms(G)
     lo, hi = float(res.lower_bound), float(res.upper_bound)
     rep: dict[str, Any] = {
         "source": where,
@@ -501,8 +554,8 @@ def _cmd_lmo(args: argparse.Namespace) -> int:
 
 
 def _cmd_tokenwise(args: argparse.Namespace) -> int:
-    X, wx = _load_matrix(args.x, label="X")
-    Y, wy = _load_matrix(args.y, label="Y")
+    X, wx = _load_matrix(args.x, key=args.x_key, label="X", key_flag="--x-key")
+    Y, wy = _load_matrix(args.y, key=args.y_key, label="Y", key_flag="--y-key")
     check_same_shape(X, Y, ("X", "Y"))
     kwargs: dict[str, Any] = {"cls": args.cls}
     if args.cls != "mlp":  # the MLP is one global map: no neighbors, --k does not apply
@@ -632,8 +685,10 @@ def _build_parser() -> argparse.ArgumentParser:
         description="Fit a local linear map on the k nearest neighbors of each token and report "
         "how much of the update Y - X is tokenwise.",
     )
-    p.add_argument("x", metavar="X.npy", help="hidden states before the layer, shape (N, d)")
-    p.add_argument("y", metavar="Y.npy", help="hidden states after the layer, shape (N, d)")
+    p.add_argument("x", metavar="X.npy", help="hidden states before the layer, shape (N, d) (.npy or .npz)")
+    p.add_argument("y", metavar="Y.npy", help="hidden states after the layer, shape (N, d) (.npy or .npz)")
+    p.add_argument("--x-key", metavar="K", help="array name of X inside a .npz file")
+    p.add_argument("--y-key", metavar="K", help="array name of Y inside a .npz file (X and Y may share one file)")
     p.add_argument("--k", type=_int_type("--k", 1), default=16,
                    help="neighbors per token, unused by --cls mlp (default: %(default)s)")
     p.add_argument("--cls", default="diagonal", metavar="CLASS",

@@ -203,6 +203,21 @@ def test_inspect_duplicate_rows_give_zero_ratio(capsys, tmp_path):
     assert rep["condition_number"] is None  # infinite: JSON null, never Infinity
 
 
+def test_inspect_rows_near_the_float64_maximum(tmp_path):
+    # rows near 1.7e308 whose differences are representable (D is about 2e307): the
+    # centered rows span the plane, so the rank is 2 and the covering radius lies between
+    # the Jung bounds; a real process, so that a warning on stderr is seen
+    f = tmp_path / "huge.npy"
+    np.save(f, np.array([[1.7e308, 1.7e308], [1.6e308, 1.69e308], [1.5e308, 1.65e308]]))
+    proc = subprocess.run(_refgeo("inspect", str(f), "--json"), capture_output=True, text=True, timeout=120)
+    assert (proc.returncode, proc.stderr) == (0, "")
+    rep = json.loads(proc.stdout)
+    assert rep["rank_centered"] == 2
+    jung, radius = rep["jung"], rep["covering_radius"]["radius"]
+    assert jung["k"] == 2 and jung["J_k"] == pytest.approx(1 / math.sqrt(3))
+    assert jung["lower"] <= radius <= jung["upper"]
+
+
 @pytest.mark.parametrize(
     "case, args, fragments",
     [
@@ -296,6 +311,26 @@ def test_lmo_rank_one_closed_form(capsys, tmp_path):
     assert -np.sum(np.outer(a, b) * S) == pytest.approx(2 * T, rel=1e-6)
 
 
+@pytest.mark.parametrize("scale, center", [(2.0**664, False), (2.0**-664, False), (2.0**1019, True)],
+                         ids=["1e200", "1e-200", "center-near-max"])
+def test_lmo_tiny_and_huge_gradients(tmp_path, scale, center):
+    # the rank-one closed form of test_lmo_rank_one_closed_form scaled by a power of two:
+    # the half sum of the row norms is T * scale and RowNorm stays exact (the squares of
+    # the entries overflowed or underflowed: "in [inf, 1]" or "[0, 0]"); with --center the
+    # rows a + 3 of a gradient near the float64 maximum, whose column sums overflow
+    a = np.array([1.0, -2.0, 0.5, 0.5])
+    b = np.array([3.0, 4.0])
+    f = tmp_path / "g.npy"
+    np.save(f, np.outer(a + 3 if center else a, b) * scale)
+    proc = subprocess.run(_refgeo("lmo", str(f), "--json", *(["--center"] if center else [])),
+                          capture_output=True, text=True, timeout=120)
+    assert (proc.returncode, proc.stderr) == (0, "")
+    rep = json.loads(proc.stdout)
+    T = 0.5 * np.abs(a).sum() * np.linalg.norm(b)
+    assert rep["rownorm_half_sum"] == pytest.approx(T * scale, rel=1e-12)
+    assert rep["rownorm_over_exact"] == pytest.approx([1.0, 1.0], rel=1e-6)
+
+
 def test_lmo_regular_simplex_ratio(capsys, tmp_path):
     # rows of a centered regular simplex with k = 2: RowNorm / exact = sqrt(3/4) = 0.8660 (docs/theory/lmo.md)
     G = np.array([[1.0, 0.0], [-0.5, math.sqrt(3) / 2], [-0.5, -math.sqrt(3) / 2]])
@@ -338,6 +373,18 @@ def test_lmo_uncentered_gradient_library_error(capsys, files):
     # the simplex rows e_i do not sum to zero: the library's ValueError becomes one line
     rc, _, err = run(capsys, "lmo", files["simplex"])
     assert_one_line_error(rc, err)
+
+
+def test_lmo_uncentered_gradient_suggests_center(tmp_path):
+    # the remedy on the command line is --center, not the Python function the library
+    # names; the file is named, and with --center the same file runs
+    f = tmp_path / "g.npy"
+    np.save(f, np.array([[1.0, 2.0], [3.0, 5.0], [0.0, 1.0]]))
+    proc = subprocess.run(_refgeo("lmo", str(f)), capture_output=True, text=True, timeout=120)
+    assert_one_line_error(proc.returncode, proc.stderr, str(f), "rows summing to zero", "Pass --center")
+    assert "refgeo.center_rows" not in proc.stderr
+    proc = subprocess.run(_refgeo("lmo", str(f), "--center"), capture_output=True, text=True, timeout=120)
+    assert (proc.returncode, proc.stderr) == (0, "")
 
 
 # ------------------------------------------------------------------ tokenwise
@@ -394,6 +441,29 @@ def test_tokenwise_mlp_uses_no_neighbors(capsys, tmp_path):
 def test_tokenwise_errors(capsys, files, tmp_path, args, fragments):
     rc, _, err = run(capsys, "tokenwise", *[a.format(tmp=tmp_path, **files) for a in args])
     assert_one_line_error(rc, err, *fragments)
+
+
+def test_tokenwise_reads_arrays_of_npz_files(tmp_path):
+    # X and Y in one .npz: --x-key and --y-key choose them, and an .npz with several
+    # arrays and no key names the option that exists (tokenwise has no --key)
+    rng = np.random.default_rng(6)
+    X = rng.standard_normal((20, 3))
+    f = tmp_path / "states.npz"
+    np.savez(f, X=X, Y=X * np.array([2.0, -1.0, 0.5]))
+    proc = subprocess.run(_refgeo("tokenwise", str(f), str(f)), capture_output=True, text=True, timeout=120)
+    assert_one_line_error(proc.returncode, proc.stderr, "several arrays", "--x-key")
+    proc = subprocess.run(_refgeo("tokenwise", str(f), str(f), "--x-key", "X"), capture_output=True, text=True,
+                          timeout=120)
+    assert_one_line_error(proc.returncode, proc.stderr, "several arrays", "--y-key")
+    proc = subprocess.run(_refgeo("tokenwise", str(f), str(f), "--x-key", "X", "--y-key", "Y", "--k", "5", "--json"),
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    rep = json.loads(proc.stdout)
+    assert (rep["X"], rep["Y"], rep["N"]) == (f"{f}[X]", f"{f}[Y]", 20)
+    assert rep["energy_fraction"] == pytest.approx(0.0, abs=1e-20)  # Y = X diag(c): diagonal maps are exact
+    proc = subprocess.run(_refgeo("tokenwise", str(f), str(f), "--x-key", "Z", "--y-key", "Y"), capture_output=True,
+                          text=True, timeout=120)
+    assert_one_line_error(proc.returncode, proc.stderr, "--x-key 'Z'", "X, Y")
 
 
 def test_tokenwise_bad_class_library_error(capsys, files):

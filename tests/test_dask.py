@@ -10,6 +10,7 @@ installed (the optional ``[dask]`` extra).
 
 from __future__ import annotations
 
+import json
 import os
 
 import numpy as np
@@ -299,6 +300,49 @@ def test_cli_inspect_on_a_scheduler(client, tmp_path, capsys, suffix):
     assert done == total > 6 * 7 // 2  # at least the block-pair tasks of 6 blocks
 
 
+def _task_names(client):
+    """A scheduler plugin (the scheduler of the module's cluster runs in this process) that
+    records the name of every task that finishes: ``plugin.names``."""
+    from distributed.diagnostics.plugin import SchedulerPlugin
+
+    class Names(SchedulerPlugin):
+        name = "record-task-names"
+
+        def __init__(self):
+            self.names = set()
+
+        def transition(self, key, start, finish, *args, **kwargs):
+            if finish == "memory":
+                self.names.add(str(key[0] if isinstance(key, tuple) else key).rpartition("-")[0])
+
+    return Names()
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.int16])
+def test_cli_inspect_npy_is_read_by_the_workers(client, tmp_path, dtype):
+    # a .npy FILE is read by the workers' own tasks, --chunk-rows rows each (only its
+    # path travels), also where the rows are converted (integers to float64); a .npz is
+    # sent from the command's process
+    S = _rows(15, 60, 4, np.float64, ties=True).astype(dtype)
+    path = tmp_path / "rows.npy"
+    np.save(path, S)
+    plugin = _task_names(client)
+    client.cluster.scheduler.add_plugin(plugin)
+    try:
+        run = _cli("inspect", str(path), "--json", "--no-progress", "--scheduler", client.scheduler.address,
+                   "--chunk-rows", "16")
+    finally:
+        client.cluster.scheduler.remove_plugin(plugin.name)
+    assert run.returncode == 0, run.stderr
+    # the reading tasks (fused with their first consumers by Dask's optimization)
+    assert any("read_npy_rows" in n for n in plugin.names), sorted(plugin.names)
+    got = json.loads(run.stdout)
+    for key, fn in (("diameter", refgeo.row_diameter), ("closest_pair", refgeo.closest_pair)):
+        want = fn(S)
+        assert got[key]["backend"] == "dask"
+        assert (got[key]["value"], got[key]["pair"]) == (want.value, [want.i, want.j])
+
+
 def test_cli_inspect_scheduler_errors(tmp_path):
     path = str(tmp_path / "rows.npy")
     np.save(path, _rows(1, 10, 3, np.float64, ties=False))
@@ -307,6 +351,12 @@ def test_cli_inspect_scheduler_errors(tmp_path):
     assert "could not connect to the Dask scheduler at 'tcp://127.0.0.1:9'" in run.stderr, run.stderr
     run = _cli("inspect", path, "--scheduler", "tcp://127.0.0.1:9", "--scheduler-timeout", "0")
     assert run.returncode == 2 and "--scheduler-timeout" in run.stderr, run.stderr
+    # malformed addresses: one line, and no traceback from the half-made client at exit
+    for address in ["foo", "tcp://127.0.0.1:notaport", "http://127.0.0.1:9", "inproc://x"]:
+        run = _cli("inspect", path, "--scheduler", address, "--scheduler-timeout", "1")
+        assert run.returncode == 2, run.stderr
+        (line,) = run.stderr.splitlines()
+        assert line.startswith(f"refgeo inspect: error: --scheduler {address!r} is not a Dask scheduler address"), line
 
 
 def test_nan_names_the_chunk(client):
@@ -559,15 +609,49 @@ def test_small_row_chunks_are_warned_about():
         _same_pair(want, got)
         (w,) = record
         assert str(w.message) == (
-            "the row chunks (at most 1 rows each) make 11,325 block-pair tasks; chunks of 2048 rows would "
-            "make 1. Rechunk the rows before the call, e.g. x.rechunk({0: 2048, 1: -1}) (the result does not "
-            "depend on the chunks).")
+            "the row chunks of S (at most 1 rows each) make 11,325 block-pair tasks; chunks of 2048 rows "
+            "would make 1. Rechunk the rows before the call, e.g. S.rechunk({0: 2048, 1: -1}) (the result "
+            "does not depend on the chunks).")
         assert w.filename == __file__
         with warnings.catch_warnings():
             warnings.simplefilter("error", PerformanceWarning)
             _same_pair(want, refgeo.row_diameter(da.from_array(S, chunks=(150, 2)), tile_size=1))
             # below the task count that matters: 50 chunks, 1,275 tasks
             _same_pair(refgeo.row_diameter(S[:50]), refgeo.row_diameter(da.from_array(S[:50], chunks=(1, 2))))
+
+
+def test_small_row_chunks_of_x_or_y_are_named(monkeypatch):
+    # k-NN of X against Y: the warning names the matrix whose row chunks are small, and
+    # their size, not the largest chunk of both; none where only a merge of chunks that
+    # are already whole blocks would help (fewer tasks than the threshold, here 30)
+    import warnings
+
+    import dask
+    from dask.array.core import PerformanceWarning
+
+    from refgeo import _dask
+
+    monkeypatch.setattr(_dask, "SMALL_BLOCK_TASKS", 30)
+    X = _rows(4, 120, 2, np.float64, ties=False)
+    Y = _rows(5, 150, 2, np.float64, ties=False)
+    rechunk = "{0: 8192, 1: -1}"
+    with dask.config.set(scheduler="sync"):
+        # (rows of X, chunks of X, chunks of Y): the matrices named and their largest chunk
+        for (nx, xc, yc), (name, size) in [((10, 10, 1), ("Y", 1)), ((120, 3, 150), ("X", 3)),
+                                           ((40, 1, 5), ("X and Y", 5))]:
+            with pytest.warns(PerformanceWarning) as record:
+                got = refgeo.knn(da.from_array(X[:nx], chunks=(xc, 2)), 2, da.from_array(Y, chunks=(yc, 2)))
+            _same_rows(refgeo.knn(X[:nx], 2, Y), got)
+            (w,) = record
+            text = str(w.message)
+            assert text.startswith(f"the row chunks of {name} (at most {size} rows each) make "), text
+            want = (f"{name}.rechunk({rechunk})" if name != "X and Y"
+                    else f"X.rechunk({rechunk}) and Y.rechunk({rechunk})")
+            assert f"e.g. {want} (the result" in text, text
+        with warnings.catch_warnings():
+            warnings.simplefilter("error", PerformanceWarning)
+            # 5 one-row chunks of X against one chunk of Y: 5 tasks
+            refgeo.knn(da.from_array(X[:5], chunks=(1, 2)), 2, da.from_array(Y, chunks=(150, 2)))
 
 
 def test_pair_engine_dispatch():
@@ -688,3 +772,38 @@ def test_cupy_chunks_run_the_array_tasks_on_the_gpu(client):
         got, want = _dask.knn(D, 5, None, exclude_self=True), refgeo.knn(S, 5)
         np.testing.assert_array_equal(got.indices, want.indices)
         np.testing.assert_array_equal(got.distances, want.distances)
+
+
+def test_float16_and_long_double_chunks_run_as_float64(client):
+    # NumPy inputs of these dtypes are converted to float64 (float16 exactly); Dask
+    # chunks must give the same answers, bit for bit (the k-NN refinement of long
+    # double chunks must not fall back to float32)
+    S = _rows(9, 30, 5, np.float64, ties=False)
+    for dtype in (np.float16, np.longdouble):
+        W = S.astype(dtype)
+        D = da.from_array(W, chunks=(7, 5))
+        _same_pair(refgeo.row_diameter(W), refgeo.row_diameter(D))
+        _same_pair(refgeo.closest_pair(W), refgeo.closest_pair(D))
+        _same_rows(refgeo.farthest_partners(W), refgeo.farthest_partners(D))
+        _same_rows(refgeo.knn(W, 4), refgeo.knn(D, 4))
+        _same_rows(refgeo.knn(W, 3, W[:11]), refgeo.knn(D, 3, D[:11]))
+
+
+@pytest.mark.skipif(np.finfo(np.longdouble).max <= np.finfo(np.float64).max,
+                    reason="long double is float64 here")
+def test_long_double_beyond_the_float64_range_names_the_argument(client):
+    # as for a NumPy input: a ValueError naming the argument and the largest entry,
+    # before any task runs (no overflow warnings, no error about GEMM norms)
+    import warnings
+
+    W = np.longdouble("1e400") * np.arange(1, 4, dtype=np.longdouble)[:, None] * np.ones((3, 2), dtype=np.longdouble)
+    msg = r"{} must have entries within the float64 range \(\|x\| <= 1.798e\+308\), got 6 entries beyond it \(largest 3e\+400\) instead."
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", RuntimeWarning)
+        for fn in (refgeo.row_diameter, refgeo.closest_pair, refgeo.farthest_partners, refgeo.distance_ratio):
+            with pytest.raises(ValueError, match=msg.format("S")):
+                fn(da.from_array(W, chunks=2))
+        with pytest.raises(ValueError, match=msg.format("X")):
+            refgeo.knn(da.from_array(W, chunks=2), 1)
+        with pytest.raises(ValueError, match=msg.format("Y")):
+            refgeo.knn(da.from_array(np.ones((2, 2)), chunks=1), 1, da.from_array(W, chunks=2))
