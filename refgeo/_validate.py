@@ -134,6 +134,11 @@ def as_float_array(
         raise ValueError(
             f"{name} must be an array with at least {min_ndim} dimension(s), got shape {shape} instead."
         )
+    if any(isinstance(n, float) and math.isnan(n) for n in shape):
+        # a Dask array after a boolean mask: its sizes are unknown until computed
+        raise ValueError(
+            f"{name} has unknown chunk sizes (shape {shape}); call {name}.compute_chunk_sizes() first."
+        )
     if not allow_empty and math.prod(shape) == 0:
         raise ValueError(f"{name} must be non-empty, got shape {shape} instead.")
     if finite:

@@ -85,7 +85,7 @@ import math
 from typing import Any
 
 import numpy as np
-from array_api_compat import array_namespace, is_numpy_array
+from array_api_compat import array_namespace, is_dask_array, is_numpy_array
 
 from . import _backend, _dask, _engine, _memory, _progress, _reference, _tiled
 from ._certify import canonical_sq, dtype_name, f64, scale_exponent, scale_rows, unscale, unscale_array
@@ -703,6 +703,24 @@ def farthest_partners(
     )
 
 
+def _one_namespace(X, Y):
+    """``(X, Y)`` in one array namespace: a NumPy matrix next to a Dask one becomes a
+    Dask array of one row chunk per 8192 rows (the other kinds cannot meet: a
+    ``TypeError`` naming both)."""
+    if is_dask_array(X) != is_dask_array(Y) and (is_numpy_array(X) or is_numpy_array(Y)):
+        import dask.array as da
+
+        return tuple(A if is_dask_array(A) else da.from_array(A, chunks=(8192, -1)) for A in (X, Y))
+    try:
+        array_namespace(X, Y)
+    except TypeError:
+        raise TypeError(
+            f"X and Y must be arrays of one kind, got {type(X).__module__}.{type(X).__name__} and "
+            f"{type(Y).__module__}.{type(Y).__name__} instead; move one to the other's library first."
+        ) from None
+    return X, Y
+
+
 def knn(
     X: Any,
     k: int,
@@ -777,6 +795,7 @@ def knn(
     if Y is not None:
         Y = as_float_array(Y, "Y", ndim=2, shape_hint="2-D array of shape (n_Y, d)")
         check_same_trailing(X, Y, ("X", "Y"))
+        X, Y = _one_namespace(X, Y)
     exclude_self = check_bool(exclude_self, "exclude_self")
     n_cand = (X.shape[0] - int(exclude_self)) if Y is None else Y.shape[0]
     if n_cand < 1:

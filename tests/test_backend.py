@@ -93,6 +93,13 @@ def test_array_api_strict_runs_the_reference():
                 _backend.dispatch(info, a)
 
 
+def test_rows_of_two_array_kinds_are_a_type_error():
+    xps = pytest.importorskip("array_api_strict")
+    X = xps.asarray([[0.0, 1.0], [2.0, 0.5], [1.0, 1.0]])
+    with pytest.raises(TypeError, match=r"^X and Y must be arrays of one kind, got array_api_strict\..* and numpy"):
+        refgeo.knn(X, 1, np.ones((2, 2)))
+
+
 def test_reference_code_runs_unchanged_on_array_api_strict():
     xps = pytest.importorskip("array_api_strict")
     rng = np.random.default_rng(0)

@@ -368,6 +368,27 @@ def test_nan_names_the_chunk(client):
         refgeo.knn(da.from_array(S, chunks=(10, 3)), 2)
 
 
+def test_unknown_chunk_sizes_name_the_argument(client):
+    # after a boolean mask the row count is NaN: every function says which argument,
+    # and how to cure it, before any memory estimate or check of k sees the NaN
+    S = _rows(4, 13, 4, np.float64, ties=False)
+    D = da.from_array(S, chunks=(5, 4))
+    masked = D[D[:, 0] > -10]
+    for name, call in [("S", lambda: refgeo.row_diameter(masked)), ("S", lambda: refgeo.closest_pair(masked)),
+                       ("X", lambda: refgeo.knn(masked, 2)), ("Y", lambda: refgeo.knn(S, 2, masked))]:
+        with pytest.raises(ValueError, match=rf"^{name} has unknown chunk sizes.*{name}\.compute_chunk_sizes\(\)"):
+            call()
+
+
+def test_dask_and_numpy_rows_together(client):
+    # a NumPy matrix next to a Dask one runs on the Dask engine, with the same bits
+    X = _rows(5, 23, 4, np.float64, ties=True)
+    Y = _rows(6, 9, 4, np.float64, ties=True)
+    want = refgeo.knn(X, 3, Y)
+    for got in (refgeo.knn(da.from_array(X, chunks=(7, 4)), 3, Y), refgeo.knn(X, 3, da.from_array(Y, chunks=(4, 4)))):
+        _same_rows(want, got)
+
+
 def test_mixed_dtypes(client):
     X = _rows(2, 20, 4, np.float32, ties=False)
     Y = _rows(3, 25, 4, np.float64, ties=False)
