@@ -68,6 +68,7 @@ from . import _backend
 from ._backend import KernelRun
 from ._interop import to_host
 from ._threads import blas_single_thread
+from ._validate import beyond_float64, float64_range_error
 from ._certify import (
     MAX_NORM2,
     MIN_NORM2_FLOAT32,
@@ -192,16 +193,6 @@ def _compute(*values):
     return dask.compute(*values)
 
 
-def _beyond_float64(block):
-    """``(count, largest magnitude)`` of the finite entries of ``block`` that become
-    infinite in float64 (long double chunks)."""
-    with np.errstate(over="ignore"):
-        wide = np.asarray(block)
-        beyond = np.isinf(wide.astype(np.float64)) & np.isfinite(wide)
-    n = int(np.count_nonzero(beyond))
-    return n, (np.max(np.abs(wide[beyond])) if n else None)
-
-
 def _engine_rows(S, name):
     """``S`` with float32 or float64 chunks: other real floating chunks (float16, long
     double) as float64, as NumPy inputs of those dtypes are converted
@@ -214,15 +205,10 @@ def _engine_rows(S, name):
     if S.dtype.itemsize > 8:
         import dask
 
-        counts = _compute(*[dask.delayed(_beyond_float64, pure=True)(b) for b in S.to_delayed().ravel()])
+        counts = _compute(*[dask.delayed(beyond_float64, pure=True)(b) for b in S.to_delayed().ravel()])
         n = sum(c for c, _ in counts)
         if n:
-            top = max(t for c, t in counts if c)
-            raise ValueError(
-                f"{name} must have entries within the float64 range (|x| <= "
-                f"{np.finfo(np.float64).max:.4g}), got {n} entr{'y' if n == 1 else 'ies'} beyond it "
-                f"(largest {np.format_float_scientific(top, precision=3, trim='-')}) instead."
-            )
+            raise float64_range_error(name, n, max(t for c, t in counts if c))
     return S.astype(np.float64)
 
 

@@ -146,20 +146,33 @@ def as_float_array(
     return arr
 
 
+def beyond_float64(wide) -> tuple[int, Any]:
+    """``(count, largest magnitude or None)`` of the finite entries of a (long double)
+    NumPy array that become infinite in float64."""
+    with np.errstate(over="ignore"):
+        beyond = np.isinf(wide.astype(np.float64)) & np.isfinite(wide)
+    n = int(np.count_nonzero(beyond))
+    return n, (np.max(np.abs(wide[beyond])) if n else None)
+
+
+def float64_range_error(name: str, n: int, top) -> ValueError:
+    """The error for ``n`` finite entries of ``name`` beyond the float64 range, the
+    largest of magnitude ``top``."""
+    return ValueError(
+        f"{name} must have entries within the float64 range (|x| <= "
+        f"{np.finfo(np.float64).max:.4g}), got {n} entr{'y' if n == 1 else 'ies'} beyond it "
+        f"(largest {np.format_float_scientific(top, precision=3, trim='-')}) instead."
+    )
+
+
 def _check_float64_range(wide, arr, name: str) -> None:
     """``ValueError`` for finite long-double entries that became inf in float64 (the
     finiteness check would report infinities the input did not have)."""
     if bool(np.all(np.isfinite(arr))):
         return
-    beyond = np.isinf(arr) & np.isfinite(wide)
-    n = int(np.count_nonzero(beyond))
+    n, top = beyond_float64(wide)
     if n:
-        top = np.max(np.abs(wide[beyond]))
-        raise ValueError(
-            f"{name} must have entries within the float64 range (|x| <= "
-            f"{np.finfo(np.float64).max:.4g}), got {n} entr{'y' if n == 1 else 'ies'} beyond it "
-            f"(largest {np.format_float_scientific(top, precision=3, trim='-')}) instead."
-        )
+        raise float64_range_error(name, n, top)
 
 
 def _all_finite(xp, x) -> bool:
