@@ -48,7 +48,7 @@ from ._interop import to_host
 from ._threads import blas_single_thread
 
 __all__ = [
-    "check_fit_memory", "check_known_chunks", "exponent_of", "fit", "fit_bytes", "max_abs", "max_abs_each",
+    "check_fit_memory", "check_known_chunks", "fit", "fit_bytes", "max_abs", "max_abs_each",
     "metrics", "metrics_bytes", "panels", "parts", "parts_max_abs", "search_neighbors", "unscaled", "update_max",
 ]
 
@@ -133,11 +133,6 @@ def max_abs_each(X, Y) -> tuple[float, float]:
 
     (hx, lx, hy, ly) = dask.compute(*(r for A in (X, Y) for r in ((A.max(), A.min()) if A.size else (0.0, 0.0))))
     return max(float(hx), -float(lx)), max(float(hy), -float(ly))
-
-
-def exponent_of(top) -> int:
-    """The ``e`` with ``top 2**-e`` in [1/2, 1) (0 for ``top == 0``)."""
-    return math.frexp(top)[1] if top > 0 else 0
 
 
 def _update_max_block(XI, YI, ex):

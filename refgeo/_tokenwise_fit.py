@@ -29,6 +29,8 @@ copy is needed; the fitted values they return are those of the scaled panels.
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
 # Relative threshold below which a Gram eigenvalue / singular value counts as zero.
@@ -520,6 +522,13 @@ def ratio(num, den):
 def energy(num, den):
     """``num / den`` as a float; NaN for ``den <= 0``."""
     return float(num / den) if den > 0 else float("nan")
+
+
+def exponent_of(top: float) -> int:
+    """The ``e`` with ``top * 2**-e`` in [1/2, 1), for ``top`` the largest magnitude of
+    the panels (0 when it is 0): the one power-of-two scaling of the NumPy and the Dask
+    fits."""
+    return math.frexp(top)[1] if top > 0 else 0
 
 
 def neighbors_in_units_of_x(res, e, metric, standardize):

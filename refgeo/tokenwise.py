@@ -656,11 +656,7 @@ _MAX_SCALED_RIDGE = 2.0**600
 
 def _scale_exponent(*arrays) -> int:
     """The ``e`` with ``max |a| * 2**-e`` in [1/2, 1) over all arrays (0 when all are zero)."""
-    m = 0.0
-    for a in arrays:
-        if a.size:
-            m = max(m, float(a.max()), -float(a.min()))  # no |a| temporary
-    return math.frexp(m)[1] if m > 0 else 0
+    return _fit.exponent_of(max(_max_abs(a) for a in arrays))
 
 
 _scaled64 = _fit.scaled64
@@ -714,10 +710,9 @@ def _check_update_range(X64, Y64, ex, e):
 _MAX_SIZE_GAP = 500
 
 
-def _check_relative_size(X, Y, sizes=None):
-    """``ValueError`` unless the largest entries of X and Y (``sizes``, when known) are
-    within ``2**500`` (an all-zero panel has no size and passes)."""
-    mx, my = (_max_abs(X), _max_abs(Y)) if sizes is None else sizes
+def _check_relative_size(mx, my):
+    """``ValueError`` unless ``mx`` and ``my``, the largest entries of X and Y, are within
+    ``2**500`` (an all-zero panel has no size and passes)."""
     if mx == 0.0 or my == 0.0:
         return
     gap = math.frexp(my)[1] - math.frexp(mx)[1]
@@ -1041,8 +1036,9 @@ def fit_local_maps(
     plan = _plan_fit(X, k, cls, rank, ridge, prior, metric, standardize, exclude_self, weights, neighbors,
                      chunk_size, return_maps)
     progress = _progress.check_progress(progress)
-    _check_relative_size(X, Y)
-    e = _scale_exponent(X, Y)
+    sizes = _max_abs(X), _max_abs(Y)
+    _check_relative_size(*sizes)
+    e = _fit.exponent_of(max(sizes))
     _check_fit_memory(f"fit_local_maps(N={n}, d={d}, k={plan.k}, cls={plan.cls!r})",
                       _fit_bytes(plan, n, d, _n_copies(X, Y)), plan)
     X64, Y64, ex = _panels64(X, Y, e)
@@ -1166,8 +1162,8 @@ def _fit_local_maps_dask(X, Y, k, cls, rank, ridge, prior, metric, standardize, 
     _check_dask_memory(f"fit_local_maps(N={n}, d={d}, k={plan.k}, cls={plan.cls!r})", plan, X, Y, False)
     _check_dask_finite(X, Y)
     sizes = _dt.max_abs_each(X, Y)
-    _check_relative_size(X, Y, sizes)
-    e = _dt.exponent_of(max(sizes))
+    _check_relative_size(*sizes)
+    e = _fit.exponent_of(max(sizes))
     # steps: the neighbor search (when it runs) and the fit
     with _progress.Progress(progress, int(plan.given is None) + 1, desc="fit_local_maps", unit="step") as bar:
         fitted, coef, maps, idx, dist, w, wkind = _run_fit_dask(plan, X, Y, e, bar, stacklevel=4)
@@ -1216,8 +1212,8 @@ def _decompose_dask(X, Y, k, cls, rank, ridge, prior, metric, standardize, exclu
     _check_dask_memory(f"decompose(N={n}, d={d}, cls={plan.cls!r})", plan, X, Y, True)
     _check_dask_finite(X, Y)
     sizes = _dt.max_abs_each(X, Y)
-    _check_relative_size(X, Y, sizes)
-    e = _dt.exponent_of(max(sizes))
+    _check_relative_size(*sizes)
+    e = _fit.exponent_of(max(sizes))
     if e >= 1024:  # as _check_update_range: only entries near the float64 maximum can overflow
         m = _dt.update_max(X, Y, e)
         if not _fits_after_scaling(m, e):
@@ -1594,7 +1590,8 @@ def decompose(
     check_choice(cls, "cls", CLASSES + ("mlp",))
     subspace_rank, center_subspace, baselines, progress = _decompose_options(
         d, subspace_rank, center_subspace, baselines, progress)
-    e = _scale_exponent(X, Y)
+    sizes = _max_abs(X), _max_abs(Y)
+    e = _fit.exponent_of(max(sizes))
     f = 8
     # delta, tau, rho; about 16 per-token float64 arrays; one (N, d) centering temporary
     extra = {"delta, tau and rho (N, d) and the per-token metrics": f * (2 * n * d + 16 * n),
@@ -1621,7 +1618,7 @@ def decompose(
     else:
         plan = _plan_fit(X, k, cls, rank, ridge, prior, metric, standardize, exclude_self, weights, neighbors,
                          chunk_size, False)
-        _check_relative_size(X, Y)
+        _check_relative_size(*sizes)
         ridge = plan.ridge
         parts = {**_fit_bytes(plan, n, d, _n_copies(X, Y)), **extra}
         _check_fit_memory(what, parts, plan)
