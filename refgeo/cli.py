@@ -55,6 +55,7 @@ from refgeo import (
     worst_case_hidden_state,
 )
 
+from ._certify import scale_exponent
 from ._validate import as_float_array, check_centered_rows, check_min_rows, check_same_shape
 from .lmo import _CENTERED_RTOL
 
@@ -255,9 +256,9 @@ def _inspect_report(S, args: argparse.Namespace, pairs: tuple[Any, Any] | None =
     out["condition_number"] = D.value / m.value if m.value > 0 else None
     if D.value > 0:
         X = np.array(S, dtype=np.float64)  # one float64 copy, scaled and centered in place
-        # scaled by a power of two (exact: the same rank) to a largest magnitude in
-        # [1/2, 1), so that the mean of rows near the float64 maximum cannot overflow
-        np.ldexp(X, -math.frexp(max(float(X.max()), -float(X.min())))[1], out=X)
+        # scaled by a power of two (exact: the same rank), as the engine scales rows,
+        # so that the mean of rows near the float64 maximum cannot overflow
+        np.ldexp(X, -scale_exponent(np, [X]), out=X)
         X -= X.mean(axis=0)
         k = int(np.linalg.matrix_rank(X))
         del X
@@ -478,9 +479,9 @@ def _cmd_spread(args: argparse.Namespace) -> int:
 
 
 def _scale_exponent(G: np.ndarray) -> int:
-    """The binary exponent of the largest magnitude of ``G`` (0 for a zero array):
-    ``G * 2**-e`` has its largest magnitude in [1/2, 1)."""
-    return math.frexp(max(float(np.max(G)), -float(np.min(G))))[1]
+    """The engine's power-of-two scaling of the rows ``G`` (:func:`refgeo._certify.scale_exponent`):
+    ``G * 2**-e`` has neither overflowing nor underflowing squares."""
+    return scale_exponent(np, [G])
 
 
 def _scaled_mean(G: np.ndarray) -> np.ndarray:
