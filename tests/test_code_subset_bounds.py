@@ -1,0 +1,151 @@
+"""The subset bounds of tools/code_subset_bounds.py, checked where they can be checked.
+
+The script's numbers (docs/tutorials/spreading.md, "What stands in the way") rest on three
+things that can go wrong: the orbits of the affine group on RM(2, n) (the LP has one
+variable per orbit, which is valid only if the orbits are exactly the "rank, weight"
+classes), the linear program itself, and Hoffman's bound.  Here they are tested on RM(2, 4)
+(2^11 words of length 16), small enough to compute the orbits by brute force and to hold
+the real Delsarte-Goethals rows of R^16, and on the Gold code itself (about a second).
+The script lives in the source tree, so this file skips against an installed wheel.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import itertools
+import pathlib
+
+import numpy as np
+import pytest
+
+import refgeo
+
+TOOL = pathlib.Path(__file__).resolve().parents[1] / "tools" / "code_subset_bounds.py"
+pytestmark = pytest.mark.skipif(not TOOL.is_file(), reason="needs the source tree (tools/)")
+
+
+@pytest.fixture(scope="module")
+def tool():
+    spec = importlib.util.spec_from_file_location("code_subset_bounds", TOOL)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def _truth_tables(n: int) -> np.ndarray:
+    """Truth tables (2^n bits, as rows) of the RM(2, n) words, in the script's index order."""
+    Z = (np.arange(2**n)[:, None] >> np.arange(n)) & 1
+    gens = [np.ones(2**n, dtype=np.int64)] + [Z[:, i] for i in range(n)]
+    gens += [Z[:, i] & Z[:, j] for i, j in itertools.combinations(range(n), 2)]
+    idx = np.arange(1 << len(gens))
+    bits = (idx[:, None] >> np.arange(len(gens))) & 1
+    return (bits @ np.array(gens)) % 2
+
+
+def _orbits_by_brute_force(n: int, T: np.ndarray, seed: int = 0) -> np.ndarray:
+    """Orbit labels of AGL(n, 2) acting on the words by f -> f(Az + b), by union-find."""
+    key = {row.tobytes(): i for i, row in enumerate(T.astype(np.uint8))}
+    parent = np.arange(len(T))
+
+    def find(i):
+        while parent[i] != i:
+            parent[i] = parent[parent[i]]
+            i = parent[i]
+        return i
+
+    Z = (np.arange(2**n)[:, None] >> np.arange(n)) & 1
+    weights = 1 << np.arange(n)
+    rng = np.random.default_rng(seed)
+    moves = []
+    while len(moves) < 6:  # a few random invertible A plus translations generate AGL(n, 2)
+        A = rng.integers(0, 2, (n, n))
+        if round(abs(np.linalg.det(A))) % 2:
+            moves.append(((Z @ A.T) % 2 @ weights))
+    moves += [np.arange(2**n) ^ (1 << i) for i in range(n)]  # z -> z + e_i
+    for perm in moves:
+        for i, row in enumerate(T):
+            j = key[row[perm].astype(np.uint8).tobytes()]
+            a, b = find(i), find(j)
+            if a != b:
+                parent[a] = b
+    return np.array([find(i) for i in range(len(T))])
+
+
+def test_affine_orbits_are_the_rank_weight_classes(tool):
+    # The LP's symmetrization needs this: classes coarser than the orbits would make the
+    # "one variable per class" program a guess, not a bound.
+    n = 4
+    weights, rank = tool.reed_muller2(n)
+    T = _truth_tables(n)
+    np.testing.assert_array_equal(T.sum(axis=1), weights)
+    _, classes = tool.affine_orbits(weights, rank)
+    orbits = _orbits_by_brute_force(n, T)
+    pairs = set(zip(classes.tolist(), orbits.tolist()))
+    assert len(pairs) == len(set(classes.tolist())) == len(set(orbits.tolist()))
+
+
+def _dg_words(tool):
+    """The +-1/4 rows of refgeo's Delsarte-Goethals code of R^16 as RM(2, 4) word indices."""
+    X = refgeo.delsarte_goethals_code(16)[16:]  # the standard basis is not a +-1/4 row
+    bits = (X < 0).astype(np.int64)
+    key = {row.astype(np.uint8).tobytes(): i for i, row in enumerate(_truth_tables(4))}
+    return X, np.array([key[b.astype(np.uint8).tobytes()] for b in bits])
+
+
+def test_lp_bound_is_at_least_real_subsets_and_at_most_hoffman(tool):
+    weights, rank = tool.reed_muller2(4)
+    keys, orbit = tool.affine_orbits(weights, rank)
+    ip_of_orbit = 16 - 2 * (keys % 1000)
+    X, words = _dg_words(tool)
+    assert len(set(words.tolist())) == len(X) == 1024
+    G = np.round(16 * (X @ X.T)).astype(np.int64)
+    occurring = sorted(set(G[np.triu_indices(len(X), 1)].tolist()))
+
+    # The whole code: its own inner products allowed, the bound must admit all 1024 rows.
+    allowed = np.isin(ip_of_orbit, occurring)
+    assert tool.delsarte(orbit, allowed) >= 1024
+
+    # Each window better than the code's own: the LP bound caps a greedy subset of the
+    # real rows from above and Hoffman's bound from below.
+    ips = tool._ips(16, weights)
+    lo_code, hi_code = min(occurring), max(occurring)
+    rho2_code = (16 - hi_code) / (16 - lo_code)
+    windows = tool.maximal_windows(ips, 16, rho2_code, strict=True)
+    assert windows
+    for lo, hi in windows:
+        allowed = (ip_of_orbit >= lo) & (ip_of_orbit <= hi)
+        lp = tool.delsarte(orbit, allowed)
+        hoffman = tool.hoffman(weights, (weights > 0) & ~allowed[orbit])
+        chosen = []
+        for i in range(len(X)):
+            if all(lo <= G[i, j] <= hi for j in chosen):
+                chosen.append(i)
+        assert len(chosen) <= lp <= hoffman, (lo, hi)
+
+
+def test_maximal_windows(tool):
+    # Inner products (x 10) -3, 0, 2, 5: rho^2 = (10 - hi) / (10 - lo) is 10/13 for
+    # [-3, 0], 0.8 for [0, 2], 5/8 for [2, 5], 8/13 for [-3, 2] (which holds [-3, 0] and
+    # [0, 2]) and 1/2 for [0, 5].
+    assert tool.maximal_windows([-3, 0, 2, 5], 10, 0.6, strict=False) == [(-3, 2), (2, 5)]
+    assert tool.maximal_windows([-3, 0, 2, 5], 10, 8 / 13, strict=False) == [(-3, 2), (2, 5)]
+    assert tool.maximal_windows([-3, 0, 2, 5], 10, 8 / 13, strict=True) == [(-3, 0), (0, 2), (2, 5)]
+
+
+def test_gold_code_subsets_stay_below_32768(tool):
+    w = tool.gold_weights()
+    values, counts = np.unique(w, return_counts=True)
+    # The Gold code's weight distribution (m = 9): 2^(m-1) and 2^(m-1) +- 2^((m-1)/2).
+    m = 9
+    expect = {0: 1, 2**(m - 1): (2**m - 1) * (2**(m - 1) + 1),
+              2**(m - 1) - 2**((m - 1) // 2): (2**m - 1) * (2**(m - 2) + 2**((m - 3) // 2)),
+              2**(m - 1) + 2**((m - 1) // 2): (2**m - 1) * (2**(m - 2) - 2**((m - 3) // 2))}
+    assert dict(zip(values.tolist(), counts.tolist())) == expect
+    w19 = np.concatenate([w, 511 - w])
+    windows = tool.maximal_windows(tool._ips(511, w19), 511, 0.945**2, strict=False)
+    assert sorted(windows) == [(-33, 1), (-1, 33)]
+    simplex = np.arange(1 << 9)  # the words Tr(a x): all at weight 256 from each other
+    for lo, hi in windows:
+        bad = (w19 > 0) & ((511 - 2 * w19 < lo) | (511 - 2 * w19 > hi))
+        assert not bad[simplex[1:]].any()
+        assert 512 <= tool.hoffman(w19, bad) < 32768

@@ -1,0 +1,169 @@
+"""Can a subset of a known binary code beat the constructions of ``refgeo.spread``?
+
+Rows ``(-1)^c / sqrt(n)`` of a binary code of length ``n`` have inner products
+``(n - 2 w) / n``, ``w`` the Hamming distance, so a subset whose inner products lie in a
+window ``[lo, hi]`` has distance ratio ``rho^2 = (n - hi) / (n - lo)``.  Dropping one
+extreme inner product of a large code would raise rho; this script bounds how many rows
+such a subset can keep, for the two cases quoted in docs/tutorials/spreading.md ("What
+stands in the way"):
+
+* **d = 512**: the Gold code of length 511 (the dual of the double-error-correcting BCH
+  code, 2^18 words; 2^19 with the complements; also extended to length 512), inner
+  products {31, -1, -33}/511, rho = 0.9393.  Is there a subset of 32,768 rows with
+  rho >= 0.945?
+* **d = 64**: the second-order Reed-Muller code RM(2, 6), 2^22 words of length 64.  It
+  holds every row of the Delsarte-Goethals and Kerdock codes of R^64 (with either sign),
+  whose inner products {0, +-1/8, +-1/4} give rho = sqrt(3/5) = 0.7746.  Is there a
+  subset of 50,000 rows with rho > 0.7746?
+
+Both codes are linear, so "no two rows at a difference of weight in W" makes the subset an
+independent set of the Cayley graph of the code's group with connection set
+``S = {c : wt(c) in W}``.  Its eigenvalues are the character sums
+``sum_{s in S} (-1)^{<y, s>}``, one Walsh-Hadamard transform of the indicator of S over
+the generator coordinates, and two bounds follow:
+
+* Hoffman's ratio bound ``N (-lambda_min) / (lambda_max - lambda_min)``;
+* Delsarte's linear programming bound.  The pair counts ``A(x) = #{(t, t') : t - t' = x}
+  / |T|`` of a subset T have ``A(0) = 1``, ``A >= 0``, ``A = 0`` on S, a nonnegative
+  Fourier transform and total ``|T|``.  Averaged over a group of code automorphisms they
+  stay feasible and become constant on its orbits, so the linear program has one variable
+  per orbit.  For RM(2, 6) the affine group AGL(6, 2) (``f -> f(Az + b)``) acts with the
+  orbits "rank of the quadratic part, weight" (Dickson's classification: 11 orbits).
+
+Every window with the required rho lies inside one of the maximal windows listed, so the
+largest bound over them caps every such subset.
+
+Usage::
+
+    python tools/code_subset_bounds.py
+
+About a minute and 1 GB (the 2^22 words of RM(2, 6) and their eigenvalues).
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+
+import numpy as np
+from scipy.optimize import linprog
+
+from refgeo.codes import _Field, _fwht
+
+_POPCOUNT = np.array([bin(i).count("1") for i in range(256)], dtype=np.int64)
+
+
+def _all_words_weights(gens: np.ndarray) -> np.ndarray:
+    """Weights of all 2^k sums of the k rows of ``gens`` (0/1); index bit j selects row j."""
+    packed = np.packbits(gens.astype(np.uint8), axis=1)
+    words = np.zeros((1 << len(gens), packed.shape[1]), dtype=np.uint8)
+    for j, g in enumerate(packed):  # doubling: words[i + 2^j] = words[i] xor row j
+        words[1 << j: 2 << j] = words[: 1 << j] ^ g
+    return _POPCOUNT[words].sum(axis=1)
+
+
+def gold_weights() -> np.ndarray:
+    """Weights of the 2^18 Gold words Tr(a x + b x^3), x over the nonzero elements of GF(2^9)."""
+    m = 9
+    F = _Field(m)
+    xs = np.arange(1, 2**m, dtype=np.int64)  # the nonzero field elements, as bit masks
+    cubes = F.mul(F.mul(xs, xs), xs)
+    basis = F.powers[:m]
+    gens = np.concatenate([F.trace(F.mul(basis[:, None], xs[None, :])),
+                           F.trace(F.mul(basis[:, None], cubes[None, :]))])
+    return _all_words_weights(gens)
+
+
+def reed_muller2(n: int) -> tuple[np.ndarray, np.ndarray]:
+    """Weights and ranks (of the alternating form) of the 2^(1 + n + n(n-1)/2) words of RM(2, n).
+
+    Generators: 1, then z_1..z_n, then the products z_i z_j (i < j); the quadratic part of
+    word i is its bits n + 1 and up.
+    """
+    Z = (np.arange(2**n)[:, None] >> np.arange(n)) & 1
+    pairs = list(itertools.combinations(range(n), 2))
+    gens = np.array([np.ones(2**n, dtype=np.int64)] + [Z[:, i] for i in range(n)]
+                    + [Z[:, i] & Z[:, j] for i, j in pairs])
+    weights = _all_words_weights(gens)
+    q = np.arange(1 << len(pairs))
+    B = np.zeros((len(q), n, n), dtype=np.int64)  # the alternating form of each quadratic part
+    for t, (i, j) in enumerate(pairs):
+        B[:, i, j] = B[:, j, i] = (q >> t) & 1
+    kernel = ((np.einsum("qij,xj->qxi", B, Z) % 2).sum(axis=2) == 0).sum(axis=1)  # 2^(n - rank)
+    rank_q = n - np.round(np.log2(kernel)).astype(np.int64)
+    return weights, rank_q[np.arange(len(weights)) >> (1 + n)]
+
+
+def affine_orbits(weights: np.ndarray, rank: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The AGL(n, 2) orbits of RM(2, n): ``(keys, orbit)``, key = 1000 rank + weight, orbit 0 = zero word."""
+    keys, orbit = np.unique(rank * 1000 + weights, return_inverse=True)
+    return keys, orbit
+
+
+def maximal_windows(ips: list[int], n: int, rho2_min: float, strict: bool) -> list[tuple[int, int]]:
+    """The maximal windows [lo, hi] of the inner products ``ips`` (x n) with rho^2 >= (or >) rho2_min."""
+    ok = (lambda r: r > rho2_min) if strict else (lambda r: r >= rho2_min)
+    wins = [(lo, hi) for hi in ips for lo in ips if lo <= hi and ok((n - hi) / (n - lo))]
+    return [w for w in wins if not any(v != w and v[0] <= w[0] and w[1] <= v[1] for v in wins)]
+
+
+def hoffman(weights: np.ndarray, bad: np.ndarray) -> int:
+    """Hoffman's ratio bound on a subset with no difference in ``bad`` (a mask over the group)."""
+    lam = _fwht(bad.astype(np.float64))
+    lo, top = lam.min(), lam[0]
+    return math.floor(len(weights) * (-lo) / (top - lo) + 1e-9)  # a count: round down
+
+
+def delsarte(orbit: np.ndarray, allowed: np.ndarray) -> int:
+    """Delsarte's LP bound; ``orbit[x]`` numbers the orbits (0 = the zero word), ``allowed`` per orbit."""
+    n_orbits = int(orbit.max()) + 1
+    sizes = np.bincount(orbit, minlength=n_orbits)
+    lam = np.stack([np.round(_fwht((orbit == c).astype(np.float64))).astype(np.int64)
+                    for c in range(n_orbits)], axis=1)
+    rows = np.unique(lam, axis=0)  # one constraint per distinct eigenvalue row
+    bounds = [(1, 1)] + [(0, None) if allowed[c] else (0, 0) for c in range(1, n_orbits)]
+    res = linprog(-np.ones(n_orbits), A_ub=-rows / sizes, b_ub=np.zeros(len(rows)),
+                  bounds=bounds, method="highs")
+    if res.status != 0:
+        raise RuntimeError(f"linprog: {res.message}")
+    return math.floor(-res.fun + 1e-6)
+
+
+def _ips(n: int, w: np.ndarray) -> list[int]:
+    return sorted({int(n - 2 * v) for v in np.unique(w) if 0 < v < n})
+
+
+def gold_table(rho_min: float = 0.945) -> None:
+    w18 = gold_weights()
+    w19 = np.concatenate([w18, 511 - w18])  # with the all-ones word: the complements
+    codes = [("Gold, 2^18 words", 511, w18), ("Gold, 2^19 words", 511, w19),
+             ("Gold extended, 2^19 words", 512, w19 + w19 % 2)]
+    print(f"### d = 512: subsets of the Gold code with rho >= {rho_min}\n")
+    print("| code | window (x n) | rho | largest subset (Hoffman) |\n|---|---|---|---|")
+    for name, n, w in codes:
+        for lo, hi in maximal_windows(_ips(n, w), n, rho_min**2, strict=False):
+            bad = (w > 0) & ((n - 2 * w < lo) | (n - 2 * w > hi))  # complements: n - 2w = -n
+            print(f"| {name} | [{lo}, {hi}] | {math.sqrt((n - hi) / (n - lo)):.4f} "
+                  f"| {hoffman(w, bad):,} |")
+
+
+def reed_muller_table() -> None:
+    w, rank = reed_muller2(6)
+    keys, orbit = affine_orbits(w, rank)
+    print("\n### d = 64: subsets of RM(2, 6) (every Delsarte-Goethals row, either sign) "
+          "with rho > 0.7746\n")
+    print("orbits (rank, weight: size):",
+          ", ".join(f"({k // 1000}, {k % 1000}: {s})" for k, s in zip(keys.tolist(), np.bincount(orbit))))
+    print("\n| window (x 64) | rho | largest subset (Hoffman) | largest subset (Delsarte LP) |")
+    print("|---|---|---|---|")
+    for lo, hi in maximal_windows(_ips(64, w), 64, 0.6, strict=True):
+        ip = 64 - 2 * (keys % 1000)
+        allowed = (ip >= lo) & (ip <= hi)
+        bad = (w > 0) & ~allowed[orbit]
+        print(f"| [{lo}, {hi}] | {math.sqrt((64 - hi) / (64 - lo)):.4f} | {hoffman(w, bad):,} "
+              f"| {delsarte(orbit, allowed):,} |")
+
+
+if __name__ == "__main__":
+    gold_table()
+    reed_muller_table()
