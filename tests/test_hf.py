@@ -5,6 +5,7 @@ built from config objects, and the pretrained all-MiniLM-L6-v2 shipped by the
 from __future__ import annotations
 
 import os
+import re
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
@@ -364,7 +365,8 @@ def test_meta_models_and_tensors_and_unknown_tokens_are_refused_by_name(gpt2):
     for bad in (ids + V, ids - V):  # outside the vocabulary: not an IndexError deep in torch
         with pytest.raises(ValueError, match=rf"input_ids .*\[0, {V}\)"):
             hf.hidden_states(gpt2, bad)
-        with pytest.raises(ValueError, match="input_ids"):
+        with pytest.raises(ValueError, match=re.escape(f"input_ids must hold token ids in [0, {V}) "
+                                                        "(the model's vocabulary), got values in [")):
             hf.tokenwise_protocol(gpt2, bad, cls="diagonal", k=3)
 
 
@@ -382,17 +384,24 @@ def test_states_as_tensors_and_bad_patches(gpt2):
     h2b = torch.tensor(h2).bfloat16()
     want = hf.intervene(gpt2, ids, mask, layer=1, states=h2b.float().numpy(), probe=5)
     np.testing.assert_array_equal(hf.intervene(gpt2, ids, mask, layer=1, states=h2b, probe=5), want)
-    with pytest.raises(TypeError, match="states"):
+    int_states = re.escape("states must hold real floating-point values, got dtype int64 instead.")
+    with pytest.raises(TypeError, match=int_states):
         hf.intervene(gpt2, ids, mask, layer=1, states=h2.astype(np.int64))
-    with pytest.raises(TypeError, match="states"):
+    with pytest.raises(TypeError, match=int_states):
         hf.model_logits(gpt2, ids, mask, layer=1, sequence=[0], position=[1], states=np.zeros((1, 16), int))
-    with pytest.raises(ValueError, match="states"):  # width of the model: 16
+    with pytest.raises(ValueError, match=re.escape("states must be a float array of shape (1, 16), "
+                                                   "got shape (1, 5) instead.")):  # width of the model: 16
         hf.model_logits(gpt2, ids, mask, layer=1, sequence=[0], position=[1], states=np.zeros((1, 5)))
-    with pytest.raises(ValueError, match="unique"):
+    with pytest.raises(ValueError, match=re.escape("sequence and position must hold unique (sequence, "
+                                                   "position) pairs.")):
         hf.model_logits(gpt2, ids, mask, layer=1, sequence=[0, 0], position=[1, 1], states=np.zeros((2, 16)))
-    with pytest.raises(ValueError, match="padding"):  # mask[1, 6] == 0
+    with pytest.raises(ValueError, match=re.escape("sequence and position must name tokens, not padding "
+                                                   "(attention_mask == 0).")):  # mask[1, 6] == 0
         hf.model_logits(gpt2, ids, mask, layer=1, sequence=[1], position=[6], states=np.zeros((1, 16)))
-    with pytest.raises(ValueError, match="matching"):
+    with pytest.raises(ValueError, match=re.escape("sequence, position and states must have matching "
+                                                   "lengths n ((n,), (n,), (n, d)).")):
         hf.model_logits(gpt2, ids, mask, layer=1, sequence=[0], position=[1])
-    with pytest.raises(ValueError, match="readout"):  # one number per state, not logits
+    with pytest.raises(ValueError, match=re.escape(  # one number per state, not logits
+            "readout must map hidden states of shape (..., d) = (2, 16) to a tensor of logits (..., V), "
+            "got shape (2,) instead.")):
         hf.intervene(gpt2, ids, mask, layer=1, states=h2, readout=lambda h: h.sum(-1))
