@@ -107,9 +107,24 @@ def _build() -> dict[str, Any]:
         if not bool(torch.isfinite(p).all()):
             raise ValueError(f"parameter {name} must be finite, got a tensor with NaN or inf entries instead.")
 
+    def _lr(value: Any) -> float:
+        # torch's optimizers take lr as a number or a one-element tensor (schedules under
+        # torch.compile keep it a tensor and fill_ it in place), so it is read at each step
+        if isinstance(value, torch.Tensor):
+            if value.device.type == "meta":
+                raise TypeError("lr is a meta tensor (a shape without values); pass a number or a tensor "
+                                "that holds the value.")
+            if value.numel() != 1:
+                raise ValueError(f"lr must be a number or a one-element tensor, got a tensor of shape "
+                                 f"{tuple(value.shape)} instead.")
+            if value.dtype == torch.bool or value.is_complex():
+                raise TypeError(f"lr must be a real number, got a tensor of dtype {value.dtype} instead.")
+            value = value.item()
+        return check_real(value, "lr", min_value=0.0)
+
     def _hyperparameters(group: dict) -> tuple:
         return (
-            check_real(group["lr"], "lr", min_value=0.0),
+            _lr(group["lr"]),
             _check_unit_interval(group["momentum"], "momentum"),
             check_real(group["eps"], "eps", min_value=0.0),
             check_real(group["weight_decay"], "weight_decay", min_value=0.0),
@@ -143,8 +158,9 @@ def _build() -> dict[str, Any]:
             The 2-D LM-head weight, of shape (V, d): exactly one parameter per param
             group (several groups are allowed, e.g. two heads).  Names given through
             ``model.named_parameters()`` appear in error messages.
-        lr : float
-            Step size :math:`\gamma \ge 0` (LR schedulers change ``group["lr"]``).
+        lr : float or Tensor
+            Step size :math:`\gamma \ge 0` (LR schedulers change ``group["lr"]``); a
+            one-element tensor, as torch's optimizers take, is read at every step.
         momentum : float, default=0.95
             :math:`\mu \in [0, 1)` of the gradient average.
         eps : float, default=1e-8
@@ -196,7 +212,7 @@ def _build() -> dict[str, Any]:
         def __init__(
             self,
             params: Any,
-            lr: float,
+            lr: Any,
             momentum: float = 0.95,
             eps: float = 1e-8,
             weight_decay: float = 0.0,
@@ -314,8 +330,9 @@ def _build() -> dict[str, Any]:
         ----------
         params : tensor, iterable of tensors, of (name, tensor) pairs, or of dicts
             One 2-D LM-head weight (V, d) per param group.
-        lr : float
-            Diameter budget :math:`\eta > 0` of every step (LR schedulers change it).
+        lr : float or Tensor
+            Diameter budget :math:`\eta > 0` of every step (LR schedulers change it); a
+            one-element tensor is read at every step.
         momentum : float, default=0.0
             :math:`\mu \in [0, 1)` of the averaged gradient the LMO is applied to.
         rtol : float, default=1e-3
@@ -348,7 +365,7 @@ def _build() -> dict[str, Any]:
         True
         """
 
-        def __init__(self, params: Any, lr: float, momentum: float = 0.0, rtol: float = 1e-3,
+        def __init__(self, params: Any, lr: Any, momentum: float = 0.0, rtol: float = 1e-3,
                      max_time: float | None = None, weight_decay: float = 0.0) -> None:
             if isinstance(params, torch.Tensor):
                 params = [params]
@@ -361,7 +378,8 @@ def _build() -> dict[str, Any]:
         def _solver_for(group: dict, solver: Any = None) -> Any:
             import refgeo
 
-            hyper = {k: group[k] for k in ("lr", "momentum", "rtol", "max_time", "weight_decay")}
+            hyper = {k: group[k] for k in ("momentum", "rtol", "max_time", "weight_decay")}
+            hyper["lr"] = _lr(group["lr"])
             if solver is None:
                 return refgeo.DiameterLMO(**hyper)
             for k, v in hyper.items():

@@ -185,6 +185,49 @@ def test_closure_and_lr_scheduler():
     assert opt.param_groups[0]["lr"] == pytest.approx(0.1 * 0.5**3)
 
 
+@pytest.mark.parametrize("which", ["RowNorm", "DiameterLMO"])
+def test_tensor_lr_is_read_at_every_step(which):
+    # torch's optimizers take lr as a one-element tensor (LR schedules under torch.compile
+    # fill_ it in place); the steps must equal those with the same float lr
+    W0, grads = _lm_gradients(V=20, d=6, T=4, seed=6)
+    cls = getattr(rtorch, which)
+    W_f = torch.nn.Parameter(torch.from_numpy(W0.copy()))
+    W_t = torch.nn.Parameter(torch.from_numpy(W0.copy()))
+    lr = torch.tensor(0.08)  # float32: the float lr is its value, 0.0799999982...
+    opt_f, opt_t = cls([W_f], lr=lr.item()), cls([W_t], lr=lr)
+    for t, g in enumerate(grads):
+        if t == 2:  # a schedule changes the tensor in place: read at the next step
+            lr.fill_(0.02)
+            opt_f.param_groups[0]["lr"] = lr.item()
+        for W, opt in ((W_f, opt_f), (W_t, opt_t)):
+            W.grad = torch.from_numpy(g.copy())
+            opt.step()
+        assert torch.equal(W_f, W_t), t
+    assert opt_t.param_groups[0]["lr"] is lr
+
+
+@pytest.mark.parametrize("which", ["RowNorm", "DiameterLMO"])
+def test_bad_tensor_lr_is_refused_by_name(which):
+    cls = getattr(rtorch, which)
+    W = torch.nn.Parameter(torch.zeros(3, 2))
+    cases = [
+        (torch.tensor([0.1, 0.2]), ValueError, "lr must be a number or a one-element tensor, got a tensor of shape (2,) instead."),
+        (torch.tensor(True), TypeError, "lr must be a real number, got a tensor of dtype torch.bool instead."),
+        (torch.tensor(0.1 + 0j), TypeError, "lr must be a real number, got a tensor of dtype torch.complex64 instead."),
+        (torch.empty((), device="meta"), TypeError, "lr is a meta tensor (a shape without values)"),
+        (torch.tensor(float("nan")), ValueError, "lr must be a finite number, got nan instead."),
+    ]
+    for lr, err, msg in cases:
+        with pytest.raises(err, match=re.escape(msg)):
+            cls([W], lr=lr)
+    opt = cls([W], lr=torch.tensor(0.1))
+    opt.param_groups[0]["lr"].fill_(-1.0)  # refused at the step, before anything changes
+    W.grad = torch.ones(3, 2)
+    with pytest.raises(ValueError, match=re.escape("lr == -1.0, must be >= 0.0.")):
+        opt.step()
+    assert torch.equal(W, torch.zeros(3, 2)) and not opt.state[W]
+
+
 def test_a_closure_computing_real_gradients():
     torch.manual_seed(0)
     H = torch.randn(32, 8, dtype=torch.float64) + 4.0
