@@ -90,14 +90,28 @@ def _int_type(name: str, min_value: int) -> Callable[[str], int]:
     return convert
 
 
-def _float_type(name: str, *, positive: bool = True) -> Callable[[str], float]:
+def _float_type(name: str, *, positive: bool = True, nonnegative: bool = False,
+                below: float | None = None) -> Callable[[str], float]:
+    """A finite float option: > 0 (``positive``), >= 0 (``nonnegative``) or any, and < ``below``.
+
+    The library's own checks would name its argument (``rtol``), not the option
+    (``--rtol``), so the ranges the library enforces are checked here too.
+    """
+    if positive:
+        want, ok = "a finite number > 0", (lambda v: v > 0)
+    elif nonnegative:
+        want, ok = "a finite number >= 0", (lambda v: v >= 0)
+    else:
+        want, ok = "a finite number", (lambda v: True)
+    if below is not None:
+        want = f"{want} and < {below:g}"
+
     def convert(text: str) -> float:
         try:
             value = float(text)
         except ValueError:
             raise argparse.ArgumentTypeError(f"must be a number, got {text!r} instead") from None
-        if not math.isfinite(value) or (positive and value <= 0):
-            want = "a finite number > 0" if positive else "a finite number"
+        if not math.isfinite(value) or not ok(value) or (below is not None and not value < below):
             raise argparse.ArgumentTypeError(f"must be {want}, got {text!r} instead")
         return value
 
@@ -427,7 +441,7 @@ def _cmd_inspect(args: argparse.Namespace) -> int:
     D, m = rep["diameter"], rep["closest_pair"]
     c, j, w = rep["covering_radius"], rep["jung"], rep["worst_case_hidden_state"]
     h = w["h"]
-    shown = ", ".join(f"{v:.4g}" for v in h[:8]) + (", ..." if len(h) > 8 else "")
+    shown = ", ".join(f"{v + 0.0:.4g}" for v in h[:8])  # + 0.0: no "-0" for the zero h* of --H 0 + (", ..." if len(h) > 8 else "")
     _print_table([
         ("source", where),
         ("shape (V, d)", f"({rep['shape'][0]}, {rep['shape'][1]})  {rep['dtype']}"),
@@ -563,7 +577,13 @@ def _cmd_tokenwise(args: argparse.Namespace) -> int:
         if args.k >= X.shape[0]:
             raise CLIError(f"--k must be smaller than the number of tokens N = {X.shape[0]}, got {args.k} instead")
         kwargs["k"] = args.k
-    if args.rank is not None:
+    if args.rank is not None and args.cls != "low_rank":
+        raise CLIError(f"--rank applies to --cls low_rank only, got --cls {args.cls}")
+    if args.cls == "low_rank":
+        if args.rank is None:
+            raise CLIError(f"--cls low_rank needs --rank R, 1 <= R <= d = {X.shape[1]}")
+        if args.rank > X.shape[1]:
+            raise CLIError(f"--rank must be <= d = {X.shape[1]} (the width of X and Y), got {args.rank} instead")
         kwargs["rank"] = args.rank
     if args.ridge is not None:
         kwargs["ridge"] = args.ridge
@@ -629,7 +649,7 @@ def _build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("file", metavar="FILE", help=".npy or .npz file holding a 2-D array")
     p.add_argument("--key", metavar="K", help="array name inside a .npz file")
-    p.add_argument("--H", type=_float_type("--H", positive=False), default=1.0,
+    p.add_argument("--H", type=_float_type("--H", positive=False, nonnegative=True), default=1.0,
                    help="hidden-state norm for the worst-case h* (default: %(default)s)")
     p.add_argument("--json", action="store_true", help="print JSON instead of text")
     p.add_argument("--scheduler", metavar="ADDRESS", default=None,
@@ -669,7 +689,7 @@ def _build_parser() -> argparse.ArgumentParser:
     p.add_argument("grad", metavar="GRAD.npy", help=".npy (or .npz with --key) file holding G of shape (V, d)")
     p.add_argument("--key", metavar="K", help="array name inside a .npz file")
     p.add_argument("--eta", type=_float_type("--eta"), default=1.0, help="diameter budget (default: %(default)s)")
-    p.add_argument("--rtol", type=_float_type("--rtol"), default=1e-4,
+    p.add_argument("--rtol", type=_float_type("--rtol", below=1.0), default=1e-4,
                    help="certified relative gap to reach (default: %(default)s)")
     p.add_argument("--max-time", type=_float_type("--max-time"), default=60.0, metavar="SECONDS",
                    help="time limit; the best certified step so far is reported (default: %(default)s)")
@@ -696,7 +716,7 @@ def _build_parser() -> argparse.ArgumentParser:
                    help="class of local maps: diagonal, psd_diagonal, low_rank, orthogonal, scaled_orthogonal, "
                    "full or mlp (default: %(default)s)")
     p.add_argument("--rank", type=_int_type("--rank", 1), default=None, help="rank for --cls low_rank")
-    p.add_argument("--ridge", type=_float_type("--ridge", positive=False), default=None,
+    p.add_argument("--ridge", type=_float_type("--ridge", positive=False, nonnegative=True), default=None,
                    help="ridge penalty lambda >= 0 (library default if omitted)")
     p.add_argument("--json", action="store_true", help="print JSON instead of text")
     _add_progress(p)

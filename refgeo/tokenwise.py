@@ -1598,7 +1598,10 @@ def decompose(
              "the (N, d) temporaries of the metrics": f * n * d}
     what = f"decompose(N={n}, d={d}, cls={cls!r})"
     if cls == "mlp":
-        # the neighbor options are unused here, but a misspelled choice is still an error
+        # the neighbor options are unused here, but a misspelled choice is still an error;
+        # rank belongs to cls="low_rank" alone, as for the local classes
+        if rank is not None:
+            raise ValueError(f"rank must be None unless cls='low_rank', got rank={rank!r} with cls='mlp' instead.")
         check_choice(metric, "metric", _METRICS)
         if isinstance(weights, str):
             check_choice(weights, "weights", _WEIGHTS)

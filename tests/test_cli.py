@@ -178,6 +178,14 @@ def test_inspect_text_output(capsys, files):
     assert "1.414213562" in out
 
 
+def test_inspect_zero_hidden_norm_shows_plain_zeros(capsys, files):
+    # --H 0: h* is the zero vector; its entries print as 0, not as -0
+    rc, out, err = run(capsys, "inspect", files["simplex"], "--H", "0")
+    assert rc == 0 and err == ""
+    line = next(ln for ln in out.splitlines() if ln.startswith("h*"))
+    assert "[0, 0, 0, 0, 0]" in line and "moves logits by 0 " in line, line
+
+
 def test_inspect_npz_with_key(capsys, files):
     S = np.load(files["npz"])["b"]
     rc, out, _ = run(capsys, "inspect", files["npz"], "--key", "b", "--json")
@@ -235,6 +243,7 @@ def test_inspect_rows_near_the_float64_maximum(tmp_path):
         ("key on npy", ["inspect", "{simplex}", "--key", "W"], [".npz files only"]),
         ("bad H", ["inspect", "{simplex}", "--H", "abc"], ["--H", "number"]),
         ("nan H", ["inspect", "{simplex}", "--H", "nan"], ["--H", "finite"]),
+        ("negative H", ["inspect", "{simplex}", "--H", "-1"], ["argument --H: must be a finite number >= 0, got '-1'"]),
         ("no file", ["inspect"], ["required"]),
     ],
 )
@@ -360,6 +369,8 @@ def test_lmo_text_output_and_center(capsys, tmp_path):
         (["{onerow}"], ["at least 2 rows"]),
         (["{simplex}", "--eta", "0"], ["--eta", "> 0"]),
         (["{simplex}", "--eta", "inf"], ["--eta", "finite"]),
+        (["{simplex}", "--rtol", "1"], ["argument --rtol: must be a finite number > 0 and < 1, got '1' instead"]),
+        (["{simplex}", "--rtol", "0"], ["argument --rtol: must be a finite number > 0 and < 1, got '0' instead"]),
         (["{simplex}", "--out", "{tmp}/S.csv"], [".npy"]),
         (["{npz}"], ["several arrays"]),
     ],
@@ -435,6 +446,12 @@ def test_tokenwise_mlp_uses_no_neighbors(capsys, tmp_path):
         (["{cloud}", "{simplex}"], ["same shape", "(40, 3)", "(5, 5)"]),
         (["{cloud}", "{cloud}", "--k", "40"], ["--k", "smaller than", "40"]),
         (["{cloud}", "{cloud}", "--k", "0"], ["--k", ">= 1"]),
+        (["{cloud}", "{cloud}", "--ridge", "-1"], ["argument --ridge: must be a finite number >= 0, got '-1'"]),
+        (["{cloud}", "{cloud}", "--rank", "2"], ["--rank applies to --cls low_rank only, got --cls diagonal"]),
+        (["{cloud}", "{cloud}", "--cls", "mlp", "--rank", "2"], ["--rank applies to --cls low_rank only, got --cls mlp"]),
+        (["{cloud}", "{cloud}", "--cls", "low_rank"], ["--cls low_rank needs --rank R, 1 <= R <= d = 3"]),
+        (["{cloud}", "{cloud}", "--cls", "low_rank", "--rank", "4"],
+         ["--rank must be <= d = 3 (the width of X and Y), got 4 instead"]),
         (["{cloud}"], ["required"]),
     ],
 )

@@ -870,6 +870,9 @@ def test_errors_name_the_argument():
         refgeo.decompose(X, Y, cls="mlp", metric="junk")
     with pytest.raises(ValueError, match=re.escape("weights must be one of ('uniform', 'gaussian'), got 'junk'")):
         refgeo.decompose(X, Y, cls="mlp", weights="junk")
+    with pytest.raises(ValueError, match=re.escape("rank must be None unless cls='low_rank', got rank=2 with "
+                                                   "cls='mlp' instead.")):
+        refgeo.decompose(X, Y, cls="mlp", rank=2)  # ignored before: rank is low_rank's alone
 
 
 def test_given_neighbor_distances_are_checked():
