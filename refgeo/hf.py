@@ -282,7 +282,21 @@ def _forward(model, batch, s0, s1, need_last):
     if need_last:
         kwargs["output_hidden_states"] = True
     kwargs["return_dict"] = True
-    return model(**kwargs)
+    try:
+        return model(**kwargs)
+    except (IndexError, RuntimeError) as exc:
+        # Absolute position embeddings (GPT-2, BERT) index a table of
+        # config.max_position_embeddings rows: a longer sequence fails deep inside torch
+        # ("index out of range in self").  Rotary models run on, so the length is judged
+        # only once the forward pass has failed.
+        limit = getattr(getattr(model, "config", None), "max_position_embeddings", None)
+        n = int(mask.sum(dim=1).max()) if "position_ids" in kwargs else int(ids.shape[1])
+        if isinstance(limit, int) and n > limit:
+            raise ValueError(
+                f"input_ids must have at most {limit} tokens per sequence (the model's "
+                f"config.max_position_embeddings), got {n} instead."
+            ) from exc
+        raise
 
 
 def _last_hidden(out):

@@ -370,6 +370,30 @@ def test_meta_models_and_tensors_and_unknown_tokens_are_refused_by_name(gpt2):
             hf.tokenwise_protocol(gpt2, bad, cls="diagonal", k=3)
 
 
+@pytest.mark.parametrize("name", ["gpt2", "bert"])
+def test_sequences_longer_than_the_position_table_are_refused_by_name(name, request):
+    """Absolute position embeddings (32 rows here) fail deep inside torch on a longer
+    sequence (IndexError for GPT-2, RuntimeError for BERT); the adapter says which
+    argument and which limit.  Left padding does not count: positions count tokens."""
+    model = request.getfixturevalue(name)
+    long_ids = _ids((2, 40))
+    msg = re.escape("input_ids must have at most 32 tokens per sequence (the model's "
+                    "config.max_position_embeddings), got 40 instead.")
+    with pytest.raises(ValueError, match=msg):
+        hf.hidden_states(model, long_ids)
+    with pytest.raises(ValueError, match=msg):
+        hf.model_logits(model, long_ids)
+    mask = np.ones((2, 40), dtype=np.int64)
+    mask[:, :8] = 0  # 32 tokens each, after 8 of padding
+    hs = hf.hidden_states(model, long_ids, mask)
+    assert hs.states[0].shape[0] == 64
+
+
+def test_rotary_models_take_long_sequences(llama):
+    # no position table: nothing to refuse (the adapter only names a failed lookup)
+    assert hf.hidden_states(llama, _ids((1, 40))).states[0].shape[0] == 40
+
+
 def test_states_as_tensors_and_bad_patches(gpt2):
     """Replacement states may be tensors (autograd history, bfloat16); integer states,
     repeated or padding pairs and readouts that do not return logits are refused."""
