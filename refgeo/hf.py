@@ -44,6 +44,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import inspect
+import threading
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -93,22 +94,73 @@ def _check_model(model):
     return torch
 
 
+# Modules held in eval mode by running calls: id -> [module, its own training flag before
+# the first call, number of calls holding it].  Calls on one model from several threads
+# share the entry, so the flag saved is the user's, not an earlier call's eval mode, and
+# it comes back only when the last of them ends.
+_EVAL_HELD: dict[int, list] = {}
+_EVAL_LOCK = threading.Lock()
+
+
+def _hold_eval(modules) -> None:
+    with _EVAL_LOCK:
+        for m in modules:
+            entry = _EVAL_HELD.get(id(m))
+            if entry is None:
+                _EVAL_HELD[id(m)] = [m, m.training, 1]
+            else:
+                entry[2] += 1
+
+
+def _release_eval(modules) -> None:
+    with _EVAL_LOCK:
+        released = {}
+        for m in modules:
+            entry = _EVAL_HELD[id(m)]
+            entry[2] -= 1
+            if entry[2] == 0:
+                del _EVAL_HELD[id(m)]
+                released[id(m)] = entry[1]
+        # Parents first: train(flag) sets a module and its subtree, and each descendant
+        # then gets its own flag back.  A module with a descendant still held by another
+        # call only gets its flag set, so that call keeps running in eval mode.
+        for m in modules:
+            if id(m) not in released:
+                continue
+            flag = released[id(m)]
+            if all(id(c) in released for c in m.modules()):
+                if m.training != flag or any(c.training != released[id(c)] for c in m.children()):
+                    m.train(flag)
+            else:
+                m.training = flag
+
+
 def _in_eval_mode(fn):
-    """Run ``fn(model, ...)`` with every module of ``model`` in eval mode (dropout off: the
-    states, logits and interventions are functions of the weights, and an identity patch
-    reproduces the logits), and give each module its own training flag back afterwards,
-    also when ``fn`` raises."""
+    """Run ``fn(model, ...)`` with every module of ``model`` (and of a ``readout=`` that is
+    a module) in eval mode (dropout off: the states, logits and interventions are
+    functions of the weights, and an identity patch reproduces the logits), and give each
+    module its own training flag back afterwards, also when ``fn`` raises, through
+    ``train()`` (so that an override of it runs), and only when the last call on the
+    model ends when several threads use it at once."""
 
     @functools.wraps(fn)
     def run(model, *args, **kwargs):
-        _check_model(model)
-        flags = [(m, m.training) for m in model.modules()]
+        torch = _check_model(model)
+        modules = {id(m): m for m in model.modules()}
+        readout = kwargs.get("readout")
+        if isinstance(readout, torch.nn.Module):
+            modules.update((id(m), m) for m in readout.modules())
+        held = list(modules.values())  # pre-order: parents before their children
+        _hold_eval(held)
         try:
-            model.eval()
+            # Outside the lock: while this call holds the modules no other call gives
+            # them their flags back.  Module.eval() is train(False), so an override runs.
+            for m in held:
+                if m.training:
+                    m.train(False)
             return fn(model, *args, **kwargs)
         finally:
-            for m, flag in flags:
-                m.training = flag
+            _release_eval(held)
 
     return run
 

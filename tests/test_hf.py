@@ -352,6 +352,84 @@ def test_train_mode_changes_nothing_and_is_restored():
     assert [mod.training for mod in m.modules()] == flags
 
 
+def _dropout_gpt2():
+    cfg = transformers.GPT2Config(n_layer=2, n_embd=16, n_head=2, vocab_size=V, n_positions=32, bos_token_id=0,
+                                  eos_token_id=0, resid_pdrop=0.5, embd_pdrop=0.5, attn_pdrop=0.5)
+    return _seeded(lambda: transformers.GPT2LMHeadModel(cfg))
+
+
+def test_a_readout_module_runs_in_eval_mode_and_gets_its_flag_back():
+    # a readout with dropout, left in train mode: the logits are still a function of the
+    # weights, and the readout is in train mode again afterwards
+    m = _dropout_gpt2()
+    ids, mask = _ids((3, 8)), _mask()
+    torch.manual_seed(1)
+    head = torch.nn.Sequential(torch.nn.Dropout(0.5), torch.nn.Linear(16, V))
+    want = hf.model_logits(m, ids, mask, readout=head.eval())
+    head.train()
+    for _ in range(2):
+        np.testing.assert_array_equal(hf.model_logits(m, ids, mask, readout=head), want)
+    assert all(mod.training for mod in head.modules())
+
+
+def test_overridden_train_runs_when_the_flag_comes_back():
+    # eval() is train(False), and the flag comes back through train(True): a model that
+    # does work in train() (freezing, hooks) sees both calls
+    calls = []
+
+    class Recording(transformers.GPT2LMHeadModel):
+        def train(self, mode=True):
+            calls.append(mode)
+            return super().train(mode)
+
+    m = _seeded(lambda: Recording(_dropout_gpt2().config))
+    m.train()
+    calls.clear()
+    hf.hidden_states(m, _ids((2, 6)))
+    assert calls == [False, True] and all(mod.training for mod in m.modules())
+
+
+def test_concurrent_calls_on_one_model_give_its_flags_back():
+    """Two threads in one model at once: the second saw the first's eval mode, and
+    used to give that back when it ended last, leaving a train-mode model in eval mode."""
+    import threading
+
+    m = _dropout_gpt2()
+    m.train()
+    ids = _ids((2, 6))
+    a_inside, b_inside, a_done = threading.Event(), threading.Event(), threading.Event()
+    errors = []
+
+    def readout_a(h):
+        a_inside.set()
+        assert b_inside.wait(30)
+        return h @ m.transformer.wte.weight.T
+
+    def readout_b(h):
+        b_inside.set()
+        assert a_done.wait(30)  # A ends first, B last
+        return h @ m.transformer.wte.weight.T
+
+    def call(readout, done=None):
+        try:
+            hf.model_logits(m, ids, readout=readout)
+        except Exception as exc:  # reported below, in the test's thread
+            errors.append(exc)
+        finally:
+            if done is not None:
+                done.set()
+
+    ta = threading.Thread(target=call, args=(readout_a, a_done))
+    ta.start()
+    assert a_inside.wait(30)  # A holds the model in eval mode before B starts
+    tb = threading.Thread(target=call, args=(readout_b,))
+    tb.start()
+    ta.join(60)
+    tb.join(60)
+    assert not errors, errors
+    assert all(mod.training for mod in m.modules())
+
+
 def test_meta_models_and_tensors_and_unknown_tokens_are_refused_by_name(gpt2):
     with torch.device("meta"):
         meta = transformers.GPT2LMHeadModel(gpt2.config)
