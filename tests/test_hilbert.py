@@ -9,7 +9,7 @@ import warnings
 
 import numpy as np
 import pytest
-from hypothesis import assume, given, settings
+from hypothesis import assume, example, given, settings
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
@@ -324,6 +324,9 @@ _LAYOUT_CASES = {
 @pytest.mark.parametrize("name", sorted(_LAYOUT_CASES))
 @settings(max_examples=25)
 @given(seed=st.integers(0, 2**32 - 1), n=st.integers(1, 30), V=st.integers(2, 30))
+@example(seed=0, n=1, V=2)  # the smallest batch
+@example(seed=1, n=30, V=8)  # one full lane of 8, then 9: the lane boundary of the kernels
+@example(seed=2, n=2, V=9)
 def test_results_do_not_depend_on_memory_layout(backend, name, seed, n, V):
     """Fortran-order, strided and reversed views of a batch give the same bits."""
     fn = _LAYOUT_CASES[name]
@@ -445,6 +448,9 @@ def test_funk_distance_logits_of_logits_whose_differences_overflow():
 @given(st.integers(1, 6).flatmap(lambda v: st.tuples(
     hnp.arrays(np.float64, (2, v), elements=st.floats(-1.0, 1.0, **finite)),
     st.sampled_from([1.0, 1e4, 1e300, 1e308, 1.7e308]))))
+@example((np.array([[1.0, -1.0], [-1.0, 1.0]]), 1.7e308))  # every difference beyond the float64 range
+@example((np.array([[1.0, -1.0], [1.0, -1.0]]), 1.7e308))  # equal rows at the top of the range: 0
+@example((np.array([[0.0], [0.0]]), 1.0))  # one logit each
 def test_funk_distance_logits_over_the_whole_float_range(zw):
     u, scale = zw
     z, w = u[0] * scale, u[1] * scale
