@@ -22,8 +22,11 @@ model whose ``forward`` takes ``position_ids``, so that a sequence has the same 
 whatever its padding.  Decoder-only and encoder-only models are covered
 (encoder-decoder models, which need decoder inputs, are not).
 The model runs in eval mode (dropout off, so that states, logits and divergences are
-functions of the weights), and every module's training flag is restored afterwards, also
-when a call raises.
+functions of the weights), and so does a ``readout=`` that is a ``torch.nn.Module``; every
+module's training flag is restored afterwards through ``train()``, also when a call
+raises, and, when several threads call into one model at once, when the last call ends.
+A sequence longer than an absolute position table (``config.max_position_embeddings``
+of GPT-2 or BERT) is a ``ValueError`` naming ``input_ids``.
 
 This module imports torch and transformers when one of its functions is called, never
 at ``import refgeo``; install them with ``pip install "refgeo[hf]"``.  States leave
