@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import numbers
 from collections.abc import Callable
 from typing import Any
 
@@ -17,12 +18,14 @@ from hypothesis import HealthCheck, Phase, given
 from hypothesis import seed as hseed
 from hypothesis import settings as hsettings
 from hypothesis import strategies as st
+from hypothesis.strategies import SearchStrategy
 
 from .._validate import check_callable
 from . import strategies as rst
 from ._assertions import (
     ConformanceError,
     _check_rule,
+    _check_tols,
     as_numpy,
     assert_cdist_close,
     assert_extreme_pair_close,
@@ -659,8 +662,23 @@ def check_against_reference(
     entry = _entry(name)
     check_callable(candidate, "candidate")
     _check_rule(tie_break)
-    if isinstance(max_examples, bool) or not isinstance(max_examples, int) or max_examples < 1:
+    _check_tols(rtol, atol)
+    if isinstance(max_examples, bool) or not isinstance(max_examples, numbers.Integral):
+        raise TypeError(f"max_examples must be a positive int, got {type(max_examples).__name__} instead.")
+    if max_examples < 1:
         raise ValueError(f"max_examples must be a positive int, got {max_examples!r} instead.")
+    max_examples = int(max_examples)
+    if convert is not None:
+        check_callable(convert, "convert")
+    if settings is not None and not isinstance(settings, hsettings):
+        raise TypeError(f"settings must be a hypothesis.settings object or None, got {type(settings).__name__} instead.")
+    if strategy is not None:
+        for label, value in (strategy.items() if isinstance(strategy, dict) else [("", strategy)]):
+            if not isinstance(value, SearchStrategy):
+                where = f"strategy[{label!r}]" if isinstance(strategy, dict) else "strategy"
+                raise TypeError(
+                    f"{where} must be a hypothesis strategy (or a dict of them), got {type(value).__name__} instead."
+                )
     if strategy is None:
         scenarios = entry.strategy(rst._dtypes(rst._FLOAT_DTYPES if dtypes is None else dtypes))
     elif dtypes is not None:
