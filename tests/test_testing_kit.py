@@ -1133,3 +1133,18 @@ def test_projected_rownorm_shift_keeps_centering_well_conditioned():
     err = _caught(_rownorm_reciprocal_mean, "projected_rownorm",
                   strategy=st.just(rt.Case(args=(G,), names=("G",), kwargs={"eta": 1.0})), max_examples=1)
     assert "step entry at index (0, 0)" in err.reason  # such inputs are ill-conditioned: not drawn
+
+
+def test_farthest_partner_indices_must_be_integers():
+    # 1.5 was truncated to 1 (and passed, 1 being right); NaN raised int()'s ValueError.
+    S = np.array([[0.0, 0.0], [3.0, 4.0], [1.0, 1.0]])
+    ref = refgeo.farthest_partners(S)
+    assert int(ref.indices[0]) == 1
+    for bad in [1.5, math.nan]:
+        def candidate(S, bad=bad):
+            idx = np.asarray(ref.indices, dtype=np.float64)
+            idx[0] = bad
+            return idx, np.asarray(ref.distances)
+
+        err = _caught(candidate, "farthest_partners", strategy=st.just(S), max_examples=1)
+        assert err.reason == f"the partner of row 0 must be one integer index, got {np.float64(bad)!r}."

@@ -25,6 +25,7 @@ from . import strategies as rst
 from ._assertions import (
     ConformanceError,
     _check_rule,
+    _as_index,
     _check_tols,
     as_numpy,
     assert_cdist_close,
@@ -263,7 +264,12 @@ def _cmp_farthest(got, expected, case, rtol, atol, tie_break):
             got={"indices": idx, "distances": dist},
         )
     for r in range(S.shape[0]):
-        a, b = min(r, int(idx[r])), max(r, int(idx[r]))
+        try:
+            partner = _as_index(idx[r], f"the partner of row {r}")  # not 1.5 truncated, nor NaN
+        except ConformanceError as exc:
+            raise ConformanceError(exc.reason, expected={"indices": ref_idx, "distances": ref_dist},
+                                   got={"indices": idx, "distances": dist}) from None
+        a, b = min(r, partner), max(r, partner)
         ra, rb = min(r, int(ref_idx[r])), max(r, int(ref_idx[r]))
         ref = _PairView(float(ref_dist[r]), ra, rb)
         if a == b:
