@@ -520,7 +520,9 @@ def row_clouds(
         ``"near_ties"`` (scaled cube/cross-polytope vertices with one entry moved by one
         ulp); ``"offset"`` (a common offset row of size 1e2 to ``max_offset`` added to a
         spread of size 1: the Gram identity ``|x|^2 + |y|^2 - 2 x.y`` cancels
-        catastrophically unless rows are centered); ``"rank_deficient"`` (rank < min(V, d));
+        catastrophically unless rows are centered); ``"rank_deficient"`` (rank < min(V, d)
+        in float64, before the one rounding to the drawn dtype: in float32 the smallest
+        singular values are about 1e-8 of the largest, not 0);
         ``"huge_row"`` (one row 1e3 or 1e6 times the others).
     max_offset : float, default=1e8
         Largest common offset (ratio of offset to spread), ``>= 1``; below 1e2 the
