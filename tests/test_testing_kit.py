@@ -950,7 +950,7 @@ def test_helpers_take_torch_inputs_and_bfloat16_outputs():
     assert "differs from the reference" in err.reason  # bfloat16 rounding, not a TypeError
 
 
-# --------------------------------------------------------------------------- review: false passes and false failures
+# --------------------------------------------------------------------------- false passes and false failures
 
 
 def _input_precision_knn(X, k):
