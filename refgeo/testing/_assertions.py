@@ -981,7 +981,9 @@ def _steps_inputs(W0, grads) -> tuple[np.ndarray, np.ndarray]:
     W0 = _input(W0)
     grads = _input(grads)
     if W0.ndim != 2 or W0.dtype not in (np.float32, np.float64):
-        raise TypeError(f"W0 must be a float32 or float64 array of shape (V, d), got {W0.dtype} of shape {W0.shape} instead.")
+        raise TypeError(
+            f"W0 must be a float32 or float64 array of shape (V, d), got {W0.dtype} of shape {W0.shape} instead."
+        )
     if grads.ndim != 3 or grads.shape[1:] != W0.shape or grads.shape[0] < 1:
         raise ValueError(
             f"grads must have shape (T, V, d) = (T, {W0.shape[0]}, {W0.shape[1]}) with T >= 1 steps, got shape "

@@ -681,7 +681,9 @@ def check_against_reference(
     if convert is not None:
         check_callable(convert, "convert")
     if settings is not None and not isinstance(settings, hsettings):
-        raise TypeError(f"settings must be a hypothesis.settings object or None, got {type(settings).__name__} instead.")
+        raise TypeError(
+            f"settings must be a hypothesis.settings object or None, got {type(settings).__name__} instead."
+        )
     if strategy is not None:
         for label, value in (strategy.items() if isinstance(strategy, dict) else [("", strategy)]):
             if not isinstance(value, SearchStrategy):

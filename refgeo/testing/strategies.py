@@ -393,8 +393,9 @@ def simplex_pairs(
         All entries positive; zeros in the same places in ``p`` and ``q`` (the distance is
         the one on that face); zeros in different places (``inf``; a row of ``p`` and ``q``
         differ in at least one support entry; drawn only for V >= 2: a V = 1 draw takes
-        another of the selected supports, and with ``"mismatched"`` alone V >= 2).  Entries span 1 down to 1e-30 (float32) or
-        1e-300 (float64), so logs of very different sizes meet.
+        another of the selected supports, and with ``"mismatched"`` alone V >= 2).
+        Entries span 1 down to 1e-30 (float32) or 1e-300 (float64), so logs of very
+        different sizes meet.
     normalize : bool, default=True
         Rows sum to 1 (computed in float64, then rounded to the dtype); otherwise they
         carry arbitrary positive scales (the Hilbert distance is projective).
