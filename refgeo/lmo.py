@@ -646,7 +646,8 @@ class LMOResult:
         ``"zero"``, ``"rank1"``, ``"two_rows"`` (closed forms), ``"barrier"``,
         ``"irls"`` or ``"admm"`` (see :func:`diameter_lmo`, Notes).
     converged : bool
-        ``gap <= rtol`` was reached (closed forms: always True).
+        ``gap <= rtol`` was reached (closed forms too: their certified gap is a few
+        units of roundoff, so only an ``rtol`` below about ``16 eps`` is not reached).
     elapsed : float
         Wall time in seconds.
     """
@@ -672,7 +673,7 @@ def _relative_gap(lower: float, upper: float) -> float:
     return max(0.0, (upper - lower) / upper)
 
 
-def _closed_form_result(Gc, kind, t0) -> LMOResult:
+def _closed_form_result(Gc, kind, t0, rtol) -> LMOResult:
     """Closed-form LMO for budget 1 (rescaled by :func:`_for_budget`)."""
     V, d = Gc.shape
     if kind == "zero":
@@ -717,19 +718,22 @@ def _closed_form_result(Gc, kind, t0) -> LMOResult:
         value += residual
     decrease = -float(np.sum(Gc * S))
     lower, upper = _checked_bracket(decrease, value, f"diameter_lmo ({kind} closed form)")
+    gap = _relative_gap(lower, upper)
     return LMOResult(
         update=_readonly(S),
         decrease=decrease,
         lower_bound=lower,
         upper_bound=upper,
-        gap=_relative_gap(lower, upper),
+        gap=gap,
         pairs=_readonly(pairs),
         flows=_readonly(flows),
         iterations=0,
         rounds=0,
         eta=1.0,
         method=kind,
-        converged=True,
+        # exact in exact arithmetic, but the certified gap is a few ulps: an rtol below
+        # it is not reached (as for the iterative solvers, see diameter_lmo's rtol)
+        converged=gap <= rtol,
         elapsed=time.perf_counter() - t0,
     )
 
@@ -1005,6 +1009,10 @@ def _lifted(res: LMOResult, agg: _Aggregation, Gc: np.ndarray, t0: float, rtol: 
     step (same diameter), the decrease is evaluated on G, and the merging bound is
     added to the upper bound."""
     S = np.asarray(res.update)[agg.labels]
+    # Repeating each cluster's step over its rows keeps D but not 1^T S = 0 (clusters
+    # have different sizes): remove the mean row.  A common shift of all rows changes
+    # D by rounding only, D(1 + eps) at most, inside the margin of _scale_to_budget.
+    S = S - S.mean(axis=0, keepdims=True)
     decrease = -float(np.sum(Gc * S))
     lower, upper = _checked_bracket(decrease, res.upper_bound + agg.error, "diameter_lmo (merged rows)")
     P = agg.reps[np.asarray(res.pairs, dtype=np.int64).reshape(-1, 2)]
@@ -1585,13 +1593,13 @@ def _solve(Gc, scale, rtol, max_time, max_iter, warm_start, callback, bar, t0) -
     form, the complete-graph IRLS for a few rows, or ADMM over a working set."""
     V, d = Gc.shape
     if scale == 0.0:
-        return _closed_form_result(Gc, "zero", t0)
+        return _closed_form_result(Gc, "zero", t0, rtol)
     if V == 2:
-        return _closed_form_result(Gc, "two_rows", t0)
+        return _closed_form_result(Gc, "two_rows", t0, rtol)
     U_, s, Vt = np.linalg.svd(Gc / scale, full_matrices=False)
     r = _numerical_rank(s, (V, d))
     if r == 1:
-        return _closed_form_result(Gc, "rank1", t0)
+        return _closed_form_result(Gc, "rank1", t0, rtol)
     Q = Vt[:r].T  # (d, r), orthonormal columns
     H = U_[:, :r] * s[:r]  # (V, r), sum of row norms ~ 1
     H -= H.mean(axis=0, keepdims=True)

@@ -16,6 +16,7 @@ decay) within a stated budget: ``2 * lr`` for :class:`RowNorm`, ``lr`` for
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
@@ -25,12 +26,14 @@ from ._interop import Origin, from_foreign, to_caller
 from ._validate import (
     as_float_array,
     check_bool,
+    check_centered_rows,
     check_int,
+    check_min_rows,
     check_open_unit_interval,
     check_real,
     check_same_shape,
 )
-from .lmo import LMOResult, diameter_lmo, row_normalize
+from .lmo import _CENTERED_RTOL, LMOResult, _pow2_exponent, diameter_lmo, row_normalize
 
 __all__ = ["DiameterLMO", "RowNorm"]
 
@@ -92,6 +95,15 @@ def _check_unit_interval(value, name):
 
 def _check_step_count(t):
     return check_int(t, "state['t']", min_value=0)
+
+
+def _check_state(state: Any, keys: tuple[str, ...]) -> None:
+    """A ``state_dict()``: a mapping with every key (checked before anything is restored)."""
+    if not isinstance(state, Mapping):
+        raise TypeError(f"state must be a dict from state_dict(), got {type(state).__name__} instead.")
+    missing = [k for k in keys if k not in state]
+    if missing:
+        raise ValueError(f"state must have the keys of state_dict(), got one without {missing} instead.")
 
 
 def _check_buffer(buf):
@@ -240,9 +252,9 @@ class RowNorm:
         }
 
     def load_state_dict(self, state: dict) -> None:
-        """Restore a ``state_dict()``."""
-        RowNorm.__init__(
-            self,
+        """Restore a ``state_dict()``; nothing changes when it raises."""
+        _check_state(state, ("lr", "mu", "eps", "bias_correction", "project", "weight_decay", "center", "t", "buffer"))
+        fresh = RowNorm(
             lr=state["lr"],
             mu=state["mu"],
             eps=state["eps"],
@@ -251,8 +263,9 @@ class RowNorm:
             weight_decay=state["weight_decay"],
             center=state["center"],
         )
-        self.t = _check_step_count(state["t"])
-        self.buffer = _check_buffer(state["buffer"])
+        fresh.t = _check_step_count(state["t"])
+        fresh.buffer = _check_buffer(state["buffer"])
+        self.__dict__.update(fresh.__dict__)  # only once everything is checked
 
 
 class DiameterLMO:
@@ -339,6 +352,10 @@ class DiameterLMO:
         param, g = p.array, p.grad
         lr, momentum, rtol, max_time, _ = self._checked_hyperparameters()
         M = self._averaged(g, momentum)
+        # the solver's own checks, under the caller's name for the gradient (G is
+        # diameter_lmo's); on M rescaled by a power of two, so no sum overflows
+        check_min_rows(M, "grad", 2)
+        check_centered_rows(np.ldexp(M, -_pow2_exponent(M)), "grad", _CENTERED_RTOL)
         warm = self.last_result
         if warm is not None and tuple(warm.update.shape) != M.shape:
             warm = None
@@ -389,15 +406,20 @@ class DiameterLMO:
         }
 
     def load_state_dict(self, state: dict) -> None:
-        """Restore a ``state_dict()``."""
-        DiameterLMO.__init__(
-            self,
+        """Restore a ``state_dict()``; nothing changes when it raises."""
+        _check_state(state, ("lr", "momentum", "rtol", "max_time", "weight_decay", "t", "buffer"))
+        fresh = DiameterLMO(
             lr=state["lr"],
             momentum=state["momentum"],
             rtol=state["rtol"],
             max_time=state["max_time"],
             weight_decay=state["weight_decay"],
         )
+        fresh._restore(state)
+        self.__dict__.update(fresh.__dict__)  # only once everything is checked
+
+    def _restore(self, state: dict) -> None:
+        """Step count, buffer and warm start of a checked ``state`` into this fresh optimizer."""
         self.t = _check_step_count(state["t"])
         self.buffer = _check_buffer(state["buffer"])
         if state.get("warm_update") is not None:
@@ -420,6 +442,9 @@ class DiameterLMO:
                     f"state['warm_flows'] entry each, got {pairs.dtype} pairs of shape {pairs.shape} "
                     f"and {flows.size} flows instead."
                 )
+            if not np.all(np.isfinite(flows) & (flows >= 0)):
+                raise ValueError("state['warm_flows'] must be finite flow magnitudes >= 0, got "
+                                 f"{flows.tolist()[:8]} instead.")
             self.last_result = LMOResult(
                 update=upd,
                 decrease=math.nan,
@@ -430,7 +455,7 @@ class DiameterLMO:
                 flows=flows,
                 iterations=0,
                 rounds=0,
-                eta=float(state["warm_eta"]),
+                eta=check_real(state.get("warm_eta"), "state['warm_eta']", min_value=0.0, strict=True),
                 method="restored",
                 converged=False,
                 elapsed=0.0,

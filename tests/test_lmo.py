@@ -805,3 +805,37 @@ def test_ctrl_c_stops_diameter_lmo_at_its_next_round():
     assert run.seconds < 2.0
     assert run.returncode != 0 and "returned" not in run.out
     assert "KeyboardInterrupt" in run.err
+
+
+@pytest.mark.parametrize(
+    "G",
+    [
+        np.outer([1.0, -2.0, 1.0, 0.0], [1.0, 2.0]),  # rank one: collinear rows merged
+        np.array([[1.0, 1.0], [1.0, 1.0], [-1.0, 0.0], [-1.0, -2.0]]),  # duplicate rows merged
+    ],
+    ids=["rank_one", "duplicates"],
+)
+def test_merged_rows_update_is_centered(G):
+    # Clusters of different sizes: repeating each cluster's step over its rows kept D
+    # but not 1^T S = 0 (column sums 0.45 and 0.49 before).
+    r = refgeo.diameter_lmo(G, eta=0.5, rtol=1e-6)
+    assert np.abs(np.asarray(r.update).sum(axis=0)).max() <= 1e-15
+    assert refgeo.row_diameter(r.update).value <= 0.5
+    assert r.decrease == pytest.approx(-float(np.sum(G * r.update)), rel=1e-14)
+    assert r.converged and r.gap <= 1e-6
+
+
+@pytest.mark.parametrize(
+    "G",
+    [np.array([[3.0, 4.0, 0.0], [-3.0, -4.0, 0.0]]), np.array([[1.0], [-2.0], [1.0]])],
+    ids=["two_rows", "rank_one"],
+)
+def test_closed_forms_report_converged_only_when_the_gap_reaches_rtol(G):
+    # The certified gap of a closed form is a few ulps: it was reported converged=True
+    # for any rtol, also below that gap.
+    r = refgeo.diameter_lmo(G, rtol=1e-16)
+    assert r.gap > 1e-16 and not r.converged
+    r = refgeo.diameter_lmo(G, rtol=1e-12)
+    assert r.converged and r.gap <= 1e-12
+    r = refgeo.diameter_lmo(np.zeros((3, 2)), rtol=1e-16)
+    assert r.converged and r.gap == 0.0

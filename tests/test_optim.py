@@ -238,7 +238,7 @@ def test_bad_input():
         refgeo.RowNorm(lr=0.1, mu=1.0)
     with pytest.raises(ValueError, match=re.escape("momentum must be in [0, 1), got 1.5 instead.")):
         refgeo.DiameterLMO(lr=0.1, momentum=1.5)
-    with pytest.raises(ValueError, match=re.escape("G must have rows summing to zero")):
+    with pytest.raises(ValueError, match=re.escape("grad must have rows summing to zero")):
         refgeo.DiameterLMO(lr=0.1).step(W, np.ones((3, 2)))
 
 
@@ -251,7 +251,7 @@ def test_failed_step_changes_no_state():
     b = refgeo.DiameterLMO(lr=0.1, momentum=0.9, rtol=1e-6)
     a.step(W1, grads[0])
     b.step(W2, grads[0])
-    with pytest.raises(ValueError, match=re.escape("G must have rows summing to zero")):
+    with pytest.raises(ValueError, match=re.escape("grad must have rows summing to zero")):
         a.step(W1, grads[1] + 1.0)
     np.testing.assert_array_equal(a.buffer, b.buffer)
     for g in grads[1:]:
@@ -293,3 +293,67 @@ def test_load_state_dict_rejects_inconsistent_state():
     fresh = refgeo.DiameterLMO(lr=1.0)
     fresh.load_state_dict(good)
     np.testing.assert_array_equal(fresh.buffer, opt.buffer)
+
+
+@pytest.mark.parametrize("cls", [refgeo.RowNorm, refgeo.DiameterLMO])
+@pytest.mark.parametrize(
+    "change, error, message",
+    [
+        ({"t": True}, TypeError, "state['t'] must be an integer, got bool (True) instead."),
+        ({"lr": -1.0}, ValueError, "lr == -1.0, must be > 0.0."),
+        ("drop t", ValueError, "state must have the keys of state_dict(), got one without ['t'] instead."),
+        ("list", TypeError, "state must be a dict from state_dict(), got list instead."),
+    ],
+    ids=["t_bool", "lr", "missing_key", "not_a_dict"],
+)
+def test_failed_load_state_dict_changes_nothing(cls, change, error, message):
+    # The optimizer was reset (t = 0, no buffer, the bad state's hyper-parameters) before
+    # the state was checked, so a failed load lost the training state.
+    W, g = np.zeros((7, 3)), _grads(7, n=1)[0]
+    opt = cls(lr=0.1, **({"momentum": 0.5} if cls is refgeo.DiameterLMO else {}))
+    opt.step(W, g)
+    opt.step(W, g)
+    before = opt.state_dict()
+    state = dict(before)
+    if change == "drop t":
+        del state["t"]
+    elif change == "list":
+        state = [1]
+    else:
+        state.update(change)
+    with pytest.raises(error, match=re.escape(message)):
+        opt.load_state_dict(state)
+    after = opt.state_dict()
+    assert after.keys() == before.keys()
+    for key in before:
+        if isinstance(before[key], np.ndarray):
+            np.testing.assert_array_equal(after[key], before[key])
+        else:
+            assert after[key] == before[key]
+
+
+def test_diameter_lmo_restored_warm_start_is_checked():
+    W, g = np.zeros((7, 3)), _grads(8, n=1)[0]
+    opt = refgeo.DiameterLMO(lr=0.1)
+    opt.step(W, g)
+    good = opt.state_dict()
+    with pytest.raises(ValueError, match=re.escape("state['warm_eta'] must be a finite number, got nan instead.")):
+        refgeo.DiameterLMO(lr=0.1).load_state_dict({**good, "warm_eta": math.nan})
+    bad_flows = np.full(np.asarray(good["warm_flows"]).shape, np.nan)
+    with pytest.raises(ValueError, match=re.escape("state['warm_flows'] must be finite flow magnitudes >= 0, got [nan")):
+        refgeo.DiameterLMO(lr=0.1).load_state_dict({**good, "warm_flows": bad_flows})
+
+
+def test_diameter_lmo_step_errors_name_grad():
+    # They named diameter_lmo's G, which is not an argument of step().
+    opt = refgeo.DiameterLMO(lr=0.1)
+    W = np.zeros((1, 2))
+    with pytest.raises(ValueError, match=re.escape("grad must have at least 2 rows (shape (V, d)), got shape (1, 2) instead.")):
+        opt.step(W, np.ones((1, 2)))
+    W = np.zeros((3, 2))
+    with pytest.raises(ValueError, match=re.escape("grad must have rows summing to zero (1^T grad = 0")):
+        opt.step(W, np.ones((3, 2)))
+    assert not W.any() and opt.t == 0 and opt.last_result is None
+    # centered gradients near the top of the float range are accepted
+    opt.step(W, np.array([[1.7e308, 0.0], [-1.7e308, 0.0], [0.0, 0.0]]))
+    assert refgeo.row_diameter(W).value <= 0.1

@@ -8,6 +8,7 @@ paths, must pass.  max_examples stays small (50) to keep the module fast.
 
 from __future__ import annotations
 
+import math
 import re
 
 import numpy as np
@@ -947,3 +948,203 @@ def test_helpers_take_torch_inputs_and_bfloat16_outputs():
     err = _caught(lambda X: torch_blockwise_diameter(X, compute_mode="donot_use_mm_for_euclid_dist").bfloat16(),
                   "row_diameter", convert=torch.from_numpy, dtypes="float32")
     assert "differs from the reference" in err.reason  # bfloat16 rounding, not a TypeError
+
+
+# --------------------------------------------------------------------------- false passes and false failures
+
+
+def _input_precision_knn(X, k):
+    return direct_knn(X, k, dtype=np.asarray(X).dtype)
+
+
+@pytest.mark.parametrize(
+    "X, k",
+    [
+        # (1, 0) is at distance 1 from rows 1, 3, 4 and at 1 + 7e-15 from row 2: equal in
+        # float32, so the float32 kernel lists 1, 2, 3 (in tolerance); rank 2 then holds
+        # 3 where the reference has 4, an exact tie the kernel ordered correctly
+        (np.array([[1.0, 0.0], [1.0, 1.0], [1.0000001, 1.0], [1.0, 1.0], [1.0, 1.0]], dtype=np.float32), 3),
+        # float32 squares of 4.2e-40 underflow to 0 (inside the underflow floor)
+        (np.array([[0.0], [4.2079e-40], [4.2079e-40], [4.2079e-40]], dtype=np.float32), 2),
+    ],
+    ids=["near_tie_shifts_rank", "underflow"],
+)
+def test_knn_tie_rule_accepts_exact_ties_moved_by_near_ties(X, k):
+    # Was "wrong tie-breaking ... neighbors 3 and 4 are at exactly equal refined distance":
+    # the rule was checked rank by rank against the reference.
+    idx, dist = _input_precision_knn(X, k)
+    rt.assert_knn_close(idx, dist, refgeo.knn(X, k), X)
+    check_against_reference(_input_precision_knn, "knn", strategy=st.just((X, k)), max_examples=1)
+
+
+def test_knn_tie_rule_still_catches_larger_indices_among_exact_ties():
+    X = np.array([[0.0], [1.0], [-1.0], [1.0], [3.0]])
+    ref = refgeo.knn(X, 2)  # row 0: 1, 2, 3 at distance 1 -> (1, 2)
+    with pytest.raises(ConformanceError, match=re.escape(
+            "wrong tie-breaking in row 0, rank 1: neighbor 3 is listed but neighbor 2, at exactly equal refined "
+            "distance 1.0, is not; refgeo orders equal distances by the smaller index.")):
+        rt.assert_knn_close([[1, 3], [3, 0], [0, 1], [1, 0], [3, 1]], None, ref, X)
+    with pytest.raises(ConformanceError, match=re.escape(
+            "wrong tie-breaking in row 0: neighbors 2 (rank 0) and 1 (rank 1) are at exactly equal refined "
+            "distance 1.0; refgeo orders equal distances by the smaller index.")):
+        rt.assert_knn_close([[2, 1], [3, 0], [0, 1], [1, 0], [3, 1]], None, ref, X)
+    rt.assert_knn_close([[2, 1], [3, 0], [0, 1], [1, 0], [3, 1]], None, ref, X, tie_break="any")
+
+
+def test_complex_and_text_results_are_mismatches():
+    # Cast to float64, a complex result lost its imaginary part and a string was parsed:
+    # both passed.
+    z, w = np.array([[0.0, 1.0, 2.0]]), np.array([[5.0, 5.0, 5.0]])
+    with pytest.raises(ConformanceError, match=re.escape("distance must be real numbers, got an array of dtype complex128.")):
+        rt.assert_hilbert_logits_close(np.array([2.0 + 5.0j]), z, w)
+    with pytest.raises(ConformanceError, match=re.escape("distance must be real numbers, got an array of dtype <U3.")):
+        rt.assert_hilbert_logits_close(np.array(["2.0"]), z, w)
+    err = _caught(lambda z, w: logit_distance(z, w) + 1e-3j, "hilbert_distance_logits", max_examples=2)
+    assert err.reason == "distance must be real numbers, got an array of dtype complex128."
+
+
+def test_extreme_pair_value_and_indices_must_be_numbers():
+    S = np.array([[0.0, 0.0], [3.0, 4.0], [1.0, 1.0]])
+    ref = refgeo.row_diameter(S)
+    for value in ["5.0", 5.0 + 1j, None, [5.0, 1.0]]:
+        with pytest.raises(ConformanceError, match=re.escape(f"the value must be one real number, got {value!r}.")):
+            rt.assert_extreme_pair_close(value, 0, 1, ref, S)
+    # NaN and inf raised ValueError/OverflowError from int(), booleans passed as 0 and 1
+    for i in [math.nan, math.inf, False, 0.5]:
+        with pytest.raises(ConformanceError, match=re.escape(f"i must be one integer index, got {i!r}.")):
+            rt.assert_extreme_pair_close(5.0, i, 1, ref, S)
+    rt.assert_extreme_pair_close(5.0, 0.0, np.int32(1), ref, S)
+
+
+def test_tolerances_and_runner_options_are_checked_by_name():
+    z, w = np.array([[0.0, 1.0, 2.0]]), np.array([[5.0, 5.0, 5.0]])
+    # A negative or NaN tolerance blamed the candidate; a string raised float()'s error.
+    with pytest.raises(ValueError, match=re.escape("rtol == -1.0, must be >= 0.0.")):
+        rt.assert_hilbert_logits_close(np.array([2.0]), z, w, rtol=-1.0)
+    with pytest.raises(ValueError, match=re.escape("atol must be a finite number, got nan instead.")):
+        rt.assert_pdist_close(np.zeros(0), np.zeros((1, 2)), atol=math.nan)
+    with pytest.raises(TypeError, match=re.escape("rtol must be a real number, got str ('x') instead.")):
+        check_against_reference(logit_distance, "hilbert_distance_logits", rtol="x")
+    with pytest.raises(TypeError, match=re.escape("atol must be a real number, got bool (True) instead.")):
+        check_against_reference(logit_distance, "hilbert_distance_logits", atol=True)
+    with pytest.raises(TypeError, match=re.escape("convert must be callable, got int instead.")):
+        check_against_reference(logit_distance, "hilbert_distance_logits", convert=5)
+    with pytest.raises(TypeError, match=re.escape("settings must be a hypothesis.settings object or None, got int instead.")):
+        check_against_reference(logit_distance, "hilbert_distance_logits", settings=3)
+    with pytest.raises(TypeError, match=re.escape(
+            "strategy must be a hypothesis strategy (or a dict of them), got int instead.")):
+        check_against_reference(logit_distance, "hilbert_distance_logits", strategy=3)
+    with pytest.raises(TypeError, match=re.escape(
+            "strategy['a'] must be a hypothesis strategy (or a dict of them), got list instead.")):
+        check_against_reference(logit_distance, "hilbert_distance_logits", strategy={"a": [1]})
+    with pytest.raises(TypeError, match=re.escape("max_examples must be a positive int, got float instead.")):
+        check_against_reference(logit_distance, "hilbert_distance_logits", max_examples=2.0)
+    report = check_against_reference(logit_distance, "hilbert_distance_logits", max_examples=np.int64(7))
+    assert report.examples >= 7
+
+
+def test_rownorm_reference_steps_checks_its_arguments():
+    W0, G = np.zeros((2, 2)), np.array([[[3.0, 4.0], [-3.0, -4.0]]])
+    # mu = nan returned zeros, mu = 1 NaN, an int W0 truncated every update to 0
+    with pytest.raises(ValueError, match=re.escape("mu must be a finite number, got nan instead.")):
+        rt.rownorm_reference_steps(W0, G, lr=0.1, mu=math.nan)
+    with pytest.raises(ValueError, match=re.escape("mu must be in [0, 1), got 1.0 instead.")):
+        rt.rownorm_reference_steps(W0, G, lr=0.1, mu=1.0)
+    with pytest.raises(TypeError, match=re.escape("lr must be a real number, got str ('a') instead.")):
+        rt.rownorm_reference_steps(W0, G, lr="a")
+    with pytest.raises(TypeError, match=re.escape(
+            "W0 must be a float32 or float64 array of shape (V, d), got int64 of shape (2, 2) instead.")):
+        rt.rownorm_reference_steps(W0.astype(np.int64), G, lr=0.1)
+    for grads in (G[:0], G[0], G[:, :, :1]):
+        msg = f"grads must have shape (T, V, d) = (T, 2, 2) with T >= 1 steps, got shape {grads.shape} instead."
+        with pytest.raises(ValueError, match=re.escape(msg)):
+            rt.rownorm_reference_steps(W0, grads, lr=0.1)
+        with pytest.raises(ValueError, match=re.escape(msg)):
+            rt.assert_rownorm_steps_close(np.zeros((1, 2, 2)), W0, grads, lr=0.1)
+    with pytest.raises(ValueError, match=re.escape("lam == -5.0, must be >= 0.0.")):
+        rt.assert_local_diagonal_fit_close(np.ones((3, 1)), np.ones((3, 1)), np.ones((3, 1)),
+                                           np.array([[1], [0], [0]]), lam=-5.0)
+
+
+def test_strategy_parameters_are_checked_when_the_strategy_is_built():
+    cases = [
+        (lambda: rst.logits(max_abs=-1.0), ValueError, "max_abs must be a finite number > 0, got -1.0 instead."),
+        (lambda: rst.logit_pairs(max_abs=math.nan), ValueError, "max_abs must be a finite number > 0, got nan instead."),
+        (lambda: rst.logits(max_abs=1e300), ValueError,
+         "max_abs must be at most the largest float32 (3.403e+38) so that the drawn logits are finite, got 1e+300"),
+        (lambda: rst.row_clouds(max_offset=0.01), ValueError, "max_offset must be a finite number >= 1, got 0.01 instead."),
+        (lambda: rst.row_clouds(n_rows=(True, 3)), TypeError,
+         "n_rows must be an int or a (min, max) tuple of ints, got (True, 3) instead."),
+        (lambda: rst.centered_gradients(scales="12"), TypeError,
+         "scales must be a sequence of positive numbers, got str instead."),
+        (lambda: rst.centered_gradients(scales=(math.nan,)), ValueError,
+         "scales must be positive finite numbers, got (nan,) instead."),
+        (lambda: rst.centered_gradients(scales=(True,)), TypeError,
+         "scales must be a sequence of positive numbers, got (True,) instead."),
+        (lambda: rst.gradient_sequences(dtypes="float32", scales=(2.0**-600,)), ValueError,
+         "scales must be normal numbers of a drawn dtype (float32), got (2.409919865102884e-181,) instead"),
+        (lambda: rst.hidden_state_pairs(max_outliers=-1), ValueError, "max_outliers must be >= 0, got -1 instead."),
+        (lambda: rst.hidden_state_pairs(outlier_size=math.nan), ValueError,
+         "outlier_size must be a finite number >= 0, got nan instead."),
+        (lambda: rst.simplex_pairs(normalize="no"), TypeError, "normalize must be a bool, got str instead."),
+        (lambda: rst.simplex_pairs(n_cols=1, supports=("mismatched",)), ValueError,
+         "supports=('mismatched',) needs n_cols >= 2 (one column has no second support entry), got n_cols=1 instead."),
+    ]
+    for build, error, message in cases:
+        with pytest.raises(error, match=re.escape(message)):
+            build()
+
+
+def test_strategies_honor_their_documented_ranges_at_the_boundaries():
+    # 2**-600 is zero in float32: such gradients were all zero (float32 draws only
+    # float64 now); mismatched supports with V = 1 had equal supports; a float32 logit
+    # of size 1e300 was inf.
+    @settings(max_examples=40, database=None)
+    @given(rst.centered_gradients(scales=(2.0**-600,)), rst.simplex_pairs(supports=("mismatched",)),
+           rst.logits(max_abs=3e38, dtypes="float32", structures=("extreme", "shifted", "spike")))
+    def run(G, pq, z):
+        assert G.dtype == np.float64
+        top = float(np.abs(G).max())
+        assert top == 0.0 or 2.0**-601 <= top < 2.0**-600
+        p, q = pq
+        assert p.shape[1] >= 2 and ((p > 0) != (q > 0)).any(axis=1).all()
+        assert np.isfinite(z).all()
+
+    run()
+
+
+def _rownorm_reciprocal_mean(G, eta):
+    """Correct projected RowNorm in the input precision, means taken as sum * (1/V)."""
+    G = np.asarray(G)
+    dt = G.dtype.type
+    inv = dt(1.0 / G.shape[0])
+    Gc = G - G.sum(axis=0) * inv
+    n = np.linalg.norm(Gc, axis=1, keepdims=True)
+    N = np.where(n > 0, Gc / np.where(n > 0, n, 1), 0).astype(G.dtype)
+    return dt(-eta / 2) * (N - N.sum(axis=0) * inv)
+
+
+def test_projected_rownorm_shift_keeps_centering_well_conditioned():
+    # The default scenarios shifted G by its first row also when G had zero rows: in
+    # float32, sum * (1/V) rounds, the zero rows became noise directions and the outer P
+    # spread them to every entry (error 0.36 against a tolerance of 8e-7).
+    check_against_reference(_rownorm_reciprocal_mean, "projected_rownorm", dtypes="float32", max_examples=150)
+    G = np.array([[1.5], [0.75], [0.75], [0.75], [0.75], [0.75], [0.0]], dtype=np.float32)  # G' + G'[0]
+    err = _caught(_rownorm_reciprocal_mean, "projected_rownorm",
+                  strategy=st.just(rt.Case(args=(G,), names=("G",), kwargs={"eta": 1.0})), max_examples=1)
+    assert "step entry at index (0, 0)" in err.reason  # such inputs are ill-conditioned: not drawn
+
+
+def test_farthest_partner_indices_must_be_integers():
+    # 1.5 was truncated to 1 (and passed, 1 being right); NaN raised int()'s ValueError.
+    S = np.array([[0.0, 0.0], [3.0, 4.0], [1.0, 1.0]])
+    ref = refgeo.farthest_partners(S)
+    assert int(ref.indices[0]) == 1
+    for bad in [1.5, math.nan]:
+        def candidate(S, bad=bad):
+            idx = np.asarray(ref.indices, dtype=np.float64)
+            idx[0] = bad
+            return idx, np.asarray(ref.distances)
+
+        err = _caught(candidate, "farthest_partners", strategy=st.just(S), max_examples=1)
+        assert err.reason == f"the partner of row 0 must be one integer index, got {np.float64(bad)!r}."

@@ -31,7 +31,7 @@ from typing import Any
 
 import numpy as np
 
-from .._validate import check_choice
+from .._validate import check_bool, check_choice, check_real
 
 __all__ = [
     "ConformanceError",
@@ -229,6 +229,29 @@ def _gamma(m: int, u: float) -> float:
     return m * u / (1.0 - m * u)
 
 
+def _check_tols(rtol, atol) -> None:
+    """``rtol``/``atol``: None or a finite number >= 0 (a negative or NaN tolerance would
+    blame every candidate)."""
+    for value, name in ((rtol, "rtol"), (atol, "atol")):
+        if value is not None:
+            check_real(value, name, min_value=0.0)
+
+
+def _real_values(got: np.ndarray, what: str, expected: Any = None) -> np.ndarray:
+    """``got`` as float64; a complex, text or other non-numeric result is a mismatch
+    (casting would drop an imaginary part or parse a string)."""
+    if got.dtype.kind in "fiu":
+        return got.astype(np.float64)
+    if got.dtype.kind == "O":
+        try:
+            return got.astype(np.float64)
+        except (TypeError, ValueError):
+            pass
+    raise ConformanceError(
+        f"{what} must be real numbers, got an array of dtype {got.dtype}.", expected=expected, got=got
+    )
+
+
 def _user_tol(rtol, atol, expected):
     return (0.0 if atol is None else float(atol)) + (0.0 if rtol is None else float(rtol)) * np.abs(expected)
 
@@ -244,7 +267,7 @@ def _compare_arrays(expected, got, tol, *, what: str, tol_text: str, inf_exact: 
         raise ConformanceError(
             f"{what} has shape {got.shape}, expected shape {expected.shape}.", expected=expected, got=got
         )
-    g = got.astype(np.float64)
+    g = _real_values(got, what, expected)
     tol = np.broadcast_to(np.asarray(tol, dtype=np.float64), expected.shape)
     with np.errstate(invalid="ignore"):
         both_inf = np.isinf(expected) & (g == expected)
@@ -320,6 +343,7 @@ def assert_hilbert_logits_close(
     >>> z = np.array([[0.0, 1.0, 2.0]]); w = np.array([[5.0, 5.0, 5.0]])
     >>> assert_hilbert_logits_close(np.array([2.0]), z, w)
     """
+    _check_tols(rtol, atol)
     import refgeo
 
     z, w = _input(z), _input(w)
@@ -369,6 +393,7 @@ def assert_hilbert_close(
     ...                      np.array([[0.5, 0.25, 0.25], [1.0, 0.0, 0.0]]),
     ...                      np.array([[0.25, 0.25, 0.5], [0.5, 0.5, 0.0]]))
     """
+    _check_tols(rtol, atol)
     import refgeo
 
     p, q = _input(p), _input(q)
@@ -424,6 +449,7 @@ def assert_pdist_close(actual: Any, X: Any, /, *, rtol: float | None = None, ato
     >>> Z = np.array([[0.0, 0.0, 0.0], [0.0, 1.0, 2.0], [5.0, 5.0, 6.0]], dtype=np.float32)
     >>> assert_pdist_close(np.array([2.0, 1.0, 1.0], dtype=np.float32), Z)
     """
+    _check_tols(rtol, atol)
     import refgeo
 
     X = _input(X)
@@ -471,6 +497,7 @@ def assert_cdist_close(
     >>> assert_cdist_close(np.array([[2.0, 0.0]]), np.zeros((1, 3)),
     ...                    np.array([[0.0, 1.0, 2.0], [1.0, 1.0, 1.0]]))
     """
+    _check_tols(rtol, atol)
     import refgeo
 
     XA = _input(XA)
@@ -527,9 +554,25 @@ def _distance_tol_text(d: int, in_dtype) -> str:
 
 def _as_index(x: Any, what: str) -> int:
     a = as_numpy(x)
-    if a.size != 1 or not (np.issubdtype(a.dtype, np.integer) or float(a.reshape(())) == int(a.reshape(()))):
+    ok = a.size == 1 and (
+        np.issubdtype(a.dtype, np.integer)
+        # a float holding an integer (1.0) is accepted; NaN, inf and 1.5 are not
+        or (a.dtype.kind == "f" and math.isfinite(float(a.reshape(()))) and float(a.reshape(())).is_integer())
+    )
+    if not ok:  # bool, complex, text, several values
         raise ConformanceError(f"{what} must be one integer index, got {x!r}.")
     return int(a.reshape(()))
+
+
+def _as_value(x: Any) -> float:
+    """The candidate's extreme value as a float: one real number (NaN is compared, and fails)."""
+    try:
+        a = as_numpy(x)
+    except Exception:
+        a = None
+    if a is None or a.size != 1 or a.dtype.kind not in "fiu":
+        raise ConformanceError(f"the value must be one real number, got {x!r}.", got=x)
+    return float(a.reshape(()))
 
 
 def assert_extreme_pair_close(
@@ -592,13 +635,14 @@ def assert_extreme_pair_close(
     >>> assert_extreme_pair_close(5.0, 0, 1, refgeo.row_diameter(S), S)
     >>> assert_extreme_pair_close(5.0, None, None, refgeo.row_diameter(S), S)  # value only
     """
+    _check_tols(rtol, atol)
     tie_break = _check_rule(tie_break)
     S = _input(S)
     V, d = S.shape
     ref_v = float(reference_pair.value)
     ri, rj = int(reference_pair.i), int(reference_pair.j)
     expected = {"value": ref_v, "i": ri, "j": rj}
-    got_v = float(as_numpy(value).reshape(()))
+    got_v = _as_value(value)
     value_only = i is None and j is None
     if (i is None) != (j is None):
         raise ConformanceError(f"i and j must both be indices or both be None, got i={i!r}, j={j!r}.")
@@ -691,7 +735,10 @@ def assert_knn_close(
         Replace the default distance tolerance by ``atol + rtol * |expected|``.
     tie_break : {"smallest", "any"}, default="smallest"
         ``"smallest"``: among exactly equal refined distances the smaller index comes
-        first (refgeo's rule); ``"any"``: any order of near-equal neighbors.
+        first, and no index is listed while a smaller one at exactly the same distance
+        is left out (refgeo's rule; checked on the candidate's list, so near-equal
+        neighbors inside the tolerance may still shift an exact tie to another rank);
+        ``"any"``: any order of near-equal neighbors.
 
     Raises
     ------
@@ -699,7 +746,8 @@ def assert_knn_close(
         On a wrong shape, an index out of range, a repeated neighbor, the query row
         itself (with ``exclude_self``), a distance out of tolerance, a neighbor whose
         true distance is not within tolerance of the reference's at that rank, or a
-        wrong order among exact ties.
+        wrong order among exact ties.  A result that is not real numbers (complex,
+        text) is a mismatch, in every helper.
 
     Notes
     -----
@@ -712,6 +760,7 @@ def assert_knn_close(
     >>> X = np.array([[0.0], [1.0], [3.0]])
     >>> assert_knn_close([[1], [0], [1]], [[1.0], [1.0], [2.0]], refgeo.knn(X, 1), X)
     """
+    _check_tols(rtol, atol)
     tie_break = _check_rule(tie_break)
     X = _input(X)
     B = X if Y is None else _input(Y)
@@ -749,19 +798,12 @@ def assert_knn_close(
             raise ConformanceError(f"row {r} is listed as its own neighbor (exclude_self=True).",
                                    expected=expected, got=got)
         sq = _canonical_sq(A64[r][None, :], B64[row])
+        if tie_break == "smallest":
+            _check_knn_ties(r, row, sq, _canonical_sq(A64[r][None, :], B64), Y is None and exclude_self, e,
+                            expected, got)
         for c in range(k):
             if row[c] == ref_idx[r, c]:
                 continue
-            ref_sq = float(_canonical_sq(A64[r], B64[ref_idx[r, c]]))
-            if float(sq[c]) == ref_sq and tie_break == "smallest":
-                raise ConformanceError(
-                    f"wrong tie-breaking in row {r}, rank {c}: neighbors {int(row[c])} and {int(ref_idx[r, c])} "
-                    f"are at exactly equal refined distance {math.ldexp(math.sqrt(ref_sq), e)!r}; refgeo orders equal distances "
-                    "by the smaller index.",
-                    expected=expected,
-                    got=got,
-                    tolerance="exact ties ordered by index (tie_break='smallest')",
-                )
             dist = math.ldexp(math.sqrt(float(sq[c])), e)
             if not (abs(dist - ref_dist[r, c]) <= tol[r, c]):
                 raise ConformanceError(
@@ -771,6 +813,41 @@ def assert_knn_close(
                     expected=expected,
                     got=got,
                     tolerance=text,
+                )
+
+
+def _check_knn_ties(r, row, sq, sq_all, skip_self, e, expected, got) -> None:
+    """refgeo's tie rule on one row of neighbors: exactly equal refined distances are
+    listed by increasing index, and no neighbor is listed while a smaller index at
+    exactly the same distance is left out.
+
+    Neighbors at near-equal distances (inside the tolerance) may come in any order, so
+    an exact tie can sit at a different rank than in the reference; the rule is checked
+    on the candidate's own list, not rank by rank.
+    """
+    k = len(row)
+    listed = set(row.tolist())
+    for a in range(k):
+        for b in range(a + 1, k):
+            if sq[a] == sq[b] and row[a] > row[b]:
+                raise ConformanceError(
+                    f"wrong tie-breaking in row {r}: neighbors {int(row[a])} (rank {a}) and {int(row[b])} "
+                    f"(rank {b}) are at exactly equal refined distance {math.ldexp(math.sqrt(float(sq[a])), e)!r}; "
+                    "refgeo orders equal distances by the smaller index.",
+                    expected=expected,
+                    got=got,
+                    tolerance="exact ties ordered by index (tie_break='smallest')",
+                )
+        j = int(row[a])
+        for m in np.flatnonzero(sq_all[:j] == sq[a]).tolist():
+            if m not in listed and not (skip_self and m == r):
+                raise ConformanceError(
+                    f"wrong tie-breaking in row {r}, rank {a}: neighbor {j} is listed but neighbor {m}, at "
+                    f"exactly equal refined distance {math.ldexp(math.sqrt(float(sq[a])), e)!r}, is not; refgeo "
+                    "orders equal distances by the smaller index.",
+                    expected=expected,
+                    got=got,
+                    tolerance="exact ties ordered by index (tie_break='smallest')",
                 )
 
 
@@ -815,6 +892,7 @@ def assert_projected_rownorm_close(
     >>> s = np.array([2.0, 1.0]) / np.sqrt(5.0)
     >>> assert_projected_rownorm_close(np.array([-s, s]), G, eta=2.0)
     """
+    _check_tols(rtol, atol)
     import refgeo
 
     G = _input(G)
@@ -850,6 +928,13 @@ def rownorm_reference_steps(
     W : ndarray of shape (T, V, d)
         ``W[t-1]`` is the parameter after step t, in the dtype of ``W0``.
 
+    Raises
+    ------
+    TypeError, ValueError
+        For a ``W0`` that is not a float32/float64 (V, d) array, ``grads`` not of shape
+        (T, V, d) with T >= 1, or hyper-parameters out of range (``lr > 0``,
+        ``0 <= mu < 1``, ``eps >= 0``; real numbers, ``bias_correction`` a bool).
+
     Notes
     -----
     .. math::
@@ -870,8 +955,15 @@ def rownorm_reference_steps(
     >>> W[0].round(12).tolist()
     [[-0.06, -0.08], [0.06, 0.08]]
     """
-    W = np.array(_input(W0), copy=True)
-    G = np.asarray(_input(grads), dtype=np.float64)
+    W0, grads = _steps_inputs(W0, grads)
+    lr = check_real(lr, "lr", min_value=0.0, strict=True)
+    mu = check_real(mu, "mu", min_value=0.0)
+    if not mu < 1.0:
+        raise ValueError(f"mu must be in [0, 1), got {mu} instead.")
+    eps = check_real(eps, "eps", min_value=0.0)
+    bias_correction = check_bool(bias_correction, "bias_correction")
+    W = np.array(W0, copy=True)
+    G = np.asarray(grads, dtype=np.float64)
     B = np.zeros(W.shape, dtype=np.float64)
     out = []
     for t in range(1, G.shape[0] + 1):
@@ -882,6 +974,22 @@ def rownorm_reference_steps(
         W = W + (-lr * S).astype(W.dtype)
         out.append(W.copy())
     return np.stack(out)
+
+
+def _steps_inputs(W0, grads) -> tuple[np.ndarray, np.ndarray]:
+    """``W0`` (V, d) float32/float64 and ``grads`` (T, V, d) with T >= 1, as NumPy."""
+    W0 = _input(W0)
+    grads = _input(grads)
+    if W0.ndim != 2 or W0.dtype not in (np.float32, np.float64):
+        raise TypeError(
+            f"W0 must be a float32 or float64 array of shape (V, d), got {W0.dtype} of shape {W0.shape} instead."
+        )
+    if grads.ndim != 3 or grads.shape[1:] != W0.shape or grads.shape[0] < 1:
+        raise ValueError(
+            f"grads must have shape (T, V, d) = (T, {W0.shape[0]}, {W0.shape[1]}) with T >= 1 steps, got shape "
+            f"{grads.shape} instead."
+        )
+    return W0, grads
 
 
 def _rownorm_oracle(W0, grads, lr, mu, eps):
@@ -951,8 +1059,8 @@ def assert_rownorm_steps_close(
     >>> W0 = np.zeros((2, 2)); G = np.array([[[3.0, 4.0], [-3.0, -4.0]]])
     >>> assert_rownorm_steps_close([[[-0.06, -0.08], [0.06, 0.08]]], W0, G, lr=0.1, eps=0.0)
     """
-    W0 = _input(W0)
-    grads = _input(grads)
+    _check_tols(rtol, atol)
+    W0, grads = _steps_inputs(W0, grads)
     expected = _rownorm_oracle(W0, grads, lr, mu, eps).astype(np.float64)
     got = as_numpy(actual)
     if got.shape == W0.shape and grads.shape[0] >= 1:
@@ -1050,8 +1158,10 @@ def assert_local_diagonal_fit_close(
     >>> nb = refgeo.knn(X, 2).indices
     >>> assert_local_diagonal_fit_close(2.0 * X, X, 2.0 * X, nb)
     """
+    _check_tols(rtol, atol)
     import refgeo
 
+    lam = check_real(lam, "lam", min_value=0.0)
     X = _input(X)
     Y = _input(Y)
     nb = _input(neighbors)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import numbers
 from collections.abc import Callable
 from typing import Any
 
@@ -17,12 +18,15 @@ from hypothesis import HealthCheck, Phase, given
 from hypothesis import seed as hseed
 from hypothesis import settings as hsettings
 from hypothesis import strategies as st
+from hypothesis.strategies import SearchStrategy
 
 from .._validate import check_callable
 from . import strategies as rst
 from ._assertions import (
     ConformanceError,
     _check_rule,
+    _as_index,
+    _check_tols,
     as_numpy,
     assert_cdist_close,
     assert_extreme_pair_close,
@@ -260,7 +264,12 @@ def _cmp_farthest(got, expected, case, rtol, atol, tie_break):
             got={"indices": idx, "distances": dist},
         )
     for r in range(S.shape[0]):
-        a, b = min(r, int(idx[r])), max(r, int(idx[r]))
+        try:
+            partner = _as_index(idx[r], f"the partner of row {r}")  # not 1.5 truncated, nor NaN
+        except ConformanceError as exc:
+            raise ConformanceError(exc.reason, expected={"indices": ref_idx, "distances": ref_dist},
+                                   got={"indices": idx, "distances": dist}) from None
+        a, b = min(r, partner), max(r, partner)
         ra, rb = min(r, int(ref_idx[r])), max(r, int(ref_idx[r]))
         ref = _PairView(float(ref_dist[r]), ra, rb)
         if a == b:
@@ -426,10 +435,14 @@ def _rownorm_lmo_case(draw, dts, structure):
     # Sizes of real LM-head gradient entries (1 down to 1e-12); see centered_gradients for
     # why the size is drawn explicitly.
     G = draw(rst.centered_gradients(dtypes=dts, structures=(structure,), scales=(1.0, 2.0**-20, 2.0**-40)))
-    if draw(st.booleans()):
-        # A common row shift (on the same binary grid, so centering stays exact): the
-        # inner P of the formula must remove it.
-        G = G + G[:1]
+    norms = np.sqrt(np.einsum("ij,ij->i", G.astype(np.float64), G.astype(np.float64)))
+    if draw(st.booleans()) and norms.min() > 0.0:
+        # A common row shift c (on the same binary grid): the inner P of the formula must
+        # remove it.  Centering then rounds by about u |c| in the input precision (a mean
+        # taken as sum * (1/V) is not exact), so c is the shortest row, and none is
+        # zero: a row of PG far below |c| would come out of any correct float32
+        # kernel as a rounding-noise direction, and spoil every row through the outer P.
+        G = G + G[int(np.argmin(norms))][None, :]
     return Case(args=(G,), names=("G",), kwargs={"eta": draw(st.sampled_from([1.0, 0.02, 3.0]))})
 
 
@@ -659,8 +672,25 @@ def check_against_reference(
     entry = _entry(name)
     check_callable(candidate, "candidate")
     _check_rule(tie_break)
-    if isinstance(max_examples, bool) or not isinstance(max_examples, int) or max_examples < 1:
+    _check_tols(rtol, atol)
+    if isinstance(max_examples, bool) or not isinstance(max_examples, numbers.Integral):
+        raise TypeError(f"max_examples must be a positive int, got {type(max_examples).__name__} instead.")
+    if max_examples < 1:
         raise ValueError(f"max_examples must be a positive int, got {max_examples!r} instead.")
+    max_examples = int(max_examples)
+    if convert is not None:
+        check_callable(convert, "convert")
+    if settings is not None and not isinstance(settings, hsettings):
+        raise TypeError(
+            f"settings must be a hypothesis.settings object or None, got {type(settings).__name__} instead."
+        )
+    if strategy is not None:
+        for label, value in (strategy.items() if isinstance(strategy, dict) else [("", strategy)]):
+            if not isinstance(value, SearchStrategy):
+                where = f"strategy[{label!r}]" if isinstance(strategy, dict) else "strategy"
+                raise TypeError(
+                    f"{where} must be a hypothesis strategy (or a dict of them), got {type(value).__name__} instead."
+                )
     if strategy is None:
         scenarios = entry.strategy(rst._dtypes(rst._FLOAT_DTYPES if dtypes is None else dtypes))
     elif dtypes is not None:

@@ -129,7 +129,9 @@ def _composite(fn):
 def _size_range(value: Any, name: str, minimum: int) -> tuple[int, int]:
     if isinstance(value, (int, np.integer)) and not isinstance(value, bool):
         lo = hi = int(value)
-    elif isinstance(value, tuple) and len(value) == 2 and all(isinstance(v, (int, np.integer)) for v in value):
+    elif isinstance(value, tuple) and len(value) == 2 and all(
+        isinstance(v, (int, np.integer)) and not isinstance(v, bool) for v in value
+    ):
         lo, hi = int(value[0]), int(value[1])
     else:
         raise TypeError(f"{name} must be an int or a (min, max) tuple of ints, got {value!r} instead.")
@@ -154,6 +156,29 @@ def _dtypes(value: Any) -> tuple[np.dtype, ...]:
     return tuple(out)
 
 
+def _positive_real(value: Any, name: str, *, minimum: float = 0.0, strict: bool = True) -> float:
+    """A finite real number above ``minimum`` (``>=`` unless ``strict``), else TypeError/ValueError."""
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, float, np.integer, np.floating)):
+        raise TypeError(f"{name} must be a real number, got {type(value).__name__} ({value!r}) instead.")
+    v = float(value)
+    if not math.isfinite(v) or not (v > minimum if strict else v >= minimum):
+        relation = ">" if strict else ">="
+        raise ValueError(f"{name} must be a finite number {relation} {minimum:g}, got {value!r} instead.")
+    return v
+
+
+def _max_abs(value: Any, dts: tuple[np.dtype, ...]) -> float:
+    """``max_abs`` of the logit strategies: positive, and finite in every drawn dtype."""
+    v = _positive_real(value, "max_abs")
+    for dt in dts:
+        if v > float(np.finfo(dt).max):
+            raise ValueError(
+                f"max_abs must be at most the largest {dt} ({float(np.finfo(dt).max):.4g}) so that the drawn "
+                f"logits are finite, got {value!r} instead (restrict dtypes to float64 for larger values)."
+            )
+    return v
+
+
 def _choices(value: Any, name: str, allowed: tuple[str, ...]) -> tuple[str, ...]:
     items = (value,) if isinstance(value, str) else tuple(value)
     bad = [v for v in items if v not in allowed]
@@ -161,6 +186,12 @@ def _choices(value: Any, name: str, allowed: tuple[str, ...]) -> tuple[str, ...]
         raise ValueError(f"{name} must be a non-empty selection of {allowed}, got {value!r} instead.")
     # Keep the library's order (plainest first) so that shrinking heads for plain cases.
     return tuple(v for v in allowed if v in items)
+
+
+def _check_flag(value: Any, name: str) -> bool:
+    if not isinstance(value, (bool, np.bool_)):
+        raise TypeError(f"{name} must be a bool, got {type(value).__name__} instead.")
+    return bool(value)
 
 
 def _draw_size(draw, bounds: tuple[int, int]) -> int:
@@ -262,6 +293,9 @@ def logits(
         ``"spike"`` (one column at ``+-max_abs``), ``"constant"`` (softmax uniform).
         ``"near"`` only matters in :func:`logit_pairs` (here it draws ``"moderate"``).
     max_abs : float, default=1e4
+        Size of the ``"extreme"``, ``"shifted"``, ``"spike"`` and ``"constant"`` logits:
+        positive and at most the largest value of every drawn dtype (3.4e38 for
+        float32), so that every drawn value is finite.
     layouts : sequence of {"C", "F", "strided"}, default=LAYOUTS
 
     Returns
@@ -274,6 +308,7 @@ def logits(
     dts = _dtypes(dtypes)
     structs = _choices(structures, "structures", LOGIT_STRUCTURES)
     lays = _choices(layouts, "layouts", LAYOUTS)
+    max_abs = _max_abs(max_abs, dts)
     shape = (_draw_size(draw, rows), _draw_size(draw, cols))
     dtype = _pick(draw, dts)
     structure = _pick(draw, structs)
@@ -308,6 +343,7 @@ def logit_pairs(
     dts = _dtypes(dtypes)
     structs = _choices(structures, "structures", LOGIT_STRUCTURES)
     lays = _choices(layouts, "layouts", LAYOUTS)
+    max_abs = _max_abs(max_abs, dts)
     shape = (_draw_size(draw, rows), _draw_size(draw, cols))
     dtype = _pick(draw, dts)
     sz = _pick(draw, structs)
@@ -356,8 +392,10 @@ def simplex_pairs(
     supports : sequence of {"full", "shared", "mismatched"}, default=SUPPORTS
         All entries positive; zeros in the same places in ``p`` and ``q`` (the distance is
         the one on that face); zeros in different places (``inf``; a row of ``p`` and ``q``
-        differ in at least one support entry).  Entries span 1 down to 1e-30 (float32) or
-        1e-300 (float64), so logs of very different sizes meet.
+        differ in at least one support entry; drawn only for V >= 2: a V = 1 draw takes
+        another of the selected supports, and with ``"mismatched"`` alone V >= 2).
+        Entries span 1 down to 1e-30 (float32) or 1e-300 (float64), so logs of very
+        different sizes meet.
     normalize : bool, default=True
         Rows sum to 1 (computed in float64, then rounded to the dtype); otherwise they
         carry arbitrary positive scales (the Hilbert distance is projective).
@@ -374,6 +412,14 @@ def simplex_pairs(
     dts = _dtypes(dtypes)
     sups = _choices(supports, "supports", SUPPORTS)
     lays = _choices(layouts, "layouts", LAYOUTS)
+    normalize = _check_flag(normalize, "normalize")
+    if sups == ("mismatched",) and cols[1] < 2:
+        raise ValueError(
+            f"supports=('mismatched',) needs n_cols >= 2 (one column has no second support entry), got "
+            f"n_cols={n_cols!r} instead."
+        )
+    if sups == ("mismatched",):
+        cols = (max(2, cols[0]), cols[1])  # every draw must have a second support entry
     n, v = _draw_size(draw, rows), _draw_size(draw, cols)
     dtype = _pick(draw, dts)
     support = _pick(draw, sups)
@@ -475,10 +521,13 @@ def row_clouds(
         ``"near_ties"`` (scaled cube/cross-polytope vertices with one entry moved by one
         ulp); ``"offset"`` (a common offset row of size 1e2 to ``max_offset`` added to a
         spread of size 1: the Gram identity ``|x|^2 + |y|^2 - 2 x.y`` cancels
-        catastrophically unless rows are centered); ``"rank_deficient"`` (rank < min(V, d));
+        catastrophically unless rows are centered); ``"rank_deficient"`` (rank < min(V, d)
+        in float64, before the one rounding to the drawn dtype: in float32 the smallest
+        singular values are about 1e-8 of the largest, not 0);
         ``"huge_row"`` (one row 1e3 or 1e6 times the others).
     max_offset : float, default=1e8
-        Largest common offset (ratio of offset to spread).
+        Largest common offset (ratio of offset to spread), ``>= 1``; below 1e2 the
+        offset is of size 1.
     layouts : sequence of {"C", "F", "strided"}, default=LAYOUTS
 
     Returns
@@ -492,6 +541,7 @@ def row_clouds(
     dts = _dtypes(dtypes)
     structs = _choices(structures, "structures", ROW_STRUCTURES)
     lays = _choices(layouts, "layouts", LAYOUTS)
+    max_offset = _positive_real(max_offset, "max_offset", minimum=1.0, strict=False)
     v, d = _draw_size(draw, rows), _draw_size(draw, cols)
     dtype = _pick(draw, dts)
     structure = _pick(draw, structs)
@@ -593,16 +643,20 @@ def centered_gradients(
         ``"multiscale"`` (row norms from 1 down to 1e-10).
     layouts : sequence of {"C", "F", "strided"}, default=LAYOUTS
     scales : sequence of float, default=(1.0,)
-        Overall size: the largest entry of a drawn ``G`` has magnitude in
+        Overall size: the largest entry of a drawn nonzero ``G`` has magnitude in
         ``[scale/2, scale)``, with ``scale`` drawn from this list (powers of two keep
-        the rows' sums exactly zero).
+        the rows' sums exactly zero).  Dtypes in which a scale is not a normal number
+        are not drawn (``scales=(2.0**-600,)`` draws float64 only); ``ValueError``
+        when none is left.
 
     Returns
     -------
     strategy
         Draws arrays of shape (V, d) with :math:`\\mathbf{1}^T G = 0`: exactly (every
-        partial sum is exact in the dtype) for all structures but ``"multiscale"``, whose
-        rows sum to zero up to rounding.
+        partial sum is exact in the dtype, for scales that are powers of two) for all
+        structures but ``"multiscale"``, whose rows sum to zero up to rounding.  The zero
+        gradient is drawn too (hypothesis shrinks towards it): every kernel must return
+        a zero step for it.
 
     Notes
     -----
@@ -621,18 +675,34 @@ def centered_gradients(
     dts = _dtypes(dtypes)
     structs = _choices(structures, "structures", GRADIENT_STRUCTURES)
     lays = _choices(layouts, "layouts", LAYOUTS)
+    scales = _scales(scales)
+    dts = _dtypes_for_scales(dts, scales)
     v, d = _draw_size(draw, rows), _draw_size(draw, cols)
     dtype = _pick(draw, dts)
-    scales = _scales(scales)
     G = _gradient_values(draw, v, d, dtype, _pick(draw, structs))
     G = G * dtype.type(_pick(draw, scales))
     return _apply_layout(G, _layout(draw, lays))
 
 
 def _scales(scales: Sequence[float]) -> tuple[float, ...]:
+    if isinstance(scales, (str, bytes)) or not isinstance(scales, Sequence):
+        raise TypeError(f"scales must be a sequence of positive numbers, got {type(scales).__name__} instead.")
+    if any(isinstance(c, (bool, np.bool_)) or not isinstance(c, (int, float, np.integer, np.floating)) for c in scales):
+        raise TypeError(f"scales must be a sequence of positive numbers, got {scales!r} instead.")
     out = tuple(float(c) for c in scales)
     if not out or not all(c > 0 and math.isfinite(c) for c in out):
         raise ValueError(f"scales must be positive finite numbers, got {scales!r} instead.")
+    return out
+
+
+def _dtypes_for_scales(dts: tuple[np.dtype, ...], scales: tuple[float, ...]) -> tuple[np.dtype, ...]:
+    """The dtypes in which every scale is a normal number (2**-600 is zero in float32)."""
+    out = tuple(dt for dt in dts if all(float(np.finfo(dt).tiny) <= c <= float(np.finfo(dt).max) for c in scales))
+    if not out:
+        raise ValueError(
+            f"scales must be normal numbers of a drawn dtype ({', '.join(str(dt) for dt in dts)}), got "
+            f"{scales!r} instead: a gradient of that size is zero or infinite there."
+        )
     return out
 
 
@@ -661,8 +731,9 @@ def gradient_sequences(
     structures : sequence of str, default=("cross_entropy", "rank_one", "sparse")
         Structures of :func:`centered_gradients` (all of whose rows sum to exactly zero).
     scales : sequence of float, default=(1, 2**-20, 2**-27, 2**-30)
-        Per-step sizes (the largest entry of a step is in ``[scale/2, scale)``); powers
-        of two keep the rows' sums exactly zero.
+        Per-step sizes (the largest entry of a nonzero step is in ``[scale/2, scale)``);
+        powers of two keep the rows' sums exactly zero.  Dtypes in which a scale is not
+        a normal number are not drawn, as in :func:`centered_gradients`.
 
     Returns
     -------
@@ -675,6 +746,7 @@ def gradient_sequences(
     dts = _dtypes(dtypes)
     structs = _choices(structures, "structures", GRADIENT_STRUCTURES)
     scales = _scales(scales)
+    dts = _dtypes_for_scales(dts, scales)
     t, v, d = _draw_size(draw, steps), _draw_size(draw, rows), _draw_size(draw, cols)
     dtype = _pick(draw, dts)
     out = []
@@ -751,7 +823,9 @@ def hidden_state_pairs(
     dtypes : dtype or sequence of dtypes, default=(float64, float32)
     map_classes : sequence of str, default=MAP_CLASSES
     max_outliers : int, default=2
+        At most this many outliers, ``>= 0``.
     outlier_size : float, default=1.0
+        Norm of every planted residual, finite and ``>= 0``.
 
     Returns
     -------
@@ -763,6 +837,11 @@ def hidden_state_pairs(
     ks = _size_range(n_clusters, "n_clusters", 1)
     dts = _dtypes(dtypes)
     classes = _choices(map_classes, "map_classes", MAP_CLASSES)
+    if isinstance(max_outliers, (bool, np.bool_)) or not isinstance(max_outliers, (int, np.integer)):
+        raise TypeError(f"max_outliers must be an int, got {type(max_outliers).__name__} instead.")
+    if max_outliers < 0:
+        raise ValueError(f"max_outliers must be >= 0, got {max_outliers!r} instead.")
+    outlier_size = _positive_real(outlier_size, "outlier_size", strict=False)
     n, d = _draw_size(draw, toks), _draw_size(draw, cols)
     k = min(_draw_size(draw, ks), n)
     dtype = _pick(draw, dts)
