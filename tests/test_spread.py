@@ -337,6 +337,16 @@ def test_small_dimensions_use_lattice_balls(V, d):
         assert r.ratio > 2.0 * math.sin(math.pi / V)  # beats the regular V-gon
 
 
+@pytest.mark.parametrize("V, d, least", [(20001, 1, 1.0 / 20000), (20001, 2, 0.0067)])
+def test_the_line_and_the_plane_use_lattice_balls_beyond_20000_points(V, d, least):
+    """Beyond 20000 points no lattice was offered: the sphere iteration from random points
+    returned ratio 0 at (20001, 1) (every point of the 0-sphere is +-1; 40 s under
+    max_time=5) and 3e-8 at (20001, 2), against the bounds 5e-5 and 0.0071."""
+    r = refgeo.spread(V, d, seed=0, max_time=1.0)
+    assert r.init == ("lattice(Z)" if d == 1 else "lattice(A2)") and r.method == "construction"
+    assert r.certified and least * (1 - 1e-9) <= r.ratio <= r.upper_bound
+
+
 @pytest.mark.parametrize("V, d", [(45, 40), (30, 20), (12, 8), (11, 8)])
 def test_orthogonal_simplex_blocks_closed_form(V, d):
     """V - d regular simplices in orthogonal blocks: the closed-form ratio is the measured
