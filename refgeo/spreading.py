@@ -597,7 +597,9 @@ def spread(
         never above :math:`\eta`).
     init : {"auto", "construction", "random"} or array_like of shape (V, d), default="auto"
         Starting point: the best algebraic construction for ``(V, d)`` (``"auto"`` uses
-        it when one exists), random points, or a user configuration.
+        it when one exists), random points on the unit sphere (Gaussian points for
+        ``d = 1``, whose sphere is two points), or a user configuration (of any scale
+        within the float64 range: it is first scaled by a power of 2, exactly).
     method : {"auto", "epigraph", "smooth", "construction"}, default="auto"
         ``"epigraph"``: multistart SLSQP on :math:`\max t` s.t.
         :math:`t \le \lVert x_i - x_j \rVert^2 \le 1` with analytic Jacobians (small V);
@@ -743,6 +745,13 @@ def spread(
         user_X = np.array(user_X, dtype=np.float64)
         if user_X.shape != (V, d):
             raise ValueError(f"init must have shape ({V}, {d}), got shape {user_X.shape} instead.")
+        # the ratio is scale-invariant: a power of 2 (exact) brings the largest entry to
+        # [1/2, 1), so that rows near 1e308 (whose differences overflowed: "the row
+        # diameter is ... beyond the float64 range ... scale S down") and subnormal rows
+        # (NaN from the scaling to the budget) are solved as well as any other
+        top = float(np.max(np.abs(user_X)))
+        if top > 0.0:
+            user_X = np.ldexp(user_X, -math.frexp(top)[1])
         centered = user_X - user_X.mean(axis=0)
         if not np.any(centered):
             raise ValueError(f"init must have at least two distinct rows, got {V} identical rows instead.")
@@ -760,7 +769,8 @@ def spread(
         X, init_name = best_c.build(), best_c.name
     else:
         X = rng.standard_normal((V, d))
-        X /= np.linalg.norm(X, axis=1, keepdims=True)
+        if d > 1:  # the 0-sphere is {-1, 1}: Gaussian points on the line stay distinct
+            X /= np.linalg.norm(X, axis=1, keepdims=True)
         init_name = "random"
     start_rho = best_c.rho if (best_c is not None and user_X is None) else None
     from_random = False  # auto: the smooth run from random points, not from best_c
@@ -825,6 +835,10 @@ def spread(
                                target=bound.value, report=lambda r, rho: report("round", r, rho))
     bar.finish()
     bar.close()
+    if method != "construction" and not np.any(X != X[:1]):
+        # every row equal: the sphere iteration in d = 1 can put all rows at +1
+        # (ZeroDivisionError in the scaling to the budget); the start has distinct rows
+        X, method = X0, "construction"
 
     # ---- scale, center, certify; an iterate is kept only when its certified ratio
     # beats the construction's (closed-form or engine-certified) one
@@ -1151,6 +1165,23 @@ def spread_update(
         raise ValueError(f"eps == {eps}, must be <= 1.")
     n_points = check_int(n_points, "n_points", min_value=2)
     lmo_rtol = check_open_unit_interval(lmo_rtol, "lmo_rtol")
+    # the curve's three arrays; the steps themselves are not kept (one at a time)
+    _memory.check_memory(f"spread_update(G of shape {G.shape}, n_points={n_points})",
+                         {f"the trade-off curve (3 arrays of {n_points} float64)": 24.0 * n_points},
+                         "Ask for fewer n_points.")
+    # Every step is positively homogeneous of degree 0 in G and every decrease of
+    # degree 1: a tiny G is solved at a power of 2 (exact) that brings its largest
+    # entry to [1/2, 1), and the decreases are scaled back.  Near the subnormal range
+    # the centering below rounds in absolute terms, and G*1e-320 was refused as not
+    # centered, though spread_update centers G itself.
+    top = float(np.max(np.abs(G)))
+    shift = -math.frexp(top)[1] if 0.0 < top < 2.0**-900 else 0
+    if shift:
+        G = np.ldexp(G, shift)
+
+    def unscaled(v: float) -> float:
+        return math.ldexp(v, -shift) + 0.0  # + 0.0: no -0.0 for a zero decrease
+
     Gc = G - G.mean(axis=0)
 
     rn = np.asarray(projected_rownorm(Gc, eta=eta), dtype=np.float64)
@@ -1167,39 +1198,39 @@ def spread_update(
         X = _align(X, Gc)
 
     ts = np.linspace(0.0, 1.0, n_points)
-    steps, decs, ms, Ds = [], [], [], []
-    for t in ts:
+    decs, ms = np.empty(n_points), np.empty(n_points)
+    best = None  # (m, decrease, S, D) of the curve point picked so far
+    for i, t in enumerate(ts):
         S, D, m = _scaled_step((1.0 - t) * S_star + t * X, eta)
         if D == 0.0:  # pragma: no cover - only if S_* and X cancel exactly
             S, D, m = S_star, _row_diameter_value(S_star), lmo_m
-        steps.append(S)
-        decs.append(float(-np.sum(Gc * S)))
-        ms.append(m)
-        Ds.append(D)
-    ok = [i for i in range(n_points) if decs[i] >= target]
-    if ok:
-        pick = max(ok, key=lambda i: (ms[i], decs[i]))
-        S, dec, m, D = steps[pick], decs[pick], ms[pick], Ds[pick]
+        decs[i], ms[i] = float(-np.sum(Gc * S)), m
+        # the largest m meeting the decrease constraint, then the largest decrease (the
+        # first such point on ties)
+        if decs[i] >= target and (best is None or (m, decs[i]) > best[:2]):
+            best = (m, float(decs[i]), S, D)
+    if best is not None:
+        m, dec, S, D = best
     else:  # pragma: no cover - t = 0 is S_* rescaled up to D = eta, so it always qualifies
         S, dec, m, D = S_star, lmo_dec, lmo_m, _row_diameter_value(S_star)
     S = np.array(S)
     return SpreadUpdate(
         update=_readonly(S),
-        decrease=dec,
+        decrease=unscaled(dec),
         min_dist=m,
         diameter=D,
         ratio=m / D if D > 0 else 0.0,
-        target_decrease=target,
+        target_decrease=unscaled(target),
         eps=eps,
-        rownorm_decrease=rn_dec,
+        rownorm_decrease=unscaled(rn_dec),
         rownorm_min_dist=rn_m,
-        lmo_decrease=lmo_dec,
+        lmo_decrease=unscaled(lmo_dec),
         lmo_min_dist=lmo_m,
-        lmo_upper_bound=eta * float(lmo.upper_bound),
-        spread_min_dist=ms[-1],
+        lmo_upper_bound=unscaled(eta * float(lmo.upper_bound)),
+        spread_min_dist=float(ms[-1]),
         curve_t=_readonly(ts),
-        curve_decrease=_readonly(np.array(decs)),
-        curve_min_dist=_readonly(np.array(ms)),
+        curve_decrease=_readonly(np.ldexp(decs, -shift) + 0.0),
+        curve_min_dist=_readonly(ms),
     )
 
 
