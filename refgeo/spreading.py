@@ -733,6 +733,13 @@ def spread(
     k = check_int(k, "k", min_value=1)
     max_rounds = check_int(max_rounds, "max_rounds", min_value=0)
     _check_memory(V, d, k)
+    if method == "epigraph":
+        # SLSQP's dense constraint Jacobian: V (V - 1) pair constraints by V d unknowns,
+        # held about three times (ours, SLSQP's copy and its least-squares workspace)
+        _memory.check_memory(f"spread({V}, {d}, method='epigraph')",
+                             {"the constraint Jacobian (V (V - 1) x V d float64, 3 copies)":
+                              24.0 * V * (V - 1) * (V * d + 1)},
+                             "Use method='smooth' (or 'auto') for this V.")
     if not (isinstance(certify, str) and certify == "auto"):
         if not isinstance(certify, (bool, np.bool_)):
             raise ValueError(f"certify must be True, False or 'auto', got {certify!r} instead.")

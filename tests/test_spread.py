@@ -600,3 +600,14 @@ def test_spread_update_curve_size_and_zero_decreases():
     st = refgeo.spread_update(np.zeros((4, 2)), seed=0)
     for v in (st.decrease, st.lmo_decrease, st.target_decrease, st.rownorm_decrease, *st.curve_decrease):
         assert v == 0.0 and math.copysign(1.0, v) == 1.0
+
+
+def test_epigraph_beyond_memory_is_refused_by_name():
+    """method="epigraph" builds a dense Jacobian of V (V - 1) constraints by V d unknowns:
+    at (2000, 10) NumPy's own allocation error came from inside the solver."""
+    with pytest.raises(MemoryError, match=re.escape(
+            "spread(2000, 10, method='epigraph') needs about 1.7 TiB (the constraint Jacobian "
+            "(V (V - 1) x V d float64, 3 copies): 1.7 TiB), but only ")
+            + r"[0-9.]+ (B|KiB|MiB|GiB|TiB) are available\. "
+            + re.escape("Use method='smooth' (or 'auto') for this V.") + "$"):
+        refgeo.spread(2000, 10, method="epigraph", seed=0)
