@@ -51,7 +51,8 @@ __all__ = [
 # =========================================================================== constructions
 
 
-def _check_size(what: str, V: int, d: int, work: float = 0.0, advice: str = "Ask for fewer rows V or a smaller d.") -> None:
+def _check_size(what: str, V: int, d: int, work: float = 0.0,
+                advice: str = "Ask for fewer rows V or a smaller d.") -> None:
     """``MemoryError`` naming the call when the (V, d) float64 result (and ``work`` bytes
     of temporaries) cannot fit, before NumPy's own allocation error from inside."""
     _memory.check_memory(what, {f"result ({V} x {d} float64)": 8.0 * V * d, "working memory": work}, advice)

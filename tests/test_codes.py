@@ -405,7 +405,8 @@ def test_sources_hold_no_control_characters(module):
 def _memory_error(what: str, parts: str, advice: str) -> str:
     """The full MemoryError text of refgeo._memory.check_memory (the available memory
     varies: any amount)."""
-    return re.escape(f"{what} needs about {parts}, but only ") + r"[0-9.]+ (B|KiB|MiB|GiB|TiB) are available\. " + re.escape(advice) + "$"
+    return (re.escape(f"{what} needs about {parts}, but only ") + r"[0-9.]+ (B|KiB|MiB|GiB|TiB) are available\. "
+            + re.escape(advice) + "$")
 
 
 @pytest.mark.parametrize("call, what, parts, advice", [
