@@ -29,6 +29,7 @@ Gram matrix of the centered points (positive semidefinite, rank :math:`\le d`), 
 from __future__ import annotations
 
 import dataclasses
+import fractions
 import math
 
 from ._validate import check_int
@@ -279,7 +280,10 @@ def volume_bound(V: int, d: int) -> float:
     Proof: the balls of radius :math:`m/2` around the points are disjoint and their
     union has diameter at most :math:`D + m`; by the isodiametric inequality its
     volume is at most that of a ball of radius :math:`(D + m)/2`, so
-    :math:`V m^d \le (D + m)^d`.  Computed with :math:`d = 1` in closed form.  Exact for :math:`d = 1` (equally spaced points,
+    :math:`V m^d \le (D + m)^d`.  Computed with :math:`d = 1` in closed form; otherwise
+    the root :math:`V^{1/d}` is rounded down to a float whose :math:`d`-th power is checked
+    not to exceed :math:`V` in exact rational arithmetic, so the returned float is never
+    below the formula.  Exact for :math:`d = 1` (equally spaced points,
     :math:`1/(V - 1)`); only matters when :math:`V` is exponential in :math:`d`.  O(1).
 
     References
@@ -295,10 +299,16 @@ def volume_bound(V: int, d: int) -> float:
     V, d = _check_vd(V, d)
     if d == 1:
         return _up(1.0 / (V - 1.0))
-    root = math.exp(math.log(V) / d)
-    if root <= 2.0:
+    if d >= V.bit_length() or V <= 1 << d:  # V^(1/d) <= 2: the bound says nothing
         return 1.0
-    return _up(1.0 / (root - 1.0))
+    # exp(log(V) / d) is off by about (1 + log(V)/d) ulps, more than the outward
+    # rounding covers for large V (it fell 1.3e-16 below the formula at V ~ 2^52,
+    # d = 2): lower it to a float whose d-th power is certified (in exact rational
+    # arithmetic, d < 53) not to exceed V
+    root = math.exp(math.log(V) / d)
+    while fractions.Fraction(root) ** d > V:
+        root = math.nextafter(root, 0.0)
+    return _up(1.0 / (root - 1.0))  # root >= 2: root - 1 is exact
 
 
 @dataclasses.dataclass(frozen=True, slots=True)

@@ -27,11 +27,13 @@ import dataclasses
 import functools
 import itertools
 import math
+import re
 from collections.abc import Callable
 from typing import Any
 
 import numpy as np
 
+from . import _memory
 from ._validate import as_float_array, check_int
 
 __all__ = [
@@ -47,6 +49,13 @@ __all__ = [
 
 
 # =========================================================================== constructions
+
+
+def _check_size(what: str, V: int, d: int, work: float = 0.0,
+                advice: str = "Ask for fewer rows V or a smaller d.") -> None:
+    """``MemoryError`` naming the call when the (V, d) float64 result (and ``work`` bytes
+    of temporaries) cannot fit, before NumPy's own allocation error from inside."""
+    _memory.check_memory(what, {f"result ({V} x {d} float64)": 8.0 * V * d, "working memory": work}, advice)
 
 
 def regular_simplex(V: int, d: int) -> np.ndarray:
@@ -87,6 +96,7 @@ def regular_simplex(V: int, d: int) -> np.ndarray:
     """
     d = check_int(d, "d", min_value=1)
     V = check_int(V, "V", min_value=2, max_value=d + 1)
+    _check_size(f"regular_simplex({V}, {d})", V, d)
     X = np.zeros((V, d))
     for k in range(1, V):  # Helmert row k: k ones then -k, over sqrt(k (k + 1))
         c = 1.0 / math.sqrt(k * (k + 1.0))
@@ -132,6 +142,7 @@ def orthogonal_simplices(d: int) -> np.ndarray:
     [[1.0, 0.0], [-1.0, 0.0], [0.0, 1.0], [0.0, -1.0]]
     """
     d = check_int(d, "d", min_value=1)
+    _check_size(f"orthogonal_simplices({d})", d + 2, d, 8.0 * (d // 2 + 2) * (d - d // 2 + 1), "Ask for a smaller d.")
     a = d // 2
     b = d - a
     # Equal edges: r_k^2 * 2 (k + 1) / k is the same for k = a and k = b (largest r = 1).
@@ -171,6 +182,7 @@ def cross_polytope(d: int) -> np.ndarray:
     [[1.0, 0.0], [-1.0, 0.0], [0.0, 1.0], [0.0, -1.0]]
     """
     d = check_int(d, "d", min_value=1)
+    _check_size(f"cross_polytope({d})", 2 * d, d, advice="Ask for a smaller d.")
     X = np.zeros((2 * d, d))
     idx = np.arange(d)
     X[2 * idx, idx] = 1.0
@@ -202,6 +214,7 @@ def embed(X: Any, /, *, d: int) -> np.ndarray:
     """
     X = as_float_array(X, "X", ndim=2, shape_hint="2-D array of shape (V, d0)")
     d = check_int(d, "d", min_value=int(X.shape[1]))
+    _check_size(f"embed(X of shape {tuple(X.shape)}, d={d})", int(X.shape[0]), d, advice="Ask for a smaller d.")
     Y = np.zeros((X.shape[0], d))
     Y[:, : X.shape[1]] = np.asarray(X, dtype=np.float64)
     return Y
@@ -324,12 +337,20 @@ def _check_power_of_4(d: int) -> int:
     return n
 
 
-def _quadratic_code(d: int, V: int, n: int, us: np.ndarray, ws: np.ndarray | None) -> np.ndarray:
-    """Standard basis, then one Hadamard basis H diag((-1)^{Q}) per form (first V rows)."""
+def _n_bases(V: int, d: int) -> int:
+    """Hadamard bases after the standard basis that the first V rows reach."""
+    return -(-(V - d) // d) if V > d else 0
+
+
+def _quadratic_code(what: str, d: int, V: int, n: int, us: np.ndarray, ws: np.ndarray | None) -> np.ndarray:
+    """Standard basis, then one Hadamard basis H diag((-1)^{Q}) per form (first V rows;
+    ``us`` and ``ws`` hold at least the forms these rows reach)."""
+    n_bases = _n_bases(V, d)
+    # one basis at a time: diag(s), its transform and the scaled copy, d x d each
+    _check_size(what, V, d, 32.0 * d * d if n_bases else 0.0)
     X = np.zeros((V, d))
     k = min(V, d)
     X[np.arange(k), np.arange(k)] = 1.0
-    n_bases = -(-(V - d) // d) if V > d else 0
     if n_bases == 0:
         return X
     B = _kerdock_forms(n, us[:n_bases], None if ws is None else ws[:n_bases])
@@ -376,7 +397,7 @@ def delsarte_goethals_code(d: int, V: int | None = None) -> np.ndarray:
 
     For :math:`V \gg d^2` with small ``d`` (the hard regime), e.g. :math:`(50000, 64)`:
     :math:`\rho = \sqrt{3/5} = 0.7746` against the bound 0.865 (random points: 0.45).
-    Time O(V d), memory O(V d); entries exactly :math:`0, 1, \pm 2^{-n/2}`.
+    Time O(V d log d), memory O(V d + d^2); entries exactly :math:`0, 1, \pm 2^{-n/2}`.
 
     References
     ----------
@@ -399,8 +420,9 @@ def delsarte_goethals_code(d: int, V: int | None = None) -> np.ndarray:
     half = d // 2
     total = d + d * half * half
     V = total if V is None else check_int(V, "V", min_value=1, max_value=total)
-    w, u = np.divmod(np.arange(half * half, dtype=np.int64), half)
-    return _quadratic_code(d, V, n, u, w)
+    # only the forms the first V rows reach (all d^2/4 of them were built for any V)
+    w, u = np.divmod(np.arange(_n_bases(V, d), dtype=np.int64), half)
+    return _quadratic_code(f"delsarte_goethals_code({d}, V={V})", d, V, n, u, w)
 
 
 def kerdock_code(d: int, V: int | None = None) -> np.ndarray:
@@ -434,12 +456,15 @@ def kerdock_code(d: int, V: int | None = None) -> np.ndarray:
     (at :math:`V = d + 1` the one extra row is the all-positive Hadamard row, so no
     inner product is negative and :math:`\rho^2 = 1 - 1/\sqrt d`),
 
-    within 0.5% of :func:`refgeo.welch_bound` wherever :math:`V \le d^2/2 + d`
-    (e.g. :math:`(50000, 1024)`: 0.96922 against 0.96955).  The quadratic forms come
-    from the trace construction over :math:`GF(2^{n-1})` (see ``_kerdock_forms``);
-    each basis is :math:`H \operatorname{diag}(s_u)` built with a fast Walsh-Hadamard
-    transform.  Time O(V d + (V/d) d \log d), memory O(V d).  Exact: every inner
-    product is computed without rounding in float64.
+    within 0.5% of :func:`refgeo.welch_bound` for :math:`d \ge 64` once
+    :math:`V \ge d^2/4` (e.g. :math:`(50000, 1024)`: 0.96922 against 0.96955; at the
+    full code 0.29% below it for d = 64 and 0.04% for d = 256, but 2.2% for d = 16 and
+    16% for d = 4, and further below for small V: the bound grows to 1 as V falls to
+    d + 1).  The quadratic forms come from the trace construction over
+    :math:`GF(2^{n-1})` (see ``_kerdock_forms``); each basis is
+    :math:`H \operatorname{diag}(s_u)` built with a fast Walsh-Hadamard transform of a
+    d x d matrix.  Time O(V d log d), memory O(V d + d^2).  Exact: every inner product
+    is computed without rounding in float64.
 
     References
     ----------
@@ -458,7 +483,8 @@ def kerdock_code(d: int, V: int | None = None) -> np.ndarray:
     n = _check_power_of_4(d)
     total = d * (d // 2 + 1)
     V = total if V is None else check_int(V, "V", min_value=1, max_value=total)
-    return _quadratic_code(d, V, n, np.arange(d // 2, dtype=np.int64), None)
+    us = np.arange(_n_bases(V, d), dtype=np.int64)  # the forms the first V rows reach
+    return _quadratic_code(f"kerdock_code({d}, V={V})", d, V, n, us, None)
 
 
 # =========================================================================== candidates
@@ -522,7 +548,12 @@ def _kerdock_tagged(q: int, V: int, d: int, tags: bool) -> np.ndarray:
 # most negative inner product kept.  Every point set is enumerated shell by shell
 # (coordinate by coordinate with the partial norm bounded), never from a full box.
 
-_LATTICE_MAX_V = 20000  # lattice balls are offered up to this many points
+# lattice balls are offered up to this many points in d >= 3; on the line (equally
+# spaced points) and for A2 (up to about 10^6 points, the enumeration's limit) for any V:
+# the sphere iteration from random points is no alternative there (ratio 0 at
+# (20001, 1), where every point of the 0-sphere is +-1, and 3e-8 against 0.0067 at
+# (20001, 2))
+_LATTICE_MAX_V = 20000
 _LATTICE_MAX_POINTS = 1 << 20  # lattice points enumerated at most for one ball
 _LATTICE_MAX_CENTER = 2.0**24  # largest |center| entry of a lattice ball
 
@@ -732,7 +763,9 @@ def _lattice(name: str) -> _Lattice:
 def _lattice_name(lattice: Any) -> _Lattice:
     if not isinstance(lattice, str):
         raise TypeError(f"lattice must be a str, got {type(lattice).__name__} instead.")
-    if lattice.startswith("D") and not (lattice[1:].isdigit() and int(lattice[1:]) >= 3):
+    # ASCII digits only: str.isdigit() also takes '³' (which int() refuses) and other
+    # scripts' digits
+    if lattice.startswith("D") and not (re.fullmatch("D[0-9]+", lattice) and int(lattice[1:]) >= 3):
         raise ValueError(f"lattice 'D<n>' needs an integer n >= 3, got {lattice!r} instead.")
     return _lattice(lattice)
 
@@ -783,7 +816,14 @@ def minimal_vectors(lattice: str) -> np.ndarray:
     >>> X.shape, sorted(set((X @ X.T).ravel().tolist()))
     ((240, 8), [-2.0, -1.0, 0.0, 1.0, 2.0])
     """
-    return np.array(_lattice_name(lattice).minimal(), dtype=np.float64, order="C")  # a copy
+    lat = _lattice_name(lattice)
+    if lat.name.startswith("D"):
+        # 2 n (n - 1) vectors of length n, built and then copied: D_1000 needs 32 GB
+        n = lat.dim
+        _memory.check_memory(f"minimal_vectors({lattice!r})",
+                             {f"{2 * n * (n - 1)} vectors of length {n} (float64, built and copied)":
+                              16.0 * 2 * n * (n - 1) * n}, "Ask for a lattice D<n> of smaller n.")
+    return np.array(lat.minimal(), dtype=np.float64, order="C")  # a copy
 
 
 def lattice_ball(V: int, lattice: str, *, center: Any = None) -> np.ndarray:
@@ -852,16 +892,20 @@ def lattice_ball(V: int, lattice: str, *, center: Any = None) -> np.ndarray:
         )
     X = _nearest_points(lat, V, c)
     if X is None:
+        # in high dimension the projections of even a small ball hold many points
         raise MemoryError(f"lattice_ball({V}, {lattice!r}) would enumerate more than "
-                          f"{_LATTICE_MAX_POINTS} lattice points; ask for fewer points.")
+                          f"{_LATTICE_MAX_POINTS} lattice points (the projections of its ball in "
+                          f"dimension {lat.dim} hold them); ask for fewer points or a lattice of "
+                          "smaller dimension.")
     return X
 
 
 def _nearest_points(lat: _Lattice, V: int, c: np.ndarray) -> np.ndarray | None:
     n = lat.dim
-    unit_ball = math.pi ** (n / 2.0) / math.gamma(n / 2.0 + 1.0)
+    # log of the unit ball's volume (math.gamma overflows from n = 343 on)
+    log_unit_ball = 0.5 * n * math.log(math.pi) - math.lgamma(0.5 * n + 1.0)
     # radius of a ball holding about 1.2 V points, plus the covering slack
-    R = (1.2 * V * lat.covolume / unit_ball) ** (1.0 / n) + 0.5 * math.sqrt(lat.min_norm)
+    R = math.exp((math.log(1.2 * V * lat.covolume) - log_unit_ball) / n) + 0.5 * math.sqrt(lat.min_norm)
     ball = lat.ball
     if ball is None:  # callers only ask lattices that enumerate balls
         raise RuntimeError(f"internal error: lattice {lat.name} has no ball enumeration")
@@ -971,6 +1015,11 @@ def _shell_greedy(P: np.ndarray, V: int, r2: float, tag: str) -> list[tuple[str,
     return out
 
 
+def _line(V: int) -> np.ndarray:
+    """V equally spaced points of the line, at the integers 0, ..., V - 1."""
+    return np.arange(V, dtype=np.float64)[:, None]
+
+
 _LATTICE_OF_DIM = {1: "Z", 2: "A2", 6: "E6", 7: "E7", 8: "E8", 16: "BW16", 24: "Leech"}
 
 
@@ -996,9 +1045,15 @@ def _lattice_candidates(V: int, d: int) -> list[_Candidate]:
         def padded(X, n=n):
             return X.copy() if n == d else embed(X, d=d)
 
+        if name == "Z":
+            # V equally spaced points, optimal: rho = 1/(V - 1) is the volume bound
+            out.append(_Candidate("lattice(Z)", 1.0 / (V - 1.0), functools.partial(_line, V),
+                                  on_sphere=False, iterate=False))
+            continue
         # D_n balls beyond n = 12 hold V <= 20000 points within two shells, where
         # the shell subsets and the sphere codes do better
-        if lat.ball is not None and 2 * d < V <= _LATTICE_MAX_V and (n <= 12 or name != f"D{n}"):
+        top = math.inf if n <= 2 else _LATTICE_MAX_V
+        if lat.ball is not None and 2 * d < V <= top and (n <= 12 or name != f"D{n}"):
             b = _best_ball(lat, V)
             if b is not None:
                 X, rho, k = b

@@ -33,6 +33,7 @@ from typing import Any
 import numpy as np
 
 from . import _memory, _progress
+from ._threads import blas_single_thread
 from ._validate import (
     as_float_array,
     check_choice,
@@ -596,7 +597,9 @@ def spread(
         never above :math:`\eta`).
     init : {"auto", "construction", "random"} or array_like of shape (V, d), default="auto"
         Starting point: the best algebraic construction for ``(V, d)`` (``"auto"`` uses
-        it when one exists), random points, or a user configuration.
+        it when one exists), random points on the unit sphere (Gaussian points for
+        ``d = 1``, whose sphere is two points), or a user configuration (of any scale
+        within the float64 range: it is first scaled by a power of 2, exactly).
     method : {"auto", "epigraph", "smooth", "construction"}, default="auto"
         ``"epigraph"``: multistart SLSQP on :math:`\max t` s.t.
         :math:`t \le \lVert x_i - x_j \rVert^2 \le 1` with analytic Jacobians (small V);
@@ -680,10 +683,12 @@ def spread(
     (\sqrt q - 1)/(\sqrt q + 3)`, 0.7977 at :math:`(50000, 90)`; one per basis:
     :math:`\rho^2 = \sqrt q/(\sqrt q + 4)`, 0.8165 at :math:`(5000, 160)`); and from the lattices of
     :mod:`refgeo.codes` (:func:`refgeo.lattice_ball`, :func:`refgeo.minimal_vectors`):
-    the V points of :math:`A_2`, :math:`D_n` (:math:`n \le 12`), :math:`E_6`,
-    :math:`E_7` or :math:`E_8` nearest to the best of a few centers (lattice points
-    and holes; :math:`2d < V \le 20000`), e.g. 0.3015 at :math:`(5000, 8)` and 0.25
-    at :math:`(20000, 8)`; and subsets of the minimal vectors of :math:`D_n`,
+    V equally spaced points on the line (:math:`\rho = 1/(V - 1)`, optimal), and the V
+    points of :math:`A_2` (for :math:`V` up to about :math:`10^6`), :math:`D_n`
+    (:math:`n \le 12`), :math:`E_6`, :math:`E_7` or :math:`E_8`
+    (:math:`2d < V \le 20000`) nearest to the best of a few centers (lattice points
+    and holes), e.g. 0.3015 at :math:`(5000, 8)` and 0.25 at :math:`(20000, 8)`; and
+    subsets of the minimal vectors of :math:`D_n`,
     :math:`E_6, E_7, E_8`, :math:`\Lambda_{16}` and :math:`\Lambda_{24}` whose inner
     products stay above a level (the 240 roots of :math:`E_8`: :math:`\rho = 1/2`;
     :math:`\sqrt{1/3}` at :math:`(2000, 16)`, :math:`\sqrt{0.4}` at :math:`(4096, 24)`);
@@ -729,6 +734,13 @@ def spread(
     k = check_int(k, "k", min_value=1)
     max_rounds = check_int(max_rounds, "max_rounds", min_value=0)
     _check_memory(V, d, k)
+    if method == "epigraph":
+        # SLSQP's dense constraint Jacobian: V (V - 1) pair constraints by V d unknowns,
+        # held about three times (ours, SLSQP's copy and its least-squares workspace)
+        _memory.check_memory(f"spread({V}, {d}, method='epigraph')",
+                             {"the constraint Jacobian (V (V - 1) x V d float64, 3 copies)":
+                              24.0 * V * (V - 1) * (V * d + 1)},
+                             "Use method='smooth' (or 'auto') for this V.")
     if not (isinstance(certify, str) and certify == "auto"):
         if not isinstance(certify, (bool, np.bool_)):
             raise ValueError(f"certify must be True, False or 'auto', got {certify!r} instead.")
@@ -741,6 +753,13 @@ def spread(
         user_X = np.array(user_X, dtype=np.float64)
         if user_X.shape != (V, d):
             raise ValueError(f"init must have shape ({V}, {d}), got shape {user_X.shape} instead.")
+        # the ratio is scale-invariant: a power of 2 (exact) brings the largest entry to
+        # [1/2, 1), so that rows near 1e308 (whose differences overflowed: "the row
+        # diameter is ... beyond the float64 range ... scale S down") and subnormal rows
+        # (NaN from the scaling to the budget) are solved as well as any other
+        top = float(np.max(np.abs(user_X)))
+        if top > 0.0:
+            user_X = np.ldexp(user_X, -math.frexp(top)[1])
         centered = user_X - user_X.mean(axis=0)
         if not np.any(centered):
             raise ValueError(f"init must have at least two distinct rows, got {V} identical rows instead.")
@@ -758,7 +777,8 @@ def spread(
         X, init_name = best_c.build(), best_c.name
     else:
         X = rng.standard_normal((V, d))
-        X /= np.linalg.norm(X, axis=1, keepdims=True)
+        if d > 1:  # the 0-sphere is {-1, 1}: Gaussian points on the line stay distinct
+            X /= np.linalg.norm(X, axis=1, keepdims=True)
         init_name = "random"
     start_rho = best_c.rho if (best_c is not None and user_X is None) else None
     from_random = False  # auto: the smooth run from random points, not from best_c
@@ -823,6 +843,10 @@ def spread(
                                target=bound.value, report=lambda r, rho: report("round", r, rho))
     bar.finish()
     bar.close()
+    if method != "construction" and not np.any(X != X[:1]):
+        # every row equal: the sphere iteration in d = 1 can put all rows at +1
+        # (ZeroDivisionError in the scaling to the budget); the start has distinct rows
+        X, method = X0, "construction"
 
     # ---- scale, center, certify; an iterate is kept only when its certified ratio
     # beats the construction's (closed-form or engine-certified) one
@@ -935,13 +959,18 @@ def _multistart(X_first, V, d, *, n_starts, rng, clock, bound, report):
     for s in range(n_starts):
         if s > 0 and clock.left() <= 0:
             break
-        if s == 0 and X_first is not None:
-            X0 = X_first
-        elif s % 2 == 1:
-            X0 = _sphere_prephase(rng.standard_normal((V, d)))
-        else:
-            X0 = rng.standard_normal((V, d))
-        X = _epigraph_solve(X0, deadline=clock.deadline)
+        # SLSQP's least-squares steps call BLAS on small matrices, whose threaded
+        # kernels sum in another order: the iterates (and the returned ratio, 0.54664
+        # against 0.54709 at (30, 5)) depended on the BLAS thread count, and more
+        # threads were slower on these sizes anyway
+        with blas_single_thread():
+            if s == 0 and X_first is not None:
+                X0 = X_first
+            elif s % 2 == 1:
+                X0 = _sphere_prephase(rng.standard_normal((V, d)))
+            else:
+                X0 = rng.standard_normal((V, d))
+            X = _epigraph_solve(X0, deadline=clock.deadline)
         rho = _ratio_small(X)
         done += 1
         if rho > best_rho:
@@ -1144,6 +1173,23 @@ def spread_update(
         raise ValueError(f"eps == {eps}, must be <= 1.")
     n_points = check_int(n_points, "n_points", min_value=2)
     lmo_rtol = check_open_unit_interval(lmo_rtol, "lmo_rtol")
+    # the curve's three arrays; the steps themselves are not kept (one at a time)
+    _memory.check_memory(f"spread_update(G of shape {G.shape}, n_points={n_points})",
+                         {f"the trade-off curve (3 arrays of {n_points} float64)": 24.0 * n_points},
+                         "Ask for fewer n_points.")
+    # Every step is positively homogeneous of degree 0 in G and every decrease of
+    # degree 1: a tiny G is solved at a power of 2 (exact) that brings its largest
+    # entry to [1/2, 1), and the decreases are scaled back.  Near the subnormal range
+    # the centering below rounds in absolute terms, and G*1e-320 was refused as not
+    # centered, though spread_update centers G itself.
+    top = float(np.max(np.abs(G)))
+    shift = -math.frexp(top)[1] if 0.0 < top < 2.0**-900 else 0
+    if shift:
+        G = np.ldexp(G, shift)
+
+    def unscaled(v: float) -> float:
+        return math.ldexp(v, -shift) + 0.0  # + 0.0: no -0.0 for a zero decrease
+
     Gc = G - G.mean(axis=0)
 
     rn = np.asarray(projected_rownorm(Gc, eta=eta), dtype=np.float64)
@@ -1160,39 +1206,39 @@ def spread_update(
         X = _align(X, Gc)
 
     ts = np.linspace(0.0, 1.0, n_points)
-    steps, decs, ms, Ds = [], [], [], []
-    for t in ts:
+    decs, ms = np.empty(n_points), np.empty(n_points)
+    best = None  # (m, decrease, S, D) of the curve point picked so far
+    for i, t in enumerate(ts):
         S, D, m = _scaled_step((1.0 - t) * S_star + t * X, eta)
         if D == 0.0:  # pragma: no cover - only if S_* and X cancel exactly
             S, D, m = S_star, _row_diameter_value(S_star), lmo_m
-        steps.append(S)
-        decs.append(float(-np.sum(Gc * S)))
-        ms.append(m)
-        Ds.append(D)
-    ok = [i for i in range(n_points) if decs[i] >= target]
-    if ok:
-        pick = max(ok, key=lambda i: (ms[i], decs[i]))
-        S, dec, m, D = steps[pick], decs[pick], ms[pick], Ds[pick]
+        decs[i], ms[i] = float(-np.sum(Gc * S)), m
+        # the largest m meeting the decrease constraint, then the largest decrease (the
+        # first such point on ties)
+        if decs[i] >= target and (best is None or (m, decs[i]) > best[:2]):
+            best = (m, float(decs[i]), S, D)
+    if best is not None:
+        m, dec, S, D = best
     else:  # pragma: no cover - t = 0 is S_* rescaled up to D = eta, so it always qualifies
         S, dec, m, D = S_star, lmo_dec, lmo_m, _row_diameter_value(S_star)
     S = np.array(S)
     return SpreadUpdate(
         update=_readonly(S),
-        decrease=dec,
+        decrease=unscaled(dec),
         min_dist=m,
         diameter=D,
         ratio=m / D if D > 0 else 0.0,
-        target_decrease=target,
+        target_decrease=unscaled(target),
         eps=eps,
-        rownorm_decrease=rn_dec,
+        rownorm_decrease=unscaled(rn_dec),
         rownorm_min_dist=rn_m,
-        lmo_decrease=lmo_dec,
+        lmo_decrease=unscaled(lmo_dec),
         lmo_min_dist=lmo_m,
-        lmo_upper_bound=eta * float(lmo.upper_bound),
-        spread_min_dist=ms[-1],
+        lmo_upper_bound=unscaled(eta * float(lmo.upper_bound)),
+        spread_min_dist=float(ms[-1]),
         curve_t=_readonly(ts),
-        curve_decrease=_readonly(np.array(decs)),
-        curve_min_dist=_readonly(np.array(ms)),
+        curve_decrease=_readonly(np.ldexp(decs, -shift) + 0.0),
+        curve_min_dist=_readonly(ms),
     )
 
 

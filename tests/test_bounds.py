@@ -325,3 +325,28 @@ def test_huge_sizes_are_fast_or_rejected_by_name():
     assert 0.0 < b.value <= 1.0 / (2**53 - 1) * (1 + 1e-12)
     with pytest.raises(ValueError, match=re.escape("V == 2**53 + 1".replace("2**53 + 1", str(2**53 + 1)))):
         refgeo.ratio_upper_bound(2**53 + 1, 3)
+
+
+def _decimal_volume(V, d):
+    """1 / (V^(1/d) - 1), capped at 1, in 60-digit decimal arithmetic."""
+    with decimal.localcontext() as ctx:
+        ctx.prec = 60
+        root = decimal.Decimal(V) ** (decimal.Decimal(1) / d)
+        return decimal.Decimal(1) if root <= 2 else 1 / (root - 1)
+
+
+@settings(max_examples=300)
+@given(st.integers(2, 2**53), st.integers(2, 60))
+@example(5513313044378792, 2)  # fell 1.3e-16 (relative) below the formula
+@example(3297999912571353, 2)
+@example(3795889586845811, 3)
+@example(2**52, 52)  # V = 2^d: the root is exactly 2, the bound exactly 1
+@example(2**52 + 1, 52)
+@example(2**53, 52)
+def test_volume_bound_is_never_below_the_formula(V, d):
+    """exp(log(V)/d) is off by about (1 + log(V)/d) ulps, more than the outward rounding
+    of 8 ulps covered for V near 2^53 in small d."""
+    got = refgeo.volume_bound(V, d)
+    want = _decimal_volume(V, d)
+    assert decimal.Decimal(got) >= want
+    assert got == pytest.approx(float(want), rel=1e-14)

@@ -397,3 +397,68 @@ def test_sources_hold_no_control_characters(module):
     text = (pathlib.Path(pkg.__file__).parent / f"{module}.py").read_bytes().decode("utf-8")
     bad = sorted({hex(ord(ch)) for ch in text if ord(ch) < 0x20 and ch != "\n"})
     assert bad == [], f"control characters {bad} in refgeo/{module}.py"
+
+
+# --------------------------------------------------------------------------- sizes and names
+
+
+def _memory_error(what: str, parts: str, advice: str) -> str:
+    """The full MemoryError text of refgeo._memory.check_memory (the available memory
+    varies: any amount)."""
+    return (re.escape(f"{what} needs about {parts}, but only ") + r"[0-9.]+ (B|KiB|MiB|GiB|TiB) are available\. "
+            + re.escape(advice) + "$")
+
+
+@pytest.mark.parametrize("call, what, parts, advice", [
+    (lambda: refgeo.regular_simplex(3, 2**40), "regular_simplex(3, 1099511627776)",
+     "24.0 TiB (result (3 x 1099511627776 float64): 24.0 TiB)", "Ask for fewer rows V or a smaller d."),
+    (lambda: refgeo.cross_polytope(2**40), "cross_polytope(1099511627776)",
+     "17592186044416.0 TiB (result (2199023255552 x 1099511627776 float64): 17592186044416.0 TiB)",
+     "Ask for a smaller d."),
+    (lambda: refgeo.orthogonal_simplices(2**30), "orthogonal_simplices(1073741824)",
+     "10485760.0 TiB (result (1073741826 x 1073741824 float64): 8388608.0 TiB; working memory: 2097152.0 TiB)",
+     "Ask for a smaller d."),
+    (lambda: refgeo.embed([[1.0]], d=2**40), "embed(X of shape (1, 1), d=1099511627776)",
+     "8.0 TiB (result (1 x 1099511627776 float64): 8.0 TiB)", "Ask for a smaller d."),
+    (lambda: refgeo.kerdock_code(4**20, 1), "kerdock_code(1099511627776, V=1)",
+     "8.0 TiB (result (1 x 1099511627776 float64): 8.0 TiB)", "Ask for fewer rows V or a smaller d."),
+    (lambda: refgeo.kerdock_code(4**10, 4**10 + 1), "kerdock_code(1048576, V=1048577)",
+     "40.0 TiB (result (1048577 x 1048576 float64): 8.0 TiB; working memory: 32.0 TiB)",
+     "Ask for fewer rows V or a smaller d."),
+    (lambda: refgeo.delsarte_goethals_code(4**20, 1), "delsarte_goethals_code(1099511627776, V=1)",
+     "8.0 TiB (result (1 x 1099511627776 float64): 8.0 TiB)", "Ask for fewer rows V or a smaller d."),
+    (lambda: refgeo.minimal_vectors("D100000"), "minimal_vectors('D100000')",
+     "29103.5 TiB (19999800000 vectors of length 100000 (float64, built and copied): 29103.5 TiB)",
+     "Ask for a lattice D<n> of smaller n."),
+])
+def test_constructions_beyond_memory_are_refused_by_name(call, what, parts, advice):
+    """NumPy's own allocation errors from inside ("array is too big", "Unable to
+    allocate") named no argument, and minimal_vectors("D1000") tried 16 GB."""
+    with pytest.raises(MemoryError, match=_memory_error(what, parts, advice)):
+        call()
+
+
+def test_codes_build_only_the_forms_their_rows_reach():
+    """The first V rows need ceil((V - d)/d) forms; all d^2/4 Delsarte-Goethals forms
+    were indexed for any V (2^38 integers for d = 4^10)."""
+    X = refgeo.delsarte_goethals_code(4**10, 5)
+    assert X.shape == (5, 4**10)
+    np.testing.assert_array_equal(X, np.eye(5, 4**10))
+    np.testing.assert_array_equal(refgeo.delsarte_goethals_code(64, 300), refgeo.delsarte_goethals_code(64)[:300])
+    np.testing.assert_array_equal(refgeo.kerdock_code(64, 300), refgeo.kerdock_code(64)[:300])
+
+
+@pytest.mark.parametrize("name", ["D\u00b3", "D\u0663", "D3 ", "D-3"])
+def test_lattice_names_take_ascii_digits_only(name):
+    """'D³' passed str.isdigit and crashed in int(); 'D٣' (an Arabic-Indic 3) was D3."""
+    with pytest.raises(ValueError, match=re.escape(f"lattice 'D<n>' needs an integer n >= 3, got {name!r} instead.")):
+        refgeo.minimal_vectors(name)
+
+
+def test_lattice_ball_in_high_dimension_is_refused_by_name():
+    """math.gamma(n/2 + 1) overflowed from n = 343 on (OverflowError: math range error);
+    the refusal now says that the dimension, not V, is the cause."""
+    with pytest.raises(MemoryError, match=re.escape(
+            "lattice_ball(1, 'D400') would enumerate more than 1048576 lattice points (the projections "
+            "of its ball in dimension 400 hold them); ask for fewer points or a lattice of smaller dimension.")):
+        refgeo.lattice_ball(1, "D400")

@@ -337,6 +337,16 @@ def test_small_dimensions_use_lattice_balls(V, d):
         assert r.ratio > 2.0 * math.sin(math.pi / V)  # beats the regular V-gon
 
 
+@pytest.mark.parametrize("V, d, least", [(20001, 1, 1.0 / 20000), (20001, 2, 0.0067)])
+def test_the_line_and_the_plane_use_lattice_balls_beyond_20000_points(V, d, least):
+    """Beyond 20000 points no lattice was offered: the sphere iteration from random points
+    returned ratio 0 at (20001, 1) (every point of the 0-sphere is +-1; 40 s under
+    max_time=5) and 3e-8 at (20001, 2), against the bounds 5e-5 and 0.0071."""
+    r = refgeo.spread(V, d, seed=0, max_time=1.0)
+    assert r.init == ("lattice(Z)" if d == 1 else "lattice(A2)") and r.method == "construction"
+    assert r.certified and least * (1 - 1e-9) <= r.ratio <= r.upper_bound
+
+
 @pytest.mark.parametrize("V, d", [(45, 40), (30, 20), (12, 8), (11, 8)])
 def test_orthogonal_simplex_blocks_closed_form(V, d):
     """V - d regular simplices in orthogonal blocks: the closed-form ratio is the measured
@@ -522,3 +532,82 @@ def test_ctrl_c_stops_the_smooth_iteration():
     assert run.seconds < 3.0
     assert run.returncode != 0 and "returned" not in run.out
     assert "KeyboardInterrupt" in run.err
+
+
+def test_epigraph_does_not_depend_on_the_blas_thread_count():
+    """SLSQP's least-squares steps call BLAS, whose threaded kernels sum in another order:
+    the points (and at (30, 5) the ratio, 0.54664 against 0.54709) depended on it."""
+    from threadpoolctl import threadpool_limits
+
+    runs = []
+    for n in (1, 2):
+        with threadpool_limits(limits=n, user_api="blas"):
+            runs.append(refgeo.spread(12, 3, seed=3, n_starts=3))
+    np.testing.assert_array_equal(runs[0].points, runs[1].points)
+    assert runs[0].ratio == runs[1].ratio and runs[0].method == "epigraph"
+
+
+@pytest.mark.parametrize("k", [1022, -1070])
+@pytest.mark.parametrize("method", ["construction", "epigraph"])
+def test_user_starts_near_the_ends_of_the_float64_range(method, k):
+    """The ratio is scale-invariant, and a power of 2 is exact: rows near 2**1023 failed
+    ("the row diameter is ... beyond the float64 range ... scale S down", naming no
+    argument of spread) and subnormal rows gave NaN ("S must contain only finite values")."""
+    X = np.array([[3.0, 1.0], [-1.0, 2.0], [0.5, -2.0], [1.0, 1.0]])
+    kw = {"method": method, "seed": 0, "n_starts": 1}
+    want = refgeo.spread(4, 2, init=X, **kw)
+    got = refgeo.spread(4, 2, init=np.ldexp(X, k), **kw)
+    np.testing.assert_array_equal(got.points, want.points)
+    assert got.ratio == want.ratio and got.certified and got.diameter <= 1.0
+
+
+@pytest.mark.parametrize("method", ["construction", "smooth"])
+def test_random_points_on_the_line_stay_distinct(method):
+    """In d = 1 random starts were normalized onto the 0-sphere {-1, 1}: two rows at +1
+    (seed 1) raised ZeroDivisionError, and with V >= 3 rows always coincided."""
+    r = refgeo.spread(2, 1, init="random", seed=1, method=method)
+    assert r.ratio == 1.0 and r.diameter == 1.0 and r.init == "random"
+    r = refgeo.spread(5, 1, init="random", seed=1, method="construction")
+    assert 0.0 < r.ratio <= r.upper_bound and r.method == "construction"
+
+
+def test_spread_update_of_a_tiny_gradient():
+    """The step is positively homogeneous of degree 0 in G: G * 2**-1000 gives G's step
+    and decreases scaled by 2**-1000 (G * 1e-320 was refused as not centered, though
+    spread_update centers G itself)."""
+    G = _centered(np.random.default_rng(0), 6, 3)
+    G = np.ldexp(G, -math.frexp(np.abs(G).max())[1])
+    a = refgeo.spread_update(G, seed=0)
+    b = refgeo.spread_update(np.ldexp(G, -1000), seed=0)
+    np.testing.assert_array_equal(a.update, b.update)
+    np.testing.assert_array_equal(a.curve_min_dist, b.curve_min_dist)
+    np.testing.assert_array_equal(np.ldexp(a.curve_decrease, -1000), b.curve_decrease)
+    for name in ("decrease", "target_decrease", "rownorm_decrease", "lmo_decrease", "lmo_upper_bound"):
+        assert getattr(b, name) == math.ldexp(getattr(a, name), -1000), name
+    c = refgeo.spread_update(G * 1e-320, seed=0)
+    assert 0.0 < c.decrease and c.min_dist > 0.0 and np.all(np.isfinite(c.update))
+
+
+def test_spread_update_curve_size_and_zero_decreases():
+    """n_points = 10**12 failed inside NumPy ("Unable to allocate" for the curve); a zero
+    gradient reported decreases of -0.0."""
+    G = _centered(np.random.default_rng(1), 4, 2)
+    with pytest.raises(MemoryError, match=re.escape(
+            "spread_update(G of shape (4, 2), n_points=1000000000000) needs about 21.8 TiB (the trade-off "
+            "curve (3 arrays of 1000000000000 float64): 21.8 TiB), but only ")
+            + r"[0-9.]+ (B|KiB|MiB|GiB|TiB) are available\. " + re.escape("Ask for fewer n_points.") + "$"):
+        refgeo.spread_update(G, n_points=10**12, seed=0)
+    st = refgeo.spread_update(np.zeros((4, 2)), seed=0)
+    for v in (st.decrease, st.lmo_decrease, st.target_decrease, st.rownorm_decrease, *st.curve_decrease):
+        assert v == 0.0 and math.copysign(1.0, v) == 1.0
+
+
+def test_epigraph_beyond_memory_is_refused_by_name():
+    """method="epigraph" builds a dense Jacobian of V (V - 1) constraints by V d unknowns:
+    at (2000, 10) NumPy's own allocation error came from inside the solver."""
+    with pytest.raises(MemoryError, match=re.escape(
+            "spread(2000, 10, method='epigraph') needs about 1.7 TiB (the constraint Jacobian "
+            "(V (V - 1) x V d float64, 3 copies): 1.7 TiB), but only ")
+            + r"[0-9.]+ (B|KiB|MiB|GiB|TiB) are available\. "
+            + re.escape("Use method='smooth' (or 'auto') for this V.") + "$"):
+        refgeo.spread(2000, 10, method="epigraph", seed=0)
