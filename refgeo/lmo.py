@@ -193,7 +193,8 @@ def row_normalize(A: Any, /, *, eps: float = 0.0):
     -------
     N : ndarray of shape (V, d)
         :math:`a_i / (\lVert a_i \rVert + \varepsilon)`, or 0 where that denominator is 0;
-        dtype of ``A`` (norms in float64).
+        float32 for float32 ``A``, float64 otherwise (float16, long double and integer
+        rows are read as float64, as everywhere in refgeo); norms in float64.
 
     Notes
     -----

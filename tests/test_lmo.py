@@ -122,6 +122,12 @@ def test_center_rows_and_row_normalize():
     Ne = refgeo.row_normalize(np.array([[3.0, 4.0], [0.0, 0.0]]), eps=1.0)
     np.testing.assert_allclose(Ne, [[0.5, 4.0 / 6.0], [0.0, 0.0]])
     assert refgeo.row_normalize(np.ones((2, 2), dtype=np.float32)).dtype == np.float32
+    # the documented dtypes: float32 stays float32, every other input is read as float64
+    A = np.array([[3.0, 4.0], [0.0, -2.0]])
+    for dt in (np.float16, np.longdouble, np.int64):
+        N = refgeo.row_normalize(A.astype(dt))
+        assert N.dtype == np.float64, dt
+        np.testing.assert_array_equal(N, [[0.6, 0.8], [0.0, -1.0]])
 
 
 
