@@ -657,7 +657,9 @@ def test_power_of_two_scaling_is_exact_hypothesis(A, e):
     # rows all equal center to rounding noise, not a centered gradient
     assume(np.linalg.norm(G.sum(axis=0)) <= 1e-8 * np.linalg.norm(G, axis=1).sum())
     Ge = np.ldexp(G, e)
-    assert np.array_equal(np.ldexp(Ge, -e), G)  # the scaled input is exact
+    # the property is about exact scalings: centering can leave entries near 1e-16, which
+    # 2^-1000 takes below the normal range (subnormal, rounded), so such draws are skipped
+    assume(np.array_equal(np.ldexp(Ge, -e), G))
     a, b = refgeo.tension_bounds(G), refgeo.tension_bounds(Ge)
     for f in ("half_sum", "jung", "product", "pairwise_flow", "lower", "upper"):
         va, vb = getattr(a, f), getattr(b, f)
