@@ -441,7 +441,8 @@ def _cmd_inspect(args: argparse.Namespace) -> int:
     D, m = rep["diameter"], rep["closest_pair"]
     c, j, w = rep["covering_radius"], rep["jung"], rep["worst_case_hidden_state"]
     h = w["h"]
-    shown = ", ".join(f"{v + 0.0:.4g}" for v in h[:8])  # + 0.0: no "-0" for the zero h* of --H 0 + (", ..." if len(h) > 8 else "")
+    # + 0.0: no "-0" for the zero h* of --H 0
+    shown = ", ".join(f"{v + 0.0:.4g}" for v in h[:8]) + (", ..." if len(h) > 8 else "")
     _print_table([
         ("source", where),
         ("shape (V, d)", f"({rep['shape'][0]}, {rep['shape'][1]})  {rep['dtype']}"),

@@ -186,6 +186,16 @@ def test_inspect_zero_hidden_norm_shows_plain_zeros(capsys, files):
     assert "[0, 0, 0, 0, 0]" in line and "moves logits by 0 " in line, line
 
 
+def test_inspect_wide_hidden_state_is_shown_with_an_ellipsis(capsys, tmp_path):
+    # h* of d = 12 shows its first 8 entries, then ", ..."
+    f = tmp_path / "wide.npy"
+    np.save(f, np.random.default_rng(2).standard_normal((6, 12)))
+    rc, out, err = run(capsys, "inspect", str(f))
+    assert rc == 0 and err == ""
+    line = next(ln for ln in out.splitlines() if ln.startswith("h*"))
+    assert line.count(",") == 8 and ", ...]" in line, line
+
+
 def test_inspect_npz_with_key(capsys, files):
     S = np.load(files["npz"])["b"]
     rc, out, _ = run(capsys, "inspect", files["npz"], "--key", "b", "--json")
