@@ -246,6 +246,19 @@ def test_catches_wrong_tie_breaking():
     check_against_reference(last_of_ties, "row_diameter", tie_break="any", max_examples=N)
 
 
+def test_refined_tie_that_the_candidate_separates_is_not_a_tie_breaking_error():
+    # Rows 1.1e-16 apart: the refined float64 distances of (0, 3) and (1, 3) both round
+    # to 1.0, so refgeo's rule returns (0, 3); a Gram kernel finds (1, 3) at
+    # 1.0000000000000002, the farther pair in exact arithmetic.  Only a candidate that
+    # reports the tied value itself broke the tie.
+    S = np.array([[0.0], [2.0**-53], [0.0]] + [[-1.0]] * 5)
+    ref = refgeo.row_diameter(S)
+    assert (ref.i, ref.j, ref.value) == (0, 3, 1.0)
+    rt.assert_extreme_pair_close(np.nextafter(1.0, 2.0), 1, 3, ref, S)
+    with pytest.raises(ConformanceError, match=re.escape("wrong tie-breaking: the pairs (1, 3) and (0, 3)")):
+        rt.assert_extreme_pair_close(1.0, 1, 3, ref, S)
+
+
 def test_catches_wrong_knn_tie_breaking():
     err = _caught(lambda X, k: direct_knn(X, k, reverse_ties=True), "knn")
     assert err.reason.startswith("wrong tie-breaking")

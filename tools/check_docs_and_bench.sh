@@ -119,7 +119,7 @@ t0=$SECONDS
 asv check --config "$TMP/asv.conf.json" --python=same
 set +e
 REFGEO_BENCH_SIZE=small asv run --config "$TMP/asv.conf.json" \
-    --python=same --quick --dry-run --show-stderr --durations 5 2>&1 | tee "$TMP/asv.log"
+    --python=same --quick --dry-run --show-stderr --durations "${REFGEO_ASV_DURATIONS:-5}" 2>&1 | tee "$TMP/asv.log"
 status=${PIPESTATUS[0]}
 set -e
 # asv exits 2 when a benchmark fails; the log check also catches errors in setup.
