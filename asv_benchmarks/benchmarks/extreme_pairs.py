@@ -212,7 +212,7 @@ class KNN:
     """knn of X against X (self excluded)."""
 
     params, param_names = with_runtime(
-        ([(4000, 64, 8)] if not realistic() else [(50000, 768, 32)], DTYPES, BACKENDS),
+        ([(2000, 64, 8)] if not realistic() else [(50000, 768, 32)], DTYPES, BACKENDS),
         ["N_d_k", "dtype", "backend"],
     )
     timeout = 3600
