@@ -90,12 +90,13 @@ def _int_type(name: str, min_value: int) -> Callable[[str], int]:
     return convert
 
 
-def _float_type(name: str, *, positive: bool = True, nonnegative: bool = False,
+def _float_type(*, positive: bool = True, nonnegative: bool = False,
                 below: float | None = None) -> Callable[[str], float]:
     """A finite float option: > 0 (``positive``), >= 0 (``nonnegative``) or any, and < ``below``.
 
     The library's own checks would name its argument (``rtol``), not the option
-    (``--rtol``), so the ranges the library enforces are checked here too.
+    (``--rtol``), so the ranges the library enforces are checked here too; argparse
+    puts the option's name before the message ("argument --rtol: must be ...").
     """
     if positive:
         want, ok = "a finite number > 0", (lambda v: v > 0)
@@ -650,7 +651,7 @@ def _build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("file", metavar="FILE", help=".npy or .npz file holding a 2-D array")
     p.add_argument("--key", metavar="K", help="array name inside a .npz file")
-    p.add_argument("--H", type=_float_type("--H", positive=False, nonnegative=True), default=1.0,
+    p.add_argument("--H", type=_float_type(positive=False, nonnegative=True), default=1.0,
                    help="hidden-state norm for the worst-case h* (default: %(default)s)")
     p.add_argument("--json", action="store_true", help="print JSON instead of text")
     p.add_argument("--scheduler", metavar="ADDRESS", default=None,
@@ -659,7 +660,7 @@ def _build_parser() -> argparse.ArgumentParser:
                    "workers, so its path must be valid on every worker)")
     p.add_argument("--chunk-rows", type=_int_type("--chunk-rows", 1), default=4096, metavar="N",
                    help="rows per Dask task block with --scheduler (default: %(default)s)")
-    p.add_argument("--scheduler-timeout", type=_float_type("--scheduler-timeout"), default=SCHEDULER_TIMEOUT,
+    p.add_argument("--scheduler-timeout", type=_float_type(), default=SCHEDULER_TIMEOUT,
                    metavar="SECONDS",
                    help="seconds to wait for the Dask scheduler to answer (default: %(default)s)")
     _add_progress(p)
@@ -673,9 +674,9 @@ def _build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--V", type=_int_type("--V", 2), required=True, metavar="N", help="number of rows, >= 2")
     p.add_argument("--d", type=_int_type("--d", 1), required=True, metavar="D", help="dimension, >= 1")
-    p.add_argument("--eta", type=_float_type("--eta"), default=1.0, help="diameter budget (default: %(default)s)")
+    p.add_argument("--eta", type=_float_type(), default=1.0, help="diameter budget (default: %(default)s)")
     p.add_argument("--seed", type=_int_type("--seed", 0), default=0, help="random seed (default: %(default)s)")
-    p.add_argument("--max-time", type=_float_type("--max-time"), default=10.0, metavar="SECONDS",
+    p.add_argument("--max-time", type=_float_type(), default=10.0, metavar="SECONDS",
                    help="time limit of the solver (default: %(default)s)")
     p.add_argument("--out", metavar="FILE", help="save the points to this .npy file")
     p.add_argument("--json", action="store_true", help="print JSON instead of text")
@@ -689,10 +690,10 @@ def _build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("grad", metavar="GRAD.npy", help=".npy (or .npz with --key) file holding G of shape (V, d)")
     p.add_argument("--key", metavar="K", help="array name inside a .npz file")
-    p.add_argument("--eta", type=_float_type("--eta"), default=1.0, help="diameter budget (default: %(default)s)")
-    p.add_argument("--rtol", type=_float_type("--rtol", below=1.0), default=1e-4,
+    p.add_argument("--eta", type=_float_type(), default=1.0, help="diameter budget (default: %(default)s)")
+    p.add_argument("--rtol", type=_float_type(below=1.0), default=1e-4,
                    help="certified relative gap to reach (default: %(default)s)")
-    p.add_argument("--max-time", type=_float_type("--max-time"), default=60.0, metavar="SECONDS",
+    p.add_argument("--max-time", type=_float_type(), default=60.0, metavar="SECONDS",
                    help="time limit; the best certified step so far is reported (default: %(default)s)")
     p.add_argument("--center", action="store_true",
                    help="subtract the mean row first (gradients must have rows summing to about zero)")
@@ -717,7 +718,7 @@ def _build_parser() -> argparse.ArgumentParser:
                    help="class of local maps: diagonal, psd_diagonal, low_rank, orthogonal, scaled_orthogonal, "
                    "full or mlp (default: %(default)s)")
     p.add_argument("--rank", type=_int_type("--rank", 1), default=None, help="rank for --cls low_rank")
-    p.add_argument("--ridge", type=_float_type("--ridge", positive=False, nonnegative=True), default=None,
+    p.add_argument("--ridge", type=_float_type(positive=False, nonnegative=True), default=None,
                    help="ridge penalty lambda >= 0 (library default if omitted)")
     p.add_argument("--json", action="store_true", help="print JSON instead of text")
     _add_progress(p)
