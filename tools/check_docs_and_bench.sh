@@ -2,7 +2,8 @@
 # CI checks for the documentation and the asv benchmarks (needs refgeo installed with the
 # `docs` and `bench` extras).  Runs from any directory; writes only to a temp folder and,
 # for the HTML, to docs/_build/html (override with REFGEO_DOCS_OUT; REFGEO_SKIP_DOCS=1
-# or REFGEO_SKIP_BENCH=1 skips a step).
+# or REFGEO_SKIP_BENCH=1 skips a step; REFGEO_ASV_DURATIONS=all lists the duration of every
+# benchmark, not only the 5 longest).
 #
 # 1. Sphinx, warnings as errors, fresh environment (-E: an incremental build would not
 #    re-report warnings of unchanged pages), run from outside the source tree so that
