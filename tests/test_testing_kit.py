@@ -246,17 +246,33 @@ def test_catches_wrong_tie_breaking():
     check_against_reference(last_of_ties, "row_diameter", tie_break="any", max_examples=N)
 
 
-def test_refined_tie_that_the_candidate_separates_is_not_a_tie_breaking_error():
+def test_rounded_tie_is_not_an_exact_tie():
     # Rows 1.1e-16 apart: the refined float64 distances of (0, 3) and (1, 3) both round
-    # to 1.0, so refgeo's rule returns (0, 3); a Gram kernel finds (1, 3) at
-    # 1.0000000000000002, the farther pair in exact arithmetic.  Only a candidate that
-    # reports the tied value itself broke the tie.
+    # to 1.0, so refgeo's rule returns (0, 3); a centered Gram kernel finds (1, 3) at
+    # 1.0000000000000002, the farther pair in exact arithmetic (1 + 2**-53).  Either
+    # value for (1, 3) is within the tolerance.  Rows 0 and 2 are equal: (2, 3) ties
+    # (0, 3) exactly, and returning it breaks the rule whatever value comes with it.
     S = np.array([[0.0], [2.0**-53], [0.0]] + [[-1.0]] * 5)
     ref = refgeo.row_diameter(S)
     assert (ref.i, ref.j, ref.value) == (0, 3, 1.0)
     rt.assert_extreme_pair_close(np.nextafter(1.0, 2.0), 1, 3, ref, S)
-    with pytest.raises(ConformanceError, match=re.escape("wrong tie-breaking: the pairs (1, 3) and (0, 3)")):
-        rt.assert_extreme_pair_close(1.0, 1, 3, ref, S)
+    rt.assert_extreme_pair_close(1.0, 1, 3, ref, S)
+    for value in (1.0, np.nextafter(1.0, 2.0)):
+        with pytest.raises(ConformanceError, match=re.escape("wrong tie-breaking: the pairs (2, 3) and (0, 3)")):
+            rt.assert_extreme_pair_close(value, 2, 3, ref, S)
+
+
+def test_knn_rounded_tie_is_not_an_exact_tie():
+    # Row 0's candidates 1, 2 and 3 are at refined squared distance 1.0, but 2 is
+    # exactly at 1 + 2**-54 (farther; it rounds to 1): listing it after 3, in exact
+    # order, is allowed; listing 3 (an exact twin of 1) before 1 is not
+    X = np.array([[0.0, 0.0], [1.0, 0.0], [1.0, 2.0**-27], [1.0, 0.0], [5.0, 0.0]])
+    ref = refgeo.knn(X, 3)
+    assert ref.indices[0].tolist() == [1, 2, 3]  # the refined values tie: by index
+    rest = ref.indices[1:].tolist()
+    rt.assert_knn_close([[1, 3, 2]] + rest, None, ref, X)
+    with pytest.raises(ConformanceError, match=re.escape("wrong tie-breaking in row 0")):
+        rt.assert_knn_close([[3, 1, 2]] + rest, None, ref, X)
 
 
 def test_catches_wrong_knn_tie_breaking():

@@ -523,6 +523,13 @@ def _canonical_sq(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     return np.asarray(canon(np, np.asarray(a, dtype=np.float64), np.asarray(b, dtype=np.float64)))
 
 
+def _exact_sq(a: np.ndarray, b: np.ndarray):
+    """The exact squared distance of two float64 rows, as a ``Fraction`` (O(d))."""
+    from fractions import Fraction
+
+    return sum(((Fraction(x) - Fraction(y)) ** 2 for x, y in zip(a.tolist(), b.tolist())), Fraction(0))
+
+
 def _scaled_rows(*arrays):
     """float64 copies of ``arrays`` prescaled as refgeo prescales them, and the exponent.
 
@@ -604,8 +611,10 @@ def assert_extreme_pair_close(
     rtol, atol : float, default=None
         Replace the default tolerance by ``atol + rtol * reference_pair.value``.
     tie_break : {"smallest", "any"}, default="smallest"
-        ``"smallest"``: refgeo's rule, among pairs whose refined float64 distances are
-        equal the lexicographically smallest ``(i, j)`` must be returned.
+        ``"smallest"``: refgeo's rule, among exactly tied pairs (equal refined float64
+        distances, and equal exact distances) the lexicographically smallest ``(i, j)``
+        must be returned; of pairs whose distances differ but round to the same refined
+        value, any one within the tolerance is accepted.
         ``"any"``: any pair whose distance is within the tolerance is accepted.
 
     Raises
@@ -615,7 +624,7 @@ def assert_extreme_pair_close(
         ``i >= j``); when the pair's own distance is not within the tolerance of the
         extreme (it is not an extreme pair, e.g. an off-by-one index); or, with
         ``tie_break="smallest"``, when it ties exactly with a smaller pair (equal refined
-        distances, and the candidate reports the reference's value itself).
+        and exact distances).
 
     Notes
     -----
@@ -683,10 +692,12 @@ def assert_extreme_pair_close(
     sq_ref = float(_canonical_sq(rows[ri], rows[rj]))
     pair_v = math.ldexp(math.sqrt(sq_got), e)
     if sq_got == sq_ref:
-        # a tie of the refined values that the candidate's own value does not share is
-        # not a tie to the candidate: it separated what float64 rounding merged (rows
-        # 1e-16 apart), and may be right in exact arithmetic
-        if tie_break == "smallest" and got_v == ref_v:
+        # Equal refined values are a tie only where the exact distances are equal too:
+        # float64 rounding can merge distances that differ (rows 1e-16 apart), and a
+        # candidate that computes otherwise may then return the pair that is farther (or
+        # closer) in exact arithmetic.  Such a pair is within the tolerance; a pair that
+        # ties exactly must follow the rule, whatever value the candidate reports.
+        if tie_break == "smallest" and _exact_sq(rows[gi], rows[gj]) == _exact_sq(rows[ri], rows[rj]):
             raise ConformanceError(
                 f"wrong tie-breaking: the pairs ({gi}, {gj}) and ({ri}, {rj}) have exactly equal refined "
                 f"distances {pair_v!r}; refgeo's rule returns the lexicographically smallest pair ({ri}, {rj}).",
@@ -738,8 +749,8 @@ def assert_knn_close(
     rtol, atol : float, default=None
         Replace the default distance tolerance by ``atol + rtol * |expected|``.
     tie_break : {"smallest", "any"}, default="smallest"
-        ``"smallest"``: among exactly equal refined distances the smaller index comes
-        first, and no index is listed while a smaller one at exactly the same distance
+        ``"smallest"``: among exactly equal distances (refined and exact) the smaller
+        index comes first, and no index is listed while a smaller one at exactly the same distance
         is left out (refgeo's rule; checked on the candidate's list, so near-equal
         neighbors inside the tolerance may still shift an exact tie to another rank);
         ``"any"``: any order of near-equal neighbors.
@@ -803,8 +814,8 @@ def assert_knn_close(
                                    expected=expected, got=got)
         sq = _canonical_sq(A64[r][None, :], B64[row])
         if tie_break == "smallest":
-            _check_knn_ties(r, row, sq, _canonical_sq(A64[r][None, :], B64), Y is None and exclude_self, e,
-                            expected, got)
+            _check_knn_ties(r, row, sq, _canonical_sq(A64[r][None, :], B64), A64[r], B64,
+                            Y is None and exclude_self, e, expected, got)
         for c in range(k):
             if row[c] == ref_idx[r, c]:
                 continue
@@ -820,10 +831,11 @@ def assert_knn_close(
                 )
 
 
-def _check_knn_ties(r, row, sq, sq_all, skip_self, e, expected, got) -> None:
-    """refgeo's tie rule on one row of neighbors: exactly equal refined distances are
-    listed by increasing index, and no neighbor is listed while a smaller index at
-    exactly the same distance is left out.
+def _check_knn_ties(r, row, sq, sq_all, A_r, B, skip_self, e, expected, got) -> None:
+    """refgeo's tie rule on one row of neighbors: exactly equal distances (refined and
+    exact: ``A_r`` is the row, ``B`` the candidates, both scaled) are listed by increasing
+    index, and no neighbor is listed while a smaller index at exactly the same distance
+    is left out.
 
     Neighbors at near-equal distances (inside the tolerance) may come in any order, so
     an exact tie can sit at a different rank than in the reference; the rule is checked
@@ -831,9 +843,13 @@ def _check_knn_ties(r, row, sq, sq_all, skip_self, e, expected, got) -> None:
     """
     k = len(row)
     listed = set(row.tolist())
+
+    def exact(j):
+        return _exact_sq(A_r, B[j])
+
     for a in range(k):
         for b in range(a + 1, k):
-            if sq[a] == sq[b] and row[a] > row[b]:
+            if sq[a] == sq[b] and row[a] > row[b] and exact(row[a]) == exact(row[b]):
                 raise ConformanceError(
                     f"wrong tie-breaking in row {r}: neighbors {int(row[a])} (rank {a}) and {int(row[b])} "
                     f"(rank {b}) are at exactly equal refined distance {math.ldexp(math.sqrt(float(sq[a])), e)!r}; "
@@ -844,7 +860,7 @@ def _check_knn_ties(r, row, sq, sq_all, skip_self, e, expected, got) -> None:
                 )
         j = int(row[a])
         for m in np.flatnonzero(sq_all[:j] == sq[a]).tolist():
-            if m not in listed and not (skip_self and m == r):
+            if m not in listed and not (skip_self and m == r) and exact(m) == exact(j):
                 raise ConformanceError(
                     f"wrong tie-breaking in row {r}, rank {a}: neighbor {j} is listed but neighbor {m}, at "
                     f"exactly equal refined distance {math.ldexp(math.sqrt(float(sq[a])), e)!r}, is not; refgeo "
