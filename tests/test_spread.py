@@ -344,7 +344,8 @@ def test_the_line_and_the_plane_use_lattice_balls_beyond_20000_points(V, d, leas
     max_time=5) and 3e-8 at (20001, 2), against the bounds 5e-5 and 0.0071."""
     # the subject is the construction spread picks: where refgeo_ext is compiled it
     # certifies, as the reference backend's brute force over the 2e8 pairs of 20001
-    # rows takes 40 s (the reference certificate is checked at smaller sizes above)
+    # rows takes 40 s (with REFGEO_BACKEND=reference, test_small_dimensions_use_lattice_balls
+    # checks the reference's certificate of lattice balls)
     with refgeo.use_backend("cython" if _HAS_EXTENSION else "reference"):
         r = refgeo.spread(V, d, seed=0, max_time=1.0)
     assert r.init == ("lattice(Z)" if d == 1 else "lattice(A2)") and r.method == "construction"
