@@ -750,8 +750,8 @@ def assert_knn_close(
         Replace the default distance tolerance by ``atol + rtol * |expected|``.
     tie_break : {"smallest", "any"}, default="smallest"
         ``"smallest"``: among exactly equal distances (refined and exact) the smaller
-        index comes first, and no index is listed while a smaller one at exactly the same distance
-        is left out (refgeo's rule; checked on the candidate's list, so near-equal
+        index comes first, and no index is listed while a smaller one at exactly the
+        same distance is left out (refgeo's rule; checked on the candidate's list, so near-equal
         neighbors inside the tolerance may still shift an exact tie to another rank);
         ``"any"``: any order of near-equal neighbors.
 
