@@ -618,20 +618,20 @@ def _validate_fit_options(n, d, k, cls, rank, ridge, prior, metric, standardize,
     if neighbors is None:
         if k is None:
             raise TypeError("k must be an integer (or pass neighbors=), got NoneType instead.")
-        check_int(k, "k", min_value=1)
+        k = check_int(k, "k", min_value=1)  # a Python int: NumPy's small ints overflow in the sizes
         kmax = n - 1 if exclude_self else n
         if k > kmax:
             what = f"N - 1 = {kmax} (leave-one-out neighborhoods)" if exclude_self else f"N = {kmax}"
             raise ValueError(f"k == {k}, must be <= {what}.")
     elif k is not None:
-        check_int(k, "k", min_value=1)
+        k = check_int(k, "k", min_value=1)
     if cls == "low_rank":
         if rank is None:
             raise ValueError("rank must be an integer in [1, d] for cls='low_rank', got None instead.")
-        check_int(rank, "rank", min_value=1, max_value=d)
+        rank = check_int(rank, "rank", min_value=1, max_value=d)
     elif rank is not None:
         raise ValueError(f"rank must be None unless cls='low_rank', got rank={rank!r} with cls={cls!r} instead.")
-    return ridge, standardize, exclude_self
+    return k, rank, ridge, standardize, exclude_self
 
 
 _dispatch_fit = _fit.fit_class
@@ -774,7 +774,7 @@ class _FitPlan:
 def _plan_fit(X, k, cls, rank, ridge, prior, metric, standardize, exclude_self, weights, neighbors,
               chunk_size, return_maps):
     n, d = X.shape
-    ridge, standardize, exclude_self = _validate_fit_options(
+    k, rank, ridge, standardize, exclude_self = _validate_fit_options(
         n, d, k, cls, rank, ridge, prior, metric, standardize, exclude_self, neighbors
     )
     chunk_size = check_int(chunk_size, "chunk_size", min_value=1, allow_none=True)

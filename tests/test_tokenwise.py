@@ -875,6 +875,25 @@ def test_errors_name_the_argument():
         refgeo.decompose(X, Y, cls="mlp", rank=2)  # ignored before: rank is low_rank's alone
 
 
+@pytest.mark.parametrize("cls", ["low_rank", "orthogonal", "full", "diagonal"])
+def test_numpy_integer_options_fit_like_python_ints(cls):
+    """k and rank as NumPy scalars (np.int8 from an array of settings): the sizes of
+    the chunks and the degrees of freedom overflowed int8 (OverflowError) before."""
+    g = np.random.default_rng(3)
+    X = g.standard_normal((40, 12))
+    Y = X + 0.1 * g.standard_normal((40, 12))
+    kw = {"rank": 12} if cls == "low_rank" else {}
+    ref = refgeo.decompose(X, Y, k=20, cls=cls, **kw)
+    kw8 = {"rank": np.int8(12)} if cls == "low_rank" else {}
+    got = refgeo.decompose(X, Y, k=np.int8(20), cls=cls, subspace_rank=np.int8(8), **kw8)
+    np.testing.assert_array_equal(got.tau, ref.tau)
+    assert got.dof == ref.dof and got.n_targets == ref.n_targets
+    for key in ("k", "rank", "subspace_rank", "chunk_size"):
+        assert type(got.config[key]) is type(ref.config[key])
+    fit = refgeo.fit_local_maps(X, Y, cls=cls, neighbors=refgeo.knn(X, 20, exclude_self=True), k=np.int16(20), **kw8)
+    np.testing.assert_array_equal(fit.fitted, refgeo.fit_local_maps(X, Y, k=20, cls=cls, **kw).fitted)
+
+
 def test_given_neighbor_distances_are_checked():
     """Distances carried by given neighbors weight the fit (weights="gaussian"): a NaN,
     an inf or a negative one is a ValueError naming them, not a LinAlgError from LAPACK."""
