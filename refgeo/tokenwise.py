@@ -1607,6 +1607,16 @@ def decompose(
             check_choice(weights, "weights", _WEIGHTS)
         ridge = check_real(ridge, "ridge", min_value=0.0)
         check_choice(prior, "prior", _PRIORS)
+        # unused, but a wrong kind of value is still a mistake of the call
+        check_int(k, "k", min_value=1, allow_none=True)
+        check_int(chunk_size, "chunk_size", min_value=1, allow_none=True)
+        check_bool(standardize, "standardize")
+        check_bool(exclude_self, "exclude_self")
+        if mlp_options is not None and not isinstance(mlp_options, Mapping):
+            raise TypeError(
+                f"mlp_options must be a mapping of keywords of fit_tokenwise_mlp, got "
+                f"{type(mlp_options).__name__} instead."
+            )
         opts = dict(mlp_options or {})
         bad = sorted(set(opts) - set(_MLP_DEFAULTS))
         if bad:

@@ -894,6 +894,28 @@ def test_numpy_integer_options_fit_like_python_ints(cls):
     np.testing.assert_array_equal(fit.fitted, refgeo.fit_local_maps(X, Y, k=20, cls=cls, **kw).fitted)
 
 
+def test_mlp_class_checks_the_options_it_does_not_use():
+    """cls="mlp" leaves the neighbor options unused, but a wrong value is still an
+    error naming it (chunk_size=-1 and k="32" were accepted silently), and
+    mlp_options that is no mapping is a TypeError naming it (dict()'s own message
+    before)."""
+    X, Y = _xy()
+    cases = [
+        (dict(k="32"), TypeError, "k must be an integer"),
+        (dict(k=0), ValueError, "k == 0, must be >= 1."),
+        (dict(chunk_size=-1), ValueError, "chunk_size == -1, must be >= 1."),
+        (dict(standardize=1), TypeError, "standardize must be a bool"),
+        (dict(exclude_self="yes"), TypeError, "exclude_self must be a bool"),
+        (dict(mlp_options=[("epochs", 2)]), TypeError, "mlp_options must be a mapping"),
+        (dict(mlp_options="epochs=2"), TypeError, "mlp_options must be a mapping"),
+    ]
+    for kw, exc, msg in cases:
+        with pytest.raises(exc, match=re.escape(msg)):
+            refgeo.decompose(X, Y, cls="mlp", **kw)
+    r = refgeo.decompose(X, Y, cls="mlp", k=5, exclude_self=False, mlp_options={"epochs": 2})
+    assert r.config["k"] is None and r.config["mlp"]["epochs"] == 2
+
+
 def test_given_neighbor_distances_are_checked():
     """Distances carried by given neighbors weight the fit (weights="gaussian"): a NaN,
     an inf or a negative one is a ValueError naming them, not a LinAlgError from LAPACK."""
