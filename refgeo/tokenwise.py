@@ -292,10 +292,20 @@ class MLPFit:
                 f"X must have {self.W1.shape[0]} columns (the MLP's d), got shape {tuple(X.shape)} instead."
             )
         X = _f64(np.asarray(X))
-        out, _ = _fit.mlp_forward(
-            (self.W1, self.b1, self.W2, self.b2), (X - self.x_mean) / self.x_scale, self.config["activation"]
-        )
-        return to_caller(X + out * self.delta_scale, origin)
+        # inputs near the float64 maximum overflow the pre-activations (and GELU(-inf)
+        # is inf * 0): an error naming X, never NaN rows
+        with np.errstate(over="ignore", invalid="ignore"):
+            out, _ = _fit.mlp_forward(
+                (self.W1, self.b1, self.W2, self.b2), (X - self.x_mean) / self.x_scale, self.config["activation"]
+            )
+            T = X + out * self.delta_scale
+        if not np.all(np.isfinite(T)):
+            bad = int(np.sum(~np.all(np.isfinite(T), axis=1)))
+            raise ValueError(
+                f"X must be smaller for T(x) to be computed in float64, got {bad} rows (largest entry "
+                f"{_max_abs(X):.3g}) whose MLP pre-activations or outputs leave the float64 range instead."
+            )
+        return to_caller(T, origin)
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -1644,9 +1654,11 @@ def decompose(
     with _progress.Progress(progress, n_steps, desc="decompose", unit="step") as bar:
         if cls == "mlp":
             mfit = _fit_mlp(X, Y, **opts, tick=bar.advance)  # scales its panels itself
-            with np.errstate(over="ignore"):
+            try:
                 fitted = mfit.predict(X)
-            if not np.all(np.isfinite(fitted)):
+            except ValueError:  # predictions beyond the float64 range
+                fitted = None
+            if fitted is None:
                 raise ValueError(
                     "X and Y must be smaller for the result to be a float64 number, got MLP predictions "
                     "T(x_i) beyond the float64 range instead; scale X and Y down by the same power of two."

@@ -619,6 +619,19 @@ def test_mlp_predicts_far_outside_the_training_range_without_warnings(scale):
     np.testing.assert_allclose(fit.predict(Z), _decimal_predict(fit, Z), rtol=1e-9, atol=1e-12 * scale)
 
 
+def test_mlp_predict_beyond_the_float64_range_is_a_value_error():
+    """Rows near the float64 maximum overflowed the pre-activations and came back as
+    NaN (with RuntimeWarnings); now a ValueError naming X, and finite rows still work."""
+    g = np.random.default_rng(19)
+    X = g.standard_normal((30, 5))
+    fit = refgeo.fit_tokenwise_mlp(X, X + np.tanh(X), hidden=16, epochs=2, seed=0)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        with pytest.raises(ValueError, match=r"X must be smaller for T\(x\) to be computed in float64, got 1 rows"):
+            fit.predict(np.vstack([X[:2], np.full((1, 5), 1.7e308)]))
+        assert np.all(np.isfinite(fit.predict(X[:2] * 1e300)))
+
+
 # ------------------------------------------------------------- perturbation
 
 
