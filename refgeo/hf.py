@@ -55,7 +55,7 @@ import numpy as np
 
 from . import _progress
 from ._interop import from_foreign
-from .tokenwise import _divergence, decompose, layer_report, log_softmax
+from .tokenwise import CLASSES, _divergence, decompose, layer_report, log_softmax
 from ._validate import check_bool, check_choice, check_int
 
 __all__ = [
@@ -1008,6 +1008,9 @@ def tokenwise_protocol(
     path, blks = find_blocks(model, blocks)
     L = len(blks)
     chosen = _check_layers(layers, L, "layers")
+    # the decomposition's own choices, before the capture passes (minutes on a large model)
+    check_choice(cls, "cls", CLASSES + ("mlp",))
+    k = check_int(k, "k", min_value=1, allow_none=True)
     check_choice(divergence, "divergence", _DIVERGENCES)
     check_choice(readout_position, "readout_position", _READOUT_POSITIONS)
     check_choice(dtype, "dtype", _DTYPES)

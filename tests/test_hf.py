@@ -538,3 +538,20 @@ def test_wrong_kinds_of_patch_and_probe_arguments_are_refused_by_name(gpt2):
         hf.intervene(gpt2, ids, mask, layer=1, states=np.zeros((n, 16)), readout="head")
     with pytest.raises(TypeError, match="decompose_options must be a mapping"):
         hf.tokenwise_protocol(gpt2, ids, mask, cls="diagonal", k=3, decompose_options=[("rank", 2)])
+
+
+def test_protocol_checks_cls_and_k_before_any_forward_pass(gpt2):
+    """A misspelled cls was found by decompose, after every capture pass; a NumPy k
+    was recorded as given in config."""
+    calls = []
+    hook = gpt2.transformer.h[0].register_forward_hook(lambda *a: calls.append(1))
+    try:
+        with pytest.raises(ValueError, match=re.escape("cls must be one of")):
+            hf.tokenwise_protocol(gpt2, _ids((2, 5)), cls="lowrank", k=3)
+        with pytest.raises(TypeError, match="k must be an integer"):
+            hf.tokenwise_protocol(gpt2, _ids((2, 5)), cls="diagonal", k=3.0)
+        assert calls == []
+    finally:
+        hook.remove()
+    out = hf.tokenwise_protocol(gpt2, _ids((2, 5)), cls="diagonal", k=np.int64(3), layers=0)
+    assert type(out.config["k"]) is int and out.config["decompose"]["k"] == 3
