@@ -1016,7 +1016,11 @@ def fit_local_maps(
     ``4^{-e}``, so entries from about 1e-300 to 1e300 fit alike and
     ``fit(2^m X, 2^m Y, ridge=4^m lam)`` is ``2^m fit(X, Y, ridge=lam)`` bit for bit.
     What scaling cannot help: entries more than about 2^1000 below the largest one
-    lose their low bits (they are negligible against it), and a ridge above ``2^600``
+    lose their low bits (they are negligible against it); the diagonal classes fit
+    each coordinate on its own, from sums of squares of its entries, so a coordinate
+    whose entries are more than about ``2^510`` below the largest entry of X and Y
+    loses precision (its squares are subnormal) and beyond about ``2^540`` takes the
+    prior (its squares are zero); and a ridge above ``2^600``
     times the squared largest entry acts as an infinite one; results beyond the float64
     maximum (about 1.8e308) raise a ``ValueError``.  Invariances: a global
     rotation of X and Y (not for the diagonal classes), a common scaling of X and Y

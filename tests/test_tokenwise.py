@@ -929,6 +929,18 @@ def test_mlp_class_checks_the_options_it_does_not_use():
     assert r.config["k"] is None and r.config["mlp"]["epochs"] == 2
 
 
+@pytest.mark.parametrize("cls", ["diagonal", "psd_diagonal"])
+def test_diagonal_coordinates_far_below_the_largest_entry_fit_exactly_to_the_documented_limit(cls):
+    """Each coordinate of a diagonal fit is its own 1-D problem: a coordinate 2**-500
+    below the largest entry (squares still normal) recovers its planted scale."""
+    g = np.random.default_rng(5)
+    X = g.standard_normal((30, 3))
+    X[:, 1] = np.ldexp(X[:, 1], -500)
+    Y = X * np.array([2.0, 3.0, 0.5])
+    fit = refgeo.fit_local_maps(X, Y, k=5, cls=cls)
+    np.testing.assert_allclose(fit.coefficients, np.broadcast_to([2.0, 3.0, 0.5], (30, 3)), rtol=1e-13)
+
+
 def test_given_neighbor_distances_are_checked():
     """Distances carried by given neighbors weight the fit (weights="gaussian"): a NaN,
     an inf or a negative one is a ValueError naming them, not a LinAlgError from LAPACK."""
