@@ -2057,6 +2057,9 @@ def layer_report(
             raise TypeError(f"results[{i}] must be a TokenwiseResult, got {type(r).__name__} instead.")
     n = len(results)
     for name, seq in (("perturbations", perturbations), ("layers", layers)):
+        if seq is not None and not hasattr(seq, "__len__"):
+            raise TypeError(f"{name} must be None or a sequence with one entry per result, got "
+                            f"{type(seq).__name__} instead.")
         if seq is not None and len(seq) != n:
             raise ValueError(f"{name} must have one entry per result ({n}), got {len(seq)} instead.")
     rows = []

@@ -941,6 +941,17 @@ def test_diagonal_coordinates_far_below_the_largest_entry_fit_exactly_to_the_doc
     np.testing.assert_allclose(fit.coefficients, np.broadcast_to([2.0, 3.0, 0.5], (30, 3)), rtol=1e-13)
 
 
+def test_layer_report_names_perturbations_and_layers_that_are_no_sequences():
+    """A bare number for perturbations= raised len()'s TypeError, naming nothing."""
+    X, Y = _xy()
+    r = refgeo.decompose(X, Y, k=2, cls="diagonal")
+    with pytest.raises(TypeError, match="perturbations must be None or a sequence"):
+        refgeo.layer_report([r], perturbations=5)
+    with pytest.raises(TypeError, match="layers must be None or a sequence"):
+        refgeo.layer_report([r], layers=3)
+    assert refgeo.layer_report([r], layers=[7])[0]["layer"] == 7
+
+
 def test_given_neighbor_distances_are_checked():
     """Distances carried by given neighbors weight the fit (weights="gaussian"): a NaN,
     an inf or a negative one is a ValueError naming them, not a LinAlgError from LAPACK."""
