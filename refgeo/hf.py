@@ -55,7 +55,7 @@ import numpy as np
 
 from . import _progress
 from ._interop import from_foreign
-from .tokenwise import _divergence, decompose, layer_report, log_softmax
+from .tokenwise import CLASSES, _divergence, decompose, layer_report, log_softmax
 from ._validate import check_bool, check_choice, check_int
 
 __all__ = [
@@ -582,9 +582,10 @@ def model_logits(
         As in :func:`hidden_states`.
     layer : int, default=None
         Block ``l`` (``0 <= l < L``) whose output :math:`h_{l+1}` is patched; None runs
-        the model unchanged.
+        the model unchanged (and then ``sequence``, ``position`` and ``states`` must be
+        left out: a ``ValueError`` otherwise).
     sequence, position : array_like of int, shape (n,)
-        Where to patch (unique pairs, non-padding).
+        Where to patch (unique pairs, non-padding); float indices are a ``TypeError``.
     states : array_like or tensor of shape (n, d)
         The patched states (cast to the model's dtype); a tensor is read as its values
         (autograd history ignored, bfloat16 exactly).
@@ -610,12 +611,15 @@ def model_logits(
     torch = _check_model(model)
     _, blks = find_blocks(model, blocks)
     batch = _batch(model, input_ids, attention_mask)
+    _check_readout(readout)
     patch: dict[Any, Any] = {}
     hook = None
+    if layer is None and (states is not None or _n_given(sequence) or _n_given(position)):
+        raise ValueError("layer must name the block to patch when sequence, position or states are given, got None.")
     if layer is not None:
         layer = check_int(layer, "layer", min_value=0, max_value=len(blks) - 1)
-        seq = np.asarray(sequence, dtype=np.int64).reshape(-1)
-        pos = np.asarray(position, dtype=np.int64).reshape(-1)
+        seq = _index_array(sequence, "sequence")
+        pos = _index_array(position, "position")
         vals = None if states is None else _host_states(states, "states")
         if seq.shape != pos.shape or vals is None or vals.ndim != 2 or vals.shape[0] != seq.shape[0]:
             raise ValueError("sequence, position and states must have matching lengths n ((n,), (n,), (n, d)).")
@@ -639,6 +643,26 @@ def model_logits(
     finally:
         if hook is not None:
             hook.remove()
+
+
+def _n_given(x) -> int:
+    """Entries of an index argument (0 for the default ``()``)."""
+    return int(np.size(x)) if x is not None else 0
+
+
+def _index_array(x, name):
+    """1-D int64 indices; floats (which NumPy would truncate) and booleans are a ``TypeError``."""
+    if isinstance(x, _torch().Tensor):
+        x = x.detach().cpu().numpy()
+    a = np.asarray(x)
+    if a.size and a.dtype.kind not in "iu":
+        raise TypeError(f"{name} must hold integer indices, got dtype {a.dtype} instead.")
+    return a.astype(np.int64).reshape(-1)
+
+
+def _check_readout(readout):
+    if readout is not None and not callable(readout):
+        raise TypeError(f"readout must be None or a callable, got {type(readout).__name__} instead.")
 
 
 def embedding_readout(model: Any, /) -> Callable:
@@ -671,6 +695,7 @@ def embedding_readout(model: Any, /) -> Callable:
 
 
 def _check_probe(probe, n, seed):
+    seed = check_int(seed, "seed", min_value=0)
     if probe is None:
         return np.arange(n, dtype=np.int64)
     if isinstance(probe, (int, np.integer)) and not isinstance(probe, bool):
@@ -831,6 +856,7 @@ def intervene(
     check_choice(readout_position, "readout_position", _READOUT_POSITIONS)
     if batch_size is not None:
         batch_size = check_int(batch_size, "batch_size", min_value=1)
+    _check_readout(readout)
     progress = _progress.check_progress(progress)
     batch = _batch(model, input_ids, attention_mask)
     n = batch.sequence.shape[0]
@@ -982,6 +1008,9 @@ def tokenwise_protocol(
     path, blks = find_blocks(model, blocks)
     L = len(blks)
     chosen = _check_layers(layers, L, "layers")
+    # the decomposition's own choices, before the capture passes (minutes on a large model)
+    check_choice(cls, "cls", CLASSES + ("mlp",))
+    k = check_int(k, "k", min_value=1, allow_none=True)
     check_choice(divergence, "divergence", _DIVERGENCES)
     check_choice(readout_position, "readout_position", _READOUT_POSITIONS)
     check_choice(dtype, "dtype", _DTYPES)
@@ -989,8 +1018,12 @@ def tokenwise_protocol(
     keep_results = check_bool(keep_results, "keep_results")
     if batch_size is not None:
         batch_size = check_int(batch_size, "batch_size", min_value=1)
-    if readout is not None and not callable(readout):
-        raise TypeError(f"readout must be None or a callable, got {type(readout).__name__} instead.")
+    _check_readout(readout)
+    if decompose_options is not None and not isinstance(decompose_options, Mapping):
+        raise TypeError(
+            f"decompose_options must be a mapping of keywords of refgeo.decompose, got "
+            f"{type(decompose_options).__name__} instead."
+        )
     opts = dict(decompose_options or {})
     clash = sorted(set(opts) & {"k", "cls", "ridge", "prior", "exclude_self", "layer", "progress"})
     if clash:

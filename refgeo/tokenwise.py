@@ -292,10 +292,20 @@ class MLPFit:
                 f"X must have {self.W1.shape[0]} columns (the MLP's d), got shape {tuple(X.shape)} instead."
             )
         X = _f64(np.asarray(X))
-        out, _ = _fit.mlp_forward(
-            (self.W1, self.b1, self.W2, self.b2), (X - self.x_mean) / self.x_scale, self.config["activation"]
-        )
-        return to_caller(X + out * self.delta_scale, origin)
+        # inputs near the float64 maximum overflow the pre-activations (and GELU(-inf)
+        # is inf * 0): an error naming X, never NaN rows
+        with np.errstate(over="ignore", invalid="ignore"):
+            out, _ = _fit.mlp_forward(
+                (self.W1, self.b1, self.W2, self.b2), (X - self.x_mean) / self.x_scale, self.config["activation"]
+            )
+            T = X + out * self.delta_scale
+        if not np.all(np.isfinite(T)):
+            bad = int(np.sum(~np.all(np.isfinite(T), axis=1)))
+            raise ValueError(
+                f"X must be smaller for T(x) to be computed in float64, got {bad} rows (largest entry "
+                f"{_max_abs(X):.3g}) whose MLP pre-activations or outputs leave the float64 range instead."
+            )
+        return to_caller(T, origin)
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -618,20 +628,20 @@ def _validate_fit_options(n, d, k, cls, rank, ridge, prior, metric, standardize,
     if neighbors is None:
         if k is None:
             raise TypeError("k must be an integer (or pass neighbors=), got NoneType instead.")
-        check_int(k, "k", min_value=1)
+        k = check_int(k, "k", min_value=1)  # a Python int: NumPy's small ints overflow in the sizes
         kmax = n - 1 if exclude_self else n
         if k > kmax:
             what = f"N - 1 = {kmax} (leave-one-out neighborhoods)" if exclude_self else f"N = {kmax}"
             raise ValueError(f"k == {k}, must be <= {what}.")
     elif k is not None:
-        check_int(k, "k", min_value=1)
+        k = check_int(k, "k", min_value=1)
     if cls == "low_rank":
         if rank is None:
             raise ValueError("rank must be an integer in [1, d] for cls='low_rank', got None instead.")
-        check_int(rank, "rank", min_value=1, max_value=d)
+        rank = check_int(rank, "rank", min_value=1, max_value=d)
     elif rank is not None:
         raise ValueError(f"rank must be None unless cls='low_rank', got rank={rank!r} with cls={cls!r} instead.")
-    return ridge, standardize, exclude_self
+    return k, rank, ridge, standardize, exclude_self
 
 
 _dispatch_fit = _fit.fit_class
@@ -774,7 +784,7 @@ class _FitPlan:
 def _plan_fit(X, k, cls, rank, ridge, prior, metric, standardize, exclude_self, weights, neighbors,
               chunk_size, return_maps):
     n, d = X.shape
-    ridge, standardize, exclude_self = _validate_fit_options(
+    k, rank, ridge, standardize, exclude_self = _validate_fit_options(
         n, d, k, cls, rank, ridge, prior, metric, standardize, exclude_self, neighbors
     )
     chunk_size = check_int(chunk_size, "chunk_size", min_value=1, allow_none=True)
@@ -1006,7 +1016,11 @@ def fit_local_maps(
     ``4^{-e}``, so entries from about 1e-300 to 1e300 fit alike and
     ``fit(2^m X, 2^m Y, ridge=4^m lam)`` is ``2^m fit(X, Y, ridge=lam)`` bit for bit.
     What scaling cannot help: entries more than about 2^1000 below the largest one
-    lose their low bits (they are negligible against it), and a ridge above ``2^600``
+    lose their low bits (they are negligible against it); the diagonal classes fit
+    each coordinate on its own, from sums of squares of its entries, so a coordinate
+    whose entries are more than about ``2^510`` below the largest entry of X and Y
+    loses precision (its squares are subnormal) and beyond about ``2^540`` takes the
+    prior (its squares are zero); and a ridge above ``2^600``
     times the squared largest entry acts as an infinite one; results beyond the float64
     maximum (about 1.8e308) raise a ``ValueError``.  Invariances: a global
     rotation of X and Y (not for the diagonal classes), a common scaling of X and Y
@@ -1607,6 +1621,16 @@ def decompose(
             check_choice(weights, "weights", _WEIGHTS)
         ridge = check_real(ridge, "ridge", min_value=0.0)
         check_choice(prior, "prior", _PRIORS)
+        # unused, but a wrong kind of value is still a mistake of the call
+        check_int(k, "k", min_value=1, allow_none=True)
+        check_int(chunk_size, "chunk_size", min_value=1, allow_none=True)
+        check_bool(standardize, "standardize")
+        check_bool(exclude_self, "exclude_self")
+        if mlp_options is not None and not isinstance(mlp_options, Mapping):
+            raise TypeError(
+                f"mlp_options must be a mapping of keywords of fit_tokenwise_mlp, got "
+                f"{type(mlp_options).__name__} instead."
+            )
         opts = dict(mlp_options or {})
         bad = sorted(set(opts) - set(_MLP_DEFAULTS))
         if bad:
@@ -1634,9 +1658,11 @@ def decompose(
     with _progress.Progress(progress, n_steps, desc="decompose", unit="step") as bar:
         if cls == "mlp":
             mfit = _fit_mlp(X, Y, **opts, tick=bar.advance)  # scales its panels itself
-            with np.errstate(over="ignore"):
+            try:
                 fitted = mfit.predict(X)
-            if not np.all(np.isfinite(fitted)):
+            except ValueError:  # predictions beyond the float64 range
+                fitted = None
+            if fitted is None:
                 raise ValueError(
                     "X and Y must be smaller for the result to be a float64 number, got MLP predictions "
                     "T(x_i) beyond the float64 range instead; scale X and Y down by the same power of two."
@@ -2031,6 +2057,9 @@ def layer_report(
             raise TypeError(f"results[{i}] must be a TokenwiseResult, got {type(r).__name__} instead.")
     n = len(results)
     for name, seq in (("perturbations", perturbations), ("layers", layers)):
+        if seq is not None and not hasattr(seq, "__len__"):
+            raise TypeError(f"{name} must be None or a sequence with one entry per result, got "
+                            f"{type(seq).__name__} instead.")
         if seq is not None and len(seq) != n:
             raise ValueError(f"{name} must have one entry per result ({n}), got {len(seq)} instead.")
     rows = []

@@ -507,3 +507,51 @@ def test_states_as_tensors_and_bad_patches(gpt2):
             "readout must map hidden states of shape (..., d) = (2, 16) to a tensor of logits (..., V), "
             "got shape (2,) instead.")):
         hf.intervene(gpt2, ids, mask, layer=1, states=h2, readout=lambda h: h.sum(-1))
+
+
+def test_wrong_kinds_of_patch_and_probe_arguments_are_refused_by_name(gpt2):
+    """Float indices were truncated (sequence=[0.5] patched sequence 0), states given
+    without layer= were ignored (the unpatched logits came back), and a bad seed, a
+    readout that is not callable or decompose_options that is not a mapping raised
+    NumPy's or Python's own errors, naming nothing."""
+    ids, mask = _ids((3, 8)), _mask()
+    z = np.zeros((1, 16))
+    with pytest.raises(TypeError, match=re.escape("sequence must hold integer indices, got dtype float64")):
+        hf.model_logits(gpt2, ids, mask, layer=1, sequence=[0.5], position=[1], states=z)
+    with pytest.raises(TypeError, match=re.escape("position must hold integer indices, got dtype float64")):
+        hf.model_logits(gpt2, ids, mask, layer=1, sequence=[0], position=[1.0], states=z)
+    with pytest.raises(ValueError, match="layer must name the block to patch"):
+        hf.model_logits(gpt2, ids, mask, sequence=[0], position=[1], states=z)
+    # tensors of indices are indices
+    hs = hf.hidden_states(gpt2, ids, mask, layers=[2])
+    z0 = hf.model_logits(gpt2, ids, mask)
+    same = hf.model_logits(gpt2, ids, mask, layer=1, sequence=torch.as_tensor(hs.sequence),
+                           position=torch.as_tensor(hs.position), states=hs.states[2])
+    np.testing.assert_array_equal(same, z0)
+    n = int(mask.sum())
+    for seed, exc in ((-1, ValueError), ("a", TypeError), (1.5, TypeError)):
+        with pytest.raises(exc, match="seed"):
+            hf.intervene(gpt2, ids, mask, layer=1, states=np.zeros((n, 16)), probe=2, seed=seed)
+    with pytest.raises(TypeError, match="readout must be None or a callable"):
+        hf.model_logits(gpt2, ids, mask, readout=3)
+    with pytest.raises(TypeError, match="readout must be None or a callable"):
+        hf.intervene(gpt2, ids, mask, layer=1, states=np.zeros((n, 16)), readout="head")
+    with pytest.raises(TypeError, match="decompose_options must be a mapping"):
+        hf.tokenwise_protocol(gpt2, ids, mask, cls="diagonal", k=3, decompose_options=[("rank", 2)])
+
+
+def test_protocol_checks_cls_and_k_before_any_forward_pass(gpt2):
+    """A misspelled cls was found by decompose, after every capture pass; a NumPy k
+    was recorded as given in config."""
+    calls = []
+    hook = gpt2.transformer.h[0].register_forward_hook(lambda *a: calls.append(1))
+    try:
+        with pytest.raises(ValueError, match=re.escape("cls must be one of")):
+            hf.tokenwise_protocol(gpt2, _ids((2, 5)), cls="lowrank", k=3)
+        with pytest.raises(TypeError, match="k must be an integer"):
+            hf.tokenwise_protocol(gpt2, _ids((2, 5)), cls="diagonal", k=3.0)
+        assert calls == []
+    finally:
+        hook.remove()
+    out = hf.tokenwise_protocol(gpt2, _ids((2, 5)), cls="diagonal", k=np.int64(3), layers=0)
+    assert type(out.config["k"]) is int and out.config["decompose"]["k"] == 3

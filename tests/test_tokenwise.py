@@ -619,6 +619,19 @@ def test_mlp_predicts_far_outside_the_training_range_without_warnings(scale):
     np.testing.assert_allclose(fit.predict(Z), _decimal_predict(fit, Z), rtol=1e-9, atol=1e-12 * scale)
 
 
+def test_mlp_predict_beyond_the_float64_range_is_a_value_error():
+    """Rows near the float64 maximum overflowed the pre-activations and came back as
+    NaN (with RuntimeWarnings); now a ValueError naming X, and finite rows still work."""
+    g = np.random.default_rng(19)
+    X = g.standard_normal((30, 5))
+    fit = refgeo.fit_tokenwise_mlp(X, X + np.tanh(X), hidden=16, epochs=2, seed=0)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        with pytest.raises(ValueError, match=r"X must be smaller for T\(x\) to be computed in float64, got 1 rows"):
+            fit.predict(np.vstack([X[:2], np.full((1, 5), 1.7e308)]))
+        assert np.all(np.isfinite(fit.predict(X[:2] * 1e300)))
+
+
 # ------------------------------------------------------------- perturbation
 
 
@@ -873,6 +886,70 @@ def test_errors_name_the_argument():
     with pytest.raises(ValueError, match=re.escape("rank must be None unless cls='low_rank', got rank=2 with "
                                                    "cls='mlp' instead.")):
         refgeo.decompose(X, Y, cls="mlp", rank=2)  # ignored before: rank is low_rank's alone
+
+
+@pytest.mark.parametrize("cls", ["low_rank", "orthogonal", "full", "diagonal"])
+def test_numpy_integer_options_fit_like_python_ints(cls):
+    """k and rank as NumPy scalars (np.int8 from an array of settings): the sizes of
+    the chunks and the degrees of freedom overflowed int8 (OverflowError) before."""
+    g = np.random.default_rng(3)
+    X = g.standard_normal((40, 12))
+    Y = X + 0.1 * g.standard_normal((40, 12))
+    kw = {"rank": 12} if cls == "low_rank" else {}
+    ref = refgeo.decompose(X, Y, k=20, cls=cls, **kw)
+    kw8 = {"rank": np.int8(12)} if cls == "low_rank" else {}
+    got = refgeo.decompose(X, Y, k=np.int8(20), cls=cls, subspace_rank=np.int8(8), **kw8)
+    np.testing.assert_array_equal(got.tau, ref.tau)
+    assert got.dof == ref.dof and got.n_targets == ref.n_targets
+    for key in ("k", "rank", "subspace_rank", "chunk_size"):
+        assert type(got.config[key]) is type(ref.config[key])
+    fit = refgeo.fit_local_maps(X, Y, cls=cls, neighbors=refgeo.knn(X, 20, exclude_self=True), k=np.int16(20), **kw8)
+    np.testing.assert_array_equal(fit.fitted, refgeo.fit_local_maps(X, Y, k=20, cls=cls, **kw).fitted)
+
+
+def test_mlp_class_checks_the_options_it_does_not_use():
+    """cls="mlp" leaves the neighbor options unused, but a wrong value is still an
+    error naming it (chunk_size=-1 and k="32" were accepted silently), and
+    mlp_options that is no mapping is a TypeError naming it (dict()'s own message
+    before)."""
+    X, Y = _xy()
+    cases = [
+        (dict(k="32"), TypeError, "k must be an integer"),
+        (dict(k=0), ValueError, "k == 0, must be >= 1."),
+        (dict(chunk_size=-1), ValueError, "chunk_size == -1, must be >= 1."),
+        (dict(standardize=1), TypeError, "standardize must be a bool"),
+        (dict(exclude_self="yes"), TypeError, "exclude_self must be a bool"),
+        (dict(mlp_options=[("epochs", 2)]), TypeError, "mlp_options must be a mapping"),
+        (dict(mlp_options="epochs=2"), TypeError, "mlp_options must be a mapping"),
+    ]
+    for kw, exc, msg in cases:
+        with pytest.raises(exc, match=re.escape(msg)):
+            refgeo.decompose(X, Y, cls="mlp", **kw)
+    r = refgeo.decompose(X, Y, cls="mlp", k=5, exclude_self=False, mlp_options={"epochs": 2})
+    assert r.config["k"] is None and r.config["mlp"]["epochs"] == 2
+
+
+@pytest.mark.parametrize("cls", ["diagonal", "psd_diagonal"])
+def test_diagonal_coordinates_far_below_the_largest_entry_fit_exactly_to_the_documented_limit(cls):
+    """Each coordinate of a diagonal fit is its own 1-D problem: a coordinate 2**-500
+    below the largest entry (squares still normal) recovers its planted scale."""
+    g = np.random.default_rng(5)
+    X = g.standard_normal((30, 3))
+    X[:, 1] = np.ldexp(X[:, 1], -500)
+    Y = X * np.array([2.0, 3.0, 0.5])
+    fit = refgeo.fit_local_maps(X, Y, k=5, cls=cls)
+    np.testing.assert_allclose(fit.coefficients, np.broadcast_to([2.0, 3.0, 0.5], (30, 3)), rtol=1e-13)
+
+
+def test_layer_report_names_perturbations_and_layers_that_are_no_sequences():
+    """A bare number for perturbations= raised len()'s TypeError, naming nothing."""
+    X, Y = _xy()
+    r = refgeo.decompose(X, Y, k=2, cls="diagonal")
+    with pytest.raises(TypeError, match="perturbations must be None or a sequence"):
+        refgeo.layer_report([r], perturbations=5)
+    with pytest.raises(TypeError, match="layers must be None or a sequence"):
+        refgeo.layer_report([r], layers=3)
+    assert refgeo.layer_report([r], layers=[7])[0]["layer"] == 7
 
 
 def test_given_neighbor_distances_are_checked():
