@@ -33,7 +33,7 @@ from ._validate import (
     check_real,
     check_same_shape,
 )
-from .lmo import _CENTERED_RTOL, LMOResult, _pow2_exponent, diameter_lmo, row_normalize
+from .lmo import _CENTERED_RTOL, LMOResult, _pow2_exponent, center_rows, diameter_lmo, row_normalize
 
 __all__ = ["DiameterLMO", "RowNorm"]
 
@@ -203,26 +203,39 @@ class RowNorm:
     def step(self, param: Any, grad: Any, /) -> Any:
         """Update ``param`` (V, d) in place with the gradient ``grad`` (V, d); return it.
 
-        ``param`` is a NumPy array or a torch tensor, ``grad`` any array or tensor; the
-        state stays NumPy.  A tensor ``param`` is returned itself; a NumPy ``param``
-        comes back as a tensor sharing its memory when ``grad`` is a tensor.
+        Nothing (parameter, step count, momentum buffer) changes when it raises, e.g.
+        a ``ValueError`` for a gradient whose centered momentum average leaves the
+        float64 range.  ``param`` is a NumPy array or a torch tensor, ``grad`` any
+        array or tensor; the state stays NumPy.  A tensor ``param`` is returned itself;
+        a NumPy ``param`` comes back as a tensor sharing its memory when ``grad`` is a
+        tensor.
         """
         p = _Param(param, grad)
         param, g = p.array, p.grad
         lr, mu, eps, bias_correction, project, weight_decay, center = self._checked_hyperparameters()
-        if center:
-            g = g - g.mean(axis=0, keepdims=True)
-        if self.buffer is None:
-            self.buffer = np.zeros_like(g)
-        elif self.buffer.shape != g.shape:
+        if self.buffer is not None and self.buffer.shape != g.shape:
             raise ValueError(
                 f"grad must keep the shape of the optimizer state {self.buffer.shape}, got "
                 f"shape {g.shape} instead."
             )
-        self.t += 1
-        self.buffer *= mu
-        self.buffer += (1.0 - mu) * g
-        Bhat = self.buffer / (1.0 - mu**self.t) if bias_correction else self.buffer
+        if center:
+            # center_rows averages rows near 1e308 without overflowing the column sums
+            # (a plain mean gave inf, then NaN in the buffer)
+            with np.errstate(over="ignore"):  # an overflow is reported below, by name
+                g = center_rows(g)
+        # the new state is built aside and kept only once it is finite: a gradient
+        # whose centered rows or average leave the float64 range changes nothing
+        t = self.t + 1
+        buffer = (1.0 - mu) * g if self.buffer is None else mu * self.buffer + (1.0 - mu) * g
+        with np.errstate(over="ignore", invalid="ignore"):
+            Bhat = buffer / (1.0 - mu**t) if bias_correction else buffer
+        if not (np.all(np.isfinite(g)) and np.all(np.isfinite(Bhat))):
+            raise ValueError(
+                "grad must have a centered momentum average inside the float64 range "
+                f"(max {float(np.finfo(np.float64).max)!r}), got one that overflows instead; scale "
+                "grad down (with eps = 0 the step does not depend on its scale)."
+            )
+        self.t, self.buffer = t, buffer
         S = -lr * row_normalize(Bhat, eps=eps)
         if project:
             S -= S.mean(axis=0, keepdims=True)

@@ -357,3 +357,25 @@ def test_diameter_lmo_step_errors_name_grad():
     # centered gradients near the top of the float range are accepted
     opt.step(W, np.array([[1.7e308, 0.0], [-1.7e308, 0.0], [0.0, 0.0]]))
     assert refgeo.row_diameter(W).value <= 0.1
+
+
+def test_rownorm_centers_rows_near_the_float64_maximum():
+    # The column sums of these rows overflow: a plain mean gave inf, and the step NaN
+    # (or a ValueError naming row_normalize's A, after the state had changed).
+    from fractions import Fraction
+
+    G = np.array([[1.7e308, 1.0], [1.7e308, -3.0], [1.7e308, 2.0], [1.7e308, 0.5]])
+    exact = [[Fraction(x) for x in row] for row in G.tolist()]
+    mean = [sum(col) / len(exact) for col in zip(*exact)]
+    Gc = np.array([[float(x - m) for x, m in zip(row, mean)] for row in exact])
+    opt = refgeo.RowNorm(lr=0.1, eps=0.0)
+    W = np.zeros_like(G)
+    opt.step(W, G)
+    np.testing.assert_allclose(W, -0.1 * _rn(Gc, 0.0), rtol=1e-15, atol=0.0)
+    # centered rows beyond the float64 range: an error naming grad, and no state change
+    big = np.array([[1.7e308, 0.0], [-1.7e308, 0.0], [-1.7e308, 0.0], [-1.7e308, 0.0]])
+    with pytest.raises(ValueError, match=re.escape("grad must have a centered momentum average inside the float64 range")):
+        opt.step(W, big)
+    assert opt.t == 1
+    np.testing.assert_allclose(W, -0.1 * _rn(Gc, 0.0), rtol=1e-15, atol=0.0)
+    np.testing.assert_array_equal(opt.buffer, (1.0 - 0.95) * Gc)
