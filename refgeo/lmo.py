@@ -146,8 +146,14 @@ def center_rows(A: Any, /):
     Returns
     -------
     C : ndarray of shape (V, d)
-        ``A`` minus its mean row, in the dtype of ``A`` (the mean is accumulated in
-        float64).
+        ``A`` minus its mean row, float32 for float32 ``A``, float64 otherwise (the
+        mean is accumulated in float64).
+
+    Raises
+    ------
+    ValueError
+        If a centered entry is beyond the range of that dtype (rows of both signs
+        near its maximum): there is no representable answer.
 
     Notes
     -----
@@ -167,16 +173,31 @@ def center_rows(A: Any, /):
     A, origin = from_foreign(A, "A")
     A = as_float_array(A, "A", ndim=2, shape_hint="2-D array of shape (V, d)")
     xp = array_namespace(A)
-    Af = _f64(xp, A)
-    V = A.shape[0]
+    # rows of both signs near the top of the range have centered values beyond it
+    # (1.7e308 - (-0.57e308)): no representable answer, so an error rather than inf
+    with np.errstate(over="ignore"):
+        C = _centered_unchecked(xp, _f64(xp, A))
+        C = xp.astype(C, A.dtype) if A.dtype != xp.float64 else C
+    if not bool(xp.all(xp.isfinite(C))):
+        raise ValueError(
+            f"A must have centered rows inside the range of {A.dtype} (max "
+            f"{float(xp.finfo(A.dtype).max)!r}), got rows whose "
+            "difference from the mean row overflows instead; scale A down."
+        )
+    return to_caller(C, origin)
+
+
+def _centered_unchecked(xp, Af):
+    """``Af`` (float64) minus its mean row, the mean free of overflow near 1e308; an
+    entry of the result is inf where the centered value is beyond the float64 range."""
+    V = Af.shape[0]
     mx = float(xp.max(xp.abs(Af))) if Af.size else 0.0
     if mx * V < _MAX64 / 2:
         mean = xp.mean(Af, axis=0, keepdims=True)
     else:  # the column sums could overflow (rows near 1e308): average the scaled rows
         k = 8 + math.frexp(float(V))[1]
         mean = _pow2_scaled(xp, xp.mean(_pow2_scaled(xp, Af, -k), axis=0, keepdims=True), k)
-    C = Af - mean
-    return to_caller(xp.astype(C, A.dtype) if A.dtype != xp.float64 else C, origin)
+    return Af - mean
 
 
 def row_normalize(A: Any, /, *, eps: float = 0.0):
@@ -274,10 +295,17 @@ def projected_rownorm(G: Any, /, *, eta: float = 1.0):
     Returns
     -------
     S : ndarray of shape (V, d)
-        The step, dtype of ``G``; :math:`D(S) \le \eta` and :math:`\mathbf{1}^\top S = 0`
+        The step, float32 for float32 ``G``, float64 otherwise;
+        :math:`D(S) \le \eta` and :math:`\mathbf{1}^\top S = 0`
         up to rounding: the computed D(S) can exceed η by a few units of roundoff of
         the dtype (the row norms and a float32 cast round).  :func:`rescaled_rownorm`
         returns a step shrunk to stay strictly inside the budget.
+
+    Raises
+    ------
+    ValueError
+        If ``eta <= 0``, or if the entries of the step (up to ``eta``) do not fit
+        float32 for a float32 ``G`` (``eta`` above about 3.4e38).
 
     Notes
     -----
@@ -317,7 +345,17 @@ def projected_rownorm(G: Any, /, *, eta: float = 1.0):
     # the textbook formula, not shrunk: it is the oracle user kernels are compared with
     # (refgeo.testing), so D(S) <= eta holds up to rounding, as documented
     S = (-eta / 2.0) * (N - xp.mean(N, axis=0, keepdims=True))
-    return to_caller(xp.astype(S, G.dtype) if G.dtype != xp.float64 else S, origin)
+    if G.dtype != xp.float64:
+        # entries up to eta do not fit float32 above 3.4e38: an error, not inf
+        with np.errstate(over="ignore"):
+            S = xp.astype(S, G.dtype)
+        if not bool(xp.all(xp.isfinite(S))):
+            raise ValueError(
+                f"eta must be small enough for the step to fit the dtype of G ({G.dtype}, max "
+                f"{float(np.finfo(np.float32).max)!r}), got {eta!r} instead; pass a smaller eta "
+                "or a float64 G."
+            )
+    return to_caller(S, origin)
 
 
 def rescaled_rownorm(G: Any, /, *, eta: float = 1.0):

@@ -847,3 +847,25 @@ def test_closed_forms_report_converged_only_when_the_gap_reaches_rtol(G):
     assert r.converged and r.gap <= 1e-12
     r = refgeo.diameter_lmo(np.zeros((3, 2)), rtol=1e-16)
     assert r.converged and r.gap == 0.0
+
+
+def test_results_beyond_the_range_of_the_dtype_are_errors_not_inf():
+    # The centered rows of these columns are beyond the dtype's range (the exact values,
+    # by Fraction, exceed its maximum): center_rows returned inf with a RuntimeWarning.
+    from fractions import Fraction
+
+    for dtype, top in ((np.float64, 1.7e308), (np.float32, 3e38)):
+        A = np.array([[top], [-top], [-top]], dtype=dtype)
+        exact = [Fraction(float(x)) for x in A[:, 0]]
+        mean = sum(exact) / 3
+        assert max(abs(x - mean) for x in exact) > Fraction(float(np.finfo(dtype).max))
+        with pytest.raises(ValueError, match=re.escape(f"A must have centered rows inside the range of {np.dtype(dtype)}")):
+            refgeo.center_rows(A)
+    # the step of projected_rownorm has entries up to eta / 2, beyond float32 for eta = 1e300:
+    # it was inf
+    G = np.array([[1.0, 0.0], [-1.0, 0.0]], dtype=np.float32)
+    with pytest.raises(ValueError, match=re.escape("eta must be small enough for the step to fit the dtype of G (float32")):
+        refgeo.projected_rownorm(G, eta=1e300)
+    S = refgeo.projected_rownorm(G, eta=1e38)  # entries 5e37 still fit
+    assert S.dtype == np.float32
+    np.testing.assert_array_equal(S, np.array([[-5e37, 0.0], [5e37, 0.0]], dtype=np.float32))
