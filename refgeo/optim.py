@@ -33,7 +33,7 @@ from ._validate import (
     check_real,
     check_same_shape,
 )
-from .lmo import _CENTERED_RTOL, LMOResult, _pow2_exponent, center_rows, diameter_lmo, row_normalize
+from .lmo import _CENTERED_RTOL, LMOResult, _centered_unchecked, _pow2_exponent, diameter_lmo, row_normalize
 
 __all__ = ["DiameterLMO", "RowNorm"]
 
@@ -219,10 +219,10 @@ class RowNorm:
                 f"shape {g.shape} instead."
             )
         if center:
-            # center_rows averages rows near 1e308 without overflowing the column sums
-            # (a plain mean gave inf, then NaN in the buffer)
+            # the mean of rows near 1e308 without overflowing the column sums (a plain
+            # mean gave inf, then NaN in the buffer)
             with np.errstate(over="ignore"):  # an overflow is reported below, by name
-                g = center_rows(g)
+                g = _centered_unchecked(np, g)
         # the new state is built aside and kept only once it is finite: a gradient
         # whose centered rows or average leave the float64 range changes nothing
         t = self.t + 1
