@@ -1433,7 +1433,9 @@ def diameter_lmo(
     warm_start : LMOResult, default=None
         A previous result (e.g. the last optimizer step): for the ADMM, its step and
         flowing pairs start the working set, the potentials and the flows (the other
-        solvers start cold; see Notes).
+        solvers start cold; see Notes).  Its ``update`` must have the shape of ``G``
+        and be finite, ``pairs`` be integer rows of ``G`` and ``flows`` one finite
+        value ``>= 0`` per pair.
     callback : callable, default=None
         Called after each separation round with a dict (``iteration``, ``rounds``,
         ``pairs``, ``lower``, ``upper``, ``gap``, ``elapsed``; ``lower``/``gap`` are
@@ -1577,11 +1579,8 @@ def diameter_lmo(
     progress = _progress.check_progress(progress)
     Gc, e = _centered_float64(G)
     V, d = Gc.shape
-    if warm_start is not None and tuple(warm_start.update.shape) != (V, d):
-        raise ValueError(
-            f"warm_start must come from a gradient of shape {(V, d)}, got an update of "
-            f"shape {tuple(warm_start.update.shape)} instead."
-        )
+    if warm_start is not None:
+        warm_start = _checked_warm_start(warm_start, V, d)
     # Solved for eta = 1 on G * 2**-e, then rescaled: the bounds never depend on how
     # eta rounds the step (eta = 1e300 or 1e-320 gave inf or crossed bounds), and no
     # sum of squares leaves the float64 range.
@@ -1625,6 +1624,40 @@ def diameter_lmo(
     if bar is not None:
         bar.close(res.converged)
     return fields_to_caller(_for_budget(res, eta, e), origin)
+
+
+def _checked_warm_start(warm: LMOResult, V: int, d: int) -> LMOResult:
+    """``warm`` with its update, pairs, flows and eta checked against a (V, d) gradient.
+
+    An LMOResult can be built or ``dataclasses.replace``-d by hand: without these
+    checks, pairs outside [0, V) or NaN entries failed deep in the solver (a SciPy
+    index error, an AttributeError), and float pairs were truncated silently.
+    """
+    upd = np.asarray(warm.update)
+    if tuple(upd.shape) != (V, d):
+        raise ValueError(
+            f"warm_start must come from a gradient of shape {(V, d)}, got an update of "
+            f"shape {tuple(upd.shape)} instead."
+        )
+    as_float_array(upd, "warm_start.update", ndim=2, shape_hint="2-D array of shape (V, d)")
+    pairs = np.asarray(warm.pairs)
+    flows = np.asarray(warm.flows)
+    if (pairs.dtype.kind not in "iu" or pairs.ndim != 2 or pairs.shape[1] != 2
+            or (pairs.size and (int(pairs.min()) < 0 or int(pairs.max()) >= V))):
+        raise ValueError(
+            f"warm_start.pairs must be an integer array of shape (m, 2) with rows in [0, {V - 1}], "
+            f"got {pairs.dtype} pairs of shape {pairs.shape}"
+            + (f" with values in [{pairs.min()}, {pairs.max()}]" if pairs.size and pairs.dtype.kind in "iuf" else "")
+            + " instead."
+        )
+    if (flows.dtype.kind not in "iuf" or flows.shape != (pairs.shape[0],)
+            or not bool(np.all(np.isfinite(flows) & (flows >= 0)))):
+        raise ValueError(
+            f"warm_start.flows must be {pairs.shape[0]} finite flow magnitudes >= 0 (one per "
+            f"pair), got {flows.dtype} flows of shape {flows.shape} instead."
+        )
+    eta = check_real(warm.eta, "warm_start.eta", min_value=0.0, strict=True)
+    return dataclasses.replace(warm, update=upd, pairs=pairs.astype(np.int64), flows=flows.astype(np.float64), eta=eta)
 
 
 def _solve(Gc, scale, rtol, max_time, max_iter, warm_start, callback, bar, t0) -> LMOResult:

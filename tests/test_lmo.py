@@ -869,3 +869,32 @@ def test_results_beyond_the_range_of_the_dtype_are_errors_not_inf():
     S = refgeo.projected_rownorm(G, eta=1e38)  # entries 5e37 still fit
     assert S.dtype == np.float32
     np.testing.assert_array_equal(S, np.array([[-5e37, 0.0], [5e37, 0.0]], dtype=np.float32))
+
+
+def test_warm_start_contents_are_checked():
+    # An LMOResult built or replaced by hand: pairs outside the rows failed in SciPy
+    # ("axis 1 index 999 exceeds matrix dimension"), NaN flows or steps with an
+    # AttributeError, and float pairs were truncated to other pairs silently.
+    import dataclasses
+
+    G = random_gradient(np.random.default_rng(7), 25, 2)
+    r = refgeo.diameter_lmo(G, rtol=1e-9, max_iter=50)  # the ADMM, which reads the warm start
+    assert r.method == "admm"
+    bad = [
+        (dict(pairs=np.array([[0, 999]]), flows=np.array([1.0])), "warm_start.pairs must be an integer array of shape (m, 2) with rows in [0, 24], got int64 pairs of shape (1, 2) with values in [0, 999] instead."),
+        (dict(pairs=np.array([[-1, 3]]), flows=np.array([1.0])), "warm_start.pairs must be an integer array"),
+        (dict(pairs=np.array([[0.5, 3.0]]), flows=np.array([1.0])), "warm_start.pairs must be an integer array"),
+        (dict(flows=np.full(len(r.flows), np.nan)), f"warm_start.flows must be {len(r.flows)} finite flow magnitudes >= 0"),
+        (dict(pairs=np.array([[0, 3], [1, 2]]), flows=np.array([1.0])), "warm_start.flows must be 2 finite flow magnitudes >= 0"),
+        (dict(update=np.full((25, 2), np.nan)), "warm_start.update must contain only finite values"),
+        (dict(eta=-1.0), "warm_start.eta == -1.0, must be > 0.0."),
+    ]
+    for change, message in bad:
+        with pytest.raises(ValueError, match=re.escape(message)):
+            refgeo.diameter_lmo(G, rtol=1e-9, max_iter=50, warm_start=dataclasses.replace(r, **change))
+    # lists of integers are well-formed: the bracket stays inside the half-sum and
+    # 1/sqrt(2) bounds, computed here from the row norms
+    w = refgeo.diameter_lmo(G, rtol=1e-9, max_iter=50, warm_start=dataclasses.replace(r, pairs=[[0, 3]], flows=[2]))
+    s1 = float(np.sum(np.linalg.norm(G, axis=1)))
+    assert s1 / 2 * (1 - 1e-12) <= w.upper_bound and w.lower_bound <= s1 / math.sqrt(2) * (1 + 1e-12)
+    assert w.lower_bound <= w.upper_bound and _brute_diameter(w.update) <= 1.0
