@@ -1391,6 +1391,8 @@ _CHECK_EVERY = 25  # ADMM iterations between separation rounds
 _RELAXATION = 1.0  # ADMM over-relaxation alpha in [1, 2)
 _AVERAGE = True  # also try the average potentials of each round as a lower-bound candidate
 _DENSE_LIMIT = 1500  # dense Cholesky up to this many rows, block CG above
+_STALL_ROUNDS = 1000  # ADMM rounds without progress after which the solve stops
+_STALL_PROGRESS = 1e-3  # progress: the estimated gap falls by this share of itself
 
 
 def diameter_lmo(
@@ -1424,6 +1426,9 @@ def diameter_lmo(
         Stop when the certified relative gap ``(upper - lower) / upper <= rtol``.  A
         gap near float64 rounding (below about ``16 eps``) cannot be certified: the
         solver then stops there and returns ``converged=False`` instead of looping.
+        So does the ADMM when its gap estimate stops improving above ``rtol`` (1000
+        rounds of 25 iterations with less than 0.1% progress and no new pair), as on
+        nearly rank-one gradients at an ``rtol`` of about 1e-12.
     max_time : float, default=None
         Wall-time limit in seconds (None: no limit).  The best certified answer so far
         is returned (``converged=False`` if the gap is above ``rtol``).
@@ -1858,6 +1863,7 @@ class _ADMM:
         sep_tol = self.rtol / 4.0
         certified = None
         stop_requested = False
+        stall_best, stall_rounds, grew = math.inf, 0, False
         while True:
             Xsum, n_avg = None, 0
             for _ in range(_CHECK_EVERY):
@@ -1903,13 +1909,21 @@ class _ADMM:
                 self.bar.update(gap_est, self.rtol, len(self.E))
             if self.callback is not None and bool(self.callback(info)):
                 stop_requested = True
-            if gap_est <= self.cert_trigger or stop_requested or self._out_of_budget():
+            # A plateau above rtol (an rtol tighter than float64 allows on this G, e.g.
+            # a nearly rank-one one): no estimate improved and no pair joined for
+            # _STALL_ROUNDS rounds.  It looped forever without max_time.
+            if gap_est < (1.0 - _STALL_PROGRESS) * stall_best or grew:
+                stall_best, stall_rounds = gap_est, 0
+            else:
+                stall_rounds += 1
+            stalled = stall_rounds >= _STALL_ROUNDS
+            if gap_est <= self.cert_trigger or stop_requested or stalled or self._out_of_budget():
                 tc = time.perf_counter()
                 certified = self._certify(self.best_X, self.best_Y, self.best_E)
                 self.cert_time = time.perf_counter() - tc
                 if _relative_gap(certified[0], certified[1]) <= self.rtol:
                     break
-                if stop_requested or self._out_of_budget():
+                if stop_requested or stalled or self._out_of_budget():
                     break
                 # the estimate was optimistic: certify again only after it halves
                 self.cert_trigger = min(self.cert_trigger, gap_est) / 2.0
@@ -1918,9 +1932,8 @@ class _ADMM:
                     # can certify would loop forever; return the best certificate
                     break
                 self.cg_tol = max(self.cg_tol * 0.1, self.cg_floor)
-            if len(Enew):
-                self._grow(Enew)
-            else:
+            grew = bool(len(Enew)) and self._grow(Enew)
+            if not len(Enew):
                 self.cg_tol = max(self.cg_tol * 0.1, self.cg_floor)
         lower, upper, S, decrease = certified
         lower, upper = _checked_bracket(lower, upper, "diameter_lmo")

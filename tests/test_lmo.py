@@ -898,3 +898,27 @@ def test_warm_start_contents_are_checked():
     s1 = float(np.sum(np.linalg.norm(G, axis=1)))
     assert s1 / 2 * (1 - 1e-12) <= w.upper_bound and w.lower_bound <= s1 / math.sqrt(2) * (1 + 1e-12)
     assert w.lower_bound <= w.upper_bound and _brute_diameter(w.update) <= 1.0
+
+
+def test_admm_stops_when_its_gap_stalls_above_rtol():
+    """A nearly rank-one gradient at rtol 1e-12: the ADMM's estimates plateau near
+    2e-11 and it looped forever (no max_time).  The bracket must still contain T(G),
+    which is within T(P) <= sum ||p_i|| / sqrt(2) of the rank-one value 0.5 ||a||_1 ||b||."""
+    rng = np.random.default_rng(3)
+    a = np.array([2.0, -1.0, -1.0, 0.0, 3.0, -3.0])
+    b = np.array([0.6, 0.8])
+    P = 1e-10 * rng.standard_normal((6, 2))
+    P -= P.mean(axis=0)
+    G = np.outer(a, b) + P
+    rounds = []
+
+    def guard(info):
+        rounds.append(info["rounds"])
+        assert len(rounds) < 5000, "diameter_lmo keeps iterating on a stalled gap"
+
+    r = refgeo.diameter_lmo(G, rtol=1e-12, callback=guard)
+    assert r.method == "admm" and not r.converged and r.gap > 1e-12
+    exact = 0.5 * float(np.sum(np.abs(a))) * float(np.linalg.norm(b))
+    slack = float(np.sum(np.linalg.norm(P, axis=1))) / math.sqrt(2.0)
+    assert r.lower_bound <= exact + slack and r.upper_bound >= exact - slack
+    assert r.gap < 1e-9 and _brute_diameter(r.update) <= 1.0
