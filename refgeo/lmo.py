@@ -431,11 +431,13 @@ def _centered_float64(G) -> tuple[np.ndarray, int]:
     return Gf - Gf.mean(axis=0, keepdims=True), e
 
 
-def _unscaled(values: dict[str, float], e: int, what: str) -> dict[str, float]:
+def _unscaled(values: dict[str, float], e: int, what: str, to_inf: tuple[str, ...] = ()) -> dict[str, float]:
     """``{name: v * 2**e}``; a ``ValueError`` naming the range when one leaves float64.
 
     The results are positively homogeneous in G, so a G whose bounds exceed
     ``1.8e308`` has no representable answer: the error says by how much to scale it.
+    The values named in ``to_inf`` are upper bounds next to a finite best one: they
+    become inf (still an upper bound) instead.
     """
     out = {}
     for name, v in values.items():
@@ -443,6 +445,9 @@ def _unscaled(values: dict[str, float], e: int, what: str) -> dict[str, float]:
             out[name] = v
             continue
         m, ex = math.frexp(v)
+        if ex + e > 1024 and name in to_inf:
+            out[name] = math.inf
+            continue
         if ex + e > 1024:
             raise ValueError(
                 f"{what}: {name} == 2**{math.log2(abs(m)) + ex + e:.2f} for this G, beyond the float64 "
@@ -477,7 +482,8 @@ class TensionBounds:
         :math:`\sqrt{\sum_{i<j} \lVert g_i \rVert \lVert g_j \rVert}` (upper bound).
     pairwise_flow : float
         :math:`\sum_{i<j} \lVert g_i - g_j \rVert / V` (upper bound; ``nan`` when not
-        computed).
+        computed).  ``jung``, ``product`` and ``pairwise_flow`` are ``inf`` when they
+        are beyond the float64 range while ``upper`` is not.
     lower, upper : float
         The best lower and upper bound; equal when a closed form applies.
     rank : int
@@ -617,7 +623,10 @@ def tension_bounds(G: Any, /, *, pairwise: bool = True) -> TensionBounds:
         upper = min(upper, value + residual)
     lower, upper = _checked_bracket(lower, upper, "tension_bounds")
     names = ("half_sum", "jung", "product", "pairwise_flow", "lower", "upper")
-    values = _unscaled(dict(zip(names, (half, jung, prod, pw, lower, upper))), e, "tension_bounds")
+    # a jung, product or pairwise bound beyond the range is inf when the best upper
+    # bound is finite (rows near 1e308 raised for a representable T)
+    values = _unscaled(dict(zip(names, (half, jung, prod, pw, lower, upper))), e, "tension_bounds",
+                       to_inf=("jung", "product", "pairwise_flow"))
     return TensionBounds(
         half_sum=values["half_sum"], jung=values["jung"], product=values["product"],
         pairwise_flow=values["pairwise_flow"], lower=values["lower"], upper=values["upper"],

@@ -922,3 +922,19 @@ def test_admm_stops_when_its_gap_stalls_above_rtol():
     slack = float(np.sum(np.linalg.norm(P, axis=1))) / math.sqrt(2.0)
     assert r.lower_bound <= exact + slack and r.upper_bound >= exact - slack
     assert r.gap < 1e-9 and _brute_diameter(r.update) <= 1.0
+
+
+def test_tension_bounds_beyond_the_range_only_in_a_secondary_bound():
+    """Rows near 1e308 whose T is representable but whose pairwise-flow bound is not:
+    that bound is inf (it raised a ValueError for the whole call)."""
+    c = 1e308
+    G = np.array([[c, -c], [-c, c], [0.0, 0.0]])
+    D = decimal.Context(prec=40)
+    # rank one, a = (1, -1, 0) c, b = (1, -1) / sqrt 2: T = ||a||_1 ||b|| / 2 = sqrt(2) c
+    T = D.multiply(D.sqrt(decimal.Decimal(2)), decimal.Decimal(c))
+    pairwise = D.divide(D.multiply(D.multiply(4, D.sqrt(decimal.Decimal(2))), decimal.Decimal(c)), 3)
+    assert pairwise > decimal.Decimal(np.finfo(np.float64).max)
+    b = refgeo.tension_bounds(G)
+    assert b.pairwise_flow == math.inf
+    assert b.closed_form == "rank1"
+    assert b.lower == pytest.approx(float(T), rel=1e-15) and b.upper == pytest.approx(float(T), rel=1e-15)
