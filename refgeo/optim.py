@@ -436,6 +436,8 @@ class DiameterLMO:
         self.t = _check_step_count(state["t"])
         self.buffer = _check_buffer(state["buffer"])
         if state.get("warm_update") is not None:
+            # a warm start comes with its pairs, flows and budget (a KeyError otherwise)
+            _check_state(state, ("warm_update", "warm_pairs", "warm_flows", "warm_eta"))
             upd = as_float_array(state["warm_update"], "state['warm_update']", ndim=2,
                                  shape_hint="2-D array of shape (V, d)")
             upd = np.array(upd, dtype=np.float64)

@@ -290,6 +290,11 @@ def test_load_state_dict_rejects_inconsistent_state():
         refgeo.DiameterLMO(lr=0.1).load_state_dict({**good, "warm_pairs": np.array([[0, 99]])})
     with pytest.raises(ValueError, match=re.escape("state['warm_update'] must have the buffer's shape (7, 3)")):
         refgeo.DiameterLMO(lr=0.1).load_state_dict({**good, "warm_update": np.zeros((4, 3))})
+    # a warm start without its pairs or flows raised KeyError
+    for key in ("warm_pairs", "warm_flows"):
+        partial = {k: v for k, v in good.items() if k != key}
+        with pytest.raises(ValueError, match=re.escape(f"state must have the keys of state_dict(), got one without ['{key}'] instead.")):
+            refgeo.DiameterLMO(lr=0.1).load_state_dict(partial)
     fresh = refgeo.DiameterLMO(lr=1.0)
     fresh.load_state_dict(good)
     np.testing.assert_array_equal(fresh.buffer, opt.buffer)
