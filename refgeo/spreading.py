@@ -1178,16 +1178,25 @@ def spread_update(
                          {f"the trade-off curve (3 arrays of {n_points} float64)": 24.0 * n_points},
                          "Ask for fewer n_points.")
     # Every step is positively homogeneous of degree 0 in G and every decrease of
-    # degree 1: a tiny G is solved at a power of 2 (exact) that brings its largest
-    # entry to [1/2, 1), and the decreases are scaled back.  Near the subnormal range
-    # the centering below rounds in absolute terms, and G*1e-320 was refused as not
-    # centered, though spread_update centers G itself.
+    # degree 1: a tiny or huge G is solved at a power of 2 (exact) that brings its
+    # largest entry to [1/2, 1), and the decreases are scaled back.  Near the subnormal
+    # range the centering below rounds in absolute terms (G*1e-320 was refused as not
+    # centered, though spread_update centers G itself); near the top of the range the
+    # column sums of the centering overflow (G = 4e307 + small was refused as holding
+    # infinite entries, though G was finite and its centered form small).
     top = float(np.max(np.abs(G)))
-    shift = -math.frexp(top)[1] if 0.0 < top < 2.0**-900 else 0
+    shift = -math.frexp(top)[1] if 0.0 < top < 2.0**-900 or top > 2.0**900 else 0
     if shift:
         G = np.ldexp(G, shift)
 
-    def unscaled(v: float) -> float:
+    def unscaled(v: float, name: str) -> float:
+        if v != 0.0 and math.frexp(v)[1] - shift > 1024:
+            raise ValueError(
+                f"spread_update: {name} == 2**{math.log2(abs(v)) - shift:.2f} for this G, beyond the "
+                f"float64 range (max {float(np.finfo(np.float64).max)!r}); scale G down by "
+                f"2**{math.frexp(v)[1] - shift - 1023} or more (the decreases are positively "
+                "homogeneous in G, the step does not depend on its scale)."
+            )
         return math.ldexp(v, -shift) + 0.0  # + 0.0: no -0.0 for a zero decrease
 
     Gc = G - G.mean(axis=0)
@@ -1224,20 +1233,20 @@ def spread_update(
     S = np.array(S)
     return SpreadUpdate(
         update=_readonly(S),
-        decrease=unscaled(dec),
+        decrease=unscaled(dec, "decrease"),
         min_dist=m,
         diameter=D,
         ratio=m / D if D > 0 else 0.0,
-        target_decrease=unscaled(target),
+        target_decrease=unscaled(target, "target_decrease"),
         eps=eps,
-        rownorm_decrease=unscaled(rn_dec),
+        rownorm_decrease=unscaled(rn_dec, "rownorm_decrease"),
         rownorm_min_dist=rn_m,
-        lmo_decrease=unscaled(lmo_dec),
+        lmo_decrease=unscaled(lmo_dec, "lmo_decrease"),
         lmo_min_dist=lmo_m,
-        lmo_upper_bound=unscaled(eta * float(lmo.upper_bound)),
+        lmo_upper_bound=unscaled(eta * float(lmo.upper_bound), "lmo_upper_bound"),
         spread_min_dist=float(ms[-1]),
         curve_t=_readonly(ts),
-        curve_decrease=_readonly(np.ldexp(decs, -shift) + 0.0),
+        curve_decrease=_readonly(np.array([unscaled(float(v), "curve_decrease") for v in decs])),
         curve_min_dist=_readonly(ms),
     )
 

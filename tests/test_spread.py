@@ -593,6 +593,27 @@ def test_spread_update_of_a_tiny_gradient():
     assert 0.0 < c.decrease and c.min_dist > 0.0 and np.all(np.isfinite(c.update))
 
 
+def test_spread_update_of_a_huge_offset_gradient():
+    """G = 2**1022 + N 2**991 (N centered) is finite and its centered form is N 2**991,
+    whose decreases fit float64; the column sums of the centering overflowed and G was
+    refused as holding infinite entries.  A G whose decrease is beyond the float64 range
+    is refused with the factor to scale it down by."""
+    rng = np.random.default_rng(3)
+    N = np.round(rng.standard_normal((6, 3)) * 2**10) / 2**10
+    N[-1] = -N[:-1].sum(axis=0)  # exactly centered (dyadic sums)
+    G = np.ldexp(N, 991) + 2.0**1022  # exact: N 2**991 is a multiple of the ulp of 2**1022
+    assert np.all(np.isfinite(G)) and np.all(np.ldexp(G - 2.0**1022, -991) == N)
+    a = refgeo.spread_update(N, seed=0)
+    b = refgeo.spread_update(G, seed=0)
+    np.testing.assert_allclose(b.update, a.update, rtol=0, atol=1e-12)
+    assert b.ratio == pytest.approx(a.ratio, rel=1e-12)
+    for name in ("decrease", "target_decrease", "rownorm_decrease", "lmo_decrease", "lmo_upper_bound"):
+        assert getattr(b, name) == pytest.approx(math.ldexp(getattr(a, name), 991), rel=1e-12), name
+    np.testing.assert_allclose(b.curve_decrease, np.ldexp(a.curve_decrease, 991), rtol=1e-12)
+    with pytest.raises(ValueError, match=r"spread_update: decrease == 2\*\*1024\.\d+ .* beyond the float64 range"):
+        refgeo.spread_update(np.ldexp(N, 1024 - math.frexp(a.decrease)[1] + 1), seed=0)
+
+
 def test_spread_update_curve_size_and_zero_decreases():
     """n_points = 10**12 failed inside NumPy ("Unable to allocate" for the curve); a zero
     gradient reported decreases of -0.0."""
