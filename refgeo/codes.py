@@ -329,12 +329,14 @@ def _kerdock_forms(n: int, us: np.ndarray, ws: np.ndarray | None = None) -> np.n
     return B
 
 
-def _check_power_of_4(d: int) -> int:
+def _check_power_of_4(d: int) -> tuple[int, int]:
+    """``(d, log2(d))`` with ``d`` a Python int (a NumPy integer ``d`` overflowed in the
+    row counts: ``np.int16(64)`` gave 64 rows for the 65,600 of the full code)."""
     d = check_int(d, "d", min_value=4)
     n = d.bit_length() - 1
     if d != 1 << n or n % 2:
         raise ValueError(f"d must be a power of 4 (4, 16, 64, 256, ...), got {d} instead.")
-    return n
+    return d, n
 
 
 def _n_bases(V: int, d: int) -> int:
@@ -414,7 +416,7 @@ def delsarte_goethals_code(d: int, V: int | None = None) -> np.ndarray:
     >>> X.shape, sorted(set(G.ravel().tolist()))
     ((1040, 16), [0.0, 0.25, 0.5, 1.0])
     """
-    n = _check_power_of_4(d)
+    d, n = _check_power_of_4(d)
     if n < 4:
         raise ValueError(f"d must be a power of 4 that is at least 16, got {d} instead.")
     half = d // 2
@@ -480,7 +482,7 @@ def kerdock_code(d: int, V: int | None = None) -> np.ndarray:
     >>> X.shape, sorted(set(np.abs(X @ X.T).round(12).ravel().tolist()))
     ((12, 4), [0.0, 0.5, 1.0])
     """
-    n = _check_power_of_4(d)
+    d, n = _check_power_of_4(d)
     total = d * (d // 2 + 1)
     V = total if V is None else check_int(V, "V", min_value=1, max_value=total)
     us = np.arange(_n_bases(V, d), dtype=np.int64)  # the forms the first V rows reach

@@ -143,6 +143,24 @@ def test_kerdock_prefix_and_V():
         np.testing.assert_array_equal(refgeo.kerdock_code(16, V), X[:V])
 
 
+@pytest.mark.parametrize("dtype", [np.int8, np.uint8, np.int16, np.int64])
+def test_codes_take_numpy_integer_dimensions(dtype):
+    """A NumPy integer d overflowed in the row counts: np.int8(16) gave "negative
+    dimensions are not allowed", and np.int16(64) silently gave the 64 rows of the
+    standard basis for the d + d**3/4 = 65,600 of the Delsarte-Goethals code."""
+    k = refgeo.kerdock_code(dtype(16))
+    assert k.shape == (16 * (16 // 2 + 1), 16)
+    np.testing.assert_array_equal(k, refgeo.kerdock_code(16))
+    if np.iinfo(dtype).max >= 64:
+        g = refgeo.delsarte_goethals_code(dtype(64))
+        assert g.shape == (64 + 64**3 // 4, 64)
+        # unit rows, |inner products| in {0, 1/8, 1/4} across rows (sampled rows)
+        rows = g[np.random.default_rng(0).choice(g.shape[0], 300, replace=False)]
+        ip = np.abs(rows @ rows.T)[np.triu_indices(300, 1)]
+        assert set(np.unique(ip).tolist()) <= {0.0, 0.125, 0.25}
+        np.testing.assert_array_equal(np.linalg.norm(g, axis=1), 1.0)
+
+
 @pytest.mark.parametrize("n", [2, 4, 6, 8])
 def test_kerdock_forms_differences_are_nonsingular(n):
     """The Kerdock-set property, checked over F_2 independently of the inner products."""
