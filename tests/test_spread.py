@@ -576,6 +576,23 @@ def test_random_points_on_the_line_stay_distinct(method):
     assert 0.0 < r.ratio <= r.upper_bound and r.method == "construction"
 
 
+@pytest.mark.parametrize("method", ["auto", "smooth", "epigraph"])
+def test_a_user_start_is_never_made_worse(method):
+    """The smooth iteration works on the sphere: from a user's ball packing (the A2 points
+    nearest to a center, ratio 1/8) it returned a certified ratio of 0 (rows on one ray
+    from the centroid collapse), though an iterate is kept only when it beats its start."""
+    from scipy.spatial.distance import pdist
+
+    X = refgeo.lattice_ball(60, "A2", center=[0.5, 0.3])
+    e = pdist(X)
+    start = e.min() / e.max()  # brute force over all pairs
+    r = refgeo.spread(60, 2, init=X, method=method, seed=0, max_time=2.0)
+    assert r.init == "user" and r.certified
+    assert r.ratio >= start * (1.0 - 1e-12)
+    if r.method == "construction":  # the start is returned: the same points, rescaled
+        np.testing.assert_allclose(r.points * (e.max() / r.diameter), X - X.mean(axis=0), rtol=0, atol=1e-12)
+
+
 def test_spread_update_of_a_tiny_gradient():
     """The step is positively homogeneous of degree 0 in G: G * 2**-1000 gives G's step
     and decreases scaled by 2**-1000 (G * 1e-320 was refused as not centered, though
