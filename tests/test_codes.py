@@ -320,6 +320,29 @@ def test_leech_minimal_vectors():
     assert set(np.unique(G).tolist()) == {-32.0, -16.0, -8.0, 0.0, 8.0, 16.0, 32.0}
 
 
+@pytest.mark.parametrize("V, d", [(9000, 24), (196560, 24), (9000, 30)])
+def test_the_leech_shell_beyond_the_pools(V, d):
+    """8000 < V <= 196,560 in d = 24 to 32 had no construction (the shell subsets were
+    drawn from caps of 8000 vectors only), and spread started from random points (0.21
+    at V = 196,560, where the whole Leech shell has 1/2)."""
+    from scipy.spatial.distance import cdist
+
+    cands = [c for c in _candidates(V, d) if c.name.startswith("shell(Leech")]
+    assert cands and max(c.rho for c in cands) == 0.5
+    c = max(cands, key=lambda c: c.rho)
+    X = c.build()
+    assert X.shape == (V, d)
+    rows = X if V <= 10000 else X[np.random.default_rng(0).choice(V, 10000, replace=False)]
+    lo, hi = math.inf, 0.0
+    for i in range(0, rows.shape[0], 1000):  # brute force over all pairs (or a sample)
+        E = cdist(rows[i : i + 1000], rows, "sqeuclidean")
+        E[np.arange(E.shape[0]), i + np.arange(E.shape[0])] = np.inf
+        lo = min(lo, float(E.min()))
+        E[np.isinf(E)] = 0.0
+        hi = max(hi, float(E.max()))
+    assert lo == pytest.approx(4.0, rel=1e-12) and hi == pytest.approx(16.0, rel=1e-12)
+
+
 def test_golay_and_reed_muller_weights():
     C = _golay()
     w, n = np.unique(C.sum(axis=1), return_counts=True)
