@@ -645,8 +645,9 @@ def spread(
         callable receives ``{"done", "total", "elapsed", "eta"}`` from the calling
         thread at the start, after starts or rounds at most four times a second, and
         once at the end with ``done == total``; steps are the planned starts
-        (``epigraph``) or rounds (``smooth``), or, with ``max_time``, the fraction of
-        the time budget used (total 1.0).
+        (``epigraph``) or neighborhood refreshes (``smooth``: ``max_rounds + 1``, the
+        first measures the start), or, with ``max_time``, the fraction of the time
+        budget used (total 1.0).
     n_starts : int, default=None
         Local solves of the epigraph method (default 12 for ``V <= 20``, else 4; stops
         early when the bound is reached).
@@ -813,7 +814,9 @@ def spread(
         n_starts = 12 if V <= 20 else 4
     # Steps: the starts or rounds planned; under a time budget, the budget's fraction
     # used (total 1.0).  Either may end early (the bound reached): the end is reported.
-    planned = {"epigraph": n_starts, "smooth": max_rounds}.get(method, 0)
+    # smooth: round 0 measures the start and reports too (max_rounds + 1 reports; with
+    # max_rounds the bar was full one round early and the end was reported twice)
+    planned = {"epigraph": n_starts, "smooth": max_rounds + 1}.get(method, 0)
     bar = _progress.Progress(progress, planned if max_time is None else 1.0, desc="spread",
                              unit="start" if method == "epigraph" else "round")
 

@@ -593,6 +593,17 @@ def test_a_user_start_is_never_made_worse(method):
         np.testing.assert_allclose(r.points * (e.max() / r.diameter), X - X.mean(axis=0), rtol=0, atol=1e-12)
 
 
+def test_progress_of_the_smooth_iteration_ends_once_at_the_end():
+    """Round 0 measures the start and reports like every round (max_rounds + 1 reports):
+    with a total of max_rounds the callable saw done == total one round early, and the
+    end twice."""
+    events = []
+    r = refgeo.spread(3000, 10, seed=0, init="random", method="smooth", max_rounds=3, progress=events.append)
+    assert r.method == "smooth" and len(r.history) == 4  # rounds 0..3, as the iteration ran them
+    assert {e["total"] for e in events} == {len(r.history)}
+    assert [e["done"] for e in events].count(len(r.history)) == 1 and events[-1]["done"] == len(r.history)
+
+
 def test_spread_update_of_a_tiny_gradient():
     """The step is positively homogeneous of degree 0 in G: G * 2**-1000 gives G's step
     and decreases scaled by 2**-1000 (G * 1e-320 was refused as not centered, though
