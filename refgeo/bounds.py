@@ -163,6 +163,23 @@ def welch_bound(V: int, d: int) -> float:
     return _rho_from_u(w)
 
 
+def _comb_below(n: int, k: int, limit: int) -> int | None:
+    """``comb(n, k)`` when it is below ``limit``, else None, in O(log limit) steps.
+
+    The partial products ``comb(n, i)``, i <= min(k, n - k), increase and at least double
+    per step, so they pass ``limit`` (at most 2**53) within about 53 steps; the full
+    ``math.comb`` took 41 s for ``hadamard_power_bound(100, 10**6, k=10**6)`` (a number of
+    600,000 digits, to say 1.0) and longer for larger k.
+    """
+    k = min(k, n - k)
+    r = 1
+    for i in range(1, k + 1):
+        r = r * (n - k + i) // i  # comb(n - k + i, i), exact
+        if r >= limit:
+            return None
+    return r if r < limit else None
+
+
 def _hadamard_terms(V: int, d: int, k: int) -> float | None:
     r"""The rho bound of the k-th Hadamard power (None when it says nothing).
 
@@ -172,8 +189,8 @@ def _hadamard_terms(V: int, d: int, k: int) -> float | None:
     relative accuracy of ``1 - u`` when u is near 1 (large k: it fell up to 1e-14
     below the exact value, more than the outward rounding covers).
     """
-    r = math.comb(d + k + 1, k)
-    if r >= V:
+    r = _comb_below(d + k + 1, k, V)
+    if r is None:
         return None
     x = (V - r) / (r * (V - 1.0))
     return _up(math.sqrt(math.tanh(-math.log(x) / (4.0 * k))))
@@ -195,7 +212,7 @@ def _best_hadamard(V: int, d: int, k: int | None) -> tuple[float, int]:
     # minutes near V = 2^53).
     best, best_k = 1.0, 1
     kk, since = 1, 0
-    while math.comb(d + kk + 1, kk) < V and since < _HADAMARD_PATIENCE and kk <= _HADAMARD_MAX_K:
+    while _comb_below(d + kk + 1, kk, V) is not None and since < _HADAMARD_PATIENCE and kk <= _HADAMARD_MAX_K:
         rho = _hadamard_terms(V, d, kk)
         if rho is None:  # not reached: the loop condition is the power's r < V
             break

@@ -132,7 +132,8 @@ class SpreadResult:
         it; ``"epigraph"`` or ``"smooth"``: the iterate of that method (from the
         construction, or, with ``method="auto"`` where the construction is a code,
         lattice shell or ball, from random points; kept only when its certified ratio
-        beats the construction's, which ``init`` still names).
+        beats the start's, the construction's, which ``init`` still names, or the
+        user's).
     init : str
         Name of the starting construction (or ``"random"``, ``"user"``).
     n_iter : int
@@ -628,7 +629,8 @@ def spread(
         too (a random start beats a code with a partial basis or spare dimensions:
         0.817 against 0.7746 at :math:`(150, 40)`); otherwise ``"smooth"`` runs from
         the construction.  An iterate is kept only when its certified ratio beats the
-        construction's (else ``result.method`` says ``"construction"``).
+        start's, the construction's or a user start's (else ``result.method`` says
+        ``"construction"``).
     seed : int, default=None
         Seed of the random starts (results are reproducible for a given seed, up to the
         time budget).
@@ -643,8 +645,9 @@ def spread(
         callable receives ``{"done", "total", "elapsed", "eta"}`` from the calling
         thread at the start, after starts or rounds at most four times a second, and
         once at the end with ``done == total``; steps are the planned starts
-        (``epigraph``) or rounds (``smooth``), or, with ``max_time``, the fraction of
-        the time budget used (total 1.0).
+        (``epigraph``) or neighborhood refreshes (``smooth``: ``max_rounds + 1``, the
+        first measures the start), or, with ``max_time``, the fraction of the time
+        budget used (total 1.0).
     n_starts : int, default=None
         Local solves of the epigraph method (default 12 for ``V <= 20``, else 4; stops
         early when the bound is reached).
@@ -811,7 +814,9 @@ def spread(
         n_starts = 12 if V <= 20 else 4
     # Steps: the starts or rounds planned; under a time budget, the budget's fraction
     # used (total 1.0).  Either may end early (the bound reached): the end is reported.
-    planned = {"epigraph": n_starts, "smooth": max_rounds}.get(method, 0)
+    # smooth: round 0 measures the start and reports too (max_rounds + 1 reports; with
+    # max_rounds the bar was full one round early and the end was reported twice)
+    planned = {"epigraph": n_starts, "smooth": max_rounds + 1}.get(method, 0)
     bar = _progress.Progress(progress, planned if max_time is None else 1.0, desc="spread",
                              unit="start" if method == "epigraph" else "round")
 
@@ -849,13 +854,21 @@ def spread(
         X, method = X0, "construction"
 
     # ---- scale, center, certify; an iterate is kept only when its certified ratio
-    # beats the construction's (closed-form or engine-certified) one
+    # beats the start's: the construction's (closed-form or engine-certified) or the
+    # user's (engine-certified)
     modified = method != "construction"
     cert = _certify_points(X, certify, eta, best_c if not modified and user_X is None else None)
     if modified and start_rho is not None and cert[4] <= start_rho:
         # (with certify=False both sides are float64 estimates)
         X, method = X0, "construction"
         cert = _certify_points(X, certify, eta, best_c)
+    elif modified and user_X is not None:
+        # a user start has no closed-form ratio: certify it too.  The smooth iteration
+        # works on the sphere, and from a ball packing (the A2 points nearest to a
+        # center, ratio 0.125 at V = 60) it returned ratio 0: rows on one ray collapse
+        start = _certify_points(X0, certify, eta, None)
+        if cert[4] <= start[4]:
+            X, method, cert = X0, "construction", start
     mode, X, min_dist, diameter, ratio, pm, pd, err = cert
     certificate = mode
     if callback is not None:
@@ -1178,16 +1191,25 @@ def spread_update(
                          {f"the trade-off curve (3 arrays of {n_points} float64)": 24.0 * n_points},
                          "Ask for fewer n_points.")
     # Every step is positively homogeneous of degree 0 in G and every decrease of
-    # degree 1: a tiny G is solved at a power of 2 (exact) that brings its largest
-    # entry to [1/2, 1), and the decreases are scaled back.  Near the subnormal range
-    # the centering below rounds in absolute terms, and G*1e-320 was refused as not
-    # centered, though spread_update centers G itself.
+    # degree 1: a tiny or huge G is solved at a power of 2 (exact) that brings its
+    # largest entry to [1/2, 1), and the decreases are scaled back.  Near the subnormal
+    # range the centering below rounds in absolute terms (G*1e-320 was refused as not
+    # centered, though spread_update centers G itself); near the top of the range the
+    # column sums of the centering overflow (G = 4e307 + small was refused as holding
+    # infinite entries, though G was finite and its centered form small).
     top = float(np.max(np.abs(G)))
-    shift = -math.frexp(top)[1] if 0.0 < top < 2.0**-900 else 0
+    shift = -math.frexp(top)[1] if 0.0 < top < 2.0**-900 or top > 2.0**900 else 0
     if shift:
         G = np.ldexp(G, shift)
 
-    def unscaled(v: float) -> float:
+    def unscaled(v: float, name: str) -> float:
+        if v != 0.0 and math.frexp(v)[1] - shift > 1024:
+            raise ValueError(
+                f"spread_update: {name} == 2**{math.log2(abs(v)) - shift:.2f} for this G, beyond the "
+                f"float64 range (max {float(np.finfo(np.float64).max)!r}); scale G down by "
+                f"2**{math.frexp(v)[1] - shift - 1023} or more (the decreases are positively "
+                "homogeneous in G, the step does not depend on its scale)."
+            )
         return math.ldexp(v, -shift) + 0.0  # + 0.0: no -0.0 for a zero decrease
 
     Gc = G - G.mean(axis=0)
@@ -1224,20 +1246,20 @@ def spread_update(
     S = np.array(S)
     return SpreadUpdate(
         update=_readonly(S),
-        decrease=unscaled(dec),
+        decrease=unscaled(dec, "decrease"),
         min_dist=m,
         diameter=D,
         ratio=m / D if D > 0 else 0.0,
-        target_decrease=unscaled(target),
+        target_decrease=unscaled(target, "target_decrease"),
         eps=eps,
-        rownorm_decrease=unscaled(rn_dec),
+        rownorm_decrease=unscaled(rn_dec, "rownorm_decrease"),
         rownorm_min_dist=rn_m,
-        lmo_decrease=unscaled(lmo_dec),
+        lmo_decrease=unscaled(lmo_dec, "lmo_decrease"),
         lmo_min_dist=lmo_m,
-        lmo_upper_bound=unscaled(eta * float(lmo.upper_bound)),
+        lmo_upper_bound=unscaled(eta * float(lmo.upper_bound), "lmo_upper_bound"),
         spread_min_dist=float(ms[-1]),
         curve_t=_readonly(ts),
-        curve_decrease=_readonly(np.ldexp(decs, -shift) + 0.0),
+        curve_decrease=_readonly(np.array([unscaled(float(v), "curve_decrease") for v in decs])),
         curve_min_dist=_readonly(ms),
     )
 

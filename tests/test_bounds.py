@@ -257,6 +257,20 @@ def test_hadamard_explicit_k():
     assert refgeo.hadamard_power_bound(10, 8, k=1) == 1.0  # r_1 = d + 2 >= V: no information
 
 
+@pytest.mark.parametrize("V, d, k", [(100, 10**6, 10**6), (2**53, 2**40, 2**40), (2**53, 2**20, 2**26)])
+def test_hadamard_explicit_huge_power_is_fast(V, d, k):
+    """r_k = comb(d + k + 1, k) >= V says nothing (bound 1): computing r_k in full took
+    41 s at (100, 10**6, k=10**6), a number of 600,000 digits, and never ended beyond."""
+    import time
+
+    t0 = time.perf_counter()
+    assert refgeo.hadamard_power_bound(V, d, k=k) == 1.0
+    assert time.perf_counter() - t0 < 1.0
+    # and where the power says something, still the exact formula, rounded outward
+    want = _decimal_hadamard(2**53, 3, 40)
+    assert want < 1 and decimal.Decimal(refgeo.hadamard_power_bound(2**53, 3, k=40)) >= want
+
+
 @given(st.integers(2, 5000), st.integers(1, 300))
 def test_monotone_in_V_and_d(V, d):
     b = refgeo.ratio_upper_bound(V, d).value

@@ -143,6 +143,24 @@ def test_kerdock_prefix_and_V():
         np.testing.assert_array_equal(refgeo.kerdock_code(16, V), X[:V])
 
 
+@pytest.mark.parametrize("dtype", [np.int8, np.uint8, np.int16, np.int64])
+def test_codes_take_numpy_integer_dimensions(dtype):
+    """A NumPy integer d overflowed in the row counts: np.int8(16) gave "negative
+    dimensions are not allowed", and np.int16(64) silently gave the 64 rows of the
+    standard basis for the d + d**3/4 = 65,600 of the Delsarte-Goethals code."""
+    k = refgeo.kerdock_code(dtype(16))
+    assert k.shape == (16 * (16 // 2 + 1), 16)
+    np.testing.assert_array_equal(k, refgeo.kerdock_code(16))
+    if np.iinfo(dtype).max >= 64:
+        g = refgeo.delsarte_goethals_code(dtype(64))
+        assert g.shape == (64 + 64**3 // 4, 64)
+        # unit rows, |inner products| in {0, 1/8, 1/4} across rows (sampled rows)
+        rows = g[np.random.default_rng(0).choice(g.shape[0], 300, replace=False)]
+        ip = np.abs(rows @ rows.T)[np.triu_indices(300, 1)]
+        assert set(np.unique(ip).tolist()) <= {0.0, 0.125, 0.25}
+        np.testing.assert_array_equal(np.linalg.norm(g, axis=1), 1.0)
+
+
 @pytest.mark.parametrize("n", [2, 4, 6, 8])
 def test_kerdock_forms_differences_are_nonsingular(n):
     """The Kerdock-set property, checked over F_2 independently of the inner products."""
@@ -300,6 +318,29 @@ def test_leech_minimal_vectors():
     # from the vector itself, i.e. no two minimal vectors are closer than the minimum
     G = Y[::997] @ Y.T
     assert set(np.unique(G).tolist()) == {-32.0, -16.0, -8.0, 0.0, 8.0, 16.0, 32.0}
+
+
+@pytest.mark.parametrize("V, d", [(9000, 24), (196560, 24), (9000, 30)])
+def test_the_leech_shell_beyond_the_pools(V, d):
+    """8000 < V <= 196,560 in d = 24 to 32 had no construction (the shell subsets were
+    drawn from caps of 8000 vectors only), and spread started from random points (0.21
+    at V = 196,560, where the whole Leech shell has 1/2)."""
+    from scipy.spatial.distance import cdist
+
+    cands = [c for c in _candidates(V, d) if c.name.startswith("shell(Leech")]
+    assert cands and max(c.rho for c in cands) == 0.5
+    c = max(cands, key=lambda c: c.rho)
+    X = c.build()
+    assert X.shape == (V, d)
+    rows = X if V <= 10000 else X[np.random.default_rng(0).choice(V, 10000, replace=False)]
+    lo, hi = math.inf, 0.0
+    for i in range(0, rows.shape[0], 1000):  # brute force over all pairs (or a sample)
+        E = cdist(rows[i : i + 1000], rows, "sqeuclidean")
+        E[np.arange(E.shape[0]), i + np.arange(E.shape[0])] = np.inf
+        lo = min(lo, float(E.min()))
+        E[np.isinf(E)] = 0.0
+        hi = max(hi, float(E.max()))
+    assert lo == pytest.approx(4.0, rel=1e-12) and hi == pytest.approx(16.0, rel=1e-12)
 
 
 def test_golay_and_reed_muller_weights():

@@ -576,6 +576,34 @@ def test_random_points_on_the_line_stay_distinct(method):
     assert 0.0 < r.ratio <= r.upper_bound and r.method == "construction"
 
 
+@pytest.mark.parametrize("method", ["auto", "smooth", "epigraph"])
+def test_a_user_start_is_never_made_worse(method):
+    """The smooth iteration works on the sphere: from a user's ball packing (the A2 points
+    nearest to a center, ratio 1/8) it returned a certified ratio of 0 (rows on one ray
+    from the centroid collapse), though an iterate is kept only when it beats its start."""
+    from scipy.spatial.distance import pdist
+
+    X = refgeo.lattice_ball(60, "A2", center=[0.5, 0.3])
+    e = pdist(X)
+    start = e.min() / e.max()  # brute force over all pairs
+    r = refgeo.spread(60, 2, init=X, method=method, seed=0, max_time=2.0)
+    assert r.init == "user" and r.certified
+    assert r.ratio >= start * (1.0 - 1e-12)
+    if r.method == "construction":  # the start is returned: the same points, rescaled
+        np.testing.assert_allclose(r.points * (e.max() / r.diameter), X - X.mean(axis=0), rtol=0, atol=1e-12)
+
+
+def test_progress_of_the_smooth_iteration_ends_once_at_the_end():
+    """Round 0 measures the start and reports like every round (max_rounds + 1 reports):
+    with a total of max_rounds the callable saw done == total one round early, and the
+    end twice."""
+    events = []
+    r = refgeo.spread(3000, 10, seed=0, init="random", method="smooth", max_rounds=3, progress=events.append)
+    assert r.method == "smooth" and len(r.history) == 4  # rounds 0..3, as the iteration ran them
+    assert {e["total"] for e in events} == {len(r.history)}
+    assert [e["done"] for e in events].count(len(r.history)) == 1 and events[-1]["done"] == len(r.history)
+
+
 def test_spread_update_of_a_tiny_gradient():
     """The step is positively homogeneous of degree 0 in G: G * 2**-1000 gives G's step
     and decreases scaled by 2**-1000 (G * 1e-320 was refused as not centered, though
@@ -591,6 +619,27 @@ def test_spread_update_of_a_tiny_gradient():
         assert getattr(b, name) == math.ldexp(getattr(a, name), -1000), name
     c = refgeo.spread_update(G * 1e-320, seed=0)
     assert 0.0 < c.decrease and c.min_dist > 0.0 and np.all(np.isfinite(c.update))
+
+
+def test_spread_update_of_a_huge_offset_gradient():
+    """G = 2**1022 + N 2**991 (N centered) is finite and its centered form is N 2**991,
+    whose decreases fit float64; the column sums of the centering overflowed and G was
+    refused as holding infinite entries.  A G whose decrease is beyond the float64 range
+    is refused with the factor to scale it down by."""
+    rng = np.random.default_rng(3)
+    N = np.round(rng.standard_normal((6, 3)) * 2**10) / 2**10
+    N[-1] = -N[:-1].sum(axis=0)  # exactly centered (dyadic sums)
+    G = np.ldexp(N, 991) + 2.0**1022  # exact: N 2**991 is a multiple of the ulp of 2**1022
+    assert np.all(np.isfinite(G)) and np.all(np.ldexp(G - 2.0**1022, -991) == N)
+    a = refgeo.spread_update(N, seed=0)
+    b = refgeo.spread_update(G, seed=0)
+    np.testing.assert_allclose(b.update, a.update, rtol=0, atol=1e-12)
+    assert b.ratio == pytest.approx(a.ratio, rel=1e-12)
+    for name in ("decrease", "target_decrease", "rownorm_decrease", "lmo_decrease", "lmo_upper_bound"):
+        assert getattr(b, name) == pytest.approx(math.ldexp(getattr(a, name), 991), rel=1e-12), name
+    np.testing.assert_allclose(b.curve_decrease, np.ldexp(a.curve_decrease, 991), rtol=1e-12)
+    with pytest.raises(ValueError, match=r"spread_update: decrease == 2\*\*1024\.\d+ .* beyond the float64 range"):
+        refgeo.spread_update(np.ldexp(N, 1024 - math.frexp(a.decrease)[1] + 1), seed=0)
 
 
 def test_spread_update_curve_size_and_zero_decreases():
