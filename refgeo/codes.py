@@ -766,8 +766,9 @@ def _lattice_name(lattice: Any) -> _Lattice:
     if not isinstance(lattice, str):
         raise TypeError(f"lattice must be a str, got {type(lattice).__name__} instead.")
     # ASCII digits only: str.isdigit() also takes '³' (which int() refuses) and other
-    # scripts' digits
-    if lattice.startswith("D") and not (re.fullmatch("D[0-9]+", lattice) and int(lattice[1:]) >= 3):
+    # scripts' digits; no leading zero, so that one lattice has one name ('D03' is D3's
+    # name misspelt, as 'E08' would be)
+    if lattice.startswith("D") and not (re.fullmatch("D[1-9][0-9]*", lattice) and int(lattice[1:]) >= 3):
         raise ValueError(f"lattice 'D<n>' needs an integer n >= 3, got {lattice!r} instead.")
     return _lattice(lattice)
 

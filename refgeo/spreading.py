@@ -597,10 +597,12 @@ def spread(
         the result has :math:`D(X) = \eta` (to a few ulps; the certified diameter is
         never above :math:`\eta`).
     init : {"auto", "construction", "random"} or array_like of shape (V, d), default="auto"
-        Starting point: the best algebraic construction for ``(V, d)`` (``"auto"`` uses
-        it when one exists), random points on the unit sphere (Gaussian points for
-        ``d = 1``, whose sphere is two points), or a user configuration (of any scale
-        within the float64 range: it is first scaled by a power of 2, exactly).
+        Starting point: the best algebraic construction for ``(V, d)`` where one exists
+        (``"auto"`` and ``"construction"`` are the same choice: both fall back to random
+        points where no construction exists, and ``result.init`` says which start was
+        taken), random points on the unit sphere (Gaussian points for ``d = 1``, whose
+        sphere is two points), or a user configuration (of any scale within the float64
+        range: it is first scaled by a power of 2, exactly).
     method : {"auto", "epigraph", "smooth", "construction"}, default="auto"
         ``"epigraph"``: multistart SLSQP on :math:`\max t` s.t.
         :math:`t \le \lVert x_i - x_j \rVert^2 \le 1` with analytic Jacobians (small V);
@@ -654,7 +656,8 @@ def spread(
     k : int, default=16
         Neighbors per row (nearest and farthest) of the smoothed iteration.
     max_rounds : int, default=20
-        Neighborhood refreshes of the smoothed iteration.
+        Rounds of the smoothed iteration, each after a neighborhood refresh (one more
+        refresh measures the start: ``max_rounds + 1`` in all).
     certify : bool or "auto", default="auto"
         True: certify m and D with :func:`refgeo.closest_pair` and
         :func:`refgeo.row_diameter` (the engine).  ``"auto"``: the engine, except for an

@@ -489,9 +489,10 @@ def test_codes_build_only_the_forms_their_rows_reach():
     np.testing.assert_array_equal(refgeo.kerdock_code(64, 300), refgeo.kerdock_code(64)[:300])
 
 
-@pytest.mark.parametrize("name", ["D\u00b3", "D\u0663", "D3 ", "D-3"])
+@pytest.mark.parametrize("name", ["D\u00b3", "D\u0663", "D3 ", "D-3", "D03", "D0010"])
 def test_lattice_names_take_ascii_digits_only(name):
-    """'D³' passed str.isdigit and crashed in int(); 'D٣' (an Arabic-Indic 3) was D3."""
+    """'D³' passed str.isdigit and crashed in int(); 'D٣' (an Arabic-Indic 3) was D3;
+    'D03' (a leading zero) was D3 under a second name."""
     with pytest.raises(ValueError, match=re.escape(f"lattice 'D<n>' needs an integer n >= 3, got {name!r} instead.")):
         refgeo.minimal_vectors(name)
 
