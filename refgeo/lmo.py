@@ -176,15 +176,22 @@ def center_rows(A: Any, /):
     # rows of both signs near the top of the range have centered values beyond it
     # (1.7e308 - (-0.57e308)): no representable answer, so an error rather than inf
     with np.errstate(over="ignore"):
-        C = _centered_unchecked(xp, _f64(xp, A))
-        C = xp.astype(C, A.dtype) if A.dtype != xp.float64 else C
-    if not bool(xp.all(xp.isfinite(C))):
+        C = _cast_finite(xp, _centered_unchecked(xp, _f64(xp, A)), A.dtype)
+    if C is None:
         raise ValueError(
             f"A must have centered rows inside the range of {A.dtype} (max "
             f"{float(xp.finfo(A.dtype).max)!r}), got rows whose "
             "difference from the mean row overflows instead; scale A down."
         )
     return to_caller(C, origin)
+
+
+def _cast_finite(xp, X, dtype):
+    """``X`` (float64) in ``dtype``, or None when an entry is beyond that dtype's range
+    (or was already beyond float64's): the callers raise under their argument's name."""
+    with np.errstate(over="ignore"):
+        Y = xp.astype(X, dtype) if dtype != xp.float64 else X
+    return Y if bool(xp.all(xp.isfinite(Y))) else None
 
 
 def _centered_unchecked(xp, Af):
@@ -345,17 +352,15 @@ def projected_rownorm(G: Any, /, *, eta: float = 1.0):
     # the textbook formula, not shrunk: it is the oracle user kernels are compared with
     # (refgeo.testing), so D(S) <= eta holds up to rounding, as documented
     S = (-eta / 2.0) * (N - xp.mean(N, axis=0, keepdims=True))
-    if G.dtype != xp.float64:
-        # entries up to eta do not fit float32 above 3.4e38: an error, not inf
-        with np.errstate(over="ignore"):
-            S = xp.astype(S, G.dtype)
-        if not bool(xp.all(xp.isfinite(S))):
-            raise ValueError(
-                f"eta must be small enough for the step to fit the dtype of G ({G.dtype}, max "
-                f"{float(np.finfo(np.float32).max)!r}), got {eta!r} instead; pass a smaller eta "
-                "or a float64 G."
-            )
-    return to_caller(S, origin)
+    # entries up to eta do not fit float32 above 3.4e38: an error, not inf
+    S32 = _cast_finite(xp, S, G.dtype)
+    if S32 is None:
+        raise ValueError(
+            f"eta must be small enough for the step to fit the dtype of G ({G.dtype}, max "
+            f"{float(np.finfo(np.float32).max)!r}), got {eta!r} instead; pass a smaller eta "
+            "or a float64 G."
+        )
+    return to_caller(S32, origin)
 
 
 def rescaled_rownorm(G: Any, /, *, eta: float = 1.0):
