@@ -15,6 +15,7 @@ import time
 
 import numpy as np
 import pytest
+import scipy.spatial.distance
 from hypothesis import assume, example, given, settings
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
@@ -530,6 +531,36 @@ def test_tension_bounds_without_pairwise():
     prod = math.sqrt((norms.sum() ** 2 - norms @ norms) / 2)
     assert b.lower <= T * (1 + 1e-6) and T <= b.upper * (1 + 1e-12)
     assert b.upper <= min(math.sqrt(3 / 8) * norms.sum(), prod) * (1 + 1e-12)
+
+
+def test_tension_upper_bounds_hold_below_the_numerical_rank_threshold():
+    """A rank-one G plus 3,000 rows of 2e-14 in a plane at 120 degrees: numerical rank
+    one (the plane's singular values are below max(V, d) eps s_max), but T(G) is larger
+    than J_1 sum ||g_i||, as a feasible step S shows (the plane's rows on an
+    equilateral triangle of side 1).  The Jung bound dropped the plane and its
+    "certified" upper bound fell 5e-12 below T(G)."""
+    V, r = 3002, 2e-14
+    u = np.array([[0.0, 1.0, 0.0], [0.0, -0.5, math.sqrt(3) / 2], [0.0, -0.5, -math.sqrt(3) / 2]])
+    tri = np.arange(V - 2) % 3
+    G = np.zeros((V, 3))
+    G[0, 0], G[1, 0] = 1.0, -1.0
+    G[2:] = r * u[tri]
+    s = np.linalg.svd(G, compute_uv=False)
+    assert s[1] < s[0] * V * np.finfo(np.float64).eps  # below the rank threshold
+    S = np.zeros_like(G)
+    S[0, 0], S[1, 0] = 0.5, -0.5
+    S[2:] = u[tri] / math.sqrt(3)
+    # D(S) = 1 exactly: the triangle's side, the two ends, and sqrt(1/4 + 1/3) between
+    pd = scipy.spatial.distance.pdist(np.unique(S, axis=0))
+    assert pd.max() <= 1.0 + 1e-15
+    T_feasible = float(np.sum(G * S))  # <= T(G), and 4.6e-12 above J_1 sum ||g_i||
+    b = refgeo.tension_bounds(G, pairwise=False)
+    assert b.rank == 1
+    assert T_feasible - 0.5 * np.linalg.norm(G, axis=1).sum() > 4e-12
+    for ub in (b.jung, b.upper):
+        assert T_feasible <= ub * (1 + 1e-15)
+    # and the bound stays tight: the added term is the plane's share, about 1e-10
+    assert b.upper - T_feasible < 1e-9
 
 
 def test_a_crossed_bracket_raises_beyond_rounding():
