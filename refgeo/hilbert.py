@@ -496,9 +496,21 @@ def _kernel_suffix(X):
     return "32" if X.dtype == np.float32 else "64"
 
 
+def _tropical_tasks(nA, nB, tile):
+    """Tasks of the tropical kernel: row tiles x blocks of 8 row tiles."""
+    return -(-nA // tile) * -(-nB // (8 * tile))
+
+
 def _tropical_hook(progress, nA, nB, tile):
-    """The kernel's ``progress(done, total)`` (tasks: row tiles x blocks of 8 tiles), or None."""
-    return None if progress is None else progress.kernel_hook(-(-nA // tile) * -(-nB // (8 * tile)))
+    """The kernel's ``progress(done, total)`` (one step per task), or None."""
+    return None if progress is None else progress.kernel_hook(_tropical_tasks(nA, nB, tile))
+
+
+def _tropical_threads(n_threads, nA, nB, tile):
+    """Threads for the kernel: at most one per task.  The kernel takes a C int, so a
+    valid but huge ``n_threads`` (beyond 2**31) raised OverflowError there; more
+    threads than tasks would idle anyway (the tile driver drops them too)."""
+    return max(1, min(_backend.resolve_n_threads(n_threads), _tropical_tasks(nA, nB, tile)))
 
 
 def _pdist_cython(X, *, kind, tile_size, n_threads, progress=None):
@@ -510,7 +522,7 @@ def _pdist_cython(X, *, kind, tile_size, n_threads, progress=None):
     fn = getattr(_tropical, "pdist_logits" + _kernel_suffix(Z))
     # at most n rows per tile: a larger tile_size only over-allocates the tile buffers
     tile = min(tile_size or _DEFAULT_TILE_ROWS, n)
-    fn(Z, out, tile, _DEFAULT_CHUNK, _backend.resolve_n_threads(n_threads),
+    fn(Z, out, tile, _DEFAULT_CHUNK, _tropical_threads(n_threads, n, n, tile),
        progress=_tropical_hook(progress, n, n, tile))
     if kind == "logits" and not np.all(np.isfinite(out)):
         # a difference overflowed in the kernel's dtype (float32 logits near 3e38, or
@@ -530,7 +542,7 @@ def _cdist_cython(XA, XB, *, kind, tile_size, n_threads, progress=None):
     out = np.empty((A.shape[0], B.shape[0]), dtype=np.float64)
     fn = getattr(_tropical, "cdist_logits" + _kernel_suffix(A))
     tile = min(tile_size or _DEFAULT_TILE_ROWS, A.shape[0])
-    fn(A, B, out, tile, _DEFAULT_CHUNK, _backend.resolve_n_threads(n_threads),
+    fn(A, B, out, tile, _DEFAULT_CHUNK, _tropical_threads(n_threads, A.shape[0], B.shape[0], tile),
        progress=_tropical_hook(progress, A.shape[0], B.shape[0], tile))
     if kind == "logits" and not np.all(np.isfinite(out)):
         return np.asarray(_pairwise_logits_reference(XA, XB, triangle=False))  # see _pdist_cython

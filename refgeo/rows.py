@@ -88,7 +88,7 @@ import numpy as np
 from array_api_compat import array_namespace, is_dask_array, is_numpy_array
 
 from . import _backend, _dask, _engine, _memory, _progress, _reference, _tiled
-from ._certify import canonical_sq, dtype_name, f64, scale_exponent, scale_rows, unscale, unscale_array
+from ._certify import dtype_name, f64, scale_exponent, scale_rows, unscale, unscale_array
 from ._interop import first_origin, from_foreign, to_caller
 from ._validate import (
     as_float_array,
@@ -1071,7 +1071,8 @@ def worst_case_hidden_state(S: Any, /, *, H: float = 1.0) -> WorstCaseHiddenStat
 
     attained at :math:`h^* = H (s_a - s_b)/\lVert s_a - s_b \rVert`, independently of W.
     Time O(V^2 d) (one certified diameter).  A value :math:`H D(S)` beyond the largest
-    float64 raises ``ValueError``.
+    float64 raises ``ValueError``; a representable one is returned also where
+    :math:`D(S)` itself exceeds the float64 range (a small H).
 
     References
     ----------
@@ -1086,16 +1087,18 @@ def worst_case_hidden_state(S: Any, /, *, H: float = 1.0) -> WorstCaseHiddenStat
     """
     S, origin = _engine_rows(S)
     H = check_real(H, "H", min_value=0.0)
-    pair = row_diameter(S)
+    # the diameter of the prescaled rows, not row_diameter(S): D(S) itself may exceed
+    # the float64 range (rows near +-1e308) where H D(S) does not (a small H)
+    D_scaled, i, j, e = _scaled_diameter(S)
     xp = array_namespace(S)
     X = f64(xp, S)
-    value = H * pair.value
-    if pair.value != 0.0 and pair.scale_exponent != 0:
+    if e == 0:
+        # rows in [2**-64, 2**65): D(S) is the kernels' value as it is
+        value = H * D_scaled
+    else:
         # the direction from the prescaled pair: H / D(S) overflows for subnormal D(S),
         # and the rows' own difference may be subnormal; the scaled ones are neither
-        e = pair.scale_exponent
-        a, c = scale_rows(xp, X[pair.i, :], e), scale_rows(xp, X[pair.j, :], e)
-        D_scaled = math.sqrt(float(canonical_sq(xp, a, c)))  # the kernels' value, bit for bit
+        a, c = scale_rows(xp, X[i, :], e), scale_rows(xp, X[j, :], e)
         # one rounding, also where H D(S) is subnormal; H's own power of two is moved
         # into the unscaling, so that H times the scaled diameter (about 1) cannot
         # overflow where H D(S) itself is representable (a large H and tiny rows)
@@ -1103,17 +1106,29 @@ def worst_case_hidden_state(S: Any, /, *, H: float = 1.0) -> WorstCaseHiddenStat
         value = unscale(mH * D_scaled, e + eH)
     if not math.isfinite(value):
         # checked before h is formed: its entries would overflow too (a RuntimeWarning)
+        D_text = repr(D_scaled) if e == 0 else f"{D_scaled!r} * 2**{e}"
         raise ValueError(
-            f"H * D(S) = {H!r} * {pair.value!r} is beyond the float64 range (largest finite "
+            f"H * D(S) = {H!r} * {D_text} is beyond the float64 range (largest finite "
             f"{np.finfo(np.float64).max:.4g}); pass a smaller H or scale S down first."
         )
-    if pair.value == 0.0:
+    if D_scaled == 0.0:
         h = xp.zeros((X.shape[1],), dtype=xp.float64)
-    elif pair.scale_exponent == 0:
-        h = _direction_times(X[pair.i, :] - X[pair.j, :], pair.value, H)
+    elif e == 0:
+        h = _direction_times(X[i, :] - X[j, :], D_scaled, H)
     else:
         h = _direction_times(a - c, D_scaled, H)
-    return WorstCaseHiddenState(value=value, h=_array_out(h, origin), i=pair.i, j=pair.j)
+    return WorstCaseHiddenState(value=value, h=_array_out(h, origin), i=i, j=j)
+
+
+def _scaled_diameter(S) -> tuple[float, int, int, int]:
+    """``(D', i, j, e)``: the certified diameter ``D'`` of the rows ``S * 2**-e`` (the
+    prescaling of :func:`row_diameter`, exact) and its pair; ``D(S) = D' 2**e``, which
+    can exceed the float64 range where ``D'`` (about 1) does not."""
+    with _progress.Progress(False, None, desc="row_diameter", unit="tile") as bar:
+        run, e = _pair_run(_DIAMETER, S, None, None, bar)
+        bar.finish()
+    value, i, j = _pair_of(run)
+    return float(value), int(i), int(j), e
 
 
 _TINY64 = float(np.finfo(np.float64).tiny)  # smallest normal float64
@@ -1237,7 +1252,9 @@ def backward_bound(S: Any, r: Any, /):
 
     with equality at :math:`r = e_a - e_b` for a diameter pair (a, b); for
     cross-entropy :math:`r = p - e_c` it reads :math:`D(S)(1 - p_c)`.  Time O(V^2 d)
-    for the certified diameter plus O(n V).
+    for the certified diameter plus O(n V).  The bound is returned wherever it is a
+    float64, also where :math:`D(S)` itself is not (rows near ``+-1e308`` and
+    :math:`\lVert r \rVert_1 < 2`); beyond that, ``ValueError``.
 
     References
     ----------
@@ -1273,7 +1290,11 @@ def backward_bound(S: Any, r: Any, /):
         raise ValueError(
             f"r must sum to zero along its last axis (1^T r = 0), got |sum| up to {worst:.3e} instead."
         )
-    mD, eD = math.frexp(row_diameter(S).value)
+    # D(S) = D' 2**e from the prescaled rows: D(S) itself may exceed the float64 range
+    # where the bound does not (residuals of size below 1)
+    D_scaled, _, _, eS = _scaled_diameter(S)
+    mD, eD = math.frexp(D_scaled)
+    eD += eS
     scaled = (0.5 * mD) * l1
     out = unscale_array(xp, scaled, eD + er)
     if not bool(xp.all(xp.isfinite(out))):

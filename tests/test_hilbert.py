@@ -283,6 +283,23 @@ def test_pdist_results_do_not_depend_on_tiles_or_threads():
     np.testing.assert_array_equal(refgeo.cdist_hilbert(X, Y, tile_size=2**62), refgeo.cdist_hilbert(X, Y))
 
 
+def test_pdist_cdist_accept_any_valid_thread_count():
+    # n_threads beyond a C int (2**31) is a valid positive int: it raised OverflowError
+    # in the compiled kernel instead of running with one thread per task
+    rng = np.random.default_rng(31)
+    X = rng.standard_normal((20, 9))
+    Y = X[:5] + 1.0
+    want_p = np.array([np.ptp(X[j] - X[i]) for i in range(20) for j in range(i + 1, 20)])
+    want_c = np.array([[np.ptp(Y[j] - X[i]) for j in range(5)] for i in range(20)])
+    for threads in (2**31, 2**63):
+        np.testing.assert_array_equal(refgeo.pdist_hilbert(X, n_threads=threads), want_p)
+        np.testing.assert_array_equal(refgeo.cdist_hilbert(X, Y, n_threads=threads), want_c)
+        np.testing.assert_array_equal(
+            refgeo.pdist_hilbert(np.exp(X), kind="probabilities", n_threads=threads),
+            refgeo.pdist_hilbert(np.exp(X), kind="probabilities", n_threads=1),
+        )
+
+
 def test_pdist_square_form_and_probabilities():
     rng = np.random.default_rng(4)
     P = rng.dirichlet(np.ones(7), size=5)

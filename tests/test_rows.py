@@ -10,6 +10,7 @@ import itertools
 import math
 import re
 import warnings
+from fractions import Fraction
 
 import numpy as np
 import pytest
@@ -531,6 +532,29 @@ def test_worst_case_hidden_state_of_a_large_H_and_tiny_rows(backend, k):
     assert w.value == pytest.approx(H * D, rel=2.0**-51)
     r = math.sqrt(0.5)  # (s_0 - s_1) / ||s_0 - s_1|| = (1, -1) / sqrt(2)
     np.testing.assert_allclose(w.h, (r * H, -r * H), rtol=4 * 2.0**-52, atol=0.0)
+
+
+@pytest.mark.parametrize("H", [1e-10, 0.5, 0.0])
+def test_worst_case_hidden_state_where_only_the_diameter_overflows(backend, H):
+    """H D(S) is a float64 although D(S) = 2 * 1e308 is not: the value and h come back
+    (row_diameter's ValueError for D(S) came out of worst_case_hidden_state)."""
+    big = 1e308
+    S = np.array([[big, 0.0], [-big, 0.0], [0.0, 1.0]])
+    w = refgeo.worst_case_hidden_state(S, H=H)
+    assert (w.i, w.j) == (0, 1)
+    assert w.value == float(Fraction(H) * 2 * Fraction(big))  # one rounding of the exact product
+    np.testing.assert_array_equal(w.h, [H, 0.0])  # (s_0 - s_1) / ||s_0 - s_1|| = e_1
+
+
+@pytest.mark.parametrize("scale", [0.25, 1e-300])
+def test_backward_bound_where_only_the_diameter_overflows(backend, scale):
+    """The bound D(S) ||r||_1 / 2 is a float64 although D(S) = 2 * 1e308 is not."""
+    big = 1e308
+    S = np.array([[big, 0.0], [-big, 0.0], [0.0, 1.0]])
+    r = np.array([scale, -scale, 0.0])
+    want = float(Fraction(2) * Fraction(big) * 2 * Fraction(scale) / 2)
+    assert refgeo.backward_bound(S, r) == want
+    np.testing.assert_array_equal(refgeo.backward_bound(S, np.stack([r, -r])), [want, want])
 
 
 def test_worst_case_hidden_state_beyond_the_float64_range_raises(backend):
