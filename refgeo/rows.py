@@ -1223,6 +1223,19 @@ def hilbert_rms(S: Any, hidden: Any, /) -> float:
     return rms
 
 
+# eps of the precisions a residual can arrive in (tensors upcast on the way in say
+# which one they had)
+_EPS_OF = {"float16": 2.0**-10, "bfloat16": 2.0**-7, "float32": 2.0**-23}
+
+
+def _zero_sum_tolerance(r: Any, origin: Any) -> float:
+    """Relative tolerance of ``1^T r = 0`` for a residual as it was passed: 1e-10, or 4
+    eps of a lower precision (a float32 softmax residual sums to a few 1e-8, not 0)."""
+    name = getattr(origin, "converted_from", None) or str(getattr(r, "dtype", "float64"))
+    eps = _EPS_OF.get(name.rsplit(".", 1)[-1], 0.0)  # "torch.bfloat16" -> "bfloat16"
+    return max(1e-10, 4.0 * eps)
+
+
 def backward_bound(S: Any, r: Any, /):
     r"""Bound on the backward signal: :math:`\lVert S^\top r \rVert_2 \le \tfrac12 D(S) \lVert r \rVert_1`.
 
@@ -1243,7 +1256,9 @@ def backward_bound(S: Any, r: Any, /):
     ------
     ValueError
         When a residual does not sum to zero (relative tolerance 1e-10 of its
-        :math:`\ell_1` norm): the bound needs :math:`\mathbf{1}^\top r = 0`.
+        :math:`\ell_1` norm, or 4 eps of its precision when ``r`` is float32, float16
+        or a bfloat16 tensor, whose softmax residuals carry that rounding): the bound
+        needs :math:`\mathbf{1}^\top r = 0`.
 
     Notes
     -----
@@ -1270,6 +1285,7 @@ def backward_bound(S: Any, r: Any, /):
     S, origin_s = _engine_rows(S)
     r, origin_r = from_foreign(r, "r")
     origin = origin_r if origin_r is not None else origin_s
+    tol = _zero_sum_tolerance(r, origin_r)
     r = as_float_array(r, "r", ndim=(1, 2))
     if r.shape[-1] != S.shape[0]:
         raise ValueError(
@@ -1285,7 +1301,7 @@ def backward_bound(S: Any, r: Any, /):
     r64 = scale_rows(xp, r64, er)
     l1 = xp.sum(xp.abs(r64), axis=-1)
     tot = xp.abs(xp.sum(r64, axis=-1))
-    if bool(xp.any(tot > 1e-10 * l1)):
+    if bool(xp.any(tot > tol * l1)):
         worst = unscale(float(xp.max(tot)), er)
         raise ValueError(
             f"r must sum to zero along its last axis (1^T r = 0), got |sum| up to {worst:.3e} instead."

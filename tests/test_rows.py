@@ -14,6 +14,7 @@ from fractions import Fraction
 
 import numpy as np
 import pytest
+import scipy.spatial.distance
 from hypothesis import assume, example, given, settings
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
@@ -415,6 +416,52 @@ def test_backward_bound_needs_zero_sum():
         refgeo.backward_bound(np.eye(2), np.array([1.0, 0.0]))
     with pytest.raises(ValueError, match=re.escape("r must have 2 entries per residual")):
         refgeo.backward_bound(np.eye(2), np.array([1.0, 0.0, -1.0]))
+
+
+def _softmax_residual(z, c):
+    """p - e_c for the softmax p of z, computed in z's own dtype (as a training loop
+    would): the sum of its entries is that dtype's rounding, not 0."""
+    p = np.exp(z - z.max())
+    p /= p.sum()
+    p[c] -= 1
+    return p
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float16])
+def test_backward_bound_takes_low_precision_softmax_residuals(dtype):
+    """A float32 cross-entropy residual sums to a few 1e-8, not to 0: the float64
+    tolerance (1e-10 of ||r||_1) refused it.  The tolerance follows r's precision
+    (4 eps), and the bound is (D/2) ||r||_1 of the residual as given."""
+    rng = np.random.default_rng(0)
+    V = 1000
+    S = rng.standard_normal((V, 8))
+    r = _softmax_residual(rng.standard_normal(V).astype(dtype), 3)
+    assert abs(float(np.sum(r, dtype=np.float64))) > 1e-10 * float(np.abs(r).sum(dtype=np.float64))
+    D = scipy.spatial.distance.pdist(S).max()
+    got = refgeo.backward_bound(S, r)
+    assert got == pytest.approx(0.5 * D * float(np.abs(r.astype(np.float64)).sum()), rel=1e-12)
+    # a residual that is no rounding away from zero sum is still refused
+    bad = r.copy()
+    bad[0] += dtype(0.01)
+    with pytest.raises(ValueError, match=re.escape("r must sum to zero along its last axis")):
+        refgeo.backward_bound(S, bad)
+    # float64 residuals keep the tight tolerance
+    with pytest.raises(ValueError, match=re.escape("r must sum to zero along its last axis")):
+        refgeo.backward_bound(S, r.astype(np.float64) + 1e-8 / V)
+
+
+def test_backward_bound_takes_bfloat16_softmax_residuals():
+    torch = pytest.importorskip("torch")
+    rng = np.random.default_rng(1)
+    V = 512
+    S = rng.standard_normal((V, 4))
+    z = torch.tensor(rng.standard_normal(V), dtype=torch.bfloat16)
+    r = torch.softmax(z, dim=0)
+    r[5] -= 1
+    r64 = r.to(torch.float64).numpy()
+    assert abs(r64.sum()) > 4 * 2.0**-23 * np.abs(r64).sum()  # beyond even float32's tolerance
+    D = scipy.spatial.distance.pdist(S).max()
+    assert float(refgeo.backward_bound(S, r)) == pytest.approx(0.5 * D * np.abs(r64).sum(), rel=1e-12)
 
 
 # ------------------------------------------------------------------ the whole float range
