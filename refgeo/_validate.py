@@ -218,7 +218,7 @@ def check_nonnegative(x, name: str, what: str = "Hilbert distance") -> None:
     xp = array_namespace(x)
     if bool(xp.any(x < 0)):
         lo = float(xp.min(x))
-        raise ValueError(f"{name} has negative entries (min={lo:.1e}); {what} needs {name} >= 0.")
+        raise ValueError(f"{name} must have entries >= 0 for the {what}, got a smallest entry of {lo:.1e} instead.")
 
 
 def check_axis(axis: Any, ndim: int, name: str = "axis") -> int:

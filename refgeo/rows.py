@@ -1140,9 +1140,10 @@ def _direction_times(diff, norm, H):
     where the ratio kept only a few digits): the entries of h never exceed H in size,
     and h keeps norm H to rounding."""
     ratio = H / norm
+    # + 0.0: H = 0 gives zeros, not -0.0 for the negative entries of diff
     if math.isfinite(ratio) and ratio >= _TINY64:
-        return diff * ratio
-    return (diff / norm) * H
+        return diff * ratio + 0.0
+    return (diff / norm) * H + 0.0
 
 
 def hilbert_rms(S: Any, hidden: Any, /) -> float:

@@ -388,7 +388,7 @@ BAD_INPUT_CASES = [
     (refgeo.variation, ([1 + 2j],), TypeError, "x must have a real floating dtype"),
     (refgeo.hilbert_distance_logits, ([1.0, np.inf], [0.0, 0.0]), ValueError, "z must contain only finite"),
     (refgeo.hilbert_distance_logits, ([1.0, 2.0], [0.0, 0.0, 1.0]), ValueError, "z and w must have broadcastable shapes"),
-    (refgeo.hilbert_distance, ([0.5, -1e-3], [0.5, 0.5]), ValueError, "p has negative entries (min=-1.0e-03); Hilbert distance needs p >= 0."),
+    (refgeo.hilbert_distance, ([0.5, -1e-3], [0.5, 0.5]), ValueError, "p must have entries >= 0 for the Hilbert distance, got a smallest entry of -1.0e-03 instead."),
     (refgeo.hilbert_distance, ([0.5, 0.5], [0.0, 0.0]), ValueError, "q must have at least one positive entry"),
     (refgeo.funk_distance, ([0.5, np.nan], [0.5, 0.5]), ValueError, "p must contain only finite values"),
     (refgeo.pdist_hilbert, (np.zeros(5),), ValueError, "X must be a 2-D array of shape (n, V), got shape (5,) instead."),

@@ -418,6 +418,13 @@ def test_backward_bound_needs_zero_sum():
         refgeo.backward_bound(np.eye(2), np.array([1.0, 0.0, -1.0]))
 
 
+def test_worst_case_hidden_state_at_zero_radius_has_no_negative_zeros():
+    w = refgeo.worst_case_hidden_state(np.array([[0.0, 0.0], [3.0, 4.0]]), H=0.0)
+    assert w.value == 0.0
+    np.testing.assert_array_equal(w.h, [0.0, 0.0])
+    assert not np.any(np.signbit(w.h))  # h = H (s_a - s_b)/D with s_a - s_b = (-3, -4)
+
+
 def _softmax_residual(z, c):
     """p - e_c for the softmax p of z, computed in z's own dtype (as a training loop
     would): the sum of its entries is that dtype's rounding, not 0."""
