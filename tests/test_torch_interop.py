@@ -95,6 +95,8 @@ CASES = {
         lambda h: 1.5 * h, c(H3[0]), c(H3p[0]), mode="per_token", divergence="js", readout="sum"
     ),
     "spearman": lambda c: refgeo.spearman(c(A), c(B)),
+    "embed": lambda c: refgeo.embed(c(S), d=8),
+    "spread_update": lambda c: refgeo.spread_update(c(S[:6, :3]), seed=0, n_points=3, n_starts=1),
 }
 
 # Cases whose inputs alone are not enough to reach every kind of bad input in the
