@@ -394,6 +394,32 @@ def test_monitor_bad_input():
         rtorch.HeadStepMonitor(opt, torch.zeros(4, 2), n_threads=0)
 
 
+def test_monitor_refuses_one_row_head_before_any_step():
+    """A head of fewer than 2 rows has no row diameter: refused when the monitor is
+    built, not by an error about an internal S after the weight has already moved."""
+    W = torch.nn.Parameter(torch.zeros(1, 2, dtype=torch.float64))
+    opt = rtorch.RowNorm([W], lr=0.1)
+    with pytest.raises(ValueError, match=re.escape("param group 0 must be 2-D with at least 2 rows")):
+        rtorch.HeadStepMonitor(opt, torch.eye(2, dtype=torch.float64), every=1)
+
+
+@pytest.mark.parametrize("S", [np.zeros(2), np.zeros((3, 2, 1)), [[1.0, 0.0], [0.0, 1.0], [0.5, 0.5]],
+                               np.zeros((1, 2)), np.zeros((3, 3))])
+def test_monitor_record_names_bad_steps(S):
+    """record(S) takes the step from the caller: a wrong rank, too few rows or a width
+    other than the panel's is a ValueError naming S (a list is array_like)."""
+    W = torch.nn.Parameter(torch.zeros(3, 2, dtype=torch.float64))
+    mon = rtorch.HeadStepMonitor(rtorch.RowNorm([W], lr=0.1), torch.eye(2, dtype=torch.float64))
+    if isinstance(S, list):
+        rec = mon.record(S, step=1)
+        A = np.array(S)
+        # brute force: the largest distance between two rows
+        want = max(np.linalg.norm(A[i] - A[j]) for i in range(3) for j in range(3))
+        assert rec["diameter"] == pytest.approx(want, rel=1e-15)
+        return
+    with pytest.raises(ValueError, match=r"^S must "):
+        mon.record(S, step=1)
+
 def test_monitor_reads_bfloat16_and_grad_tensors_and_names_bad_ones():
     """The panel and a recorded step may be bfloat16 or carry autograd history (read as
     their exact float32 values); meta and integer tensors are TypeErrors naming them."""
