@@ -3,8 +3,8 @@
 A CPU tensor is viewed zero-copy as a NumPy array (``tensor.detach().numpy()``: no
 autograd warning, strides kept, so a non-contiguous tensor is copied only where a
 kernel needs contiguous rows), and then runs exactly like the NumPy array would,
-compiled engine included.  bfloat16 and float16 tensors are upcast to float32 first
-(NumPy has no bfloat16, and float32 holds both exactly); results say so.  A CUDA
+compiled engine included.  bfloat16, float16 and float8 tensors are upcast to float32
+first (NumPy has none of them, and float32 holds them all exactly); results say so.  A CUDA
 tensor goes zero-copy through DLPack to CuPy, and so to the CuPy backend; without
 CuPy it is an error that says what to install.  Functions that compute with NumPy
 only (``host=True``) take a host copy of a CUDA tensor instead, and return their
@@ -56,7 +56,8 @@ class Origin:
         The tensor's device (``torch.device``; the JAX device).
     converted_from : str or None
         The tensor's dtype when it was upcast (``"torch.bfloat16"``, ``"torch.float16"``,
-        ``"jax.bfloat16"``, ``"jax.float16"``).
+        a torch float8 dtype such as ``"torch.float8_e4m3fn"``, ``"jax.bfloat16"``,
+        ``"jax.float16"``).
     """
 
     framework: str
@@ -112,7 +113,10 @@ def _from_torch(x: Any, name: str, host: bool) -> tuple[Any, Origin]:
             f"array; pass {name}.to_dense()."
         )
     converted = None
-    if str(t.dtype) in _UPCAST:
+    # float8 formats (float8_e4m3fn, float8_e5m2, ...) have no NumPy dtype either and
+    # hold only float32 values: upcast every floating dtype narrower than float32 (torch
+    # raised "Got unsupported ScalarType", naming no argument)
+    if str(t.dtype) in _UPCAST or (t.is_floating_point() and t.element_size() < 4):
         converted = str(t.dtype)
         t = t.to(torch.float32)
     if not t.is_floating_point():

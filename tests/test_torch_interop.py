@@ -228,6 +228,27 @@ def test_half_tensors_run_as_float32(name, half):
     _check_half_runs_as_float32(CASES[name], name, half)
 
 
+@pytest.mark.parametrize("half", ["float8_e4m3fn", "float8_e5m2"])
+@pytest.mark.parametrize("name", ["variation", "pdist_hilbert", "cdist_hilbert", "covering_radius",
+                                  "hilbert_rms", "embed"])
+def test_float8_tensors_run_as_float32(name, half):
+    """float8 tensors (no NumPy dtype, like bfloat16) give exactly the float32 result of
+    their values; they raised torch's "unsupported ScalarType" TypeError."""
+    _check_half_runs_as_float32(CASES[name], name, half)
+
+
+@pytest.mark.parametrize("half", ["float8_e4m3fn", "float8_e5m2"])
+@pytest.mark.parametrize("name", ["row_diameter", "closest_pair", "farthest_partners", "knn"])
+def test_float8_engine_results_say_converted(name, half):
+    """The engine's results equal those of the float32 values, and say what they came from."""
+    dtype = getattr(torch, half)
+    t = torch.from_numpy(S.astype(np.float32)).to(dtype)
+    got = _run_quietly(_ENGINE[name], lambda a: t)
+    want = _ENGINE[name](lambda a: t.to(torch.float32).numpy())
+    assert got.converted_from == f"torch.{half}"
+    _assert_same(dataclasses.replace(got, converted_from=None), want, name)
+
+
 @pytest.mark.parametrize("name", sorted(ALL_CASES))
 def test_integer_boolean_and_complex_tensors_are_type_errors(name):
     _check_non_float_tensors_refused(ALL_CASES[name])
