@@ -37,7 +37,7 @@ from typing import Any
 import numpy as np
 from array_api_compat import is_jax_array, is_numpy_array, is_torch_array
 
-__all__ = ["Origin", "fields_to_caller", "first_origin", "from_foreign", "to_caller", "to_host"]
+__all__ = ["Origin", "fields_to_caller", "first_origin", "from_foreign", "in_input_dtype", "to_caller", "to_host"]
 
 # torch dtypes the compiled engine cannot take as they are, and what they become
 _UPCAST = {"torch.bfloat16": "float32", "torch.float16": "float32"}
@@ -208,6 +208,20 @@ def to_caller(a: Any, origin: Origin | None) -> Any:
         return t if on_cpu else t.to(origin.device)
     return torch.from_dlpack(a)
 
+
+def in_input_dtype(a: Any, origin: Origin | None) -> Any:
+    """A ``to_caller`` result in the dtype the caller's tensor had before its upcast.
+
+    For arrays handed back to the caller's own code (a ``logits_fn``): a bfloat16 model
+    cannot take the float32 copy of its bfloat16 states.  The values came from such a
+    tensor, so the cast back is exact.  Anything else is returned as it is.
+    """
+    if origin is None or origin.converted_from is None or a is None or isinstance(a, float):
+        return a
+    framework, dtype = origin.converted_from.split(".", 1)
+    if framework == "torch":
+        return a.to(getattr(sys.modules["torch"], dtype))
+    return a.astype(dtype)
 
 def fields_to_caller(result: Any, origin: Origin | None) -> Any:
     """A frozen result record with every NumPy array field in the caller's framework.
