@@ -484,7 +484,9 @@ def _build() -> dict[str, Any]:
         hidden_states : tensor or array of shape (N, d)
             A fixed panel of hidden states :math:`h_1, \dots, h_N` fed to the head.
         every : int, default=10
-            Record after optimizer steps ``every, 2 every, ...``.
+            Record after optimizer steps ``every, 2 every, ...`` (calls of
+            ``optimizer.step()``); a call that skipped the group (its gradient None,
+            so that ``last_step`` is still the previous one) is not recorded.
         group : int, default=0
             The param group whose step is recorded.
         n_threads : int, optional
@@ -576,11 +578,24 @@ def _build() -> dict[str, Any]:
             self.optimizer = optimizer
             self.records: list[dict] = []
             self._count = 0
+            self._seen_step = self._state_step()
             self._handle = optimizer.register_step_post_hook(self._after_step)
+
+        def _state_step(self) -> int | None:
+            # the group's own step count (RowNorm and DiameterLMO keep state["step"]);
+            # int() takes a snapshot of a tensor count that an optimizer bumps in place
+            p = self.optimizer.param_groups[self.group]["params"][0]
+            t = self.optimizer.state.get(p, {}).get("step")
+            return None if t is None else int(t)
 
         def _after_step(self, optimizer: Any, args: Any, kwargs: Any) -> None:
             self._count += 1
-            if self._count % self.every:
+            # a call that skipped the group (its gradient None) left last_step() at the
+            # previous step: recording it again would report a step that did not happen
+            t = self._state_step()
+            advanced = t is None or t != self._seen_step
+            self._seen_step = t
+            if self._count % self.every or not advanced:
                 return
             S = optimizer.last_step(self.group)
             if S is None:

@@ -394,6 +394,28 @@ def test_monitor_bad_input():
         rtorch.HeadStepMonitor(opt, torch.zeros(4, 2), n_threads=0)
 
 
+@pytest.mark.parametrize("cls", ["RowNorm", "DiameterLMO"])
+def test_monitor_skips_calls_that_did_not_step_the_group(cls):
+    """A call with no gradient leaves the weight (and last_step) as they were: it is not
+    recorded as a new step; the next real step is, with the diameter of its own step."""
+    W = torch.nn.Parameter(torch.zeros(3, 2, dtype=torch.float64))
+    opt = getattr(rtorch, cls)([W], lr=0.1)
+    mon = rtorch.HeadStepMonitor(opt, torch.eye(2, dtype=torch.float64), every=1)
+    W.grad = torch.tensor([[3.0, 4.0], [-3.0, -4.0], [0.0, 0.0]], dtype=torch.float64)
+    opt.step()
+    W.grad = None
+    before = W.detach().clone()
+    opt.step()
+    assert torch.equal(W.detach(), before)
+    assert [r["step"] for r in mon.records] == [1]
+    W.grad = torch.tensor([[1.0, 0.0], [0.0, 0.0], [-1.0, 0.0]], dtype=torch.float64)
+    opt.step()
+    assert [r["step"] for r in mon.records] == [1, 3]
+    S = opt.last_step().double().numpy()
+    # brute force over the row pairs of the recorded step
+    want = max(np.linalg.norm(S[i] - S[j]) for i in range(3) for j in range(3))
+    assert mon.records[-1]["diameter"] == pytest.approx(want, rel=1e-12)
+
 def test_monitor_refuses_one_row_head_before_any_step():
     """A head of fewer than 2 rows has no row diameter: refused when the monitor is
     built, not by an error about an internal S after the weight has already moved."""
