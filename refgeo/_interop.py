@@ -3,8 +3,8 @@
 A CPU tensor is viewed zero-copy as a NumPy array (``tensor.detach().numpy()``: no
 autograd warning, strides kept, so a non-contiguous tensor is copied only where a
 kernel needs contiguous rows), and then runs exactly like the NumPy array would,
-compiled engine included.  bfloat16 and float16 tensors are upcast to float32 first
-(NumPy has no bfloat16, and float32 holds both exactly); results say so.  A CUDA
+compiled engine included.  bfloat16, float16 and float8 tensors are upcast to float32
+first (NumPy has none of them, and float32 holds them all exactly); results say so.  A CUDA
 tensor goes zero-copy through DLPack to CuPy, and so to the CuPy backend; without
 CuPy it is an error that says what to install.  Functions that compute with NumPy
 only (``host=True``) take a host copy of a CUDA tensor instead, and return their
@@ -37,7 +37,7 @@ from typing import Any
 import numpy as np
 from array_api_compat import is_jax_array, is_numpy_array, is_torch_array
 
-__all__ = ["Origin", "fields_to_caller", "first_origin", "from_foreign", "to_caller", "to_host"]
+__all__ = ["Origin", "fields_to_caller", "first_origin", "from_foreign", "in_input_dtype", "to_caller", "to_host"]
 
 # torch dtypes the compiled engine cannot take as they are, and what they become
 _UPCAST = {"torch.bfloat16": "float32", "torch.float16": "float32"}
@@ -56,7 +56,8 @@ class Origin:
         The tensor's device (``torch.device``; the JAX device).
     converted_from : str or None
         The tensor's dtype when it was upcast (``"torch.bfloat16"``, ``"torch.float16"``,
-        ``"jax.bfloat16"``, ``"jax.float16"``).
+        a torch float8 dtype such as ``"torch.float8_e4m3fn"``, ``"jax.bfloat16"``,
+        ``"jax.float16"``).
     """
 
     framework: str
@@ -112,7 +113,10 @@ def _from_torch(x: Any, name: str, host: bool) -> tuple[Any, Origin]:
             f"array; pass {name}.to_dense()."
         )
     converted = None
-    if str(t.dtype) in _UPCAST:
+    # float8 formats (float8_e4m3fn, float8_e5m2, ...) have no NumPy dtype either and
+    # hold only float32 values: upcast every floating dtype narrower than float32 (torch
+    # raised "Got unsupported ScalarType", naming no argument)
+    if str(t.dtype) in _UPCAST or (t.is_floating_point() and t.element_size() < 4):
         converted = str(t.dtype)
         t = t.to(torch.float32)
     if not t.is_floating_point():
@@ -204,6 +208,20 @@ def to_caller(a: Any, origin: Origin | None) -> Any:
         return t if on_cpu else t.to(origin.device)
     return torch.from_dlpack(a)
 
+
+def in_input_dtype(a: Any, origin: Origin | None) -> Any:
+    """A ``to_caller`` result in the dtype the caller's tensor had before its upcast.
+
+    For arrays handed back to the caller's own code (a ``logits_fn``): a bfloat16 model
+    cannot take the float32 copy of its bfloat16 states.  The values came from such a
+    tensor, so the cast back is exact.  Anything else is returned as it is.
+    """
+    if origin is None or origin.converted_from is None or a is None or isinstance(a, float):
+        return a
+    framework, dtype = origin.converted_from.split(".", 1)
+    if framework == "torch":
+        return a.to(getattr(sys.modules["torch"], dtype))
+    return a.astype(dtype)
 
 def fields_to_caller(result: Any, origin: Origin | None) -> Any:
     """A frozen result record with every NumPy array field in the caller's framework.

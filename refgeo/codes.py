@@ -34,6 +34,7 @@ from typing import Any
 import numpy as np
 
 from . import _memory
+from ._interop import from_foreign, to_caller
 from ._validate import as_float_array, check_int
 
 __all__ = [
@@ -195,7 +196,7 @@ def embed(X: Any, /, *, d: int) -> np.ndarray:
 
     Parameters
     ----------
-    X : array_like of shape (V, d0)
+    X : array_like or tensor of shape (V, d0)
         A configuration.
     d : int
         Target dimension, ``d >= d0``.
@@ -204,7 +205,8 @@ def embed(X: Any, /, *, d: int) -> np.ndarray:
     -------
     Y : ndarray of shape (V, d)
         float64 ``[X, 0]``: every distance and inner product is unchanged, so
-        :math:`\rho(Y) = \rho(X)`.
+        :math:`\rho(Y) = \rho(X)`.  A float64 tensor on ``X``'s device when ``X`` is
+        a tensor.
 
     Examples
     --------
@@ -212,12 +214,15 @@ def embed(X: Any, /, *, d: int) -> np.ndarray:
     >>> refgeo.embed([[1.0], [-1.0]], d=3).tolist()
     [[1.0, 0.0, 0.0], [-1.0, 0.0, 0.0]]
     """
+    # tensors go through the common converter: autograd and bfloat16 tensors are
+    # viewed as their values, integer/bool/complex tensors are a TypeError naming X
+    X, origin = from_foreign(X, "X", host=True)
     X = as_float_array(X, "X", ndim=2, shape_hint="2-D array of shape (V, d0)")
     d = check_int(d, "d", min_value=int(X.shape[1]))
     _check_size(f"embed(X of shape {tuple(X.shape)}, d={d})", int(X.shape[0]), d, advice="Ask for a smaller d.")
     Y = np.zeros((X.shape[0], d))
     Y[:, : X.shape[1]] = np.asarray(X, dtype=np.float64)
-    return Y
+    return to_caller(Y, origin)
 
 
 # --------------------------------------------------------------------------- Kerdock

@@ -151,7 +151,8 @@ class ExtremePair:
         scaled back; 0 unless float64 rows lie outside ``[2**-64, 2**65)`` in magnitude.
     converted_from : str or None
         The dtype of a tensor that was upcast to ``dtype`` on the way in
-        (``"torch.bfloat16"``, ``"torch.float16"``); None when the input was used as is.
+        (``"torch.bfloat16"``, ``"torch.float16"``, a float8 dtype such as
+        ``"torch.float8_e4m3fn"``); None when the input was used as is.
     """
 
     value: float
@@ -448,8 +449,8 @@ def row_diameter(
     S : array_like of shape (V, d)
         Finite rows, ``V >= 2``.  float32 and float64 are kept; integer and boolean
         inputs are converted to float64.  A torch tensor (CPU: viewed zero-copy, run
-        on the compiled engine; CUDA: through CuPy) is accepted as well; bfloat16 and
-        float16 tensors are upcast to float32 (``converted_from`` says so).
+        on the compiled engine; CUDA: through CuPy) is accepted as well; bfloat16,
+        float16 and float8 tensors are upcast to float32 (``converted_from`` says so).
     tile_size : int, default=None
         Rows per tile of the compiled engine (chosen from ``d`` and the cache when
         None).  Never changes the value or the pair.

@@ -33,6 +33,7 @@ from typing import Any
 import numpy as np
 
 from . import _memory, _progress
+from ._interop import fields_to_caller, from_foreign
 from ._threads import blas_single_thread
 from ._validate import (
     as_float_array,
@@ -1121,9 +1122,10 @@ def spread_update(
 
     Parameters
     ----------
-    G : array_like of shape (V, d)
+    G : array_like or tensor of shape (V, d)
         Gradient of the head weight (centered internally: :math:`\mathbf{1}^T S = 0`
-        makes the mean row irrelevant).
+        makes the mean row irrelevant).  For a tensor, the array fields of the result
+        are tensors on its device.
     eta : float, default=1.0
         Diameter budget.
     eps : float, default=0.05
@@ -1179,6 +1181,10 @@ def spread_update(
     from .lmo import diameter_lmo, projected_rownorm
     from .rows import closest_pair
 
+    # tensors through the common converter (autograd and bfloat16 tensors as their
+    # values; integer, bool and complex tensors a TypeError naming G); the array
+    # fields of the result come back as tensors on G's device
+    G, origin = from_foreign(G, "G", host=True)
     G = as_float_array(G, "G", ndim=2, shape_hint="2-D array of shape (V, d)")
     G = np.array(G, dtype=np.float64)
     check_min_rows(G, "G", 2)
@@ -1247,7 +1253,7 @@ def spread_update(
     else:  # pragma: no cover - t = 0 is S_* rescaled up to D = eta, so it always qualifies
         S, dec, m, D = S_star, lmo_dec, lmo_m, _row_diameter_value(S_star)
     S = np.array(S)
-    return SpreadUpdate(
+    return fields_to_caller(SpreadUpdate(
         update=_readonly(S),
         decrease=unscaled(dec, "decrease"),
         min_dist=m,
@@ -1264,7 +1270,7 @@ def spread_update(
         curve_t=_readonly(ts),
         curve_decrease=_readonly(np.array([unscaled(float(v), "curve_decrease") for v in decs])),
         curve_min_dist=_readonly(ms),
-    )
+    ), origin)
 
 
 def _row_diameter_value(S: np.ndarray) -> float:

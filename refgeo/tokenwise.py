@@ -81,7 +81,7 @@ import numpy as np
 
 from . import _memory, _progress
 from . import _tokenwise_fit as _fit
-from ._interop import fields_to_caller, first_origin, from_foreign, to_caller, to_host
+from ._interop import fields_to_caller, first_origin, from_foreign, in_input_dtype, to_caller, to_host
 from ._threads import blas_single_thread
 from ._validate import (
     as_float_array,
@@ -1832,9 +1832,11 @@ def _divergence(lp, lq, kind):
     return np.maximum(v, 0.0)
 
 
-def _call_logits(logits_fn, H, lead, name, origin=None):
-    # the caller's function sees the caller's framework (tensors for tensor states)
-    L, _ = from_foreign(logits_fn(to_caller(H, origin)), name, host=True)
+def _call_logits(logits_fn, H, lead, name, origin=None, input_origin=None):
+    # the caller's function sees the caller's framework (tensors for tensor states) and,
+    # with input_origin, the caller's half-precision dtype (a bfloat16 model cannot
+    # multiply the float32 copy of its states)
+    L, _ = from_foreign(logits_fn(in_input_dtype(to_caller(H, origin), input_origin)), name, host=True)
     L = as_float_array(L, name, finite=False)
     if L.ndim != len(lead) + 1 or tuple(L.shape[:-1]) != tuple(lead):
         raise ValueError(
@@ -1863,9 +1865,10 @@ def output_perturbation(
         Maps hidden states of shape (T, d) or (B, T, d) to logits of shape (T, V) or
         (B, T, V): the rest of the model, supplied by the user.  It receives tensors
         (on the states' device) when ``H_orig`` or ``H_patched`` is a tensor, NumPy
-        arrays otherwise, and may return NumPy arrays or tensors (autograd-tracked ones
-        too: they are detached).  Sequences along the batch axis
-        must be processed independently.
+        arrays otherwise (bfloat16 or float16 tensors when both states are of that
+        dtype, so that a half-precision model takes them), and may return NumPy arrays
+        or tensors (autograd-tracked ones too: they are detached).  Sequences along the
+        batch axis must be processed independently.
     H_orig, H_patched : array_like of shape (T, d) or (B, T, d)
         Original states :math:`h_{l+1}` and the patched ones (e.g.
         ``result.patched(X)`` reshaped).
@@ -1912,6 +1915,11 @@ def output_perturbation(
     H_orig, origin_o = from_foreign(H_orig, "H_orig", host=True)
     H_patched, origin_p = from_foreign(H_patched, "H_patched", host=True)
     origin = first_origin(origin_o, origin_p)
+    # both states upcast from the same half dtype: logits_fn gets that dtype back (exact,
+    # as every state it sees is one of theirs); mixed dtypes keep the upcast one
+    same_half = (origin_o is not None and origin_p is not None and origin_o.converted_from is not None
+                 and origin_o.converted_from == origin_p.converted_from)
+    input_origin = origin_o if same_half else None
     Ho = as_float_array(H_orig, "H_orig", ndim=(2, 3), shape_hint="2-D or 3-D array of shape ([B,] T, d)")
     Hp = as_float_array(H_patched, "H_patched", ndim=(2, 3), shape_hint="2-D or 3-D array of shape ([B,] T, d)")
     check_same_shape(Ho, Hp, ("H_orig", "H_patched"))
@@ -1920,16 +1928,16 @@ def output_perturbation(
     check_choice(readout, "readout", ("self", "sum"))
     Ho, Hp = np.asarray(Ho), np.asarray(Hp)
     lead = Ho.shape[:-1]
-    lp = _call_logits(logits_fn, Ho, lead, "logits_fn(H_orig)", origin)
+    lp = _call_logits(logits_fn, Ho, lead, "logits_fn(H_orig)", origin, input_origin)
     if mode == "all":
-        lq = _call_logits(logits_fn, Hp, lead, "logits_fn(H_patched)", origin)
+        lq = _call_logits(logits_fn, Hp, lead, "logits_fn(H_patched)", origin, input_origin)
         return to_caller(_divergence(lp, lq, divergence), origin)
     T = lead[-1]
     out = np.empty(lead, dtype=np.float64)
     for t in range(T):
         H = Ho.copy()
         H[..., t, :] = Hp[..., t, :]
-        lq = _call_logits(logits_fn, H, lead, "logits_fn(H)", origin)
+        lq = _call_logits(logits_fn, H, lead, "logits_fn(H)", origin, input_origin)
         dv = _divergence(lp, lq, divergence)
         out[..., t] = dv[..., t] if readout == "self" else np.sum(dv, axis=-1)
     return to_caller(out, origin)

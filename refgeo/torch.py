@@ -26,7 +26,7 @@ import contextlib
 from typing import Any
 
 from ._interop import from_foreign
-from ._validate import as_float_array, check_bool, check_int, check_real
+from ._validate import as_float_array, check_bool, check_int, check_min_rows, check_real
 
 __all__ = ["DiameterLMO", "HeadStepMonitor", "RowNorm"]
 
@@ -484,7 +484,9 @@ def _build() -> dict[str, Any]:
         hidden_states : tensor or array of shape (N, d)
             A fixed panel of hidden states :math:`h_1, \dots, h_N` fed to the head.
         every : int, default=10
-            Record after optimizer steps ``every, 2 every, ...``.
+            Record after optimizer steps ``every, 2 every, ...`` (calls of
+            ``optimizer.step()``); a call that skipped the group (its gradient None,
+            so that ``last_step`` is still the previous one) is not recorded.
         group : int, default=0
             The param group whose step is recorded.
         n_threads : int, optional
@@ -555,7 +557,16 @@ def _build() -> dict[str, Any]:
             # ignored); integer, complex and meta tensors are TypeErrors naming the argument
             hidden_states, _ = from_foreign(hidden_states, "hidden_states", host=True)
             H = as_float_array(hidden_states, "hidden_states", ndim=2, shape_hint="2-D array of shape (N, d)")
-            d = optimizer.param_groups[self.group]["params"][0].shape[1]
+            weight = optimizer.param_groups[self.group]["params"][0]
+            # checked here, not at the first recorded step: the hook runs after the
+            # optimizer has changed the weight, and its error would name an S the caller
+            # never passed
+            if weight.ndim != 2 or weight.shape[0] < 2:
+                raise ValueError(
+                    f"the parameter of param group {self.group} must be 2-D with at least 2 rows "
+                    f"(a row diameter needs two rows), got shape {tuple(weight.shape)} instead."
+                )
+            d = weight.shape[1]
             if H.shape[1] != d:
                 raise ValueError(
                     f"hidden_states must have d = {d} columns (the head's), got shape {H.shape} instead."
@@ -567,11 +578,24 @@ def _build() -> dict[str, Any]:
             self.optimizer = optimizer
             self.records: list[dict] = []
             self._count = 0
+            self._seen_step = self._state_step()
             self._handle = optimizer.register_step_post_hook(self._after_step)
+
+        def _state_step(self) -> int | None:
+            # the group's own step count (RowNorm and DiameterLMO keep state["step"]);
+            # int() takes a snapshot of a tensor count that an optimizer bumps in place
+            p = self.optimizer.param_groups[self.group]["params"][0]
+            t = self.optimizer.state.get(p, {}).get("step")
+            return None if t is None else int(t)
 
         def _after_step(self, optimizer: Any, args: Any, kwargs: Any) -> None:
             self._count += 1
-            if self._count % self.every:
+            # a call that skipped the group (its gradient None) left last_step() at the
+            # previous step: recording it again would report a step that did not happen
+            t = self._state_step()
+            advanced = t is None or t != self._seen_step
+            self._seen_step = t
+            if self._count % self.every or not advanced:
                 return
             S = optimizer.last_step(self.group)
             if S is None:
@@ -587,7 +611,16 @@ def _build() -> dict[str, Any]:
             from ._threads import blas_single_thread
 
             S, _ = from_foreign(S, "S", host=True)
+            # S may come from the caller: a 1-D or 3-D S, or a list, is a ValueError
+            # naming S rather than a failed unpacking or a missing attribute
+            S = as_float_array(S, "S", ndim=2, shape_hint="2-D array of shape (V, d)")
+            check_min_rows(S, "S", 2)
             V, d = S.shape
+            if d != self._hidden.shape[1]:
+                raise ValueError(
+                    f"S must have d = {self._hidden.shape[1]} columns (those of hidden_states), "
+                    f"got shape {S.shape} instead."
+                )
             n_threads = self.n_threads
             if n_threads is None and V * V * d < _SMALL_RECORD_FLOPS:
                 n_threads = 1

@@ -394,6 +394,54 @@ def test_monitor_bad_input():
         rtorch.HeadStepMonitor(opt, torch.zeros(4, 2), n_threads=0)
 
 
+@pytest.mark.parametrize("cls", ["RowNorm", "DiameterLMO"])
+def test_monitor_skips_calls_that_did_not_step_the_group(cls):
+    """A call with no gradient leaves the weight (and last_step) as they were: it is not
+    recorded as a new step; the next real step is, with the diameter of its own step."""
+    W = torch.nn.Parameter(torch.zeros(3, 2, dtype=torch.float64))
+    opt = getattr(rtorch, cls)([W], lr=0.1)
+    mon = rtorch.HeadStepMonitor(opt, torch.eye(2, dtype=torch.float64), every=1)
+    W.grad = torch.tensor([[3.0, 4.0], [-3.0, -4.0], [0.0, 0.0]], dtype=torch.float64)
+    opt.step()
+    W.grad = None
+    before = W.detach().clone()
+    opt.step()
+    assert torch.equal(W.detach(), before)
+    assert [r["step"] for r in mon.records] == [1]
+    W.grad = torch.tensor([[1.0, 0.0], [0.0, 0.0], [-1.0, 0.0]], dtype=torch.float64)
+    opt.step()
+    assert [r["step"] for r in mon.records] == [1, 3]
+    S = opt.last_step().double().numpy()
+    # brute force over the row pairs of the recorded step
+    want = max(np.linalg.norm(S[i] - S[j]) for i in range(3) for j in range(3))
+    assert mon.records[-1]["diameter"] == pytest.approx(want, rel=1e-12)
+
+def test_monitor_refuses_one_row_head_before_any_step():
+    """A head of fewer than 2 rows has no row diameter: refused when the monitor is
+    built, not by an error about an internal S after the weight has already moved."""
+    W = torch.nn.Parameter(torch.zeros(1, 2, dtype=torch.float64))
+    opt = rtorch.RowNorm([W], lr=0.1)
+    with pytest.raises(ValueError, match=re.escape("param group 0 must be 2-D with at least 2 rows")):
+        rtorch.HeadStepMonitor(opt, torch.eye(2, dtype=torch.float64), every=1)
+
+
+@pytest.mark.parametrize("S", [np.zeros(2), np.zeros((3, 2, 1)), [[1.0, 0.0], [0.0, 1.0], [0.5, 0.5]],
+                               np.zeros((1, 2)), np.zeros((3, 3))])
+def test_monitor_record_names_bad_steps(S):
+    """record(S) takes the step from the caller: a wrong rank, too few rows or a width
+    other than the panel's is a ValueError naming S (a list is array_like)."""
+    W = torch.nn.Parameter(torch.zeros(3, 2, dtype=torch.float64))
+    mon = rtorch.HeadStepMonitor(rtorch.RowNorm([W], lr=0.1), torch.eye(2, dtype=torch.float64))
+    if isinstance(S, list):
+        rec = mon.record(S, step=1)
+        A = np.array(S)
+        # brute force: the largest distance between two rows
+        want = max(np.linalg.norm(A[i] - A[j]) for i in range(3) for j in range(3))
+        assert rec["diameter"] == pytest.approx(want, rel=1e-15)
+        return
+    with pytest.raises(ValueError, match=r"^S must "):
+        mon.record(S, step=1)
+
 def test_monitor_reads_bfloat16_and_grad_tensors_and_names_bad_ones():
     """The panel and a recorded step may be bfloat16 or carry autograd history (read as
     their exact float32 values); meta and integer tensors are TypeErrors naming them."""

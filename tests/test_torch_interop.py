@@ -90,11 +90,14 @@ CASES = {
     "patched": lambda c: refgeo.decompose(c(X), c(Y), k=6, cls="diagonal").patched(c(X)),
     "summary": lambda c: refgeo.decompose(c(X), c(Y), k=6, cls="diagonal").summary(),
     "layer_report": _layer_report,
-    "output_perturbation": lambda c: refgeo.output_perturbation(lambda h: 1.5 * h, c(H3), c(H3p)),
+    # logits_fn doubles (exact in every dtype: half tensors reach it as half tensors)
+    "output_perturbation": lambda c: refgeo.output_perturbation(lambda h: 2.0 * h, c(H3), c(H3p)),
     "output_perturbation_per_token": lambda c: refgeo.output_perturbation(
-        lambda h: 1.5 * h, c(H3[0]), c(H3p[0]), mode="per_token", divergence="js", readout="sum"
+        lambda h: 2.0 * h, c(H3[0]), c(H3p[0]), mode="per_token", divergence="js", readout="sum"
     ),
     "spearman": lambda c: refgeo.spearman(c(A), c(B)),
+    "embed": lambda c: refgeo.embed(c(S), d=8),
+    "spread_update": lambda c: refgeo.spread_update(c(S[:6, :3]), seed=0, n_points=3, n_starts=1),
 }
 
 # Cases whose inputs alone are not enough to reach every kind of bad input in the
@@ -224,6 +227,65 @@ def _with_nan(a):
 def test_half_tensors_run_as_float32(name, half):
     """bfloat16/float16 tensors give exactly the float32 result of the same values."""
     _check_half_runs_as_float32(CASES[name], name, half)
+
+
+@pytest.mark.parametrize("half", ["float8_e4m3fn", "float8_e5m2"])
+@pytest.mark.parametrize("name", ["variation", "pdist_hilbert", "cdist_hilbert", "covering_radius",
+                                  "hilbert_rms", "embed"])
+def test_float8_tensors_run_as_float32(name, half):
+    """float8 tensors (no NumPy dtype, like bfloat16) give exactly the float32 result of
+    their values; they raised torch's "unsupported ScalarType" TypeError."""
+    _check_half_runs_as_float32(CASES[name], name, half)
+
+
+@pytest.mark.parametrize("half", ["float8_e4m3fn", "float8_e5m2"])
+@pytest.mark.parametrize("name", ["row_diameter", "closest_pair", "farthest_partners", "knn"])
+def test_float8_engine_results_say_converted(name, half):
+    """The engine's results equal those of the float32 values, and say what they came from."""
+    dtype = getattr(torch, half)
+    t = torch.from_numpy(S.astype(np.float32)).to(dtype)
+    got = _run_quietly(_ENGINE[name], lambda a: t)
+    want = _ENGINE[name](lambda a: t.to(torch.float32).numpy())
+    assert got.converted_from == f"torch.{half}"
+    _assert_same(dataclasses.replace(got, converted_from=None), want, name)
+
+
+@pytest.mark.parametrize("half", ["bfloat16", "float16"])
+@pytest.mark.parametrize("mode", ["all", "per_token"])
+def test_output_perturbation_gives_a_half_model_its_own_dtype(half, mode):
+    """A bfloat16/float16 head gets states of its own dtype (the float32 copies made its
+    matmul raise); the divergences are those of its logits, computed here directly."""
+    dtype = getattr(torch, half)
+    torch.manual_seed(3)
+    head = torch.nn.Linear(4, 6, bias=False).to(dtype)
+    Ho = torch.from_numpy(H3[0].astype(np.float32)).to(dtype)
+    Hp = torch.from_numpy(H3p[0].astype(np.float32)).to(dtype)
+    seen = []
+
+    def logits_fn(h):
+        seen.append(h.dtype)
+        return head(h)
+
+    got = refgeo.output_perturbation(logits_fn, Ho, Hp, mode=mode)
+    assert set(seen) == {dtype}
+
+    def logp(H):  # float64 log-softmax of the head's own logits
+        L = head(H).detach().double().numpy()
+        L = L - L.max(axis=-1, keepdims=True)
+        return L - np.log(np.exp(L).sum(axis=-1, keepdims=True))
+
+    lp = logp(Ho)
+    if mode == "all":
+        lq = logp(Hp)
+        want = np.sum(np.exp(lp) * (lp - lq), axis=-1)
+    else:
+        want = np.empty(Ho.shape[0])
+        for t in range(Ho.shape[0]):
+            H = Ho.clone()
+            H[t] = Hp[t]
+            lq = logp(H)
+            want[t] = np.sum(np.exp(lp[t]) * (lp[t] - lq[t]))
+    np.testing.assert_allclose(got.numpy(), want, rtol=1e-12, atol=1e-15)
 
 
 @pytest.mark.parametrize("name", sorted(ALL_CASES))
