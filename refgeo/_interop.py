@@ -223,6 +223,7 @@ def in_input_dtype(a: Any, origin: Origin | None) -> Any:
         return a.to(getattr(sys.modules["torch"], dtype))
     return a.astype(dtype)
 
+
 def fields_to_caller(result: Any, origin: Origin | None) -> Any:
     """A frozen result record with every NumPy array field in the caller's framework.
 
