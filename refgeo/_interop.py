@@ -37,7 +37,7 @@ from typing import Any
 import numpy as np
 from array_api_compat import is_jax_array, is_numpy_array, is_torch_array
 
-__all__ = ["Origin", "fields_to_caller", "first_origin", "from_foreign", "in_input_dtype", "to_caller", "to_host"]
+__all__ = ["Origin", "fields_to_caller", "first_origin", "from_foreign", "in_input_dtype", "input_eps", "precision_eps", "to_caller", "to_host"]
 
 # torch dtypes the compiled engine cannot take as they are, and what they become
 _UPCAST = {"torch.bfloat16": "float32", "torch.float16": "float32"}
@@ -165,6 +165,31 @@ def _from_jax(x: Any, name: str) -> tuple[Any, Origin]:
         raise _dtype_error(name, f"jax.{dtype}", "")
     # DLPack gives a read-only NumPy view of the CPU buffer (no copy)
     return np.from_dlpack(x), Origin("jax", devices[0] if devices else None, converted)
+
+
+# machine epsilon of the precisions below float64 an input can arrive in
+_PRECISION_EPS = {"float32": 2.0**-23, "float16": 2.0**-10, "bfloat16": 2.0**-7}
+
+
+def precision_eps(dtype: Any) -> float:
+    """Machine epsilon of a dtype below float64 (``"torch.bfloat16"``, ``np.float32``,
+    a float8 format), 0.0 for float64 and exact (integer, boolean) dtypes.
+
+    For checks whose tolerance must cover the caller's own rounding: a bfloat16
+    cross-entropy gradient has rows that sum to zero only to bfloat16 precision.
+    """
+    name = str(dtype).rsplit(".", 1)[-1]  # "torch.bfloat16" -> "bfloat16"
+    if name.startswith("float8"):
+        return 2.0**-2  # e5m2, the coarser of the float8 formats
+    return _PRECISION_EPS.get(name, 0.0)
+
+
+def input_eps(x: Any, origin: Origin | None) -> float:
+    """:func:`precision_eps` of an input as the caller passed it: the dtype a tensor
+    had before its upcast (``origin.converted_from``), else ``x``'s own dtype."""
+    if origin is not None and origin.converted_from is not None:
+        return precision_eps(origin.converted_from)
+    return precision_eps(getattr(x, "dtype", "float64"))
 
 
 def first_origin(*origins: Origin | None) -> Origin | None:

@@ -57,7 +57,7 @@ from ._validate import (
     check_real,
 )
 from . import _progress
-from ._interop import fields_to_caller, from_foreign, to_caller, to_host
+from ._interop import fields_to_caller, from_foreign, input_eps, to_caller, to_host
 from ._threads import blas_single_thread
 from .rows import row_diameter
 
@@ -77,6 +77,13 @@ __all__ = [
 # the small remainder is removed exactly (the LMO's constraint 1^T S = 0 makes
 # <G, S> = <PG, S>).
 _CENTERED_RTOL = 1e-4
+
+
+def _centered_rtol(eps: float) -> float:
+    """The centering tolerance for a gradient whose values had precision ``eps``
+    (:func:`refgeo._interop.input_eps`): rounding to bfloat16 alone moves the sum of
+    the rows of a small centered gradient by more than 1e-4 of the row norms."""
+    return max(_CENTERED_RTOL, 4.0 * eps)
 
 _EPS64 = float(np.finfo(np.float64).eps)
 _TINY64 = float(np.finfo(np.float64).tiny)
@@ -405,9 +412,10 @@ def rescaled_rownorm(G: Any, /, *, eta: float = 1.0):
     1.0
     """
     G, origin = from_foreign(G, "G", host=True)  # NumPy code: a host copy of a CUDA tensor
+    rtol_c = _centered_rtol(input_eps(G, origin))
     G = _check_gradient(G)
     eta = _check_eta(eta)
-    Gc, _ = _centered_float64(G)  # the direction does not depend on the scale
+    Gc, _ = _centered_float64(G, rtol_c)  # the direction does not depend on the scale
     N = row_normalize(Gc)
     N = N - N.mean(axis=0, keepdims=True)
     D = row_diameter(N).value
@@ -416,7 +424,7 @@ def rescaled_rownorm(G: Any, /, *, eta: float = 1.0):
     return to_caller(_scale_to_budget(N, D, -eta), origin)
 
 
-def _centered_float64(G) -> tuple[np.ndarray, int]:
+def _centered_float64(G, rtol: float = _CENTERED_RTOL) -> tuple[np.ndarray, int]:
     """Checked, centered float64 NumPy copy of a gradient, times ``2**-e``; returns it and ``e``.
 
     The LMO step does not depend on the scale of G and every bound is positively
@@ -432,7 +440,7 @@ def _centered_float64(G) -> tuple[np.ndarray, int]:
     e = _pow2_exponent(Gf)
     if e:
         Gf = np.ldexp(Gf, -e)
-    check_centered_rows(Gf, "G", _CENTERED_RTOL)
+    check_centered_rows(Gf, "G", rtol)
     return Gf - Gf.mean(axis=0, keepdims=True), e
 
 
@@ -554,8 +562,8 @@ def tension_bounds(G: Any, /, *, pairwise: bool = True) -> TensionBounds:
     Parameters
     ----------
     G : array_like of shape (V, d)
-        Centered gradient (``||sum_i g_i|| <= 1e-4 * sum_i ||g_i||``; the remainder is
-        removed, see :func:`diameter_lmo`).
+        Centered gradient (``||sum_i g_i|| <= 1e-4 * sum_i ||g_i||``, or 4 eps of a
+        half precision; the remainder is removed, see :func:`diameter_lmo`).
     pairwise : bool, default=True
         Compute the pairwise-flow bound (time O(V^2 d)); when False it is ``nan``.
 
@@ -605,10 +613,11 @@ def tension_bounds(G: Any, /, *, pairwise: bool = True) -> TensionBounds:
     >>> b.lower, b.upper, b.closed_form  # rank 1: (1/2) * ||(2, -1, -1)||_1 * 1
     (2.0, 2.0, 'rank1')
     """
-    G, _ = from_foreign(G, "G", host=True)  # the result holds floats only
+    G, origin = from_foreign(G, "G", host=True)  # the result holds floats only
+    rtol_c = _centered_rtol(input_eps(G, origin))
     G = _check_gradient(G)
     pairwise = check_bool(pairwise, "pairwise")
-    Gc, e = _centered_float64(G)
+    Gc, e = _centered_float64(G, rtol_c)
     V, d = Gc.shape
     norms = np.sqrt(np.einsum("ij,ij->i", Gc, Gc))
     s1, prod = _row_norm_sum_bounds(norms)
@@ -1441,7 +1450,9 @@ def diameter_lmo(
     ----------
     G : array_like of shape (V, d)
         Centered gradient: ``||sum_i g_i|| <= 1e-4 * sum_i ||g_i||`` (cross-entropy
-        gradients satisfy :math:`\mathbf{1}^\top G = 0`); the small remainder is
+        gradients satisfy :math:`\mathbf{1}^\top G = 0`; for float16 input and bfloat16
+        or float16 tensors the tolerance is 4 eps of that precision, which their
+        rounding alone can reach); the small remainder is
         removed, which changes nothing because :math:`\mathbf{1}^\top S = 0`.  Use
         :func:`center_rows` to pass a non-centered matrix on purpose.
     eta : float, default=1.0
@@ -1588,6 +1599,7 @@ def diameter_lmo(
     """
     t0 = time.perf_counter()
     G, origin = from_foreign(G, "G", host=True)  # the solver is NumPy code
+    rtol_c = _centered_rtol(input_eps(G, origin))
     G = _check_gradient(G)
     eta = _check_eta(eta)
     rtol = check_open_unit_interval(rtol, "rtol")
@@ -1606,7 +1618,7 @@ def diameter_lmo(
             flows=to_host(warm_start.flows),
         )
     progress = _progress.check_progress(progress)
-    Gc, e = _centered_float64(G)
+    Gc, e = _centered_float64(G, rtol_c)
     V, d = Gc.shape
     if warm_start is not None:
         warm_start = _checked_warm_start(warm_start, V, d)

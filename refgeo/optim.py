@@ -22,7 +22,7 @@ from typing import Any
 import numpy as np
 from array_api_compat import is_jax_array, is_torch_array
 
-from ._interop import Origin, from_foreign, to_caller
+from ._interop import Origin, from_foreign, input_eps, to_caller
 from ._validate import (
     as_float_array,
     check_bool,
@@ -33,7 +33,15 @@ from ._validate import (
     check_real,
     check_same_shape,
 )
-from .lmo import _CENTERED_RTOL, LMOResult, _centered_unchecked, _pow2_exponent, diameter_lmo, row_normalize
+from .lmo import (
+    _CENTERED_RTOL,
+    LMOResult,
+    _centered_rtol,
+    _centered_unchecked,
+    _pow2_exponent,
+    diameter_lmo,
+    row_normalize,
+)
 
 __all__ = ["DiameterLMO", "RowNorm"]
 
@@ -71,6 +79,8 @@ class _Param:
             origin.converted_from is not None or getattr(origin.device, "type", "cpu") != "cpu"
         )
         grad, self.grad_origin = from_foreign(grad, "grad", host=True)
+        # the precision the caller's gradient had (its rows sum to zero only to that)
+        self.grad_eps = input_eps(grad, self.grad_origin)
         grad = as_float_array(grad, "grad", ndim=2, shape_hint="2-D array of shape (V, d)")
         check_same_shape(param, grad, ("param", "grad"))
         self.array = param
@@ -368,11 +378,21 @@ class DiameterLMO:
         # the solver's own checks, under the caller's name for the gradient (G is
         # diameter_lmo's); on M rescaled by a power of two, so no sum overflows
         check_min_rows(M, "grad", 2)
-        check_centered_rows(np.ldexp(M, -_pow2_exponent(M)), "grad", _CENTERED_RTOL)
+        Ms = np.ldexp(M, -_pow2_exponent(M))
+        check_centered_rows(Ms, "grad", _centered_rtol(p.grad_eps))
+        M_solve = M
+        if p.grad_eps:
+            try:
+                check_centered_rows(Ms, "grad", _CENTERED_RTOL)
+            except ValueError:
+                # centered only to the gradient's own half precision (a small bfloat16
+                # gradient): the solver takes it centered (its step is the same, as
+                # 1^T S = 0) instead of refusing it at float64's tolerance
+                M_solve = _centered_unchecked(np, M)
         warm = self.last_result
         if warm is not None and tuple(warm.update.shape) != M.shape:
             warm = None
-        res = diameter_lmo(M, eta=lr, rtol=rtol, max_time=max_time, warm_start=warm)
+        res = diameter_lmo(M_solve, eta=lr, rtol=rtol, max_time=max_time, warm_start=warm)
         if momentum > 0.0:
             self.buffer = M
         self.t += 1

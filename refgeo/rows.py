@@ -89,7 +89,7 @@ from array_api_compat import array_namespace, is_dask_array, is_numpy_array
 
 from . import _backend, _dask, _engine, _memory, _progress, _reference, _tiled
 from ._certify import dtype_name, f64, scale_exponent, scale_rows, unscale, unscale_array
-from ._interop import first_origin, from_foreign, to_caller
+from ._interop import first_origin, from_foreign, input_eps, to_caller
 from ._validate import (
     as_float_array,
     check_bool,
@@ -1225,19 +1225,6 @@ def hilbert_rms(S: Any, hidden: Any, /) -> float:
     return rms
 
 
-# eps of the precisions a residual can arrive in (tensors upcast on the way in say
-# which one they had)
-_EPS_OF = {"float16": 2.0**-10, "bfloat16": 2.0**-7, "float32": 2.0**-23}
-
-
-def _zero_sum_tolerance(r: Any, origin: Any) -> float:
-    """Relative tolerance of ``1^T r = 0`` for a residual as it was passed: 1e-10, or 4
-    eps of a lower precision (a float32 softmax residual sums to a few 1e-8, not 0)."""
-    name = getattr(origin, "converted_from", None) or str(getattr(r, "dtype", "float64"))
-    eps = _EPS_OF.get(name.rsplit(".", 1)[-1], 0.0)  # "torch.bfloat16" -> "bfloat16"
-    return max(1e-10, 4.0 * eps)
-
-
 def backward_bound(S: Any, r: Any, /):
     r"""Bound on the backward signal: :math:`\lVert S^\top r \rVert_2 \le \tfrac12 D(S) \lVert r \rVert_1`.
 
@@ -1287,7 +1274,9 @@ def backward_bound(S: Any, r: Any, /):
     S, origin_s = _engine_rows(S)
     r, origin_r = from_foreign(r, "r")
     origin = origin_r if origin_r is not None else origin_s
-    tol = _zero_sum_tolerance(r, origin_r)
+    # 1e-10, or 4 eps of the residual's own lower precision (a float32 softmax residual
+    # sums to a few 1e-8, not 0)
+    tol = max(1e-10, 4.0 * input_eps(r, origin_r))
     r = as_float_array(r, "r", ndim=(1, 2))
     if r.shape[-1] != S.shape[0]:
         raise ValueError(

@@ -25,7 +25,7 @@ from __future__ import annotations
 import contextlib
 from typing import Any
 
-from ._interop import from_foreign
+from ._interop import from_foreign, precision_eps
 from ._validate import as_float_array, check_bool, check_int, check_min_rows, check_real
 
 __all__ = ["DiameterLMO", "HeadStepMonitor", "RowNorm"]
@@ -399,7 +399,7 @@ def _build() -> dict[str, Any]:
             first."""
             import numpy as np
 
-            from .lmo import _centered_float64
+            from .lmo import _centered_float64, _centered_rtol
 
             loss = None
             if closure is not None:
@@ -423,16 +423,18 @@ def _build() -> dict[str, Any]:
                     # the solver's own checks, on what it solves: the momentum average of
                     # G with its buffer (a G that is not centered on its own may be)
                     M = self._solvers.get(k, fresh)._averaged(G, fresh.momentum)
-                    _centered_float64(as_float_array(M, "G", ndim=2))
+                    _centered_float64(as_float_array(M, "G", ndim=2), _centered_rtol(precision_eps(g.dtype)))
                 except ValueError as exc:
                     raise ValueError(f"the gradient of {name}: {exc}") from exc
-                work.append((k, group, p, name, G))
-            for k, group, p, name, G in work:
+                work.append((k, group, p, name, g.detach()))
+            for k, group, p, name, g in work:
                 solver = self._solvers[k] = self._solver_for(group, self._solvers.get(k))
                 host = torch.float64 if p.dtype == torch.float64 else torch.float32
                 W = p.detach().to(device="cpu", dtype=host).numpy()  # a view for CPU float tensors
                 try:
-                    solver.step(W, G)
+                    # the tensor itself: the solver reads its precision (a bfloat16
+                    # gradient is centered only to bfloat16's rounding)
+                    solver.step(W, g)
                 except ValueError as exc:
                     raise ValueError(f"the gradient of {name}: {exc}") from exc
                 if W.ctypes.data != p.data_ptr():

@@ -651,3 +651,46 @@ def test_diameter_lmo_group_whose_momentum_average_fails_changes_no_group():
     after = opt.state_dict()
     assert after["refgeo_solvers"][0]["t"] == saved["refgeo_solvers"][0]["t"] == 1
     np.testing.assert_array_equal(after["refgeo_solvers"][0]["buffer"], saved["refgeo_solvers"][0]["buffer"])
+
+
+def _bf16_centered_gradient(V, d, seed):
+    """A centered float64 gradient rounded to bfloat16: the rounding alone moves the
+    sum of its rows by more than 1e-4 of the row norms at small V."""
+    rng = np.random.default_rng(seed)
+    G = rng.standard_normal((V, d))
+    G -= G.mean(axis=0)
+    g = torch.tensor(G).bfloat16()
+    g64 = g.double().numpy()
+    ratio = np.linalg.norm(g64.sum(axis=0)) / np.linalg.norm(g64, axis=1).sum()
+    assert 1e-4 < ratio < 4 * 2.0**-7
+    return g, g64
+
+
+def test_bfloat16_gradients_are_centered_to_their_own_precision():
+    """refgeo.torch.DiameterLMO refused a bfloat16 cross-entropy gradient of 50 rows
+    ("rows summing to zero ... 5.4e-03 against 2.3e+01"): the centering tolerance
+    (1e-4 of the row norms) was float64's.  For bfloat16 it is 4 bfloat16 eps; the
+    float64 array of the same values is still held to 1e-4."""
+    g, g64 = _bf16_centered_gradient(50, 4, 3)
+    with pytest.raises(ValueError, match=re.escape("G must have rows summing to zero")):
+        refgeo.diameter_lmo(g64)
+    c64 = g64 - g64.mean(axis=0)  # what the solver takes: the bfloat16 values, centered
+    # (centered once more inside: equal to the last bits)
+    res, ref = refgeo.diameter_lmo(g, eta=0.5), refgeo.diameter_lmo(c64, eta=0.5)
+    np.testing.assert_allclose(res.update.numpy(), ref.update, rtol=0, atol=1e-12)
+    assert res.lower_bound == pytest.approx(ref.lower_bound, rel=1e-12)
+    b, b_ref = refgeo.tension_bounds(g), refgeo.tension_bounds(c64)
+    assert (b.lower, b.upper) == pytest.approx((b_ref.lower, b_ref.upper), rel=1e-12)
+    np.testing.assert_allclose(refgeo.rescaled_rownorm(g).numpy(), refgeo.rescaled_rownorm(c64), rtol=0, atol=1e-12)
+    # the optimizer: the same step as the NumPy optimizer on the centered values
+    W = torch.nn.Parameter(torch.zeros(50, 4, dtype=torch.bfloat16))
+    opt = refgeo.torch.DiameterLMO([W], lr=0.5)
+    W.grad = g
+    opt.step()
+    ref_opt = refgeo.DiameterLMO(lr=0.5)
+    ref_opt.step(np.zeros((50, 4)), c64)
+    np.testing.assert_allclose(opt.last_step(0), ref_opt.last_step(), rtol=0, atol=1e-12)
+    # a bfloat16 gradient that is not centered is still refused, by name
+    W.grad = (g.double() + 0.5).bfloat16()
+    with pytest.raises(ValueError, match=re.escape("must have rows summing to zero")):
+        opt.step()
