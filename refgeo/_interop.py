@@ -167,20 +167,22 @@ def _from_jax(x: Any, name: str) -> tuple[Any, Origin]:
     return np.from_dlpack(x), Origin("jax", devices[0] if devices else None, converted)
 
 
-# machine epsilon of the precisions below float64 an input can arrive in
+# machine epsilon of the float precisions below float64 that a check may allow for
 _PRECISION_EPS = {"float32": 2.0**-23, "float16": 2.0**-10, "bfloat16": 2.0**-7}
 
 
 def precision_eps(dtype: Any) -> float:
-    """Machine epsilon of a dtype below float64 (``"torch.bfloat16"``, ``np.float32``,
-    a float8 format), 0.0 for float64 and exact (integer, boolean) dtypes.
+    """Machine epsilon of float32, float16 or bfloat16 (a NumPy dtype or scalar type,
+    ``"torch.bfloat16"``, a torch dtype), else 0.0: float64, exact dtypes, and the
+    float8 formats, whose rounding is too coarse for a check to allow for it.
 
     For checks whose tolerance must cover the caller's own rounding: a bfloat16
     cross-entropy gradient has rows that sum to zero only to bfloat16 precision.
     """
-    name = str(dtype).rsplit(".", 1)[-1]  # "torch.bfloat16" -> "bfloat16"
-    if name.startswith("float8"):
-        return 2.0**-2  # e5m2, the coarser of the float8 formats
+    try:
+        name = np.dtype(dtype).name  # np.float32, "float16", np.dtype(...)
+    except TypeError:  # torch / JAX dtypes and their names
+        name = str(dtype).rsplit(".", 1)[-1]  # "torch.bfloat16" -> "bfloat16"
     return _PRECISION_EPS.get(name, 0.0)
 
 

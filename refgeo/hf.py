@@ -1031,6 +1031,7 @@ def tokenwise_protocol(
     progress = _progress.check_progress(progress)
     batch = _batch(model, input_ids, attention_mask)
     n = batch.sequence.shape[0]
+    seed = check_int(seed, "seed", min_value=0)  # recorded in the config as a Python int
     probe_idx = _check_probe(probe, n, seed)
     plan = _passes(batch, probe_idx, batch_size)
     n_chunks = len(_chunks(batch.ids.shape[0], batch_size))

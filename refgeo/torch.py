@@ -426,15 +426,15 @@ def _build() -> dict[str, Any]:
                     _centered_float64(as_float_array(M, "G", ndim=2), _centered_rtol(precision_eps(g.dtype)))
                 except ValueError as exc:
                     raise ValueError(f"the gradient of {name}: {exc}") from exc
-                work.append((k, group, p, name, g.detach()))
+                # on the host in its own dtype: the solver reads its precision from it,
+                # and a CUDA tensor would make the solver hand W back to the device
+                work.append((k, group, p, name, g.detach().to(device="cpu")))
             for k, group, p, name, g in work:
                 solver = self._solvers[k] = self._solver_for(group, self._solvers.get(k))
                 host = torch.float64 if p.dtype == torch.float64 else torch.float32
                 W = p.detach().to(device="cpu", dtype=host).numpy()  # a view for CPU float tensors
                 try:
-                    # the tensor itself: the solver reads its precision (a bfloat16
-                    # gradient is centered only to bfloat16's rounding)
-                    solver.step(W, g)
+                    solver.step(W, g)  # a bfloat16 g is centered only to its rounding
                 except ValueError as exc:
                     raise ValueError(f"the gradient of {name}: {exc}") from exc
                 if W.ctypes.data != p.data_ptr():
