@@ -194,6 +194,17 @@ def input_eps(x: Any, origin: Origin | None) -> float:
     return precision_eps(getattr(x, "dtype", "float64"))
 
 
+def mark_modified(tensor: Any) -> None:
+    """Tell autograd that ``tensor`` was changed in place through a NumPy view.
+
+    torch counts in-place changes made by its own operations; writes through
+    ``tensor.numpy()`` are invisible to it, so a graph that saved the tensor would
+    differentiate the new values silently instead of raising its "modified by an
+    inplace operation" error, as torch's optimizers make it do.
+    """
+    sys.modules["torch"].autograd.graph.increment_version(tensor)
+
+
 def first_origin(*origins: Origin | None) -> Origin | None:
     """The first foreign origin among several arguments' (None when all were NumPy)."""
     return next((o for o in origins if o is not None), None)

@@ -22,7 +22,7 @@ from typing import Any
 import numpy as np
 from array_api_compat import is_jax_array, is_torch_array
 
-from ._interop import Origin, from_foreign, input_eps, to_caller
+from ._interop import Origin, from_foreign, input_eps, mark_modified, to_caller
 from ._validate import (
     as_float_array,
     check_bool,
@@ -91,8 +91,10 @@ class _Param:
         NumPy array, as a tensor sharing its memory when the gradient was a tensor."""
         if self.tensor is None:
             return to_caller(self.array, self.grad_origin)
-        if self.copied:
+        if self.copied:  # detach() shares the version counter: autograd sees the copy
             self.tensor.detach().copy_(to_caller(self.array, Origin("torch", self.tensor.device)))
+        else:
+            mark_modified(self.tensor)  # written through its NumPy view
         return self.tensor
 
 

@@ -25,7 +25,7 @@ from __future__ import annotations
 import contextlib
 from typing import Any
 
-from ._interop import from_foreign, precision_eps
+from ._interop import from_foreign, mark_modified, precision_eps
 from ._validate import as_float_array, check_bool, check_int, check_min_rows, check_real
 
 __all__ = ["DiameterLMO", "HeadStepMonitor", "RowNorm"]
@@ -439,6 +439,8 @@ def _build() -> dict[str, Any]:
                     raise ValueError(f"the gradient of {name}: {exc}") from exc
                 if W.ctypes.data != p.data_ptr():
                     p.copy_(torch.from_numpy(np.ascontiguousarray(W)))
+                else:  # written through its NumPy view, which autograd does not see
+                    mark_modified(p)
                 self.state[p]["step"] = solver.t
             return loss
 

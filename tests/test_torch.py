@@ -715,3 +715,24 @@ def test_precision_eps_reads_every_spelling_of_a_dtype():
     assert precision_eps(torch.bfloat16) == precision_eps("torch.bfloat16") == 2.0**-7
     for exact in (np.float64, torch.float64, np.int64, torch.float8_e5m2, "torch.float8_e4m3fn"):
         assert precision_eps(exact) == 0.0
+
+
+@pytest.mark.parametrize("kind", ["torch.DiameterLMO", "DiameterLMO", "RowNorm"])
+def test_steps_written_through_numpy_views_are_seen_by_autograd(kind):
+    """The optimizers write a CPU float parameter through its NumPy view, which torch's
+    version counter does not see: a backward through a graph that saved the weight
+    before the step used the new values silently.  torch's own optimizers make that
+    backward raise; so do these."""
+    rng = np.random.default_rng(0)
+    G = rng.standard_normal((6, 3))
+    G -= G.mean(axis=0)
+    W = torch.nn.Parameter(torch.tensor(rng.standard_normal((6, 3))))
+    loss = (W * W).sum()  # saves W for its backward
+    if kind == "torch.DiameterLMO":
+        W.grad = torch.tensor(G)
+        refgeo.torch.DiameterLMO([W], lr=0.1).step()
+    else:
+        opt = refgeo.DiameterLMO(lr=0.1) if kind == "DiameterLMO" else refgeo.RowNorm(lr=0.1)
+        assert opt.step(W, torch.tensor(G)) is W
+    with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+        loss.backward()
