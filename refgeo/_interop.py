@@ -37,10 +37,20 @@ from typing import Any
 import numpy as np
 from array_api_compat import is_jax_array, is_numpy_array, is_torch_array
 
-__all__ = ["Origin", "fields_to_caller", "first_origin", "from_foreign", "in_input_dtype", "input_eps", "precision_eps", "to_caller", "to_host"]
+__all__ = [
+    "Origin",
+    "fields_to_caller",
+    "first_origin",
+    "from_foreign",
+    "in_input_dtype",
+    "input_eps",
+    "mark_modified",
+    "precision_eps",
+    "to_caller",
+    "to_host",
+]
 
-# torch dtypes the compiled engine cannot take as they are, and what they become
-_UPCAST = {"torch.bfloat16": "float32", "torch.float16": "float32"}
+# JAX dtypes the compiled engine cannot take as they are, and what they become
 _JAX_UPCAST = {"bfloat16": "float32", "float16": "float32"}
 
 
@@ -113,10 +123,10 @@ def _from_torch(x: Any, name: str, host: bool) -> tuple[Any, Origin]:
             f"array; pass {name}.to_dense()."
         )
     converted = None
-    # float8 formats (float8_e4m3fn, float8_e5m2, ...) have no NumPy dtype either and
-    # hold only float32 values: upcast every floating dtype narrower than float32 (torch
-    # raised "Got unsupported ScalarType", naming no argument)
-    if str(t.dtype) in _UPCAST or (t.is_floating_point() and t.element_size() < 4):
+    # every floating dtype narrower than float32 (bfloat16, float16, the float8 formats)
+    # has no NumPy dtype the engine takes, and float32 holds its values exactly (float8
+    # raised torch's "Got unsupported ScalarType", naming no argument)
+    if t.is_floating_point() and t.element_size() < 4:
         converted = str(t.dtype)
         t = t.to(torch.float32)
     if not t.is_floating_point():
