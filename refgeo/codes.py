@@ -957,7 +957,7 @@ def _best_ball(lat: _Lattice, V: int) -> tuple[np.ndarray, float, int] | None:
     return best
 
 
-def _shell_subsets(M: np.ndarray, V: int) -> list[tuple[str, np.ndarray, float]]:
+def _shell_subsets(M: np.ndarray, V: int) -> list[tuple[str, np.ndarray, float, float]]:
     """Subsets of a shell (all of norm r^2, inner products on a few levels) of V points.
 
     For each level t (from the largest), a greedy independent set (lowest conflict
@@ -967,7 +967,10 @@ def _shell_subsets(M: np.ndarray, V: int) -> list[tuple[str, np.ndarray, float]]
     minimal vectors with inner products >= -r^2/4, the first only 2,301).  The origin
     is added when it helps (it is at distance r from every point, never closer than
     the shell's own closest pair when the inner products reach r^2 / 2).  Returns
-    (label, points, exact ratio from the integer-valued Gram levels).
+    (label, points, exact ratio, exact diameter), both from the integer-valued Gram
+    levels: with the diameter ``spread`` certifies a large subset in closed form, where
+    the engine is slow (each row of the whole Leech shell has 4,600 partners at the
+    closest distance: 60 s on 2 cores at V = 196,560).
     """
     r2 = float(M[0] @ M[0])
     # the pool: the whole shell, or caps of it (the Leech shell's 196,560 vectors would
@@ -988,7 +991,7 @@ def _shell_subsets(M: np.ndarray, V: int) -> list[tuple[str, np.ndarray, float]]
     return out
 
 
-def _shell_prefix(M: np.ndarray, V: int, r2: float) -> list[tuple[str, np.ndarray, float]]:
+def _shell_prefix(M: np.ndarray, V: int, r2: float) -> list[tuple[str, np.ndarray, float, float]]:
     """The first V vectors of a whole shell of minimal vectors, beyond the pools.
 
     Two distinct minimal vectors differ by a nonzero lattice vector, so every distance
@@ -1009,10 +1012,10 @@ def _shell_prefix(M: np.ndarray, V: int, r2: float) -> list[tuple[str, np.ndarra
     neighbor = bool(np.any(np.rint(4.0 * (X[1:] @ X[0]) / r2) == 2))
     if not (antipodal and neighbor):
         return []
-    return [("ip>=-4/4,prefix", X.copy(), 0.5)]
+    return [("ip>=-4/4,prefix", X.copy(), 0.5, 2.0 * math.sqrt(r2))]
 
 
-def _shell_greedy(P: np.ndarray, V: int, r2: float, tag: str) -> list[tuple[str, np.ndarray, float]]:
+def _shell_greedy(P: np.ndarray, V: int, r2: float, tag: str) -> list[tuple[str, np.ndarray, float, float]]:
     out = []
     # inner products in units of r^2 / 4 (exact small integers), blockwise as int8
     L = np.empty((P.shape[0], P.shape[0]), dtype=np.int8)
@@ -1045,7 +1048,8 @@ def _shell_greedy(P: np.ndarray, V: int, r2: float, tag: str) -> list[tuple[str,
                 X = np.vstack([np.zeros((1, X.shape[1])), X])
                 m2 = min(m2, r2)
                 D2 = max(D2, r2)
-            out.append((f"ip>={lv:g}/4{tag}" + ("+0" if with_origin else ""), X, math.sqrt(m2 / D2)))
+            out.append((f"ip>={lv:g}/4{tag}" + ("+0" if with_origin else ""), X, math.sqrt(m2 / D2),
+                        math.sqrt(D2)))
         if len(chosen) >= V:
             break  # a larger level already fits V points; smaller ones only widen D
     return out
@@ -1098,8 +1102,8 @@ def _lattice_candidates(V: int, d: int) -> list[_Candidate]:
         if name not in ("Z", "A2") and n >= 5:
             M = lat.minimal()
             if V <= M.shape[0] + 1:
-                for label, X, rho in _shell_subsets(M, V):
-                    out.append(_Candidate(f"shell({name}{pad},{label})", rho, functools.partial(padded, X),
+                for label, X, rho, D in _shell_subsets(M, V):
+                    out.append(_Candidate(f"shell({name}{pad},{label})", rho, functools.partial(padded, X), D,
                                           on_sphere="+0" not in label, iterate=False))
     return out
 
