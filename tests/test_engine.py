@@ -21,7 +21,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import refgeo
-from refgeo import _certify, _engine
+from refgeo import _backend, _certify, _engine, rows
 from refgeo.testing import strategies as rst
 
 
@@ -148,11 +148,23 @@ def _assert_pair(r, want, S, backend):
     assert r.n_refined >= 1
 
 
+def _kernel_pair(info, S, **opts):
+    """``(value, i, j)`` of the extreme-pair kernel run on all rows of ``S``: the public
+    functions hand the kernels only the rows that decide the pair when some rows are
+    identical (refgeo._duplicates), so the kernels' own tie handling is checked here."""
+    e = _certify.scale_exponent(np, [S])
+    run = _backend.run(info, (S,), _certify.scale_rows(np, S, e), progress=None, **opts)
+    return math.ldexp(run.value, e), run.i, run.j
+
+
 def _assert_extremes_exact(S, backend, **opts):
     """Diameter, closest pair and farthest partners of ``S`` against the float64 oracle."""
     D2 = _oracle_sq(S, S)
-    _assert_pair(refgeo.row_diameter(S, **opts), _oracle_extreme(S, True, D2), S, backend)
-    _assert_pair(refgeo.closest_pair(S, **opts), _oracle_extreme(S, False, D2), S, backend)
+    for info, maximize, public in ((rows._DIAMETER, True, refgeo.row_diameter),
+                                   (rows._CLOSEST, False, refgeo.closest_pair)):
+        want = _oracle_extreme(S, maximize, D2)
+        _assert_pair(public(S, **opts), want, S, backend)
+        assert _kernel_pair(info, S, **opts) == want
     fp = refgeo.farthest_partners(S, **opts)
     np.fill_diagonal(D2, -np.inf)
     want = np.argmax(D2, axis=1)

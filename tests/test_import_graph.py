@@ -143,7 +143,8 @@ def test_no_import_cycle_in_refgeo():
 # The layers of the pairwise engine, bottom first: a module imports only from layers
 # below its own, so that no later edit can quietly bring a cycle back.
 ENGINE_LAYERS = (
-    ("refgeo._validate", "refgeo._threads", "refgeo._certify", "refgeo._interop", "refgeo._memory"),
+    ("refgeo._validate", "refgeo._threads", "refgeo._certify", "refgeo._interop", "refgeo._memory",
+     "refgeo._duplicates"),
     ("refgeo._progress",),
     ("refgeo._backend",),
     ("refgeo._reference", "refgeo._engine", "refgeo._tiled", "refgeo._dask"),
@@ -167,7 +168,7 @@ def test_engine_modules_import_only_downward():
 # imports within a layer).  A subpackage's modules belong to the layer of the
 # subpackage.  Every module must have a layer, so a new module is placed on purpose.
 PACKAGE_LAYERS = (
-    ("_validate", "_threads", "_certify", "_interop", "_memory", "_lm_gradients"),
+    ("_validate", "_threads", "_certify", "_interop", "_memory", "_lm_gradients", "_duplicates"),
     ("_progress", "_backend", "_tokenwise_fit"),
     ("_reference", "_engine", "_tiled", "_dask", "_config"),
     ("rows", "hilbert", "bounds", "codes", "_dask_tokenwise"),

@@ -118,6 +118,63 @@ class RowDiameter:
     track_distance_ratio.unit = "m/D"
 
 
+@records_runtime(dtype="float64", backend="cython")
+class IdenticalRows:
+    """closest_pair and row_diameter on a head whose rarest tokens share one row.
+
+    Zipf-distributed token counts leave the tail of a vocabulary untrained, and its
+    rows keep one common value (here 40% of the rows equal the mean row, the others
+    Gaussian around it).  Baseline in the same process: the same kernel handed every
+    row, which refines every pair of identical rows (refgeo._duplicates).  The
+    overhead tracker is the time to look for identical rows over the diameter's time,
+    on Gaussian rows where none exist.
+    """
+
+    params = ([(4000, 64)] if not realistic() else [(50257, 768)],)
+    param_names = ["V_d"]
+    timeout = 1200
+
+    def setup(self, V_d):
+        require_backend("cython")
+        V, d = V_d
+        g = rng(3)
+        self.S = g.standard_normal((V, d)) + 4.0
+        counts = g.zipf(1.3, size=V)
+        self.S[np.argsort(counts, kind="stable")[: (2 * V) // 5]] = self.S.mean(axis=0)
+        self.G = g.standard_normal((V, d))
+
+    def _all_rows(self, info):
+        from refgeo import _backend, rows
+        from refgeo._certify import scale_exponent, scale_rows
+
+        e = scale_exponent(np, [self.S])
+        return _backend.run(info, (self.S,), scale_rows(np, self.S, e), tile_size=None, n_threads=None,
+                            progress=None)
+
+    def time_closest_pair(self, V_d):
+        refgeo.closest_pair(self.S)
+
+    def time_row_diameter(self, V_d):
+        refgeo.row_diameter(self.S)
+
+    def track_closest_pair_speedup_vs_all_rows(self, V_d):
+        from refgeo import rows
+
+        with refgeo.use_backend("cython"):
+            return best_time(lambda: self._all_rows(rows._CLOSEST), 1) / best_time(
+                lambda: refgeo.closest_pair(self.S))
+
+    track_closest_pair_speedup_vs_all_rows.unit = "x"
+
+    def track_search_overhead(self, V_d):
+        from refgeo import _duplicates
+
+        return best_time(lambda: _duplicates.duplicate_rows(self.G)) / best_time(
+            lambda: refgeo.row_diameter(self.G))
+
+    track_search_overhead.unit = "fraction"
+
+
 @records_runtime(dtype="float32/float64", backend="cython")
 class Float32Speedup:
     """float64 time over float32 time of row_diameter on the same float32-representable data.

@@ -1,0 +1,145 @@
+"""Exact duplicate rows, found in O(V d) before an extreme-pair kernel runs.
+
+Why: the engines certify an extreme pair by refining, in float64 direct differences,
+every pair whose filtered squared distance lies within the rounding bound of the
+running extreme.  Identical rows defeat that filter: every pair of them ties.  20,000
+zero rows among 30,000 made :func:`refgeo.closest_pair` refine 2e8 pairs (4.9 s, against
+0.07 s for the diameter of the same rows), and two clusters of 15,000 identical rows
+made :func:`refgeo.row_diameter` refine 2.25e8 (3.5 s).  Such rows are common in LM
+heads: the embedding rows of tokens a tokenizer reserves but never trains, or a padding
+row tied to zero.
+
+Rows are hashed by the bits of ``row + 0.0`` (which turns ``-0.0`` into ``0.0``, so the
+hash is a function of float equality, which for finite rows is distance zero), rows of
+equal hash are compared exactly, and the kernel then runs on the first occurrence of
+each class.  The tie rule survives the reduction: first occurrences keep their order,
+so the lexicographically smallest pair among the distinct rows maps to the smallest
+pair among all rows (a later occurrence never precedes its class's first).  A hash
+collision of unequal rows costs one comparison and never merges them.
+
+One caveat keeps the reduction exact: the kernels' distances are square roots of
+float64 squared differences, and two distinct rows closer than about 2**-537 of the
+largest entry have a squared difference that underflows to 0 (the documented
+tiny-distance limit of :mod:`refgeo.rows`).  Such a pair ties with identical rows there,
+and may precede them in the tie rule.  :func:`separated` checks that it cannot happen
+(every nonzero entry at least 2**-400 of the largest); otherwise the rows run as they
+are.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+
+__all__ = ["DuplicateRows", "duplicate_rows", "separated"]
+
+# elements of S hashed per block: bounds the temporaries at a few MiB whatever V d is
+_BLOCK_ELEMENTS = 1 << 18
+
+# fixed odd multipliers: the result never depends on them (equal hashes are verified),
+# only the number of collisions does; fixed so that runs are reproducible in time too
+_MULTIPLIERS = (np.random.default_rng(0x5EED).integers(0, 2**63, size=4096, dtype=np.uint64) * np.uint64(2)
+                + np.uint64(1))
+
+
+@dataclasses.dataclass(frozen=True)
+class DuplicateRows:
+    """Classes of identical rows of ``S`` (at least one class has two rows).
+
+    Attributes
+    ----------
+    first : ndarray of int64
+        The first row of each class, increasing: the distinct rows in their order.
+    pair : tuple of int
+        ``(i, j)``, the lexicographically smallest pair of identical rows: ``i`` the
+        first row with a later copy, ``j`` its next copy.
+    """
+
+    first: np.ndarray
+    pair: tuple[int, int]
+
+
+def _hashes(S: np.ndarray) -> np.ndarray:
+    V, d = S.shape
+    bits = np.uint64 if S.dtype.itemsize == 8 else np.uint32
+    reps = -(-d // _MULTIPLIERS.size)
+    R = np.tile(_MULTIPLIERS, reps)[:d]
+    h = np.empty(V, dtype=np.uint64)
+    step = max(1, _BLOCK_ELEMENTS // max(d, 1))
+    zero = S.dtype.type(0)
+    for s in range(0, V, step):
+        B = np.ascontiguousarray(S[s : s + step] + zero).view(bits)
+        # wrapping uint64 arithmetic: a linear hash of the bits, exact and deterministic
+        h[s : s + step] = (B.astype(np.uint64, copy=False) * R).sum(axis=1, dtype=np.uint64)
+    return h
+
+
+def duplicate_rows(S: np.ndarray) -> DuplicateRows | None:
+    """The classes of identical rows of the finite float rows ``S``, or None if all differ.
+
+    Time O(V d) to hash plus O(V log V) to sort, and O(n d) per class of n rows of
+    equal hash to verify.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> dup = duplicate_rows(np.array([[1.0, 0.0], [2.0, 0.0], [1.0, -0.0], [2.0, 0.0]]))
+    >>> dup.first.tolist(), dup.pair
+    ([0, 1], (0, 2))
+    >>> duplicate_rows(np.eye(3)) is None
+    True
+    """
+    V = S.shape[0]
+    if V < 2:
+        return None
+    h = _hashes(S)
+    order = np.argsort(h, kind="stable")  # equal hashes stay in increasing row order
+    hs = h[order]
+    same = hs[1:] == hs[:-1]
+    if not same.any():
+        return None
+    rep = np.arange(V)  # rep[i]: the first row identical to row i
+    # runs of equal hashes: order[start:end]
+    edges = np.diff(np.concatenate(([False], same, [False])).astype(np.int8))
+    starts, ends = np.flatnonzero(edges == 1), np.flatnonzero(edges == -1) + 1
+    found = False
+    for a, b in zip(starts.tolist(), ends.tolist()):
+        rest = order[a:b]
+        while rest.size > 1:
+            eq = np.all(S[rest] == S[rest[0]], axis=1)
+            if eq.sum() > 1:
+                rep[rest[eq]] = rest[0]
+                found = True
+            rest = rest[~eq]
+    if not found:
+        return None
+    first = np.flatnonzero(rep == np.arange(V))
+    copies = np.flatnonzero(rep != np.arange(V))  # every later copy, increasing
+    # the smallest i with a copy is the smallest rep among the copies; j its first copy
+    i = int(rep[copies].min())
+    j = int(copies[rep[copies] == i][0])
+    return DuplicateRows(first, (i, j))
+
+
+def separated(S: np.ndarray) -> bool:
+    """Whether every two distinct rows of ``S`` have a nonzero float64 squared difference
+    in the kernels (whatever power-of-two prescaling they apply).
+
+    Sufficient condition, checked in O(V d): every nonzero ``|s_ik|`` is at least
+    ``2**-400 max |S|``.  The prescaling leaves the largest entry at least 2**-64, so
+    the nonzero entries are at least 2**-464; two distinct floats there differ by at
+    least one ulp, 2**-516, whose square 2**-1032 is still a (subnormal) nonzero
+    float64.  Always true for float32 rows.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> separated(np.array([[1.0, 0.0], [1.0, 1e-3]])), separated(np.array([[1.0], [1e-170]]))
+    (True, False)
+    """
+    a = np.abs(S)
+    nonzero = a[a > 0]
+    if nonzero.size == 0:
+        return True
+    return bool(nonzero.min() >= np.ldexp(float(a.max()), -400))

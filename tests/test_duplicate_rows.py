@@ -1,0 +1,97 @@
+"""Identical rows: the extreme-pair functions run their kernel on the rows that decide
+the pair (refgeo._duplicates), and the result is the one of every row."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import example, given, settings
+from hypothesis import strategies as st
+
+import refgeo
+from refgeo import _duplicates, rows
+
+from .test_engine import _kernel_pair, _oracle_extreme, _oracle_sq
+
+
+@st.composite
+def clouds_with_copies(draw):
+    """A few distinct rows, each copied several times in a random order, with ``-0.0``
+    for some zeros (equal to ``0.0``, other bits), and sometimes entries so small that
+    distinct rows tie with identical ones in float64 (the reduction must step aside)."""
+    n_distinct = draw(st.integers(1, 6))
+    d = draw(st.integers(1, 5))
+    rng = np.random.default_rng(draw(st.integers(0, 2**32 - 1)))
+    kind = draw(st.sampled_from(["grid", "uniform", "tiny"]))
+    base = rng.integers(-2, 3, size=(n_distinct, d)).astype(np.float64)
+    if kind == "uniform":
+        base = rng.uniform(-1.0, 1.0, size=(n_distinct, d))
+    elif kind == "tiny":  # 1e-200 apart: squared differences underflow to 0
+        base = base * 1e-200
+        base[0] = 1.0
+    V = draw(st.integers(max(3, n_distinct), 40))
+    S = base[np.concatenate([np.arange(n_distinct), rng.integers(0, n_distinct, V - n_distinct)])]
+    S = S[rng.permutation(V)]
+    S[(S == 0.0) & (rng.random(S.shape) < 0.5)] = -0.0
+    scale = draw(st.sampled_from([1.0, 2.0**-70, 2.0**80, 3.0]))
+    return (S * scale).astype(draw(st.sampled_from([np.float64, np.float32])))
+
+
+@settings(max_examples=300, deadline=None)
+@given(S=clouds_with_copies(), tile_size=st.integers(1, 8))
+@example(S=np.array([[1.0], [7.96118281e-196], [0.0], [0.0], [0.0], [7.96118281e-196]]), tile_size=1)
+@example(S=np.array([[0.0, 0.0], [1.0, 1.0], [-0.0, 0.0], [1.0, 1.0]]), tile_size=2)
+def test_identical_rows_give_the_pair_of_every_row(backend, S, tile_size):
+    """The public result equals the float64 oracle and the kernel run on all rows: the
+    same value and the same (lexicographically smallest) pair.  The first example: rows
+    1e-196 apart tie with the identical rows (1, 5) at 0 in float64, and the tie rule
+    gives (1, 2); the second: a -0.0 row is a copy of the 0.0 row before it."""
+    D2 = _oracle_sq(S, S)
+    for info, maximize, public in ((rows._DIAMETER, True, refgeo.row_diameter),
+                                   (rows._CLOSEST, False, refgeo.closest_pair)):
+        want = _oracle_extreme(S, maximize, D2)
+        r = public(S, tile_size=tile_size)
+        assert (r.value, r.i, r.j) == want == _kernel_pair(info, S, tile_size=tile_size)
+        assert r.backend == backend
+    if want[0] == 0.0 and _oracle_extreme(S, True, D2)[0] > 0.0:
+        assert refgeo.distance_ratio(S) == 0.0
+
+
+def test_many_identical_rows_are_not_refined_pair_by_pair(backend):
+    """2,000 zero rows among 3,000 (untrained embedding rows): every pair of them was
+    inside the filter's bound, so closest_pair refined all 2e6 of them (2e8 pairs and
+    4.9 s at 20,000 zero rows among 30,000); two clusters of identical rows did the
+    same to row_diameter."""
+    rng = np.random.default_rng(0)
+    S = rng.standard_normal((3000, 16))
+    zero = np.sort(rng.choice(3000, 2000, replace=False))
+    S[zero] = 0.0
+    m = refgeo.closest_pair(S)
+    assert (m.value, m.i, m.j) == (0.0, zero[0], zero[1]) and m.n_refined <= 1
+    two = np.repeat(rng.standard_normal((2, 16)), 1500, axis=0)[rng.permutation(3000)]
+    D = refgeo.row_diameter(two)
+    a = int(np.flatnonzero(np.any(two != two[0], axis=1))[0])  # the first row of the other cluster
+    assert (D.i, D.j) == (0, a) and D.value == pytest.approx(np.linalg.norm(two[0] - two[a]), rel=1e-15)
+    assert D.n_refined <= 1
+
+
+def test_hash_collisions_never_merge_distinct_rows(monkeypatch):
+    """With every row hashed alike (all multipliers 0), the exact comparison alone tells
+    the classes apart."""
+    monkeypatch.setattr(_duplicates, "_MULTIPLIERS", np.zeros(4, dtype=np.uint64))
+    rng = np.random.default_rng(1)
+    S = rng.integers(-1, 2, size=(200, 3)).astype(np.float64)
+    dup = _duplicates.duplicate_rows(S)
+    _, first = np.unique(S, axis=0, return_index=True)
+    assert dup.first.tolist() == sorted(first.tolist())
+    D2 = _oracle_sq(S, S)
+    r = refgeo.closest_pair(S)
+    assert (r.value, r.i, r.j) == _oracle_extreme(S, False, D2)
+    r = refgeo.row_diameter(S)
+    assert (r.value, r.i, r.j) == _oracle_extreme(S, True, D2)
+
+
+def test_distinct_rows_are_left_alone():
+    assert _duplicates.duplicate_rows(np.eye(5)) is None
+    assert _duplicates.duplicate_rows(np.array([[0.0], [-0.0]])).pair == (0, 1)
+    assert _duplicates.duplicate_rows(np.array([[0.0], [1e-300]])) is None
