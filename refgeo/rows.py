@@ -138,7 +138,9 @@ class ExtremePair:
         The a-priori bound on ``|filtered - refined|`` (squared distances of the rows
         ``S * 2**-scale_exponent`` the kernels saw) used to select the candidate pairs
         that were refined; ``0.0`` when every pair was evaluated directly (reference
-        backend).
+        backend).  Where ``S`` has identical rows the kernel sees only the rows that
+        decide the pair (:func:`row_diameter`), and this and ``n_refined`` describe that
+        run.
     backend : str
         Backend whose code computed the result (``"reference"``, ``"cython"``,
         ``"cupy"``).
@@ -358,10 +360,12 @@ def _threads_option(n_threads):
     return check_int(n_threads, "n_threads", min_value=1, allow_none=True)
 
 
-def _pair_run(info, S, tile_size, n_threads, bar) -> tuple[_backend.KernelRun, int]:
-    """The kernel run of ``info`` on ``S * 2**-e``, and ``e``."""
+def _pair_run(info, S, tile_size, n_threads, bar, e=None) -> tuple[_backend.KernelRun, int]:
+    """The kernel run of ``info`` on ``S * 2**-e``, and ``e`` (by default the prescaling
+    of ``S`` itself; a subset of rows gets that of the whole)."""
     xp = array_namespace(S)
-    e = scale_exponent(xp, [S])
+    if e is None:
+        e = scale_exponent(xp, [S])
     run = _backend.run(info, (S,), scale_rows(xp, S, e), tile_size=tile_size, n_threads=n_threads,
                        progress=bar if bar.active else None)
     return run, e
@@ -386,7 +390,10 @@ def _extreme_pair_run(info, S, tile_size, n_threads, bar) -> tuple[_backend.Kern
                 rows = np.array(dup.pair)
             else:  # every row identical: the smallest pair, at distance 0
                 rows = dup.first if dup.first.size >= 2 else np.array([0, 1])
-    run, e = _pair_run(info, S if rows is None else S[rows], tile_size, n_threads, bar)
+    # the prescaling of all rows, so that scale_exponent describes S (the closest pair
+    # of identical rows alone would get its own)
+    e = scale_exponent(np, [S]) if rows is not None else None
+    run, e = _pair_run(info, S if rows is None else S[rows], tile_size, n_threads, bar, e)
     value, i, j = _pair_of(run)
     if rows is not None:
         i, j = int(rows[i]), int(rows[j])

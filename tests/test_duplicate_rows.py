@@ -10,6 +10,7 @@ from hypothesis import strategies as st
 
 import refgeo
 from refgeo import _duplicates, rows
+from refgeo._certify import scale_exponent
 
 from .test_engine import _kernel_pair, _oracle_extreme, _oracle_sq
 
@@ -41,18 +42,22 @@ def clouds_with_copies(draw):
 @given(S=clouds_with_copies(), tile_size=st.integers(1, 8))
 @example(S=np.array([[1.0], [7.96118281e-196], [0.0], [0.0], [0.0], [7.96118281e-196]]), tile_size=1)
 @example(S=np.array([[0.0, 0.0], [1.0, 1.0], [-0.0, 0.0], [1.0, 1.0]]), tile_size=2)
+@example(S=np.array([[1.0], [2.0**-400], [2.0**-400], [0.0]]), tile_size=1)
+@example(S=np.array([[1e300], [0.0], [0.0]]), tile_size=1)
 def test_identical_rows_give_the_pair_of_every_row(backend, S, tile_size):
     """The public result equals the float64 oracle and the kernel run on all rows: the
-    same value and the same (lexicographically smallest) pair.  The first example: rows
-    1e-196 apart tie with the identical rows (1, 5) at 0 in float64, and the tie rule
-    gives (1, 2); the second: a -0.0 row is a copy of the 0.0 row before it."""
+    same value, the same (lexicographically smallest) pair and the prescaling of all
+    rows.  The first example: rows 1e-196 apart tie with the identical rows (1, 5) at 0
+    in float64, and the tie rule gives (1, 2); the second: a -0.0 row is a copy of the
+    0.0 row before it; the last two: identical rows far below (above) the largest row
+    reported the prescaling of the pair alone (-399 instead of 0, 0 instead of 997)."""
     D2 = _oracle_sq(S, S)
     for info, maximize, public in ((rows._DIAMETER, True, refgeo.row_diameter),
                                    (rows._CLOSEST, False, refgeo.closest_pair)):
         want = _oracle_extreme(S, maximize, D2)
         r = public(S, tile_size=tile_size)
         assert (r.value, r.i, r.j) == want == _kernel_pair(info, S, tile_size=tile_size)
-        assert r.backend == backend
+        assert r.backend == backend and r.scale_exponent == scale_exponent(np, [S])
     if want[0] == 0.0 and _oracle_extreme(S, True, D2)[0] > 0.0:
         assert refgeo.distance_ratio(S) == 0.0
 
