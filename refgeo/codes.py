@@ -1021,24 +1021,34 @@ def _shell_greedy(P: np.ndarray, V: int, r2: float, tag: str) -> list[tuple[str,
     L = np.empty((P.shape[0], P.shape[0]), dtype=np.int8)
     for i0 in range(0, P.shape[0], 1024):
         L[i0 : i0 + 1024] = np.rint(4.0 * (P[i0 : i0 + 1024] @ P.T) / r2)
-    everyone = np.arange(P.shape[0])
+    # key: the conflict degree of a point still available, about 2^40 for one that is
+    # not (set to 2^40 when it goes; the degrees subtracted from it later, at most
+    # n_pool^2 = 6.4e7 in all, leave it above 2^39), so that one argmin picks the first
+    # available point of least degree
+    dead = np.int64(1) << np.int64(40)
     for lv in range(1, -5, -1):  # inner products >= lv r^2 / 4 kept, from the largest
         conflict = L < lv
         alive = np.ones(P.shape[0], dtype=bool)
-        deg = conflict.sum(axis=1).astype(np.int64)
+        key = conflict.sum(axis=1).astype(np.int64)
         chosen: list[int] = []
-        while len(chosen) < V and alive.any():
-            i = int(np.flatnonzero(alive)[np.argmin(deg[alive])])
+        while len(chosen) < V:
+            i = int(np.argmin(key))
+            if key[i] >= dead // 2:
+                break  # nothing left
             chosen.append(i)
-            gone = alive & (conflict[i] | (everyone == i))
+            gone = alive & conflict[i]
+            gone[i] = True
             alive &= ~gone
-            deg -= conflict[:, gone].sum(axis=1)
+            # L is symmetric: the rows of the removed points (contiguous) give the same
+            # counts as their columns, several times faster
+            key -= conflict[gone].sum(axis=0)
+            key[gone] = dead
         for with_origin in (False, True):
             k = V - 1 if with_origin else V
             if len(chosen) < k or k < 2:
                 continue
             idx = np.array(chosen[:k])
-            Lx = L[np.ix_(idx, idx)].astype(np.int64)
+            Lx = L[np.ix_(idx, idx)]  # int8 levels in [-4, 4]: no wider copy needed
             np.fill_diagonal(Lx, -4)
             m2 = 2.0 * r2 - 0.5 * r2 * float(Lx.max())  # |x - y|^2 = 2 r^2 - 2 <x, y>
             np.fill_diagonal(Lx, 4)

@@ -504,3 +504,44 @@ def test_lattice_ball_in_high_dimension_is_refused_by_name():
             "lattice_ball(1, 'D400') would enumerate more than 1048576 lattice points (the projections "
             "of its ball in dimension 400 hold them); ask for fewer points or a lattice of smaller dimension.")):
         refgeo.lattice_ball(1, "D400")
+
+
+def _greedy_by_the_definition(L, V, lv):
+    """The greedy independent set of the pairs with level below lv, written plainly:
+    repeatedly the first available point of least conflict degree among the available."""
+    conflict = L < lv
+    alive = np.ones(L.shape[0], dtype=bool)
+    chosen = []
+    while len(chosen) < V and alive.any():
+        avail = np.flatnonzero(alive)
+        deg = conflict[np.ix_(avail, avail)].sum(axis=1)
+        i = int(avail[np.argmin(deg)])
+        chosen.append(i)
+        alive &= ~conflict[i]
+        alive[i] = False
+    return chosen
+
+
+@pytest.mark.parametrize("name, n_pool, V", [("E8", 240, 60), ("E8", 240, 240), ("BW16", 700, 300),
+                                             ("Leech", 900, 500), ("D12", 264, 100)])
+def test_shell_greedy_follows_its_definition(name, n_pool, V):
+    """The shell subsets' greedy keeps its degrees incrementally (an argmin over a key
+    where removed points sit at 2^40); the chosen points are those of the plain
+    definition, level by level."""
+    from refgeo.codes import _lattice, _shell_greedy
+
+    M = _lattice(name).minimal()
+    P = M[np.argsort(-(M @ M[0]), kind="stable")[:n_pool]]
+    r2 = float(P[0] @ P[0])
+    L = np.rint(4.0 * (P @ P.T) / r2).astype(np.int8)
+    got = {label: X for label, X, _, _ in _shell_greedy(P, V, r2, "")}
+    assert got
+    for lv in range(1, -5, -1):
+        chosen = _greedy_by_the_definition(L, V, lv)
+        label = f"ip>={lv:g}/4"
+        if len(chosen) >= V:
+            np.testing.assert_array_equal(got[label], P[chosen[:V]])
+            break
+        assert label not in got
+        if len(chosen) == V - 1:  # room for V - 1 points and the origin
+            np.testing.assert_array_equal(got[label + "+0"][1:], P[chosen])
