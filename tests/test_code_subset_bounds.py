@@ -149,3 +149,65 @@ def test_gold_code_subsets_stay_below_32768(tool):
         bad = (w19 > 0) & ((511 - 2 * w19 < lo) | (511 - 2 * w19 > hi))
         assert not bad[simplex[1:]].any()
         assert 512 <= tool.hoffman(w19, bad) < 32768
+
+
+def test_krawtchouk_is_the_macwilliams_transform(tool):
+    # For a linear code C, sum_i A_i K_k(i) / |C| is the weight distribution of its dual:
+    # RM(1, 4) (32 words) against RM(2, 4) (2^11 words), both from their generators.
+    n = 4
+    rm2 = np.bincount(tool.reed_muller2(n)[0], minlength=2**n + 1)
+    Z = (np.arange(2**n)[:, None] >> np.arange(n)) & 1
+    gens = np.array([np.ones(2**n, dtype=np.int64)] + [Z[:, i] for i in range(n)])
+    rm1 = np.bincount(tool._all_words_weights(gens), minlength=2**n + 1)
+    dual = tool.krawtchouk(2**n) @ rm1 / rm1.sum()
+    np.testing.assert_array_equal(dual, rm2)
+
+
+def _largest_code(n: int, lo: int, hi: int) -> int:
+    """The largest binary code of length n with every distance in [lo, hi], by search.
+
+    Translations are isometries, so the code may hold the zero word; the rest is a maximum
+    clique among the words at an allowed distance from it.
+    """
+    pop = np.array([bin(i).count("1") for i in range(2**n)])
+    ok = (pop >= lo) & (pop <= hi)
+    adj = [set(np.flatnonzero(ok[np.arange(2**n) ^ v]).tolist()) for v in range(2**n)]
+    best = 0
+
+    def grow(size, cand):
+        nonlocal best
+        best = max(best, size)
+        while cand and size + len(cand) > best:
+            v = cand.pop()
+            grow(size + 1, cand & adj[v])
+
+    grow(1, set(np.flatnonzero(ok).tolist()))
+    return best
+
+
+@pytest.mark.parametrize("lo,hi", [(2, 3), (3, 4), (2, 4), (4, 6), (3, 5), (2, 2), (4, 4)])
+def test_binary_lp_bound_caps_the_largest_code(tool, lo, hi):
+    largest, bound = _largest_code(6, lo, hi), tool.binary_delsarte(6, lo, hi)
+    assert largest <= bound
+    if (lo, hi) != (2, 3):  # length 6 is small enough for the bound to be met, except there
+        assert largest == bound
+
+
+def test_binary_lp_bound_admits_real_codes(tool):
+    # Rows of a Sylvester Hadamard matrix of order 16 are 16 words at distance 8; the
+    # +-1/4 Delsarte-Goethals rows of R^16 are 1024 words with distances in [4, 12].
+    H = np.array([[1]])
+    for _ in range(4):
+        H = np.block([[H, H], [H, -H]])
+    D = (H[:, None, :] != H[None, :, :]).sum(axis=2)
+    assert set(D[np.triu_indices(16, 1)].tolist()) == {8}
+    assert tool.binary_delsarte(16, 8, 8) >= 16
+    X = refgeo.delsarte_goethals_code(16)[16:]
+    bits = (X < 0).astype(np.int64)
+    D = (bits[:, None, :] != bits[None, :, :]).sum(axis=2)[np.triu_indices(len(X), 1)]
+    assert tool.binary_delsarte(16, int(D.min()), int(D.max())) >= len(X) == 1024
+
+
+def test_distance_windows(tool):
+    # lo / hi > 0.6, each maximal: [1, 1], [2, 3], [3, 4], [4, 6], [5, 8] for n = 9.
+    assert tool.distance_windows(9, 0.6) == [(1, 1), (2, 3), (3, 4), (4, 6), (5, 8)]
