@@ -126,8 +126,9 @@ class IdenticalRows:
     rows keep one common value (here 40% of the rows equal the mean row, the others
     Gaussian around it).  Baseline in the same process: the same kernel handed every
     row, which refines every pair of identical rows (refgeo._duplicates).  The
-    overhead tracker is the time to look for identical rows over the diameter's time,
-    on Gaussian rows where none exist.
+    overhead trackers are the time to look for identical rows over the diameter's time,
+    on rows where none exist: Gaussian rows, and the sign rows of a binarized head
+    (whose entries differ only in the float's top bit, where a weak hash collides).
     """
 
     params = ([(4000, 64)] if not realistic() else [(50257, 768)],)
@@ -142,6 +143,7 @@ class IdenticalRows:
         counts = g.zipf(1.3, size=V)
         self.S[np.argsort(counts, kind="stable")[: (2 * V) // 5]] = self.S.mean(axis=0)
         self.G = g.standard_normal((V, d))
+        self.B = np.where(g.random((V, d)) < 0.5, -1.0, 1.0)
 
     def _all_rows(self, info):
         from refgeo import _backend, rows
@@ -173,6 +175,14 @@ class IdenticalRows:
             lambda: refgeo.row_diameter(self.G))
 
     track_search_overhead.unit = "fraction"
+
+    def track_search_overhead_signs(self, V_d):
+        from refgeo import _duplicates
+
+        return best_time(lambda: _duplicates.duplicate_rows(self.B)) / best_time(
+            lambda: refgeo.row_diameter(self.B))
+
+    track_search_overhead_signs.unit = "fraction"
 
 
 @records_runtime(dtype="float32/float64", backend="cython")
