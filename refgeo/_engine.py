@@ -72,6 +72,15 @@ KNN_MIXED_MIN_WORK = 1 << 26
 # put many pairs inside the wider float32 band.
 MAX_MIXED_MIN_WORK = 1 << 26
 
+# Largest heap a k-NN retry grows to (below).  A row's heaps certify it when the K-th
+# kept key is clear of its k-th distance, which fails where more than K - k rows tie
+# near that distance (sign rows: squared distances are multiples of 4, and a row of
+# 20,000 random +-1 rows of length 64 has about 9 others at its 8-th distance).  Such
+# rows are redone with 4 times the heap, which costs a GEMM of those rows, instead of
+# refining each against every candidate (knn of those 20,000 rows: 8.2 s, 0.3 s for
+# Gaussian rows).
+KNN_MAX_HEAP = 1024
+
 # Rows per task of the k-NN kernel's second phase (the kernel's ROW_BLOCK): only to
 # announce the task count to a progress reporter, which adopts the kernel's own count.
 KNN_ROW_BLOCK = 64
@@ -258,16 +267,21 @@ def _knn_tile(nA, nB, symmetric, tile_size, n_threads) -> int:
     return max(1, min(max(nA, nB), tile))
 
 
+def _heap_size(n_cand: int, k: int) -> int:
+    """k plus slack, so that the certificate usually holds from the heap alone."""
+    return min(n_cand, k + max(8, k // 2))
+
+
 def _knn_pass(fn, XA, nA, SA, XB, nB, SB, *, symmetric, exclude_self, self_idx, defer, k, dt,
-              tile_size, n, progress=None):
-    """One run of a compiled k-NN kernel; returns (indices, distances, stats)."""
+              tile_size, n, progress=None, K=None):
+    """One run of a compiled k-NN kernel with heaps of K keys (default :func:`_heap_size`);
+    returns (indices, distances, stats)."""
     nA_rows, d = SA.shape
     nB_rows = SB.shape[0]
     excluded = int(symmetric and exclude_self) if symmetric else int(np.any(self_idx >= 0))
     n_cand = nB_rows - excluded
     cp, eabs = rounding_bound(d, dt)
-    # heap size: k plus slack, so that the certificate usually holds from the heap alone
-    K = min(n_cand, k + max(8, k // 2))
+    K = _heap_size(n_cand, k) if K is None else min(n_cand, K)
     tile = _knn_tile(nA_rows, nB_rows, symmetric, tile_size, n)
     ntA, ntB = -(-nA_rows // tile), -(-nB_rows // tile)
     npairs = ntA * (ntA + 1) // 2 if symmetric else ntA * ntB
@@ -289,7 +303,7 @@ def knn_memory(nA, nB, d, k, *, symmetric, exclude_self, itemsize, tile_size, n_
     indices per thread, and the centered copies with their norms.
     """
     n_cand = nB - int(exclude_self) if symmetric else nB
-    K = min(n_cand, k + max(8, k // 2))
+    K = _heap_size(n_cand, k)
     tile = _knn_tile(nA, nB, symmetric, tile_size, n_threads)
     ntA, ntB = -(-nA // tile), -(-nB // tile)
     npairs = ntA * (ntA + 1) // 2 if symmetric else ntA * ntB
@@ -334,28 +348,51 @@ def knn(X, k, Y, *, exclude_self, tile_size=None, n_threads=None, progress=None)
     XB, nB = (XA, nA) if symmetric else (cents[1], norms[1])
     mixed = SA.dtype == np.float64 and XA.dtype == np.float32
     no_self = np.full(SA.shape[0], -1, dtype=np.int64)
+    fn = getattr(ext._knn, "knn" + _kernel_suffix(XA, SA))
+    n_cand = SB.shape[0] - int(symmetric and exclude_self)
+    K = _heap_size(n_cand, k)
+    # the first pass defers the rows its heaps cannot certify (idx[i, 0] = -1)
     idx, dist, stats = _knn_pass(
-        getattr(ext._knn, "knn" + _kernel_suffix(XA, SA)), XA, nA, SA, XB, nB, SB,
-        symmetric=symmetric, exclude_self=exclude_self, self_idx=no_self, defer=mixed, k=k,
-        dt=dt, tile_size=tile_size, n=n, progress=progress,
+        fn, XA, nA, SA, XB, nB, SB, symmetric=symmetric, exclude_self=exclude_self,
+        self_idx=no_self, defer=True, k=k, dt=dt, tile_size=tile_size, n=n, progress=progress,
     )
     n_refined = int(stats[1])
-    if mixed and stats[0] > 0:
-        # rows the float32 certificate cannot settle are redone against every
-        # candidate with a float64 filter (same mean, so the same centered rows)
-        _, cents64, norms64, _ = _center(arrays, n)
-        F = np.flatnonzero(idx[:, 0] < 0)
-        XB64, nB64 = (cents64[0], norms64[0]) if symmetric else (cents64[1], norms64[1])
+    F = np.flatnonzero(idx[:, 0] < 0)
+
+    def redo(fn, F, XA, nA, XB, nB, K, dt, defer):
+        nonlocal n_refined
         self_idx = F.astype(np.int64) if (symmetric and exclude_self) else np.full(F.size, -1, np.int64)
         sub_idx, sub_dist, sub_stats = _knn_pass(
-            ext._knn.knn64, np.ascontiguousarray(cents64[0][F]), np.ascontiguousarray(norms64[0][F]),
-            np.ascontiguousarray(SA[F]), XB64, nB64, SB, symmetric=False, exclude_self=False,
-            self_idx=self_idx, defer=False, k=k, dt="float64", tile_size=tile_size, n=n,
-            progress=progress,
+            fn, np.ascontiguousarray(XA[F]), np.ascontiguousarray(nA[F]),
+            np.ascontiguousarray(SA[F]), XB, nB, SB, symmetric=False, exclude_self=False,
+            self_idx=self_idx, defer=defer, k=k, dt=dt, tile_size=tile_size, n=n,
+            progress=progress, K=K,
         )
         idx[F] = sub_idx
         dist[F] = sub_dist
         n_refined += int(sub_stats[1])
+        return F[sub_idx[:, 0] < 0]
+
+    # deferred rows: their rows against every candidate, heaps 4 times larger while
+    # they fit in the first pass's heap memory (K F <= K_0 nA); the last try (the float64
+    # filter for float32-filtered rows) refines what is still uncertified against every
+    # candidate.  Each row's answer is certified either way: only the work differs.
+    heap_rows = K * SA.shape[0]
+    while F.size:
+        grown = min(n_cand, 4 * K, KNN_MAX_HEAP, heap_rows // F.size)
+        last = grown <= K or (grown == n_cand and not mixed)
+        if last and mixed:
+            break
+        K = max(K, grown)
+        F = redo(fn, F, XA, nA, XB, nB, K, dt, defer=not last)
+        if last:
+            break
+    if F.size:
+        # rows the float32 certificate cannot settle are redone against every
+        # candidate with a float64 filter (same mean, so the same centered rows)
+        _, cents64, norms64, _ = _center(arrays, n)
+        XB64, nB64 = (cents64[0], norms64[0]) if symmetric else (cents64[1], norms64[1])
+        redo(ext._knn.knn64, F, cents64[0], norms64[0], XB64, nB64, K, "float64", defer=False)
     return KernelRun(
         backend=_BACKEND, error_bound=reported_bound(d, dt, float(max(nA.max(), nB.max()))),
         n_refined=n_refined, indices=idx, distances=dist,

@@ -411,12 +411,16 @@ def test_knn_exact_with_ties_on_small_tiles_and_threads(backend, parallel_always
     """
     monkeypatch.setattr(_engine, "KNN_MIXED_MIN_WORK", _engine.KNN_MIXED_MIN_WORK)  # restored after
     monkeypatch.setattr(_engine, "KNN_HEAP_BLOCK_BYTES", _engine.KNN_HEAP_BLOCK_BYTES)
+    monkeypatch.setattr(_engine, "KNN_MAX_HEAP", _engine.KNN_MAX_HEAP)
 
     @settings(max_examples=_examples(backend, 300))
     @given(S=tie_clouds(), data=st.data(), **tie_options)
     def check(S, data, tile_size, n_threads):
         opts = dict(tile_size=tile_size, n_threads=n_threads)
         _engine.KNN_MIXED_MIN_WORK = data.draw(st.sampled_from([0, 1 << 62]))
+        # rows the heaps cannot certify: redone with larger heaps, or (1: no room to
+        # grow) refined against every candidate at once
+        _engine.KNN_MAX_HEAP = data.draw(st.sampled_from([1, 24, 1024]))
         # row-major order, blocks of one tile pair, of two to three tiles per side, one block
         _engine.KNN_HEAP_BLOCK_BYTES = data.draw(
             st.sampled_from([0, 1, 2 * tile_size * 16 * 16, 3 * tile_size * 16 * 24, 1 << 40])
@@ -439,6 +443,27 @@ def test_knn_exact_with_ties_on_small_tiles_and_threads(backend, parallel_always
         np.testing.assert_array_equal(r.distances, dist)
 
     check()
+
+
+@pytest.mark.parametrize("dtype", [np.float64, np.float32])
+def test_knn_of_sign_rows_redoes_tied_rows_with_larger_heaps(backend, dtype):
+    """Sign rows (a binarized head): squared distances are multiples of 4, and a row of
+    5,000 random +-1 rows of length 64 has about 9 others at its 8-th distance, more
+    than the heaps' slack.  Those rows were refined against every candidate (1,100
+    pairs per row, and a full sort of them: 8.2 s at 20,000 rows); redone with 4 times
+    the heap they refine about 12."""
+    if backend != "cython":
+        pytest.skip("the compiled engine's heaps")
+    rng = np.random.default_rng(5)
+    S = rng.choice([-1.0, 1.0], size=(5000, 64)).astype(dtype)
+    r = refgeo.knn(S, 8)
+    assert r.n_refined <= 4 * 8 * len(S)
+    rows = rng.choice(len(S), 200, replace=False)
+    D2 = _oracle_sq(S[rows], S)
+    D2[np.arange(len(rows)), rows] = np.inf
+    want = np.lexsort((np.broadcast_to(np.arange(len(S)), D2.shape), D2), axis=1)[:, :8]
+    np.testing.assert_array_equal(r.indices[rows], want)
+    np.testing.assert_array_equal(r.distances[rows], np.sqrt(np.take_along_axis(D2, want, 1)))
 
 
 def test_extreme_pairs_exact_with_ties_on_small_tiles_and_threads(backend, parallel_always, monkeypatch):

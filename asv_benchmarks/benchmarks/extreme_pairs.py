@@ -326,3 +326,44 @@ class KNN:
         return roofline_fraction(N * N * d, self._run, 2, 1, 4096 if realistic() else 1024)
 
     track_sgemm_roofline_fraction.unit = "fraction"
+
+
+@records_runtime(dtype="float32", backend="cython")
+class TiedRows:
+    """knn of the sign rows of a binarized head: +-1 entries, so squared distances are
+    multiples of 4 and many rows tie at a row's k-th distance (about 9 at k = 8 for
+    20,000 rows of length 64), more than the heaps' slack.
+
+    Baseline in the same process: knn of Gaussian rows of the same shape, where ties
+    do not occur.  The refined-pairs tracker counts float64 refinements per row (k
+    where every row certifies from its heap).
+    """
+
+    params = ([(4000, 64, 8)] if not realistic() else [(50000, 768, 32)],)
+    param_names = ["N_d_k"]
+    timeout = 1200
+
+    def setup(self, N_d_k):
+        require_backend("cython")
+        N, d, k = N_d_k
+        g = rng(4)
+        self.B = np.where(g.random((N, d)) < 0.5, -1.0, 1.0).astype(np.float32)
+        self.G = g.standard_normal((N, d)).astype(np.float32)
+        self.k = k
+
+    def _knn(self, X):
+        with refgeo.use_backend("cython"):
+            return refgeo.knn(X, self.k)
+
+    def time_knn_signs(self, N_d_k):
+        self._knn(self.B)
+
+    def track_time_over_gaussian(self, N_d_k):
+        return best_time(lambda: self._knn(self.B)) / best_time(lambda: self._knn(self.G))
+
+    track_time_over_gaussian.unit = "x"
+
+    def track_refined_pairs_per_row(self, N_d_k):
+        return self._knn(self.B).n_refined / len(self.B)
+
+    track_refined_pairs_per_row.unit = "pairs"
