@@ -10,9 +10,10 @@ heads: the embedding rows of tokens a tokenizer reserves but never trains, or a 
 row tied to zero.
 
 Rows are hashed by the bits of ``row + 0.0`` (which turns ``-0.0`` into ``0.0``, so the
-hash is a function of float equality, which for finite rows is distance zero), the rows
-that share a hash are grouped exactly by sorting their bytes, and the kernel then runs
-on the first occurrence of each class.  The tie rule survives the reduction: first occurrences keep their order,
+hash is a function of float equality, which for finite rows is distance zero), each row
+that shares its hash is compared with the first such row (and groups of equal hash that
+hold several classes are sorted by their bytes), and the kernel then runs on the first
+occurrence of each class.  The tie rule survives the reduction: first occurrences keep their order,
 so the lexicographically smallest pair among the distinct rows maps to the smallest
 pair among all rows (a later occurrence never precedes its class's first).  A hash
 collision of unequal rows costs a place in that sort and never merges them.
@@ -88,8 +89,9 @@ def _hashes(S: np.ndarray) -> np.ndarray:
 def duplicate_rows(S: np.ndarray) -> DuplicateRows | None:
     """The classes of identical rows of the finite float rows ``S``, or None if all differ.
 
-    Time O(V d) to hash plus O(V log V) to sort the hashes, and O(m d log m) to
-    verify the m rows that share a hash with another.
+    Time O(V d) to hash plus O(V log V) to sort the hashes, O(d) to compare each row
+    that shares its hash with the first such row, and O(m d log m) to sort the m rows
+    of hash groups that hold more than one class (collisions).
 
     Examples
     --------
@@ -109,21 +111,35 @@ def duplicate_rows(S: np.ndarray) -> DuplicateRows | None:
     same = hs[1:] == hs[:-1]
     if not same.any():
         return None
-    # the rows sharing a hash with another row, increasing; only these can have a copy
-    shared = np.zeros(V, dtype=bool)
-    shared[order[1:][same]] = shared[order[:-1][same]] = True
-    cand = np.flatnonzero(shared)
-    # exact classes among them: sort the rows' bytes (after + 0.0, byte equality is
-    # float equality for finite rows), O(m d log m) for m candidates however their
-    # hashes collide; return_index gives each class's first, here its smallest row
-    C = np.ascontiguousarray(S[cand] + S.dtype.type(0))
-    keys = C.view(np.dtype((np.void, C.dtype.itemsize * C.shape[1]))).ravel()
-    _, first_of, inverse, counts = np.unique(keys, return_index=True, return_inverse=True,
-                                             return_counts=True)
-    if counts.max() < 2:
-        return None
+    # runs of equal hashes in the sorted order; lead[p]: the first row of p's run
+    # (the smallest: the sort is stable), for the positions p in runs of two or more
+    start = np.flatnonzero(np.concatenate(([True], ~same)))
+    length = np.diff(np.append(start, V))
+    pos = np.flatnonzero(np.repeat(length, length) > 1)
+    lead = order[np.repeat(start, length)[pos]]
+    rows = order[pos]
+    # one comparison with its run's lead per row: a run of one class (the common case,
+    # and one of 50,000 zero rows) is settled in O(n d); == makes -0.0 equal to 0.0
+    eq = np.empty(rows.size, dtype=bool)
+    step = max(1, _BLOCK_ELEMENTS // max(S.shape[1], 1))
+    for q in range(0, rows.size, step):
+        eq[q : q + step] = np.all(S[rows[q : q + step]] == S[lead[q : q + step]], axis=1)
     rep = np.arange(V)  # rep[i]: the first row identical to row i
-    rep[cand] = cand[first_of[inverse.ravel()]]
+    rep[rows[eq]] = lead[eq]
+    # runs holding rows of several classes (hash collisions): their rows' bytes sorted,
+    # O(m d log m) for m such rows however the hashes collide; after + 0.0, byte
+    # equality is float equality for finite rows; return_index gives each class's
+    # first occurrence, here its smallest row (the rows are taken in increasing order)
+    mixed_run = np.zeros(V, dtype=bool)
+    mixed_run[lead[~eq]] = True
+    cand = np.sort(rows[mixed_run[lead]])
+    if cand.size:
+        C = np.ascontiguousarray(S[cand] + S.dtype.type(0))
+        keys = C.view(np.dtype((np.void, C.dtype.itemsize * C.shape[1]))).ravel()
+        _, first_of, inverse = np.unique(keys, return_index=True, return_inverse=True)
+        rep[cand] = cand[first_of[inverse.ravel()]]
+    if np.all(rep == np.arange(V)):
+        return None
     first = np.flatnonzero(rep == np.arange(V))
     copies = np.flatnonzero(rep != np.arange(V))  # every later copy, increasing
     # the smallest i with a copy is the smallest rep among the copies; j its first copy

@@ -297,7 +297,8 @@ def _knn_pass(fn, XA, nA, SA, XB, nB, SB, *, symmetric, exclude_self, self_idx, 
 
 
 def knn_memory(nA, nB, d, k, *, symmetric, exclude_self, itemsize, tile_size, n_threads) -> dict:
-    """Bytes the compiled k-NN allocates, by part (before the optional float64 redo).
+    """Bytes the compiled k-NN allocates, by part, in its first pass (a redo of the rows it
+    defers keeps as many heap records per thread, plus a copy of those rows).
 
     Sizes as in :func:`_knn_pass`: the (nA, k) outputs, one (nA, K) heap of keys and
     indices per thread, and the centered copies with their norms.
@@ -374,19 +375,27 @@ def knn(X, k, Y, *, exclude_self, tile_size=None, n_threads=None, progress=None)
         return F[sub_idx[:, 0] < 0]
 
     # deferred rows: their rows against every candidate, heaps 4 times larger while
-    # they fit in the first pass's heap memory (K F <= K_0 nA); the last try (the float64
-    # filter for float32-filtered rows) refines what is still uncertified against every
-    # candidate.  Each row's answer is certified either way: only the work differs.
+    # they fit in as many heap records as the first pass had (K F <= K_0 nA, per
+    # thread); the last try (the float64 filter for float32-filtered rows) refines what
+    # is still uncertified against every candidate.  Each row's answer is certified
+    # either way: only the work differs.  A heap less than twice as large is not worth
+    # a pass (a few more slots rarely clear a tie).
     heap_rows = K * SA.shape[0]
+    helps = True
     while F.size:
         grown = min(n_cand, 4 * K, KNN_MAX_HEAP, heap_rows // F.size)
-        last = grown <= K or (grown == n_cand and not mixed)
-        if last and mixed:
-            break
-        K = max(K, grown)
-        F = redo(fn, F, XA, nA, XB, nB, K, dt, defer=not last)
-        if last:
-            break
+        if helps and (grown >= 2 * K or (grown == n_cand and grown > K)):
+            K = grown
+            every = K == n_cand and not mixed  # heaps that hold every candidate
+            before = F.size
+            F = redo(fn, F, XA, nA, XB, nB, K, dt, defer=not every)
+            # ties beyond any heap (rows with a thousand identical copies): one pass
+            # that settles fewer than a tenth of its rows ends the growing
+            helps = 10 * (before - F.size) >= before
+            continue
+        if not mixed:  # no larger heap worth a pass: refine against every candidate
+            F = redo(fn, F, XA, nA, XB, nB, K, dt, defer=False)
+        break
     if F.size:
         # rows the float32 certificate cannot settle are redone against every
         # candidate with a float64 filter (same mean, so the same centered rows)
