@@ -13,9 +13,9 @@ Rows are hashed by the bits of ``row + 0.0`` (which turns ``-0.0`` into ``0.0``,
 hash is a function of float equality, which for finite rows is distance zero), each row
 that shares its hash is compared with the first such row (and groups of equal hash that
 hold several classes are sorted by their bytes), and the kernel then runs on the first
-occurrence of each class.  The tie rule survives the reduction: first occurrences keep their order,
-so the lexicographically smallest pair among the distinct rows maps to the smallest
-pair among all rows (a later occurrence never precedes its class's first).  A hash
+occurrence of each class.  The tie rule survives the reduction: first occurrences keep
+their order, so the lexicographically smallest pair among the distinct rows maps to the
+smallest pair among all rows (a later occurrence never precedes its class's first).  A hash
 collision of unequal rows costs a place in that sort and never merges them.
 
 One caveat keeps the reduction exact: the kernels' distances are square roots of

@@ -811,8 +811,8 @@ def knn(
     filtered value beyond the rounding bound (see :func:`row_diameter`) of its k-th
     upper bound, and then every kept pair within that bound is refined in float64;
     an uncertified row is redone with heaps 4 times larger (rows with many ties at
-    their k-th distance, as sign rows have), then against all candidates.  So the answer is the exact
-    one even where a float32 Gram-trick answer is wrong.  Large float64 inputs are
+    their k-th distance, as sign rows have), then against all candidates.  So the
+    answer is the exact one even where a float32 Gram-trick answer is wrong.  Large float64 inputs are
     filtered in float32 (half the GEMM time; the float32 bound is used) and the rows
     it cannot certify are redone with a float64 filter.  Invariant under a common
     translation, orthogonal maps and scaling of ``X`` and ``Y``.

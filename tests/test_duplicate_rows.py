@@ -95,6 +95,33 @@ def test_hash_collisions_never_merge_distinct_rows(monkeypatch):
     assert (r.value, r.i, r.j) == _oracle_extreme(S, True, D2)
 
 
+def _brute_force_classes(S):
+    """``(first, pair)`` of :class:`refgeo._duplicates.DuplicateRows` by the definition."""
+    V = len(S)
+    rep = [next(i for i in range(j + 1) if np.all(S[i] == S[j])) for j in range(V)]
+    first = [j for j in range(V) if rep[j] == j]
+    pairs = [(rep[j], j) for j in range(V) if rep[j] != j]
+    return (first, min(pairs)) if pairs else None
+
+
+@settings(max_examples=200, deadline=None)
+@given(S=clouds_with_copies(), weak=st.sampled_from(["zero", "positives", "first entry"]))
+def test_weak_hashes_leave_the_classes_exact(S, weak):
+    """Hashes that collide for some groups and not others: groups of one class (one
+    comparison per row) and groups of several (sorted by their bytes) in one call."""
+    hashes = {"zero": lambda A: np.zeros(len(A), dtype=np.uint64),
+              "positives": lambda A: (A > 0).sum(axis=1).astype(np.uint64),
+              "first entry": lambda A: (A[:, 0] > 0).astype(np.uint64)}[weak]
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(_duplicates, "_hashes", hashes)
+        dup = _duplicates.duplicate_rows(S)
+    want = _brute_force_classes(S)
+    if want is None:
+        assert dup is None
+    else:
+        assert (dup.first.tolist(), dup.pair) == want
+
+
 @pytest.mark.parametrize("dtype", [np.float64, np.float32])
 @pytest.mark.parametrize("kind", ["signs", "ternary", "powers of two"])
 def test_rows_that_differ_in_sign_and_exponent_bits_hash_apart(kind, dtype):

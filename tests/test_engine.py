@@ -466,6 +466,31 @@ def test_knn_of_sign_rows_redoes_tied_rows_with_larger_heaps(backend, dtype):
     np.testing.assert_array_equal(r.distances[rows], np.sqrt(np.take_along_axis(D2, want, 1)))
 
 
+def test_knn_stops_growing_heaps_that_do_not_help(backend, monkeypatch):
+    """Ties beyond any heap: 2 rows with 150 copies each among 3,000 (k = 1).  The
+    copies' first retry settles none of them, so the next pass refines them against
+    every candidate instead of growing the heaps again (4 passes without the rule)."""
+    if backend != "cython":
+        pytest.skip("the compiled engine's heaps")
+    rng = np.random.default_rng(8)
+    S = rng.standard_normal((3000, 8))
+    copies = rng.choice(3000, 300, replace=False)
+    S[copies] = rng.standard_normal((2, 8))[np.arange(300) % 2]
+    passes = []
+    real = _engine._knn_pass
+
+    def counted(*args, **kwargs):
+        passes.append(kwargs.get("K"))
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(_engine, "_knn_pass", counted)
+    r = refgeo.knn(S, 1)
+    assert len(passes) == 3, passes
+    idx, dist = _oracle_knn(S, 1)
+    np.testing.assert_array_equal(r.indices, idx)
+    np.testing.assert_array_equal(r.distances, dist)
+
+
 def test_extreme_pairs_exact_with_ties_on_small_tiles_and_threads(backend, parallel_always, monkeypatch):
     """Diameter, closest pair and farthest partners on tie clouds, 1 to 4 threads.
 
