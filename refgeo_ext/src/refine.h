@@ -169,10 +169,11 @@ static inline void refgeo_sort_vj(refgeo_vj *a, ptrdiff_t n)
     qsort(a, (size_t)n, sizeof(refgeo_vj), refgeo_vj_cmp);
 }
 
-/* Whether record a precedes record b in the tie rule: smaller value, then smaller index. */
+
+/* Whether record a precedes record b in the tie rule (refgeo_vj_cmp). */
 static inline int refgeo_vj_before(const refgeo_vj *a, const refgeo_vj *b)
 {
-    return a->v < b->v || (a->v == b->v && a->j < b->j);
+    return refgeo_vj_cmp(a, b) < 0;
 }
 
 /* Sift a[p] down the binary max-heap a[0 .. n) ordered by the tie rule. */
