@@ -211,3 +211,66 @@ def test_binary_lp_bound_admits_real_codes(tool):
 def test_distance_windows(tool):
     # lo / hi > 0.6, each maximal: [1, 1], [2, 3], [3, 4], [4, 6], [5, 8] for n = 9.
     assert tool.distance_windows(9, 0.6) == [(1, 1), (2, 3), (3, 4), (4, 6), (5, 8)]
+
+
+def test_gegenbauer_in_three_dimensions_are_legendre(tool):
+    # On S^2 the normalized Gegenbauer polynomials are the Legendre polynomials.
+    t = np.linspace(-1, 1, 41)
+    P = tool.gegenbauer(3, 12, t)
+    for k in range(13):
+        np.testing.assert_allclose(P[k], np.polynomial.legendre.Legendre.basis(k)(t), atol=1e-12)
+
+
+def _ip_set(X: np.ndarray, n_rows: int | None = None) -> list[float]:
+    X = X / np.linalg.norm(X, axis=1, keepdims=True)
+    R = X if n_rows is None else X[np.random.default_rng(0).choice(len(X), n_rows, replace=False)]
+    G = np.rint(64 * (R @ X.T)) / 64  # every set here has inner products in (1/64) Z
+    return sorted(set(G.ravel().tolist()) - {1.0})
+
+
+@pytest.mark.parametrize("lattice,d,size", [("E8", 8, 240), ("Leech", 24, 196_560)])
+def test_spherical_lp_bound_is_met_by_tight_kissing_configurations(tool, lattice, d, size):
+    # E8 and Leech minimal vectors are tight spherical designs: the bound is their size.
+    X = refgeo.minimal_vectors(lattice)
+    ips = _ip_set(X, n_rows=None if len(X) < 1000 else 50)
+    assert len(X) == size
+    assert tool.spherical_delsarte(d, ips) == size
+
+
+def test_spherical_lp_bound_admits_real_codes(tool):
+    for X in (refgeo.kerdock_code(16), refgeo.delsarte_goethals_code(16), refgeo.minimal_vectors("BW16")):
+        ips = _ip_set(np.asarray(X))
+        bound = tool.spherical_delsarte(16, ips)
+        assert len(X) <= bound
+    with pytest.raises(ValueError, match="ips"):
+        tool.spherical_delsarte(16, [0.0, 1.0])
+
+
+def test_absolute_bound(tool):
+    # s = 1: a regular simplex, d + 1 points; s = 2: d (d + 3) / 2 (Delsarte-Goethals-Seidel),
+    # met by the 27 points of the Schlaefli configuration in R^6.
+    for d in (2, 6, 64):
+        assert tool.absolute_bound(d, 1) == d + 1
+        assert tool.absolute_bound(d, 2) == d * (d + 3) // 2
+    assert tool.absolute_bound(64, 3) == 47_840 < 50_000
+
+
+@pytest.mark.parametrize("m,size", [(2, 24), (4, 4320)])
+def test_barnes_wall_minimal_vectors(tool, m, size):
+    # BW4 is D4 (24 roots); BW16 is compared with refgeo's own construction of it (a
+    # different one: x mod 2 in RM(1, 4), sum x = 0 mod 4) through the full distribution
+    # of inner products, an isometry invariant.
+    X = tool.barnes_wall_minimal(m).astype(np.float64)
+    n = 2**m
+    assert X.shape == (size, n)
+    np.testing.assert_array_equal((X**2).sum(axis=1), n // 2)
+    assert len({r.tobytes() for r in X}) == size
+    ref = {2: refgeo.minimal_vectors("D4"), 4: refgeo.minimal_vectors("BW16")}[m]
+
+    def hist(Y):
+        G = np.rint(8 * (Y @ Y.T) / (Y[0] @ Y[0])).astype(np.int64)
+        return np.bincount(G.ravel() + 8)
+
+    np.testing.assert_array_equal(hist(X), hist(np.asarray(ref, dtype=np.float64)))
+    # inner products over the norm are 0 or +-2^-j (signs of a quadratic summed over a flat)
+    assert set(_ip_set(X)) <= {0.0, 0.25, -0.25, 0.5, -0.5, -1.0}
