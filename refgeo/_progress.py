@@ -25,7 +25,9 @@ A public function takes ``progress=False|True|callable`` and wraps its loop::
   reporter, never from a worker thread; once at the start (``done == 0``), then
   between steps at most once per ``interval`` seconds (0.25 s by default: at most a
   few times a second, whatever the chunk size), and always once when the last step
-  ends (``done == total``).  Whatever the callable raises propagates to the caller
+  ends (``done == total``, reported once and only then: a call that runs compiled
+  kernels reports it when the call ends, since one kernel run may be followed by
+  another that nobody announced, and its ``total`` never decreases).  Whatever the callable raises propagates to the caller
   of the public function, which stops there: a callable can cancel a long call by
   raising.
 
@@ -100,8 +102,8 @@ class Progress:
         end are always reported).
     """
 
-    __slots__ = ("_bar", "_callback", "_done", "_interval", "_last", "_reported", "_runs", "_start",
-                 "_started", "_thread", "_total")
+    __slots__ = ("_bar", "_callback", "_done", "_finished", "_interval", "_kernel", "_last", "_reported",
+                 "_runs", "_start", "_started", "_thread", "_total")
 
     def __init__(self, progress: Any, total: float | None, *, desc: str = "", unit: str = "step",
                  interval: float = 0.25, runs: int = 1):
@@ -114,6 +116,10 @@ class Progress:
         self._runs = runs
         self._done: float = 0
         self._reported: float = -1
+        # kernel runs (begin) may be followed by runs nobody announced (k-NN's redo
+        # passes), so once one has begun the end is reported by finish() alone
+        self._kernel = False
+        self._finished = False
         self._start = time.perf_counter()
         self._last = self._start
         self._thread = threading.get_ident()
@@ -132,19 +138,26 @@ class Progress:
         """Whether anything is reported (a bar or a callable)."""
         return self._bar is not None or self._callback is not None
 
+    def _shown(self) -> float:
+        """The steps reported as done: short of the total, while kernel runs may follow."""
+        if self._kernel and not self._finished:
+            return min(self._done, max(self._total - 1, 0))
+        return self._done
+
     def info(self, now: float | None = None) -> dict:
         """The report ``{"done", "total", "elapsed", "eta"}`` at time ``now``."""
         now = time.perf_counter() if now is None else now
         elapsed = now - self._start
-        if self._done > 0:
-            eta = elapsed * max(self._total - self._done, 0) / self._done
+        done = self._shown()
+        if done > 0:
+            eta = elapsed * max(self._total - done, 0) / done
         else:
             eta = math.nan
-        return {"done": self._done, "total": self._total, "elapsed": elapsed, "eta": eta}
+        return {"done": done, "total": self._total, "elapsed": elapsed, "eta": eta}
 
     def _report(self, callback: Callable[[dict], Any], now: float) -> None:
         self._last = now
-        self._reported = self._done
+        self._reported = self._shown()
         callback(self.info(now))
 
     def advance(self, n: float = 1) -> None:
@@ -154,8 +167,10 @@ class Progress:
             self._bar.update(n)
         elif self._callback is not None and threading.get_ident() == self._thread:
             now = time.perf_counter()
-            # the end once (not again for steps beyond the total), else throttled
-            if (self._done >= self._total and self._reported != self._done) or now - self._last >= self._interval:
+            # the end once (not again for steps beyond the total; after kernel runs, by
+            # finish()), else throttled
+            end = self._done >= self._total and not (self._kernel and not self._finished)
+            if (end and self._reported != self._done) or now - self._last >= self._interval:
                 self._report(self._callback, now)
 
     def update_to(self, done: float) -> None:
@@ -164,7 +179,13 @@ class Progress:
             self.advance(done - self._done)
 
     def set_total(self, total: float) -> None:
-        """Change the number of steps (a kernel run that says how many tasks it has)."""
+        """Change the number of steps (a kernel run that says how many tasks it has).
+
+        After a kernel run has begun the total only grows: a run smaller than announced
+        (the second of two, on fewer rows) leaves its remaining steps to finish().
+        """
+        if self._kernel:
+            total = max(total, self._total)
         if total != self._total:
             self._total = total
             if self._bar is not None:
@@ -183,6 +204,7 @@ class Progress:
         A run that was not expected (k-NN's redo pass) makes the total grow.
         """
         offset = self._done
+        self._kernel = True
         self._runs = max(self._runs - 1, 0)
         total = offset + n_tasks * (1 + self._runs)
         if self._started:
@@ -219,12 +241,13 @@ class Progress:
         if not self._started:
             self.begin(1)
         self.set_total(max(self._total, self._done))
+        self._finished = True
         self.update_to(self._total)
         self.flush()
 
     def flush(self) -> None:
         """Report the current state to a callable unless it has just been reported."""
-        if self._callback is not None and self._reported != self._done:
+        if self._callback is not None and self._reported != self._shown():
             self._report(self._callback, time.perf_counter())
 
     def postfix(self, **values: Any) -> None:
