@@ -272,6 +272,14 @@ def _heap_size(n_cand: int, k: int) -> int:
     return min(n_cand, k + max(8, k // 2))
 
 
+def _knn_plan(nA, nB, d, symmetric, tile_size, n_threads) -> tuple[int, int, int]:
+    """``(tile, tile pairs, threads)`` of a k-NN pass of nA rows against nB."""
+    tile = _knn_tile(nA, nB, symmetric, tile_size, n_threads)
+    ntA, ntB = -(-nA // tile), -(-nB // tile)
+    npairs = ntA * (ntA + 1) // 2 if symmetric else ntA * ntB
+    return tile, npairs, _effective_threads(n_threads, npairs, nA * nB * d // (2 if symmetric else 1))
+
+
 def _knn_pass(fn, XA, nA, SA, XB, nB, SB, *, symmetric, exclude_self, self_idx, defer, k, dt,
               tile_size, n, progress=None, K=None):
     """One run of a compiled k-NN kernel with heaps of K keys (default :func:`_heap_size`);
@@ -282,10 +290,7 @@ def _knn_pass(fn, XA, nA, SA, XB, nB, SB, *, symmetric, exclude_self, self_idx, 
     n_cand = nB_rows - excluded
     cp, eabs = rounding_bound(d, dt)
     K = _heap_size(n_cand, k) if K is None else min(n_cand, K)
-    tile = _knn_tile(nA_rows, nB_rows, symmetric, tile_size, n)
-    ntA, ntB = -(-nA_rows // tile), -(-nB_rows // tile)
-    npairs = ntA * (ntA + 1) // 2 if symmetric else ntA * ntB
-    n_eff = _effective_threads(n, npairs, nA_rows * nB_rows * d // (2 if symmetric else 1))
+    tile, npairs, n_eff = _knn_plan(nA_rows, nB_rows, d, symmetric, tile_size, n)
     out_idx = np.empty((nA_rows, k), dtype=np.int64)
     out_dist = np.empty((nA_rows, k))
     stats = np.zeros(2, dtype=np.int64)
@@ -298,17 +303,15 @@ def _knn_pass(fn, XA, nA, SA, XB, nB, SB, *, symmetric, exclude_self, self_idx, 
 
 def knn_memory(nA, nB, d, k, *, symmetric, exclude_self, itemsize, tile_size, n_threads) -> dict:
     """Bytes the compiled k-NN allocates, by part, in its first pass (a redo of the rows it
-    defers keeps as many heap records per thread, plus a copy of those rows).
+    defers keeps at most as many heap records per thread, on at most as many threads,
+    plus a copy of those rows).
 
     Sizes as in :func:`_knn_pass`: the (nA, k) outputs, one (nA, K) heap of keys and
     indices per thread, and the centered copies with their norms.
     """
     n_cand = nB - int(exclude_self) if symmetric else nB
     K = _heap_size(n_cand, k)
-    tile = _knn_tile(nA, nB, symmetric, tile_size, n_threads)
-    ntA, ntB = -(-nA // tile), -(-nB // tile)
-    npairs = ntA * (ntA + 1) // 2 if symmetric else ntA * ntB
-    n_eff = _effective_threads(n_threads, npairs, nA * nB * d // (2 if symmetric else 1))
+    n_eff = _knn_plan(nA, nB, d, symmetric, tile_size, n_threads)[2]
     rows = nA if symmetric else nA + nB
     return {
         f"indices and distances ({nA}, {k})": 16.0 * nA * k,
@@ -359,6 +362,9 @@ def knn(X, k, Y, *, exclude_self, tile_size=None, n_threads=None, progress=None)
     )
     n_refined = int(stats[1])
     F = np.flatnonzero(idx[:, 0] < 0)
+    # redo passes run on at most the first pass's threads: with at most its heap records
+    # per thread (below), they stay within the knn_memory estimate checked above
+    n_redo = _knn_plan(SA.shape[0], SB.shape[0], d, symmetric, tile_size, n)[2]
 
     def redo(fn, F, XA, nA, XB, nB, K, dt, defer):
         nonlocal n_refined
@@ -366,7 +372,7 @@ def knn(X, k, Y, *, exclude_self, tile_size=None, n_threads=None, progress=None)
         sub_idx, sub_dist, sub_stats = _knn_pass(
             fn, np.ascontiguousarray(XA[F]), np.ascontiguousarray(nA[F]),
             np.ascontiguousarray(SA[F]), XB, nB, SB, symmetric=False, exclude_self=False,
-            self_idx=self_idx, defer=defer, k=k, dt=dt, tile_size=tile_size, n=n,
+            self_idx=self_idx, defer=defer, k=k, dt=dt, tile_size=tile_size, n=n_redo,
             progress=progress, K=K,
         )
         idx[F] = sub_idx

@@ -491,6 +491,33 @@ def test_knn_stops_growing_heaps_that_do_not_help(backend, monkeypatch):
     np.testing.assert_array_equal(r.distances, dist)
 
 
+@pytest.mark.parametrize("V,d", [(500, 8), (3000, 16)])
+def test_knn_redo_passes_stay_within_the_memory_estimate(backend, monkeypatch, V, d):
+    """Each redo pass keeps at most the first pass's heap records (threads x rows x K),
+    which knn_memory checked before the call: at (500, 8) the first pass is too small to
+    run in parallel and the redo of its deferred rows would be large enough to."""
+    if backend != "cython":
+        pytest.skip("the compiled engine's heaps")
+    S = np.random.default_rng(9).choice([-1.0, 1.0], (V, d)).astype(np.float32)
+    records = []
+    real = _engine._knn_pass
+
+    def counted(fn, XA, nA, SA, XB, nB, SB, **kw):
+        rows, n_cand = SA.shape[0], SB.shape[0] - 1
+        K = min(n_cand, kw["K"]) if kw.get("K") is not None else _engine._heap_size(n_cand, kw["k"])
+        threads = _engine._knn_plan(rows, SB.shape[0], SA.shape[1], kw["symmetric"], kw["tile_size"], kw["n"])[2]
+        records.append(threads * rows * K)
+        return real(fn, XA, nA, SA, XB, nB, SB, **kw)
+
+    monkeypatch.setattr(_engine, "_knn_pass", counted)
+    r = refgeo.knn(S, 8, n_threads=8)
+    assert len(records) >= 2  # the ties defer rows
+    assert max(records[1:]) <= records[0], records
+    idx, dist = _oracle_knn(S, 8)
+    np.testing.assert_array_equal(r.indices, idx)
+    np.testing.assert_array_equal(r.distances, dist)
+
+
 def test_extreme_pairs_exact_with_ties_on_small_tiles_and_threads(backend, parallel_always, monkeypatch):
     """Diameter, closest pair and farthest partners on tie clouds, 1 to 4 threads.
 
