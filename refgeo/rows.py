@@ -360,14 +360,14 @@ def _threads_option(n_threads):
     return check_int(n_threads, "n_threads", min_value=1, allow_none=True)
 
 
-def _pair_run(info, S, tile_size, n_threads, bar, e=None) -> tuple[_backend.KernelRun, int]:
+def _pair_run(info, S, tile_size, n_threads, bar=None, e=None) -> tuple[_backend.KernelRun, int]:
     """The kernel run of ``info`` on ``S * 2**-e``, and ``e`` (by default the prescaling
-    of ``S`` itself; a subset of rows gets that of the whole)."""
+    of ``S`` itself; a subset of rows gets that of the whole); ``bar`` None reports nothing."""
     xp = array_namespace(S)
     if e is None:
         e = scale_exponent(xp, [S])
     run = _backend.run(info, (S,), scale_rows(xp, S, e), tile_size=tile_size, n_threads=n_threads,
-                       progress=bar if bar.active else None)
+                       progress=bar if bar is not None and bar.active else None)
     return run, e
 
 

@@ -152,8 +152,7 @@ def _kernel_pair(info, S, **opts):
     """``(value, i, j)`` of the extreme-pair kernel run on all rows of ``S``: the public
     functions hand the kernels only the rows that decide the pair when some rows are
     identical (refgeo._duplicates), so the kernels' own tie handling is checked here."""
-    e = _certify.scale_exponent(np, [S])
-    run = _backend.run(info, (S,), _certify.scale_rows(np, S, e), progress=None, **opts)
+    run, e = rows._pair_run(info, S, opts.get("tile_size"), opts.get("n_threads"))
     return math.ldexp(run.value, e), run.i, run.j
 
 
