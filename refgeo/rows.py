@@ -88,7 +88,7 @@ import numpy as np
 from array_api_compat import array_namespace, is_dask_array, is_numpy_array
 
 from . import _backend, _dask, _duplicates, _engine, _memory, _progress, _reference, _tiled
-from ._certify import dtype_name, f64, scale_exponent, scale_rows, unscale, unscale_array
+from ._certify import _quiet_overflow, dtype_name, f64, scale_exponent, scale_rows, unscale, unscale_array
 from ._interop import first_origin, from_foreign, to_caller
 from ._validate import (
     as_float_array,
@@ -1301,7 +1301,9 @@ def backward_bound(S: Any, r: Any, /):
     the rows lie and :math:`\lVert \bar s \rVert` does, which is why a residual off
     zero sum cannot take the first bound alone: rows 1e4 from the origin and a
     bfloat16 softmax residual would break it threefold.  Time O(V^2 d) for the
-    certified diameter plus O(n V) (and O(V d) for the mean row where some
+    certified diameter plus O(n V) (the sums of r correctly rounded, by
+    :func:`math.fsum`, since their error is multiplied by the mean row; and O(V d) for
+    the mean row where some
     :math:`\sigma \ne 0`).  The bound is returned wherever it is a float64, also
     where :math:`D(S)` itself is not (rows near ``+-1e308`` and
     :math:`\lVert r \rVert_1 < 2`); beyond that, ``ValueError``.
@@ -1335,7 +1337,11 @@ def backward_bound(S: Any, r: Any, /):
     # bound that is a float64; it is scaled back in one step
     er = scale_exponent(xp, [r64])
     r64 = scale_rows(xp, r64, er)
-    tot = xp.sum(r64, axis=-1)
+    # sigma = 1^T r correctly rounded (fsum): a float sum's error, about u ||r||_1, is
+    # multiplied by the mean row below, which may lie far from the origin compared with
+    # D(S) (rows 1e20 out, D = 1: a float sum of exactly 0 hid a term of 1000)
+    sums = [math.fsum(row) for row in (r64.tolist() if r64.ndim == 2 else [r64.tolist()])]
+    tot = xp.asarray(sums if r64.ndim == 2 else sums[0], dtype=xp.float64)
     # D(S) = D' 2**e from the prescaled rows: D(S) itself may exceed the float64 range
     # where the bound does not (residuals of size below 1)
     D_scaled, _, _, eS = _scaled_diameter(S)
@@ -1353,8 +1359,16 @@ def backward_bound(S: Any, r: Any, /):
     scaled = (0.5 * mD) * l1
     out = unscale_array(xp, scaled, eD + er)
     if off:
-        out = out + unscale_array(xp, mS * xp.abs(tot), eM + er)
+        moved = unscale_array(xp, mS * xp.abs(tot), eM + er)
+        with _quiet_overflow(xp):
+            out = out + moved
     if not bool(xp.all(xp.isfinite(out))):
+        if off and not bool(xp.all(xp.isfinite(moved))):
+            raise ValueError(
+                "the backward bound's term |1^T r| ||mean row of S|| is beyond the float64 "
+                "range: the residuals' sums times the rows' position overflow; scale r or S down "
+                "(or center r) first."
+            )
         raise _too_large("the backward bound", float(xp.max(scaled)), eD + er)
     if out.ndim == 0:
         return float(out)

@@ -806,3 +806,25 @@ def test_tensors_on_devices_refgeo_cannot_run():
         except ImportError:
             with pytest.raises(TypeError, match="CUDA tensor.*CuPy is not installed: install it"):
                 refgeo.row_diameter(torch.zeros((3, 2), device="cuda"))
+
+
+def test_backward_bound_sums_the_residual_exactly():
+    """Rows 1e20 from the origin with D(S) = 1: a float sum of r that rounds to 0 (or
+    to 1e-30) would hide the term 1e-17 * 1e20 = 1000 of S^T r; the sum is taken
+    correctly rounded."""
+    S = np.array([[1e20, 1.0], [1e20, 0.0], [1e20, 0.0], [1e20, 0.0]])
+    for r in (np.array([1.0, 1e-17, -1.0, 0.0]), np.array([1.0, 1e-17, -1.0, 1e-30])):
+        Sf = [[Fraction(float(v)) for v in row] for row in S]
+        exact = [sum(Fraction(float(ri)) * Sf[i][k] for i, ri in enumerate(r)) for k in range(2)]
+        norm = math.sqrt(float(sum(v * v for v in exact)))
+        got = refgeo.backward_bound(S, r)
+        assert norm <= got * (1 + 1e-12)
+        np.testing.assert_array_equal(refgeo.backward_bound(S, np.stack([r, r])), [got, got])
+
+
+def test_backward_bound_second_term_overflow_is_a_value_error():
+    # the term itself overflows (2e300 * 5e9), or both terms fit and their sum does not
+    with pytest.raises(ValueError, match=re.escape("|1^T r| ||mean row of S|| is beyond the float64 range")):
+        refgeo.backward_bound(np.array([[1e10, 0.0], [0.0, 1.0]]), np.array([1e300, 1e300]))
+    with pytest.raises(ValueError, match=re.escape("the backward bound is")):
+        refgeo.backward_bound(np.array([[1.7e308, 0.0], [0.0, 1.7e308]]), np.array([1.0, 0.0]))

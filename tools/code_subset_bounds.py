@@ -331,7 +331,8 @@ def barnes_wall_table(V: int = 50_000, n_sample: int = 64) -> None:
     X = barnes_wall_minimal(6)
     rng = np.random.default_rng(0)
     ips = set()
-    for lo, hi in ((0, 8064), (8064, 8064 + 1_428_480), (8064 + 1_428_480, len(X))):  # the three shapes
+    # the three shapes, in the order built: +-1 on 32 coordinates, +-2 on 8, +-4 on 2
+    for lo, hi in ((0, 8_257_536), (8_257_536, 9_686_016), (9_686_016, len(X))):
         R = X[rng.integers(lo, hi, n_sample)].astype(np.float32)
         for i0 in range(0, len(X), 1 << 20):
             ips |= set(np.unique(R @ X[i0 : i0 + (1 << 20)].astype(np.float32).T).tolist())
