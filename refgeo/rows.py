@@ -88,7 +88,7 @@ import numpy as np
 from array_api_compat import array_namespace, is_dask_array, is_numpy_array
 
 from . import _backend, _dask, _duplicates, _engine, _memory, _progress, _reference, _tiled
-from ._certify import _quiet_overflow, dtype_name, f64, scale_exponent, scale_rows, unscale, unscale_array
+from ._certify import U64, _quiet_overflow, compensated_sums, dtype_name, f64, scale_exponent, scale_rows, unscale, unscale_array
 from ._interop import first_origin, from_foreign, to_caller
 from ._validate import (
     as_float_array,
@@ -1301,10 +1301,11 @@ def backward_bound(S: Any, r: Any, /):
     the rows lie and :math:`\lVert \bar s \rVert` does, which is why a residual off
     zero sum cannot take the first bound alone: rows 1e4 from the origin and a
     bfloat16 softmax residual would break it threefold.  Time O(V^2 d) for the
-    certified diameter plus O(n V) (the sums of r correctly rounded, by
-    :func:`math.fsum`, since their error is multiplied by the mean row; and O(V d) for
-    the mean row where some
-    :math:`\sigma \ne 0`).  The bound is returned wherever it is a float64, also
+    certified diameter plus O(n V) (the sums of r to twice the working precision,
+    since their error is multiplied by the mean row, with that error added to
+    :math:`|\sigma|`; correctly rounded, by :func:`math.fsum`, for the residuals whose
+    error would show, where the rows lie more than about :math:`10^{12} D(S)` from the
+    origin) and O(V d) for the mean row where some :math:`\sigma` may be nonzero.  The bound is returned wherever it is a float64, also
     where :math:`D(S)` itself is not (rows near ``+-1e308`` and
     :math:`\lVert r \rVert_1 < 2`); beyond that, ``ValueError``.
 
@@ -1337,29 +1338,46 @@ def backward_bound(S: Any, r: Any, /):
     # bound that is a float64; it is scaled back in one step
     er = scale_exponent(xp, [r64])
     r64 = scale_rows(xp, r64, er)
-    # sigma = 1^T r correctly rounded (fsum): a float sum's error, about u ||r||_1, is
-    # multiplied by the mean row below, which may lie far from the origin compared with
-    # D(S) (rows 1e20 out, D = 1: a float sum of exactly 0 hid a term of 1000)
-    sums = [math.fsum(row) for row in (r64.tolist() if r64.ndim == 2 else [r64.tolist()])]
-    tot = xp.asarray(sums if r64.ndim == 2 else sums[0], dtype=xp.float64)
+    # sigma = 1^T r to twice the working precision (compensated_sums): a float sum's
+    # error, up to about u ||r||_1, is multiplied by the mean row below, which may lie far
+    # from the origin compared with D(S) (rows 1e20 out, D = 1: a float sum of exactly 0
+    # hid a term of 1000)
+    tot, err = compensated_sums(xp, r64)
     # D(S) = D' 2**e from the prescaled rows: D(S) itself may exceed the float64 range
     # where the bound does not (residuals of size below 1)
     D_scaled, _, _, eS = _scaled_diameter(S)
     mD, eD = math.frexp(D_scaled)
     eD += eS
-    off = bool(xp.any(tot != 0.0))
+    off = bool(xp.any(tot != 0.0)) or bool(xp.any(err != 0.0))
     if off:
         # r = r0 + (sigma / V) 1 with 1^T r0 = 0, so S^T r = S^T r0 + sigma s_mean; the
         # mean row of the rows prescaled like the diameter's, split like D
-        r64 = r64 - xp.expand_dims(tot, axis=-1) / S.shape[0]
         mean = xp.mean(scale_rows(xp, f64(xp, S), eS), axis=0)
         mS, eM = math.frexp(float(xp.linalg.vector_norm(mean)))
         eM += eS
+        # the error of sigma costs err ||s_mean||; where that is above the rounding of
+        # the first term (rows more than about 1e12 D(S) from the origin), the sum is
+        # taken correctly rounded instead (math.fsum, a Python loop: only those rows)
+        l1 = xp.sum(xp.abs(r64), axis=-1)
+        rel = math.ldexp(mS / max(mD, 0.5), max(-1100, min(1100, eM - eD)))
+        loose = xp.reshape(err * rel > (0.25 * U64) * l1, (-1,))
+        if bool(xp.any(loose)):
+            rows = xp.reshape(r64, (-1, r64.shape[-1]))
+            fixed = xp.reshape(tot, (-1,)).tolist()
+            for i, bad in enumerate(loose.tolist()):
+                if bad:
+                    fixed[i] = math.fsum(rows[i, :].tolist())
+            tot = xp.reshape(xp.asarray(fixed, dtype=xp.float64), tot.shape)
+            err = xp.where(xp.reshape(loose, err.shape), xp.zeros_like(err), err)
+        # S^T r = S^T (r - (t / V) 1) + t s_mean for the computed t, where the first
+        # vector sums to sigma - t, |sigma - t| <= err: the bound takes |t| + err in the
+        # second term (and the first term's share, D/2 err, is below its own rounding)
+        r64 = r64 - xp.expand_dims(tot, axis=-1) / S.shape[0]
     l1 = xp.sum(xp.abs(r64), axis=-1)
     scaled = (0.5 * mD) * l1
     out = unscale_array(xp, scaled, eD + er)
     if off:
-        moved = unscale_array(xp, mS * xp.abs(tot), eM + er)
+        moved = unscale_array(xp, mS * (xp.abs(tot) + err), eM + er)
         with _quiet_overflow(xp):
             out = out + moved
     if not bool(xp.all(xp.isfinite(out))):

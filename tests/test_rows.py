@@ -828,3 +828,80 @@ def test_backward_bound_second_term_overflow_is_a_value_error():
         refgeo.backward_bound(np.array([[1e10, 0.0], [0.0, 1.0]]), np.array([1e300, 1e300]))
     with pytest.raises(ValueError, match=re.escape("the backward bound is")):
         refgeo.backward_bound(np.array([[1.7e308, 0.0], [0.0, 1.7e308]]), np.array([1.0, 0.0]))
+
+
+def _cancelling_sums():
+    # entries of wildly different sizes that cancel: a big value, its negative and small
+    # ones in between (the sums a float loop gets wrong), or random magnitudes
+    big = st.floats(1.0, 1e16).flatmap(lambda b: st.tuples(st.just(b), st.lists(
+        st.floats(-1.0, 1.0, allow_subnormal=False), min_size=0, max_size=6)))
+    planted = big.map(lambda t: [t[0], *t[1], -t[0], *[v * 1e-17 for v in t[1]]])
+    spread = st.lists(st.tuples(st.floats(-1.0, 1.0), st.integers(-300, 300)),
+                      min_size=1, max_size=40).map(lambda vs: [math.ldexp(m, e) for m, e in vs])
+    return st.one_of(planted, spread).flatmap(st.permutations)
+
+
+@settings(max_examples=300)
+@given(st.lists(_cancelling_sums(), min_size=1, max_size=3).filter(
+    lambda rows: len({len(r) for r in rows}) == 1))
+def test_compensated_sums_are_within_their_error_bound(rows):
+    """The vectorized sums behind backward_bound against exact rationals: the error is
+    within the returned bound, which is zero only for an exact sum and within twice
+    the working precision's accuracy, u |sum| + O(log^2 n u^2 ||x||_1)."""
+    from array_api_compat import array_namespace
+
+    from refgeo._certify import compensated_sums
+
+    x = np.array(rows, dtype=np.float64)
+    got, err = compensated_sums(array_namespace(x), x)
+    for row, s, e in zip(x, got, err):
+        exact = sum(Fraction(float(v)) for v in row)
+        assert abs(Fraction(float(s)) - exact) <= Fraction(float(e))
+        l1 = math.fsum(abs(v) for v in row)
+        levels = max(1, math.ceil(math.log2(len(row))))
+        assert e <= (2**-53 * abs(float(exact)) + 4 * (levels + 1) ** 2 * 2.0**-106 * l1) * (1 + 1e-9) + 1e-300
+
+
+def test_backward_bound_sums_the_residual_without_a_python_loop():
+    """Rows 1e10 from the origin with D(S) = 1: a float sum of r = (1, 1e-17, -1, 0) is 0
+    and hides the term 1e-17 * 1e10 = 1e-7 of S^T r, a relative error far above
+    rounding; the compensated sum gets it, without the math.fsum fallback, which is
+    only for rows more than about 1e12 D(S) out."""
+    import unittest.mock
+
+    S = np.array([[1e10, 1.0], [1e10, 0.0], [1e10, 0.0], [1e10, 0.0]])
+    r = np.array([[1.0, 1e-17, -1.0, 0.0], [0.5, 1e-17, 0.0, -0.5]])
+    assert np.sum(r, axis=1).tolist() == [0.0, 0.0]
+    Sf = [[Fraction(float(v)) for v in row] for row in S]
+    with unittest.mock.patch("math.fsum", side_effect=AssertionError("fsum called")):
+        got = refgeo.backward_bound(S, r)
+    for ri, b in zip(r, got):
+        exact = [sum(Fraction(float(v)) * Sf[i][k] for i, v in enumerate(ri)) for k in range(2)]
+        norm = math.sqrt(float(sum(v * v for v in exact)))
+        assert norm <= b * (1 + 1e-15)
+        assert b <= norm * (1 + 1e-15) + 1.0  # D/2 ||r0||_1 = 1 plus the 1e-7 term
+
+
+@pytest.mark.parametrize("shape", [(2**16 + 3,), (2, 3 * 2**16 + 1), (3000, 23)])
+def test_compensated_sums_across_blocks(shape):
+    """Inputs larger than the 2**16-entry blocks the tree runs on (a row in pieces, or
+    many short rows per block): a big value and its negative planted in different
+    blocks, small values in between, each sum checked against exact rationals."""
+    from array_api_compat import array_namespace
+
+    from refgeo._certify import compensated_sums
+
+    rng = np.random.default_rng(sum(shape))
+    x = rng.standard_normal(shape) * 1e-12
+    flat = x.reshape(-1, shape[-1])
+    for row in flat:
+        i, j = rng.choice(shape[-1], 2, replace=False)
+        row[i], row[j] = 1e8, -1e8
+    got, err = compensated_sums(array_namespace(x), x)
+    assert got.shape == shape[:-1]
+    for row, s, e in zip(flat, np.reshape(got, -1), np.reshape(err, -1)):
+        exact = sum(map(Fraction, row.tolist()))
+        assert abs(Fraction(float(s)) - exact) <= Fraction(float(e))
+        levels = math.ceil(math.log2(shape[-1])) + 1
+        l1 = float(np.abs(row).sum())
+        assert abs(float(s) - float(exact)) <= 2**-53 * abs(float(exact)) + 4 * (levels + 1) ** 2 * 2.0**-106 * l1
