@@ -108,7 +108,8 @@ def _two_sum_tree(xp, s, c):
         if m % 2:
             # the odd one out moves up a level as it is, with its carried error
             t = xp.concat([t, s[..., m - 1 :]], axis=-1)
-            cc = xp.concat([cc, xp.zeros_like(s[..., m - 1 :]) if c is None else c[..., m - 1 :]], axis=-1)
+            last = xp.zeros_like(s[..., m - 1 :]) if c is None else c[..., m - 1 :]
+            cc = xp.concat([cc, last], axis=-1)
         s, c = t, cc
         levels += 1
     return s, c, rounded, levels
@@ -158,7 +159,8 @@ def compensated_sums(xp, x):
         if len(part_s) == 1:
             ts, tc, tr, top = part_s[0], part_c[0], part_r[0], 0
         else:
-            ts, tc, tr, top = _two_sum_tree(xp, xp.concat(part_s, axis=-1), xp.concat(part_c, axis=-1))
+            both = xp.concat(part_s, axis=-1), xp.concat(part_c, axis=-1)
+            ts, tc, tr, top = _two_sum_tree(xp, *both)
             for r in part_r:
                 tr = xp.logical_or(tr, r)
         tops_s.append(ts[:, 0] + tc[:, 0])

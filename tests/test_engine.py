@@ -21,7 +21,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import refgeo
-from refgeo import _backend, _certify, _engine, rows
+from refgeo import _backend, _certify, _engine, _memory, rows
 from refgeo.testing import strategies as rst
 
 
@@ -492,26 +492,34 @@ def test_knn_stops_growing_heaps_that_do_not_help(backend, monkeypatch):
 
 @pytest.mark.parametrize("V,d", [(500, 8), (3000, 16)])
 def test_knn_redo_passes_stay_within_the_memory_estimate(backend, monkeypatch, V, d):
-    """Each redo pass keeps at most the first pass's heap records (threads x rows x K),
-    which knn_memory checked before the call: at (500, 8) the first pass is too small to
-    run in parallel and the redo of its deferred rows would be large enough to."""
+    """Each pass's heaps (the threads and heap size the compiled kernel is handed, times
+    its rows) fit in the heap bytes knn_memory checked before the call: at (500, 8) the
+    first pass is too small to run in parallel and the redo of its deferred rows would
+    be large enough to."""
     if backend != "cython":
         pytest.skip("the compiled engine's heaps")
     S = np.random.default_rng(9).choice([-1.0, 1.0], (V, d)).astype(np.float32)
-    records = []
-    real = _engine._knn_pass
+    estimates, heaps = [], []
+    real_check, real_pass = _memory.check_memory, _engine._knn_pass
 
-    def counted(fn, XA, nA, SA, XB, nB, SB, **kw):
-        rows, n_cand = SA.shape[0], SB.shape[0] - 1
-        K = min(n_cand, kw["K"]) if kw.get("K") is not None else _engine._heap_size(n_cand, kw["k"])
-        threads = _engine._knn_plan(rows, SB.shape[0], SA.shape[1], kw["symmetric"], kw["tile_size"], kw["n"])[2]
-        records.append(threads * rows * K)
-        return real(fn, XA, nA, SA, XB, nB, SB, **kw)
+    def checked(what, parts, *args, **kwargs):
+        estimates.extend(v for key, v in parts.items() if key.startswith("heaps"))
+        return real_check(what, parts, *args, **kwargs)
 
+    def counted(fn, *args, **kw):
+        def kernel(*a, **k):
+            # (XA, nA, SA, XB, nB, SB, symmetric, exclude_self, self_idx, defer, k, cp,
+            #  eabs, tile, n_threads, K, ...)
+            heaps.append(16.0 * a[14] * a[2].shape[0] * a[15])
+            return fn(*a, **k)
+
+        return real_pass(kernel, *args, **kw)
+
+    monkeypatch.setattr(_memory, "check_memory", checked)
     monkeypatch.setattr(_engine, "_knn_pass", counted)
     r = refgeo.knn(S, 8, n_threads=8)
-    assert len(records) >= 2  # the ties defer rows
-    assert max(records[1:]) <= records[0], records
+    assert len(estimates) == 1 and len(heaps) >= 2  # the ties defer rows
+    assert max(heaps) <= estimates[0], (heaps, estimates)
     idx, dist = _oracle_knn(S, 8)
     np.testing.assert_array_equal(r.indices, idx)
     np.testing.assert_array_equal(r.distances, dist)
