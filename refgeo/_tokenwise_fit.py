@@ -96,8 +96,11 @@ def panel_bytes(cls: str, n: int, d: int, k: int, chunk: int, return_maps: bool 
     label = f"neighbor panels of chunk_size={b} tokens" + (" and their maps" if return_maps else "")
     if cls in ("low_rank", "full"):
         # (chunk, k, k): the Gram matrix and its eigenvectors, for low rank also the
-        # products of the rank-r eigenproblem
-        return label, f * b * k * (3 * d + (8 if cls == "low_rank" else 6) * k) + maps
+        # products of the rank-r eigenproblem, all alive until the chunk ends (ten of
+        # them at the peak, measured with tracemalloc at k = 64, d = 16), and with
+        # return_maps the pseudo-inverse and its product temporary
+        kk = (10 if cls == "low_rank" else 6) + (2 if return_maps else 0)
+        return label, f * b * k * (3 * d + kk * k) + maps
     # (chunk, m, m): the QR's R, the cross-covariance, its SVD and the polar factor
     m = d if 2 * k >= d else 2 * k
     return label, f * b * (2 * k * d + 4 * d * m + 2 * k * m + 8 * m * m) + maps

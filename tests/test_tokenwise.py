@@ -1374,6 +1374,43 @@ def test_memory_estimate_refuses_before_any_work(monkeypatch):
     assert refgeo.fit_local_maps(X, Y, k=4, cls="diagonal").fitted.shape == (200, 8)
 
 
+@pytest.mark.parametrize("k,d", [(64, 16), (128, 8), (16, 96), (24, 24)])
+@pytest.mark.parametrize("return_maps", [False, True])
+def test_memory_estimate_covers_the_measured_peak(k, d, return_maps):
+    """The estimate fit_local_maps checks against the available memory is an upper
+    bound on what it allocates (tracemalloc's peak, which sees NumPy's buffers), for
+    every class, k above and below d, with and without the maps: at k = 64, d = 16 the
+    low-rank fit held ten (chunk, k, k) arrays where the estimate had counted eight."""
+    import tracemalloc
+
+    rng = np.random.default_rng(k + d)
+    n = 600
+    X = rng.standard_normal((n, d)) + 3.0  # a common component, as in LM hidden states
+    Y = X + 0.1 * rng.standard_normal((n, d))
+    nbr = refgeo.knn(X, k, exclude_self=False).indices
+    for cls in CLASSES:
+        estimate = []
+        real = refgeo._memory.check_memory
+
+        def checked(what, parts, *args, **kw):
+            estimate.append(sum(parts.values()))
+            return real(what, parts, *args, **kw)
+
+        options = {"rank": 3} if cls == "low_rank" else {}
+        with pytest.MonkeyPatch.context() as mp, warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # under-determined fits warn
+            mp.setattr(refgeo._memory, "check_memory", checked)
+            tracemalloc.start()
+            try:
+                refgeo.fit_local_maps(X, Y, neighbors=nbr, cls=cls, chunk_size=150,
+                                      return_maps=return_maps, **options)
+                peak = tracemalloc.get_traced_memory()[1]
+            finally:
+                tracemalloc.stop()
+        assert len(estimate) == 1
+        assert peak <= estimate[0], (cls, peak, estimate[0])
+
+
 def test_maps_larger_than_memory_raise_memory_error():
     """No stand-in for the memory: return_maps for more (N, d, d) maps than fit."""
     avail = refgeo._memory.available_memory()
