@@ -617,7 +617,7 @@ def spread(
         estimated cost of the epigraph method and of one smooth run.  The regular simplex (:math:`\rho = 1`) is
         returned; :math:`V \le 50` runs ``"epigraph"`` from it (unless one SLSQP
         iteration, about :math:`3 \cdot 10^{-9} (V d)^3` seconds, would take longer
-        than both ``max_time`` and 1 s); a construction that the local iteration
+        than both ``max_time`` and 1 s, or than 1 s without ``max_time``); a construction that the local iteration
         cannot improve is returned as is (``result.method == "construction"``): a
         packing in a ball (the iteration works on the sphere), a lattice shell subset,
         and the Kerdock, tagged Kerdock and Delsarte-Goethals codes, at which no
@@ -793,9 +793,10 @@ def spread(
     if method == "auto":
         if user_X is None and best_c is not None and best_c.rho >= 1.0:
             method = "construction"
-        elif V <= _SMALL_V and (max_time is None or _SLSQP_SECONDS_PER_VAR3 * float(V * d) ** 3 <= max(max_time, 1.0)):
+        elif V <= _SMALL_V and _SLSQP_SECONDS_PER_VAR3 * float(V * d) ** 3 <= max(max_time or 0.0, 1.0):
             # one SLSQP iteration solves a dense least-squares problem in the V d
-            # unknowns and cannot be stopped inside: (45, 40) takes 18 s per iteration
+            # unknowns and cannot be stopped inside: (45, 40) takes 18 s per iteration,
+            # and without max_time its four starts ran for more than five minutes
             method = "epigraph"
         elif best_c is not None and not best_c.iterate:
             # a construction the local iteration cannot improve: a packing in a ball

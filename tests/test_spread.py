@@ -504,6 +504,26 @@ def test_auto_tries_a_random_start_where_a_partial_code_is_far_from_the_bound():
     assert again.ratio == r.ratio and np.array_equal(again.points, r.points)
 
 
+@pytest.mark.parametrize("V,d,max_time,epigraph", [(20, 5, None, True), (45, 40, None, False),
+                                                   (45, 40, 5.0, False), (45, 40, 30.0, True)])
+def test_auto_runs_the_epigraph_only_where_one_slsqp_iteration_fits(monkeypatch, V, d, max_time, epigraph):
+    """One SLSQP iteration cannot be stopped and costs about 3e-9 (V d)^3 s (18 s at
+    (45, 40)): auto runs the epigraph only where that fits max_time, or 1 s without
+    one (at (45, 40) without max_time four starts ran for more than five minutes)."""
+    from refgeo import spreading
+
+    calls = []
+
+    def multistart(X, V, d, **kw):
+        calls.append((V, d))
+        return X, 0  # the start as the iterate: only the choice is under test
+
+    monkeypatch.setattr(spreading, "_multistart", multistart)
+    r = refgeo.spread(V, d, max_time=max_time, seed=0)
+    assert (calls == [(V, d)]) is epigraph
+    assert r.ratio <= r.upper_bound
+
+
 def test_engine_working_set_matches_the_gemm_one():
     from refgeo.spreading import _near_far, _near_far_engine
 
