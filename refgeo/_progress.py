@@ -27,9 +27,9 @@ A public function takes ``progress=False|True|callable`` and wraps its loop::
   few times a second, whatever the chunk size), and always once when the last step
   ends (``done == total``, reported once and only then: a call that runs compiled
   kernels reports it when the call ends, since one kernel run may be followed by
-  another that nobody announced, and its ``total`` never decreases).  Whatever the callable raises propagates to the caller
-  of the public function, which stops there: a callable can cancel a long call by
-  raising.
+  another that nobody announced, and its ``total`` never decreases; a tqdm bar
+  shows the same).  Whatever the callable raises propagates to the caller of the
+  public function, which stops there: a callable can cancel a long call by raising.
 
 Interrupts.  Nothing here catches ``BaseException``: a ``KeyboardInterrupt`` raised
 while a chunk runs leaves the loop at once, and the ``with`` block closes the bar.
@@ -164,7 +164,7 @@ class Progress:
         """Record ``n`` finished steps; report if due (callable) or update the bar."""
         self._done = min(self._done + n, self._total) if self._total else self._done + n
         if self._bar is not None:
-            self._bar.update(n)
+            self._sync_bar()
         elif self._callback is not None and threading.get_ident() == self._thread:
             now = time.perf_counter()
             # the end once (not again for steps beyond the total; after kernel runs, by
@@ -172,6 +172,13 @@ class Progress:
             end = self._done >= self._total and not (self._kernel and not self._finished)
             if (end and self._reported != self._done) or now - self._last >= self._interval:
                 self._report(self._callback, now)
+
+    def _sync_bar(self) -> None:
+        # the bar shows what a callable would be told: short of the total while kernel
+        # runs may follow (a full bar, then a k-NN redo pass, looked done)
+        step = self._shown() - self._bar.n
+        if step > 0:
+            self._bar.update(step)
 
     def update_to(self, done: float) -> None:
         """Record that ``done`` steps are finished (never moves back); report if due."""
@@ -243,6 +250,8 @@ class Progress:
         self.set_total(max(self._total, self._done))
         self._finished = True
         self.update_to(self._total)
+        if self._bar is not None:
+            self._sync_bar()
         self.flush()
 
     def flush(self) -> None:

@@ -183,6 +183,29 @@ def test_progress_true_draws_a_tqdm_bar(cython, capsys):
     assert "row_diameter" in err and "21/21" in err  # 6 tiles: 6 * 7 / 2 tile pairs
 
 
+@compiled
+def test_a_tqdm_bar_is_full_only_when_the_call_ends(cython, monkeypatch):
+    """k-NN of sign rows redoes tied rows in passes nobody announced: the bar, like a
+    callable, stays short of its total until the call ends (it was full before the
+    redo pass, then its total grew), and it ends full."""
+    tqdm_std = pytest.importorskip("tqdm.std")
+    states = []
+    real = tqdm_std.tqdm.update
+
+    def update(self, n=1):
+        out = real(self, n)
+        states.append((self.n, self.total))
+        return out
+
+    monkeypatch.setattr(tqdm_std.tqdm, "update", update)
+    S = np.random.default_rng(4).choice([-1.0, 1.0], (3000, 16)).astype(np.float32)
+    refgeo.knn(S, 8, tile_size=64, progress=True)
+    assert len(states) >= 2
+    assert all(n < total for n, total in states[:-1]), states
+    assert states[-1][0] == states[-1][1]
+    assert [t for _, t in states] == sorted(t for _, t in states)  # the total never shrinks
+
+
 def test_progress_true_on_the_reference_backend_draws_one_step(capsys):
     pytest.importorskip("tqdm")
     with refgeo.use_backend("reference"):
