@@ -14,6 +14,8 @@ Small sizes run in CI; ``REFGEO_BENCH_SIZE=realistic`` selects the realistic siz
 d = 1024 float32 for peak memory).
 """
 
+import math
+
 import numpy as np
 
 from ._common import (
@@ -364,3 +366,44 @@ class TiedRows:
         return self._knn(self.B).n_refined / len(self.B)
 
     track_refined_pairs_per_row.unit = "pairs"
+
+
+class BackwardBoundResiduals:
+    """backward_bound on float32 softmax residuals ``p - e_c`` (rounded, they sum to
+    about 1e-7, not 0, so the bound takes ``sigma = 1^T r`` to twice the working
+    precision and adds ``|sigma|`` times the mean row).
+
+    Rows: a Zipf-trained LM head's update shape (a large common component, rows far
+    from the origin compared with their spread), logits of Zipf(1.1)-ranked tokens.
+    Baseline, same process: ``math.fsum`` over ``tolist()`` per residual, the correctly
+    rounded sums the bound took before (11 s and about 3 GB at 2000 x 50257).
+    """
+
+    params = ([(8192, 64, 256)] if not realistic() else [(50257, 64, 2000)],)
+    param_names = ["V_d_n"]
+    timeout = 1200
+
+    def setup(self, V_d_n):
+        require_backend("cython")
+        V, d, n = V_d_n
+        g = rng(6)
+        self.S = (g.standard_normal((V, d)) + 30.0 * g.standard_normal(d)).astype(np.float32)
+        ranks = np.arange(1, V + 1, dtype=np.float64)
+        z = -1.1 * np.log(ranks) + 0.5 * g.standard_normal((n, V))
+        p = np.exp(z - z.max(axis=1, keepdims=True))
+        p /= p.sum(axis=1, keepdims=True)
+        p[np.arange(n), g.integers(0, V, n)] -= 1.0
+        self.R = p.astype(np.float32)
+        refgeo.row_diameter(self.S)  # warm the engine (the diameter is part of every call)
+
+    def time_backward_bound(self, V_d_n):
+        refgeo.backward_bound(self.S, self.R)
+
+    def track_sums_speedup_vs_fsum(self, V_d_n):
+        from refgeo._certify import compensated_sums
+
+        R64 = self.R.astype(np.float64)
+        fsum = best_time(lambda: [math.fsum(row) for row in R64.tolist()], repeat=2)
+        return fsum / best_time(lambda: compensated_sums(np, R64), repeat=2)
+
+    track_sums_speedup_vs_fsum.unit = "x"
