@@ -118,11 +118,12 @@ def _two_sum_tree(xp, s, c):
 def compensated_sums(xp, x):
     """Sums of float64 ``x`` along its last axis, and a bound on each one's error.
 
-    Returns ``(sums, err)`` with ``|sums - exact| <= err``, where ``err`` is ``0`` for
+    Returns ``(sums, err, l1)`` with ``|sums - exact| <= err``, where ``err`` is ``0`` for
     a sum no step rounded (then ``sums`` is exact) and otherwise
     ``u |sums| + 3 (L + 1)**2 u**2 ||x||_1 + 4 n eta`` (``L``: the tree's levels, at
     most ``ceil(log2 n) + 1``): the accuracy of a sum taken in twice the working
-    precision, whatever the cancellation.
+    precision, whatever the cancellation; ``l1`` is the float ``||x||_1`` of each sum
+    (taken on the way, block by block).
 
     A pairwise tree of error-free additions (TwoSum: ``a + b = s + e`` exactly for
     ``s = fl(a + b)``, six flops, no FMA) adds the two halves level by level; the errors
@@ -141,21 +142,27 @@ def compensated_sums(xp, x):
     if n < 2 or math.prod(lead) == 0:
         # nothing to add: exact (an empty sum is 0)
         sums = x[..., 0] if n == 1 else xp.sum(x, axis=-1)
-        return sums, xp.zeros_like(sums)
+        return sums, xp.zeros_like(sums), xp.abs(sums)
     rows = xp.reshape(x, (-1, n))
     block = 2**16 if getattr(xp, "__name__", "").endswith("numpy") else 2**24
     cols = -(-n // block)  # blocks per row
     width = -(-n // cols)
     step = max(1, block // width)  # rows per call
-    tops_s, tops_c, flags, levels = [], [], [], 0
+    tops_s, tops_c, flags, norms, levels = [], [], [], [], 0
     for i in range(0, rows.shape[0], step):
         part_s, part_c, part_r = [], [], []
+        norm = None
         for j in range(0, n, width):
             piece = rows[i : i + step, j : j + width]
-            ts, tc, tr, levels = _two_sum_tree(xp, piece, None)
+            ts, tc, tr, depth = _two_sum_tree(xp, piece, None)
+            levels = max(levels, depth)  # the last piece of a row may be shorter
             part_s.append(ts)
             part_c.append(tc)
             part_r.append(tr)
+            # |x| while the piece is in cache: a separate pass over x costs as much
+            # as the tree (an (n, V) temporary, page faults)
+            a = xp.sum(xp.abs(piece), axis=-1)
+            norm = a if norm is None else norm + a
         if len(part_s) == 1:
             ts, tc, tr, top = part_s[0], part_c[0], part_r[0], 0
         else:
@@ -165,16 +172,17 @@ def compensated_sums(xp, x):
                 tr = xp.logical_or(tr, r)
         tops_s.append(ts[:, 0] + tc[:, 0])
         flags.append(tr)
+        norms.append(norm)
     levels += top
     sums = xp.reshape(xp.concat(tops_s), lead)
     rounded = xp.reshape(xp.concat(flags), lead)
     u = U64
-    l1 = xp.sum(xp.abs(x), axis=-1)
+    l1 = xp.reshape(xp.concat(norms), lead)
     # the float l1 is itself low by up to gamma_n; (1 + 2 gamma_n) covers it
     slack = (u * xp.abs(sums) + (3.0 * (levels + 1) ** 2 * u * u) * l1 + 4.0 * n * 2.0**-1022) * (
         1.0 + 2.0 * gamma(n + 2, u)
     )
-    return sums, xp.where(rounded, slack, xp.zeros_like(sums))
+    return sums, xp.where(rounded, slack, xp.zeros_like(sums)), l1
 
 
 def rounding_bound(d: int, dtype: str) -> tuple[float, float]:

@@ -1342,7 +1342,7 @@ def backward_bound(S: Any, r: Any, /):
     # error, up to about u ||r||_1, is multiplied by the mean row below, which may lie far
     # from the origin compared with D(S) (rows 1e20 out, D = 1: a float sum of exactly 0
     # hid a term of 1000)
-    tot, err = compensated_sums(xp, r64)
+    tot, err, l1 = compensated_sums(xp, r64)
     # D(S) = D' 2**e from the prescaled rows: D(S) itself may exceed the float64 range
     # where the bound does not (residuals of size below 1)
     D_scaled, _, _, eS = _scaled_diameter(S)
@@ -1358,7 +1358,6 @@ def backward_bound(S: Any, r: Any, /):
         # the error of sigma costs err ||s_mean||; where that is above the rounding of
         # the first term (rows more than about 1e12 D(S) from the origin), the sum is
         # taken correctly rounded instead (math.fsum, a Python loop: only those rows)
-        l1 = xp.sum(xp.abs(r64), axis=-1)
         rel = math.ldexp(mS / max(mD, 0.5), max(-1100, min(1100, eM - eD)))
         loose = xp.reshape(err * rel > (0.25 * U64) * l1, (-1,))
         if bool(xp.any(loose)):

@@ -853,9 +853,10 @@ def test_compensated_sums_are_within_their_error_bound(rows):
     from refgeo._certify import compensated_sums
 
     x = np.array(rows, dtype=np.float64)
-    got, err = compensated_sums(array_namespace(x), x)
-    for row, s, e in zip(x, got, err):
+    got, err, norms = compensated_sums(array_namespace(x), x)
+    for row, s, e, l1_got in zip(x, got, err, norms):
         exact = sum(Fraction(float(v)) for v in row)
+        assert l1_got == pytest.approx(math.fsum(abs(v) for v in row), rel=1e-14)
         assert abs(Fraction(float(s)) - exact) <= Fraction(float(e))
         l1 = math.fsum(abs(v) for v in row)
         levels = max(1, math.ceil(math.log2(len(row))))
@@ -897,8 +898,9 @@ def test_compensated_sums_across_blocks(shape):
     for row in flat:
         i, j = rng.choice(shape[-1], 2, replace=False)
         row[i], row[j] = 1e8, -1e8
-    got, err = compensated_sums(array_namespace(x), x)
-    assert got.shape == shape[:-1]
+    got, err, norms = compensated_sums(array_namespace(x), x)
+    assert got.shape == norms.shape == shape[:-1]
+    np.testing.assert_allclose(norms, np.abs(x).sum(axis=-1), rtol=1e-14)
     for row, s, e in zip(flat, np.reshape(got, -1), np.reshape(err, -1)):
         exact = sum(map(Fraction, row.tolist()))
         assert abs(Fraction(float(s)) - exact) <= Fraction(float(e))
