@@ -129,12 +129,13 @@ def compensated_sums(xp, x):
     ``s = fl(a + b)``, six flops, no FMA) adds the two halves level by level; the errors
     ``e`` ride up a second, plain pairwise tree beside the sums and join them once at
     the top.  Each level's errors are at most ``u`` times its sums, whose total is at
-    most ``||x||_1``, and the plain tree rounds each of them ``L`` times: hence
-    ``L**2 u**2``.  The ``eta`` term covers flush-to-zero mode, where an error below the
+    most ``||x||_1``, and the plain tree rounds each of them up to ``2 L`` times (two
+    additions a level): hence ``L**2 u**2``.  The ``eta`` term covers flush-to-zero mode, where an error below the
     smallest normal number is lost.  On the host the tree runs on blocks of ``2**16``
     entries (a row, a piece of a row or a few rows) that stay in cache, then on the
-    blocks' tops: about 8 ns an entry, 14 times faster than :func:`math.fsum` over
-    ``tolist()``, which also needs 24 bytes of Python float an entry.  The caller
+    blocks' tops: 3 to 8 times faster than :func:`math.fsum` over ``tolist()``, which
+    also needs a Python float (24 bytes) an entry (asv:
+    ``extreme_pairs.BackwardBoundResiduals``).  The caller
     guarantees that no partial sum overflows.
     """
     n = x.shape[-1]

@@ -907,3 +907,45 @@ def test_compensated_sums_across_blocks(shape):
         levels = math.ceil(math.log2(shape[-1])) + 1
         l1 = float(np.abs(row).sum())
         assert abs(float(s) - float(exact)) <= 2**-53 * abs(float(exact)) + 4 * (levels + 1) ** 2 * 2.0**-106 * l1
+
+
+def _exact_backward_norm(S, r):
+    Sf = [[Fraction(float(v)) for v in row] for row in S]
+    col = [sum(Fraction(float(ri)) * Sf[i][k] for i, ri in enumerate(r)) for k in range(S.shape[1])]
+    top = max(abs(v) for v in col)
+    if top == 0:
+        return 0.0
+    # scaled by the largest entry: the square of 1e-290 underflows
+    return float(top) * math.sqrt(float(sum((v / top) ** 2 for v in col)))
+
+
+@pytest.mark.parametrize("S,r", [
+    # the float mean of these rows is 0: the mean row's norm is bounded from column
+    # sums to twice the working precision
+    (np.array([[1e16], [1.0], [-1e16]]), np.array([1.0, 1.0, 1.0])),
+    # a nearly constant residual at V = 3: fl(t / 3) is off t / 3 in every entry
+    (np.array([[2.0], [-1.0], [-1.0]]), np.array([0.5167927876527325, np.nextafter(0.5167927876527325, 0),
+                                                   np.nextafter(0.5167927876527325, 0)])),
+    # the prescaling of r (largest entry 1e308) flushes the entry 1e-300 to zero
+    (np.full((3, 2), 1e10), np.array([1e308, -1e308, 1e-300])),
+])
+def test_backward_bound_holds_where_rounding_cancels(S, r):
+    """Three inputs where every float operation of the bound rounds the decisive part
+    away (found in review; each returned less than ||S^T r||, two of them 0)."""
+    assert _exact_backward_norm(S, r) <= refgeo.backward_bound(S, r)
+
+
+def test_backward_bound_takes_no_python_loop_for_rows_near_the_origin():
+    """Softmax rows (sums near 1) with ||mean row|| about D(S): the compensated sums'
+    error is far below the rounding of the bound, so math.fsum is not called (it was,
+    for every residual, when the test counted the final rounding u |sigma| as error)."""
+    import unittest.mock
+
+    rng = np.random.default_rng(1)
+    S = rng.standard_normal((200, 8)) + 3.0
+    p = np.exp(rng.standard_normal((50, 200)))
+    p /= p.sum(axis=1, keepdims=True)
+    with unittest.mock.patch("math.fsum", side_effect=AssertionError("fsum called")):
+        got = refgeo.backward_bound(S, p)
+    for row, b in zip(p[:5], got[:5]):
+        assert _exact_backward_norm(S, row) <= b * (1 + 1e-15)
