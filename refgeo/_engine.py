@@ -302,9 +302,10 @@ def _knn_pass(fn, XA, nA, SA, XB, nB, SB, *, symmetric, exclude_self, self_idx, 
 
 
 def knn_memory(nA, nB, d, k, *, symmetric, exclude_self, itemsize, tile_size, n_threads) -> dict:
-    """Bytes the compiled k-NN allocates, by part, in its first pass (a redo of the rows it
-    defers keeps at most as many heap records per thread, on at most as many threads,
-    plus a copy of those rows).
+    """Bytes the compiled k-NN allocates, by part: its first pass, and the redo passes of
+    the rows it defers (at most as many heap records per thread, on at most as many
+    threads, plus copies of those rows and, for float64 rows filtered in float32, a
+    float64 centered copy).
 
     Sizes as in :func:`_knn_pass`: the (nA, k) outputs, one (nA, K) heap of keys and
     indices per thread, and the centered copies with their norms.
@@ -313,11 +314,19 @@ def knn_memory(nA, nB, d, k, *, symmetric, exclude_self, itemsize, tile_size, n_
     K = _heap_size(n_cand, k)
     n_eff = _knn_plan(nA, nB, d, symmetric, tile_size, n_threads)[2]
     rows = nA if symmetric else nA + nB
-    return {
+    parts = {
         f"indices and distances ({nA}, {k})": 16.0 * nA * k,
         f"heaps ({n_eff} threads, {nA}, K={K})": 16.0 * n_eff * nA * K,
         f"centered copies ({rows}, {d})": float(rows) * (d * itemsize + 8),
+        # a redo pass copies its deferred rows (centered, with norms, and original):
+        # all of them where ties defer every row (groups of near-copies)
+        f"copies of deferred rows (up to {nA}, {d})": float(nA) * (2 * d * itemsize + 8),
     }
+    if itemsize == 8 and nA * nB * d >= KNN_MIXED_MIN_WORK:
+        # float64 rows filtered through float32: rows that filter cannot settle are
+        # redone with a float64 centered copy of every row, made then
+        parts[f"float64 centered copies for the last redo ({rows}, {d})"] = float(rows) * (8 * d + 8)
+    return parts
 
 
 def knn(X, k, Y, *, exclude_self, tile_size=None, n_threads=None, progress=None) -> KernelRun:
