@@ -1320,8 +1320,8 @@ def backward_bound(S: Any, r: Any, /):
     steps is counted where it could cancel the decisive part (the error of
     :math:`\sigma` in both terms, that of :math:`\sigma / V` in every entry of
     :math:`r_0`, entries of ``r`` that its prescaling rounds away).  The bound is
-    returned wherever it is a float64, also where :math:`D(S)` itself is not (rows near ``+-1e308`` and
-    :math:`\lVert r \rVert_1 < 2`); beyond that, ``ValueError``.
+    returned wherever it is a float64, also where :math:`D(S)` itself is not (rows
+    near ``+-1e308`` and :math:`\lVert r \rVert_1 < 2`); beyond that, ``ValueError``.
 
     References
     ----------
@@ -1371,13 +1371,16 @@ def backward_bound(S: Any, r: Any, /):
     mD, eD = math.frexp(D_scaled)
     eD += eS
     V = S.shape[0]
-    off = bool(xp.any(tot != 0.0)) or bool(xp.any(err != 0.0)) or (lost is not None and bool(xp.any(lost != 0.0)))
+    if lost is not None and not bool(xp.any(lost != 0.0)):
+        lost = None
+    off = bool(xp.any(tot != 0.0)) or bool(xp.any(err != 0.0)) or lost is not None
     if off:
         # the mean row of the rows prescaled like the diameter's, split like D: its
         # norm bounded from the column sums to twice the working precision (a float mean
         # of the rows 1e16, 1, -1e16 is 0, and the bound was 0 for ||S^T 1|| = 1)
         # (O(V d): 1.3 s at 50257 x 768, where the certified diameter takes 10 s)
-        cols, cerr, _ = compensated_sums(xp, xp.permute_dims(scale_rows(xp, f64(xp, S), eS), (1, 0)))
+        columns = xp.permute_dims(scale_rows(xp, f64(xp, S), eS), (1, 0))
+        cols, cerr, _ = compensated_sums(xp, columns)
         norm = (float(xp.linalg.vector_norm(cols)) + float(xp.linalg.vector_norm(cerr))) / V
         mS, eM = math.frexp(norm)
         eM += eS
@@ -1406,9 +1409,12 @@ def backward_bound(S: Any, r: Any, /):
         # + err ||s_mean||.  The computed r0 = fl(r - fl(t / V)) is within u of w
         # entrywise, but fl(t / V) is off t / V by up to u |t| / V in every entry, a
         # total of u |t| that is not small next to ||r0||_1 where r is nearly constant
-        # (at V = 3: 75% of S^T r was missed); none where V is a power of two.
+        # (at V = 3: 75% of S^T r was missed); none where V is a power of two, but
+        # for an underflow (the smallest normal number per entry, flush-to-zero too)
         r64 = r64 - xp.expand_dims(tot, axis=-1) / V
-        slack = err if V & (V - 1) == 0 else err + (2.0 * U64) * xp.abs(tot)
+        slack = err + V * 2.0**-1022
+        if V & (V - 1):
+            slack = slack + (2.0 * U64) * xp.abs(tot)
     l1 = xp.sum(xp.abs(r64), axis=-1)
     scaled = (0.5 * mD) * (l1 + slack) if off else (0.5 * mD) * l1
     out = unscale_array(xp, scaled, eD + er)
