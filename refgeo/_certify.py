@@ -21,8 +21,10 @@ from __future__ import annotations
 
 import contextlib
 import math
+import sys
 
 import numpy as np
+from array_api_compat import is_cupy_array
 
 __all__ = [
     "ETA",
@@ -37,6 +39,7 @@ __all__ = [
     "compensated_sums",
     "dtype_name",
     "f64",
+    "float32_bits_to_float64",
     "gamma",
     "reported_bound",
     "rounding_bound",
@@ -72,8 +75,45 @@ SCALE_FREE_EXPONENT = 64
 
 
 def f64(xp, x):
-    """``x`` as float64 (no copy when it already is)."""
-    return xp.astype(x, xp.float64) if x.dtype != xp.float64 else x
+    """``x`` as float64 (no copy when it already is), exactly on every device.
+
+    CuPy compiles its elementwise kernels with flush-to-zero for float32
+    (``-ftz=true``), and its ``astype`` flushes float32 subnormal inputs too: a
+    float32 row ``[3.9e-42]`` became ``[0.0]`` in float64 on an H200, so the
+    "original" rows that certified results are refined from were not the input
+    (k-NN returned another row as the nearest, at distance 0).  Float32 CuPy arrays
+    are therefore widened from their bits (:func:`float32_bits_to_float64`), which
+    needs only integer and float64 operations, which no flag flushes.
+    """
+    if x.dtype == xp.float64:
+        return x
+    if x.dtype == xp.float32 and is_cupy_array(x):
+        return float32_bits_to_float64(sys.modules["cupy"], x)
+    return xp.astype(x, xp.float64)
+
+
+def float32_bits_to_float64(mod, x):
+    """The float64 values of the float32 array ``x``, from its bit patterns.
+
+    ``mod`` is NumPy or CuPy (``x.view``, ``mod.where``, ``mod.ldexp``).  A finite
+    float32 is :math:`(-1)^s\, m\, 2^{e - 150}` with the 24-bit significand
+    :math:`m = 2^{23} + f` for a biased exponent :math:`e \ge 1`, and
+    :math:`f\, 2^{-149}` for :math:`e = 0` (zero and the subnormals); both products
+    are exact in float64.  Inputs are finite (the public functions check them first).
+
+    Examples
+    --------
+    >>> x = np.array([1.5, -0.0, 2.0**-149, -3.0 * 2.0**-140, 3.4e38], dtype=np.float32)
+    >>> bool(np.array_equal(float32_bits_to_float64(np, x), x.astype(np.float64)))
+    True
+    """
+    b = x.view(mod.uint32).astype(mod.int64)
+    biased = (b >> 23) & 0xFF
+    frac = b & 0x7FFFFF
+    normal = biased != 0
+    significand = mod.where(normal, frac | 0x800000, frac).astype(mod.float64)
+    magnitude = mod.ldexp(significand, mod.where(normal, biased - 150, -149).astype(mod.int32))
+    return mod.where((b >> 31) != 0, -magnitude, magnitude)
 
 
 def dtype_name(x) -> str:

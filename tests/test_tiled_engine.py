@@ -3,7 +3,8 @@
 There is no GPU in CI: the engine is written against the array API, so the same code
 runs here on NumPy arrays (2000 hypothesis examples per kernel, the clouds of test_engine.py) and on array-api-strict arrays (which reject anything outside the
 standard).  GPU runs of the same checks happen only where CuPy finds a device
-(``test_cupy_arrays_dispatch_to_the_gpu_engine``).
+(the ``gpu`` tests here, and every test of the ``backend`` fixture's cupy parameter;
+``tools/gpu_check.sh`` runs them).
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import refgeo
-from refgeo import _backend, _tiled
+from refgeo import _backend, _certify, _tiled
 
 from .test_engine import (  # noqa: F401
     FTZ_ROWS,
@@ -168,6 +169,47 @@ def test_cupy_arrays_dispatch_to_the_gpu_engine():
         got = refgeo.knn(cp.asarray(S[:1000]), 8)
         np.testing.assert_array_equal(cp.asnumpy(got.indices), _oracle_knn(S[:1000], 8)[0])
         assert math.isfinite(r.error_bound)
+
+
+@settings(max_examples=300)
+@given(bits=st.lists(st.integers(0, 2**32 - 1), min_size=1, max_size=64), shift=st.integers(0, 31))
+def test_float32_widened_from_its_bits_equals_the_cast(bits, shift):
+    """The flush-free float32 -> float64 widening (what CuPy float32 inputs get) equals
+    NumPy's cast for every finite bit pattern, sign of zero included, subnormals of
+    every size and strided views included."""
+    b = np.array(bits, dtype=np.uint64)
+    b = np.concatenate([b, b >> shift, b & 0x807FFFFF]).astype(np.uint32)  # subnormals, zeros
+    x = b.view(np.float32)
+    x = x[np.isfinite(x)]
+    for view in (x, x[::2]):
+        got = _certify.float32_bits_to_float64(np, view)
+        want = view.astype(np.float64)
+        assert got.dtype == np.float64
+        np.testing.assert_array_equal(got, want)
+        np.testing.assert_array_equal(np.signbit(got), np.signbit(want))
+
+
+@pytest.mark.gpu
+def test_cupy_float32_subnormal_rows_are_not_flushed():
+    """CuPy flushes float32 subnormals in its kernels (``-ftz=true``): a float32 row
+    [3.9e-42] was widened to 0.0 on an H200, and knn then called row 0 the nearest
+    row of row 1 at distance 0.  The certified results of such rows equal NumPy's."""
+    cp = pytest.importorskip("cupy")
+    if not _backend.available_backends()["cupy"][0]:
+        pytest.skip("no CUDA device")
+    tiny = np.float32(2.0**-149)
+    rows = [np.array([[3.856e-42], [0.0]], dtype=np.float32),
+            np.array([[tiny, 0.0], [0.0, tiny], [0.0, 0.0], [3 * tiny, -tiny]], dtype=np.float32),
+            (np.random.default_rng(0).standard_normal((50, 3)) * 2.0**-130).astype(np.float32)]
+    for S in rows:
+        A = cp.asarray(S)
+        np.testing.assert_array_equal(cp.asnumpy(_certify.f64(cp, A)), S.astype(np.float64))
+        for fn in (refgeo.row_diameter, refgeo.closest_pair):
+            got, want = fn(A), fn(S)
+            assert got.backend == "cupy" and (got.value, got.i, got.j) == (want.value, want.i, want.j)
+        got, want = refgeo.knn(A, 1, exclude_self=False), refgeo.knn(S, 1, exclude_self=False)
+        np.testing.assert_array_equal(cp.asnumpy(got.indices), want.indices)
+        np.testing.assert_array_equal(cp.asnumpy(got.distances), want.distances)
 
 
 def test_certificate_survives_flush_to_zero(flush_to_zero):
