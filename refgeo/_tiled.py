@@ -142,9 +142,21 @@ def _row_blocks(xp, XA, nA, XB, nB, c, eabs, b):
 
 
 def _block_rows(n_rows, n_cols, tile_size):
+    """Rows per block of a (block x n_cols) filter: ``tile_size``, or _BLOCK_ENTRIES entries."""
     if tile_size:
         return max(1, min(n_rows, tile_size))
     return max(1, min(n_rows, max(64, _BLOCK_ENTRIES // max(n_cols, 1))))
+
+
+def _tile_side(n_rows, tile_size):
+    """Rows per side of a square (b x b) tile of the extreme-pair scan: ``tile_size``, or
+    b^2 = _BLOCK_ENTRIES.  (Sized as a (b x n) row block, b was 83 at V = 50257: 183,000
+    tiles of 83 x 83, each a few kernel launches and a host synchronization, and a
+    row_diameter with a closest_pair of 50257 x 768 float32 rows did not end within
+    150 s on an H200; 2048 x 2048 tiles are 325 there.)"""
+    if tile_size:
+        return max(1, min(n_rows, tile_size))
+    return max(1, min(n_rows, math.isqrt(_BLOCK_ENTRIES)))
 
 
 def _tiled_extreme_pair(S, *, maximize, tile_size=None) -> KernelRun:
@@ -152,7 +164,7 @@ def _tiled_extreme_pair(S, *, maximize, tile_size=None) -> KernelRun:
     (S64,), (X,), (nrm,), dt = _prepare(xp, [S])
     V, d = S64.shape
     c, eabs = rounding_bound(d, dt)
-    b = _block_rows(V, V, tile_size)
+    b = _tile_side(V, tile_size)
     sign = 1.0 if maximize else -1.0
     best: tuple[float, int, int] | None = None  # (refined squared value, i, j)
     n_refined = 0
