@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+import dataclasses
 import os
 
 import numpy as np
@@ -44,17 +46,63 @@ def _backend_params():
     ]
 
 
+@contextlib.contextmanager
+def numpy_inputs_on_the_device(to_device, to_host):
+    """Under ``use_backend("cupy")``, run the kernels of NumPy inputs as CuPy inputs.
+
+    The tests are written with NumPy inputs and expectations, and ``use_backend("cupy")``
+    alone refuses NumPy arrays.  Here the backend selection sees the arrays a CuPy caller
+    would hand over: a kernel with GPU code (``KernelInfo.cupy``) runs on
+    ``to_device`` copies of its array arguments (the public function has validated and
+    prescaled them on the host), and the arrays of its result come back through
+    ``to_host``; a kernel without GPU code runs the reference, as a CuPy input would.
+    Every other request (a nested ``use_backend("reference")``, Dask inputs) is
+    selected as usual.  The public path of real CuPy arrays and CUDA tensors
+    (validation, prescaling and results on the device) has tests of its own.
+    """
+    select = _backend.select
+
+    def on_device(kernel):
+        def run(*args, **kwargs):
+            moved = [to_device(a) if isinstance(a, np.ndarray) else a for a in args]
+            out = kernel(*moved, **kwargs)
+            return dataclasses.replace(
+                out, **{f: to_host(getattr(out, f)) for f in ("indices", "distances") if getattr(out, f) is not None}
+            )
+
+        return run
+
+    def select_on_device(info, *arrays):
+        given = [a for a in arrays if a is not None]
+        if _backend.get_backend() != "cupy" or not given or not all(isinstance(a, np.ndarray) for a in given):
+            return select(info, *arrays)
+        if info.cupy is None:
+            return _backend.Selection("reference", info.reference, f"CuPy input; {info.name} has no GPU code")
+        return _backend.Selection("cupy", on_device(info.cupy), "CuPy input (NumPy input moved by the test)")
+
+    _backend.select = select_on_device
+    try:
+        yield
+    finally:
+        _backend.select = select
+
+
 @pytest.fixture(params=_backend_params())
 def backend(request):
     """Run the test on one backend; an unavailable backend skips (fails with REFGEO_REQUIRE_EXT=1
-    for cython)."""
+    for cython).  On ``cupy`` the kernels of the test's NumPy inputs run on the GPU
+    (:func:`numpy_inputs_on_the_device`)."""
     name = request.param
     ok, why = _backend.available_backends()[name]
     if not ok:
         if name == "cython" and REQUIRE_EXT:
             pytest.fail(f"REFGEO_REQUIRE_EXT=1 but the cython backend is unavailable: {why}")
         pytest.skip(f"backend {name!r} unavailable: {why}")
-    with refgeo.use_backend(name):
+    with refgeo.use_backend(name), contextlib.ExitStack() as stack:
+        if name == "cupy":
+            import cupy
+
+            stack.enter_context(numpy_inputs_on_the_device(cupy.asarray, cupy.asnumpy))
         yield name
 
 

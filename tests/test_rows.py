@@ -742,6 +742,42 @@ def test_cpu_tensors_run_like_their_numpy_arrays(backend):
     assert t.grad is None  # nothing was recorded on the graph
 
 
+@pytest.mark.gpu
+def test_cuda_tensors_run_on_the_gpu_engine_and_come_back_on_their_device():
+    """CUDA tensors (requires_grad, non-contiguous, bfloat16) go through DLPack to the
+    CuPy engine: the certified pair and value equal those of the same rows as a NumPy
+    array on the compiled engine, array results are tensors on the input's device, and
+    nothing is recorded on the graph."""
+    torch = pytest.importorskip("torch")
+    pytest.importorskip("cupy")
+    from refgeo import _backend
+
+    if not torch.cuda.is_available() or not _backend.available_backends()["cupy"][0]:
+        pytest.skip("needs a CUDA device that torch and CuPy both see")
+    rng = np.random.default_rng(16)
+    # Zipf-scaled rows around a common direction (most rows tiny, all alike), plus ties
+    S = (rng.standard_normal((3000, 48)) + 4.0) / np.arange(1, 3001)[:, None] ** 1.1
+    S[10] = S[20]
+    t = torch.tensor(S, requires_grad=True, device="cuda")
+    strided = torch.tensor(np.repeat(S, 2, axis=1), device="cuda")[:, ::2]
+    half = torch.tensor(S, device="cuda").to(torch.bfloat16)
+    S_half = half.float().cpu().numpy()
+    for T, A in ((t, S), (strided, S), (half, S_half)):
+        for fn in (refgeo.row_diameter, refgeo.closest_pair):
+            got, want = fn(T), fn(A)
+            assert got.backend == "cupy"
+            assert (got.value, got.i, got.j) == (want.value, want.i, want.j)
+        kn, kn_np = refgeo.knn(T, 5), refgeo.knn(A, 5)
+        assert isinstance(kn.indices, torch.Tensor) and kn.indices.device == T.device
+        np.testing.assert_array_equal(kn.indices.cpu().numpy(), kn_np.indices)
+        np.testing.assert_array_equal(kn.distances.cpu().numpy(), kn_np.distances)
+        fp, fp_np = refgeo.farthest_partners(T), refgeo.farthest_partners(A)
+        assert fp.indices.device == T.device
+        np.testing.assert_array_equal(fp.indices.cpu().numpy(), fp_np.indices)
+    assert refgeo.row_diameter(half).converted_from == "torch.bfloat16"
+    assert t.grad is None
+
+
 def test_the_other_row_functions_take_tensors_like_the_engine_functions():
     """covering_radius, worst_case_hidden_state, hilbert_rms and backward_bound take
     requires_grad and half-precision tensors without warnings, record nothing on the
