@@ -956,8 +956,8 @@ def _heap_tops(keys, ids, k, dt):
 def _key_ends(keys, ids, nI, nJ, n_cand, k, cp, eabs, bound, seeded=None):
     """Upper ends (the ``k`` smallest) and candidates of one side, from its heaps.
 
-    The ends are the compiled engine's (``refgeo_ext/_knn.pyx.tp``, same operations in
-    the same order): ``key + n_i -+ (c (n_i + n_j)) -+ eabs``, and for a heap that may
+    The ends are those the compiled engine used before its keys were taken on lowered
+    norms (``refgeo_ext/_knn.pyx.tp``): ``key + n_i -+ (c (n_i + n_j)) -+ eabs``, and for a heap that may
     have dropped pairs (a full heap, or a seeded one: ``seeded[i]`` true when row i's
     heap started from finite sentinel keys), ``max key + n_i - c (n_i + max n) - eabs``
     bounds the lower end of every dropped pair.  The maximum runs over the sentinels

@@ -318,6 +318,8 @@ def knn_memory(nA, nB, d, k, *, symmetric, exclude_self, itemsize, tile_size, n_
         f"indices and distances ({nA}, {k})": 16.0 * nA * k,
         f"heaps ({n_eff} threads, {nA}, K={K})": 16.0 * n_eff * nA * K,
         f"centered copies ({rows}, {d})": float(rows) * (d * itemsize + 8),
+        # the kernel's lowered norms of the heap keys (refgeo_ext/_knn.pyx.tp)
+        f"lowered norms ({nA} + {nB})": 8.0 * (nA + nB),
         # a redo pass copies its deferred rows (centered, with norms, and original):
         # all of them where ties defer every row (groups of near-copies)
         f"copies of deferred rows (up to {nA}, {d})": float(nA) * (2 * d * itemsize + 8),

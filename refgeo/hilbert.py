@@ -39,6 +39,7 @@ import numpy as np
 from array_api_compat import array_namespace, is_numpy_array
 
 from . import _backend, _memory, _progress
+from ._certify import f64
 from ._interop import first_origin, from_foreign, to_caller
 from ._validate import (
     as_float_array,
@@ -118,10 +119,6 @@ def _foreign_pair(a, b, names):
     return a, b, first_origin(oa, ob)
 
 
-def _f64(xp, x):
-    return xp.astype(x, xp.float64) if x.dtype != xp.float64 else x
-
-
 def _broadcast_pair(xp, a, b, names):
     try:
         a2, b2 = xp.broadcast_arrays(a, b)
@@ -168,7 +165,7 @@ def variation(x: Any, /, *, axis: int = -1):
     x = as_float_array(x, "x", min_ndim=1, contiguous=False)
     xp = array_namespace(x)
     axis = check_axis(axis, x.ndim)
-    x = _f64(xp, x)
+    x = f64(xp, x)
     with np.errstate(over="ignore"):  # a range beyond the float64 maximum is inf
         v = xp.max(x, axis=axis) - xp.min(x, axis=axis)
     return _out(xp, v, origin)
@@ -217,7 +214,7 @@ def hilbert_distance_logits(z: Any, w: Any, /, *, axis: int = -1):
     xp = array_namespace(z, w)
     z, w = _broadcast_pair(xp, z, w, ("z", "w"))
     axis = check_axis(axis, z.ndim)
-    return _out(xp, _difference_range(xp, _f64(xp, z), _f64(xp, w), axis), origin)
+    return _out(xp, _difference_range(xp, f64(xp, z), f64(xp, w), axis), origin)
 
 
 def _check_probabilities(p, name, axis):
@@ -232,8 +229,8 @@ def _check_probabilities(p, name, axis):
 
 def _log_ratio_on_support(xp, p, q):
     """log p - log q (float64) and the masks of the two supports."""
-    p = _f64(xp, p)
-    q = _f64(xp, q)
+    p = f64(xp, p)
+    q = f64(xp, q)
     sp = p > 0
     sq = q > 0
     one = xp.asarray(1.0, dtype=xp.float64)
@@ -342,7 +339,7 @@ def funk_distance(p: Any, q: Any, /, *, axis: int = -1):
     r, sp, sq = _log_ratio_on_support(xp, p, q)
     inf = xp.asarray(float("inf"), dtype=xp.float64)
     hi = xp.max(xp.where(sp, r, -inf), axis=axis)
-    shift = _log_sum(xp, _f64(xp, q), axis) - _log_sum(xp, _f64(xp, p), axis)
+    shift = _log_sum(xp, f64(xp, q), axis) - _log_sum(xp, f64(xp, p), axis)
     f = xp.maximum(hi + shift, xp.asarray(0.0, dtype=xp.float64))
     escape = xp.any(sp & ~sq, axis=axis)
     return _out(xp, xp.where(escape, inf, f), origin)
@@ -421,8 +418,8 @@ def funk_distance_logits(z: Any, w: Any, /, *, axis: int = -1):
     xp = array_namespace(z, w)
     z, w = _broadcast_pair(xp, z, w, ("z", "w"))
     axis = check_axis(axis, z.ndim)
-    z = _f64(xp, z)
-    w = _f64(xp, w)
+    z = f64(xp, z)
+    w = f64(xp, w)
     f = _funk_logits(xp, z, w, axis)
     return _out(xp, xp.maximum(f, xp.asarray(0.0, dtype=xp.float64)), origin)
 
@@ -433,8 +430,8 @@ def funk_distance_logits(z: Any, w: Any, /, *, axis: int = -1):
 def _pairwise_logits_reference(XA, XB, *, triangle: bool):
     """Direct max-minus-min of float64 differences; chunked over partner rows."""
     xp = array_namespace(XA, XB)
-    A = _f64(xp, XA)
-    B = _f64(xp, XB)
+    A = f64(xp, XA)
+    B = f64(xp, XB)
     nA, V = A.shape
     nB = B.shape[0]
     block = max(1, _REF_BLOCK_ELEMENTS // max(V, 1))
@@ -772,7 +769,7 @@ def _check_distance(d):
     xp = array_namespace(d)
     if bool(xp.any(xp.isnan(d))) or bool(xp.any(d < 0)):
         raise ValueError("d must be a Hilbert distance (>= 0, not NaN), got negative or NaN entries instead.")
-    return xp, _f64(xp, d), origin
+    return xp, f64(xp, d), origin
 
 
 def tv_bound(d: Any, /):

@@ -57,6 +57,7 @@ from ._validate import (
     check_real,
 )
 from . import _progress
+from ._certify import f64
 from ._interop import fields_to_caller, from_foreign, input_eps, to_caller, to_host
 from ._threads import blas_single_thread
 from .rows import row_diameter
@@ -114,10 +115,6 @@ def _checked_bracket(lower: float, upper: float, what: str) -> tuple[float, floa
             "this with the input that produced it."
         )
     return lower, lower
-
-
-def _f64(xp, x):
-    return xp.astype(x, xp.float64) if x.dtype != xp.float64 else x
 
 
 def _readonly(a):
@@ -185,7 +182,7 @@ def center_rows(A: Any, /):
     # rows of both signs near the top of the range have centered values beyond it
     # (1.7e308 - (-0.57e308)): no representable answer, so an error rather than inf
     with np.errstate(over="ignore"):
-        C = _cast_finite(xp, _centered_unchecked(xp, _f64(xp, A)), A.dtype)
+        C = _cast_finite(xp, _centered_unchecked(xp, f64(xp, A)), A.dtype)
     if C is None:
         raise ValueError(
             f"A must have centered rows inside the range of {A.dtype} (max "
@@ -252,7 +249,7 @@ def row_normalize(A: Any, /, *, eps: float = 0.0):
     A = as_float_array(A, "A", ndim=2, shape_hint="2-D array of shape (V, d)")
     eps = check_real(eps, "eps", min_value=0.0)
     xp = array_namespace(A)
-    Af = _f64(xp, A)
+    Af = f64(xp, A)
     # a_i / (m_i v_i + eps) with m_i = max |a_ij| and v_i = ||a_i / m_i|| in [1, sqrt d],
     # evaluated as (a_i / m_i) / (v_i + eps / m_i): no norm overflows (rows near 1e308)
     # or underflows, and with eps = 0 a power-of-two scaling of A changes no bit.
@@ -350,7 +347,7 @@ def projected_rownorm(G: Any, /, *, eta: float = 1.0):
     G = as_float_array(G, "G", ndim=2, shape_hint="2-D array of shape (V, d)")
     eta = _check_eta(eta)
     xp = array_namespace(G)
-    Gf = _f64(xp, G)
+    Gf = f64(xp, G)
     # S does not depend on the scale of G: G * 2**-e (max magnitude in [0.5, 1)) keeps
     # the mean from overflowing near 1e308, and a power-of-two scaling of G changes no
     # bit of S

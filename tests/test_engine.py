@@ -452,7 +452,8 @@ def _assert_knn_rows_exact(r, S, rows, k):
     D2[np.arange(len(rows)), rows] = np.inf
     want = np.lexsort((np.broadcast_to(np.arange(len(S)), D2.shape), D2), axis=1)[:, :k]
     np.testing.assert_array_equal(r.indices[rows], want)
-    np.testing.assert_array_equal(r.distances[rows], np.sqrt(np.take_along_axis(D2, want, 1)))
+    dist = np.ldexp(np.sqrt(np.take_along_axis(D2, want, 1)), _oracle_exponent(S))  # D2: prescaled units
+    np.testing.assert_array_equal(r.distances[rows], dist)
 
 
 @pytest.mark.parametrize("dtype", [np.float64, np.float32])

@@ -210,6 +210,10 @@ def test_cupy_float32_subnormal_rows_are_not_flushed():
         got, want = refgeo.knn(A, 1, exclude_self=False), refgeo.knn(S, 1, exclude_self=False)
         np.testing.assert_array_equal(cp.asnumpy(got.indices), want.indices)
         np.testing.assert_array_equal(cp.asnumpy(got.distances), want.distances)
+    # the Hilbert functions widen CuPy float32 the same way (they had a cast of their own)
+    z = np.array([3.856e-42, 0.0], dtype=np.float32)
+    got = refgeo.hilbert_distance_logits(cp.asarray(z), cp.zeros(2, dtype=cp.float32))
+    assert float(got) == float(refgeo.hilbert_distance_logits(z, np.zeros(2, dtype=np.float32))) > 0.0
 
 
 def test_certificate_survives_flush_to_zero(flush_to_zero):

@@ -104,20 +104,7 @@ if [ "${REFGEO_SKIP_BENCH:-0}" = 1 ]; then
 fi
 
 echo "== asv: check + quick run of the small sizes (current environment)"
-python - "$ROOT/asv_benchmarks/asv.conf.json" "$TMP/asv.conf.json" "$TMP" <<'PY'
-import json, os, sys
-from asv import util
-
-src, dst, tmp = sys.argv[1:4]
-conf = util.load_json(src, js_comments=True)
-here = os.path.dirname(os.path.abspath(src))
-conf["repo"] = os.path.normpath(os.path.join(here, conf["repo"]))
-conf["benchmark_dir"] = os.path.join(here, conf["benchmark_dir"])
-for key in ("results_dir", "html_dir", "env_dir"):
-    conf[key] = os.path.join(tmp, key)
-with open(dst, "w") as f:
-    json.dump(conf, f, indent=1)
-PY
+python "$ROOT/tools/asv_temp_config.py" "$TMP"
 if [ ! -f "$HOME/.asv-machine.json" ]; then
     asv machine --yes --config "$TMP/asv.conf.json" >/dev/null
 fi

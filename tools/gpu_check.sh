@@ -45,20 +45,7 @@ per_test=(); "$PY" -c "import pytest_timeout" 2>/dev/null && per_test=(--timeout
 [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
 
 lap "GPU benchmarks (asv, this environment)"
-"$PY" - "$ROOT/asv_benchmarks/asv.conf.json" "$TMP/asv.conf.json" "$TMP" <<'PY'
-import json, os, sys
-from asv import util
-
-src, dst, tmp = sys.argv[1:4]
-conf = util.load_json(src, js_comments=True)
-here = os.path.dirname(os.path.abspath(src))
-conf["repo"] = os.path.normpath(os.path.join(here, conf["repo"]))
-conf["benchmark_dir"] = os.path.join(here, conf["benchmark_dir"])
-for key in ("results_dir", "html_dir", "env_dir"):
-    conf[key] = os.path.join(tmp, key)
-with open(dst, "w") as f:
-    json.dump(conf, f, indent=1)
-PY
+"$PY" "$ROOT/tools/asv_temp_config.py" "$TMP"
 (cd "$TMP" && "$PY" -m asv machine --yes --config "$TMP/asv.conf.json" >/dev/null)
 for size in realistic small; do
     lap "asv: $size sizes"

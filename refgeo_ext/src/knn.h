@@ -3,7 +3,8 @@
  * For the tile G = X_I Y_J^T (bi x bj, row-major, ld bj) and every pair (i, j) of
  * the tile, the key n_j - 2 g_ij goes into the max-heap of row i (K records, largest
  * key at position 0) if it is below the heap's top; for X against X (symmetric)
- * also the key n_i - 2 g_ij into the heap of row j.  On one thread a key is
+ * also the key n_i - 2 g_ij into the heap of row j.  (The caller passes the lowered
+ * norms (1 - c') n of _knn.pyx.tp as nA and nB, so that a key is a lower bound.)  On one thread a key is
  * inserted exactly when the one-element-at-a-time loop would insert it, in the same
  * order per heap, so the heaps end as that loop leaves them (on several threads the
  * shared threshold below also applies):
