@@ -41,6 +41,7 @@ __all__ = [
     "f64",
     "float32_bits_to_float64",
     "gamma",
+    "lowered_key_bound",
     "reported_bound",
     "rounding_bound",
     "scale_exponent",
@@ -256,6 +257,15 @@ def rounding_bound(d: int, dtype: str) -> tuple[float, float]:
         gamma(d, u) + gamma(d, U64) + 4 * U64 + 4.01 * (u + U64) + 2.01 * gamma(d + 2, U64)
     )
     return c + 16 * U64, 32.0 * d * ETA[dtype]
+
+
+def lowered_key_bound(c: float) -> float:
+    """``c' = c + 8 u64``: the k-NN heap keys ``m_j - 2 fl(x_i . x_j)`` use the lowered
+    norms ``m_j = (1 - c') n_j``, so that ``key + (1 - c') n_i - e_abs`` is a lower and
+    ``key + (1 + c') n_i + 2 c' n_j + e_abs`` an upper end of the pair's filtered distance
+    (the margin covers the rounding of ``m_j`` and of the key; docs/theory/rows.md).
+    The compiled k-NN (``refgeo_ext/_knn.pyx.tp``) and the Dask k-NN tasks use it."""
+    return c + 8 * U64
 
 
 def reported_bound(d: int, dtype: str, max_norm: float) -> float:

@@ -76,6 +76,7 @@ from ._certify import (
     better,
     canonical_sq,
     f64,
+    lowered_key_bound,
     reported_bound,
     rounding_bound,
 )
@@ -953,38 +954,40 @@ def _heap_tops(keys, ids, k, dt):
     return _Seeds(dt, np.where((ids >= 0).all(axis=1), keys.max(axis=1), math.inf))
 
 
-def _key_ends(keys, ids, nI, nJ, n_cand, k, cp, eabs, bound, seeded=None):
+def _key_ends(keys, ids, nI, nJ, n_cand, k, cl, eabs, bound, seeded=None):
     """Upper ends (the ``k`` smallest) and candidates of one side, from its heaps.
 
-    The ends are those the compiled engine used before its keys were taken on lowered
-    norms (``refgeo_ext/_knn.pyx.tp``): ``key + n_i -+ (c (n_i + n_j)) -+ eabs``, and for a heap that may
-    have dropped pairs (a full heap, or a seeded one: ``seeded[i]`` true when row i's
-    heap started from finite sentinel keys), ``max key + n_i - c (n_i + max n) - eabs``
-    bounds the lower end of every dropped pair.  The maximum runs over the sentinels
-    left in the heap too: a key is dropped only when it is not below the heap's top
-    at that time, and the top never increases, so every dropped key is at least the
-    final top, the largest key the heap holds.
+    The keys are taken on lowered norms, ``m_j - 2 G_ij`` with ``m_j = (1 - c') n_j``
+    and ``c' = cl`` (:func:`refgeo._certify.lowered_key_bound`), as in the compiled
+    engine (``refgeo_ext/_knn.pyx.tp``): the upper end of a pair is
+    ``key + (1 + c') n_i + 2 c' n_j + eabs``, its lower end ``key + (1 - c') n_i - eabs``,
+    and for a heap that may have dropped pairs (a full heap, or a seeded one:
+    ``seeded[i]`` true when row i's heap started from finite sentinel keys),
+    ``max key + (1 - c') n_i - eabs`` bounds the lower end of every dropped pair, whatever
+    its norm.  (With keys ``n_j - 2 G_ij`` that bound needed the largest norm of the
+    block, and LM-gradient rows, whose norms span nine decades, refined every pair.)
+    The maximum runs over the sentinels left in the heap too: a key is dropped only
+    when it is not below the heap's top at that time, and the top never increases, so
+    every dropped key is at least the final top, the largest key the heap holds.
     """
     K = keys.shape[1]
     empty = ids < 0
-    ni = nI[:, None]
-    # w = cp (n_i + n_j), s = key + n_i, up = (s + w) + eabs, lo = (s - w) - eabs, in
+    base = nI * (1.0 - cl)
+    # up = (key + (1 + c') n_i) + 2 c' n_j + eabs, lo = (key + (1 - c') n_i) - eabs, in
     # place (a task's heaps are a few MB: every temporary is a pass over memory)
-    w = nJ[np.where(empty, 0, ids)]
-    w += ni
-    w *= cp
-    s = keys + ni
-    up = s + w
+    up = nJ[np.where(empty, 0, ids)]
+    up *= 2.0 * cl
+    up += keys
+    up += (nI * (1.0 + cl))[:, None]
     up += eabs
     up[empty] = math.inf
-    lo = s
-    lo -= w
+    lo = keys + base[:, None]
     lo -= eabs
     lo[empty] = math.inf
     m = min(k, K)
     ends = up if m == K else np.partition(up, m - 1, axis=1)[:, :m]
     if K < n_cand or seeded is not None:
-        out = ((keys.max(axis=1) + nI) - cp * (nI + float(nJ.max()))) - eabs
+        out = (keys.max(axis=1) + base) - eabs
         if K >= n_cand:  # room for every candidate: only a seeded row may drop pairs
             out = np.where(seeded, out, math.inf)
     else:
@@ -1034,7 +1037,10 @@ def _knn_keys_task(SA, SB, mu, k, exclude_self, both, seeds_a=None, seeds_b=None
         return None, None, (None, None), None
     d = XA.shape[1]
     cp, eabs = rounding_bound(d, dt)
+    cl = lowered_key_bound(cp)
     bound = reported_bound(d, dt, top)
+    # the keys' lowered norms (_key_ends); the ends use the norms themselves
+    mA, mB = nA * (1.0 - cl), nB * (1.0 - cl)
     two = both and not same
     sa = _seed_keys(seeds_a, dt)
     sb = _seed_keys(seeds_b, dt) if two else None
@@ -1047,18 +1053,18 @@ def _knn_keys_task(SA, SB, mu, k, exclude_self, both, seeds_a=None, seeds_b=None
         if two and KA == KB:
             # two distinct blocks with heaps of one size: the engine's vectorized
             # epilogue, on record heaps (A's rows, then B's)
-            keys_a, ids_a, keys_b, ids_b = _records_pair(ext, suffix, XA, nA, XB, nB, KA, sa, sb)
+            keys_a, ids_a, keys_b, ids_b = _records_pair(ext, suffix, XA, mA, XB, mB, KA, sa, sb)
         else:
             keys_a, ids_a = _heaps(na, KA, sa)
             keys_b, ids_b = _heaps(nb if two else 0, KB, sb)
             fn = getattr(ext._knn_blocks, "block_pair_keys" + suffix)
-            fn(XA, nA, XB, nB, same, exclude_self, two, _TASK_TILE, keys_a, ids_a, keys_b, ids_b)
-    ends_a, c_a = _key_ends(keys_a, ids_a, nA, nB, cand_a, k, cp, eabs, bound,
+            fn(XA, mA, XB, mB, same, exclude_self, two, _TASK_TILE, keys_a, ids_a, keys_b, ids_b)
+    ends_a, c_a = _key_ends(keys_a, ids_a, nA, nB, cand_a, k, cl, eabs, bound,
                             None if sa is None else np.isfinite(sa))
     tops = _heap_tops(keys_a, ids_a, k, dt) if sa is None else None
     if not two:
         return ends_a, None, (c_a, None), tops
-    ends_b, c_b = _key_ends(keys_b, ids_b, nB, nA, na, k, cp, eabs, bound,
+    ends_b, c_b = _key_ends(keys_b, ids_b, nB, nA, na, k, cl, eabs, bound,
                             None if sb is None else np.isfinite(sb))
     return ends_a, ends_b, (c_a, c_b), tops
 
@@ -1151,18 +1157,24 @@ def _smallest_keys(xp, M, K):
     return _host(xp.take_along_axis(M, order, axis=1)), _host(order).astype(np.int64)
 
 
-def _prepare_xp(xp, arrays):
+def _prepare_xp(xp, arrays, mu=None):
     """Centered copies in the filter dtype, their float64 norms and the dtype name, for
     the array-API tasks; as ``refgeo._tiled`` prepares its blocks (the same rules for
     the filter dtype, including float64 under ``CUPY_TF32=1``: TF32 would void the
-    float32 bound)."""
+    float32 bound).  The center is ``mu`` (the mean of all rows) where given, else the
+    blocks' own mean: any center gives a valid filter, but the k-NN filter is sharpest
+    about the global mean (LM-gradient rows about a block's mean, which its few large
+    rows dominate, refined most pairs)."""
     orig64 = [f64(xp, a) for a in arrays]
     name = "float32" if all(a.dtype == xp.float32 for a in arrays) else "float64"
     if name == "float32" and (
         os.environ.get("CUPY_TF32", "0") == "1" or not math.isfinite(rounding_bound(arrays[0].shape[1], "float32")[0])
     ):
         name = "float64"
-    mu = sum(xp.sum(a, axis=0) for a in orig64) / sum(a.shape[0] for a in arrays)
+    if mu is None:
+        mu = sum(xp.sum(a, axis=0) for a in orig64) / sum(a.shape[0] for a in arrays)
+    else:
+        mu = xp.asarray(np.asarray(_host(mu), dtype=np.float64))
     for _ in range(2):
         fdt = xp.float32 if name == "float32" else xp.float64
         cents = [xp.astype(a - mu, fdt) for a in orig64]
@@ -1184,14 +1196,14 @@ def _knn_keys_task_xp(SA, SB, mu, k, exclude_self, both, seeds_a=None, seeds_b=N
     chunks, the GEMM and the selection of each row's smallest keys run on the GPU
     (a sort, not heaps: no seeds taken or given, the last output is None).
 
-    The keys are the compiled kernel's, ``n_j - 2 x_i . y_j`` in float64 from the GEMM
-    in the filter dtype, so the same certified ends follow; the task centers its blocks
-    about their own mean (any center gives a valid filter: the refined values come from
-    the original rows).
+    The keys are the compiled kernel's, ``m_j - 2 x_i . y_j`` (lowered norms, see
+    :func:`_key_ends`) in float64 from the GEMM in the filter dtype, so the same
+    certified ends follow; the task centers its blocks about ``mu``, the mean of all
+    rows, as the compiled task does (the refined values come from the original rows).
     """
     xp = array_namespace(SA)
     same = SB is None
-    cents, norms, name, top = _prepare_xp(xp, [SA] if same else [SA, SB])
+    cents, norms, name, top = _prepare_xp(xp, [SA] if same else [SA, SB], mu)
     XA, nA = cents[0], norms[0]
     XB, nB = (XA, nA) if same else (cents[1], norms[1])
     na, nb = XA.shape[0], XB.shape[0]
@@ -1200,20 +1212,23 @@ def _knn_keys_task_xp(SA, SB, mu, k, exclude_self, both, seeds_a=None, seeds_b=N
         return None, None, (None, None), None
     d = XA.shape[1]
     cp, eabs = rounding_bound(d, name)
+    cl = lowered_key_bound(cp)
     bound = reported_bound(d, name, top)
-    G2 = 2.0 * f64(xp, XA @ xp.permute_dims(XB, (1, 0)))
-    keys = xp.expand_dims(nB, axis=0) - G2
+    # a plain cast of the GEMM, flushes included (e_abs covers them; see refgeo._tiled)
+    G2 = XA @ xp.permute_dims(XB, (1, 0))
+    G2 = 2.0 * (xp.astype(G2, xp.float64) if G2.dtype != xp.float64 else G2)
+    keys = xp.expand_dims(nB * (1.0 - cl), axis=0) - G2
     if same and exclude_self:
         eye = xp.expand_dims(xp.arange(na), axis=1) == xp.expand_dims(xp.arange(na), axis=0)
         keys = xp.where(eye, xp.asarray(math.inf, dtype=xp.float64), keys)
     keys_a, ids_a = _smallest_keys(xp, keys, _heap_size(k, cand_a))
     nA_h, nB_h = _host(nA), _host(nB)
-    ends_a, c_a = _key_ends(keys_a, ids_a, nA_h, nB_h, cand_a, k, cp, eabs, bound)
+    ends_a, c_a = _key_ends(keys_a, ids_a, nA_h, nB_h, cand_a, k, cl, eabs, bound)
     if not (both and not same):
         return ends_a, None, (c_a, None), None
-    mirror = xp.permute_dims(xp.expand_dims(nA, axis=1) - G2, (1, 0))
+    mirror = xp.permute_dims(xp.expand_dims(nA * (1.0 - cl), axis=1) - G2, (1, 0))
     keys_b, ids_b = _smallest_keys(xp, mirror, _heap_size(k, na))
-    ends_b, c_b = _key_ends(keys_b, ids_b, nB_h, nA_h, na, k, cp, eabs, bound)
+    ends_b, c_b = _key_ends(keys_b, ids_b, nB_h, nA_h, na, k, cl, eabs, bound)
     return ends_a, ends_b, (c_a, c_b), None
 
 
