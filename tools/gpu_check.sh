@@ -40,7 +40,7 @@ lap "tests on the GPU"
 # with pytest-timeout installed, a test that hangs on the device fails alone
 per_test=(); "$PY" -c "import pytest_timeout" 2>/dev/null && per_test=(--timeout=120)
 (cd "$ROOT" && timeout "${GPU_CHECK_TESTS_S:-300}" "$PY" -P -m pytest -p no:cacheprovider -q \
-    -m "not slow" -k "cupy or cuda or gpu" -rfEs --tb=short --durations=15 "${per_test[@]}" tests \
+    -m "not slow" -k "cupy or cuda or gpu" -rfEs --tb=short --durations=15 ${per_test[@]+"${per_test[@]}"} tests \
     2>&1 | tee "$OUT/gpu-tests.log")
 [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
 
@@ -52,7 +52,7 @@ for size in realistic small; do
     rm -rf "$TMP/results_dir"
     quick=(); [ "$size" = small ] && quick=(--quick)
     (cd "$TMP" && REFGEO_BENCH_SIZE=$size timeout "${GPU_CHECK_BENCH_S:-400}" "$PY" -m asv run \
-        --config "$TMP/asv.conf.json" --python=same --bench '^gpu\.' --show-stderr "${quick[@]}" \
+        --config "$TMP/asv.conf.json" --python=same --bench '^gpu\.' --show-stderr ${quick[@]+"${quick[@]}"} \
         2>&1 | tee "$OUT/asv-gpu-$size.log")
     [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
 done
