@@ -75,7 +75,7 @@ MIN_NORM2_FLOAT32 = 2.0**-70
 SCALE_FREE_EXPONENT = 64
 
 
-def f64(xp, x):
+def f64(xp, x, *, exact=True):
     """``x`` as float64 (no copy when it already is), exactly on every device.
 
     CuPy compiles its elementwise kernels with flush-to-zero for float32
@@ -85,10 +85,13 @@ def f64(xp, x):
     (k-NN returned another row as the nearest, at distance 0).  Float32 CuPy arrays
     are therefore widened from their bits (:func:`float32_bits_to_float64`), which
     needs only integer and float64 operations, which no flag flushes.
+    ``exact=False`` is the plain cast, flushes included, for the filter's GEMM
+    products: ``e_abs`` of :func:`rounding_bound` covers a flushed product, and the
+    widening from bits would cost several kernels and temporaries per tile.
     """
     if x.dtype == xp.float64:
         return x
-    if x.dtype == xp.float32 and is_cupy_array(x):
+    if exact and x.dtype == xp.float32 and is_cupy_array(x):
         return float32_bits_to_float64(sys.modules["cupy"], x)
     return xp.astype(x, xp.float64)
 
@@ -96,7 +99,7 @@ def f64(xp, x):
 def float32_bits_to_float64(mod, x):
     """The float64 values of the float32 array ``x``, from its bit patterns.
 
-    ``mod`` is NumPy or CuPy (``x.view``, ``mod.where``, ``mod.ldexp``).  A finite
+    ``mod`` is NumPy or CuPy (``x.view``, ``mod.maximum``, ``mod.ldexp``).  A finite
     float32 is :math:`(-1)^s\, m\, 2^{e - 150}` with the 24-bit significand
     :math:`m = 2^{23} + f` for a biased exponent :math:`e \ge 1`, and
     :math:`f\, 2^{-149}` for :math:`e = 0` (zero and the subnormals); both products
@@ -108,8 +111,9 @@ def float32_bits_to_float64(mod, x):
     >>> bool(np.array_equal(float32_bits_to_float64(np, x), x.astype(np.float64)))
     True
     """
-    # uint32 and int32 temporaries (about 30 bytes an entry at the peak, the result's 8
-    # included): a float32 head of 128256 x 4096 rows is 2 GB, and int64 ones took 58
+    # uint32 and int32 temporaries: 24 bytes an entry at the peak, the result's 8
+    # included (tracemalloc, NumPy); int64 ones took 58, and a float32 head of
+    # 128256 x 4096 rows is 2 GB
     b = x.view(mod.uint32)
     biased = (b >> 23) & 0xFF
     # the significand, with the implicit bit of the normal numbers

@@ -1214,9 +1214,7 @@ def _knn_keys_task_xp(SA, SB, mu, k, exclude_self, both, seeds_a=None, seeds_b=N
     cp, eabs = rounding_bound(d, name)
     cl = lowered_key_bound(cp)
     bound = reported_bound(d, name, top)
-    # a plain cast of the GEMM, flushes included (e_abs covers them; see refgeo._tiled)
-    G2 = XA @ xp.permute_dims(XB, (1, 0))
-    G2 = 2.0 * (xp.astype(G2, xp.float64) if G2.dtype != xp.float64 else G2)
+    G2 = 2.0 * f64(xp, XA @ xp.permute_dims(XB, (1, 0)), exact=False)  # flushes covered by e_abs
     keys = xp.expand_dims(nB * (1.0 - cl), axis=0) - G2
     if same and exclude_self:
         eye = xp.expand_dims(xp.arange(na), axis=1) == xp.expand_dims(xp.arange(na), axis=0)

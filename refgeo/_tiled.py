@@ -102,11 +102,7 @@ def _prepare(xp, arrays):
 
 def _filter(xp, XA, nA, XB, nB, c, eabs):
     """Filter values ``f`` and their bounds ``e`` for all pairs of two blocks (float64)."""
-    # a plain cast, flushes included: e_abs covers a flushed product (a float32 G below
-    # 2**-126 errs by at most 2**-126), where the bit-exact widening of f64 would cost
-    # several kernels and temporaries per tile
-    G = XA @ xp.permute_dims(XB, (1, 0))
-    G = xp.astype(G, xp.float64) if G.dtype != xp.float64 else G
+    G = f64(xp, XA @ xp.permute_dims(XB, (1, 0)), exact=False)  # flushes covered by e_abs
     a = xp.expand_dims(nA, axis=1) + xp.expand_dims(nB, axis=0)
     return a - 2.0 * G, c * a + eabs
 
