@@ -97,7 +97,7 @@ def f64(xp, x, *, exact=True):
 
 
 def float32_bits_to_float64(mod, x):
-    """The float64 values of the float32 array ``x``, from its bit patterns.
+    r"""The float64 values of the float32 array ``x``, from its bit patterns.
 
     ``mod`` is NumPy or CuPy (``x.view``, ``mod.maximum``, ``mod.ldexp``).  A finite
     float32 is :math:`(-1)^s\, m\, 2^{e - 150}` with the 24-bit significand

@@ -57,7 +57,8 @@ from refgeo import (
 
 from ._certify import scale_exponent
 from ._validate import as_float_array, check_centered_rows, check_min_rows, check_same_shape
-from .lmo import _CENTERED_RTOL
+from ._interop import precision_eps
+from .lmo import _centered_rtol
 
 __all__ = ["main"]
 
@@ -121,11 +122,14 @@ def _float_type(*, positive: bool = True, nonnegative: bool = False,
 
 # ------------------------------------------------------------------ helpers
 
-def _load_matrix(path: str, *, key: str | None = None, label: str = "FILE", key_flag: str = "--key"):
+def _load_matrix(path: str, *, key: str | None = None, label: str = "FILE", key_flag: str = "--key",
+                 keep_float16: bool = False):
     """A finite real 2-D array from .npy (memory-mapped) or .npz (read whole; no pickles).
 
     ``key`` names the array of a ``.npz`` file; ``key_flag`` is the command's option
-    that sets it, for the messages.
+    that sets it, for the messages. ``keep_float16=True`` returns a float16 file's own
+    array (checked like any other) instead of its float64 copy, for commands whose
+    library call holds float16 input to float16 precision.
 
     A ``.npy`` file is opened with ``mmap_mode="r"``: the rows are paged in from the file
     as the computation reads them, so a matrix larger than memory is never copied in
@@ -165,8 +169,8 @@ def _load_matrix(path: str, *, key: str | None = None, label: str = "FILE", key_
         reason = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
         raise CLIError(f"cannot read {path!r} as a NumPy file: {reason}") from None
     # the library's own checks and messages: dtype, 2-D, non-empty, finite
-    arr = as_float_array(arr, where, ndim=2, shape_hint="2-D array of shape (rows, columns)")
-    return arr, where
+    checked = as_float_array(arr, where, ndim=2, shape_hint="2-D array of shape (rows, columns)")
+    return (arr if keep_float16 and arr.dtype == np.float16 else checked), where
 
 
 def _jsonable(x: Any) -> Any:
@@ -521,13 +525,16 @@ def _half_sum_of_centered_row_norms(G: np.ndarray) -> float:
 
 
 def _cmd_lmo(args: argparse.Namespace) -> int:
-    G, where = _load_matrix(args.grad, key=args.key, label="GRAD")
+    # float16 kept: the library allows a float16 gradient's rows to sum to zero only to
+    # float16 precision (its rounding alone moves the sum by more than 1e-4)
+    G, where = _load_matrix(args.grad, key=args.key, label="GRAD", keep_float16=True)
     check_min_rows(G, where, 2)
     _check_out_path(args.out)
     if not args.center:
         # the library's check, first: its remedy is a Python function, the command's --center
         try:
-            check_centered_rows(np.ldexp(np.asarray(G, dtype=np.float64), -_scale_exponent(G)), "G", _CENTERED_RTOL)
+            check_centered_rows(np.ldexp(np.asarray(G, dtype=np.float64), -_scale_exponent(G)), "G",
+                                _centered_rtol(precision_eps(G.dtype)))
         except ValueError as exc:
             msg = str(exc).partition(" Center it first")[0]
             raise CLIError(f"{where}: {msg} Pass --center to subtract the mean row first.") from None
