@@ -32,6 +32,7 @@ from ._certify import (
     best_pair,
     better,
     canonical_sq,
+    lowered_key_bound,
     reported_bound,
     rounding_bound,
 )
@@ -295,8 +296,8 @@ def _knn_pass(fn, XA, nA, SA, XB, nB, SB, *, symmetric, exclude_self, self_idx, 
     out_dist = np.empty((nA_rows, k))
     stats = np.zeros(2, dtype=np.int64)
     with blas_single_thread():
-        fn(XA, nA, SA, XB, nB, SB, symmetric, exclude_self, self_idx, defer, k, cp, eabs, tile,
-           n_eff, K, KNN_HEAP_BLOCK_BYTES, out_idx, out_dist, stats,
+        fn(XA, nA, SA, XB, nB, SB, symmetric, exclude_self, self_idx, defer, k, lowered_key_bound(cp), eabs,
+           tile, n_eff, K, KNN_HEAP_BLOCK_BYTES, out_idx, out_dist, stats,
            progress=_hook(progress, npairs + -(-nA_rows // KNN_ROW_BLOCK)))
     return out_idx, out_dist, stats
 

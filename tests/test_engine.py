@@ -641,7 +641,7 @@ def test_knn_kernel_rejects_heap_sizes_it_cannot_hold():
     def run(k, K):
         out_idx = np.zeros((4, k), dtype=np.int64)
         ext._knn.knn64(X, n, X, X, n, X, True, True, np.full(4, -1, dtype=np.int64), False,
-                       k, cp, eabs, 4, 1, K, 0, out_idx, np.zeros((4, k)), np.zeros(2, dtype=np.int64))
+                       k, _certify.lowered_key_bound(cp), eabs, 4, 1, K, 0, out_idx, np.zeros((4, k)), np.zeros(2, dtype=np.int64))
         return out_idx
 
     np.testing.assert_array_equal(run(3, 3)[0], [1, 2, 3])
