@@ -20,6 +20,10 @@ stands in the way"):
   (Krawtchouk polynomials) for codes of length 64 whose distances lie in a window
   ``[lo, hi]`` with ``lo / hi > 3/5``, that is rho > 0.7746.  Which windows leave room for
   50,000 words?
+* **d = 64, codes over q letters**, each letter a vertex of the regular simplex of
+  R^(q - 1) (``n = 64 // (q - 1)`` letters): the same linear program in the q-ary
+  Hamming scheme, and the volume estimate of how far a greedy choice of words of one
+  weight gets.
 * **d = 64, the Barnes-Wall lattice BW64**: its 9,694,080 minimal vectors are the next
   candidate after binary codes.  Their inner products are sums of the signs
   ``(-1)^q`` of a quadratic function ``q`` over a flat of F_2^6, scaled by a power of 2,
@@ -144,30 +148,46 @@ def delsarte(orbit: np.ndarray, allowed: np.ndarray) -> int:
     return math.floor(-res.fun + 1e-6)
 
 
-def krawtchouk(n: int) -> np.ndarray:
-    """``K[k, x]``: the Krawtchouk polynomials of the binary Hamming scheme of length ``n``.
+def krawtchouk(n: int, q: int = 2) -> np.ndarray:
+    """``K[k, x]``: the Krawtchouk polynomials of the Hamming scheme of length ``n`` over
+    an alphabet of ``q`` letters.
 
-    ``K_k(x) = sum_j (-1)^j C(x, j) C(n - x, k - j)``, exact integers (as floats for the LP).
+    ``K_k(x) = sum_j (-1)^j (q - 1)^(k - j) C(x, j) C(n - x, k - j)``, exact integers (as
+    floats for the LP).
     """
-    return np.array([[sum((-1) ** j * math.comb(x, j) * math.comb(n - x, k - j) for j in range(k + 1))
+    return np.array([[sum((-1) ** j * (q - 1) ** (k - j) * math.comb(x, j) * math.comb(n - x, k - j)
+                           for j in range(k + 1))
                       for x in range(n + 1)] for k in range(n + 1)], dtype=np.float64)
 
 
-def binary_delsarte(n: int, lo: int, hi: int) -> int:
-    """Delsarte's LP bound on any binary code of length ``n`` whose distances lie in [lo, hi].
+def binary_delsarte(n: int, lo: int, hi: int, q: int = 2) -> int:
+    """Delsarte's LP bound on any code of length ``n`` over ``q`` letters (binary by
+    default) whose distances lie in [lo, hi].
 
-    The distance distribution ``A_i`` (``A_0 = 1``, ``A_i >= 0``, zero outside the window)
-    has ``sum_i A_i K_k(i) >= 0`` for every ``k``; the code has ``sum_i A_i`` words.
+    The distance distribution ``A_i`` (``A_0 = 1``, ``A_i >= 0``, zero outside the window,
+    at most the ``C(n, i) (q - 1)^i`` words at distance ``i``) has
+    ``sum_i A_i K_k(i) >= 0`` for every ``k``; the code has ``sum_i A_i`` words.
     """
     idx = np.arange(lo, hi + 1)
-    K = krawtchouk(n)[1:]
+    K = krawtchouk(n, q)[1:]
     A, b = -K[:, idx], K[:, 0]
     scale = np.abs(np.concatenate([A, b[:, None]], axis=1)).max(axis=1)  # entries reach C(n, n/2)
     res = linprog(-np.ones(len(idx)), A_ub=A / scale[:, None], b_ub=b / scale,
-                  bounds=[(0, None)] * len(idx), method="highs")
+                  bounds=[(0, math.comb(n, i) * (q - 1) ** i) for i in idx], method="highs")
     if res.status != 0:
         raise RuntimeError(f"linprog: {res.message}")
     return math.floor(1 - res.fun + 1e-6)
+
+
+def constant_weight_gv(n: int, q: int, w: int, lo: int) -> float:
+    """Words of weight ``w`` over ``q`` letters (length ``n``) divided by those within
+    distance ``lo - 1`` of one of them: about how many a greedy choice of words of
+    weight ``w`` at distance at least ``lo`` reaches (all their distances are at most
+    ``2 w``).  Two such words whose supports share ``o`` positions, ``e`` of them with
+    equal letters, are at distance ``2 (w - o) + (o - e)``."""
+    near = sum(math.comb(w, o) * math.comb(n - w, w - o) * (q - 1) ** (w - o) * math.comb(o, e) * (q - 2) ** (o - e)
+               for o in range(w + 1) for e in range(o + 1) if 2 * (w - o) + (o - e) < lo)
+    return math.comb(n, w) * (q - 1) ** w / near
 
 
 def gegenbauer(d: int, k_max: int, t: np.ndarray) -> np.ndarray:
@@ -327,6 +347,33 @@ def binary_table(n: int = 64, V: int = 50_000) -> None:
               f"| {'open' if bound >= V else f'below {V:,}'} |")
 
 
+def qary_table(d: int = 64, V: int = 50_000, n_best: int = 3) -> None:
+    """Codes over ``q`` letters, each coordinate a regular simplex of R^(q - 1).
+
+    A letter becomes a vertex of the regular simplex (``q`` unit vectors with inner
+    products ``-1/(q - 1)``), so a word of length ``n = d // (q - 1)`` is a vector of
+    R^d and two words at Hamming distance ``w`` have inner product
+    ``1 - q w / ((q - 1) n)`` (over the norm): ``rho^2 = lo / hi`` for distances in
+    ``[lo, hi]``, as for binary codes (``q = 2``).  For each ``q`` the windows with the
+    largest linear programming bound, and the greedy estimate of
+    :func:`constant_weight_gv` for the best window of words of one weight.
+    """
+    print(f"\n### d = {d}: codes over q letters, each letter a simplex vertex, with rho > 0.7746\n")
+    print("| q | length | best windows (Delsarte LP) | constant weight w, window: greedy estimate |")
+    print("|---|---|---|---|")
+    for q in (3, 4, 5, 7, 8, 9, 17):
+        n = d // (q - 1)
+        wins = sorted(((binary_delsarte(n, lo, hi, q), lo, hi) for lo, hi in distance_windows(n, 0.6)),
+                      reverse=True)
+        best = ", ".join(f"[{lo}, {hi}] ({math.sqrt(lo / hi):.4f}): {b:,}" for b, lo, hi in wins[:n_best])
+        gv = max((constant_weight_gv(n, q, w, lo), w, lo)
+                 for w in range(1, (n + 1) // 2 + 1)
+                 for lo in [min((x for x in range(1, 2 * w + 1) if x / (2 * w) > 0.6), default=2 * w + 1)]
+                 if lo <= 2 * w)
+        print(f"| {q} | {n} | {best} | w = {gv[1]}, [{gv[2]}, {2 * gv[1]}]: {gv[0]:,.0f} |")
+    print(f"\n{V:,} words are needed; 'open' windows are those whose LP bound reaches it.")
+
+
 def barnes_wall_table(V: int = 50_000, n_sample: int = 64) -> None:
     X = barnes_wall_minimal(6)
     rng = np.random.default_rng(0)
@@ -352,4 +399,5 @@ if __name__ == "__main__":
     gold_table()
     reed_muller_table()
     binary_table()
+    qary_table()
     barnes_wall_table()
