@@ -45,6 +45,7 @@ __all__ = [
     "reported_bound",
     "rounding_bound",
     "scale_exponent",
+    "scale_exponent_of",
     "scale_rows",
     "unscale",
     "unscale_array",
@@ -346,7 +347,12 @@ def scale_exponent(xp, arrays) -> int:
     if all(a.dtype == xp.float32 for a in arrays):
         return 0
     # two reductions instead of max(abs(a)): no temporary of the size of the input
-    m = max(max(float(xp.max(a)), -float(xp.min(a))) for a in arrays)
+    return scale_exponent_of(max(max(float(xp.max(a)), -float(xp.min(a))) for a in arrays))
+
+
+def scale_exponent_of(m: float) -> int:
+    """:func:`scale_exponent` of float64 rows whose largest magnitude is ``m`` (known
+    already, e.g. from a pass over the chunks of a Dask array)."""
     if m == 0.0:
         return 0
     e = math.frexp(m)[1]

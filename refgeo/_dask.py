@@ -64,7 +64,7 @@ from typing import Any, NamedTuple
 import numpy as np
 from array_api_compat import array_namespace, is_cupy_array
 
-from . import _backend
+from . import _backend, _duplicates
 from ._backend import KernelRun
 from ._interop import to_host
 from ._threads import blas_single_thread
@@ -79,9 +79,10 @@ from ._certify import (
     lowered_key_bound,
     reported_bound,
     rounding_bound,
+    scale_exponent_of,
 )
 
-__all__ = ["MAX_BLOCK_ROWS", "block_rows", "closest", "diameter", "farthest", "knn", "refine_pairs"]
+__all__ = ["MAX_BLOCK_ROWS", "block_rows", "closest", "diameter", "duplicate_rows", "farthest", "knn", "refine_pairs"]
 
 _BACKEND = "dask"
 
@@ -211,6 +212,57 @@ def _engine_rows(S, name):
         if n:
             raise float64_range_error(name, n, max(t for c, t in counts if c))
     return S.astype(np.float64)
+
+
+# Bytes of the rows that share a hash with another row, which :func:`duplicate_rows`
+# fetches to the caller to compare them; beyond it the rows run as they are (the same
+# answer, with every pair of identical rows inside the filter's bound).
+_DUPLICATE_FETCH_BYTES = 256 << 20
+
+
+def _hash_task(block):
+    """The row hashes (:mod:`refgeo._duplicates`) and the magnitudes of one row block."""
+    B = np.asarray(block)
+    return _duplicates._hashes(B), _duplicates.magnitudes(B)
+
+
+def duplicate_rows(S):
+    """``(dup, e)``: the classes of identical rows of a Dask array, where the
+    extreme-pair kernels may run on fewer rows (:func:`refgeo._duplicates.duplicate_rows`;
+    else None), and the prescaling exponent of the rows
+    (:func:`refgeo._certify.scale_exponent`; None for CuPy chunks).
+
+    One pass over the row chunks hashes every row and takes the magnitudes that
+    :func:`refgeo._duplicates.separated` and the prescaling need (the pass that finding
+    the exponent alone would take); the caller sorts the V hashes and fetches only the
+    rows that share a hash with another row (the duplicates, and the rare collisions),
+    one compute, to compare them.  ``dup`` is None when every row differs, when the
+    rows are not separated, when those rows would exceed :data:`_DUPLICATE_FETCH_BYTES`,
+    and for CuPy chunks (the rows then run as they are).  Time O(V d) on the workers,
+    O(V log V + m d) here for m fetched rows.
+    """
+    import dask
+
+    S = _engine_rows(S, "S")
+    if S.shape[0] < 2 or _chunks_on_gpu(S):
+        return None, None
+    if S.numblocks[1] > 1:  # a row's hash takes all of its entries
+        S = S.rechunk({1: -1})
+    parts = _compute(*[dask.delayed(_hash_task, pure=True)(b) for b in S.to_delayed().ravel()])
+    largest, smallest = max(m[0] for _, m in parts), min(m[1] for _, m in parts)
+    e = 0 if S.dtype == np.float32 else scale_exponent_of(largest)
+    if not _duplicates.separated_by(largest, smallest):
+        return None, e
+    runs = _duplicates.hash_runs(np.concatenate([h for h, _ in parts]))
+    if runs is None:
+        return None, e
+    fetch = np.unique(runs[0])  # every run's lead is one of its rows
+    if fetch.size * S.shape[1] * S.dtype.itemsize > _DUPLICATE_FETCH_BYTES:
+        return None, e
+    at = np.zeros(S.shape[0], dtype=np.int64)
+    at[fetch] = np.arange(fetch.size)
+    (R,) = _compute(S[fetch])
+    return _duplicates.classes(S.shape[0], *runs, np.asarray(R), at), e
 
 
 # --------------------------------------------------------------------------- task kernels
@@ -535,8 +587,9 @@ def _knn_side(H, nrm, other_nrm, b: _Blocks, m, columns=False):
     into it, and the ``m`` smallest of each row get their upper ends
     ``H_ij + e_ij + 2**-50 |H_ij|`` in float64; ``hi`` holds them, ``t_i`` is their
     largest.  A pair's lower end ``H_ij - e_ij - 2**-50 |H_ij|`` can be at most ``t_i``
-    only if its key is at most ``W_i = (t_i + a_i + 2**-50 max b) (1 + 2**-48)``
-    (``|H_ij| <= |key| + max b``), so the keys at most ``W_i`` rounded up (one
+    only if its key is at most ``W_i = (t_i + a_i + 2**-48 max b) (1 + 2**-48)``
+    (``|H_ij| <= |key| + max b``; the margins also cover the float64 rounding of the
+    lower end, about ``2**-53 (|H_ij| + a_i + b_j)``), so the keys at most ``W_i`` rounded up (one
     rounding, monotone) hold every candidate; their lower ends are then formed in
     float64 and compared with ``t_i``.
     """
@@ -545,7 +598,7 @@ def _knn_side(H, nrm, other_nrm, b: _Blocks, m, columns=False):
     a = (b.c * nrm + b.eabs) * (1.0 + 2.0**-40)
     bj = b.c * np.asarray(other_nrm, dtype=np.float64) * (1.0 + 2.0**-40)
     b_up = _round_up_into(bj, H.dtype)
-    slack = float(bj.max()) * 2.0**-50
+    slack = float(bj.max()) * 2.0**-48
     hi = np.empty((n_rows, m))
     rows, cols, ends = [], [], []
     for s in range(0, n_rows, _SIDE_STRIP):
@@ -554,8 +607,8 @@ def _knn_side(H, nrm, other_nrm, b: _Blocks, m, columns=False):
         part = np.argpartition(K, m - 1, axis=1)[:, :m]
         r0 = np.arange(s, s + K.shape[0])[:, None]
         h = Hr[r0, part].astype(np.float64)
-        with np.errstate(invalid="ignore"):  # inf - inf for an excluded self pair
-            ends_hi = h + ((a[r0] + bj[part]) + np.abs(h) * 2.0**-50)
+        # finite: an excluded self pair (inf) is never among the m smallest keys
+        ends_hi = h + ((a[r0] + bj[part]) + np.abs(h) * 2.0**-50)
         hi[s : s + K.shape[0]] = ends_hi
         t = ends_hi.max(axis=1)
         W = _round_up_into((t + a[s : s + K.shape[0]] + slack) * (1.0 + 2.0**-48), H.dtype)

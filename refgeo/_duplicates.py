@@ -30,10 +30,11 @@ are.
 from __future__ import annotations
 
 import dataclasses
+import math
 
 import numpy as np
 
-__all__ = ["DuplicateRows", "duplicate_rows", "separated"]
+__all__ = ["DuplicateRows", "classes", "duplicate_rows", "hash_runs", "magnitudes", "separated", "separated_by"]
 
 # elements of S hashed per block: bounds the temporaries at a few MiB whatever V d is
 _BLOCK_ELEMENTS = 1 << 18
@@ -105,7 +106,15 @@ def duplicate_rows(S: np.ndarray) -> DuplicateRows | None:
     V = S.shape[0]
     if V < 2:
         return None
-    h = _hashes(S)
+    runs = hash_runs(_hashes(S))
+    return None if runs is None else classes(V, *runs, S, np.arange(V))
+
+
+def hash_runs(h: np.ndarray) -> tuple[np.ndarray, np.ndarray] | None:
+    """``(rows, lead)``: the rows whose hash in ``h`` (one per row) another row shares,
+    and for each the first (smallest) row of that hash; None when all hashes differ.
+    Time O(V log V)."""
+    V = h.size
     order = np.argsort(h, kind="stable")  # equal hashes stay in increasing row order
     hs = h[order]
     same = hs[1:] == hs[:-1]
@@ -116,14 +125,20 @@ def duplicate_rows(S: np.ndarray) -> DuplicateRows | None:
     start = np.flatnonzero(np.concatenate(([True], ~same)))
     length = np.diff(np.append(start, V))
     pos = np.flatnonzero(np.repeat(length, length) > 1)
-    lead = order[np.repeat(start, length)[pos]]
-    rows = order[pos]
+    return order[pos], order[np.repeat(start, length)[pos]]
+
+
+def classes(V: int, rows: np.ndarray, lead: np.ndarray, R: np.ndarray, at: np.ndarray) -> DuplicateRows | None:
+    """The classes of identical rows among ``V`` rows, from :func:`hash_runs`'
+    ``(rows, lead)``; ``R[at[i]]`` is row ``i`` for every ``i`` of ``rows`` (a NumPy
+    ``S`` with ``at = arange(V)``, or only those rows, fetched from a Dask array).
+    None if all rows differ."""
     # one comparison with its run's lead per row: a run of one class (the common case,
     # and one of 50,000 zero rows) is settled in O(n d); == makes -0.0 equal to 0.0
     eq = np.empty(rows.size, dtype=bool)
-    step = max(1, _BLOCK_ELEMENTS // max(S.shape[1], 1))
+    step = max(1, _BLOCK_ELEMENTS // max(R.shape[1], 1))
     for q in range(0, rows.size, step):
-        eq[q : q + step] = np.all(S[rows[q : q + step]] == S[lead[q : q + step]], axis=1)
+        eq[q : q + step] = np.all(R[at[rows[q : q + step]]] == R[at[lead[q : q + step]]], axis=1)
     rep = np.arange(V)  # rep[i]: the first row identical to row i
     rep[rows[eq]] = lead[eq]
     # runs holding rows of several classes (hash collisions): their rows' bytes sorted,
@@ -134,7 +149,7 @@ def duplicate_rows(S: np.ndarray) -> DuplicateRows | None:
     mixed_run[lead[~eq]] = True
     cand = np.sort(rows[mixed_run[lead]])
     if cand.size:
-        C = np.ascontiguousarray(S[cand] + S.dtype.type(0))
+        C = np.ascontiguousarray(R[at[cand]] + R.dtype.type(0))
         keys = C.view(np.dtype((np.void, C.dtype.itemsize * C.shape[1]))).ravel()
         _, first_of, inverse = np.unique(keys, return_index=True, return_inverse=True)
         rep[cand] = cand[first_of[inverse.ravel()]]
@@ -164,8 +179,16 @@ def separated(S: np.ndarray) -> bool:
     >>> separated(np.array([[1.0, 0.0], [1.0, 1e-3]])), separated(np.array([[1.0], [1e-170]]))
     (True, False)
     """
+    return separated_by(*magnitudes(S))
+
+
+def magnitudes(S: np.ndarray) -> tuple[float, float]:
+    """``(max |s_ik|, min over the nonzero |s_ik|)`` (inf when every entry is zero)."""
     a = np.abs(S)
     nonzero = a[a > 0]
-    if nonzero.size == 0:
-        return True
-    return bool(nonzero.min() >= np.ldexp(float(a.max()), -400))
+    return float(a.max()) if a.size else 0.0, float(nonzero.min()) if nonzero.size else math.inf
+
+
+def separated_by(largest: float, smallest_nonzero: float) -> bool:
+    """:func:`separated` from the :func:`magnitudes` of the rows (of all their blocks)."""
+    return smallest_nonzero == math.inf or smallest_nonzero >= math.ldexp(largest, -400)

@@ -381,33 +381,59 @@ def _pair_run(info, S, tile_size, n_threads, bar=None, e=None) -> tuple[_backend
     return run, e
 
 
-def _extreme_pair_run(info, S, tile_size, n_threads, bar) -> tuple[_backend.KernelRun, int, tuple[float, int, int]]:
+def _extreme_pair_run(info, S, tile_size, n_threads, bar, found=None) -> tuple[_backend.KernelRun, int, tuple[float, int, int]]:
     """:func:`_pair_run` of the diameter or closest-pair kernel on the rows that decide
     it, and ``(value, i, j)`` with the pair in the rows of ``S``.
 
-    With identical rows in a NumPy ``S`` (:mod:`refgeo._duplicates`) the diameter
-    kernel runs on the first row of each class, and the closest-pair kernel on the
-    smallest pair of identical rows (its distance is 0, the smallest there is); the
-    kernel that computed the result is still the one reported.  Dask and CuPy rows, and
-    rows with entries below 2**-400 of the largest (whose distinct pairs can tie with
-    identical rows in float64: :func:`refgeo._duplicates.separated`), run as they are.
+    With identical rows in a NumPy or Dask ``S`` (:mod:`refgeo._duplicates`,
+    :func:`refgeo._dask.duplicate_rows`) the diameter kernel runs on the first row of
+    each class, and the closest-pair kernel on the smallest pair of identical rows (its
+    distance is 0, the smallest there is); the kernel that computed the result is still
+    the one reported.  CuPy rows, and rows with entries below 2**-400 of the largest
+    (whose distinct pairs can tie with identical rows in float64:
+    :func:`refgeo._duplicates.separated`), run as they are.  ``found``: what
+    :func:`_duplicate_rows` returned, if the caller called it already.
     """
     rows = None
-    if is_numpy_array(S) and S.shape[0] > 2:
-        dup = _duplicates.duplicate_rows(S)
-        if dup is not None and _duplicates.separated(S):
-            if info is _CLOSEST:
-                rows = np.array(dup.pair)
-            else:  # every row identical: the smallest pair, at distance 0
-                rows = dup.first if dup.first.size >= 2 else np.array([0, 1])
+    dup, e = _duplicate_rows(S) if found is None else found
+    if dup is not None:
+        if info is _CLOSEST:
+            rows = np.array(dup.pair)
+        else:  # every row identical: the smallest pair, at distance 0
+            rows = dup.first if dup.first.size >= 2 else np.array([0, 1])
     # the prescaling of all rows, so that scale_exponent describes S (the closest pair
     # of identical rows alone would get its own)
-    e = scale_exponent(np, [S]) if rows is not None else None
-    run, e = _pair_run(info, S if rows is None else S[rows], tile_size, n_threads, bar, e)
+    if e is None and rows is not None:
+        e = scale_exponent(array_namespace(S), [S])
+    run, e = _pair_run(info, S if rows is None else _take_rows(S, rows), tile_size, n_threads, bar, e)
     value, i, j = _pair_of(run)
     if rows is not None:
         i, j = int(rows[i]), int(rows[j])
     return run, e, (value, i, j)
+
+
+def _duplicate_rows(S) -> tuple[_duplicates.DuplicateRows | None, int | None]:
+    """``(dup, e)``: the classes of identical rows of ``S`` where the extreme-pair
+    kernels may run on fewer rows (NumPy and Dask rows that are
+    :func:`refgeo._duplicates.separated`; else None), and the prescaling exponent of
+    ``S`` where the search found it on the way (Dask rows; else None)."""
+    if S.shape[0] <= 2:  # the pair itself
+        return None, None
+    if is_numpy_array(S):
+        dup = _duplicates.duplicate_rows(S)
+        return (dup if dup is not None and _duplicates.separated(S) else None), None
+    if is_dask_array(S):
+        return _dask.duplicate_rows(S)
+    return None, None
+
+
+def _take_rows(S, rows):
+    """``S[rows]``; a Dask array keeps row chunks of its largest size (a selection keeps
+    the rows of each chunk apart, and many small chunks cost a task per block pair)."""
+    T = S[rows]
+    if is_dask_array(T) and T.numblocks[0] > 1:
+        T = T.rechunk({0: max(S.chunks[0])})
+    return T
 
 
 def _pair_of(run: _backend.KernelRun) -> tuple[float, int, int]:
@@ -522,7 +548,7 @@ def row_diameter(
     Time O(V^2 d); the compiled engine uses one BLAS GEMM per tile pair (extra memory
     O(b^2 p) for tile size b and p threads, never V x V); the reference evaluates every
     pair by direct differences in blocks of bounded memory.  Identical rows of a NumPy
-    ``S`` are found first, in O(V d), and only the first row of each class goes to the
+    or Dask ``S`` are found first, in O(V d), and only the first row of each class goes to the
     kernel (two clusters of 15,000 identical rows took 3.5 s, every cross pair tied);
     the value and the pair are those of all rows.
 
@@ -610,7 +636,7 @@ def closest_pair(
     filter keeps every pair within the rounding bound of the running minimum, so near
     duplicates (relative distance 1e-12) are resolved by float64 direct differences;
     on pathological clusters many pairs are refined (slow, still exact).  Identical
-    rows of a NumPy ``S`` are found first, in O(V d), and the answer is then the
+    rows of a NumPy or Dask ``S`` are found first, in O(V d), and the answer is then the
     smallest pair of them (every pair of identical rows ties, and refining them all
     took 4.9 s at 20,000 zero rows among 30,000); :func:`row_diameter` runs on the
     first row of each class of identical rows.  Same value and pair as on all rows.
@@ -679,12 +705,13 @@ def distance_ratio(
     # finite even where D(S) itself exceeds the float64 range; two kernel runs of the
     # same tiles, announced as one total
     with _progress.Progress(progress, None, desc="distance_ratio", unit="tile", runs=2) as bar:
-        D = _extreme_pair_run(_DIAMETER, S, tile_size, n_threads, bar)[2][0]
+        found = _duplicate_rows(S)  # once for both runs (a pass over the chunks of a Dask S)
+        D = _extreme_pair_run(_DIAMETER, S, tile_size, n_threads, bar, found)[2][0]
         if D == 0.0:
             raise ValueError(
                 "S must have at least two distinct rows for the distance ratio, got all rows equal instead."
             )
-        m = _extreme_pair_run(_CLOSEST, S, tile_size, n_threads, bar)[2][0]
+        m = _extreme_pair_run(_CLOSEST, S, tile_size, n_threads, bar, found)[2][0]
         bar.finish()
     return m / D
 

@@ -26,6 +26,7 @@ cloudpickle = pytest.importorskip("cloudpickle")
 
 from ._dask_cluster import TIMEOUT as _TIMEOUT  # noqa: E402
 from ._dask_cluster import kill_at_first_result, local_client  # noqa: E402
+from .test_duplicate_rows import clouds_with_copies  # noqa: E402
 
 
 @pytest.fixture(scope="module")
@@ -266,6 +267,48 @@ def test_knn_of_lm_gradient_rows_is_certified_from_the_heaps(client, engine):
         np.testing.assert_array_equal(got.indices, want.indices)
         np.testing.assert_array_equal(got.distances, want.distances)
         assert got.n_refined <= 16 * 8 * len(S)  # all pairs: about a million
+
+
+@st.composite
+def _side_case(draw):
+    # synthetic filter values and norms, not from rows: pairs placed a few ulps around
+    # the lower-end threshold t_i of their row, with column norms up to 2**60 times
+    # the row's (b_j far above t_i + a_i, which rows of a real block never reach)
+    rng = np.random.default_rng(draw(st.integers(0, 2**32 - 1)))
+    na, nb = draw(st.integers(1, 4)), draw(st.integers(2, 6))
+    dtype = draw(st.sampled_from([np.float32, np.float64]))
+    c = draw(st.sampled_from([1e-10, 1e-6, 1e-3]))
+    nA = 2.0 ** rng.integers(-20, 20, na) * rng.uniform(0, 1, na)
+    nB = 2.0 ** rng.integers(-20, 60, nb) * rng.uniform(0, 1, nb)
+    bj = c * nB * (1.0 + 2.0**-40)
+    H = (bj[None, :] * (1.0 + 2.0**-50) + rng.uniform(-1.0, 1.0, (na, nb)) * rng.choice([0.0, 1e-12, 1.0], (na, nb)))
+    H += rng.integers(-8, 9, H.shape) * np.spacing(np.abs(H) + 1e-300)
+    return H.astype(dtype), nA, nB, c, draw(st.integers(1, nb))
+
+
+@settings(max_examples=300, deadline=None)
+@given(case=_side_case())
+@example(case=(np.array([[0.0, 0.6132501978417401]]), np.array([0.0]), np.array([0.0, 6132501978.411818]),
+               1e-10, 1))
+def test_knn_side_keeps_every_pair_within_the_threshold(case):
+    """The NumPy k-NN tasks pick candidates by a key in the filter dtype first, then by
+    the float64 lower end: every pair whose lower end is at most the row's threshold
+    must survive the first step.  The example is a reviewer's: with a margin of
+    ``2**-50 max b`` the float64 rounding of the lower end (about ``2**-53 b_j``) lost
+    a pair whose column norm is 1e10 times the threshold."""
+    from refgeo import _dask
+
+    H, nA, nB, c, m = case
+    eabs = 1e-300
+    b = _dask._Blocks(None, None, H, nA, nB, c, eabs, 0.0)
+    hi, cand = _dask._knn_side(H, nA, nB, b, m)
+    a = (c * nA + eabs) * (1.0 + 2.0**-40)
+    bj = c * nB * (1.0 + 2.0**-40)
+    H64 = H.astype(np.float64)
+    lo = H64 - ((a[:, None] + bj[None, :]) + np.abs(H64) * 2.0**-50)
+    t = hi.max(axis=1)
+    want = set(zip(*np.nonzero(lo <= t[:, None])))
+    assert set(zip(cand.rows.tolist(), cand.cols.tolist())) == {(int(i), int(j)) for i, j in want}
 
 
 @st.composite
@@ -868,3 +911,70 @@ def test_long_double_beyond_the_float64_range_names_the_argument(client):
             refgeo.knn(da.from_array(W, chunks=2), 1)
         with pytest.raises(ValueError, match=msg.format("Y")):
             refgeo.knn(da.from_array(np.ones((2, 2)), chunks=1), 1, da.from_array(W, chunks=2))
+
+
+# --------------------------------------------------------------------------- identical rows
+
+
+def test_identical_rows_are_not_refined_pair_by_pair(client):
+    """2,000 zero rows among 3,000 (untrained embedding rows) in Dask chunks: every pair
+    of them lay within the filter's bound, so ``closest_pair`` refined all 2e6 (2e8
+    pairs and 3.9 s at 20,000 among 30,000); two clusters of identical rows did the same
+    to ``row_diameter``.  The kernels now run on the rows that decide the pair
+    (:func:`refgeo._dask.duplicate_rows`), with the answer of all rows."""
+    rng = np.random.default_rng(0)
+    S = rng.standard_normal((3000, 16))
+    S[np.sort(rng.choice(3000, 2000, replace=False))] = 0.0
+    D = da.from_array(S, chunks=(700, 8))  # column chunks too: a hash takes whole rows
+    m = refgeo.closest_pair(D)
+    _same_pair(refgeo.closest_pair(S), m)
+    assert m.value == 0.0 and m.n_refined <= 1
+    two = np.repeat(rng.standard_normal((2, 16)), 1500, axis=0)[rng.permutation(3000)]
+    r = refgeo.row_diameter(da.from_array(two, chunks=(500, 16)))
+    _same_pair(refgeo.row_diameter(two), r)
+    assert r.n_refined <= 1
+    assert refgeo.distance_ratio(D) == refgeo.distance_ratio(S) == 0.0
+
+
+@settings(max_examples=25, deadline=None)
+@given(S=clouds_with_copies(), data=st.data())
+def test_identical_rows_in_any_chunking_give_the_pair_of_every_row(client, S, data):
+    """Copies of a few rows, ``-0.0`` beside ``0.0``, rows too close to tell apart in
+    float64 (they must run as they are) and every prescaling, in random row and column
+    chunks: the value, the pair and the prescaling of the NumPy rows."""
+    V, d = S.shape
+    D = da.from_array(S, chunks=(data.draw(st.integers(1, V)), data.draw(st.integers(1, d))))
+    for fn in (refgeo.row_diameter, refgeo.closest_pair):
+        want, got = fn(S), fn(D)
+        _same_pair(want, got)
+        assert got.scale_exponent == want.scale_exponent
+
+
+def test_duplicate_search_is_the_one_of_numpy_rows(client, monkeypatch):
+    """The classes from the chunks' hashes equal those of the NumPy rows, also when
+    every row hashes alike (collisions are told apart by comparing the fetched rows);
+    beyond the fetch budget, or for rows that are not separated, the rows run as
+    they are, with the same answer."""
+    import dask
+
+    from refgeo import _dask, _duplicates
+
+    from refgeo._certify import scale_exponent
+
+    rng = np.random.default_rng(5)
+    S = rng.integers(-1, 2, size=(300, 3)).astype(np.float64) * 2.0**-90  # prescaled
+    D = da.from_array(S, chunks=(70, 3))
+    want = _duplicates.duplicate_rows(S)
+    got, e = _dask.duplicate_rows(D)
+    assert (got.first.tolist(), got.pair) == (want.first.tolist(), want.pair)
+    assert e == scale_exponent(np, [S]) == -89  # the pass that finds the exponent alone
+    with dask.config.set(scheduler="synchronous"), monkeypatch.context() as mp:  # tasks run here
+        mp.setattr(_duplicates, "_hashes", lambda A: np.zeros(len(A), dtype=np.uint64))
+        got, _ = _dask.duplicate_rows(D)
+    assert (got.first.tolist(), got.pair) == (want.first.tolist(), want.pair)
+    monkeypatch.setattr(_dask, "_DUPLICATE_FETCH_BYTES", 0)
+    assert _dask.duplicate_rows(D) == (None, -89)
+    _same_pair(refgeo.closest_pair(S), refgeo.closest_pair(D))
+    T = np.array([[1.0], [1e-170], [1e-170], [0.0]])  # not separated: distinct rows tie at 0
+    assert _dask.duplicate_rows(da.from_array(T, chunks=(2, 1)))[0] is None
+    assert _dask.duplicate_rows(da.from_array(np.eye(4, dtype=np.float32), chunks=(2, 4))) == (None, 0)
