@@ -123,15 +123,18 @@ class _Rows(NamedTuple):
 
 
 def block_rows(chunks: tuple[int, ...], cap: int) -> tuple[int, ...]:
-    """Row chunks with every chunk above ``cap`` rows split into near-equal parts.
+    """Row chunks with every chunk above ``cap`` rows split into near-equal parts, and
+    empty chunks (a boolean mask can leave them) dropped.
 
     Examples
     --------
-    >>> block_rows((5, 1, 9), 4)
+    >>> block_rows((5, 1, 0, 9), 4)
     (3, 2, 1, 3, 3, 3)
     """
     out: list[int] = []
     for c in chunks:
+        if c == 0:
+            continue
         parts = -(-c // cap)
         q, r = divmod(c, parts)
         out.extend([q + 1] * r + [q] * (parts - r))

@@ -141,6 +141,10 @@ def as_float_array(
         )
     if not allow_empty and math.prod(shape) == 0:
         raise ValueError(f"{name} must be non-empty, got shape {shape} instead.")
+    if is_dask_array(arr) and math.prod(shape) > 0 and any(0 in c for c in arr.chunks):
+        # a boolean mask leaves empty chunks, and Dask's own reductions (the max of the
+        # prescaling) then fail to concatenate; dropping them moves no data
+        arr = arr.rechunk(tuple(tuple(n for n in c if n) for c in arr.chunks))
     if finite:
         check_finite(arr, name)
     return arr

@@ -978,3 +978,22 @@ def test_duplicate_search_is_the_one_of_numpy_rows(client, monkeypatch):
     T = np.array([[1.0], [1e-170], [1e-170], [0.0]])  # not separated: distinct rows tie at 0
     assert _dask.duplicate_rows(da.from_array(T, chunks=(2, 1)))[0] is None
     assert _dask.duplicate_rows(da.from_array(np.eye(4, dtype=np.float32), chunks=(2, 4))) == (None, 0)
+
+
+@pytest.mark.parametrize("chunks", [((4, 0, 6), 3), ((0, 10), 3), ((3, 0, 0, 7), (1, 0, 2))],
+                         ids=["middle", "first", "rows-and-columns"])
+def test_empty_chunks(client, chunks):
+    """Empty chunks (a boolean mask leaves them): ``block_rows`` divided by zero in
+    every engine, and Dask's own max (the prescaling) failed to concatenate."""
+    X = _rows(14, 10, 3, np.float64, ties=False)
+    D = da.from_array(X, chunks=chunks)
+    for fn in (refgeo.row_diameter, refgeo.closest_pair):
+        _same_pair(fn(X), fn(D))
+    assert refgeo.distance_ratio(D) == refgeo.distance_ratio(X)
+    _same_rows(refgeo.knn(X, 3), refgeo.knn(D, 3))
+    _same_rows(refgeo.farthest_partners(X), refgeo.farthest_partners(D))
+    _same_rows(refgeo.knn(X, 2, X[:4]), refgeo.knn(D, 2, da.from_array(X[:4], chunks=((0, 4), 3))))
+    mask = np.arange(10) % 3 != 1
+    M = D[da.from_array(mask, chunks=4)]
+    M.compute_chunk_sizes()
+    _same_pair(refgeo.row_diameter(X[mask]), refgeo.row_diameter(M))
