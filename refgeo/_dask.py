@@ -309,7 +309,9 @@ def _prepare(SA, SB, mu, float32_filter=False) -> _Blocks:
     """Both blocks as float64 originals, the filter values and their rounding bound.
 
     ``SB`` None means the block against itself.  A float32 copy whose norms would
-    overflow the float32 GEMM is replaced by a float64 one (as the engines do).
+    overflow the float32 GEMM, or are so small that its products underflow
+    (:data:`refgeo._certify.MIN_NORM2_FLOAT32`), is replaced by a float64 one (as the
+    engines do).
 
     The filter ``H = (fl(-2 x_i . x_j) + fl(n_i)) + fl(n_j)`` is formed in place on the
     GEMM output, in the filter dtype with unit roundoff u.  Against the float64
@@ -325,7 +327,7 @@ def _prepare(SA, SB, mu, float32_filter=False) -> _Blocks:
         XA, nA = _centered(A64, mu, dt)
         XB, nB = (XA, nA) if SB is None else _centered(B64, mu, dt)
         top = max(float(nA.max()), float(nB.max()))
-        if dt == "float64" or top <= MAX_NORM2["float32"]:
+        if dt == "float64" or (top <= MAX_NORM2["float32"] and not 0.0 < top < MIN_NORM2_FLOAT32):
             break
         dt = "float64"
     if not (math.isfinite(top) and top <= MAX_NORM2["float64"]):

@@ -269,6 +269,21 @@ def test_knn_of_lm_gradient_rows_is_certified_from_the_heaps(client, engine):
         assert got.n_refined <= 16 * 8 * len(S)  # all pairs: about a million
 
 
+@pytest.mark.parametrize("engine", ["compiled", "numpy", "array"])
+def test_tiny_float32_rows_are_filtered_in_float64(client, engine):
+    """float32 rows of norm about 1e-18: the float32 filter's absolute term exceeds
+    every distance there, so the NumPy tasks, which kept it, refined all 523,776 pairs
+    of the k-NN; the compiled and array-API tasks switch to float64, as the engines do."""
+    from refgeo import _dask
+
+    X = (_rows(15, 1024, 16, np.float64, ties=False) * 1e-19).astype(np.float32)
+    got = _dask.knn(da.from_array(X, chunks=(256, 16)), 5, None, exclude_self=True, engine=engine)
+    want = refgeo.knn(X, 5)
+    np.testing.assert_array_equal(got.indices, want.indices)
+    np.testing.assert_array_equal(got.distances, want.distances)
+    assert got.n_refined <= 4 * 5 * len(X)
+
+
 @st.composite
 def _side_case(draw):
     # synthetic filter values and norms, not from rows: pairs placed a few ulps around
