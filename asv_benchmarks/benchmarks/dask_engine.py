@@ -78,35 +78,25 @@ def _label(case):
     return f"{op} {n}x{d}" + (f" k={k}" if k else "") + f" b={b}"
 
 
-@records_runtime(dtype="float32", backend="dask")
-class DaskEngine:
-    """The task graph on 2 single-threaded workers vs the engine with 2 threads."""
+class _TwoWorkers:
+    """A ``distributed.LocalCluster`` of 2 single-threaded worker processes on the
+    loopback interface, started by ``setup`` for each case and retired by ``teardown``."""
 
-    params = ([_label(c) for c in CASES],)
     param_names = ["case"]
     timeout = 3600
     number = 1
     repeat = 1
 
-    def setup(self, case):
+    def _start_cluster(self):
         if dask is None:
             raise NotImplementedError("dask and distributed are not installed (the `dask` extra)")
         require_backend("cython")
         environment("float32", "dask")
-        op, n, d, k, b = next(c for c in CASES if _label(c) == case)
-        self.op, self.k = op, k
         self.cluster = distributed.LocalCluster(
             n_workers=2, threads_per_worker=1, processes=True, host="127.0.0.1",
             dashboard_address=None, worker_dashboard_address=None,
         )
         self.client = distributed.Client(self.cluster)
-        # the rows are drawn on the workers: neither process ever holds all of them twice
-        rows = da.random.default_rng(0).standard_normal((n, d), chunks=(b, d), dtype=np.float32)
-        self.D = rows.persist()
-        distributed.wait(self.D)
-        self.S = self.D.compute()
-        self.held = _held(self.client)
-        self.gflop = 2.0 * b * b * d / 1e9
 
     def teardown(self, case):
         # Workers leave before the scheduler closes: a worker whose heartbeat meets a
@@ -115,6 +105,25 @@ class DaskEngine:
         self.client.retire_workers(close_workers=True)
         self.client.close()
         self.cluster.close()
+
+
+@records_runtime(dtype="float32", backend="dask")
+class DaskEngine(_TwoWorkers):
+    """The task graph on 2 single-threaded workers vs the engine with 2 threads."""
+
+    params = ([_label(c) for c in CASES],)
+
+    def setup(self, case):
+        op, n, d, k, b = next(c for c in CASES if _label(c) == case)
+        self.op, self.k = op, k
+        self._start_cluster()
+        # the rows are drawn on the workers: neither process ever holds all of them twice
+        rows = da.random.default_rng(0).standard_normal((n, d), chunks=(b, d), dtype=np.float32)
+        self.D = rows.persist()
+        distributed.wait(self.D)
+        self.S = self.D.compute()
+        self.held = _held(self.client)
+        self.gflop = 2.0 * b * b * d / 1e9
 
     def _run(self, X):
         if self.op == "knn":
@@ -195,7 +204,7 @@ else:
 
 
 @records_runtime(dtype="float32", backend="dask")
-class DaskLMRows:
+class DaskLMRows(_TwoWorkers):
     """The task graph on rows shaped like an LM head's, where Gaussian rows hide the cost.
 
     * ``knn lm_gradient``: k-NN of LM-head gradient rows (``refgeo._lm_gradients``: Zipf
@@ -213,24 +222,12 @@ class DaskLMRows:
     """
 
     params = ([c[0] for c in LM_CASES],)
-    param_names = ["case"]
-    timeout = 3600
-    number = 1
-    repeat = 1
 
     def setup(self, case):
-        if dask is None:
-            raise NotImplementedError("dask and distributed are not installed (the `dask` extra)")
-        require_backend("cython")
-        environment("float32", "dask")
         from refgeo import _dask, rows
 
         _, n, d, k, b = next(c for c in LM_CASES if c[0] == case)
-        self.cluster = distributed.LocalCluster(
-            n_workers=2, threads_per_worker=1, processes=True, host="127.0.0.1",
-            dashboard_address=None, worker_dashboard_address=None,
-        )
-        self.client = distributed.Client(self.cluster)
+        self._start_cluster()
         if k:
             from refgeo._lm_gradients import lm_gradient
 
@@ -247,11 +244,6 @@ class DaskLMRows:
         self.D = self.client.persist(da.from_array(S, chunks=(b, d)))
         distributed.wait(self.D)
         self.held = _held(self.client)
-
-    def teardown(self, case):
-        self.client.retire_workers(close_workers=True)
-        self.client.close()
-        self.cluster.close()
 
     def time_dask(self, case):
         self.run()
