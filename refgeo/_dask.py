@@ -82,7 +82,8 @@ from ._certify import (
     scale_exponent_of,
 )
 
-__all__ = ["MAX_BLOCK_ROWS", "block_rows", "closest", "diameter", "duplicate_rows", "farthest", "knn", "refine_pairs"]
+__all__ = ["MAX_BLOCK_ROWS", "block_rows", "closest", "diameter", "duplicate_rows", "farthest", "knn", "refine_pairs",
+           "take_rows"]
 
 _BACKEND = "dask"
 
@@ -217,9 +218,10 @@ def _engine_rows(S, name):
     return S.astype(np.float64)
 
 
-# Bytes of the rows that share a hash with another row, which :func:`duplicate_rows`
-# fetches to the caller to compare them; beyond it the rows run as they are (the same
-# answer, with every pair of identical rows inside the filter's bound).
+# Bytes of rows that :func:`duplicate_rows` fetches to the caller: one row of each group
+# of equal hashes (the tasks compare their own rows with it), and the rows of the rare
+# groups that hold several classes (hash collisions).  Beyond it the rows run as they
+# are (the same answer, with every pair of identical rows inside the filter's bound).
 _DUPLICATE_FETCH_BYTES = 256 << 20
 
 
@@ -229,29 +231,70 @@ def _hash_task(block):
     return _duplicates._hashes(B), _duplicates.magnitudes(B)
 
 
+def _take_task(block, local):
+    return np.asarray(block)[local]
+
+
+def _equal_task(block, local, L, at):
+    """Whether each row ``local`` of the block equals the row ``at`` of ``L``."""
+    return _duplicates.equal_rows(np.asarray(block), local, L, at)
+
+
+def _row_blocks(S):
+    """``(delayed blocks, row offsets)``: the row blocks of the pairwise tasks
+    (:func:`_task_blocks`, whole rows).  The same graph as theirs: two graphs that
+    reach the same chunk keys by other routes (a rechunk fused into a read, or not)
+    make the scheduler warn of a different ``run_spec`` for one key."""
+    blocks, offsets = _task_blocks(S, None)
+    return blocks, np.asarray(offsets, dtype=np.int64)
+
+
+def _per_block(offsets, rows):
+    """``(block, slice of rows)`` for the increasing ``rows`` in each block that holds some."""
+    cut = np.searchsorted(rows, offsets)
+    return [(b, slice(cut[b], cut[b + 1])) for b in range(len(offsets) - 1) if cut[b + 1] > cut[b]]
+
+
+def take_rows(S, rows):
+    """``S[rows]`` for increasing ``rows``, as a Dask array: one task per chunk that
+    holds some of them, on the chunks as they are (Dask's own fancy indexing builds a
+    second graph of the same chunks, whose keys the scheduler saw differ)."""
+    import dask
+    import dask.array as da
+
+    blocks, offsets = _row_blocks(S)
+    take = dask.delayed(_take_task, pure=True)
+    return da.concatenate([
+        da.from_delayed(take(blocks[b], rows[sl] - offsets[b]), shape=(sl.stop - sl.start, S.shape[1]),
+                        dtype=S.dtype, meta=S._meta)
+        for b, sl in _per_block(offsets, rows)
+    ])
+
+
 def duplicate_rows(S):
     """``(dup, e)``: the classes of identical rows of a Dask array, where the
     extreme-pair kernels may run on fewer rows (:func:`refgeo._duplicates.duplicate_rows`;
     else None), and the prescaling exponent of the rows
-    (:func:`refgeo._certify.scale_exponent`; None for CuPy chunks).
+    (:func:`refgeo._certify.scale_exponent`; None for CuPy chunks and fewer than 2 rows).
 
     One pass over the row chunks hashes every row and takes the magnitudes that
-    :func:`refgeo._duplicates.separated` and the prescaling need (the pass that finding
-    the exponent alone would take); the caller sorts the V hashes and fetches only the
-    rows that share a hash with another row (the duplicates, and the rare collisions),
-    one compute, to compare them.  ``dup`` is None when every row differs, when the
-    rows are not separated, when those rows would exceed :data:`_DUPLICATE_FETCH_BYTES`,
-    and for CuPy chunks (the rows then run as they are).  Time O(V d) on the workers,
-    O(V log V + m d) here for m fetched rows.
+    :func:`refgeo._duplicates.separated` and the prescaling need (for float64 rows the
+    prescaling took its own pass before; for float32 rows, which are never prescaled,
+    the pass is new).  The caller sorts the V hashes and fetches one row of each group
+    of equal hashes; a second pass compares each row of a group with that row, in the
+    tasks that hold it, and only the rows of groups that hold several classes (hash
+    collisions) are fetched too.  ``dup`` is None when every row differs, when the rows
+    are not separated, when the fetched rows would exceed
+    :data:`_DUPLICATE_FETCH_BYTES`, and for CuPy chunks (the rows then run as they
+    are).  Time O(V d) on the workers, O(V log V + m d) here for m fetched rows.
     """
     import dask
 
     S = _engine_rows(S, "S")
     if S.shape[0] < 2 or _chunks_on_gpu(S):
         return None, None
-    if S.numblocks[1] > 1:  # a row's hash takes all of its entries
-        S = S.rechunk({1: -1})
-    parts = _compute(*[dask.delayed(_hash_task, pure=True)(b) for b in S.to_delayed().ravel()])
+    blocks, offsets = _row_blocks(S)
+    parts = _compute(*[dask.delayed(_hash_task, pure=True)(b) for b in blocks])
     largest, smallest = max(m[0] for _, m in parts), min(m[1] for _, m in parts)
     e = 0 if S.dtype == np.float32 else scale_exponent_of(largest)
     if not _duplicates.separated_by(largest, smallest):
@@ -259,13 +302,29 @@ def duplicate_rows(S):
     runs = _duplicates.hash_runs(np.concatenate([h for h, _ in parts]))
     if runs is None:
         return None, e
-    fetch = np.unique(runs[0])  # every run's lead is one of its rows
-    if fetch.size * S.shape[1] * S.dtype.itemsize > _DUPLICATE_FETCH_BYTES:
+    rows, lead = runs
+    budget = _DUPLICATE_FETCH_BYTES // (S.shape[1] * S.dtype.itemsize)
+
+    def fetch(idx):
+        return np.concatenate(_compute(*[dask.delayed(_take_task, pure=True)(blocks[b], idx[sl] - offsets[b])
+                                         for b, sl in _per_block(offsets, idx)]))
+
+    leads = np.unique(lead)
+    if leads.size > budget:
         return None, e
-    at = np.zeros(S.shape[0], dtype=np.int64)
-    at[fetch] = np.arange(fetch.size)
-    (R,) = _compute(S[fetch])
-    return _duplicates.classes(S.shape[0], *runs, np.asarray(R), at), e
+    L = dask.delayed(fetch(leads), pure=True)
+    order = np.argsort(rows, kind="stable")
+    rs, at = rows[order], np.searchsorted(leads, lead[order])
+    eq = np.empty(rows.size, dtype=bool)
+    per = _per_block(offsets, rs)
+    done = _compute(*[dask.delayed(_equal_task, pure=True)(blocks[b], rs[sl] - offsets[b], L, at[sl])
+                      for b, sl in per])
+    for (_, sl), v in zip(per, done):
+        eq[order[sl]] = v
+    n_mixed = np.count_nonzero(np.isin(lead, lead[~eq]))
+    if leads.size + n_mixed > budget:
+        return None, e
+    return _duplicates.classes(S.shape[0], rows, lead, eq, fetch), e
 
 
 # --------------------------------------------------------------------------- task kernels

@@ -34,7 +34,8 @@ import math
 
 import numpy as np
 
-__all__ = ["DuplicateRows", "classes", "duplicate_rows", "hash_runs", "magnitudes", "separated", "separated_by"]
+__all__ = ["DuplicateRows", "classes", "duplicate_rows", "equal_rows", "hash_runs", "magnitudes", "separated",
+           "separated_by"]
 
 # elements of S hashed per block: bounds the temporaries at a few MiB whatever V d is
 _BLOCK_ELEMENTS = 1 << 18
@@ -107,7 +108,10 @@ def duplicate_rows(S: np.ndarray) -> DuplicateRows | None:
     if V < 2:
         return None
     runs = hash_runs(_hashes(S))
-    return None if runs is None else classes(V, *runs, S, np.arange(V))
+    if runs is None:
+        return None
+    rows, lead = runs
+    return classes(V, rows, lead, equal_rows(S, rows, S, lead), lambda idx: S[idx])
 
 
 def hash_runs(h: np.ndarray) -> tuple[np.ndarray, np.ndarray] | None:
@@ -128,17 +132,23 @@ def hash_runs(h: np.ndarray) -> tuple[np.ndarray, np.ndarray] | None:
     return order[pos], order[np.repeat(start, length)[pos]]
 
 
-def classes(V: int, rows: np.ndarray, lead: np.ndarray, R: np.ndarray, at: np.ndarray) -> DuplicateRows | None:
+def equal_rows(A: np.ndarray, a: np.ndarray, B: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """``A[a[t]] == B[b[t]]`` row by row (``-0.0 == 0.0``), in blocks of pairs."""
+    eq = np.empty(a.size, dtype=bool)
+    step = max(1, _BLOCK_ELEMENTS // max(A.shape[1], 1))
+    for q in range(0, a.size, step):
+        eq[q : q + step] = np.all(A[a[q : q + step]] == B[b[q : q + step]], axis=1)
+    return eq
+
+
+def classes(V: int, rows: np.ndarray, lead: np.ndarray, eq: np.ndarray, take) -> DuplicateRows | None:
     """The classes of identical rows among ``V`` rows, from :func:`hash_runs`'
-    ``(rows, lead)``; ``R[at[i]]`` is row ``i`` for every ``i`` of ``rows`` (a NumPy
-    ``S`` with ``at = arange(V)``, or only those rows, fetched from a Dask array).
-    None if all rows differ."""
-    # one comparison with its run's lead per row: a run of one class (the common case,
-    # and one of 50,000 zero rows) is settled in O(n d); == makes -0.0 equal to 0.0
-    eq = np.empty(rows.size, dtype=bool)
-    step = max(1, _BLOCK_ELEMENTS // max(R.shape[1], 1))
-    for q in range(0, rows.size, step):
-        eq[q : q + step] = np.all(R[at[rows[q : q + step]]] == R[at[lead[q : q + step]]], axis=1)
+    ``(rows, lead)`` and ``eq``, whether each row equals its run's lead
+    (:func:`equal_rows`).  ``take(idx)`` returns the rows ``idx`` (increasing) as a
+    NumPy array; it is called only for the rows of runs that hold several classes
+    (hash collisions).  None if all rows differ."""
+    # one comparison with its run's lead per row (eq): a run of one class (the common
+    # case, and one of 50,000 zero rows) is settled in O(n d)
     rep = np.arange(V)  # rep[i]: the first row identical to row i
     rep[rows[eq]] = lead[eq]
     # runs holding rows of several classes (hash collisions): their rows' bytes sorted,
@@ -149,7 +159,8 @@ def classes(V: int, rows: np.ndarray, lead: np.ndarray, R: np.ndarray, at: np.nd
     mixed_run[lead[~eq]] = True
     cand = np.sort(rows[mixed_run[lead]])
     if cand.size:
-        C = np.ascontiguousarray(R[at[cand]] + R.dtype.type(0))
+        C = np.ascontiguousarray(take(cand))
+        C += C.dtype.type(0)
         keys = C.view(np.dtype((np.void, C.dtype.itemsize * C.shape[1]))).ravel()
         _, first_of, inverse = np.unique(keys, return_index=True, return_inverse=True)
         rep[cand] = cand[first_of[inverse.ravel()]]
@@ -183,10 +194,16 @@ def separated(S: np.ndarray) -> bool:
 
 
 def magnitudes(S: np.ndarray) -> tuple[float, float]:
-    """``(max |s_ik|, min over the nonzero |s_ik|)`` (inf when every entry is zero)."""
-    a = np.abs(S)
-    nonzero = a[a > 0]
-    return float(a.max()) if a.size else 0.0, float(nonzero.min()) if nonzero.size else math.inf
+    """``(max |s_ik|, min over the nonzero |s_ik|)`` (0 and inf when every entry is
+    zero), in blocks of rows: temporaries of a few MiB whatever the size of ``S``."""
+    largest, smallest = 0.0, math.inf
+    step = max(1, _BLOCK_ELEMENTS // max(S.shape[1], 1))
+    for s in range(0, S.shape[0], step):
+        a = np.abs(S[s : s + step])
+        nonzero = a[a > 0]
+        if nonzero.size:
+            largest, smallest = max(largest, float(nonzero.max())), min(smallest, float(nonzero.min()))
+    return largest, smallest
 
 
 def separated_by(largest: float, smallest_nonzero: float) -> bool:

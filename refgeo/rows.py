@@ -428,12 +428,13 @@ def _duplicate_rows(S) -> tuple[_duplicates.DuplicateRows | None, int | None]:
 
 
 def _take_rows(S, rows):
-    """``S[rows]``; a Dask array keeps row chunks of its largest size (a selection keeps
-    the rows of each chunk apart, and many small chunks cost a task per block pair)."""
-    T = S[rows]
-    if is_dask_array(T) and T.numblocks[0] > 1:
-        T = T.rechunk({0: max(S.chunks[0])})
-    return T
+    """``S[rows]`` for increasing ``rows``; from a Dask array in row chunks of its largest
+    size (a selection keeps the rows of each chunk apart, and many small chunks cost a
+    task per block pair)."""
+    if not is_dask_array(S):
+        return S[rows]
+    T = _dask.take_rows(S, rows)
+    return T.rechunk({0: max(S.chunks[0])}) if T.numblocks[0] > 1 else T
 
 
 def _pair_of(run: _backend.KernelRun) -> tuple[float, int, int]:

@@ -987,6 +987,13 @@ def test_duplicate_search_is_the_one_of_numpy_rows(client, monkeypatch):
         mp.setattr(_duplicates, "_hashes", lambda A: np.zeros(len(A), dtype=np.uint64))
         got, _ = _dask.duplicate_rows(D)
     assert (got.first.tolist(), got.pair) == (want.first.tolist(), want.pair)
+    # the budget counts one row per group of equal hashes (and the rows of groups
+    # that hold several classes), not every copy: 2,000 zero rows fetch one
+    Z = _rows(16, 3000, 64, np.float64, ties=False)
+    Z[::3] = 0.0
+    monkeypatch.setattr(_dask, "_DUPLICATE_FETCH_BYTES", 10 * 64 * 8)
+    got, _ = _dask.duplicate_rows(da.from_array(Z, chunks=(500, 64)))
+    assert got.pair == (0, 3) and got.first.size == 2001
     monkeypatch.setattr(_dask, "_DUPLICATE_FETCH_BYTES", 0)
     assert _dask.duplicate_rows(D) == (None, -89)
     _same_pair(refgeo.closest_pair(S), refgeo.closest_pair(D))
