@@ -240,35 +240,31 @@ def _equal_task(block, local, L, at):
     return _duplicates.equal_rows(np.asarray(block), local, L, at)
 
 
-def _row_blocks(S):
-    """``(delayed blocks, row offsets)``: the row blocks of the pairwise tasks
-    (:func:`_task_blocks`, whole rows).  The same graph as theirs: two graphs that
-    reach the same chunk keys by other routes (a rechunk fused into a read, or not)
-    make the scheduler warn of a different ``run_spec`` for one key."""
-    blocks, offsets = _task_blocks(S, None)
-    return blocks, np.asarray(offsets, dtype=np.int64)
-
-
 def _per_block(offsets, rows):
     """``(block, slice of rows)`` for the increasing ``rows`` in each block that holds some."""
     cut = np.searchsorted(rows, offsets)
     return [(b, slice(cut[b], cut[b + 1])) for b in range(len(offsets) - 1) if cut[b + 1] > cut[b]]
 
 
-def take_rows(S, rows):
-    """``S[rows]`` for increasing ``rows``, as a Dask array: one task per chunk that
-    holds some of them, on the chunks as they are (Dask's own fancy indexing builds a
-    second graph of the same chunks, whose keys the scheduler saw differ)."""
+def _takes(blocks, offsets, rows):
+    """``[(delayed rows, count)]``: the increasing ``rows`` taken from the blocks that
+    hold them, one task per block."""
     import dask
+
+    take = dask.delayed(_take_task, pure=True)
+    return [(take(blocks[b], rows[sl] - offsets[b]), sl.stop - sl.start) for b, sl in _per_block(offsets, rows)]
+
+
+def take_rows(S, rows):
+    """``S[rows]`` for increasing ``rows``, as a Dask array: one task per block of the
+    pairwise tasks (:func:`_task_blocks`) that holds some of them.  The duplicate search
+    works on those same blocks: Dask's own fancy indexing builds another graph of the
+    chunks, and the scheduler warns when two graphs give one chunk key different tasks."""
     import dask.array as da
 
-    blocks, offsets = _row_blocks(S)
-    take = dask.delayed(_take_task, pure=True)
-    return da.concatenate([
-        da.from_delayed(take(blocks[b], rows[sl] - offsets[b]), shape=(sl.stop - sl.start, S.shape[1]),
-                        dtype=S.dtype, meta=S._meta)
-        for b, sl in _per_block(offsets, rows)
-    ])
+    blocks, offsets = _task_blocks(S, None)
+    return da.concatenate([da.from_delayed(t, shape=(n, S.shape[1]), dtype=S.dtype, meta=S._meta)
+                           for t, n in _takes(blocks, np.asarray(offsets), rows)])
 
 
 def duplicate_rows(S):
@@ -293,7 +289,8 @@ def duplicate_rows(S):
     S = _engine_rows(S, "S")
     if S.shape[0] < 2 or _chunks_on_gpu(S):
         return None, None
-    blocks, offsets = _row_blocks(S)
+    blocks, offsets = _task_blocks(S, None)  # the blocks the pairwise tasks read
+    offsets = np.asarray(offsets)
     parts = _compute(*[dask.delayed(_hash_task, pure=True)(b) for b in blocks])
     largest, smallest = max(m[0] for _, m in parts), min(m[1] for _, m in parts)
     e = 0 if S.dtype == np.float32 else scale_exponent_of(largest)
@@ -306,8 +303,7 @@ def duplicate_rows(S):
     budget = _DUPLICATE_FETCH_BYTES // (S.shape[1] * S.dtype.itemsize)
 
     def fetch(idx):
-        return np.concatenate(_compute(*[dask.delayed(_take_task, pure=True)(blocks[b], idx[sl] - offsets[b])
-                                         for b, sl in _per_block(offsets, idx)]))
+        return np.concatenate(_compute(*[t for t, _ in _takes(blocks, offsets, idx)]))
 
     leads = np.unique(lead)
     if leads.size > budget:
@@ -404,15 +400,21 @@ def _prepare(SA, SB, mu, float32_filter=False) -> _Blocks:
     return _Blocks(A64, B64, H, nA, nB, c, eabs, reported_bound(d, dt, top))
 
 
+def _round_into(x, dtype, sign=1.0):
+    """``x`` (float64) rounded outward into ``dtype``: up for ``sign`` > 0 (every entry
+    at least ``x``'s), down otherwise."""
+    y = x.astype(dtype)
+    off = (y < x) if sign > 0 else (y > x)
+    y[off] = np.nextafter(y[off], np.asarray(math.copysign(math.inf, sign), dtype=dtype))
+    return y
+
+
 def _widen(t, nrm_rows, nrm_other_max, b: _Blocks, sign):
     """Per-row thresholds ``t +- 2 e_i`` (``e_i = c (n_i + max n) + eabs`` bounds every
     ``e_ij`` of the row), rounded outward into the filter dtype.  ``sign`` +1 widens up."""
     e = (b.c * (nrm_rows + nrm_other_max) + b.eabs) * (1.0 + 2.0**-40)
     w = np.asarray(t, dtype=np.float64) + sign * (2.0 * e + np.abs(t) * 2.0**-50)
-    w32 = w.astype(b.H.dtype)
-    off = (w32 > w) if sign < 0 else (w32 < w)
-    w32[off] = np.nextafter(w32[off], np.asarray(sign * math.inf, dtype=b.H.dtype))
-    return w32
+    return _round_into(w, b.H.dtype, sign)
 
 
 # Candidate pairs refined per batch: (batch, d) float64 differences.
@@ -630,14 +632,6 @@ def _pairs_where(mask_of, H, columns):
 _SIDE_STRIP = 256
 
 
-def _round_up_into(x, dtype):
-    """``x`` (float64) rounded up into ``dtype``: every entry is at least ``x``'s."""
-    y = x.astype(dtype)
-    low = y < x
-    y[low] = np.nextafter(y[low], np.asarray(math.inf, dtype=dtype))
-    return y
-
-
 def _knn_side(H, nrm, other_nrm, b: _Blocks, m, columns=False):
     """Upper ends and candidates of the rows of ``H`` (of its columns when ``columns``).
 
@@ -661,7 +655,7 @@ def _knn_side(H, nrm, other_nrm, b: _Blocks, m, columns=False):
     n_rows = Hr.shape[0]
     a = (b.c * nrm + b.eabs) * (1.0 + 2.0**-40)
     bj = b.c * np.asarray(other_nrm, dtype=np.float64) * (1.0 + 2.0**-40)
-    b_up = _round_up_into(bj, H.dtype)
+    b_up = _round_into(bj, H.dtype)
     slack = float(bj.max()) * 2.0**-48
     hi = np.empty((n_rows, m))
     rows, cols, ends = [], [], []
@@ -675,7 +669,7 @@ def _knn_side(H, nrm, other_nrm, b: _Blocks, m, columns=False):
         ends_hi = h + ((a[r0] + bj[part]) + np.abs(h) * 2.0**-50)
         hi[s : s + K.shape[0]] = ends_hi
         t = ends_hi.max(axis=1)
-        W = _round_up_into((t + a[s : s + K.shape[0]] + slack) * (1.0 + 2.0**-48), H.dtype)
+        W = _round_into((t + a[s : s + K.shape[0]] + slack) * (1.0 + 2.0**-48), H.dtype)
         r, q = np.nonzero(K <= W[:, None])
         r += s
         h = Hr[r, q].astype(np.float64)
