@@ -508,6 +508,7 @@ def _unscaled_distances(xp, run, e, what):
 # --------------------------------------------------------------------------- public API
 
 
+@_backend.dask_graphs_unfused
 def row_diameter(
     S: Any, /, *, tile_size: int | None = None, n_threads: int | None = None, progress: Any = False
 ) -> ExtremePair:
@@ -604,6 +605,7 @@ def row_diameter(
     return _extreme_pair_result(_DIAMETER, S, tile_size, n_threads, progress, "the row diameter")
 
 
+@_backend.dask_graphs_unfused
 def closest_pair(
     S: Any, /, *, tile_size: int | None = None, n_threads: int | None = None, progress: Any = False
 ) -> ExtremePair:
@@ -656,6 +658,7 @@ def closest_pair(
     return _extreme_pair_result(_CLOSEST, S, tile_size, n_threads, progress, "the closest-pair distance")
 
 
+@_backend.dask_graphs_unfused
 def distance_ratio(
     S: Any, /, *, tile_size: int | None = None, n_threads: int | None = None, progress: Any = False
 ) -> float:
@@ -717,6 +720,7 @@ def distance_ratio(
     return m / D
 
 
+@_backend.dask_graphs_unfused
 def farthest_partners(
     S: Any, /, *, tile_size: int | None = None, n_threads: int | None = None, progress: Any = False
 ) -> FarthestPartners:
@@ -798,6 +802,7 @@ def _one_namespace(X, Y):
     return X, Y
 
 
+@_backend.dask_graphs_unfused
 def knn(
     X: Any,
     k: int,

@@ -64,3 +64,38 @@ def kill_at_first_result(pids, prefix):
                     self.killed = worker
 
     return KillAtFirstResult()
+
+
+@contextlib.contextmanager
+def graph_key_clashes(client):
+    """Record every graph the scheduler of :func:`local_client` receives inside the
+    block; yields ``(seen, clashes)``: the keys seen, and those that two graphs gave
+    different dependencies (what the scheduler's "Detected different `run_spec`"
+    warning, dask issue 9888, reports when it still remembers the first graph).
+
+    The warning itself depends on when the scheduler forgets a graph; what the graphs
+    declare does not, so a test of it is deterministic.  Skips where the scheduler has
+    no ``_generate_taskstates`` (private: the one place that sees each submitted graph
+    whole).
+    """
+    import pytest
+
+    scheduler = client.cluster.scheduler
+    if not hasattr(scheduler, "_generate_taskstates"):
+        pytest.skip("this distributed version has no Scheduler._generate_taskstates to record graphs with")
+    seen: dict = {}
+    clashes: set = set()
+    generate = scheduler._generate_taskstates
+
+    def recording(keys, dsk, *args, **kwargs):
+        for k, spec in dsk.items():
+            deps = frozenset(getattr(spec, "dependencies", ()))
+            if seen.setdefault(k, deps) != deps:
+                clashes.add(k)
+        return generate(keys, dsk, *args, **kwargs)
+
+    scheduler._generate_taskstates = recording
+    try:
+        yield seen, clashes
+    finally:
+        del scheduler._generate_taskstates

@@ -25,7 +25,7 @@ distributed = pytest.importorskip("distributed")
 cloudpickle = pytest.importorskip("cloudpickle")
 
 from ._dask_cluster import TIMEOUT as _TIMEOUT  # noqa: E402
-from ._dask_cluster import kill_at_first_result, local_client  # noqa: E402
+from ._dask_cluster import graph_key_clashes, kill_at_first_result, local_client  # noqa: E402
 from .test_duplicate_rows import clouds_with_copies  # noqa: E402
 
 
@@ -1019,3 +1019,28 @@ def test_empty_chunks(client, chunks):
     M = D[da.from_array(mask, chunks=4)]
     M.compute_chunk_sizes()
     _same_pair(refgeo.row_diameter(X[mask]), refgeo.row_diameter(M))
+
+
+def test_graphs_of_one_input_agree_on_every_chunk_key(client):
+    """Every graph that the calls submit gives each chunk key of the input the same
+    task.  A call submits several (the finiteness check, the duplicate-row hashes and
+    comparisons, the pairwise tasks on the rows that decide), and with Dask's low-level
+    fusion on, each fused the input's tasks by its own use of them: the scheduler then
+    warned "Detected different `run_spec`" (dask issue 9888) in about one call in
+    seven on masked, rechunked rows with duplicates."""
+    rng = np.random.default_rng(21)
+    X = rng.standard_normal((900, 12))
+    X[rng.choice(900, 450, replace=False)] = X[0]
+    keep = rng.random(900) > 0.1
+    D = da.from_array(X, chunks=(130, 5))[da.from_array(keep, chunks=130)]
+    D.compute_chunk_sizes()
+    D = D.rechunk((200, 6))
+    Y = X[keep]
+    with graph_key_clashes(client) as (seen, clashes):
+        _same_pair(refgeo.closest_pair(Y), refgeo.closest_pair(D))
+        _same_pair(refgeo.row_diameter(Y), refgeo.row_diameter(D))
+        assert refgeo.distance_ratio(D) == refgeo.distance_ratio(Y)
+        _same_rows(refgeo.farthest_partners(Y), refgeo.farthest_partners(D))
+        _same_rows(refgeo.knn(Y, 3), refgeo.knn(D, 3))
+    assert len(seen) > 100  # the recording saw the graphs
+    assert not clashes, sorted(map(str, clashes))[:5]
