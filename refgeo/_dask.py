@@ -41,6 +41,13 @@ are pure functions of their blocks).  The reported ``error_bound`` is the larges
 bound any task used; it can differ from the single-machine one in its last bits (a
 mean computed in another order) and ``n_refined`` counts what the tasks refined.
 
+Scale.  The rows arrive prescaled: the public functions of :mod:`refgeo.rows` run
+every backend on ``rows * 2**-e`` (:func:`refgeo._certify.scale_exponent`) and scale
+the distances back.  The functions here do not prescale; called directly on float64
+rows whose largest magnitude lies outside ``[2**-SCALE_FREE_EXPONENT,
+2**(SCALE_FREE_EXPONENT + 1))`` their squared distances can overflow or lose bits to
+underflow, and the answer need not be the single-machine engine's.
+
 Memory.  A task holds its two row blocks (``O(b d)``) and a few ``b x b`` float64
 filter arrays (``O(b^2)``), with ``b`` at most ``tile_size`` or :data:`MAX_BLOCK_ROWS`
 rows (larger row chunks are split, column chunks are merged: a task needs whole
@@ -228,7 +235,7 @@ _DUPLICATE_FETCH_BYTES = 256 << 20
 def _hash_task(block):
     """The row hashes (:mod:`refgeo._duplicates`) and the magnitudes of one row block."""
     B = np.asarray(block)
-    return _duplicates._hashes(B), _duplicates.magnitudes(B)
+    return _duplicates.row_hashes(B), _duplicates.magnitudes(B)
 
 
 def _take_task(block, local):

@@ -34,8 +34,8 @@ import math
 
 import numpy as np
 
-__all__ = ["DuplicateRows", "classes", "duplicate_rows", "equal_rows", "hash_runs", "magnitudes", "separated",
-           "separated_by"]
+__all__ = ["DuplicateRows", "classes", "duplicate_rows", "equal_rows", "hash_runs", "magnitudes", "row_hashes",
+           "separated", "separated_by"]
 
 # elements of S hashed per block: bounds the temporaries at a few MiB whatever V d is
 _BLOCK_ELEMENTS = 1 << 18
@@ -63,7 +63,7 @@ class DuplicateRows:
     pair: tuple[int, int]
 
 
-def _hashes(S: np.ndarray) -> np.ndarray:
+def row_hashes(S: np.ndarray) -> np.ndarray:
     """One uint64 per row: a wrapping linear hash of its entries' bits, folded first.
 
     Why the fold (``x ^ (x >> 32)``): a float's sign and exponent sit in its top bits,
@@ -107,7 +107,7 @@ def duplicate_rows(S: np.ndarray) -> DuplicateRows | None:
     V = S.shape[0]
     if V < 2:
         return None
-    runs = hash_runs(_hashes(S))
+    runs = hash_runs(row_hashes(S))
     if runs is None:
         return None
     rows, lead = runs

@@ -984,7 +984,7 @@ def test_duplicate_search_is_the_one_of_numpy_rows(client, monkeypatch):
     assert (got.first.tolist(), got.pair) == (want.first.tolist(), want.pair)
     assert e == scale_exponent(np, [S]) == -89  # the pass that finds the exponent alone
     with dask.config.set(scheduler="synchronous"), monkeypatch.context() as mp:  # tasks run here
-        mp.setattr(_duplicates, "_hashes", lambda A: np.zeros(len(A), dtype=np.uint64))
+        mp.setattr(_duplicates, "row_hashes", lambda A: np.zeros(len(A), dtype=np.uint64))
         got, _ = _dask.duplicate_rows(D)
     assert (got.first.tolist(), got.pair) == (want.first.tolist(), want.pair)
     # the budget counts one row per group of equal hashes (and the rows of groups

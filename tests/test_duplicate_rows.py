@@ -82,7 +82,7 @@ def test_many_identical_rows_are_not_refined_pair_by_pair(backend):
 
 def test_hash_collisions_never_merge_distinct_rows(monkeypatch):
     """With every row hashed alike, the exact comparison alone tells the classes apart."""
-    monkeypatch.setattr(_duplicates, "_hashes", lambda S: np.zeros(len(S), dtype=np.uint64))
+    monkeypatch.setattr(_duplicates, "row_hashes", lambda S: np.zeros(len(S), dtype=np.uint64))
     rng = np.random.default_rng(1)
     S = rng.integers(-1, 2, size=(200, 3)).astype(np.float64)
     dup = _duplicates.duplicate_rows(S)
@@ -113,7 +113,7 @@ def test_weak_hashes_leave_the_classes_exact(S, weak):
               "positives": lambda A: (A > 0).sum(axis=1).astype(np.uint64),
               "first entry": lambda A: (A[:, 0] > 0).astype(np.uint64)}[weak]
     with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(_duplicates, "_hashes", hashes)
+        mp.setattr(_duplicates, "row_hashes", hashes)
         dup = _duplicates.duplicate_rows(S)
     want = _brute_force_classes(S)
     if want is None:
@@ -134,7 +134,7 @@ def test_rows_that_differ_in_sign_and_exponent_bits_hash_apart(kind, dtype):
          "ternary": lambda: rng.integers(-1, 2, shape).astype(np.float64),
          "powers of two": lambda: 2.0 ** rng.integers(-3, 4, shape)}[kind]().astype(dtype)
     assert len(np.unique(S, axis=0)) == len(S)  # all distinct: the hashes should be too
-    assert len(np.unique(_duplicates._hashes(S))) >= len(S) - 2
+    assert len(np.unique(_duplicates.row_hashes(S))) >= len(S) - 2
 
 
 def test_distinct_rows_are_left_alone():
