@@ -29,6 +29,7 @@ import dataclasses
 import functools
 import os
 import sys
+import threading
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -43,6 +44,7 @@ __all__ = [
     "KernelRun",
     "Selection",
     "available_backends",
+    "dask_fusion_off",
     "dask_graphs_unfused",
     "dispatch",
     "get_backend",
@@ -243,12 +245,43 @@ class KernelRun:
     distances: Any = None
 
 
+_FUSE = "optimization.fuse.active"
+_fusion_lock = threading.Lock()
+_fusion = {"inside": 0, "before": None}  # calls inside dask_fusion_off; the setting before the first
+
+
+@contextlib.contextmanager
+def dask_fusion_off() -> Iterator[None]:
+    """Dask's low-level task fusion (``optimization.fuse.active``) off inside the block.
+
+    Calls may overlap in several threads, and Dask's configuration is one global
+    dictionary: ``dask.config.set`` used as a context manager restores what it found,
+    so with two overlapping calls the one that ends last would restore the other's
+    ``False`` and leave fusion off for good.  Here the first call to enter saves the
+    setting and the last to leave restores it.
+    """
+    import dask
+
+    with _fusion_lock:
+        if _fusion["inside"] == 0:
+            _fusion["before"] = dask.config.get(_FUSE, None)
+            dask.config.set({_FUSE: False})
+        _fusion["inside"] += 1
+    try:
+        yield
+    finally:
+        with _fusion_lock:
+            _fusion["inside"] -= 1
+            if _fusion["inside"] == 0:
+                dask.config.set({_FUSE: _fusion["before"]})
+
+
 def dask_graphs_unfused(fn: Callable[..., Any]) -> Callable[..., Any]:
-    """``fn`` with Dask's low-level task fusion off (``optimization.fuse.active``)
-    while it runs, when one of its arguments is a Dask array.
+    """``fn`` with Dask's low-level task fusion off (:func:`dask_fusion_off`) while it
+    runs, when one of its arguments is a Dask array.
 
     Why: one call submits several graphs over the same chunks of its input (the
-    finiteness check, the duplicate-row hashes, the comparisons, the pairwise tasks on a
+    finiteness check, the duplicate-row hashes and comparisons, the pairwise tasks on a
     subset of the rows), and each optimization fuses the input's tasks by how that graph
     uses them, so a chunk key can arrive with a different task in two consecutive
     graphs.  The distributed scheduler then warns ("Detected different `run_spec`",
@@ -265,9 +298,7 @@ def dask_graphs_unfused(fn: Callable[..., Any]) -> Callable[..., Any]:
         # a Dask array exists only once its caller imported Dask
         if "dask" not in sys.modules or not any(is_dask_array(a) for a in (*args, *kwargs.values())):
             return fn(*args, **kwargs)
-        import dask
-
-        with dask.config.set({"optimization.fuse.active": False}):
+        with dask_fusion_off():
             return fn(*args, **kwargs)
 
     return call

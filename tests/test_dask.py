@@ -1044,3 +1044,23 @@ def test_graphs_of_one_input_agree_on_every_chunk_key(client):
         _same_rows(refgeo.knn(Y, 3), refgeo.knn(D, 3))
     assert len(seen) > 100  # the recording saw the graphs
     assert not clashes, sorted(map(str, clashes))[:5]
+
+
+def test_fusion_setting_survives_overlapping_calls():
+    """Two calls that overlap (threads) and end in the order they began leave Dask's
+    fusion setting as it was; ``dask.config.set`` as a context manager restores what it
+    found, so the second to end would restore the first's ``False`` for good."""
+    import dask
+
+    from refgeo._backend import dask_fusion_off
+
+    for before in (None, True):
+        with dask.config.set({"optimization.fuse.active": before}):
+            a, b = dask_fusion_off(), dask_fusion_off()
+            a.__enter__()
+            b.__enter__()
+            assert dask.config.get("optimization.fuse.active") is False
+            a.__exit__(None, None, None)
+            assert dask.config.get("optimization.fuse.active") is False  # b still runs
+            b.__exit__(None, None, None)
+            assert dask.config.get("optimization.fuse.active") is before
