@@ -23,6 +23,7 @@ the row diameter of every step is at most :math:`2\gamma_t`.
 from __future__ import annotations
 
 import contextlib
+import math
 from typing import Any
 
 from ._interop import from_foreign, mark_modified, precision_eps
@@ -76,6 +77,47 @@ def _check_unit_interval(value: Any, name: str) -> float:
 
 def _build() -> dict[str, Any]:
     torch = _import_torch()
+
+    def _state_dtype(p: Any) -> Any:
+        """The dtype of RowNorm's buffers: float64 for float64 parameters, else float32."""
+        return torch.float64 if p.dtype == torch.float64 else torch.float32
+
+    def _column_mean(S: Any) -> Any:
+        """The mean row of ``S``, free of overflow in the column sums: rows near the
+        largest float (3e38 in a float32 state) are averaged scaled down by a power of
+        two, as :class:`refgeo.RowNorm` does in float64."""
+        V = S.shape[0]
+        top = torch.finfo(S.dtype).max
+        if float(torch.linalg.vector_norm(S, ord=float("inf"))) * V < top / 2:
+            return S.mean(dim=0, keepdim=True)
+        k = 8 + math.frexp(float(V))[1]
+        return (S * 2.0**-k).mean(dim=0, keepdim=True) * 2.0**k
+
+    def _row_normalize_(S: Any, eps: float) -> None:
+        """``S`` row-normalized in place, ``s_i / (||s_i|| + eps)``, zero rows kept zero:
+        :func:`refgeo.row_normalize` with O(V) temporaries.
+
+        With ``m_i = max_j |s_ij|`` it is ``(s_i / m_i) / (||s_i / m_i|| + eps / m_i)``:
+        no norm overflows or underflows.  Where ``eps / m_i`` overflows (tiny rows) the
+        norm is negligible next to ``eps`` and ``s_i / (m_i ||s_i / m_i|| + eps)`` is
+        safe.  ``eps / m_i`` is a true division: torch evaluates a number divided by a
+        tensor as the number times the reciprocal, which is ``0 * inf = NaN`` for
+        ``eps = 0`` and a subnormal ``m_i``, and that row was left unnormalized.
+        """
+        m = torch.linalg.vector_norm(S, ord=float("inf"), dim=1, keepdim=True)
+        nonzero = m > 0
+        m = torch.where(nonzero, m, torch.ones_like(m))  # zero rows stay zero
+        S.div_(m)
+        v = torch.linalg.vector_norm(S, dim=1, keepdim=True)
+        q = torch.full_like(m, eps).div_(m)
+        fine = torch.isfinite(q)
+        den = torch.where(fine, v + torch.where(fine, q, torch.zeros_like(q)), torch.ones_like(v))
+        S.div_(torch.where(den > 0, den, torch.ones_like(den)))
+        if not bool(fine.all()):  # tiny rows: s_i / (m_i v_i + eps), from s_i = m_i (s_i / m_i)
+            tiny = torch.where(fine, torch.ones_like(m), m)
+            den_tiny = torch.where(fine, torch.ones_like(m), tiny * v + eps)
+            # undo the division by den (1 on those rows), then s_i / (m_i v_i + eps)
+            S.mul_(tiny).div_(den_tiny)
 
     def _name(group: dict, k: int) -> str:
         names = group.get("param_names")
@@ -185,14 +227,18 @@ def _build() -> dict[str, Any]:
         float64 for float64 parameters and float32 otherwise; ``state_dict()`` holds
         them.  Each step costs O(Vd) time and, besides the state, only O(V + d)
         memory: the last step is the scratch space, and the row norms are scale-safe
-        in place (rows of norm 1e-200 or 1e200 neither underflow nor overflow).  A
-        parameter whose ``grad`` is None is skipped.
+        in place (rows of norm 1e-200 or 1e200 neither underflow nor overflow, nor
+        do rows of subnormal entries, nor the column means of rows near the largest
+        float).  A parameter whose ``grad`` is None is skipped.  Everything is checked
+        before any group changes.
 
         Raises
         ------
         ValueError
             A parameter that is not 2-D, several parameters in one group, a parameter or
-            gradient with NaN or inf entries, hyper-parameters out of range.
+            gradient with NaN or inf entries, a gradient whose centered momentum average
+            leaves the range of the state's dtype (a centered float32 gradient beyond
+            3.4e38), hyper-parameters out of range.
         TypeError
             A complex, integer or sparse parameter or gradient.
 
@@ -254,11 +300,12 @@ def _build() -> dict[str, Any]:
                     raise TypeError(f"the gradient of {name} must be real floating point, got dtype {g.dtype} instead.")
                 if not bool(torch.isfinite(g).all()):
                     raise ValueError(f"the gradient of {name} must be finite, got NaN or inf entries instead.")
+                self._check_range(p, g, hyper, name)
                 work.append((p, g, hyper))
             for p, g, (lr, mu, eps, wd, bias_correction, project, center) in work:
                 state = self.state[p]
                 if len(state) == 0:
-                    dtype = torch.float64 if p.dtype == torch.float64 else torch.float32
+                    dtype = _state_dtype(p)
                     state["step"] = 0
                     state["momentum_buffer"] = torch.zeros(p.shape, dtype=dtype, device=p.device)
                     state["last_step"] = torch.zeros(p.shape, dtype=dtype, device=p.device)
@@ -266,21 +313,13 @@ def _build() -> dict[str, Any]:
                 state["step"] = t = int(state["step"]) + 1
                 S.copy_(g)  # S is the scratch space: first the (centered) gradient
                 if center:
-                    S.sub_(S.mean(dim=0, keepdim=True))
+                    S.sub_(_column_mean(S))
                 B.mul_(mu).add_(S, alpha=1.0 - mu)
                 if bias_correction:
                     torch.div(B, 1.0 - mu**t, out=S)
                 else:
                     S.copy_(B)
-                # Scale-safe row normalization in place: with m_i = max_j |b_ij|,
-                # b_i / (|b_i| + eps) = (b_i / m_i) / (|b_i / m_i| + eps / m_i), and the
-                # scaled rows neither underflow nor overflow when squared.  Only O(V)
-                # temporaries: no (V, d) array besides the state.
-                m = torch.linalg.vector_norm(S, ord=float("inf"), dim=1, keepdim=True)
-                m = torch.where(m > 0, m, torch.ones_like(m))  # zero rows stay zero
-                S.div_(m)
-                den = torch.linalg.vector_norm(S, dim=1, keepdim=True).add_(eps / m)
-                S.div_(torch.where(den > 0, den, torch.ones_like(den)))
+                _row_normalize_(S, eps)
                 S.mul_(-lr)
                 if project:
                     S.sub_(S.mean(dim=0, keepdim=True))
@@ -288,6 +327,38 @@ def _build() -> dict[str, Any]:
                     p.mul_(1.0 - lr * wd)
                 p.add_(S.to(p.dtype))
             return loss
+
+        def _check_range(self, p: Any, g: Any, hyper: tuple, name: str) -> None:
+            """``ValueError`` when the centered gradient, the momentum buffer or its
+            bias-corrected average of this step would leave the range of the state's
+            dtype (float32 for every parameter but float64 ones), before anything changes.
+
+            A bound from two maxima decides almost always: a centered entry is at most
+            ``2 max |g|``; only when the bound comes within a factor of 2 of the largest
+            float are the values formed (in temporaries) and checked."""
+            _, mu, _, _, bias_correction, _, center = hyper
+            dtype = _state_dtype(p)
+            top = torch.finfo(dtype).max
+            state = self.state.get(p, {})  # self.state[p] would add an entry
+            t = int(state.get("step", 0)) + 1
+            a = float(torch.linalg.vector_norm(g, ord=float("inf")))
+            b = float(torch.linalg.vector_norm(state["momentum_buffer"], ord=float("inf"))) if state else 0.0
+            bound = mu * b + (1.0 - mu) * (2.0 * a if center else a)
+            if bias_correction:
+                bound /= 1.0 - mu**t
+            if bound < top / 2:
+                return
+            G = g.to(dtype)
+            if center:
+                G = G - _column_mean(G)
+            B = (1.0 - mu) * G if not state else mu * state["momentum_buffer"] + (1.0 - mu) * G
+            Bhat = B / (1.0 - mu**t) if bias_correction else B
+            if not (bool(torch.isfinite(G).all()) and bool(torch.isfinite(Bhat).all())):
+                raise ValueError(
+                    f"the gradient of {name} must have a centered momentum average inside the {dtype} range "
+                    f"of the optimizer state (max {top!r}), got one that overflows instead; scale it down "
+                    "(with eps = 0 the step does not depend on its scale)."
+                )
 
         def load_state_dict(self, state_dict: dict) -> None:
             """Restore a ``state_dict()`` (the buffers keep their float32/float64 precision)."""
@@ -305,7 +376,7 @@ def _build() -> dict[str, Any]:
                 p = group["params"][0]
                 state = self.state.get(p)
                 if state:
-                    dtype = torch.float64 if p.dtype == torch.float64 else torch.float32
+                    dtype = _state_dtype(p)
                     state["step"] = int(state["step"])
                     for key in ("momentum_buffer", "last_step"):
                         value = saved[p][key] if p in saved and key in saved[p] else state[key]

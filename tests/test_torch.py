@@ -110,6 +110,53 @@ def test_tiny_and_huge_rows_neither_underflow_nor_overflow():
         assert _rel(S_t, S_np) <= 1e-12
 
 
+@pytest.mark.parametrize("dtype", [np.float64, np.float32])
+@pytest.mark.parametrize("eps", [0.0, 1e-8])
+def test_subnormal_rows_are_normalized(dtype, eps):
+    """Rows of subnormal entries (the gradient rows of very rare tokens): torch divides a
+    number by a tensor as the number times the reciprocal, so ``eps / m`` was
+    ``0 * inf = NaN`` for ``eps = 0`` and such rows were not normalized at all (a row of
+    norm 1.25 lr, and in float32 sqrt(8) lr)."""
+    tiny = 3e-310 if dtype == np.float64 else 3e-40
+    G = np.array([[3.0, 4.0] * 4, [-3.0, -4.0] * 4, [1.0, 0.0] * 4], dtype=dtype)
+    G[:2] *= tiny
+    W = torch.nn.Parameter(torch.zeros(G.shape, dtype=torch.from_numpy(G).dtype))
+    opt = rtorch.RowNorm([W], lr=0.1, eps=eps, momentum=0.0, center=False)
+    W.grad = torch.from_numpy(G)
+    opt.step()
+    want = -0.1 * refgeo.row_normalize(G.astype(np.float64), eps=eps)
+    got = W.detach().double().numpy()
+    tol = 1e-15 if dtype == np.float64 else 1e-7
+    np.testing.assert_allclose(got, want, rtol=tol, atol=0.0)
+    if eps == 0.0:
+        assert refgeo.row_diameter(got).value <= 0.2 * (1 + tol)
+
+
+def test_huge_gradients_are_centered_without_overflow():
+    """Column means of rows near the largest float: a plain mean overflowed, and the
+    parameter became NaN with no error; now the step is refgeo.RowNorm's."""
+    G = np.array([[1e308, 1.0], [1e308, 1.0], [-1e308, 1.0], [5e307, -3.0]])
+    for W_np, W_t, S_np, S_t in _run_both(np.zeros_like(G), G[None], eps=0.0):
+        assert np.all(np.isfinite(W_t)) and _rel(S_t, S_np) <= 1e-12
+
+
+def test_gradients_beyond_the_state_range_change_nothing():
+    """A float32 state cannot hold the centered 3e38 gradient (-4e38): a ValueError that
+    says so, before any group changes (it was NaN in the parameter and the buffer)."""
+    A = torch.nn.Parameter(torch.zeros(3, 2))
+    W = torch.nn.Parameter(torch.zeros(3, 2))
+    opt = rtorch.RowNorm([{"params": [A]}, {"params": [W]}], lr=0.1)
+    A.grad = torch.tensor([[1.0, 0.0], [0.0, 1.0], [-1.0, -1.0]])
+    W.grad = torch.tensor([[3e38, 1.0], [3e38, 1.0], [-3e38, 1.0]])
+    with pytest.raises(ValueError, match=r"gradient of param_groups\[1\].*float32 range.*overflows"):
+        opt.step()
+    assert not torch.any(A) and not torch.any(W) and len(opt.state) == 0
+    W.grad = W.grad * 0.25  # centered: at most 1e38
+    opt.step()
+    assert torch.all(torch.isfinite(W)) and torch.all(torch.isfinite(A))
+    np.testing.assert_allclose(W.detach().numpy()[:, 0], [-0.1, -0.1, 0.1], rtol=1e-6)
+
+
 def test_step_diameter_is_within_the_budget():
     W0, grads = _lm_gradients(T=5, seed=3)
     W = torch.nn.Parameter(torch.from_numpy(W0.copy()))
