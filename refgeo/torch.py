@@ -491,6 +491,7 @@ def _build() -> dict[str, Any]:
                 G = g.detach().to(device="cpu", dtype=torch.float64).numpy()
                 try:
                     as_float_array(G, "grad", ndim=2, shape_hint="2-D array of shape (V, d)")
+                    check_min_rows(G, "grad", 2)  # before the centering check, which would name G
                     # the solver's own checks, on what it solves: the momentum average of
                     # G with its buffer (a G that is not centered on its own may be)
                     M = self._solvers.get(k, fresh)._averaged(G, fresh.momentum)
@@ -531,21 +532,35 @@ def _build() -> dict[str, Any]:
         def state_dict(self) -> dict:
             """torch's optimizer state plus, under ``"refgeo_solvers"``, each group's solver
             state (momentum buffer and warm start, NumPy arrays in float64)."""
+            import numpy as np
+
+            def portable(v: Any) -> Any:
+                if isinstance(v, np.ndarray):
+                    return torch.from_numpy(v.copy())
+                return v.item() if isinstance(v, np.generic) else v
+
             out = super().state_dict()
             # Kept out of out["state"]: torch casts the tensors there to the parameter's
-            # dtype on loading, and cannot rebuild NumPy arrays.
-            out["refgeo_solvers"] = {k: solver.state_dict() for k, solver in self._solvers.items()}
+            # dtype on loading.  The solvers' NumPy arrays travel as CPU tensors (of
+            # their own dtype): torch.load's default weights_only=True refuses NumPy
+            # arrays and NumPy scalars, so a checkpoint holding them could not be read back.
+            out["refgeo_solvers"] = {
+                k: {key: portable(v) for key, v in solver.state_dict().items()}
+                for k, solver in self._solvers.items()
+            }
             return out
 
         def load_state_dict(self, state_dict: dict) -> None:
-            """Restore a ``state_dict()``."""
+            """Restore a ``state_dict()`` (also one loaded by ``torch.load`` with its
+            default ``weights_only=True``)."""
             state_dict = dict(state_dict)
             solvers = state_dict.pop("refgeo_solvers", {})
             super().load_state_dict(state_dict)
             self._solvers = {}
             for k, saved in solvers.items():
                 solver = self._solver_for(self.param_groups[int(k)])
-                solver.load_state_dict(saved)
+                solver.load_state_dict({key: v.detach().cpu().numpy() if isinstance(v, torch.Tensor) else v
+                                        for key, v in saved.items()})
                 self._solvers[int(k)] = solver
 
     class HeadStepMonitor:

@@ -8,6 +8,7 @@ from __future__ import annotations
 import copy
 import doctest
 import importlib
+import io
 import re
 import sys
 
@@ -572,7 +573,12 @@ def test_diameter_lmo_state_dict_round_trip_and_float32():
     for g in grads[:3]:
         W_a.grad = torch.from_numpy(g.copy())
         opt_a.step()
-    saved = copy.deepcopy(opt_a.state_dict())
+    # through a checkpoint file, read with torch.load's default weights_only=True (it
+    # refused the NumPy arrays the state held)
+    buf = io.BytesIO()
+    torch.save(opt_a.state_dict(), buf)
+    buf.seek(0)
+    saved = torch.load(buf)
     W_b = torch.nn.Parameter(W_a.detach().clone())
     opt_b = rtorch.DiameterLMO([W_b], lr=0.05, momentum=0.5)
     opt_b.load_state_dict(saved)
@@ -593,6 +599,10 @@ def test_diameter_lmo_bad_input_and_monitor():
     W.grad = torch.tensor([[1.0, float("nan")], [0.0, 0.0], [0.0, 0.0]], dtype=torch.float64)
     with pytest.raises(ValueError, match="gradient of 'head'"):
         opt.step()
+    one = torch.nn.Parameter(torch.zeros(1, 3, dtype=torch.float64))
+    one.grad = torch.ones(1, 3, dtype=torch.float64)  # a one-row head: the row count, not the centering
+    with pytest.raises(ValueError, match=r"gradient of 'one': grad must have at least 2 rows"):
+        rtorch.DiameterLMO([("one", one)], lr=0.1).step()
     mon = rtorch.HeadStepMonitor(opt, torch.eye(2, dtype=torch.float64), every=1)
     W.grad = torch.tensor([[3.0, 4.0], [-3.0, -4.0], [0.0, 0.0]], dtype=torch.float64)
     opt.step()
