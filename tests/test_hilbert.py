@@ -437,9 +437,10 @@ def test_logits_at_the_edge_of_the_float_range(backend, dtype, big):
 
 
 def _decimal_funk_logits(z, w):
-    """max_i (z_i - w_i) - lse(z) + lse(w) in 60-digit decimal arithmetic (no overflow)."""
+    """max_i (z_i - w_i) - lse(z) + lse(w) in decimal arithmetic (no overflow), with
+    700 digits: sums of float64 values are exact (60 digits rounded 1e300 - 1e10 to 1e300)."""
     with decimal.localcontext() as ctx:
-        ctx.prec = 60
+        ctx.prec = 700
         Z = [decimal.Decimal(float(a)) for a in z]
         W = [decimal.Decimal(float(b)) for b in w]
 
@@ -481,6 +482,25 @@ def test_funk_distance_logits_over_the_whole_float_range(zw):
     # log-sum-exps (of size up to log V beyond the largest logit) a few ulps of 1
     m = max(float(np.abs(z).max()), float(np.abs(w).max()), 1.0)
     assert got == pytest.approx(max(float(want), 0.0), rel=1e-13, abs=8 * EPS64 * m)
+
+
+@settings(max_examples=200)
+@given(st.integers(1, 8).flatmap(lambda v: st.tuples(
+    hnp.arrays(np.float64, (2, v), elements=st.floats(-30.0, 30.0, **finite)),
+    st.sampled_from([0.0, 1e4, 1e10, 1e17, -1e17, 1e300]),
+    st.sampled_from([0.0, 1e10, -1e17]))))
+@example((np.zeros((2, 4)), 1e17, 0.0))  # equal distributions: was log 4
+@example((np.zeros((2, 1000)), 1e17, 0.0))  # was log 1000
+def test_funk_distance_logits_is_accurate_to_the_spread_not_the_offset(zwc):
+    """Softmax ignores an offset, and so must the rounding: the error is a few ulps of
+    the logits' spread and of log V, whatever their size (the sum
+    ``max(z - w) - (m_z + s_z) + (m_w + s_w)`` rounded s_z away next to a large m_z)."""
+    u, cz, cw = zwc
+    z, w = u[0] + cz, u[1] + cw  # rounded: the reference takes the same floats
+    want = max(float(_decimal_funk_logits(z, w)), 0.0)
+    got = float(refgeo.funk_distance_logits(z, w))
+    spread = float(np.ptp(z)) + float(np.ptp(w)) + math.log(z.size) + 1.0
+    assert got == pytest.approx(want, rel=1e-13, abs=8 * EPS64 * spread)
 
 
 def test_variation_beyond_the_float64_range_is_inf_without_a_warning():
