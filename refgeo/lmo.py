@@ -1067,12 +1067,21 @@ def _merged_warm_start(warm: LMOResult, agg: _Aggregation) -> LMOResult:
     f = np.asarray(warm.flows, dtype=np.float64).reshape(-1)
     if len(f) != len(P):
         f = np.zeros(len(P))
+    P, f = _canonical_pairs(P, f)
+    return dataclasses.replace(warm, update=upd, pairs=P, flows=f)
+
+
+def _canonical_pairs(P: np.ndarray, f: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Pairs ``(i, j)`` as ``i < j``, sorted and unique, with the flows of repeated pairs
+    summed and self-pairs dropped: the form of the ADMM's working set, in which a warm
+    start's flows are looked up (a pair given as ``(j, i)`` fell outside it, or onto
+    another pair's flow)."""
     keep = P[:, 0] != P[:, 1]
     P, f = np.sort(P[keep], axis=1), f[keep]
     if len(P):
         P, inv = np.unique(P, axis=0, return_inverse=True)
         f = np.asarray(np.bincount(inv.reshape(-1), weights=f, minlength=len(P)), dtype=np.float64)
-    return dataclasses.replace(warm, update=upd, pairs=P.reshape(-1, 2), flows=f)
+    return P.reshape(-1, 2).astype(np.int64), f
 
 
 def _lifted(res: LMOResult, agg: _Aggregation, Gc: np.ndarray, t0: float, rtol: float) -> LMOResult:
@@ -1625,7 +1634,12 @@ def diameter_lmo(
     # eta rounds the step (eta = 1e300 or 1e-320 gave inf or crossed bounds), and no
     # sum of squares leaves the float64 range.
     if warm_start is not None and e:
-        warm_start = dataclasses.replace(warm_start, flows=np.ldexp(np.asarray(warm_start.flows), -e))
+        f = np.asarray(warm_start.flows)
+        with np.errstate(over="ignore"):
+            fe = np.ldexp(f, -e)
+        if not bool(np.all(np.isfinite(fe))):  # absurd for this G: the proportions (_warm_flows sizes them)
+            fe = f / np.max(f)
+        warm_start = dataclasses.replace(warm_start, flows=fe)
     if callback is not None and e:
         user_callback = callback
 
@@ -1697,7 +1711,8 @@ def _checked_warm_start(warm: LMOResult, V: int, d: int) -> LMOResult:
             f"pair), got {flows.dtype} flows of shape {flows.shape} instead."
         )
     eta = check_real(warm.eta, "warm_start.eta", min_value=0.0, strict=True)
-    return dataclasses.replace(warm, update=upd, pairs=pairs.astype(np.int64), flows=flows.astype(np.float64), eta=eta)
+    pairs, flows = _canonical_pairs(pairs.astype(np.int64), flows.astype(np.float64))
+    return dataclasses.replace(warm, update=upd, pairs=pairs, flows=flows, eta=eta)
 
 
 def _solve(Gc, scale, rtol, max_time, max_iter, warm_start, callback, bar, t0) -> LMOResult:
@@ -1748,6 +1763,29 @@ def _for_budget(res: LMOResult, eta: float, e: int) -> LMOResult:
     )
 
 
+def _warm_flows(flows: np.ndarray, scale: float) -> np.ndarray:
+    """A warm start's flows as flows of this gradient, in the solver's units (over
+    ``scale``, the sum of its row norms).
+
+    The flows are in the units of the gradient they were solved for, and a gradient's
+    size moves between optimizer steps.  An optimal flow of ``G`` sums to the value
+    ``T(G)``, which lies in ``[scale / 2, scale]`` (``s_i = g_i / (2 |g_i|)`` is
+    feasible, and ``<G, S> <= sum |g_i|`` for any S of diameter 1 since the rows of G
+    sum to zero), so flows whose sum falls outside that range keep their proportions
+    and are sized into it; flows that fit are only divided by ``scale``.  Seeded 1e5
+    times too large (a gradient that shrank by 1e-5), the ADMM returned a step that
+    raised the loss, at a gap above 1.  Computed from ``flows / max(flows)``: no sum
+    overflows.
+    """
+    top = float(np.max(flows)) if flows.size else 0.0
+    if not (top > 0.0 and scale > 0.0):
+        return np.zeros_like(flows)
+    f = flows / top
+    total = float(np.sum(f))  # >= 1
+    ratio = total * (top / scale)  # sum(flows) / scale, inf where it overflows
+    return f * (min(max(ratio, 0.5), 1.0) / total)
+
+
 class _ADMM:
     """State of one diameter_lmo solve in the reduced, scaled coordinates."""
 
@@ -1791,7 +1829,7 @@ class _ADMM:
             if len(Ewarm) and wflows is not None and len(wflows) == len(Ewarm):
                 pos = self._positions(Ewarm)
                 dirs = Lam[pos] / np.maximum(np.linalg.norm(Lam[pos], axis=1, keepdims=True), 1e-30)
-                self.Y[pos] = (wflows / scale)[:, None] * dirs
+                self.Y[pos] = _warm_flows(wflows, scale)[:, None] * dirs
         self.W = self.Y.copy()
         self.zeta = None
         self.iterations = 0

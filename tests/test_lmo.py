@@ -390,6 +390,46 @@ def test_warm_start_reuses_the_solution():
     assert w2.lower_bound == pytest.approx(c2.lower_bound, rel=1e-6)
 
 
+@pytest.mark.parametrize("factor", [1e-6, 1e-200, 1e5, 1e100])
+def test_warm_start_from_a_gradient_of_another_size(factor):
+    """An optimizer's gradients change size between steps.  The warm flows are in the
+    units of the gradient they were solved for: 1e6 times too large (factor 1e-6) they
+    made the ADMM return a step that raised the loss, at a gap above 1, and for
+    factor 1e-200 it raised AttributeError."""
+    import dataclasses
+
+    rng = np.random.default_rng(3)
+    G = rng.normal(size=(20, 3))
+    G -= G.mean(axis=0)
+    prev = refgeo.diameter_lmo(G, rtol=1e-9)
+    assert prev.method == "admm"
+    cold = refgeo.diameter_lmo(G * factor, rtol=1e-9)
+    for warm in (prev, dataclasses.replace(prev, flows=np.asarray(prev.flows) * 1e300)):
+        r = refgeo.diameter_lmo(G * factor, rtol=1e-9, warm_start=warm)
+        assert r.converged and r.gap <= 1e-9
+        assert r.decrease == pytest.approx(cold.decrease, rel=2e-9) and r.decrease > 0
+
+
+def test_warm_start_pairs_in_either_order():
+    """Pairs given as (j, i), repeated or as self-pairs are the same flows on the
+    working set's pairs (i < j): reversed, they indexed past its end (IndexError), or
+    put a flow on another pair."""
+    import dataclasses
+
+    rng = np.random.default_rng(3)
+    G = rng.normal(size=(20, 3))
+    G -= G.mean(axis=0)
+    prev = refgeo.diameter_lmo(G, rtol=1e-9)
+    P, f = np.asarray(prev.pairs), np.asarray(prev.flows)
+    same = refgeo.diameter_lmo(G, rtol=1e-9, warm_start=prev)
+    reordered = dataclasses.replace(prev, pairs=np.concatenate([P[:, ::-1], [[4, 4]]]), flows=np.append(f, 7.0))
+    halves = dataclasses.replace(prev, pairs=np.concatenate([P, P[:, ::-1]]), flows=np.concatenate([f, f]) / 2)
+    for warm in (reordered, halves):
+        r = refgeo.diameter_lmo(G, rtol=1e-9, warm_start=warm)
+        assert r.converged
+        np.testing.assert_array_equal(r.update, same.update)
+
+
 @pytest.mark.parametrize("rtol", [1e-3, 1e-7])
 def test_iterative_laplacian_path(monkeypatch, rtol):
     """Above the dense limit the solver uses block CG (float32 iterates when rtol >= 1e-3);
