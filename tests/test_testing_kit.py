@@ -536,6 +536,40 @@ def test_pinned_rownorm_without_bias_correction():
         rt.assert_rownorm_steps_close(rownorm_numpy(W0, G, bias_correction=False, **kw), W0, G, **kw)
 
 
+def test_rownorm_steps_of_uncentered_gradients_are_the_reference_steps():
+    """The assertion's oracle and rownorm_reference_steps are the same formula on
+    gradients whose rows do not sum to zero (the oracle centered them, and refused the
+    kit's own reference steps); an implementation that centers them is caught."""
+    rng = np.random.default_rng(0)
+    W0, G = rng.standard_normal((5, 4)), rng.standard_normal((4, 5, 4))
+    kw = {"lr": 0.1, "mu": 0.9, "eps": 1e-8}
+    rt.assert_rownorm_steps_close(rt.rownorm_reference_steps(W0, G, **kw), W0, G, **kw)
+    centering = rt.rownorm_reference_steps(W0, G - G.mean(axis=1, keepdims=True), **kw)
+    with pytest.raises(ConformanceError, match="step 1"):
+        rt.assert_rownorm_steps_close(centering, W0, G, **kw)
+
+
+def test_a_coarser_result_does_not_loosen_the_logit_tolerance():
+    """A float16 result of float64 logits was allowed 2**-11 relative (the output's
+    roundoff), and a kernel computing in float16 throughout passed 3 rows of 4; the
+    tolerance is now the input's.  A float32 kernel on float32 logits still passes."""
+    rng = np.random.default_rng(0)
+    z, w = rng.standard_normal((4, 50)), rng.standard_normal((4, 50))
+
+    def in_float16(z, w):
+        d = w.astype(np.float16) - z.astype(np.float16)
+        return d.max(axis=-1) - d.min(axis=-1)
+
+    with pytest.raises(ConformanceError, match="exceeds the tolerance"):
+        rt.assert_hilbert_logits_close(in_float16(z, w), z, w)
+    with pytest.raises(ConformanceError, match="exceeds the tolerance"):
+        rt.assert_hilbert_logits_close(refgeo.hilbert_distance_logits(z, w).astype(np.float16), z, w)
+    z32, w32 = z.astype(np.float32), w.astype(np.float32)
+    d = w32 - z32
+    rt.assert_hilbert_logits_close(d.max(axis=-1) - d.min(axis=-1), z32, w32)
+    rt.assert_hilbert_logits_close(refgeo.hilbert_distance_logits(z32, w32).astype(np.float32), z32, w32)
+
+
 # --------------------------------------------------------------------------- the report
 
 

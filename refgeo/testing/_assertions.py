@@ -8,7 +8,8 @@ the received values and the tolerance that was applied.  Tolerances (unit roundo
 
 * logit Hilbert distances (elementwise, pairwise): the bound documented in
   :func:`refgeo.pdist_hilbert`, :math:`u_{in} (|\\max_k d_k| + |\\min_k d_k|)`, plus one
-  rounding of the returned value to the candidate's output dtype;
+  rounding of the returned value to the candidate's output dtype, but no coarser than
+  the input's (a float16 result of float64 logits is held to float64 precision);
 * Hilbert distances of probabilities: :math:`8 u_{in} (\\max|\\log p| + \\max|\\log q| + 1)`;
   ``inf`` (different supports) must be reported exactly;
 * distances between rows (extreme pairs, k-NN): the refined float64 value is exact up
@@ -298,15 +299,26 @@ def _reference(fn, *args, **kwargs):
 
 
 def _logit_tol(dmax, dmin, in_dtype, out_dtype):
+    """The logit Hilbert tolerance: the input-precision bound of refgeo.pdist_hilbert,
+    plus one rounding of the returned value to its dtype, but never a coarser one than
+    the input's.  A result less precise than its input is held to the input's
+    precision: with the output's roundoff a float16 result of float64 logits was
+    allowed 2**-11 relative, and a kernel computing in float16 throughout passed.  With
+    gradual underflow a rounding errs by at most u |x| plus half the smallest subnormal
+    (a float32 result of 4.65e-259 is 0)."""
     u_in = _unit_roundoff(in_dtype)
     u_out = _unit_roundoff(out_dtype)
     scale = np.abs(dmax) + np.abs(dmin)
-    return (u_in + 2 * _U64) * scale + u_out * np.abs(dmax - dmin)
+    floor = 0.0
+    if u_out <= u_in and np.dtype(out_dtype).kind == "f":
+        floor = float(np.finfo(out_dtype).smallest_subnormal) / 2
+    return (u_in + 2 * _U64) * scale + min(u_out, u_in) * np.abs(dmax - dmin) + floor
 
 
 _LOGIT_TOL_TEXT = (
-    "u_in * (|max_k d_k| + |min_k d_k|) + u_out * |d| (d = w - z; u = unit roundoff of the input "
-    "and of the returned dtype), the bound documented in refgeo.pdist_hilbert"
+    "u_in * (|max_k d_k| + |min_k d_k|) + min(u_out, u_in) * |d| + (half the smallest subnormal of the "
+    "returned dtype) (d = w - z; u = unit roundoff of the input and of the returned dtype), the bound "
+    "documented in refgeo.pdist_hilbert and one rounding of the result, no coarser than the input"
 )
 
 
@@ -334,7 +346,13 @@ def assert_hilbert_logits_close(
     Default tolerance per entry, with :math:`d = w - z` and unit roundoffs of the input
     and of the returned dtype:
 
-    .. math:: u_{in} (|\\max_k d_k| + |\\min_k d_k|) + u_{out} |\\max_k d_k - \\min_k d_k|
+    .. math:: u_{in} (|\\max_k d_k| + |\\min_k d_k|)
+              + \\min(u_{out}, u_{in}) |\\max_k d_k - \\min_k d_k| + \\eta_{out} / 2
+
+    (:math:`\\eta_{out}` the smallest subnormal of the returned dtype, counted when it is
+    at least as precise as the input).  One rounding of the result to its dtype is
+    allowed, but no coarser than the input's: a result less precise than its logits
+    cannot show that the kernel computed at their precision.
 
     Examples
     --------
@@ -440,7 +458,8 @@ def assert_pdist_close(actual: Any, X: Any, /, *, rtol: float | None = None, ato
     -----
     Default tolerance: the float32 bound documented in :func:`refgeo.pdist_hilbert`,
     :math:`u_{in}(|\\max_k d_k| + |\\min_k d_k|)` for the pair's difference
-    :math:`d = x_j - x_i`, plus one rounding of the value to the returned dtype.
+    :math:`d = x_j - x_i`, plus one rounding of the value to the returned dtype, no
+    coarser than the input's (see :func:`assert_hilbert_logits_close`).
 
     Examples
     --------
@@ -1013,11 +1032,13 @@ def _steps_inputs(W0, grads) -> tuple[np.ndarray, np.ndarray]:
 
 
 def _rownorm_oracle(W0, grads, lr, mu, eps):
-    """Parameters after each step from refgeo.optim.RowNorm."""
+    """Parameters after each step from refgeo.optim.RowNorm, on the gradients as given
+    (``center=False``: the formula of :func:`rownorm_reference_steps`; with RowNorm's
+    default the oracle centered them and refused the kit's own reference steps)."""
     from refgeo import RowNorm
 
     W = np.array(W0, copy=True, order="C")
-    opt = RowNorm(lr=lr, mu=mu, eps=eps)
+    opt = RowNorm(lr=lr, mu=mu, eps=eps, center=False)
     out = []
     for g in np.asarray(grads):
         opt.step(W, g)
@@ -1071,6 +1092,11 @@ def assert_rownorm_steps_close(
     rounding of the parameter update, for the candidate and the oracle).  Missing bias
     correction, a misplaced :math:`\\varepsilon` or a wrong momentum are far outside it
     when rows are small enough for :math:`\\varepsilon` to matter.
+
+    The steps are those of :func:`rownorm_reference_steps`: the gradients are averaged
+    as given, not centered first.  ``refgeo.RowNorm`` with its default ``center=True``
+    takes the same steps when the gradients' rows sum to zero, as cross-entropy
+    gradients of an LM head do.
 
     Examples
     --------
