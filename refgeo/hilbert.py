@@ -36,7 +36,7 @@ from __future__ import annotations
 from typing import Any, Literal
 
 import numpy as np
-from array_api_compat import array_namespace, is_numpy_array
+from array_api_compat import array_namespace, is_array_api_obj, is_numpy_array
 
 from . import _backend, _memory, _progress
 from ._certify import f64
@@ -114,8 +114,20 @@ def _out(xp, out, origin):
 
 
 def _foreign_pair(a, b, names):
+    """Both arguments through :func:`refgeo._interop.from_foreign`, and a ``TypeError``
+    naming both when they are arrays of two libraries (a CuPy and a NumPy array:
+    array_api_compat's "Multiple namespaces" error named neither).  Lists and other
+    non-arrays become NumPy arrays later, so they count as NumPy here."""
     a, oa = from_foreign(a, names[0])
     b, ob = from_foreign(b, names[1])
+    kinds = [array_namespace(x) if is_array_api_obj(x) else None for x in (a, b)]
+    numpy_like = [k is None or is_numpy_array(x) for k, x in zip(kinds, (a, b))]
+    if numpy_like[0] != numpy_like[1] or (not any(numpy_like) and kinds[0] is not kinds[1]):
+        raise TypeError(
+            f"{names[0]} and {names[1]} must be arrays of one kind, got {type(a).__module__}."
+            f"{type(a).__name__} and {type(b).__module__}.{type(b).__name__} instead; move one to the "
+            "other's library first."
+        )
     return a, b, first_origin(oa, ob)
 
 

@@ -100,6 +100,22 @@ def test_rows_of_two_array_kinds_are_a_type_error():
         refgeo.knn(X, 1, np.ones((2, 2)))
 
 
+def test_hilbert_arguments_of_two_array_kinds_are_a_type_error():
+    """array_api_compat's "Multiple namespaces" TypeError named neither argument."""
+    xps = pytest.importorskip("array_api_strict")
+    X = xps.asarray([[0.0, 1.0], [2.0, 0.5]])
+    calls = [
+        (lambda: refgeo.cdist_hilbert(X, np.ones((2, 2))), "XA and XB"),
+        (lambda: refgeo.hilbert_distance_logits(np.ones(2), X[0, :]), "z and w"),
+        (lambda: refgeo.funk_distance_logits(X[0, :], [0.0, 1.0]), "z and w"),  # a list becomes NumPy
+        (lambda: refgeo.hilbert_distance(X[0, :] * 0.0 + 0.5, np.full(2, 0.5)), "p and q"),
+    ]
+    for call, names in calls:
+        with pytest.raises(TypeError, match=rf"^{names} must be arrays of one kind, got "):
+            call()
+    assert float(refgeo.hilbert_distance_logits(X[0, :], X[1, :])) == 2.5  # one kind: fine
+
+
 def test_reference_code_runs_unchanged_on_array_api_strict():
     xps = pytest.importorskip("array_api_strict")
     rng = np.random.default_rng(0)
