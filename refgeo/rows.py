@@ -1255,7 +1255,9 @@ def hilbert_rms(S: Any, hidden: Any, /) -> float:
     float64 inputs beyond ``[2**-64, 2**65)`` in magnitude are prescaled by powers of
     two (exact, as in :func:`row_diameter`), and tiny spreads are summed scaled, so
     the RMS is finite wherever it is a float64; beyond that, ``ValueError``.
-    Invariant under a common shift of the rows of S.
+    Invariant under a common shift of the rows of S; where the rows share a large
+    offset (a column whose entries lie within a factor 2 of each other) it is
+    subtracted first, exactly, so that it does not cancel the spread.
 
     References
     ----------
@@ -1278,11 +1280,22 @@ def hilbert_rms(S: Any, hidden: Any, /) -> float:
         Hm = xp.expand_dims(Hm, axis=0)
     check_same_trailing(S, Hm, ("S", "hidden"), "number of columns (hidden width d)")
     X = f64(xp, S)
-    # S and the hidden states are prescaled by powers of two (exact, as in
-    # row_diameter), so the products cannot overflow; the result is scaled back once.
-    e = scale_exponent(xp, [X]) + scale_exponent(xp, [Hm])
-    X = scale_rows(xp, X, scale_exponent(xp, [X]))
-    Hm = scale_rows(xp, Hm, scale_exponent(xp, [Hm]))
+    # delta_t does not change under a common shift of the rows.  Where a column holds a
+    # common offset (every entry of the first row's sign and within a factor 2 of it)
+    # the first row's entry is subtracted from it, exactly (Sterbenz), so that the
+    # offset neither cancels the spread in the products (rows 1e16 + [1, -1] gave 0 for
+    # 2) nor, through the prescaling, flushes small entries to zero; other columns stay
+    # as they are (subtracting there would round: 2**-600 - 1 is -1).
+    c = X[0:1, :]
+    a, ac = xp.abs(X), xp.abs(c)
+    offset = xp.all((xp.sign(X) == xp.sign(c)) & (a <= 2.0 * ac) & (ac <= 2.0 * a), axis=0, keepdims=True)
+    D = X - xp.where(offset, c, xp.zeros_like(c))
+    # the shifted rows and the hidden states are prescaled by powers of two (exact, as
+    # in row_diameter), so the products cannot overflow; the result is scaled back once
+    ex, eh = scale_exponent(xp, [D]), scale_exponent(xp, [Hm])
+    e = ex + eh
+    X = scale_rows(xp, D, ex)
+    Hm = scale_rows(xp, Hm, eh)
     N, V = Hm.shape[0], X.shape[0]
     b = max(1, _ROW_ELEMENTS // max(V, 1))
     deltas = []

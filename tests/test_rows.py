@@ -651,6 +651,36 @@ def test_hilbert_rms_of_tiny_spreads_next_to_large_entries():
     assert refgeo.hilbert_rms(S, Hs[0]) == 2.0**-600
 
 
+def _exact_hilbert_rms(S, H):
+    """sqrt(mean_t (max_i s_i.h_t - min_i s_i.h_t)^2) in rational arithmetic."""
+    from fractions import Fraction
+
+    total = Fraction(0)
+    for h in H:
+        z = [sum((Fraction(float(a)) * Fraction(float(b)) for a, b in zip(row, h)), Fraction(0)) for row in S]
+        total += (max(z) - min(z)) ** 2
+    return math.sqrt(total / len(H))
+
+
+@settings(max_examples=60)
+@given(st.integers(2, 6), st.integers(1, 4), st.sampled_from([0.0, 1e8, -1e16, 1e300]), st.integers(0, 2**32))
+def test_hilbert_rms_of_rows_with_a_large_common_offset(V, d, offset, seed):
+    """delta_t ignores a common shift of the rows; an offset in the products cancelled
+    the spread (rows 1e16 + [1, -1] gave 0 for 2), and prescaling rows of 1e300 flushed
+    entries of 1e-300 to zero."""
+    rng = np.random.default_rng(seed)
+    S = rng.integers(-3, 4, size=(V, d)).astype(np.float64) + offset  # small spread, exact entries
+    H = rng.integers(-2, 3, size=(3, d)).astype(np.float64)
+    want = _exact_hilbert_rms(S, H)
+    assert refgeo.hilbert_rms(S, H) == pytest.approx(want, rel=1e-12, abs=0.0)
+
+
+def test_hilbert_rms_next_to_huge_entries():
+    assert refgeo.hilbert_rms(np.array([[1e16, 1.0], [1e16, -1.0]]), np.array([1.0, 1.0])) == 2.0
+    S = np.array([[1e300, 1e-300], [1e300, -1e-300]])
+    assert refgeo.hilbert_rms(S, np.array([0.0, 1.0])) == pytest.approx(2e-300, rel=1e-15)
+
+
 def test_hilbert_rms_beyond_the_float64_range_raises():
     S = np.array([[0.0], [1e300]])
     with pytest.raises(ValueError, match="beyond the float64 range"):
