@@ -142,6 +142,17 @@ def _load_matrix(path: str, *, key: str | None = None, label: str = "FILE", key_
     lower = path.lower()
     if not lower.endswith((".npy", ".npz")):
         raise CLIError(f"{label} must be a .npy or .npz file, got {path!r} instead")
+    # np.load reads a file without the NumPy or zip header as a pickle, and its refusal
+    # then spoke of pickled data and allow_pickle=, which no option here exposes
+    magic = b"\x93NUMPY" if lower.endswith(".npy") else b"PK"
+    try:
+        with open(path, "rb") as fh:
+            head = fh.read(len(magic))
+    except OSError as exc:
+        raise CLIError(f"cannot read {path!r}: {exc.strerror or exc}") from None
+    if head != magic:
+        kind = "a NumPy .npy file" if lower.endswith(".npy") else "a NumPy .npz (zip) file"
+        raise CLIError(f"{label} {path!r} is not {kind}: it does not start with the format's header")
     try:
         if lower.endswith(".npy"):
             if key is not None:

@@ -55,7 +55,7 @@ import numpy as np
 
 from . import _progress
 from ._interop import from_foreign
-from .tokenwise import CLASSES, _divergence, decompose, layer_report, log_softmax
+from .tokenwise import CLASSES, _divergence, _log_softmax, decompose, layer_report
 from ._validate import check_bool, check_choice, check_int
 
 __all__ = [
@@ -169,9 +169,18 @@ def _in_eval_mode(fn):
 
 
 def _get_path(model, path):
+    """The submodule at the dotted ``path`` (integers index module lists), or None where
+    the path leads nowhere: an index past a list's end or into a module that is not a
+    list raised the ``IndexError`` or ``TypeError`` of the indexing, naming nothing."""
     obj = model
     for part in path.split("."):
-        obj = obj[int(part)] if part.isdigit() else getattr(obj, part, None)
+        if part.isdigit():
+            try:
+                obj = obj[int(part)]
+            except (IndexError, TypeError, KeyError):
+                return None
+        else:
+            obj = getattr(obj, part, None)
         if obj is None:
             return None
     return obj
@@ -736,7 +745,7 @@ def _intervene(model, batch, blks, layer, P, probe, divergence, readout_position
                 patch.clear()
                 out = _forward(model, batch, s0, s1, readout is not None)
                 if readout_position == "sum":
-                    lp_all = log_softmax(_to_numpy(_readout_logits(model, out, readout)))
+                    lp_all = _log_softmax(_to_numpy(_readout_logits(model, out, readout)), "the model's logits")
                     valid = _to_numpy(mask).astype(bool)
                 elif readout is None:
                     z_orig = out.logits
@@ -755,10 +764,11 @@ def _intervene(model, batch, blks, layer, P, probe, divergence, readout_position
                         else:
                             zp = _apply_readout(readout, h_orig[s_loc, t])
                             zq = _apply_readout(readout, _last_hidden(out)[s_loc, t])
-                        div[toks] = _divergence(log_softmax(_to_numpy(zp)), log_softmax(_to_numpy(zq)), divergence)
+                        div[toks] = _divergence(_log_softmax(_to_numpy(zp), "the model's logits"),
+                                                 _log_softmax(_to_numpy(zq), "the model's logits"), divergence)
                     else:
                         sl = s_loc.numpy()
-                        lq = log_softmax(_to_numpy(_readout_logits(model, out, readout, s_loc)))
+                        lq = _log_softmax(_to_numpy(_readout_logits(model, out, readout, s_loc)), "the model's logits")
                         dv = _divergence(lp_all[sl], lq, divergence)
                         div[toks] = np.sum(np.where(valid[sl], dv, 0.0), axis=-1)
                     del out

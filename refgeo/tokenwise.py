@@ -153,7 +153,7 @@ def _panels(X, Y):
     return X, Y
 
 
-def degrees_of_freedom(cls: str, d: int, rank: int | None = None) -> int:
+def _degrees_of_freedom(cls: str, d: int, rank: int | None = None) -> int:
     """Free parameters of one local map of class ``cls`` in dimension ``d``."""
     if cls in ("diagonal", "psd_diagonal"):
         return d
@@ -841,7 +841,7 @@ def _run_fit(plan, X, X64, Y64, ex, e, bar, stacklevel):
     else:
         idx, dist = plan.given
     w, wkind = _resolve_weights(plan.weights, idx, dist)
-    dof = degrees_of_freedom(plan.cls, d, plan.rank)
+    dof = _degrees_of_freedom(plan.cls, d, plan.rank)
     _warn_underdetermined(plan.cls, dof, plan.k, d, plan.ridge, stacklevel + 1)
     ident = plan.prior == "identity"
     with blas_single_thread():  # many small batched GEMMs / eigh: threads only spin
@@ -1070,7 +1070,7 @@ def fit_local_maps(
         weights=_ro(w),
         coefficients=_ro(coef),
         maps=_ro(maps),
-        dof=int(degrees_of_freedom(plan.cls, d, plan.rank)),
+        dof=int(_degrees_of_freedom(plan.cls, d, plan.rank)),
         n_targets=int(plan.k * d),
         config=_fit_config(plan, X, wkind),
     ), origin)
@@ -1156,7 +1156,7 @@ def _run_fit_dask(plan, X, Y, e, bar, stacklevel):
     else:
         idx, dist = plan.given
     w, wkind = _resolve_weights(_dask_weights(plan.weights), idx, dist)
-    dof = degrees_of_freedom(plan.cls, d, plan.rank)
+    dof = _degrees_of_freedom(plan.cls, d, plan.rank)
     _warn_underdetermined(plan.cls, dof, plan.k, d, plan.ridge, stacklevel + 1)
     fitted, coef, maps = _dt.fit(X, Y, e, idx, w, plan.cls, plan.rank, _scaled_ridge(plan.ridge, e),
                                  plan.prior == "identity", plan.chunk, plan.return_maps)
@@ -1193,7 +1193,7 @@ def _fit_local_maps_dask(X, Y, k, cls, rank, ridge, prior, metric, standardize, 
         weights=_ro(w),
         coefficients=coef,
         maps=maps,
-        dof=int(degrees_of_freedom(plan.cls, d, plan.rank)),
+        dof=int(_degrees_of_freedom(plan.cls, d, plan.rank)),
         n_targets=int(plan.k * d),
         config=config,
     )
@@ -1281,7 +1281,7 @@ def _decompose_dask(X, Y, k, cls, rank, ridge, prior, metric, standardize, exclu
         subspace=ro(f["subspace"]), subspace_singular_values=ro(np.ldexp(sv, e) if e else sv),
         projections=TokenwiseParts(delta=ro(p_d), tau=ro(p_t), rho=ro(p_r)),
         subspace_energies=TokenwiseParts(delta=e_d, tau=e_t, rho=e_r),
-        dof=int(degrees_of_freedom(plan.cls, d, plan.rank)), n_targets=int(plan.k * d), neighbors=ro(nbr),
+        dof=int(_degrees_of_freedom(plan.cls, d, plan.rank)), n_targets=int(plan.k * d), neighbors=ro(nbr),
         eval_mask=ro(eval_mask), coefficients=coef, baselines=tuple(fits), config=config,
     )
 
@@ -1683,7 +1683,7 @@ def decompose(
             fitted, coef, _, nbr, _, _, wkind = _run_fit(plan, X, X64, Y64, ex, e, bar, stacklevel=3)
             eval_mask = np.ones(n, dtype=bool)
             fit_mask = eval_mask
-            dof, n_targets = degrees_of_freedom(plan.cls, d, plan.rank), plan.k * d
+            dof, n_targets = _degrees_of_freedom(plan.cls, d, plan.rank), plan.k * d
             config = _fit_config(plan, X, wkind)
             config["mlp"] = None
         del X, Y
@@ -1798,13 +1798,23 @@ _MLP_DEFAULTS = {
 # ------------------------------------------------------------- intervention
 
 
-def log_softmax(z, axis=-1):
-    """Max-shifted float64 log-softmax.
+def _log_softmax(z, name, axis=-1):
+    """Max-shifted float64 log-softmax of the logits ``z`` (``name`` in errors).
 
     Finite wherever the probability is positive in float64; a logit more than the
-    float64 range below the largest one gets ``-inf`` (probability exactly 0).
+    float64 range below the largest one gets ``-inf`` (probability exactly 0), as does
+    a logit of ``-inf``.  NaN or ``+inf`` logits, a row of ``-inf`` only and an empty
+    vocabulary axis are a ``ValueError`` (they gave NaN, or NumPy's empty-reduction
+    error).
     """
     z = _f64(np.asarray(z))
+    if z.ndim == 0 or z.shape[axis] == 0:
+        raise ValueError(f"{name} must have at least one logit along the vocabulary axis, got shape {z.shape} instead.")
+    if bool(np.any(np.isnan(z) | np.isposinf(z))) or bool(np.any(np.all(np.isneginf(z), axis=axis))):
+        raise ValueError(
+            f"{name} must be finite or -inf (a token of probability 0) with a finite logit in every row, "
+            "got NaN, +inf or a row of -inf instead."
+        )
     m = np.max(z, axis=axis, keepdims=True)
     with np.errstate(over="ignore"):
         s = z - m
@@ -1835,8 +1845,10 @@ def _divergence(lp, lq, kind):
 def _call_logits(logits_fn, H, lead, name, origin=None, input_origin=None):
     # the caller's function sees the caller's framework (tensors for tensor states) and,
     # with input_origin, the caller's half-precision dtype (a bfloat16 model cannot
-    # multiply the float32 copy of its states)
-    L, _ = from_foreign(logits_fn(in_input_dtype(to_caller(H, origin), input_origin)), name, host=True)
+    # multiply the float32 copy of its states); it gets a copy (O(T d), against the
+    # O(T d V) of its logits): H may be a view of the caller's states, and a function
+    # that works in place changed them, and every later patched input with them
+    L, _ = from_foreign(logits_fn(in_input_dtype(to_caller(H.copy(), origin), input_origin)), name, host=True)
     L = as_float_array(L, name, finite=False)
     if L.ndim != len(lead) + 1 or tuple(L.shape[:-1]) != tuple(lead):
         raise ValueError(
@@ -1844,7 +1856,7 @@ def _call_logits(logits_fn, H, lead, name, origin=None, input_origin=None):
             f"plus a vocabulary axis), got shape {tuple(L.shape)} instead."
         )
     check_finite(L, name)
-    return log_softmax(np.asarray(L))
+    return _log_softmax(np.asarray(L), name)
 
 
 def output_perturbation(

@@ -245,7 +245,7 @@ def test_inspect_rows_near_the_float64_maximum(tmp_path):
         ("1-D", ["inspect", "{vec}"], ["2-D array", "(5,)"]),
         ("nan", ["inspect", "{nan}"], ["finite"]),
         ("one row", ["inspect", "{onerow}"], ["at least 2 rows"]),
-        ("corrupt", ["inspect", "{corrupt}"], ["cannot read"]),
+        ("corrupt", ["inspect", "{corrupt}"], ["is not a NumPy .npy file", "header"]),
         ("pickled", ["inspect", "{pickled}"], ["cannot read"]),
         ("strings", ["inspect", "{strings}"], ["real floating dtype", "<U1"]),
         ("several arrays", ["inspect", "{npz}"], ["several arrays", "W, b", "--key"]),

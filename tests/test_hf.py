@@ -91,8 +91,11 @@ def test_find_blocks(gpt2, bert, llama):
     # the override, by path and by modules; a wrong path names the argument
     assert hf.find_blocks(gpt2, "transformer.h")[1] == tuple(gpt2.transformer.h)
     assert hf.find_blocks(gpt2, list(gpt2.transformer.h[:2]))[0] == "<given>"
-    with pytest.raises(ValueError, match="blocks"):
-        hf.find_blocks(gpt2, "transformer.nope")
+    # a path that leads nowhere: an index past the end or into a module that is not a
+    # list raised the IndexError or TypeError of the indexing, naming nothing
+    for path in ("transformer.nope", "transformer.h.5", "transformer.0"):
+        with pytest.raises(ValueError, match=rf"^blocks must name a non-empty list of modules of the model, '{path}'"):
+            hf.find_blocks(gpt2, path)
     with pytest.raises(ValueError, match="blocks"):
         hf.find_blocks(gpt2, [bert.bert.encoder.layer[0]])
     with pytest.raises(TypeError, match="model"):

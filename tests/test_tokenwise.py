@@ -27,7 +27,7 @@ import refgeo
 import refgeo._progress
 from refgeo.testing.strategies import hidden_state_pairs
 from refgeo.testing.strategies import logit_pairs as kit_logit_pairs
-from refgeo.tokenwise import CLASSES, degrees_of_freedom
+from refgeo.tokenwise import CLASSES, _degrees_of_freedom
 
 from ._layouts import assert_same_result, other_layouts
 from ._tiny_transformer import TinyTransformer
@@ -534,7 +534,7 @@ def test_result_is_frozen_readonly_and_records_every_choice():
                 dtype="float32", n_tokens=30, d=4)
     for key, val in want.items():
         assert r.config[key] == val, key
-    assert r.dof == degrees_of_freedom("low_rank", 4, 2) == 12
+    assert r.dof == _degrees_of_freedom("low_rank", 4, 2) == 12
     assert r.n_targets == 20
     np.testing.assert_allclose(r.patched(X), X.astype(float) + r.tau)
 
@@ -695,6 +695,37 @@ def test_perturbation_of_logits_wider_than_the_float64_range():
     p = np.exp([1.0, 0.0]) / np.exp([1.0, 0.0]).sum()
     q = p[::-1]
     assert refgeo.output_perturbation(ident, c, e)[0] == pytest.approx(np.sum(p * np.log(p / q)), rel=1e-12)
+
+
+@pytest.mark.parametrize("mode", ["all", "per_token"])
+def test_perturbation_with_a_logits_fn_that_works_in_place(mode):
+    """logits_fn got a view of the caller's H_orig: a function that doubled its input in
+    place changed the caller's states, and in per_token mode every later patched input."""
+    rng = np.random.default_rng(0)
+    Ho, Hp = rng.standard_normal((4, 3)), rng.standard_normal((4, 3))
+    H0, P0 = Ho.copy(), Hp.copy()
+
+    def in_place(h):
+        h *= 2.0
+        return h
+
+    got = refgeo.output_perturbation(in_place, Ho, Hp, mode=mode)
+    assert np.array_equal(Ho, H0) and np.array_equal(Hp, P0)
+    want = refgeo.output_perturbation(lambda h: 2.0 * h, H0, P0, mode=mode)
+    np.testing.assert_array_equal(got, want)
+
+
+def test_log_softmax_refuses_logits_without_a_distribution():
+    """NaN, +inf, a row of -inf only and an empty vocabulary gave NaN rows (or NumPy's
+    empty-reduction error); the Hugging Face adapter applies it to a model's logits."""
+    from refgeo.tokenwise import _log_softmax
+
+    np.testing.assert_array_equal(_log_softmax(np.array([[-np.inf, 0.0]]), "z"), [[-np.inf, 0.0]])
+    for bad in (np.array([[np.inf, 0.0]]), np.array([[np.nan, 0.0]]), np.array([[0.0, 1.0], [-np.inf, -np.inf]])):
+        with pytest.raises(ValueError, match=r"^the model's logits must be finite or -inf"):
+            _log_softmax(bad, "the model's logits")
+    with pytest.raises(ValueError, match=r"^z must have at least one logit along the vocabulary axis"):
+        _log_softmax(np.zeros((2, 0)), "z")
 
 
 def test_per_token_perturbation_matches_a_manual_loop():
