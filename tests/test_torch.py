@@ -311,6 +311,10 @@ def test_bad_parameters_are_refused_by_name():
         rtorch.RowNorm([("bias", lin.bias)], lr=0.1)
     with pytest.raises(ValueError, match=r"must be 2-D .* got shape \(2, 2, 2\)"):
         rtorch.RowNorm([torch.nn.Parameter(torch.zeros(2, 2, 2))], lr=0.1)
+    for shape in ((3, 0), (0, 3)):  # torch's RuntimeError from its first reduction at step()
+        for cls in (rtorch.RowNorm, rtorch.DiameterLMO):
+            with pytest.raises(ValueError, match=r"must be 2-D and non-empty .* got shape"):
+                cls([torch.nn.Parameter(torch.zeros(shape))], lr=0.1)
     with pytest.raises(TypeError, match="real floating-point tensor, got dtype torch.complex64"):
         rtorch.RowNorm([torch.zeros(2, 2, dtype=torch.complex64)], lr=0.1)
     with pytest.raises(TypeError, match="real floating-point tensor, got dtype torch.int64"):
