@@ -61,7 +61,8 @@ def lm_gradient(
 
     ``common`` is the norm of the shared hidden-state component (noise of unit
     expected norm), ``scale`` the typical logit spread of W; targets are sampled from
-    the model.  Rows sum to zero (to rounding).  Deterministic in ``seed``.
+    the model.  The columns sum to zero (the rows add up to the zero vector, to
+    rounding).  Deterministic in ``seed``.
     """
     rng = np.random.default_rng(seed)
     u = rng.standard_normal(d)

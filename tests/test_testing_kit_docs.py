@@ -8,7 +8,8 @@ must run without error; a block followed by a ``text`` block that starts with
 installed and are skipped otherwise.  The exact failing example is not compared: hypothesis seeds its search with
 literal constants found in the modules loaded at the time (the page's outputs were
 obtained in a plain interpreter; under pytest other modules are loaded), so the shrunk
-example can differ between the two.
+example can differ between the two: ``python tools/testing_page_outputs.py`` reruns the
+page in a plain interpreter and shows the reports that changed.
 """
 
 from __future__ import annotations
