@@ -537,7 +537,8 @@ def _build() -> dict[str, Any]:
 
         def state_dict(self) -> dict:
             """torch's optimizer state plus, under ``"refgeo_solvers"``, each group's solver
-            state (momentum buffer and warm start, NumPy arrays in float64)."""
+            state (momentum buffer and warm start, as CPU tensors and plain numbers, so
+            that ``torch.load`` reads it back with its default ``weights_only=True``)."""
             import numpy as np
 
             def portable(v: Any) -> Any:
