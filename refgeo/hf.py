@@ -174,15 +174,15 @@ def _get_path(model, path):
     list raised the ``IndexError`` or ``TypeError`` of the indexing, naming nothing."""
     obj = model
     for part in path.split("."):
-        if part.isdigit():
+        nxt = getattr(obj, part, None)  # also the entries of a ModuleList or ModuleDict ("0")
+        if nxt is None and part.isdigit():
             try:
-                obj = obj[int(part)]
+                nxt = obj[int(part)]  # a plain list or tuple
             except (IndexError, TypeError, KeyError):
                 return None
-        else:
-            obj = getattr(obj, part, None)
-        if obj is None:
+        if nxt is None:
             return None
+        obj = nxt
     return obj
 
 

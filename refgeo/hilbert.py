@@ -367,28 +367,48 @@ def _logsumexp_parts(xp, x, axis):
     return xp.squeeze(m, axis=axis), s
 
 
-def _funk_logits(xp, z, w, axis):
-    """``max(z - w) - lse(z) + lse(w)`` in float64, also for large offsets and when a
-    difference overflows.
+def _two_diff(a, b):
+    """``(s, e)`` with ``s = fl(a - b)`` and ``a - b = s + e`` exactly (Knuth's TwoSum on
+    ``a`` and ``-b``; elementwise, no overflow assumed)."""
+    s = a - b
+    bb = s - a
+    return s, (a - (s - bb)) - (b + bb)
 
-    Evaluated as ``max_i ((z_i - m_z) - (w_i - m_w)) - s_z + s_w`` (``m``, ``s``: the
-    parts of :func:`_logsumexp_parts`): the offsets cancel before anything is rounded
-    at their size, so the result is as shift-invariant as softmax itself.  Summed as
-    ``max(z - w) - (m_z + s_z) + (m_w + s_w)``, ``s_z`` (up to log V) was rounded away
-    next to a large ``m_z``: logits ``z = 1e17`` against ``w = 0`` gave log V for two
-    equal distributions, and an offset of 1e10 an error of 1e-6.  Where a difference
-    overflows (logits spanning more than the float64 range) the same form runs in
-    halves, which cannot overflow: ``2 max_i ((z_i/2 - m_z/2) - (w_i/2 - m_w/2))``, and
-    the result is ``inf`` only where the distance itself exceeds the float64 range.
+
+def _funk_max(xp, z, w, Mz, Mw, axis):
+    """``max_i ((z_i - w_i) - (M_z - M_w))``, each term accurate to a rounding of its own
+    size: both differences are carried with their exact rounding errors, so neither a
+    common offset of the logits (which rounds ``z_i - w_i`` at its size) nor a masked
+    entry equal in ``z`` and ``w`` (which rounds ``z_i - M_z`` at the mask's size)
+    leaves its rounding in the result."""
+    a, ea = _two_diff(z, w)
+    b, eb = _two_diff(Mz, Mw)
+    return xp.max((a - b) + (ea - eb), axis=axis)
+
+
+def _funk_logits(xp, z, w, axis):
+    """``max(z - w) - lse(z) + lse(w)`` in float64, also for large offsets, masked logits
+    and when a difference overflows.
+
+    Evaluated as ``max_i ((z_i - w_i) - (m_z - m_w)) - s_z + s_w`` (``m``, ``s``: the
+    parts of :func:`_logsumexp_parts`) with the differences carried exactly
+    (:func:`_funk_max`), so that the large parts cancel before the log-sums are added.
+    Summed as ``max(z - w) - (m_z + s_z) + (m_w + s_w)``, ``s_z`` (up to log V) was
+    rounded away next to a large ``m_z``: logits ``z = 1e17`` against ``w = 0`` gave
+    log V for two equal distributions, and an offset of 1e10 an error of 1e-6.  As
+    ``max_i ((z_i - m_z) - (w_i - m_w))`` a masked logit (``-1e20`` in both) lost the
+    rest.  Where a difference overflows (logits spanning more than the float64 range)
+    the same runs in halves, which cannot overflow, and the result is ``inf`` only
+    where the distance itself exceeds the float64 range.
     """
     mz, sz = _logsumexp_parts(xp, z, axis)
     mw, sw = _logsumexp_parts(xp, w, axis)
     Mz, Mw = xp.expand_dims(mz, axis=axis), xp.expand_dims(mw, axis=axis)
     with np.errstate(over="ignore", invalid="ignore"):
-        f = xp.max((z - Mz) - (w - Mw), axis=axis) - sz + sw
+        f = _funk_max(xp, z, w, Mz, Mw, axis) - sz + sw
     if bool(xp.all(xp.isfinite(f))):
         return f
-    h = xp.max((z * 0.5 - Mz * 0.5) - (w * 0.5 - Mw * 0.5), axis=axis)
+    h = _funk_max(xp, z * 0.5, w * 0.5, Mz * 0.5, Mw * 0.5, axis)
     with np.errstate(over="ignore"):
         f2 = 2.0 * h - (sz - sw)
     return xp.where(xp.isfinite(f), f, f2)

@@ -488,18 +488,26 @@ def test_funk_distance_logits_over_the_whole_float_range(zw):
 @given(st.integers(1, 8).flatmap(lambda v: st.tuples(
     hnp.arrays(np.float64, (2, v), elements=st.floats(-30.0, 30.0, **finite)),
     st.sampled_from([0.0, 1e4, 1e10, 1e17, -1e17, 1e300]),
-    st.sampled_from([0.0, 1e10, -1e17]))))
-@example((np.zeros((2, 4)), 1e17, 0.0))  # equal distributions: was log 4
-@example((np.zeros((2, 1000)), 1e17, 0.0))  # was log 1000
+    st.sampled_from([0.0, 1e10, -1e17]),
+    hnp.arrays(np.bool_, (v,)),
+    st.sampled_from([-1e9, -1e20, float(np.finfo(np.float32).min)]))))
+@example((np.zeros((2, 4)), 1e17, 0.0, np.zeros(4, bool), -1e9))  # equal distributions: was log 4
+@example((np.zeros((2, 1000)), 1e17, 0.0, np.zeros(1000, bool), -1e9))  # was log 1000
+@example((np.array([[0.0, 1.0, 0.0], [5.0, 5.5, 0.0]]), 0.0, 0.0, np.array([False, False, True]), -1e20))
 def test_funk_distance_logits_is_accurate_to_the_spread_not_the_offset(zwc):
-    """Softmax ignores an offset, and so must the rounding: the error is a few ulps of
-    the logits' spread and of log V, whatever their size (the sum
-    ``max(z - w) - (m_z + s_z) + (m_w + s_w)`` rounded s_z away next to a large m_z)."""
-    u, cz, cw = zwc
+    """Softmax ignores an offset, and a masked logit (the same large negative value in
+    z and w, as masked_fill writes) contributes an exact 0 to max(z - w): the error is a
+    few ulps of the unmasked logits' spread and of log V, whatever their size.  Summed
+    as ``max(z - w) - (m_z + s_z) + (m_w + s_w)`` s_z was rounded away next to a large
+    m_z; as ``max((z - m_z) - (w - m_w))`` the masked term was rounded at the mask's size
+    (4.66 came out as 0.16 with a mask of -1e20)."""
+    u, cz, cw, mask, fill = zwc
+    assume(not mask.all())
     z, w = u[0] + cz, u[1] + cw  # rounded: the reference takes the same floats
+    z[mask], w[mask] = fill, fill
     want = max(float(_decimal_funk_logits(z, w)), 0.0)
     got = float(refgeo.funk_distance_logits(z, w))
-    spread = float(np.ptp(z)) + float(np.ptp(w)) + math.log(z.size) + 1.0
+    spread = float(np.ptp(z[~mask])) + float(np.ptp(w[~mask])) + math.log(z.size) + 1.0
     assert got == pytest.approx(want, rel=1e-13, abs=8 * EPS64 * spread)
 
 
