@@ -96,6 +96,10 @@ def test_find_blocks(gpt2, bert, llama):
     for path in ("transformer.nope", "transformer.h.5", "transformer.0"):
         with pytest.raises(ValueError, match=rf"^blocks must name a non-empty list of modules of the model, '{path}'"):
             hf.find_blocks(gpt2, path)
+    # digits name the entries of a ModuleDict too (indexing it by an integer failed)
+    holder = torch.nn.Module()
+    holder.stages = torch.nn.ModuleDict({"0": torch.nn.ModuleList([torch.nn.Linear(2, 2)])})
+    assert hf.find_blocks(holder, "stages.0")[1] == tuple(holder.stages["0"])
     with pytest.raises(ValueError, match="blocks"):
         hf.find_blocks(gpt2, [bert.bert.encoder.layer[0]])
     with pytest.raises(TypeError, match="model"):
