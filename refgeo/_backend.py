@@ -247,7 +247,15 @@ class KernelRun:
 
 _FUSE = "optimization.fuse.active"
 _fusion_lock = threading.Lock()
-_fusion = {"inside": 0, "before": None}  # calls inside dask_fusion_off; the setting before the first
+
+
+@dataclasses.dataclass
+class _Fusion:
+    inside: int = 0  # calls inside dask_fusion_off
+    before: Any = None  # the setting before the first of them
+
+
+_fusion = _Fusion()
 
 
 @contextlib.contextmanager
@@ -263,17 +271,17 @@ def dask_fusion_off() -> Iterator[None]:
     import dask
 
     with _fusion_lock:
-        if _fusion["inside"] == 0:
-            _fusion["before"] = dask.config.get(_FUSE, None)
+        if _fusion.inside == 0:
+            _fusion.before = dask.config.get(_FUSE, None)
             dask.config.set({_FUSE: False})
-        _fusion["inside"] += 1
+        _fusion.inside += 1
     try:
         yield
     finally:
         with _fusion_lock:
-            _fusion["inside"] -= 1
-            if _fusion["inside"] == 0:
-                dask.config.set({_FUSE: _fusion["before"]})
+            _fusion.inside -= 1
+            if _fusion.inside == 0:
+                dask.config.set({_FUSE: _fusion.before})
 
 
 def dask_graphs_unfused(fn: Callable[..., Any]) -> Callable[..., Any]:
