@@ -293,7 +293,7 @@ def dask_graphs_unfused(fn: Callable[..., Any]) -> Callable[..., Any]:
     subset of the rows), and each optimization fuses the input's tasks by how that graph
     uses them, so a chunk key can arrive with a different task in two consecutive
     graphs.  The distributed scheduler then warns ("Detected different `run_spec`",
-    dask issue 9888) while the old task is still remembered: harmless for the result,
+    see docs/cluster.md) while the old task is still remembered: harmless for the result,
     alarming for the user, and it was measured in 54 of 120 calls on masked and
     rechunked inputs with duplicate rows.  Without fusion every graph gives each key
     its own unchanged task (0 of 120).  Culling and Dask's blockwise fusion, which

@@ -71,7 +71,7 @@ def graph_key_clashes(client):
     """Record every graph the scheduler of :func:`local_client` receives inside the
     block; yields ``(seen, clashes)``: the keys seen, and those that two graphs gave
     different dependencies (what the scheduler's "Detected different `run_spec`"
-    warning, dask issue 9888, reports when it still remembers the first graph).
+    warning, described in docs/cluster.md, reports when it still remembers the first graph).
 
     The warning itself depends on when the scheduler forgets a graph; what the graphs
     declare does not, so a test of it is deterministic.  Skips where the scheduler has

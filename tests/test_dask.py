@@ -1026,7 +1026,7 @@ def test_graphs_of_one_input_agree_on_every_chunk_key(client):
     task.  A call submits several (the finiteness check, the duplicate-row hashes and
     comparisons, the pairwise tasks on the rows that decide), and with Dask's low-level
     fusion on, each fused the input's tasks by its own use of them: the scheduler then
-    warned "Detected different `run_spec`" (dask issue 9888) in about one call in
+    warned "Detected different `run_spec`" (docs/cluster.md) in about one call in
     seven on masked, rechunked rows with duplicates."""
     rng = np.random.default_rng(21)
     X = rng.standard_normal((900, 12))
