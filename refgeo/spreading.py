@@ -207,6 +207,26 @@ class _Clock:
 # --------------------------------------------------------------------------- small: epigraph
 
 
+def _tied_start_seconds(X: np.ndarray) -> float:
+    r"""Estimated seconds of SLSQP's first iteration from ``X`` when its extreme pairs are tied.
+
+    A lattice ball or a code has many pairs at the closest distance and at the diameter,
+    so many constraints of the epigraph problem are active at once, and the first
+    iteration's least-squares subproblem is far slower than from points in general
+    position: about :math:`10^{-8}\, m n^2` seconds with :math:`m = V (V - 1)`
+    constraints and :math:`n = V d + 1` unknowns (measured with SciPy 1.17 up to
+    :math:`8 \cdot 10^{-9}`: 3.9 s at (40, 20) from the tagged Kerdock code, 0.1 s from
+    random points).  Returns 0 when no more than V pairs are at the two extremes.
+    """
+    V, d = X.shape
+    _, _, e = _pair_sq(X)
+    lo, hi = float(e.min()), float(e.max())
+    n_tied = int(np.count_nonzero(e <= lo * (1 + 1e-9))) + int(np.count_nonzero(e >= hi * (1 - 1e-9)))
+    if n_tied <= V:
+        return 0.0
+    return 1e-8 * float(V * (V - 1)) * float(V * d + 1) ** 2
+
+
 def _epigraph_solve(X0: np.ndarray, *, maxiter: int = 500, deadline: float | None = None) -> np.ndarray:
     r"""Local solve of max t s.t. t <= ||x_i - x_j||^2 <= 1 over all pairs (SLSQP, analytic
     Jacobians), stopped at ``deadline`` (time.perf_counter()); never worse than X0."""
@@ -555,7 +575,10 @@ _INITS = ("auto", "construction", "random")
 _TINY64 = float(np.finfo(np.float64).tiny)  # smallest normal float64: the least budget
 _METHODS = ("auto", "epigraph", "smooth", "construction")
 _SMALL_V = 50
-_SLSQP_SECONDS_PER_VAR3 = 3e-9  # one SLSQP iteration, seconds per (V d)^3, measured
+# one SLSQP iteration from points in general position, seconds per (V d)^3: 18 s at
+# (45, 40), measured with the Fortran SLSQP of SciPy < 1.16 (the oldest SciPy supported;
+# SciPy 1.17's rewrite takes 0.7 to 1.4 s there)
+_SLSQP_SECONDS_PER_VAR3 = 3e-9
 _FRAC0 = 0.25
 _INNER = 50
 _RANDOM_TRY_SECONDS = 2.0  # auto without max_time: a random-start smooth run is tried below this
@@ -617,7 +640,11 @@ def spread(
         estimated cost of the epigraph method and of one smooth run.  The regular simplex (:math:`\rho = 1`) is
         returned; :math:`V \le 50` runs ``"epigraph"`` from it (unless one SLSQP
         iteration, about :math:`3 \cdot 10^{-9} (V d)^3` seconds, would take longer
-        than both ``max_time`` and 1 s, or than 1 s without ``max_time``); a construction that the local iteration
+        than both ``max_time`` and 1 s, or than 1 s without ``max_time``; from a start
+        whose extreme pairs are tied, a lattice or a code, the first iteration takes
+        about :math:`10^{-8} V (V - 1) (V d + 1)^2` seconds, and where that exceeds the
+        same limit only the random starts run, the start being returned unless one of
+        them beats it); a construction that the local iteration
         cannot improve is returned as is (``result.method == "construction"``): a
         packing in a ball (the iteration works on the sphere), a lattice shell subset,
         and the Kerdock, tagged Kerdock and Delsarte-Goethals codes, at which no
@@ -639,7 +666,10 @@ def spread(
         time budget).
     max_time : float, default=None
         Time budget in seconds for the optimization (the final certification is
-        extra).  None: ``n_starts`` starts or ``max_rounds`` rounds.
+        extra).  None: ``n_starts`` starts or ``max_rounds`` rounds.  An SLSQP
+        iteration of the epigraph method cannot be interrupted, so a call can overrun
+        by one of them: ``"auto"`` keeps that below about ``max(max_time, 1)`` seconds
+        by estimate.
     callback : callable, default=None
         Called with a :class:`SpreadProgress` after each start or round; returning
         True stops the optimization.
@@ -790,10 +820,13 @@ def spread(
     start_rho = best_c.rho if (best_c is not None and user_X is None) else None
     from_random = False  # auto: the smooth run from random points, not from best_c
 
+    auto = method == "auto"
+    # the longest uninterruptible SLSQP iteration allowed: max_time, but at least 1 s
+    cap = max(max_time or 0.0, 1.0)
     if method == "auto":
         if user_X is None and best_c is not None and best_c.rho >= 1.0:
             method = "construction"
-        elif V <= _SMALL_V and _SLSQP_SECONDS_PER_VAR3 * float(V * d) ** 3 <= max(max_time or 0.0, 1.0):
+        elif V <= _SMALL_V and _SLSQP_SECONDS_PER_VAR3 * float(V * d) ** 3 <= cap:
             # one SLSQP iteration solves a dense least-squares problem in the V d
             # unknowns and cannot be stopped inside: (45, 40) takes 18 s per iteration,
             # and without max_time its four starts ran for more than five minutes
@@ -839,9 +872,15 @@ def spread(
     n_iter = 0
     X0 = X.copy()
     if method == "epigraph":
-        X, n_iter = _multistart(X if (user_X is not None or best_c is not None) else None, V, d,
-                                n_starts=n_starts, rng=rng,
-                                clock=opt_clock, bound=bound.value, report=report)
+        first = X if (user_X is not None or best_c is not None) else None
+        # SLSQP cannot stop inside an iteration, and from a tied start the first one
+        # overran max_time=0.1 by 1.5 to 2.7 s at (40, 10), (50, 8) and (50, 13); the
+        # start stays the result unless a random start beats it (a lattice or code is
+        # mostly first-order stationary: there its own solve ended after that one
+        # iteration, without a gain)
+        skip = first is not None and (auto or max_time is not None) and _tied_start_seconds(first) > cap
+        X, n_iter = _multistart(first, V, d, n_starts=n_starts, rng=rng, clock=opt_clock,
+                                bound=bound.value, report=report, skip_first=skip)
     elif method == "smooth":
         if from_random or (user_X is None and best_c is not None and not best_c.on_sphere):
             # projecting a ball packing on the sphere collapses it; the codes are
@@ -969,13 +1008,16 @@ def _subnormal_error(X: np.ndarray, min_dist: float) -> float:
     return math.sqrt(X.shape[1]) * 2.0**-1074 / min_dist
 
 
-def _multistart(X_first, V, d, *, n_starts, rng, clock, bound, report):
+def _multistart(X_first, V, d, *, n_starts, rng, clock, bound, report, skip_first=False):
     """Best of several epigraph solves: the given start, then alternating random starts
-    (Gaussian clouds, and sphere points spread by an annealed soft-max of cosines)."""
+    (Gaussian clouds, and sphere points spread by an annealed soft-max of cosines).
+    ``skip_first``: the random starts only (at least one), the same ones as with the
+    given start."""
     best_X, best_rho = None, -1.0
     done = 0
-    for s in range(n_starts):
-        if s > 0 and clock.left() <= 0:
+    first = 1 if skip_first else 0
+    for s in range(first, max(n_starts, first + 1)):
+        if s > first and clock.left() <= 0:
             break
         # SLSQP's least-squares steps call BLAS on small matrices, whose threaded
         # kernels sum in another order: the iterates (and the returned ratio, 0.54664

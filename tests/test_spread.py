@@ -527,6 +527,67 @@ def test_auto_runs_the_epigraph_only_where_one_slsqp_iteration_fits(monkeypatch,
     assert r.ratio <= r.upper_bound
 
 
+@pytest.mark.parametrize("V, d, max_time, skip", [(40, 10, 0.1, True), (40, 10, None, True),
+                                                 (40, 10, 3.0, False), (20, 5, 0.1, False)])
+def test_auto_skips_a_tied_start_whose_first_slsqp_iteration_overruns(monkeypatch, V, d, max_time, skip):
+    """From a tied start (the D10 shell at (40, 10): many pairs at both extremes) SLSQP's
+    first iteration took 1.7 s, and spread(40, 10, max_time=0.1) returned after 2.2 s.
+    Where that iteration is estimated beyond max(max_time, 1 s), only the random starts
+    run, and the start is still the answer unless one of them beats it."""
+    from refgeo import spreading
+
+    seen = []
+
+    def multistart(X, V, d, *, skip_first=False, **kw):
+        seen.append(skip_first)
+        return X, 0
+
+    monkeypatch.setattr(spreading, "_multistart", multistart)
+    r = refgeo.spread(V, d, max_time=max_time, seed=0)
+    assert seen == [skip]
+    assert r.init.startswith(("shell(D10", "lattice(D5)")) and r.ratio <= r.upper_bound
+
+
+def test_tied_start_estimate_tells_codes_from_points_in_general_position():
+    from refgeo.spreading import _tied_start_seconds
+
+    (c,) = [c for c in _candidates(40, 10) if c.name == "shell(D10,ip>=0/4)"]
+    X = c.build()
+    # m n^2 with m = 40 * 39 constraints and n = 401 unknowns, at 1e-8 s each
+    assert _tied_start_seconds(X) == pytest.approx(1e-8 * 1560 * 401**2)
+    assert _tied_start_seconds(np.random.default_rng(0).standard_normal((40, 10))) == 0.0
+
+
+@pytest.mark.parametrize("n_starts", [1, 3])
+def test_multistart_without_the_first_start_runs_the_same_random_starts(monkeypatch, n_starts):
+    """Skipping the given start leaves the random starts as they were (each start's
+    points depend on its index), and at least one start runs."""
+    from refgeo import spreading
+
+    def run(skip):
+        starts = []
+
+        def solve(X0, deadline=None):
+            starts.append(X0.copy())
+            return X0
+
+        monkeypatch.setattr(spreading, "_epigraph_solve", solve)
+        _, done = spreading._multistart(np.eye(6, 3), 6, 3, n_starts=n_starts, rng=np.random.default_rng(5),
+                                        clock=spreading._Clock(None), bound=2.0, skip_first=skip,
+                                        report=lambda *a: False)
+        assert done == len(starts)
+        return starts
+
+    with_first, without = run(False), run(True)
+    assert np.array_equal(with_first[0], np.eye(6, 3)) and len(with_first) == n_starts
+    if n_starts > 1:
+        assert len(without) == n_starts - 1
+        assert all(np.array_equal(a, b) for a, b in zip(with_first[1:], without))
+    else:  # one random start still runs: the start of index 1
+        (X,) = without
+        assert X.shape == (6, 3) and not np.array_equal(X, np.eye(6, 3))
+
+
 def test_engine_working_set_matches_the_gemm_one():
     from refgeo.spreading import _near_far, _near_far_engine
 
