@@ -13,7 +13,9 @@ Every error (missing file, wrong shape, bad key, bad number) prints one line to 
 and exits with status 2; set ``REFGEO_DEBUG=1`` to see the traceback of an unexpected
 error instead.  Ctrl-C prints one line and exits with status 130.  A closed pipe
 (``refgeo inspect m.npy | head -n 3``) ends the command quietly with status 0, the
-Unix convention.  ``.npy`` inputs are memory-mapped, not read into memory whole.
+Unix convention.  ``.npy`` inputs are memory-mapped: the diameter and closest pair read
+them in tiles, and ``inspect``'s other reports (rank, covering radius, worst-case hidden
+state) each hold one float64 copy of the rows at a time.
 
 On a terminal, long computations show progress on stderr (``--no-progress`` turns it
 off; ``--progress`` turns it on where stderr is not a terminal).
@@ -30,12 +32,14 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import functools
 import importlib.util
 import inspect
 import json
 import math
 import os
 import sys
+import warnings
 import zipfile
 from typing import Any, Callable, NoReturn
 
@@ -123,13 +127,15 @@ def _float_type(*, positive: bool = True, nonnegative: bool = False,
 # ------------------------------------------------------------------ helpers
 
 def _load_matrix(path: str, *, key: str | None = None, label: str = "FILE", key_flag: str = "--key",
-                 keep_float16: bool = False):
+                 keep_float16: bool = False, with_file_dtype: bool = False):
     """A finite real 2-D array from .npy (memory-mapped) or .npz (read whole; no pickles).
 
     ``key`` names the array of a ``.npz`` file; ``key_flag`` is the command's option
     that sets it, for the messages. ``keep_float16=True`` returns a float16 file's own
     array (checked like any other) instead of its float64 copy, for commands whose
-    library call holds float16 input to float16 precision.
+    library call holds float16 input to float16 precision.  ``with_file_dtype=True``
+    also returns the file's own dtype (integer, boolean and float16 files are converted
+    to float64).
 
     A ``.npy`` file is opened with ``mmap_mode="r"``: the rows are paged in from the file
     as the computation reads them, so a matrix larger than memory is never copied in
@@ -181,7 +187,8 @@ def _load_matrix(path: str, *, key: str | None = None, label: str = "FILE", key_
         raise CLIError(f"cannot read {path!r} as a NumPy file: {reason}") from None
     # the library's own checks and messages: dtype, 2-D, non-empty, finite
     checked = as_float_array(arr, where, ndim=2, shape_hint="2-D array of shape (rows, columns)")
-    return (arr if keep_float16 and arr.dtype == np.float16 else checked), where
+    out = arr if keep_float16 and arr.dtype == np.float16 else checked
+    return (out, where, str(arr.dtype)) if with_file_dtype else (out, where)
 
 
 def _jsonable(x: Any) -> Any:
@@ -373,7 +380,7 @@ class _SchedulerProgress:
         now = time.monotonic()
         c = self._counts()
         if c != self.last and (force or now - self.last_time >= 1.0) and c[1] > 0:
-            print(f"refgeo inspect: dask: {c[0]}/{c[1]} tasks", file=sys.stderr, flush=True)
+            _to_stderr(f"refgeo inspect: dask: {c[0]}/{c[1]} tasks")
             self.last, self.last_time = c, now
 
     def _loop(self) -> None:
@@ -446,11 +453,12 @@ def _dask_inspect(S: Any, args: argparse.Namespace) -> tuple[Any, Any]:
 
 
 def _cmd_inspect(args: argparse.Namespace) -> int:
-    S, where = _load_matrix(args.file, key=args.key)
+    # float16, integer and boolean files are computed in float64; the report names both
+    S, where, file_dtype = _load_matrix(args.file, key=args.key, with_file_dtype=True)
     check_min_rows(S, where, 2)
     pairs = _dask_inspect(S, args) if args.scheduler is not None else None
     rep = _inspect_report(S, args, pairs)
-    rep = {"source": where, **rep}
+    rep = {"source": where, "file_dtype": file_dtype, **rep}
     if args.json:
         _print_json(rep)
         return 0
@@ -461,7 +469,8 @@ def _cmd_inspect(args: argparse.Namespace) -> int:
     shown = ", ".join(f"{v + 0.0:.4g}" for v in h[:8]) + (", ..." if len(h) > 8 else "")
     _print_table([
         ("source", where),
-        ("shape (V, d)", f"({rep['shape'][0]}, {rep['shape'][1]})  {rep['dtype']}"),
+        ("shape (V, d)", f"({rep['shape'][0]}, {rep['shape'][1]})  {rep['dtype']}"
+                         + (f" (the file: {file_dtype})" if file_dtype != rep["dtype"] else "")),
         ("diameter D", f"{D['value']:.10g}  rows ({D['pair'][0]}, {D['pair'][1]})  [{D['backend']}]"),
         ("closest pair m", f"{m['value']:.10g}  rows ({m['pair'][0]}, {m['pair'][1]})"),
         ("ratio rho = m/D", "undefined (all rows equal)" if rep["ratio"] is None else f"{rep['ratio']:.6g}"),
@@ -563,8 +572,11 @@ def _cmd_lmo(args: argparse.Namespace) -> int:
         "shape": list(G.shape),
         "eta": args.eta,
         "decrease": res.decrease,
-        "lower_bound": res.lower_bound,
-        "upper_bound": res.upper_bound,
+        # the bracket of the tension T(G), the optimal decrease per unit eta: the decrease
+        # above is eta times its lower end (labelled, since for eta != 1 the bare names
+        # read as bounds on the decrease, which they are not)
+        "tension_lower_bound": res.lower_bound,
+        "tension_upper_bound": res.upper_bound,
         "gap": res.gap,
         "converged": res.converged,
         "method": res.method,
@@ -572,7 +584,7 @@ def _cmd_lmo(args: argparse.Namespace) -> int:
         "rounds": res.rounds,
         "elapsed": res.elapsed,
         "active_pairs": int(np.shape(res.pairs)[0]),
-        "rownorm_half_sum": half_sum,
+        "rownorm_tension": half_sum,
         "rownorm_over_exact": [half_sum / hi if hi > 0 else 1.0, min(1.0, half_sum / lo) if lo > 0 else 1.0],
     }
     if args.out is not None:
@@ -581,7 +593,9 @@ def _cmd_lmo(args: argparse.Namespace) -> int:
     if args.json:
         _print_json(rep)
     else:
-        rows = [(k, v) for k, v in rep.items() if k != "rownorm_over_exact"]
+        per_unit = {"tension_lower_bound", "tension_upper_bound", "rownorm_tension"}
+        rows = [(f"{k} (per unit eta)" if k in per_unit else k, v)
+                for k, v in rep.items() if k != "rownorm_over_exact"]
         r = rep["rownorm_over_exact"]
         rows.append(("RowNorm / exact decrease", f"in [{r[0]:.6g}, {r[1]:.6g}]  (guaranteed >= 0.707107)"))
         _print_table(rows)
@@ -625,7 +639,7 @@ def _cmd_demo(args: argparse.Namespace) -> int:
     if os.path.exists(out) and not os.path.isdir(out):
         raise CLIError(f"--out {out!r} exists and is not a directory")
     report = _demo.run_demo(out, size=size, seed=args.seed, progress=_show_progress(args))
-    print(f"refgeo demo: wrote {report}", file=sys.stderr)
+    _to_stderr(f"refgeo demo: wrote {report}")
     return 0
 
 
@@ -704,7 +718,10 @@ def _build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser(
         "lmo",
         help="exact diameter LMO of a gradient (min-tension value, certificate, RowNorm ratio)",
-        description="Solve min <G, S> subject to D(S) <= eta, 1^T S = 0 for the gradient in GRAD.",
+        description="Solve min <G, S> subject to D(S) <= eta, 1^T S = 0 for the gradient in GRAD. "
+                    "It reports the decrease -<G, S> at this eta and, per unit eta, the certified "
+                    "bracket of the tension T(G) (the optimal decrease is eta T(G)) and the "
+                    "tension of projected RowNorm (half the sum of the centered row norms).",
     )
     p.add_argument("grad", metavar="GRAD.npy", help=".npy (or .npz with --key) file holding G of shape (V, d)")
     p.add_argument("--key", metavar="K", help="array name inside a .npz file")
@@ -737,7 +754,8 @@ def _build_parser() -> argparse.ArgumentParser:
                    "full or mlp (default: %(default)s)")
     p.add_argument("--rank", type=_int_type("--rank", 1), default=None, help="rank for --cls low_rank")
     p.add_argument("--ridge", type=_float_type(positive=False, nonnegative=True), default=None,
-                   help="ridge penalty lambda >= 0 (library default if omitted)")
+                   help="ridge penalty lambda >= 0 of the local fits and of the global linear baseline "
+                        "(with --cls mlp, of the baseline only; library default if omitted)")
     p.add_argument("--json", action="store_true", help="print JSON instead of text")
     _add_progress(p)
     p.set_defaults(func=_cmd_tokenwise)
@@ -749,10 +767,27 @@ def _build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _to_stderr(line: str) -> None:
+    """Print one line to stderr, or nothing where stderr is closed (``2>&-``): the
+    message is lost, but the exit status still says what happened (the print raised
+    ``OSError`` there and the command exited with status 1, or with ``sys.stderr``
+    None the message went to stdout)."""
+    if sys.stderr is None:  # print(file=None) would write to stdout
+        return
+    try:
+        print(line, file=sys.stderr, flush=True)
+    except (OSError, ValueError):
+        pass
+
+
+def _show_warning(command: str, message: Any, *args: Any, **kwargs: Any) -> None:
+    _to_stderr(f"{PROG} {command}: warning: {' '.join(str(message).split())}")
+
+
 def _fail(command: str | None, message: str) -> int:
     prog = f"{PROG} {command}" if command else PROG
     line = " ".join(str(message).split())  # one line, whatever the message
-    print(f"{prog}: error: {line}", file=sys.stderr)
+    _to_stderr(f"{prog}: error: {line}")
     return 2
 
 
@@ -765,7 +800,12 @@ def _run(argv: list[str] | None) -> int:
     if args.command is None:
         return _fail(None, "choose a command: demo, inspect, spread, lmo, tokenwise, config (see 'refgeo --help')")
     try:
-        return int(args.func(args))
+        with warnings.catch_warnings():
+            # a library warning (an under-determined fit, a missing tqdm) as one line
+            # naming the command, like the errors, not Python's two lines with this
+            # file's path and source line
+            warnings.showwarning = functools.partial(_show_warning, args.command)
+            return int(args.func(args))
     except CLIError as exc:
         return _fail(args.command, str(exc))
     except BrokenPipeError:
@@ -780,7 +820,7 @@ def _run(argv: list[str] | None) -> int:
             msg = "out of memory"
         return _fail(args.command, msg)
     except KeyboardInterrupt:
-        print(f"{PROG} {args.command}: interrupted", file=sys.stderr)
+        _to_stderr(f"{PROG} {args.command}: interrupted")
         return 130
     except Exception as exc:  # noqa: BLE001 - the CLI never shows a traceback
         if os.environ.get("REFGEO_DEBUG") == "1":
@@ -809,6 +849,8 @@ def main(argv: list[str] | None = None) -> int:
     ``refgeo inspect m.npy | head -n 3`` does), 2 for any error (one line on stderr),
     130 after Ctrl-C (one line on stderr).
     """
+    if sys.stdout is None:  # started with stdout closed (>&-): nowhere to write the result
+        return _fail(None, "standard output is closed")
     try:
         status = _run(argv)
         # flush here, not at interpreter exit, so that a closed pipe is seen (and handled) now
@@ -816,7 +858,10 @@ def main(argv: list[str] | None = None) -> int:
     except BrokenPipeError:
         _stdout_to_devnull()
         return 0
+    except OSError as exc:  # another write error of stdout (a closed descriptor, a full disk)
+        _stdout_to_devnull()
+        return _fail(None, f"writing standard output: {exc.strerror or exc}")
     except KeyboardInterrupt:  # outside a command: while parsing or flushing
-        print(f"{PROG}: interrupted", file=sys.stderr)
+        _to_stderr(f"{PROG}: interrupted")
         return 130
     return status

@@ -320,9 +320,12 @@ def test_lmo_rank_one_closed_form(capsys, tmp_path):
     assert rc == 0
     rep = json.loads(out)
     T = 0.5 * np.abs(a).sum() * np.linalg.norm(b)
-    assert rep["lower_bound"] <= T * (1 + 1e-9)
-    assert rep["upper_bound"] >= T * (1 - 1e-9)
+    # at eta = 2 the decrease is 2 T, and the bracket is of T itself (per unit eta)
+    assert rep["tension_lower_bound"] <= T * (1 + 1e-9)
+    assert rep["tension_upper_bound"] >= T * (1 - 1e-9)
     assert rep["decrease"] == pytest.approx(2 * T, rel=1e-6)
+    assert rep["decrease"] <= 2 * rep["tension_upper_bound"] * (1 + 1e-12)
+    assert rep["rownorm_tension"] == pytest.approx(T, rel=1e-12)  # rank one: RowNorm is exact
     assert rep["rownorm_over_exact"][0] == pytest.approx(1.0, rel=1e-6)
     S = np.load(out_file)
     assert S.shape == (4, 2)
@@ -346,7 +349,7 @@ def test_lmo_tiny_and_huge_gradients(tmp_path, scale, center):
     assert (proc.returncode, proc.stderr) == (0, "")
     rep = json.loads(proc.stdout)
     T = 0.5 * np.abs(a).sum() * np.linalg.norm(b)
-    assert rep["rownorm_half_sum"] == pytest.approx(T * scale, rel=1e-12)
+    assert rep["rownorm_tension"] == pytest.approx(T * scale, rel=1e-12)
     assert rep["rownorm_over_exact"] == pytest.approx([1.0, 1.0], rel=1e-6)
 
 
@@ -368,6 +371,7 @@ def test_lmo_text_output_and_center(capsys, tmp_path):
     rc, out, _ = run(capsys, "lmo", str(f), "--center")
     assert rc == 0
     assert "RowNorm / exact decrease" in out
+    assert "tension_upper_bound (per unit eta)" in out and "rownorm_tension (per unit eta)" in out
 
 
 @pytest.mark.parametrize(
@@ -630,6 +634,58 @@ def test_closed_pipe_ends_quietly_with_status_0(tmp_path):
     assert first == b"{"
     assert err == b""
     assert proc.returncode == 0
+
+
+def test_library_warning_is_one_line_naming_the_command(tmp_path):
+    # an under-determined fit warned in Python's two lines, with cli.py's path and source line
+    rng = np.random.default_rng(0)
+    X = rng.standard_normal((40, 6))
+    np.save(tmp_path / "X.npy", X)
+    np.save(tmp_path / "Y.npy", X + 0.1 * rng.standard_normal((40, 6)))
+    proc = subprocess.run(_refgeo("tokenwise", str(tmp_path / "X.npy"), str(tmp_path / "Y.npy"), "--cls", "full",
+                                  "--k", "2", "--no-progress"), capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0
+    (line,) = proc.stderr.splitlines()
+    assert line.startswith("refgeo tokenwise: warning: cls='full' is under-determined for k=2")
+
+
+def test_inspect_names_the_dtype_of_the_file_and_the_one_computed_in(capsys, tmp_path):
+    f = tmp_path / "i.npy"
+    np.save(f, np.arange(12).reshape(4, 3) ** 2)
+    rc, out, _ = run(capsys, "inspect", str(f), "--json")
+    rep = json.loads(out)
+    assert rc == 0 and (rep["file_dtype"], rep["dtype"]) == ("int64", "float64")
+    rc, out, _ = run(capsys, "inspect", str(f))
+    assert "float64 (the file: int64)" in out
+    g = tmp_path / "f.npy"
+    np.save(g, np.eye(3, dtype=np.float32))
+    rc, out, _ = run(capsys, "inspect", str(g), "--json")
+    assert (json.loads(out)["file_dtype"], json.loads(out)["dtype"]) == ("float32", "float32")
+
+
+def _close_fd(fd):
+    return lambda: os.close(fd)
+
+
+def test_closed_stdout_or_stderr_gives_status_2_without_a_traceback(tmp_path):
+    # started with stdout closed (`refgeo config >&-`): Python's sys.stdout is None, and
+    # the flush raised AttributeError with a traceback (status 1)
+    proc = subprocess.run(_refgeo("config"), capture_output=False, stderr=subprocess.PIPE, text=True,
+                          preexec_fn=_close_fd(1), timeout=120)
+    assert (proc.returncode, proc.stderr) == (2, "refgeo: error: standard output is closed\n")
+    # stderr closed (`2>&-`): printing the error raised OSError (status 1); the status
+    # still says it is an error of the command
+    proc = subprocess.run(_refgeo("inspect", str(tmp_path / "none.npy")), stdout=subprocess.PIPE,
+                          preexec_fn=_close_fd(2), timeout=120)
+    assert (proc.returncode, proc.stdout) == (2, b"")
+
+
+@pytest.mark.skipif(not os.path.exists("/dev/full"), reason="needs /dev/full")
+def test_a_full_stdout_is_one_line_and_status_2():
+    with open("/dev/full", "w") as full:
+        proc = subprocess.run(_refgeo("config"), stdout=full, stderr=subprocess.PIPE, text=True, timeout=120)
+    assert proc.returncode == 2
+    assert proc.stderr.count("\n") == 1 and "No space left on device" in proc.stderr, proc.stderr
 
 
 def test_reader_that_stops_at_a_match_like_grep_q(tmp_path):
