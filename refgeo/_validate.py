@@ -53,8 +53,11 @@ def _describe_dtype(x) -> str:
 
 
 def _dtype_error(name: str, x) -> TypeError:
+    # arrays, unlike tensors (refgeo._interop), have their integers and booleans converted:
+    # the message says so, as it refuses strings and complex numbers
     return TypeError(
-        f"{name} must have a real floating dtype (float32 or float64), got dtype {_describe_dtype(x)} instead."
+        f"{name} must have a real floating dtype (float32 or float64; integer and boolean arrays "
+        f"are converted to float64), got dtype {_describe_dtype(x)} instead."
     )
 
 

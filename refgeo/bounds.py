@@ -207,9 +207,10 @@ def _best_hadamard(V: int, d: int, k: int | None) -> tuple[float, int]:
         rho = _hadamard_terms(V, d, k)
         return (1.0 if rho is None else rho), k
     # Scan k upward; stop after _HADAMARD_PATIENCE powers without improvement or at
-    # _HADAMARD_MAX_K (every k gives a valid bound; on d <= 40 and 512, V <= 1e7 the
-    # result equals the exhaustive scan, which grows like sqrt(V) for d = 1 and took
-    # minutes near V = 2^53).
+    # _HADAMARD_MAX_K (every k gives a valid bound; on 2 <= d <= 40 and d = 512,
+    # V <= 1e7, the result equals the exhaustive scan, which grows like sqrt(V) for d = 1
+    # and took minutes near V = 2^53; at d = 1 the cap binds from V near 9.3e6, where
+    # B3 is the binding bound anyway).
     best, best_k = 1.0, 1
     kk, since = 1, 0
     while _comb_below(d + kk + 1, kk, V) is not None and since < _HADAMARD_PATIENCE and kk <= _HADAMARD_MAX_K:
@@ -254,8 +255,10 @@ def hadamard_power_bound(V: int, d: int, /, *, k: int | None = None) -> float:
     entries at most :math:`u^k` in modulus and rank at most
     :math:`\binom{\operatorname{rank} A + k - 1}{k} \le r_k`; for any real symmetric
     matrix :math:`(\operatorname{tr} B)^2 \le \operatorname{rank}(B) \lVert B \rVert_F^2`.
-    Beats :func:`welch_bound` once :math:`V` exceeds about :math:`\binom{d+3}{2}`
-    (e.g. :math:`(V, d) = (50000, 64)`: 0.865).  Time O(k) for the best
+    With :math:`k = 2` it applies once :math:`V > \binom{d+3}{2}` and beats
+    :func:`welch_bound` once :math:`V` exceeds about twice that, :math:`(d+2)(d+3)`
+    (first at V = 372 for d = 16, 4498 for d = 64; e.g. :math:`(V, d) = (50000, 64)`:
+    0.865).  Time O(k) for the best
     :math:`k` (the loop stops when :math:`r_k \ge V`).
 
     References

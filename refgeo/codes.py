@@ -428,7 +428,10 @@ def delsarte_goethals_code(d: int, V: int | None = None) -> np.ndarray:
     total = d + d * half * half
     V = total if V is None else check_int(V, "V", min_value=1, max_value=total)
     # only the forms the first V rows reach (all d^2/4 of them were built for any V)
-    w, u = np.divmod(np.arange(_n_bases(V, d), dtype=np.int64), half)
+    idx = np.arange(_n_bases(V, d), dtype=np.int64)
+    # every index below half (always for d >= 2^63, where half is no int64 and the
+    # size check below refuses the rows): w = 0, u = idx, without NumPy's divmod
+    w, u = np.divmod(idx, half) if idx.size > half else (np.zeros_like(idx), idx)
     return _quadratic_code(f"delsarte_goethals_code({d}, V={V})", d, V, n, u, w)
 
 

@@ -787,7 +787,7 @@ def _closed_form_result(Gc, kind, t0, rtol) -> LMOResult:
             raise RuntimeError("internal error: no closed form for a rank-one gradient")
         _, value, residual = form
         value += residual
-    decrease = -float(np.sum(Gc * S))
+    decrease = -float(np.sum(Gc * S)) + 0.0  # + 0.0: no -0.0 for a zero gradient
     lower, upper = _checked_bracket(decrease, value, f"diameter_lmo ({kind} closed form)")
     gap = _relative_gap(lower, upper)
     return LMOResult(

@@ -468,6 +468,10 @@ def _memory_error(what: str, parts: str, advice: str) -> str:
      "Ask for fewer rows V or a smaller d."),
     (lambda: refgeo.delsarte_goethals_code(4**20, 1), "delsarte_goethals_code(1099511627776, V=1)",
      "8.0 TiB (result (1 x 1099511627776 float64): 8.0 TiB)", "Ask for fewer rows V or a smaller d."),
+    # d >= 2^63: half = d / 2 is no int64, and NumPy's divmod raised OverflowError first
+    (lambda: refgeo.delsarte_goethals_code(4**32, 5), "delsarte_goethals_code(18446744073709551616, V=5)",
+     "671088640.0 TiB (result (5 x 18446744073709551616 float64): 671088640.0 TiB)",
+     "Ask for fewer rows V or a smaller d."),
     (lambda: refgeo.minimal_vectors("D100000"), "minimal_vectors('D100000')",
      "29103.5 TiB (19999800000 vectors of length 100000 (float64, built and copied): 29103.5 TiB)",
      "Ask for a lattice D<n> of smaller n."),

@@ -241,6 +241,8 @@ def test_two_rows_closed_form():
 def test_zero_gradient():
     res = refgeo.diameter_lmo(np.zeros((4, 3)), eta=1.0)
     assert res.method == "zero" and res.decrease == 0.0 and res.gap == 0.0
+    # +0.0, not -0.0 (-<0, 0> printed as "-0" in the command's report)
+    assert math.copysign(1.0, res.decrease) == math.copysign(1.0, res.lower_bound) == 1.0
     assert np.all(res.update == 0.0)
     tb = refgeo.tension_bounds(np.zeros((4, 3)))
     assert tb.lower == tb.upper == 0.0
