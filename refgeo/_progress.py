@@ -79,9 +79,14 @@ def _tqdm_bar(total: float | None, desc: str, unit: str):
                 stacklevel=4,
             )
         return None
-    if total is None:
-        return lambda n: tqdm(total=n, desc=desc, unit=unit)
-    return tqdm(total=total, desc=desc, unit=unit)
+    def make(n):
+        if isinstance(n, float):
+            # a fraction of a time budget (total 1.0): the percentage alone, where tqdm's
+            # counter showed "0.17526080799871124/1.0"
+            return tqdm(total=n, desc=desc, bar_format="{l_bar}{bar}| [{elapsed}<{remaining}{postfix}]")
+        return tqdm(total=n, desc=desc, unit=unit)
+
+    return make if total is None else make(total)
 
 
 class Progress:

@@ -183,6 +183,18 @@ def test_progress_true_draws_a_tqdm_bar(cython, capsys):
     assert "row_diameter" in err and "21/21" in err  # 6 tiles: 6 * 7 / 2 tile pairs
 
 
+def test_a_bar_over_a_time_budget_shows_the_percentage_not_a_fraction_of_one(capsys):
+    """With max_time the steps are the fraction of the budget used (total 1.0); tqdm's
+    counter printed "0.17526080799871124/1.0"."""
+    pytest.importorskip("tqdm")
+    refgeo.spread(300, 7, init="random", method="smooth", max_time=0.3, progress=True, seed=0)
+    last = capsys.readouterr().err.replace("\r", "\n").strip().splitlines()[-1]
+    assert last.startswith("spread: 100%") and "/1.0" not in last and "ratio=" in last, last
+    refgeo.spread(300, 7, init="random", method="smooth", max_rounds=3, progress=True, seed=0)
+    last = capsys.readouterr().err.replace("\r", "\n").strip().splitlines()[-1]
+    assert "4/4" in last, last  # counted steps keep tqdm's counter
+
+
 @compiled
 def test_a_tqdm_bar_is_full_only_when_the_call_ends(cython, monkeypatch):
     """k-NN of sign rows redoes tied rows in passes nobody announced: the bar, like a
