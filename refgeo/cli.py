@@ -63,6 +63,7 @@ from ._certify import scale_exponent
 from ._validate import as_float_array, check_centered_rows, check_min_rows, check_same_shape
 from ._interop import precision_eps
 from .lmo import _centered_rtol
+from .tokenwise import _MLP_DEFAULTS
 
 __all__ = ["main"]
 
@@ -607,7 +608,13 @@ def _cmd_tokenwise(args: argparse.Namespace) -> int:
     Y, wy = _load_matrix(args.y, key=args.y_key, label="Y", key_flag="--y-key")
     check_same_shape(X, Y, ("X", "Y"))
     kwargs: dict[str, Any] = {"cls": args.cls}
-    if args.cls != "mlp":  # the MLP is one global map: no neighbors, --k does not apply
+    if args.cls == "mlp":
+        # the library's message names its train_fraction, which no option here sets
+        tf, n = _MLP_DEFAULTS["train_fraction"], X.shape[0]
+        if not 1 <= round(tf * n) <= n - 1:
+            raise CLIError(f"--cls mlp trains on {tf:.0%} of the tokens and evaluates on the rest, which "
+                           f"needs at least one of each: N = {n} tokens leave {round(tf * n)} for training")
+    else:  # the MLP is one global map: no neighbors, --k does not apply
         if args.k >= X.shape[0]:
             raise CLIError(f"--k must be smaller than the number of tokens N = {X.shape[0]}, got {args.k} instead")
         kwargs["k"] = args.k

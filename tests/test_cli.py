@@ -63,6 +63,8 @@ def files(tmp_path):
     np.save(p["nan"], np.array([[0.0, np.nan], [1.0, 2.0]]))
     p["onerow"] = tmp_path / "onerow.npy"
     np.save(p["onerow"], np.ones((1, 3)))
+    p["tworows"] = tmp_path / "tworows.npy"
+    np.save(p["tworows"], np.array([[0.0, 1.0, 2.0], [1.0, 0.5, 0.0]]))
     p["text"] = tmp_path / "data.txt"
     p["text"].write_text("1 2 3\n")
     p["corrupt"] = tmp_path / "corrupt.npy"
@@ -501,6 +503,9 @@ def test_tokenwise_mlp_uses_no_neighbors(capsys, tmp_path):
         (["{cloud}", "{cloud}", "--cls", "low_rank", "--rank", "4"],
          ["--rank must be <= d = 3 (the width of X and Y), got 4 instead"]),
         (["{cloud}"], ["required"]),
+        # the library's message named train_fraction, which no option of the command sets
+        (["{tworows}", "{tworows}", "--cls", "mlp"],
+         ["--cls mlp trains on 80% of the tokens", "N = 2 tokens leave 2 for training"]),
     ],
 )
 def test_tokenwise_errors(capsys, files, tmp_path, args, fragments):
