@@ -331,3 +331,28 @@ def test_show_config_torch_dispatch_follows_the_requested_backend():
             assert tv["cuda_tensors"].startswith("reference")
     with refgeo.use_backend("cupy"):
         assert "needs CuPy arrays" in refgeo.show_config(mode="dicts")["torch"]["cpu_tensors"]
+
+
+def test_overlapping_blas_pins_restore_the_thread_count_when_the_last_one_leaves():
+    """BLAS's thread count is one setting per process.  With a limiter per call, two
+    overlapping calls that ended in the order they began left BLAS at one thread for
+    the rest of the process (and the first to leave unpinned it under the other)."""
+    from threadpoolctl import threadpool_info, threadpool_limits
+
+    from refgeo._threads import blas_single_thread
+
+    def counts():
+        return sorted({i["num_threads"] for i in threadpool_info() if i["user_api"] == "blas"})
+
+    import scipy.linalg  # noqa: F401  (SciPy's BLAS loaded, as the controller loads it)
+    with threadpool_limits(limits=2, user_api="blas"):  # more than one, whatever the machine
+        before = counts()
+        assert before and max(before) == 2
+        a, b = blas_single_thread(), blas_single_thread()
+        a.__enter__()
+        b.__enter__()
+        assert counts() == [1]
+        a.__exit__(None, None, None)
+        assert counts() == [1]  # b still runs its tiles
+        b.__exit__(None, None, None)
+        assert counts() == before
