@@ -691,7 +691,8 @@ class LMOResult:
     ----------
     update : ndarray of shape (V, d)
         The step S (float64, read-only): :math:`D(S) \le \eta` (certified),
-        :math:`\mathbf{1}^\top S = 0`.
+        :math:`\mathbf{1}^\top S = 0`.  For a solve stopped by ``max_time`` or
+        ``max_iter``, never a smaller decrease than the projected RowNorm step's.
     decrease : float
         :math:`-\langle G, S \rangle` (float64), equal to ``eta * lower_bound``.
     lower_bound, upper_bound : float
@@ -1474,7 +1475,10 @@ def diameter_lmo(
         nearly rank-one gradients at an ``rtol`` of about 1e-12.
     max_time : float, default=None
         Wall-time limit in seconds (None: no limit).  The best certified answer so far
-        is returned (``converged=False`` if the gap is above ``rtol``).
+        is returned (``converged=False`` if the gap is above ``rtol``); a stopped solve
+        whose step decreases less than the projected RowNorm step
+        (:func:`projected_rownorm`: half the sum of the centered row norms, up to
+        rounding) returns that step instead, its decrease as the lower bound.
     max_iter : int, default=None
         Limit on iterations (Newton steps, IRLS reweightings or ADMM iterations;
         None: no limit); 0 certifies the starting point.
@@ -1675,9 +1679,39 @@ def diameter_lmo(
             scale_m = float(np.sum(np.sqrt(np.einsum("ij,ij->i", Gm, Gm))))
             res_m = _solve(Gm, scale_m, rtol_m, max_time, max_iter, warm_m, cb, bar, t0)
             res = _lifted(res_m, agg, Gc, t0, rtol)
+    if not res.converged and scale > 0.0:
+        res = _no_worse_than_rownorm(res, Gc, scale, rtol)
     if bar is not None:
         bar.close(res.converged)
     return fields_to_caller(_for_budget(res, eta, e), origin)
+
+
+def _no_worse_than_rownorm(res: LMOResult, Gc: np.ndarray, scale: float, rtol: float) -> LMOResult:
+    """A stopped solve's unit-budget result, with the projected RowNorm step where that
+    decreases more (half the sum ``scale`` of the row norms, up to rounding; its
+    decrease is then the lower bound, and the flows still certify the upper bound).
+
+    Stopped by ``max_time`` or ``max_iter`` after a few iterations, the solver's step
+    decreased about half as much as RowNorm's on LM gradients (0.059 against 0.121 at
+    600 x 8 under max_time=0.01).  The RowNorm step costs O(V d) and is certified by
+    construction: its rows have norm at most ``(1 - delta) / 2`` before centering, and
+    centering moves every distance by at most ``2 eps``, so the diameter is at most 1.
+    """
+    if res.decrease >= 0.5 * scale:
+        return res  # the RowNorm step decreases at most half the sum
+    V, d = Gc.shape
+    # fl(g / ||g||) has norm at most 1 + (d + 3) eps; the margin covers it and the
+    # centering's rounding with room to spare
+    shrink = 0.5 * (1.0 - 4.0 * (d + 16) * _EPS64)
+    S = row_normalize(Gc) * -shrink
+    S -= S.mean(axis=0, keepdims=True)
+    decrease = -float(np.sum(Gc * S))
+    if decrease <= res.decrease:
+        return res
+    lower, upper = _checked_bracket(decrease, res.upper_bound, "diameter_lmo (RowNorm step)")
+    gap = _relative_gap(lower, upper)
+    return dataclasses.replace(res, update=_readonly(S), decrease=decrease, lower_bound=lower,
+                               upper_bound=upper, gap=gap, converged=gap <= rtol)
 
 
 def _checked_warm_start(warm: LMOResult, V: int, d: int) -> LMOResult:
