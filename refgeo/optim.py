@@ -74,6 +74,14 @@ class _Param:
             raise ValueError(f"param must be a 2-D array of shape (V, d), got shape {param.shape} instead.")
         if not param.flags.writeable:
             raise ValueError("param must be a writeable array (it is updated in place), got a read-only array instead.")
+        if any(st == 0 and n > 1 for st, n in zip(param.strides, param.shape)):
+            # an expanded torch tensor's view is writeable, and its rows are one row in
+            # memory: the in-place update wrote every row's step over the others
+            raise ValueError(
+                "param must not repeat its entries in memory (it is updated in place), got an "
+                f"array with strides {param.strides} (a broadcast or expanded tensor) instead; "
+                "pass a copy (param.clone() or np.array(param))."
+            )
         # only a view shares the tensor's memory; upcast or device copies are written back
         self.copied = origin is not None and (
             origin.converted_from is not None or getattr(origin.device, "type", "cpu") != "cpu"
@@ -374,16 +382,23 @@ class DiameterLMO:
         comes back as a tensor sharing its memory when ``grad`` is a tensor.
         """
         p = _Param(param, grad)
-        param, g = p.array, p.grad
+        res, M = self._solve(p.grad, p.grad_eps)
+        self._commit(p.array, res, M)
+        return p.done()
+
+    def _solve(self, g: np.ndarray, grad_eps: float) -> tuple[Any, np.ndarray | None]:
+        """The LMO result for the float64 gradient ``g`` (rows centered to ``grad_eps``)
+        and the new momentum buffer (None without momentum).  Changes nothing, so that
+        ``refgeo.torch.DiameterLMO`` solves every group before it steps any."""
         lr, momentum, rtol, max_time, _ = self._checked_hyperparameters()
         M = self._averaged(g, momentum)
         # the solver's own checks, under the caller's name for the gradient (G is
         # diameter_lmo's); on M rescaled by a power of two, so no sum overflows
         check_min_rows(M, "grad", 2)
         Ms = np.ldexp(M, -_pow2_exponent(M))
-        check_centered_rows(Ms, "grad", _centered_rtol(p.grad_eps))
+        check_centered_rows(Ms, "grad", _centered_rtol(grad_eps))
         M_solve = M
-        if p.grad_eps:
+        if grad_eps:
             try:
                 check_centered_rows(Ms, "grad", _CENTERED_RTOL)
             except ValueError:
@@ -395,14 +410,17 @@ class DiameterLMO:
         if warm is not None and tuple(warm.update.shape) != M.shape:
             warm = None
         res = diameter_lmo(M_solve, eta=lr, rtol=rtol, max_time=max_time, warm_start=warm)
-        if momentum > 0.0:
+        return res, (M if momentum > 0.0 else None)
+
+    def _commit(self, param: np.ndarray, res: Any, M: np.ndarray | None) -> None:
+        """Apply a result of :meth:`_solve` to ``param`` (NumPy, in place) and the state."""
+        if M is not None:
             self.buffer = M
         self.t += 1
         self.last_result = res
         if self.weight_decay:
-            param *= 1.0 - lr * self.weight_decay
+            param *= 1.0 - res.eta * self.weight_decay
         param += np.asarray(res.update).astype(param.dtype, copy=False)
-        return p.done()
 
     def _averaged(self, g: np.ndarray, momentum: float) -> np.ndarray:
         """The matrix the LMO solves for the float64 gradient ``g``: its momentum average

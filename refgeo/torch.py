@@ -27,7 +27,7 @@ import math
 from typing import Any
 
 from ._interop import from_foreign, mark_modified, precision_eps
-from ._validate import as_float_array, check_bool, check_int, check_min_rows, check_real
+from ._validate import as_float_array, check_bool, check_centered_rows, check_int, check_min_rows, check_real
 
 __all__ = ["DiameterLMO", "HeadStepMonitor", "RowNorm"]
 
@@ -129,11 +129,11 @@ def _build() -> dict[str, Any]:
         names = group.get("param_names")
         return repr(names[0]) if names else f"param_groups[{k}]['params'][0]"
 
-    def _check_group(group: dict, k: int) -> None:
+    def _check_group(group: dict, k: int, owner: str) -> None:
         params = group["params"]
         if len(params) != 1:
             raise ValueError(
-                f"refgeo.torch.RowNorm takes exactly one 2-D parameter (the LM-head weight) per param group, "
+                f"refgeo.torch.{owner} takes exactly one 2-D parameter (the LM-head weight) per param group, "
                 f"got {len(params)} parameters in param group {k} instead."
             )
         p = params[0]
@@ -188,11 +188,28 @@ def _build() -> dict[str, Any]:
         torch.optim.Optimizer.add_param_group(opt, param_group)
         group = opt.param_groups[-1]
         try:
-            _check_group(group, len(opt.param_groups) - 1)
+            _check_group(group, len(opt.param_groups) - 1, type(opt).__name__)
             check(group)
         except (TypeError, ValueError):
             opt.param_groups.pop()
             raise
+
+    def _check_saved_groups(opt: Any, state_dict: dict) -> None:
+        """``ValueError`` before anything changes when ``state_dict``'s param groups lack
+        this optimizer's hyper-parameters: one of the other optimizer (RowNorm's
+        loaded into a DiameterLMO, or back) raised ``KeyError`` at the next step, or
+        after torch had replaced the param groups, leaving the optimizer unusable."""
+        groups = state_dict.get("param_groups") if isinstance(state_dict, dict) else None
+        if not isinstance(groups, (list, tuple)):
+            raise ValueError(f"state_dict must be a state_dict() of refgeo.torch.{type(opt).__name__}, got one "
+                             "without 'param_groups' instead.")
+        for k, group in enumerate(groups):
+            missing = sorted(set(opt.defaults) - set(group))
+            if missing:
+                raise ValueError(
+                    f"state_dict must be a state_dict() of refgeo.torch.{type(opt).__name__}, got param group "
+                    f"{k} without {missing} instead (saved by another optimizer?)."
+                )
 
     class RowNorm(torch.optim.Optimizer):  # type: ignore[name-defined,misc]  # built at run time
         r"""RowNorm for the LM-head weight, as a ``torch.optim.Optimizer``.
@@ -306,6 +323,14 @@ def _build() -> dict[str, Any]:
                     raise TypeError(f"the gradient of {name} must be real floating point, got dtype {g.dtype} instead.")
                 if not bool(torch.isfinite(g).all()):
                     raise ValueError(f"the gradient of {name} must be finite, got NaN or inf entries instead.")
+                state = self.state.get(p)  # self.state[p] would add an entry
+                if state and tuple(state["momentum_buffer"].shape) != tuple(g.shape):
+                    # a parameter resized in place (p.data = ...) or state loaded from
+                    # another model: torch's broadcast error came after earlier groups moved
+                    raise ValueError(
+                        f"the gradient of {name} must keep the shape of the optimizer state "
+                        f"{tuple(state['momentum_buffer'].shape)}, got shape {tuple(g.shape)} instead."
+                    )
                 self._check_range(p, g, hyper, name)
                 work.append((p, g, hyper))
             for p, g, (lr, mu, eps, wd, bias_correction, project, center) in work:
@@ -371,6 +396,7 @@ def _build() -> dict[str, Any]:
             # torch's loader casts the state to the parameter's dtype, which would round
             # the float32 buffers of a bfloat16/float16 parameter: keep the saved tensors
             # (matched to the parameters as torch matches them, group by group, in order)
+            _check_saved_groups(self, state_dict)
             saved_state = state_dict.get("state", {})
             saved = {}
             for saved_group, group in zip(state_dict.get("param_groups", ()), self.param_groups):
@@ -476,7 +502,7 @@ def _build() -> dict[str, Any]:
             first."""
             import numpy as np
 
-            from .lmo import _centered_float64, _centered_rtol
+            from .lmo import _centered_rtol, _pow2_exponent
 
             loss = None
             if closure is not None:
@@ -491,30 +517,43 @@ def _build() -> dict[str, Any]:
                     continue
                 name = _name(group, k)
                 g = p.grad
-                if g.is_sparse or g.is_complex() or not g.is_floating_point():
-                    raise TypeError(f"the gradient of {name} must be a dense real tensor, got {g.dtype} instead.")
+                if g.is_sparse:
+                    raise TypeError(f"the gradient of {name} must be dense, got a sparse tensor instead.")
+                if g.is_complex() or not g.is_floating_point():
+                    raise TypeError(f"the gradient of {name} must be real floating point, got dtype {g.dtype} instead.")
                 fresh = self._solver_for(group)  # a fresh solver validates the group's hyper-parameters
                 G = g.detach().to(device="cpu", dtype=torch.float64).numpy()
                 try:
-                    as_float_array(G, "grad", ndim=2, shape_hint="2-D array of shape (V, d)")
-                    check_min_rows(G, "grad", 2)  # before the centering check, which would name G
+                    # C-contiguous, as the NumPy optimizer makes it (sums in one order)
+                    G = as_float_array(G, "grad", ndim=2, shape_hint="2-D array of shape (V, d)")
+                    check_min_rows(G, "grad", 2)  # before the centering check
                     # the solver's own checks, on what it solves: the momentum average of
                     # G with its buffer (a G that is not centered on its own may be)
                     M = self._solvers.get(k, fresh)._averaged(G, fresh.momentum)
-                    _centered_float64(as_float_array(M, "G", ndim=2), _centered_rtol(precision_eps(g.dtype)))
+                    # as the solver checks it, under the name of its argument, grad
+                    # (diameter_lmo's G is no name of this optimizer)
+                    check_centered_rows(np.ldexp(M, -_pow2_exponent(M)), "grad",
+                                        _centered_rtol(precision_eps(g.dtype)))
                 except ValueError as exc:
                     raise ValueError(f"the gradient of {name}: {exc}") from exc
-                # on the host in its own dtype: the solver reads its precision from it,
-                # and a CUDA tensor would make the solver hand W back to the device
-                work.append((k, group, p, name, g.detach().to(device="cpu")))
-            for k, group, p, name, g in work:
-                solver = self._solvers[k] = self._solver_for(group, self._solvers.get(k))
+                # the solver reads its precision from the gradient's own dtype (a
+                # bfloat16 g is centered only to its rounding)
+                work.append((k, group, p, name, G, precision_eps(g.dtype)))
+            # Every solve before any step: a solve can still fail (a tension beyond the
+            # float64 range), and group 0 had moved when group 1's solve raised.
+            solved = []
+            for k, group, p, name, G, grad_eps in work:
+                solver = self._solver_for(group, self._solvers.get(k))
+                try:
+                    res, M = solver._solve(G, grad_eps)
+                except ValueError as exc:
+                    raise ValueError(f"the gradient of {name}: {exc}") from exc
+                solved.append((k, p, solver, res, M))
+            for k, p, solver, res, M in solved:
+                self._solvers[k] = solver
                 host = torch.float64 if p.dtype == torch.float64 else torch.float32
                 W = p.detach().to(device="cpu", dtype=host).numpy()  # a view for CPU float tensors
-                try:
-                    solver.step(W, g)  # a bfloat16 g is centered only to its rounding
-                except ValueError as exc:
-                    raise ValueError(f"the gradient of {name}: {exc}") from exc
+                solver._commit(W, res, M)
                 if W.ctypes.data != p.data_ptr():
                     p.copy_(torch.from_numpy(np.ascontiguousarray(W)))
                 else:  # written through its NumPy view, which autograd does not see
@@ -560,6 +599,7 @@ def _build() -> dict[str, Any]:
         def load_state_dict(self, state_dict: dict) -> None:
             """Restore a ``state_dict()`` (also one loaded by ``torch.load`` with its
             default ``weights_only=True``)."""
+            _check_saved_groups(self, state_dict)
             state_dict = dict(state_dict)
             solvers = state_dict.pop("refgeo_solvers", {})
             super().load_state_dict(state_dict)

@@ -384,3 +384,23 @@ def test_rownorm_centers_rows_near_the_float64_maximum():
     assert opt.t == 1
     np.testing.assert_allclose(W, -0.1 * _rn(Gc, 0.0), rtol=1e-15, atol=0.0)
     np.testing.assert_array_equal(opt.buffer, (1.0 - 0.95) * Gc)
+
+
+
+@pytest.mark.parametrize("cls", ["RowNorm", "DiameterLMO"])
+def test_an_expanded_tensor_is_refused_as_param(cls):
+    """An expanded tensor's NumPy view is writeable, but its rows are one row in memory:
+    the in-place update wrote every row's step over the others (5 equal rows came back)."""
+    torch = pytest.importorskip("torch")
+    W = torch.zeros(1, 3, dtype=torch.float64).expand(5, 3)
+    G = refgeo.center_rows(np.random.default_rng(0).standard_normal((5, 3)))
+    opt = getattr(refgeo, cls)(lr=0.1)
+    with pytest.raises(ValueError, match=re.escape("param must not repeat its entries in memory")):
+        opt.step(W, G)
+    assert torch.equal(W, torch.zeros(5, 3, dtype=torch.float64))
+    # a writeable NumPy array with a zero stride, the same way
+    row = np.zeros(3)
+    A = np.lib.stride_tricks.as_strided(row, (5, 3), (0, 8), writeable=True)
+    with pytest.raises(ValueError, match="param must not repeat"):
+        opt.step(A, G)
+    assert not row.any()

@@ -627,7 +627,7 @@ def test_a_refused_param_group_leaves_the_optimizer_as_it_was(cls):
     assert [g["lr"] for g in opt.param_groups] == [0.1, 0.5]
 
 
-@pytest.mark.parametrize("bad", ["nan", "not_centered", "lr"])
+@pytest.mark.parametrize("bad", ["nan", "not_centered", "lr", "solve"])
 def test_diameter_lmo_bad_group_changes_no_group(bad):
     """A bad gradient or hyper-parameter in group 1 leaves group 0 (parameter, solver
     state) as it was, as RowNorm does: the step is all or nothing."""
@@ -644,12 +644,18 @@ def test_diameter_lmo_bad_group_changes_no_group(bad):
         g[0, 0] = float("nan")
     elif bad == "not_centered":
         g[0] += 1.0
+    elif bad == "solve":
+        # passes every check up front and fails in the solve: its tension is beyond
+        # the float64 range (group 0 had moved when the solves ran one after a step)
+        rows = refgeo.center_rows(np.random.default_rng(0).standard_normal((8, 3)))
+        g = torch.from_numpy(rows / np.abs(rows).max() * 1.79e308)
     else:
         opt.param_groups[1]["lr"] = -1.0
     B.grad = g
     with pytest.raises(ValueError):
         opt.step()
     assert torch.equal(A.detach(), A_before)
+    assert opt.state[A]["step"] == 1
     after = opt.state_dict()
     assert after["refgeo_solvers"][0]["t"] == saved["refgeo_solvers"][0]["t"] == 1
     np.testing.assert_array_equal(after["refgeo_solvers"][0]["buffer"], saved["refgeo_solvers"][0]["buffer"])
@@ -797,3 +803,54 @@ def test_steps_written_through_numpy_views_are_seen_by_autograd(kind):
         assert opt.step(W, torch.tensor(G)) is W
     with pytest.raises(RuntimeError, match="modified by an inplace operation"):
         loss.backward()
+
+
+def test_rownorm_gradient_of_a_resized_parameter_changes_no_group():
+    """A parameter resized in place (p.data = ...) keeps its momentum buffer: torch's
+    broadcast error came after the earlier groups had moved and the step count grown."""
+    rng = np.random.default_rng(3)
+    A = torch.nn.Parameter(torch.from_numpy(rng.standard_normal((5, 3))))
+    B = torch.nn.Parameter(torch.from_numpy(rng.standard_normal((5, 3))))
+    opt = rtorch.RowNorm([{"params": [A]}, {"params": [B]}], lr=0.1, momentum=0.9)
+    A.grad, B.grad = torch.ones(5, 3, dtype=torch.float64), torch.ones(5, 3, dtype=torch.float64)
+    opt.step()
+    A_before = A.detach().clone()
+    B.data = torch.zeros(6, 3, dtype=torch.float64)
+    B.grad = torch.ones(6, 3, dtype=torch.float64)
+    with pytest.raises(ValueError, match=re.escape("the gradient of param_groups[1]['params'][0] must keep "
+                                                   "the shape of the optimizer state (5, 3), got shape (6, 3)")):
+        opt.step()
+    assert torch.equal(A.detach(), A_before) and opt.state[A]["step"] == opt.state[B]["step"] == 1
+
+
+def test_diameter_lmo_messages_name_its_own_class_and_arguments():
+    W, V = (torch.nn.Parameter(torch.zeros(4, 3, dtype=torch.float64)) for _ in range(2))
+    with pytest.raises(ValueError, match=re.escape("refgeo.torch.DiameterLMO takes exactly one 2-D parameter")):
+        rtorch.DiameterLMO([W, V], lr=0.1)
+    opt = rtorch.DiameterLMO([W], lr=0.1)
+    W.grad = torch.eye(4, 3, dtype=torch.float64).to_sparse()
+    with pytest.raises(TypeError, match=re.escape("the gradient of param_groups[0]['params'][0] must be dense, "
+                                                  "got a sparse tensor instead.")):
+        opt.step()
+    W.grad = torch.ones(4, 3, dtype=torch.float64)  # rows that do not sum to zero
+    with pytest.raises(ValueError, match=r"the gradient of param_groups\[0\]\['params'\]\[0\]: grad must have "
+                                         r"rows summing to zero"):
+        opt.step()
+
+
+def test_a_state_dict_of_the_other_optimizer_is_refused_before_any_change():
+    """RowNorm's state loaded into a DiameterLMO (or back) raised KeyError at the next
+    step, or after torch had replaced the param groups (the optimizer then unusable)."""
+    W = torch.nn.Parameter(torch.from_numpy(np.random.default_rng(0).standard_normal((5, 3))))
+    rn, lmo = rtorch.RowNorm([W], lr=0.1), rtorch.DiameterLMO([W], lr=0.2)
+    W.grad = torch.from_numpy(refgeo.center_rows(np.random.default_rng(1).standard_normal((5, 3))))
+    rn.step()
+    lmo.step()
+    for opt, other in ((rn, lmo), (lmo, rn)):
+        before = copy.deepcopy(opt.state_dict())
+        with pytest.raises(ValueError, match=re.escape(f"state_dict must be a state_dict() of refgeo.torch."
+                                                       f"{type(opt).__name__}, got param group 0 without")):
+            opt.load_state_dict(other.state_dict())
+        after = opt.state_dict()
+        assert after["param_groups"] == before["param_groups"]
+        opt.step()  # still usable
