@@ -37,7 +37,7 @@ _pinned_lock = threading.Lock()
 
 
 @contextlib.contextmanager
-def _pinned_blas() -> Iterator[None]:
+def _pinned_blas(controller: Any) -> Iterator[None]:
     # BLAS's thread count is one setting for the whole process, and calls overlap in
     # several threads: with a limiter per call the one that left last restored the
     # 1 the other had set, and BLAS stayed single-threaded for the rest of the process
@@ -45,7 +45,7 @@ def _pinned_blas() -> Iterator[None]:
     # first call to enter pins it and the last to leave restores it.
     with _pinned_lock:
         if _pinned.inside == 0:
-            _pinned.limiter = _CONTROLLER.limit(limits=1, user_api="blas")
+            _pinned.limiter = controller.limit(limits=1, user_api="blas")
         _pinned.inside += 1
     try:
         yield
@@ -73,4 +73,4 @@ def blas_single_thread(n_threads: int = 2):
         from threadpoolctl import ThreadpoolController
 
         _CONTROLLER = ThreadpoolController()
-    return _pinned_blas()
+    return _pinned_blas(_CONTROLLER)
