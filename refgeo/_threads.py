@@ -43,18 +43,23 @@ def _pinned_blas(controller: Any) -> Iterator[None]:
     # 1 the other had set, and BLAS stayed single-threaded for the rest of the process
     # (the first to leave also unpinned BLAS under the other's OpenMP tiles).  So the
     # first call to enter pins it and the last to leave restores it.
-    with _pinned_lock:
-        if _pinned.inside == 0:
-            _pinned.limiter = controller.limit(limits=1, user_api="blas")
-        _pinned.inside += 1
+    entered = False
     try:
+        with _pinned_lock:
+            if _pinned.inside == 0:
+                _pinned.limiter = controller.limit(limits=1, user_api="blas")
+            _pinned.inside += 1
+            entered = True
         yield
     finally:
-        with _pinned_lock:
-            _pinned.inside -= 1
-            if _pinned.inside == 0:
-                limiter, _pinned.limiter = _pinned.limiter, None
-                limiter.restore_original_limits()
+        # (the count is taken inside the try, so that a Ctrl-C arriving after the lock
+        # block is undone here; one between the increment and `entered` is not)
+        if entered:
+            with _pinned_lock:
+                _pinned.inside -= 1
+                if _pinned.inside == 0:
+                    limiter, _pinned.limiter = _pinned.limiter, None
+                    limiter.restore_original_limits()
 
 
 def blas_single_thread(n_threads: int = 2):

@@ -32,9 +32,11 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import errno
 import functools
 import importlib.util
 import inspect
+import io
 import json
 import math
 import os
@@ -611,9 +613,11 @@ def _cmd_tokenwise(args: argparse.Namespace) -> int:
     if args.cls == "mlp":
         # the library's message names its train_fraction, which no option here sets
         tf, n = _MLP_DEFAULTS["train_fraction"], X.shape[0]
-        if not 1 <= round(tf * n) <= n - 1:
+        n_train = int(round(tf * n))  # as fit_tokenwise_mlp splits them
+        if not 1 <= n_train <= n - 1:
             raise CLIError(f"--cls mlp trains on {tf:.0%} of the tokens and evaluates on the rest, which "
-                           f"needs at least one of each: N = {n} tokens leave {round(tf * n)} for training")
+                           f"needs at least one of each: N = {n} tokens give {n_train} for training and "
+                           f"{n - n_train} held out")
     else:  # the MLP is one global map: no neighbors, --k does not apply
         if args.k >= X.shape[0]:
             raise CLIError(f"--k must be smaller than the number of tokens N = {X.shape[0]}, got {args.k} instead")
@@ -774,6 +778,13 @@ def _build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+class _ClosedStdout(io.TextIOBase):
+    """Python's ``sys.stdout`` is None when the process started with stdout closed."""
+
+    def write(self, text: str) -> int:
+        raise OSError(errno.EBADF, "standard output is closed")
+
+
 def _to_stderr(line: str) -> None:
     """Print one line to stderr, or nothing where stderr is closed (``2>&-``): the
     message is lost, but the exit status still says what happened (the print raised
@@ -856,8 +867,10 @@ def main(argv: list[str] | None = None) -> int:
     ``refgeo inspect m.npy | head -n 3`` does), 2 for any error (one line on stderr),
     130 after Ctrl-C (one line on stderr).
     """
-    if sys.stdout is None:  # started with stdout closed (>&-): nowhere to write the result
-        return _fail(None, "standard output is closed")
+    if sys.stdout is None:
+        # started with stdout closed (>&-): a command that prints fails when it writes
+        # (one line, status 2), and `demo`, which writes only files, still runs
+        sys.stdout = _ClosedStdout()
     try:
         status = _run(argv)
         # flush here, not at interpreter exit, so that a closed pipe is seen (and handled) now

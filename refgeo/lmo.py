@@ -716,7 +716,11 @@ class LMOResult:
         The budget.
     method : str
         ``"zero"``, ``"rank1"``, ``"two_rows"`` (closed forms), ``"barrier"``,
-        ``"irls"`` or ``"admm"`` (see :func:`diameter_lmo`, Notes).
+        ``"irls"`` or ``"admm"`` (see :func:`diameter_lmo`, Notes), or ``"rownorm"``: a
+        solve stopped by ``max_time`` or ``max_iter`` whose step decreased less than the
+        projected RowNorm step, which is returned instead (``pairs``, ``flows``,
+        ``iterations`` and ``rounds`` are then the stopped solver's, certifying the
+        upper bound; complementary slackness does not hold on them).
     converged : bool
         ``gap <= rtol`` was reached (closed forms too: their certified gap is a few
         units of roundoff, so only an ``rtol`` below about ``16 eps`` is not reached).
@@ -1481,7 +1485,8 @@ def diameter_lmo(
         rounding) returns that step instead, its decrease as the lower bound.
     max_iter : int, default=None
         Limit on iterations (Newton steps, IRLS reweightings or ADMM iterations;
-        None: no limit); 0 certifies the starting point.
+        None: no limit); 0 certifies the starting point (or returns the projected
+        RowNorm step, where that decreases more, see ``max_time``).
     warm_start : LMOResult, default=None
         A previous result (e.g. the last optimizer step): for the ADMM, its step and
         flowing pairs start the working set, the potentials and the flows (the other
@@ -1711,7 +1716,7 @@ def _no_worse_than_rownorm(res: LMOResult, Gc: np.ndarray, scale: float, rtol: f
     lower, upper = _checked_bracket(decrease, res.upper_bound, "diameter_lmo (RowNorm step)")
     gap = _relative_gap(lower, upper)
     return dataclasses.replace(res, update=_readonly(S), decrease=decrease, lower_bound=lower,
-                               upper_bound=upper, gap=gap, converged=gap <= rtol)
+                               upper_bound=upper, gap=gap, converged=gap <= rtol, method="rownorm")
 
 
 def _checked_warm_start(warm: LMOResult, V: int, d: int) -> LMOResult:

@@ -96,6 +96,7 @@ from ._certify import (
     f64,
     scale_exponent,
     scale_rows,
+    scale_rows_inplace,
     unscale,
     unscale_array,
 )
@@ -1012,7 +1013,7 @@ def covering_radius(S: Any, /, *, tol: float = 1e-10, max_iter: int = 100_000) -
     # rows were two)
     X = np.array(_to_numpy(S), dtype=np.float64)
     e = scale_exponent(np, [X])
-    X = scale_rows(np, X, e)
+    scale_rows_inplace(X, e)
     V = X.shape[0]
     mu = X.mean(axis=0)
     X -= mu

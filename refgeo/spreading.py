@@ -642,9 +642,9 @@ def spread(
         iteration, about :math:`3 \cdot 10^{-9} (V d)^3` seconds, would take longer
         than both ``max_time`` and 1 s, or than 1 s without ``max_time``; from a start
         whose extreme pairs are tied, a lattice or a code, the first iteration takes
-        about :math:`10^{-8} V (V - 1) (V d + 1)^2` seconds, and where that exceeds the
-        same limit only the random starts run, the start being returned unless one of
-        them beats it); a construction that the local iteration
+        about :math:`10^{-8} V (V - 1) (V d + 1)^2` seconds, and with ``max_time``,
+        where that exceeds the same limit, only the random starts run, the construction
+        being returned unless one of them beats it); a construction that the local iteration
         cannot improve is returned as is (``result.method == "construction"``): a
         packing in a ball (the iteration works on the sphere), a lattice shell subset,
         and the Kerdock, tagged Kerdock and Delsarte-Goethals codes, at which no
@@ -878,7 +878,8 @@ def spread(
         # start stays the result unless a random start beats it (a lattice or code is
         # mostly first-order stationary: there its own solve ended after that one
         # iteration, without a gain)
-        skip = first is not None and (auto or max_time is not None) and _tied_start_seconds(first) > cap
+        skip = (auto and max_time is not None and user_X is None and best_c is not None
+                and _tied_start_seconds(X) > cap)
         X, n_iter = _multistart(first, V, d, n_starts=n_starts, rng=rng, clock=opt_clock,
                                 bound=bound.value, report=report, skip_first=skip)
     elif method == "smooth":

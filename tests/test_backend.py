@@ -347,7 +347,8 @@ def test_overlapping_blas_pins_restore_the_thread_count_when_the_last_one_leaves
     import scipy.linalg  # noqa: F401  (SciPy's BLAS loaded, as the controller loads it)
     with threadpool_limits(limits=2, user_api="blas"):  # more than one, whatever the machine
         before = counts()
-        assert before and max(before) == 2
+        if not before or max(before) < 2:
+            pytest.skip("a BLAS without threads: nothing to pin")
         a, b = blas_single_thread(), blas_single_thread()
         a.__enter__()
         b.__enter__()

@@ -505,7 +505,7 @@ def test_tokenwise_mlp_uses_no_neighbors(capsys, tmp_path):
         (["{cloud}"], ["required"]),
         # the library's message named train_fraction, which no option of the command sets
         (["{tworows}", "{tworows}", "--cls", "mlp"],
-         ["--cls mlp trains on 80% of the tokens", "N = 2 tokens leave 2 for training"]),
+         ["--cls mlp trains on 80% of the tokens", "N = 2 tokens give 2 for training and 0 held out"]),
     ],
 )
 def test_tokenwise_errors(capsys, files, tmp_path, args, fragments):
@@ -674,10 +674,11 @@ def _close_fd(fd):
 
 def test_closed_stdout_or_stderr_gives_status_2_without_a_traceback(tmp_path):
     # started with stdout closed (`refgeo config >&-`): Python's sys.stdout is None, and
-    # the flush raised AttributeError with a traceback (status 1)
+    # the flush raised AttributeError with a traceback (status 1); the command now fails
+    # where it writes (a command that writes only files, like demo, still runs)
     proc = subprocess.run(_refgeo("config"), capture_output=False, stderr=subprocess.PIPE, text=True,
                           preexec_fn=_close_fd(1), timeout=120)
-    assert (proc.returncode, proc.stderr) == (2, "refgeo: error: standard output is closed\n")
+    assert (proc.returncode, proc.stderr) == (2, "refgeo config: error: [Errno 9] standard output is closed\n")
     # stderr closed (`2>&-`): printing the error raised OSError (status 1); the status
     # still says it is an error of the command
     proc = subprocess.run(_refgeo("inspect", str(tmp_path / "none.npy")), stdout=subprocess.PIPE,

@@ -398,9 +398,17 @@ def test_an_expanded_tensor_is_refused_as_param(cls):
     with pytest.raises(ValueError, match=re.escape("param must not repeat its entries in memory")):
         opt.step(W, G)
     assert torch.equal(W, torch.zeros(5, 3, dtype=torch.float64))
-    # a writeable NumPy array with a zero stride, the same way
+    # a writeable NumPy array with a zero stride, and overlapping windows of a tensor
     row = np.zeros(3)
     A = np.lib.stride_tricks.as_strided(row, (5, 3), (0, 8), writeable=True)
     with pytest.raises(ValueError, match="param must not repeat"):
         opt.step(A, G)
     assert not row.any()
+    line = torch.zeros(7, dtype=torch.float64)
+    with pytest.raises(ValueError, match="param must not repeat"):
+        opt.step(line.unfold(0, 3, 1), G)  # shape (5, 3), strides (1, 1)
+    assert not line.any()
+    # layouts that do not overlap pass: transposed, sliced, negative strides
+    base = np.zeros((3, 10))
+    for P in (base.T[:5], base[:, ::2].T, np.zeros((5, 3))[::-1]):
+        getattr(refgeo, cls)(lr=0.1).step(P, G)

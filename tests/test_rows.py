@@ -254,13 +254,15 @@ def test_covering_radius_bounds(S):
     assert D <= math.sqrt(2) * np.linalg.norm(S, 2) * (1 + 1e-12) + 1e-12
 
 
-def test_covering_radius_holds_one_float64_copy_of_the_rows():
+@pytest.mark.parametrize("dtype, scale", [(np.float32, 1.0), (np.float64, 1e200)])
+def test_covering_radius_holds_one_float64_copy_of_the_rows(dtype, scale):
     """The solver's temporaries were two more arrays of the size of the rows (a 200,000 x
-    64 float32 file: 314 MB for 51 MB of rows); now one float64 copy, scaled and centered
-    in place, and the distances to the center in blocks."""
+    64 float32 file: 314 MB for 51 MB of rows); now one float64 copy, scaled (rows of
+    1e200 are solved times a power of two) and centered in place, and the distances to
+    the center in blocks."""
     import tracemalloc
 
-    S = np.random.default_rng(4).standard_normal((20_000, 64)).astype(np.float32)
+    S = (np.random.default_rng(4).standard_normal((20_000, 64)) * scale).astype(dtype)
     copy = S.size * 8
     tracemalloc.start()
     try:
@@ -269,7 +271,7 @@ def test_covering_radius_holds_one_float64_copy_of_the_rows():
     finally:
         tracemalloc.stop()
     assert peak < 1.5 * copy, (peak, copy)  # the old code: 3 copies
-    assert np.all(np.linalg.norm(S - ball.center, axis=1) <= ball.radius * (1 + 1e-6))
+    assert np.all(np.linalg.norm((S - ball.center) / scale, axis=1) <= ball.radius / scale * (1 + 1e-6))
 
 
 def test_hilbert_rms_matches_definition(backend):

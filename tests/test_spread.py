@@ -527,13 +527,14 @@ def test_auto_runs_the_epigraph_only_where_one_slsqp_iteration_fits(monkeypatch,
     assert r.ratio <= r.upper_bound
 
 
-@pytest.mark.parametrize("V, d, max_time, skip", [(40, 10, 0.1, True), (40, 10, None, True),
+@pytest.mark.parametrize("V, d, max_time, skip", [(40, 10, 0.1, True), (40, 10, None, False),
                                                  (40, 10, 3.0, False), (20, 5, 0.1, False)])
 def test_auto_skips_a_tied_start_whose_first_slsqp_iteration_overruns(monkeypatch, V, d, max_time, skip):
     """From a tied start (the D10 shell at (40, 10): many pairs at both extremes) SLSQP's
     first iteration took 1.7 s, and spread(40, 10, max_time=0.1) returned after 2.2 s.
     Where that iteration is estimated beyond max(max_time, 1 s), only the random starts
-    run, and the start is still the answer unless one of them beats it."""
+    run, and the start is still the answer unless one of them beats it.  Without
+    max_time nothing is skipped (the results stay as they were), nor is a user's start."""
     from refgeo import spreading
 
     seen = []
@@ -546,6 +547,9 @@ def test_auto_skips_a_tied_start_whose_first_slsqp_iteration_overruns(monkeypatc
     r = refgeo.spread(V, d, max_time=max_time, seed=0)
     assert seen == [skip]
     assert r.init.startswith(("shell(D10", "lattice(D5)")) and r.ratio <= r.upper_bound
+    if skip:  # the same tied points as a user's start are solved from
+        refgeo.spread(V, d, init=np.array(r.points), max_time=max_time, seed=0)
+        assert seen == [True, False]
 
 
 def test_tied_start_estimate_tells_codes_from_points_in_general_position():

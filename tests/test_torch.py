@@ -854,3 +854,14 @@ def test_a_state_dict_of_the_other_optimizer_is_refused_before_any_change():
         after = opt.state_dict()
         assert after["param_groups"] == before["param_groups"]
         opt.step()  # still usable
+
+
+def test_diameter_lmo_refuses_a_parameter_with_repeated_entries():
+    """Written through its NumPy view, an expanded parameter came back with all rows
+    equal to the last row's step, without an error."""
+    W = torch.nn.Parameter(torch.zeros(1, 3, dtype=torch.float64).expand(5, 3))
+    opt = rtorch.DiameterLMO([W], lr=0.1)
+    W.grad = torch.from_numpy(refgeo.center_rows(np.random.default_rng(0).standard_normal((5, 3))))
+    with pytest.raises(ValueError, match=re.escape("parameter param_groups[0]['params'][0] must not repeat")):
+        opt.step()
+    assert not W.detach().any() and opt.last_result(0) is None
