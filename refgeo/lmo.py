@@ -691,8 +691,9 @@ class LMOResult:
     ----------
     update : ndarray of shape (V, d)
         The step S (float64, read-only): :math:`D(S) \le \eta` (certified),
-        :math:`\mathbf{1}^\top S = 0`.  For a solve stopped by ``max_time`` or
-        ``max_iter``, never a smaller decrease than the projected RowNorm step's.
+        :math:`\mathbf{1}^\top S = 0`.  For a solve stopped above ``rtol`` (by
+        ``max_time``, ``max_iter`` or a stalled gap), never a smaller decrease than the
+        projected RowNorm step's.
     decrease : float
         :math:`-\langle G, S \rangle` (float64), equal to ``eta * lower_bound``.
     lower_bound, upper_bound : float
@@ -717,8 +718,9 @@ class LMOResult:
     method : str
         ``"zero"``, ``"rank1"``, ``"two_rows"`` (closed forms), ``"barrier"``,
         ``"irls"`` or ``"admm"`` (see :func:`diameter_lmo`, Notes), or ``"rownorm"``: a
-        solve stopped by ``max_time`` or ``max_iter`` whose step decreased less than the
-        projected RowNorm step, which is returned instead (``pairs``, ``flows``,
+        solve stopped above ``rtol`` (``max_time``, ``max_iter``, a stalled gap) whose
+        step decreased less than the projected RowNorm step, which is returned instead
+        (``pairs``, ``flows``,
         ``iterations`` and ``rounds`` are then the stopped solver's, certifying the
         upper bound; complementary slackness does not hold on them).
     converged : bool

@@ -1016,7 +1016,9 @@ def test_admm_stops_when_its_gap_stalls_above_rtol():
         assert len(rounds) < 5000, "diameter_lmo keeps iterating on a stalled gap"
 
     r = refgeo.diameter_lmo(G, rtol=1e-12, callback=guard)
-    assert r.method == "admm" and not r.converged and r.gap > 1e-12
+    # nearly rank one: RowNorm's step (exact at rank one) beats the stalled ADMM's and
+    # is returned, with the ADMM's upper bound
+    assert r.method in ("admm", "rownorm") and not r.converged and r.gap > 1e-12
     exact = 0.5 * float(np.sum(np.abs(a))) * float(np.linalg.norm(b))
     slack = float(np.sum(np.linalg.norm(P, axis=1))) / math.sqrt(2.0)
     assert r.lower_bound <= exact + slack and r.upper_bound >= exact - slack
