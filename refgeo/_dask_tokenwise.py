@@ -50,6 +50,7 @@ from ._threads import blas_single_thread
 __all__ = [
     "check_fit_memory", "check_known_chunks", "fit", "fit_bytes", "max_abs", "max_abs_each",
     "metrics", "metrics_bytes", "panels", "parts", "parts_max_abs", "search_neighbors", "unscaled", "update_max",
+    "worker_identities",
 ]
 
 
@@ -266,6 +267,21 @@ def _local_plan(idx_block, offsets, I):
     return local[np.searchsorted(u, idx_block)], sources
 
 
+def worker_identities(client) -> dict:
+    """Every worker of a synchronous ``distributed.Client``, as the scheduler lists them now.
+
+    ``client.scheduler_info()`` fetches them and then returns the client's cache, which
+    the client's own periodic update (asking for no workers) can overwrite in between:
+    under load the workers came back empty, and the memory check was skipped.  Asked
+    directly, the scheduler answers with all of them (``n_workers=-1``: some releases
+    list only five by default).
+    """
+    try:
+        identity = client.sync(client.scheduler.identity, n_workers=-1)
+    except TypeError:  # a release whose identity takes no n_workers lists them all
+        identity = client.sync(client.scheduler.identity)
+    return dict(identity.get("workers") or {})
+
 def _room(X, n_tasks):
     """``(workers, local)``: the memory of the scheduler that runs ``X``'s graph.
 
@@ -292,9 +308,7 @@ def _room(X, n_tasks):
     distributed = sys.modules.get("distributed")  # a Client was made: it is imported
     avail = _memory.available_memory()
     if distributed is not None and isinstance(client, distributed.Client):
-        # n_workers=-1: every worker (some releases list only five by default; older
-        # ones ignore the argument and list them all)
-        info = client.scheduler_info(n_workers=-1)["workers"]
+        info = worker_identities(client)
         limits = [(int(w.get("memory_limit") or 0), max(1, int(w.get("nthreads") or 1))) for w in info.values()]
         workers = None
         if limits and min(m for m, _ in limits) > 0:  # else a worker without a limit: nothing known

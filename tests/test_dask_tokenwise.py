@@ -22,6 +22,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import refgeo
+from refgeo._dask_tokenwise import worker_identities
 
 from ._dask_cluster import TIMEOUT, kill_at_first_result, local_client
 
@@ -465,7 +466,9 @@ def _fit_maps(n, b, d, **kw):
 def test_memory_is_checked_against_the_workers_before_any_work(client):
     # the cluster's own memory limits: the maps of one token block exceed the smallest
     # worker's, or all the maps together exceed the workers' sum
-    limits = [w["memory_limit"] for w in client.scheduler_info()["workers"].values()]
+    # asked of the scheduler now: client.scheduler_info()'s cache came back without
+    # workers when the client's periodic update overwrote it (seen once under load)
+    limits = [w["memory_limit"] for w in worker_identities(client).values()]
     d = 512
     per_map = 8 * d * d
     b = min(limits) // per_map + 1
@@ -526,7 +529,7 @@ def test_memory_per_task_counts_the_tasks_a_worker_runs_at_once(client, limited)
     d = 512
     quarter = _available() // 4
     with _in_process_client(n_workers=1, threads_per_worker=2, memory_limit=quarter if limited else 0):
-        limit = next(iter(distributed.get_client().scheduler_info()["workers"].values()))["memory_limit"]
+        limit = next(iter(worker_identities(distributed.get_client()).values()))["memory_limit"]
         assert limit == (quarter if limited else 0)
         b = quarter * 3 // (4 * 8 * d * d)  # maps of 3/4 of the quarter per block
         with pytest.raises(_Computed):
