@@ -282,6 +282,7 @@ def worker_identities(client) -> dict:
         identity = client.sync(client.scheduler.identity)
     return dict(identity.get("workers") or {})
 
+
 def _room(X, n_tasks):
     """``(workers, local)``: the memory of the scheduler that runs ``X``'s graph.
 

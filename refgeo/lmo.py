@@ -720,9 +720,9 @@ class LMOResult:
         ``"irls"`` or ``"admm"`` (see :func:`diameter_lmo`, Notes), or ``"rownorm"``: a
         solve stopped above ``rtol`` (``max_time``, ``max_iter``, a stalled gap) whose
         step decreased less than the projected RowNorm step, which is returned instead
-        (``pairs``, ``flows``,
-        ``iterations`` and ``rounds`` are then the stopped solver's, certifying the
-        upper bound; complementary slackness does not hold on them).
+        (``pairs``, ``flows``, ``iterations`` and ``rounds`` are then the stopped
+        solver's, certifying the upper bound; complementary slackness does not hold on
+        them).
     converged : bool
         ``gap <= rtol`` was reached (closed forms too: their certified gap is a few
         units of roundoff, so only an ``rtol`` below about ``16 eps`` is not reached).

@@ -404,6 +404,18 @@ class DiameterLMO:
         and the new momentum buffer (None without momentum).  Changes nothing, so that
         ``refgeo.torch.DiameterLMO`` solves every group before it steps any."""
         lr, momentum, rtol, max_time, _ = self._checked_hyperparameters()
+        M, M_solve = self._checked_average(g, grad_eps, momentum)
+        warm = self.last_result
+        if warm is not None and tuple(warm.update.shape) != M.shape:
+            warm = None
+        res = diameter_lmo(M_solve, eta=lr, rtol=rtol, max_time=max_time, warm_start=warm)
+        return res, (M if momentum > 0.0 else None)
+
+    def _checked_average(self, g: np.ndarray, grad_eps: float, momentum: float) -> tuple[np.ndarray, np.ndarray]:
+        """``(M, M_solve)``: the momentum average of ``g`` and the matrix handed to the
+        solver, after the solver's own checks under this optimizer's name for the
+        gradient; changes nothing (``refgeo.torch.DiameterLMO`` checks every group with
+        it before solving any)."""
         M = self._averaged(g, momentum)
         # the solver's own checks, under the caller's name for the gradient (G is
         # diameter_lmo's); on M rescaled by a power of two, so no sum overflows
@@ -419,11 +431,7 @@ class DiameterLMO:
                 # gradient): the solver takes it centered (its step is the same, as
                 # 1^T S = 0) instead of refusing it at float64's tolerance
                 M_solve = _centered_unchecked(np, M)
-        warm = self.last_result
-        if warm is not None and tuple(warm.update.shape) != M.shape:
-            warm = None
-        res = diameter_lmo(M_solve, eta=lr, rtol=rtol, max_time=max_time, warm_start=warm)
-        return res, (M if momentum > 0.0 else None)
+        return M, M_solve
 
     def _commit(self, param: np.ndarray, res: Any, M: np.ndarray | None) -> None:
         """Apply a result of :meth:`_solve` to ``param`` (NumPy, in place) and the state."""

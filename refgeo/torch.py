@@ -27,8 +27,8 @@ import math
 from typing import Any
 
 from ._interop import from_foreign, mark_modified, precision_eps
+from ._validate import as_float_array, check_bool, check_int, check_min_rows, check_real
 from .optim import _check_no_repeated_entries
-from ._validate import as_float_array, check_bool, check_centered_rows, check_int, check_min_rows, check_real
 
 __all__ = ["DiameterLMO", "HeadStepMonitor", "RowNorm"]
 
@@ -503,8 +503,6 @@ def _build() -> dict[str, Any]:
             first."""
             import numpy as np
 
-            from .lmo import _centered_rtol, _pow2_exponent
-
             loss = None
             if closure is not None:
                 with torch.enable_grad():
@@ -530,11 +528,7 @@ def _build() -> dict[str, Any]:
                     check_min_rows(G, "grad", 2)  # before the centering check
                     # the solver's own checks, on what it solves: the momentum average of
                     # G with its buffer (a G that is not centered on its own may be)
-                    M = self._solvers.get(k, fresh)._averaged(G, fresh.momentum)
-                    # as the solver checks it, under the name of its argument, grad
-                    # (diameter_lmo's G is no name of this optimizer)
-                    check_centered_rows(np.ldexp(M, -_pow2_exponent(M)), "grad",
-                                        _centered_rtol(precision_eps(g.dtype)))
+                    self._solvers.get(k, fresh)._checked_average(G, precision_eps(g.dtype), fresh.momentum)
                 except ValueError as exc:
                     raise ValueError(f"the gradient of {name}: {exc}") from exc
                 # the solver reads its precision from the gradient's own dtype (a
