@@ -1,4 +1,4 @@
-"""Exact duplicate rows, found in O(V d) before an extreme-pair kernel runs.
+"""Exact duplicate rows, found in O(V d) before an extreme-pair or k-NN kernel runs.
 
 Why: the engines certify an extreme pair by refining, in float64 direct differences,
 every pair whose filtered squared distance lies within the rounding bound of the
@@ -25,6 +25,10 @@ tiny-distance limit of :mod:`refgeo.rows`).  Such a pair ties with identical row
 and may precede them in the tie rule.  :func:`separated` checks that it cannot happen
 (every nonzero entry at least 2**-400 of the largest); otherwise the rows run as they
 are.
+
+The k-NN kernel suffers the same way (a row's k-th distance ties with every copy of a
+row, beyond any heap) and runs on the distinct rows too; :func:`expand_neighbors` turns
+its answer back into rows.
 """
 
 from __future__ import annotations
@@ -34,8 +38,8 @@ import math
 
 import numpy as np
 
-__all__ = ["DuplicateRows", "classes", "duplicate_rows", "equal_rows", "hash_runs", "magnitudes", "row_hashes",
-           "separated", "separated_by"]
+__all__ = ["DuplicateRows", "classes", "duplicate_rows", "equal_rows", "expand_neighbors", "hash_runs",
+           "magnitudes", "row_hashes", "separated", "separated_by"]
 
 # elements of S hashed per block: bounds the temporaries at a few MiB whatever V d is
 _BLOCK_ELEMENTS = 1 << 18
@@ -57,10 +61,13 @@ class DuplicateRows:
     pair : tuple of int
         ``(i, j)``, the lexicographically smallest pair of identical rows: ``i`` the
         first row with a later copy, ``j`` its next copy.
+    label : ndarray of int64
+        The class of every row: ``S[i]`` equals ``S[first[label[i]]]``.
     """
 
     first: np.ndarray
     pair: tuple[int, int]
+    label: np.ndarray
 
 
 def row_hashes(S: np.ndarray) -> np.ndarray:
@@ -171,7 +178,7 @@ def classes(V: int, rows: np.ndarray, lead: np.ndarray, eq: np.ndarray, take) ->
     # the smallest i with a copy is the smallest rep among the copies; j its first copy
     i = int(rep[copies].min())
     j = int(copies[rep[copies] == i][0])
-    return DuplicateRows(first, (i, j))
+    return DuplicateRows(first, (i, j), np.searchsorted(first, rep))
 
 
 def separated(S: np.ndarray) -> bool:
@@ -209,3 +216,86 @@ def magnitudes(S: np.ndarray) -> tuple[float, float]:
 def separated_by(largest: float, smallest_nonzero: float) -> bool:
     """:func:`separated` from the :func:`magnitudes` of the rows (of all their blocks)."""
     return smallest_nonzero == math.inf or smallest_nonzero >= math.ldexp(largest, -400)
+
+
+def expand_neighbors(nbr: np.ndarray, dist: np.ndarray, label: np.ndarray, k: int,
+                     sq_distances) -> tuple[np.ndarray, np.ndarray]:
+    """The k nearest candidate rows of each query, from its nearest candidate classes.
+
+    Why: with identical candidate rows the k-NN kernel runs on one row per class
+    (:func:`refgeo.rows.knn`), and this turns its answer back into rows.  The rows in
+    the tie rule's order (distance, then index) are the classes in the kernel's order
+    (distance, then first row) with each class's rows in increasing order, except where
+    classes tie: there their rows interleave by index.  The first ``k`` rows come from
+    the first ``k`` classes of that order (each class ahead of a row puts its first row
+    ahead of it), so ``k`` classes per query suffice.
+
+    Parameters
+    ----------
+    nbr : ndarray of int64, shape (q, r)
+        The candidate classes nearest each query, in the kernel's order (``r >= k``
+        columns, or every class).
+    dist : ndarray of float64, shape (q, r)
+        Their distances.
+    label : ndarray of int64, shape (n,)
+        The class of each candidate row (:attr:`DuplicateRows.label`).
+    k : int
+        Rows per query, at most the rows of the classes in ``nbr[i]``.
+    sq_distances : callable
+        ``sq_distances(i, classes)``: the kernel's squared distances (float64, the
+        refined values whose order the tie rule follows) from query ``i`` to those
+        classes.  Called only for queries where classes with equal ``dist`` share a
+        run (equal square roots of different squares included), to order them exactly.
+
+    Returns
+    -------
+    indices, distances : ndarray of shape (q, k)
+        Candidate rows in the tie rule's order, and their distances.
+
+    Time O(q k log r), plus O(k r log(k r)) for each query with tied classes; memory a
+    few MiB beyond the outputs.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> label = np.array([0, 1, 0, 1, 2])  # rows 0, 2 and rows 1, 3 identical
+    >>> idx, _ = expand_neighbors(np.array([[1, 0, 2]]), np.array([[1.0, 2.0, 3.0]]),
+    ...                           label, 3, None)
+    >>> idx.tolist()
+    [[1, 3, 0]]
+    """
+    q, r = nbr.shape
+    order = np.argsort(label, kind="stable")  # the rows of each class, increasing
+    counts = np.bincount(label)
+    starts = np.cumsum(counts) - counts
+    indices = np.empty((q, k), dtype=np.int64)
+    distances = np.empty((q, k), dtype=dist.dtype)
+    pos = np.arange(k)
+    step = max(1, _BLOCK_ELEMENTS // (r + k))
+    for s in range(0, q, step):
+        C, D = nbr[s : s + step], dist[s : s + step]
+        b = np.arange(C.shape[0])[:, None]
+        cnt = np.minimum(counts[C], k)  # a class gives at most k rows
+        cum = np.cumsum(cnt, axis=1)
+        # rank[b, p]: the class of output position p, by one sorted search over the
+        # block's cumulative counts (rows kept apart by an offset beyond every count)
+        off = b * (int(cum[:, -1].max()) + 1)
+        rank = np.searchsorted((cum + off).ravel(), (pos + off).ravel(), side="right").reshape(C.shape[0], k)
+        rank -= b * r
+        taken = pos - (cum[b, rank] - cnt[b, rank])  # position within its class
+        indices[s : s + step] = order[starts[C[b, rank]] + taken]
+        distances[s : s + step] = D[b, rank]
+        # classes at one distance interleave by index: only where a class used with a
+        # second row is followed by one at its distance (used or not); those queries
+        # are sorted over all their classes by the exact squared distance
+        used = np.arange(r - 1) <= rank[:, -1:]
+        run = (D[:, 1:] == D[:, :-1]) & (counts[C[:, :-1]] > 1) & used
+        for t in np.flatnonzero(run.any(axis=1)):
+            sq = sq_distances(s + t, C[t])
+            parts = [order[starts[c] : starts[c] + min(counts[c], k)] for c in C[t]]
+            which = np.repeat(np.arange(r), [x.size for x in parts])
+            rows = np.concatenate(parts)
+            best = np.lexsort((rows, sq[which]))[:k]
+            indices[s + t] = rows[best]
+            distances[s + t] = D[t, which[best]]
+    return indices, distances

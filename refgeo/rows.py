@@ -91,6 +91,7 @@ from . import _backend, _dask, _duplicates, _engine, _memory, _progress, _refere
 from ._certify import (
     U64,
     _quiet_overflow,
+    canonical_sq,
     compensated_sums,
     dtype_name,
     f64,
@@ -861,6 +862,13 @@ def knn(
     it cannot certify are redone with a float64 filter.  Invariant under a common
     translation, orthogonal maps and scaling of ``X`` and ``Y``.
 
+    Identical NumPy rows (untrained or padding rows of a head, the hidden states of
+    one token at an embedding layer) would tie at the k-th distance beyond any heap;
+    the kernel runs on one row of each class of copies instead, and its answer is
+    expanded to every row, copies by index (a copy of the distinct rows in memory;
+    against ``Y`` a side is searched for copies where the other has at least 256 rows).
+    With 40% of 4,000 rows identical this is 11 times faster for k = 16.
+
     References
     ----------
     .. [1] Tokenwise decomposition of layer updates, arXiv:2604.02459.
@@ -900,11 +908,11 @@ def knn(
     xp = array_namespace(X) if Y is None else array_namespace(X, Y)
     e = scale_exponent(xp, [X] if Y is None else [X, Y])
     with _progress.Progress(progress, None, desc="knn", unit="tile") as bar:
-        run = _backend.run(
-            _KNN, (X, Y), scale_rows(xp, X, e), k, None if Y is None else scale_rows(xp, Y, e),
-            exclude_self=exclude_self, tile_size=tile_size, n_threads=n_threads,
-            progress=bar if bar.active else None,
-        )
+        options = dict(tile_size=tile_size, n_threads=n_threads, progress=bar if bar.active else None)
+        run = _knn_of_distinct_rows(X, Y, k, exclude_self, e, options)
+        if run is None:
+            run = _backend.run(_KNN, (X, Y), scale_rows(xp, X, e), k, None if Y is None else scale_rows(xp, Y, e),
+                               exclude_self=exclude_self, **options)
         bar.finish()
     dist = _unscaled_distances(xp, run, e, "the largest k-NN distance")
     return KNNResult(
@@ -917,6 +925,96 @@ def knn(
         scale_exponent=e,
         converted_from=_converted(origin_x, origin_y),
     )
+
+
+# Against Y, the rows of one side are searched for copies only where the other side
+# has at least this many: the search (a hash of every row) costs about what the kernel
+# spends on 15 rows (200,000 x 64 float32 candidates: 0.06 s, against 0.04 s for the
+# k-NN of 10 queries), and copies among a few queries' candidates cost those queries a
+# redo against every candidate at most.
+KNN_COPIES_MIN_OTHER = 256
+
+
+def _distinct_rows(A) -> _duplicates.DuplicateRows | None:
+    """The classes of identical rows of a NumPy ``A`` where a kernel may run on one row
+    of each (:func:`_duplicate_rows`), else None."""
+    return _duplicate_rows(A)[0] if is_numpy_array(A) else None
+
+
+def _copies_worth_removing(dup, k, *, candidates) -> _duplicates.DuplicateRows | None:
+    """``dup`` where running on the distinct rows pays (else None): an eighth of the
+    rows or more are copies, or (``candidates``) a class holds more than ``k`` rows,
+    whose ties at a query's k-th distance a heap cannot hold.  Otherwise the kernel
+    certifies the copies in its heaps, and classes at one distance would cost the
+    expansion a sort per query (5,000 sign rows of R^16 with 168 copies, k = 64:
+    0.7 s expanded against 0.35 s as they are)."""
+    if dup is None:
+        return None
+    n = dup.label.size
+    if n - dup.first.size >= n / 8 or (candidates and np.bincount(dup.label).max() > k):
+        return dup
+    return None
+
+
+def _knn_of_distinct_rows(X, Y, k, exclude_self, e, options) -> _backend.KernelRun | None:
+    """The k-NN kernel run on one row of each class of identical rows, its answer
+    expanded to all rows (:func:`refgeo._duplicates.expand_neighbors`); None where the
+    copies do not pay for it (:func:`_copies_worth_removing`), where no class has two
+    rows, and for rows that are not NumPy rows or not separated.
+
+    Why: a query's k-th distance ties with every copy of a row there, and a heap of
+    ``k + max(8, k/2)`` entries cannot certify such a tie: the rows are redone with
+    larger heaps, then against every candidate.  8,000 copies of one row among 16,000
+    took 3 s against 0.05 s for the other 8,000 rows, and the hidden states of a
+    model's embedding layer repeat one row per occurrence of a token.
+
+    Identical rows have bitwise equal refined distances to every row, so a query
+    class's answer is every query's answer; with ``Y`` None a row's own class comes
+    first (distance 0, every other class is farther: the rows are separated), and
+    ``exclude_self`` drops the row itself from its class's ``k + 1`` nearest rows.
+    ``n_refined`` and ``error_bound`` are those of the run on the distinct rows.
+    """
+    k_out = k + int(Y is None and exclude_self)  # with the row itself, dropped below
+    if Y is None:
+        dup_x = dup_y = _copies_worth_removing(_distinct_rows(X), k_out, candidates=True)
+    else:  # each side searched only where the other is large enough to pay for it
+        dup_x = _copies_worth_removing(_distinct_rows(X), k_out, candidates=False) \
+            if Y.shape[0] >= KNN_COPIES_MIN_OTHER else None
+        dup_y = _copies_worth_removing(_distinct_rows(Y), k_out, candidates=True) \
+            if X.shape[0] >= KNN_COPIES_MIN_OTHER else None
+    if dup_x is None and dup_y is None:
+        return None
+    xp = array_namespace(X)
+    n_x = X.shape[0]
+    label_x = np.arange(n_x) if dup_x is None else dup_x.label
+    U = scale_rows(xp, X if dup_x is None else X[dup_x.first], e)  # the query rows that run
+    if Y is None:
+        n_u = U.shape[0]
+        if n_u == 1:  # one class: its row against itself, at distance 0
+            run = _backend.run(_KNN, (X, None), U, 1, U, exclude_self=False, **options)
+            nbr, dist = run.indices, run.distances
+        else:
+            run = _backend.run(_KNN, (X, None), U, min(max(k_out - 1, 1), n_u - 1), None,
+                               exclude_self=True, **options)
+            nbr = np.hstack([np.arange(n_u)[:, None], run.indices])
+            dist = np.hstack([np.zeros((n_u, 1)), run.distances])
+        UY, label_y = U, label_x
+    else:
+        UY = scale_rows(xp, Y if dup_y is None else Y[dup_y.first], e)
+        label_y = np.arange(Y.shape[0]) if dup_y is None else dup_y.label
+        run = _backend.run(_KNN, (X, Y), U, min(k, UY.shape[0]), UY, exclude_self=False, **options)
+        nbr, dist = run.indices, run.distances
+
+    def sq_distances(i, classes):
+        return canonical_sq(np, np.asarray(U[i], dtype=np.float64), np.asarray(UY[classes], dtype=np.float64))
+
+    idx, d = _duplicates.expand_neighbors(nbr, dist, label_y, k_out, sq_distances)
+    idx, d = idx[label_x], d[label_x]
+    if Y is None and exclude_self:  # drop the row itself where it is among the k + 1
+        keep = idx != np.arange(n_x)[:, None]
+        keep[keep.all(axis=1), k] = False
+        idx, d = idx[keep].reshape(n_x, k), d[keep].reshape(n_x, k)
+    return dataclasses.replace(run, indices=idx, distances=d)
 
 
 # --------------------------------------------------------------------------- covering radius

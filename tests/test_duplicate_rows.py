@@ -12,7 +12,7 @@ import refgeo
 from refgeo import _duplicates, rows
 from refgeo._certify import scale_exponent
 
-from .test_engine import _kernel_pair, _oracle_extreme, _oracle_sq
+from .test_engine import _assert_knn_rows_exact, _kernel_pair, _oracle_extreme, _oracle_knn, _oracle_sq
 
 
 @st.composite
@@ -80,6 +80,67 @@ def test_many_identical_rows_are_not_refined_pair_by_pair(backend):
     assert D.n_refined <= 1
 
 
+@settings(max_examples=300, deadline=None)
+@given(S=clouds_with_copies(), data=st.data(), tile_size=st.integers(1, 8))
+def test_knn_of_rows_with_copies_is_the_knn_of_every_row(backend, S, data, tile_size):
+    """knn on one row per class of copies, expanded to every row, equals the oracle on
+    all rows: X against itself (with and without the row itself) and against Y, with
+    copies on either side and across (Y's copies searched whatever the size of X)."""
+    exclude_self = data.draw(st.booleans())
+    k = data.draw(st.integers(1, len(S) - int(exclude_self)))
+    rng = np.random.default_rng(data.draw(st.integers(0, 2**32 - 1)))
+    Y = S[rng.integers(0, len(S), size=data.draw(st.integers(1, 2 * len(S))))]
+    X = S[rng.integers(0, len(S), size=data.draw(st.integers(1, 2 * len(S))))]
+    k_y = data.draw(st.integers(1, len(Y)))
+    with pytest.MonkeyPatch.context() as mp:
+        if data.draw(st.booleans()):  # expanded however few the copies
+            mp.setattr(rows, "_copies_worth_removing", lambda dup, k, candidates: dup)
+        mp.setattr(rows, "KNN_COPIES_MIN_OTHER", data.draw(st.sampled_from([1, 256])))
+        r = refgeo.knn(S, k, exclude_self=exclude_self, tile_size=tile_size)
+        r_y = refgeo.knn(X, k_y, Y, tile_size=tile_size)
+    idx, dist = _oracle_knn(S, k, exclude_self=exclude_self)
+    np.testing.assert_array_equal(r.indices, idx)
+    np.testing.assert_array_equal(r.distances, dist)
+    assert r.backend == backend
+    idx, dist = _oracle_knn(X, k_y, Y)
+    np.testing.assert_array_equal(r_y.indices, idx)
+    np.testing.assert_array_equal(r_y.distances, dist)
+
+
+def test_knn_interleaves_classes_at_one_distance_by_index(backend):
+    """Rows 0 and 3 are copies at the distance of row 2 from row 1: row 1's neighbors
+    interleave the two classes by index (0, 2, 3), not class by class (0, 3, 2); so do
+    those of the query (1, 2) against these rows as Y."""
+    S = np.array([[2.0, 1.0], [1.0, 2.0], [0.0, 1.0], [2.0, 1.0]])
+    for exclude_self, want in ((True, [0, 2, 3]), (False, [1, 0, 2])):
+        assert refgeo.knn(S, 3, exclude_self=exclude_self).indices[1].tolist() == want
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(rows, "KNN_COPIES_MIN_OTHER", 1)
+        r = refgeo.knn(S[1:2], 3, S[[0, 3, 2, 0]])
+    assert r.indices.tolist() == [[0, 1, 2]]
+    np.testing.assert_array_equal(r.distances, np.sqrt(2.0))
+
+
+@pytest.mark.parametrize("dtype", [np.float64, np.float32])
+def test_knn_of_many_copies_runs_on_the_distinct_rows(backend, dtype):
+    """2,000 zero rows among 3,000 (a padding row repeated, or a model's embedding
+    layer: one hidden state per occurrence of a token).  Every zero row ties with
+    1,999 others at its k-th distance, beyond any heap, so each was refined against
+    every candidate (over 6e6 pairs; 3 s at 8,000 copies among 16,000); the distinct
+    rows are 1,001."""
+    rng = np.random.default_rng(3)
+    S = rng.standard_normal((3000, 16)).astype(dtype)
+    zero = np.sort(rng.choice(3000, 2000, replace=False))
+    S[zero] = 0.0
+    r = refgeo.knn(S, 4)
+    if backend != "reference":  # the reference refines every pair of the rows it gets
+        assert r.n_refined <= 100 * 1001
+    check = np.concatenate([zero[:50], zero[-50:], rng.choice(3000, 100, replace=False)])
+    _assert_knn_rows_exact(r, S, check, 4)
+    assert r.indices[zero[0]].tolist() == zero[1:5].tolist()  # copies first, by index
+    assert r.indices[zero[1]].tolist() == [zero[0], *zero[2:5]]
+
+
 def test_hash_collisions_never_merge_distinct_rows(monkeypatch):
     """With every row hashed alike, the exact comparison alone tells the classes apart."""
     monkeypatch.setattr(_duplicates, "row_hashes", lambda S: np.zeros(len(S), dtype=np.uint64))
@@ -120,6 +181,7 @@ def test_weak_hashes_leave_the_classes_exact(S, weak):
         assert dup is None
     else:
         assert (dup.first.tolist(), dup.pair) == want
+        np.testing.assert_array_equal(S[dup.first[dup.label]], S)
 
 
 @pytest.mark.parametrize("dtype", [np.float64, np.float32])

@@ -506,7 +506,8 @@ def test_knn_of_sign_rows_redoes_tied_rows_with_larger_heaps(backend, dtype):
 def test_knn_stops_growing_heaps_that_do_not_help(backend, monkeypatch):
     """Ties beyond any heap: 2 rows with 150 copies each among 3,000 (k = 1).  The
     copies' first retry settles none of them, so the next pass refines them against
-    every candidate instead of growing the heaps again (4 passes without the rule)."""
+    every candidate instead of growing the heaps again (4 passes without the rule).
+    The kernel itself: refgeo.knn runs it on one row of each class of copies."""
     if backend != "cython":
         pytest.skip("the compiled engine's heaps")
     rng = np.random.default_rng(8)
@@ -521,7 +522,8 @@ def test_knn_stops_growing_heaps_that_do_not_help(backend, monkeypatch):
         return real(*args, **kwargs)
 
     monkeypatch.setattr(_engine, "_knn_pass", counted)
-    r = refgeo.knn(S, 1)
+    assert _certify.scale_exponent(np, [S]) == 0  # the kernel sees S as it is
+    r = _engine.knn(S, 1, None, exclude_self=True)
     assert len(passes) == 3, passes
     idx, dist = _oracle_knn(S, 1)
     np.testing.assert_array_equal(r.indices, idx)

@@ -122,12 +122,13 @@ class RowDiameter:
 
 @records_runtime(dtype="float64", backend="cython")
 class IdenticalRows:
-    """closest_pair and row_diameter on a head whose rarest tokens share one row.
+    """closest_pair, row_diameter and knn on a head whose rarest tokens share one row.
 
     Zipf-distributed token counts leave the tail of a vocabulary untrained, and its
     rows keep one common value (here 40% of the rows equal the mean row, the others
     Gaussian around it).  Baseline in the same process: the same kernel handed every
-    row, which refines every pair of identical rows (refgeo._duplicates).  The
+    row, which refines every pair of identical rows (refgeo._duplicates), and for knn
+    redoes every copy against every candidate (k = 16).  The
     overhead trackers are the time to look for identical rows over the diameter's time,
     on rows where none exist: Gaussian rows, and the sign rows of a binarized head
     (whose entries differ only in the float's top bit, where a weak hash collides).
@@ -166,6 +167,18 @@ class IdenticalRows:
                 lambda: refgeo.closest_pair(self.S))
 
     track_closest_pair_speedup_vs_all_rows.unit = "x"
+
+    def time_knn(self, V_d):
+        refgeo.knn(self.S, 16)
+
+    def track_knn_speedup_vs_all_rows(self, V_d):
+        from refgeo import _backend, rows
+
+        with refgeo.use_backend("cython"):
+            return best_time(lambda: _backend.run(rows._KNN, (self.S, None), self.S, 16, None, exclude_self=True),
+                             1) / best_time(lambda: refgeo.knn(self.S, 16))
+
+    track_knn_speedup_vs_all_rows.unit = "x"
 
     def track_search_overhead(self, V_d):
         from refgeo import _duplicates
