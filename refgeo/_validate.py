@@ -32,6 +32,7 @@ __all__ = [
     "check_finite",
     "check_int",
     "check_min_rows",
+    "check_no_repeated_entries",
     "check_nonnegative",
     "check_open_unit_interval",
     "check_real",
@@ -384,3 +385,23 @@ def check_centered_rows(x, name: str, rtol: float) -> None:
             f"||sum of rows|| = {total:.3e} against sum of row norms {scale:.3e} instead. "
             f"Center it first with refgeo.center_rows({name}) if that is intended."
         )
+
+
+def check_no_repeated_entries(strides, shape, itemsize: int, name: str) -> None:
+    """``ValueError`` when an array updated in place may hold one entry at two indices.
+
+    An expanded torch tensor (stride 0) or an unfolded one (overlapping windows) has a
+    writeable NumPy view whose rows share memory: the in-place update wrote every row's
+    step over the others, and the parameter came back wrong without an error.  The test
+    is the usual sufficient one for no overlap: sorted by stride, each dimension of more
+    than one entry steps past everything the smaller strides span.
+    """
+    span = itemsize
+    for st, n in sorted((abs(int(st)), int(n)) for st, n in zip(strides, shape) if n > 1):
+        if st < span:
+            raise ValueError(
+                f"{name} must not repeat its entries in memory (it is updated in place), got an "
+                f"array with strides {tuple(strides)} for shape {tuple(shape)} (a broadcast, "
+                f"expanded or unfolded tensor) instead; pass a copy ({name}.clone() or np.array({name}))."
+            )
+        span = st * (n - 1) + span

@@ -29,6 +29,7 @@ from ._validate import (
     check_centered_rows,
     check_int,
     check_min_rows,
+    check_no_repeated_entries,
     check_open_unit_interval,
     check_real,
     check_same_shape,
@@ -74,7 +75,7 @@ class _Param:
             raise ValueError(f"param must be a 2-D array of shape (V, d), got shape {param.shape} instead.")
         if not param.flags.writeable:
             raise ValueError("param must be a writeable array (it is updated in place), got a read-only array instead.")
-        _check_no_repeated_entries(param.strides, param.shape, param.itemsize, "param")
+        check_no_repeated_entries(param.strides, param.shape, param.itemsize, "param")
         # only a view shares the tensor's memory; upcast or device copies are written back
         self.copied = origin is not None and (
             origin.converted_from is not None or getattr(origin.device, "type", "cpu") != "cpu"
@@ -97,26 +98,6 @@ class _Param:
         else:
             mark_modified(self.tensor)  # written through its NumPy view
         return self.tensor
-
-
-def _check_no_repeated_entries(strides, shape, itemsize: int, name: str) -> None:
-    """``ValueError`` when an array updated in place may hold one entry at two indices.
-
-    An expanded torch tensor (stride 0) or an unfolded one (overlapping windows) has a
-    writeable NumPy view whose rows share memory: the in-place update wrote every row's
-    step over the others, and the parameter came back wrong without an error.  The test
-    is the usual sufficient one for no overlap: sorted by stride, each dimension of more
-    than one entry steps past everything the smaller strides span.
-    """
-    span = itemsize
-    for st, n in sorted((abs(int(st)), int(n)) for st, n in zip(strides, shape) if n > 1):
-        if st < span:
-            raise ValueError(
-                f"{name} must not repeat its entries in memory (it is updated in place), got an "
-                f"array with strides {tuple(strides)} for shape {tuple(shape)} (a broadcast, "
-                f"expanded or unfolded tensor) instead; pass a copy ({name}.clone() or np.array({name}))."
-            )
-        span = st * (n - 1) + span
 
 
 def _check_unit_interval(value, name):

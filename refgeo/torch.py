@@ -27,8 +27,7 @@ import math
 from typing import Any
 
 from ._interop import from_foreign, mark_modified, precision_eps
-from ._validate import as_float_array, check_bool, check_int, check_min_rows, check_real
-from .optim import _check_no_repeated_entries
+from ._validate import as_float_array, check_bool, check_int, check_min_rows, check_no_repeated_entries, check_real
 
 __all__ = ["DiameterLMO", "HeadStepMonitor", "RowNorm"]
 
@@ -539,7 +538,7 @@ def _build() -> dict[str, Any]:
             solved = []
             for k, group, p, name, G, grad_eps in work:
                 if p.device.type == "cpu":  # written through its NumPy view (a copy elsewhere)
-                    _check_no_repeated_entries([st * p.element_size() for st in p.stride()], p.shape,
+                    check_no_repeated_entries([st * p.element_size() for st in p.stride()], p.shape,
                                               p.element_size(), f"parameter {name}")
                 solver = self._solver_for(group, self._solvers.get(k))
                 try:
