@@ -242,10 +242,11 @@ def expand_neighbors(nbr: np.ndarray, dist: np.ndarray, label: np.ndarray, k: in
     k : int
         Rows per query, at most the rows of the classes in ``nbr[i]``.
     sq_distances : callable
-        ``sq_distances(i, classes)``: the kernel's squared distances (float64, the
-        refined values whose order the tie rule follows) from query ``i`` to those
-        classes.  Called only for queries where classes with equal ``dist`` share a
-        run (equal square roots of different squares included), to order them exactly.
+        ``sq_distances(queries, classes)``, for ``queries`` of shape (t,) and
+        ``classes`` of shape (t, r): the kernel's squared distances (float64, the
+        refined values whose order the tie rule follows) from each query to its
+        classes.  Called only for queries where classes with equal ``dist`` share a run
+        (equal square roots of different squares included), to order them exactly.
 
     Returns
     -------
@@ -289,13 +290,27 @@ def expand_neighbors(nbr: np.ndarray, dist: np.ndarray, label: np.ndarray, k: in
         # second row is followed by one at its distance (used or not); those queries
         # are sorted over all their classes by the exact squared distance
         used = np.arange(r - 1) <= rank[:, -1:]
-        run = (D[:, 1:] == D[:, :-1]) & (counts[C[:, :-1]] > 1) & used
-        for t in np.flatnonzero(run.any(axis=1)):
-            sq = sq_distances(s + t, C[t])
-            parts = [order[starts[c] : starts[c] + min(counts[c], k)] for c in C[t]]
-            which = np.repeat(np.arange(r), [x.size for x in parts])
-            rows = np.concatenate(parts)
-            best = np.lexsort((rows, sq[which]))[:k]
-            indices[s + t] = rows[best]
-            distances[s + t] = D[t, which[best]]
+        tied = np.flatnonzero(((D[:, 1:] == D[:, :-1]) & (counts[C[:, :-1]] > 1) & used).any(axis=1))
+        if tied.size:
+            _sort_tied(tied, C, D, s, k, order, starts, counts, sq_distances, indices, distances)
     return indices, distances
+
+
+def _sort_tied(tied, C, D, s, k, order, starts, counts, sq_distances, indices, distances):
+    """Rows ``s + tied`` of :func:`expand_neighbors`' outputs: the first ``k`` rows of all
+    the classes ``C[tied]`` (each its first ``k`` rows), by exact squared distance, then
+    index, in blocks of queries that keep the (t, r, k) temporaries at a few MiB."""
+    r = C.shape[1]
+    t_step = max(1, _BLOCK_ELEMENTS // (r * k))
+    w = np.arange(k)
+    for a in range(0, tied.size, t_step):
+        t = tied[a : a + t_step]
+        Ct = C[t]
+        sq = np.asarray(sq_distances(s + t, Ct), dtype=np.float64)  # (t, r)
+        valid = w < np.minimum(counts[Ct], k)[..., None]  # (t, r, k)
+        rows = np.where(valid, order[np.minimum(starts[Ct][..., None] + w, order.size - 1)], np.iinfo(np.int64).max)
+        keys = np.where(valid, sq[..., None], np.inf).reshape(t.size, r * k)
+        rows = rows.reshape(t.size, r * k)
+        best = np.lexsort((rows, keys), axis=-1)[:, :k]
+        indices[s + t] = np.take_along_axis(rows, best, axis=1)
+        distances[s + t] = np.take_along_axis(np.repeat(D[t], k, axis=1), best, axis=1)
