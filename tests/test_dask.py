@@ -970,7 +970,8 @@ def test_identical_rows_in_any_chunking_give_the_pair_of_every_row(client, S, da
 def test_knn_of_copies_in_any_chunking_is_the_one_of_numpy_rows(client, S, data):
     """knn on one row of each class of copies, expanded to every row: the answer of the
     NumPy rows (itself checked against the oracle on all rows), with and without the row
-    itself, and against Y with copies on both sides, in random row and column chunks."""
+    itself, and against Y with copies on both sides, in random row and column chunks;
+    the farthest partners too."""
     from refgeo import rows
 
     V, d = S.shape
@@ -978,9 +979,10 @@ def test_knn_of_copies_in_any_chunking_is_the_one_of_numpy_rows(client, S, data)
     exclude_self = data.draw(st.booleans())
     k = data.draw(st.integers(1, V - int(exclude_self)))
     with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(rows, "_copies_worth_removing", lambda dup, k, candidates: dup)  # however few
+        mp.setattr(rows, "_copies_worth_removing", lambda dup, k=None: dup)  # however few
         mp.setattr(rows, "KNN_COPIES_MIN_OTHER", 1)
         _same_rows(refgeo.knn(S, k, exclude_self=exclude_self), refgeo.knn(D, k, exclude_self=exclude_self))
+        _same_rows(refgeo.farthest_partners(S), refgeo.farthest_partners(D))
         Y = S[::-1][: data.draw(st.integers(1, V))]
         k = data.draw(st.integers(1, len(Y)))
         _same_rows(refgeo.knn(S, k, Y), refgeo.knn(D, k, da.from_array(Y, chunks=(data.draw(st.integers(1, len(Y))), d))))

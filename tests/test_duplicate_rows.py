@@ -12,7 +12,14 @@ import refgeo
 from refgeo import _duplicates, rows
 from refgeo._certify import scale_exponent
 
-from .test_engine import _assert_knn_rows_exact, _kernel_pair, _oracle_extreme, _oracle_knn, _oracle_sq
+from .test_engine import (
+    _assert_knn_rows_exact,
+    _kernel_pair,
+    _oracle_exponent,
+    _oracle_extreme,
+    _oracle_knn,
+    _oracle_sq,
+)
 
 
 @st.composite
@@ -85,7 +92,8 @@ def test_many_identical_rows_are_not_refined_pair_by_pair(backend):
 def test_knn_of_rows_with_copies_is_the_knn_of_every_row(backend, S, data, tile_size):
     """knn on one row per class of copies, expanded to every row, equals the oracle on
     all rows: X against itself (with and without the row itself) and against Y, with
-    copies on either side and across (Y's copies searched whatever the size of X)."""
+    copies on either side and across (Y's copies searched whatever the size of X); so
+    do the farthest partners."""
     exclude_self = data.draw(st.booleans())
     k = data.draw(st.integers(1, len(S) - int(exclude_self)))
     rng = np.random.default_rng(data.draw(st.integers(0, 2**32 - 1)))
@@ -94,10 +102,16 @@ def test_knn_of_rows_with_copies_is_the_knn_of_every_row(backend, S, data, tile_
     k_y = data.draw(st.integers(1, len(Y)))
     with pytest.MonkeyPatch.context() as mp:
         if data.draw(st.booleans()):  # expanded however few the copies
-            mp.setattr(rows, "_copies_worth_removing", lambda dup, k, candidates: dup)
+            mp.setattr(rows, "_copies_worth_removing", lambda dup, k=None: dup)
         mp.setattr(rows, "KNN_COPIES_MIN_OTHER", data.draw(st.sampled_from([1, 256])))
         r = refgeo.knn(S, k, exclude_self=exclude_self, tile_size=tile_size)
         r_y = refgeo.knn(X, k_y, Y, tile_size=tile_size)
+        fp = refgeo.farthest_partners(S, tile_size=tile_size)
+    D2 = _oracle_sq(S, S)
+    np.fill_diagonal(D2, -np.inf)
+    far = np.argmax(D2, axis=1)  # ties: the smallest j
+    np.testing.assert_array_equal(fp.indices, far)
+    np.testing.assert_array_equal(fp.distances, np.ldexp(np.sqrt(D2[np.arange(len(S)), far]), _oracle_exponent(S)))
     idx, dist = _oracle_knn(S, k, exclude_self=exclude_self)
     np.testing.assert_array_equal(r.indices, idx)
     np.testing.assert_array_equal(r.distances, dist)
@@ -127,7 +141,7 @@ def test_knn_of_many_copies_runs_on_the_distinct_rows(backend, dtype):
     layer: one hidden state per occurrence of a token).  Every zero row ties with
     1,999 others at its k-th distance, beyond any heap, so each was refined against
     every candidate (over 6e6 pairs; 3 s at 8,000 copies among 16,000); the distinct
-    rows are 1,001."""
+    rows are 1,001.  The farthest partners run on them too."""
     rng = np.random.default_rng(3)
     S = rng.standard_normal((3000, 16)).astype(dtype)
     zero = np.sort(rng.choice(3000, 2000, replace=False))
@@ -139,6 +153,15 @@ def test_knn_of_many_copies_runs_on_the_distinct_rows(backend, dtype):
     _assert_knn_rows_exact(r, S, check, 4)
     assert r.indices[zero[0]].tolist() == zero[1:5].tolist()  # copies first, by index
     assert r.indices[zero[1]].tolist() == [zero[0], *zero[2:5]]
+    seen = []
+    real = rows._pair_run
+    with pytest.MonkeyPatch.context() as mp:  # the farthest-partner kernel's rows
+        mp.setattr(rows, "_pair_run", lambda info, A, *a: seen.append(A.shape[0]) or real(info, A, *a))
+        fp = refgeo.farthest_partners(S)
+    assert seen == [1001]
+    D2 = _oracle_sq(S[check], S)
+    D2[np.arange(check.size), check] = -np.inf
+    np.testing.assert_array_equal(fp.indices[check], np.argmax(D2, axis=1))
 
 
 def test_hash_collisions_never_merge_distinct_rows(monkeypatch):
