@@ -900,6 +900,8 @@ def knn(
         Y = as_float_array(Y, "Y", ndim=2, shape_hint="2-D array of shape (n_Y, d)")
         check_same_trailing(X, Y, ("X", "Y"))
         X, Y = _one_namespace(X, Y)
+    if is_dask_array(X):  # long double chunks checked and converted under their own names
+        X, Y = _dask._engine_rows(X, "X"), _dask._engine_rows(Y, "Y")
     exclude_self = check_bool(exclude_self, "exclude_self")
     n_cand = (X.shape[0] - int(exclude_self)) if Y is None else Y.shape[0]
     if n_cand < 1:
