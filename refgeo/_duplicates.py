@@ -242,11 +242,11 @@ def expand_neighbors(nbr: np.ndarray, dist: np.ndarray, label: np.ndarray, k: in
     k : int
         Rows per query, at most the rows of the classes in ``nbr[i]``.
     sq_distances : callable
-        ``sq_distances(queries, classes)``, for ``queries`` of shape (t,) and
-        ``classes`` of shape (t, r): the kernel's squared distances (float64, the
-        refined values whose order the tie rule follows) from each query to its
-        classes.  Called only for queries where classes with equal ``dist`` share a run
-        (equal square roots of different squares included), to order them exactly.
+        ``sq_distances(queries, classes)``, for two int64 arrays of one shape: the
+        kernel's squared distances (float64, the refined values whose order the tie rule
+        follows) from each query to the class beside it.  Called only for queries where
+        classes with equal ``dist`` share a run (equal square roots of different squares
+        included), to order them exactly.
 
     Returns
     -------
@@ -287,30 +287,50 @@ def expand_neighbors(nbr: np.ndarray, dist: np.ndarray, label: np.ndarray, k: in
         indices[s : s + step] = order[starts[C[b, rank]] + taken]
         distances[s : s + step] = D[b, rank]
         # classes at one distance interleave by index: only where a class used with a
-        # second row is followed by one at its distance (used or not); those queries
-        # are sorted over all their classes by the exact squared distance
+        # second row is followed by one at its distance (used or not)
         used = np.arange(r - 1) <= rank[:, -1:]
         tied = np.flatnonzero(((D[:, 1:] == D[:, :-1]) & (counts[C[:, :-1]] > 1) & used).any(axis=1))
         if tied.size:
-            _sort_tied(tied, C, D, s, k, order, starts, counts, sq_distances, indices, distances)
+            _sort_tied(tied, C, D, rank[:, -1], s, k, order, starts, counts, sq_distances, indices, distances)
     return indices, distances
 
 
-def _sort_tied(tied, C, D, s, k, order, starts, counts, sq_distances, indices, distances):
-    """Rows ``s + tied`` of :func:`expand_neighbors`' outputs: the first ``k`` rows of all
-    the classes ``C[tied]`` (each its first ``k`` rows), by exact squared distance, then
-    index, in blocks of queries that keep the (t, r, k) temporaries at a few MiB."""
+def _sort_tied(tied, C, D, last, s, k, order, starts, counts, sq_distances, indices, distances):
+    """Rows ``s + tied`` of :func:`expand_neighbors`' outputs, sorted by exact squared
+    distance, then index, over the rows that can be among the first ``k``.
+
+    Those are, for a query, the rows of the classes up to the last one used (``last``)
+    and the classes after it at its distance, and of the class at rank ``j`` only its
+    first ``k - j`` rows (each of the ``j`` classes ahead puts a row ahead of all of
+    its rows).  These are at least ``k`` rows, and about ``k`` unless many copies tie:
+    one sort of all of them, query by query, in blocks of about a million rows.
+    """
     r = C.shape[1]
-    t_step = max(1, _BLOCK_ELEMENTS // (r * k))
-    w = np.arange(k)
-    for a in range(0, tied.size, t_step):
-        t = tied[a : a + t_step]
-        Ct = C[t]
-        sq = np.asarray(sq_distances(s + t, Ct), dtype=np.float64)  # (t, r)
-        valid = w < np.minimum(counts[Ct], k)[..., None]  # (t, r, k)
-        rows = np.where(valid, order[np.minimum(starts[Ct][..., None] + w, order.size - 1)], np.iinfo(np.int64).max)
-        keys = np.where(valid, sq[..., None], np.inf).reshape(t.size, r * k)
-        rows = rows.reshape(t.size, r * k)
-        best = np.lexsort((rows, keys), axis=-1)[:, :k]
-        indices[s + t] = np.take_along_axis(rows, best, axis=1)
-        distances[s + t] = np.take_along_axis(np.repeat(D[t], k, axis=1), best, axis=1)
+    j = np.arange(r)
+    # the classes each query needs: up to `last`, and the run at its distance after it
+    D_t, last_t = D[tied], last[tied]
+    beyond = j > last_t[:, None]
+    at_last = D_t == D_t[np.arange(tied.size), last_t][:, None]
+    stop = np.cumsum(beyond & ~at_last, axis=1) > 0  # from the first class past the run
+    m = np.where(stop, 0, np.clip(k - j, 0, counts[C[tied]]))  # rows per (query, class)
+    per_query = m.sum(axis=1)
+    ends = np.cumsum(per_query)
+    a = 0
+    while a < tied.size:  # blocks of queries of about 2**20 rows, at least one query each
+        b = max(a + 1, int(np.searchsorted(ends, (ends[a - 1] if a else 0) + (1 << 20), side="right")))
+        t, mt = tied[a:b], m[a:b]
+        q_of, c_of = np.nonzero(mt)  # the (query, class) pairs with rows, row-major
+        n_rows = mt[q_of, c_of]
+        sq = np.asarray(sq_distances(s + t[q_of], C[t[q_of], c_of]), dtype=np.float64)
+        first = np.repeat(np.cumsum(n_rows) - n_rows, n_rows)
+        w = np.arange(first.size) - first  # position within its class
+        q = np.repeat(q_of, n_rows)
+        c = np.repeat(c_of, n_rows)
+        rows = order[starts[C[t][q, c]] + w]
+        keys = np.repeat(sq, n_rows)
+        o = np.lexsort((rows, keys, q))  # by query, then squared distance, then index
+        start = np.concatenate(([0], np.cumsum(per_query[a:b])[:-1]))
+        pick = o[(start[:, None] + np.arange(k)).ravel()]
+        indices[s + t] = rows[pick].reshape(t.size, k)
+        distances[s + t] = D[t[:, None], c[pick].reshape(t.size, k)]
+        a = b

@@ -200,7 +200,9 @@ class FarthestPartners:
     dtype : str
         dtype of the input after conversion (``"float64"`` or ``"float32"``).
     n_refined : int
-        Number of pairs evaluated by direct float64 differences.
+        Number of pairs evaluated by direct float64 differences.  Where the kernel ran
+        on one row of each class of identical rows (:func:`knn`), this and
+        ``error_bound`` describe that run (its size can choose another filter).
     scale_exponent : int
         The kernels ran on rows scaled by ``2**-scale_exponent``; see :class:`ExtremePair`.
     converted_from : str or None
@@ -237,7 +239,9 @@ class KNNResult:
     dtype : str
         dtype of the input after conversion (``"float64"`` or ``"float32"``).
     n_refined : int
-        Number of pairs evaluated by direct float64 differences.
+        Number of pairs evaluated by direct float64 differences.  Where the kernel ran
+        on one row of each class of identical rows (:func:`knn`), this and
+        ``error_bound`` describe that run (its size can choose another filter).
     scale_exponent : int
         The kernels ran on rows scaled by ``2**-scale_exponent``; see :class:`ExtremePair`.
     converted_from : str or None
@@ -879,7 +883,7 @@ def knn(
     any heap; the kernel runs on one row of each class of copies instead, and its
     answer is expanded to every row, copies by index (a copy of the distinct rows in
     memory; against ``Y`` a side is searched for copies where the other has at least
-    256 rows).  With 40% of 4,000 rows identical this is 11 times faster for k = 16.
+    4,096 rows).  With 40% of 4,000 rows identical this is 11 times faster for k = 16.
 
     References
     ----------
@@ -942,11 +946,11 @@ def knn(
 
 
 # Against Y, the rows of one side are searched for copies only where the other side
-# has at least this many: the search (a hash of every row) costs about what the kernel
-# spends on 15 rows (200,000 x 64 float32 candidates: 0.06 s, against 0.04 s for the
-# k-NN of 10 queries), and copies among a few queries' candidates cost those queries a
-# redo against every candidate at most.
-KNN_COPIES_MIN_OTHER = 256
+# has at least this many: the search (a hash of every row) of 200,000 x 64 float32
+# candidates takes 0.06 s, and the k-NN of 256, 1,024 and 4,096 queries against them
+# 0.075, 0.19 and 0.67 s (the search added 79%, 31% and 9%); copies among a few
+# queries' candidates cost those queries a redo against every candidate at most.
+KNN_COPIES_MIN_OTHER = 4096
 
 
 def _distinct_rows(A) -> _duplicates.DuplicateRows | None:
@@ -968,17 +972,30 @@ def _host_rows(A, dup, e):
 
 
 def _copies_worth_removing(dup, k=None) -> _duplicates.DuplicateRows | None:
-    """``dup`` where running on the distinct rows pays (else None): an eighth of the
-    rows or more are copies, or a class holds more than ``k`` rows (candidates of a
-    k-NN search: a query's k-th distance ties with all of them, more than a heap
-    holds).  Otherwise the kernel settles the copies itself, and for k-NN classes at
-    one distance would cost the expansion a sort per query (5,000 sign rows of R^16
-    with 168 copies, k = 64: 0.7 s expanded against 0.35 s as they are)."""
+    """``dup`` where running on the distinct rows pays (else None).
+
+    Two gains, against the cost of writing ``k`` expanded rows per query (about 50 ns
+    each, and a sort where classes tie):
+
+    - the kernel's work on the copies: worth it where an eighth of the rows or more
+      are copies, and at least ``32 k`` of them (4,000 classes of 2 rows of R^16 at
+      k = 256 saved nothing and the expansion doubled the time);
+    - for candidates of a k-NN search (``k`` given), ties beyond the heap: a class of
+      more rows than the heap's slack (``max(8, k/2)`` entries beyond ``k``) at a
+      query's k-th distance sends the query to a redo against every candidate; worth
+      it where such classes hold a 64th of the rows or more (one class of 71 among
+      5,000 sign rows of R^16 at k = 64 cost less as it was: 0.35 s against 0.59 s).
+    """
     if dup is None:
         return None
     n = dup.label.size
-    if n - dup.first.size >= n / 8 or (k is not None and np.bincount(dup.label).max() > k):
+    copies = n - dup.first.size
+    if copies >= max(n / 8, 32 * (k or 1)):
         return dup
+    if k is not None:
+        sizes = np.bincount(dup.label)
+        if sizes[sizes > max(8, k // 2)].sum() >= n / 64:
+            return dup
     return None
 
 
@@ -1035,13 +1052,13 @@ def _knn_of_distinct_rows(X, Y, k, exclude_self, e, options) -> _backend.KernelR
     fetch_y = fetch_x if Y is None else _host_rows(Y, dup_y, e)
 
     def sq_distances(queries, classes):  # the refined values, for classes at one distance
-        Q = fetch_x(queries)
-        uniq, inv = np.unique(classes, return_inverse=True)
-        B, inv = fetch_y(uniq), inv.reshape(classes.shape)
-        out = np.empty(classes.shape)
-        step = max(1, (1 << 18) // (classes.shape[1] * max(Q.shape[1], 1)))  # temporaries of a few MiB
+        uq, iq = np.unique(queries, return_inverse=True)
+        uc, ic = np.unique(classes, return_inverse=True)
+        Q, B = fetch_x(uq), fetch_y(uc)  # each distinct row once
+        out = np.empty(queries.size)
+        step = max(1, (1 << 18) // max(Q.shape[1], 1))  # temporaries of a few MiB
         for a in range(0, queries.size, step):
-            out[a : a + step] = canonical_sq(np, Q[a : a + step, None, :], B[inv[a : a + step]])
+            out[a : a + step] = canonical_sq(np, Q[iq[a : a + step]], B[ic[a : a + step]])
         return out
 
     idx, d = _duplicates.expand_neighbors(nbr, dist, label_y, k_out, sq_distances)

@@ -103,7 +103,7 @@ def test_knn_of_rows_with_copies_is_the_knn_of_every_row(backend, S, data, tile_
     with pytest.MonkeyPatch.context() as mp:
         if data.draw(st.booleans()):  # expanded however few the copies
             mp.setattr(rows, "_copies_worth_removing", lambda dup, k=None: dup)
-        mp.setattr(rows, "KNN_COPIES_MIN_OTHER", data.draw(st.sampled_from([1, 256])))
+        mp.setattr(rows, "KNN_COPIES_MIN_OTHER", data.draw(st.sampled_from([1, 4096])))
         r = refgeo.knn(S, k, exclude_self=exclude_self, tile_size=tile_size)
         r_y = refgeo.knn(X, k_y, Y, tile_size=tile_size)
         fp = refgeo.farthest_partners(S, tile_size=tile_size)
