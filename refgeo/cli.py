@@ -82,6 +82,15 @@ class _Parser(argparse.ArgumentParser):
     def error(self, message: str) -> NoReturn:
         self.exit(2, f"{self.prog}: error: {message} (see '{self.prog} --help')\n")
 
+    def _print_message(self, message: str, file: Any = None) -> None:
+        # argparse's own drops a write error of --help and --version (it catches
+        # OSError), so `refgeo --help >&-` exited 0 having written nothing; the error
+        # now reaches main, which reports it as for a command.  A closed stderr (None)
+        # loses the message, as _to_stderr does.
+        file = sys.stderr if file is None else file
+        if message and file is not None:
+            file.write(message)
+
 
 # ------------------------------------------------------------------ argument types
 

@@ -684,6 +684,13 @@ def test_closed_stdout_or_stderr_gives_status_2_without_a_traceback(tmp_path):
     proc = subprocess.run(_refgeo("inspect", str(tmp_path / "none.npy")), stdout=subprocess.PIPE,
                           preexec_fn=_close_fd(2), timeout=120)
     assert (proc.returncode, proc.stdout) == (2, b"")
+    # --help and --version write through argparse, which dropped the error (status 0)
+    for flag in ("--help", "--version"):
+        proc = subprocess.run(_refgeo(flag), capture_output=False, stderr=subprocess.PIPE, text=True,
+                              preexec_fn=_close_fd(1), timeout=120)
+        assert (proc.returncode, proc.stderr) == (2, "refgeo: error: writing standard output: standard output is closed\n")
+    proc = subprocess.run(_refgeo("--no-such-option"), stdout=subprocess.PIPE, preexec_fn=_close_fd(2), timeout=120)
+    assert (proc.returncode, proc.stdout) == (2, b"")
 
 
 @pytest.mark.skipif(not os.path.exists("/dev/full"), reason="needs /dev/full")
