@@ -274,3 +274,18 @@ def test_barnes_wall_minimal_vectors(tool, m, size):
     np.testing.assert_array_equal(hist(X), hist(np.asarray(ref, dtype=np.float64)))
     # inner products over the norm are 0 or +-2^-j (signs of a quadratic summed over a flat)
     assert set(_ip_set(X)) <= {0.0, 0.25, -0.25, 0.5, -0.5, -1.0}
+
+
+def test_johnson_bound_is_met_by_the_golay_octads(tool):
+    """The 759 words of weight 8 of the extended Golay code share at most 4 positions
+    pairwise (the Steiner system S(5, 8, 24)), and meet Johnson's bound exactly."""
+    from refgeo import codes
+
+    C = codes._golay()
+    octads = C[C.sum(axis=1) == 8]
+    shared = octads @ octads.T
+    np.fill_diagonal(shared, 0)
+    assert len(octads) == tool.johnson_bound(24, 4, 8) == 759
+    assert shared.max() == 4
+    assert tool.johnson_bound(24, 3, 8) < 759  # sharing at most 3: not all of them
+    assert [tool.johnson_bound(10, 0, w) for w in (1, 3, 10)] == [10, 3, 1]

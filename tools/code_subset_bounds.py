@@ -24,6 +24,10 @@ stands in the way"):
   R^(q - 1) (``n = 64 // (q - 1)`` letters): the same linear program in the q-ary
   Hamming scheme, and the volume estimate of how far a greedy choice of words of one
   weight gets.
+* **d = 64, binary words of one weight** (rows on a cap of the cube): words of weight
+  ``w`` whose supports pairwise share at most ``o`` positions have distances in
+  ``[2 (w - o), 2 w]``, so rho^2 = (w - o) / w.  Johnson's bound on such constant-weight
+  codes says which ``(w, o)`` leave room for 50,000 words.
 * **d = 64, the Barnes-Wall lattice BW64**: its 9,694,080 minimal vectors are the next
   candidate after binary codes.  Their inner products are sums of the signs
   ``(-1)^q`` of a quadratic function ``q`` over a flat of F_2^6, scaled by a power of 2,
@@ -188,6 +192,31 @@ def constant_weight_gv(n: int, q: int, w: int, lo: int) -> float:
     near = sum(math.comb(w, o) * math.comb(n - w, w - o) * (q - 1) ** (w - o) * math.comb(o, e) * (q - 2) ** (o - e)
                for o in range(w + 1) for e in range(o + 1) if 2 * (w - o) + (o - e) < lo)
     return math.comb(n, w) * (q - 1) ** w / near
+
+
+def johnson_bound(n: int, o: int, w: int) -> int:
+    """Johnson's bound on words of weight ``w`` and length ``n`` whose supports pairwise
+    share at most ``o`` positions (distance at least ``2 (w - o)``):
+    ``floor(n / w * J(n - 1, o - 1, w - 1))``, with ``J(n, 0, w) = floor(n / w)``.
+    A Steiner system S(o + 1, w, n) meets it."""
+    if o >= w:
+        return math.comb(n, w)
+    if o == 0:
+        return n // w
+    return n * johnson_bound(n - 1, o - 1, w - 1) // w
+
+
+def constant_weight_table(n: int = 64, V: int = 50_000, n_best: int = 6) -> None:
+    print(f"\n### d = {n}: binary words of one weight (a cap) with rho > 0.7746\n")
+    print("| weight w | shared positions <= o | rho | Johnson bound | greedy estimate |\n|---|---|---|---|---|")
+    rows = [(math.sqrt((w - o) / w), w, o) for w in range(2, n // 2 + 1) for o in range(w)
+            if (w - o) / w > 0.6 and johnson_bound(n, o, w) >= V]
+    for rho, w, o in sorted(rows, reverse=True)[:n_best]:
+        print(f"| {w} | {o} | {rho:.4f} | {johnson_bound(n, o, w):,} | "
+              f"{constant_weight_gv(n, 2, w, 2 * (w - o)):,.0f} |")
+    print(f"\n{V:,} words are more than half of each bound: no packing of (o + 1)-sets by w-sets that "
+          "dense is known to us (it would be half a Steiner system S(o + 1, w, 64), and none with "
+          "o + 1 >= 6 is known), and a greedy choice stops near the estimate.")
 
 
 def gegenbauer(d: int, k_max: int, t: np.ndarray) -> np.ndarray:
@@ -401,4 +430,5 @@ if __name__ == "__main__":
     reed_muller_table()
     binary_table()
     qary_table()
+    constant_weight_table()
     barnes_wall_table()
