@@ -433,13 +433,20 @@ def _duplicate_rows(S) -> tuple[_duplicates.DuplicateRows | None, int | None]:
     return None, None
 
 
-def _take_rows(S, rows):
+def _take_rows(S, rows, *, as_many_blocks=False):
     """``S[rows]`` for increasing ``rows``; from a Dask array in row chunks of its largest
     size (a selection keeps the rows of each chunk apart, and many small chunks cost a
-    task per block pair)."""
+    task per block pair), or with ``as_many_blocks`` in as many row chunks as ``S`` has.
+
+    Why the second: the k-NN tasks refine a row that its heap cannot certify against
+    the whole block, and the distinct rows of a grid tie a lot.  4,096 distinct integer
+    rows of R^6 (of 30,000 in 6 chunks, k = 32) took 4.4 s in one chunk of 4,096 rows,
+    0.39 s in chunks of 1,024."""
     if not is_dask_array(S):
         return S[rows]
     T = _dask.take_rows(S, rows)
+    if as_many_blocks:
+        return T.rechunk({0: -(-len(rows) // S.numblocks[0])})
     return T.rechunk({0: max(S.chunks[0])}) if T.numblocks[0] > 1 else T
 
 
@@ -781,13 +788,15 @@ def farthest_partners(
     # separated); 8,000 zero rows among 16,000 took 0.26 s, against 0.07 s alone
     dup = _copies_worth_removing(_distinct_rows(S))
     with _progress.Progress(progress, None, desc="farthest_partners", unit="tile") as bar:
-        if dup is None or dup.first.size < 2:
+        if dup is None:
             run, e = _pair_run(_FARTHEST, S, tile_size, n_threads, bar)
-        else:
-            run, e = _pair_run(_FARTHEST, _take_rows(S, dup.first), tile_size, n_threads, bar,
+        else:  # one class: rows 0 and 1, each the other's partner (every other row's is 0)
+            first = dup.first if dup.first.size >= 2 else np.array([0, 1])
+            run, e = _pair_run(_FARTHEST, _take_rows(S, first), tile_size, n_threads, bar,
                                scale_exponent(array_namespace(S), [S]))
-            run = dataclasses.replace(run, indices=dup.first[np.asarray(run.indices)][dup.label],
-                                      distances=np.asarray(run.distances)[dup.label])
+            label = dup.label if dup.first.size >= 2 else np.minimum(np.arange(S.shape[0]), 1)
+            run = dataclasses.replace(run, indices=first[np.asarray(run.indices)][label],
+                                      distances=np.asarray(run.distances)[label])
         bar.finish()
     dist = _unscaled_distances(array_namespace(S), run, e, "the largest farthest-partner distance")
     return FarthestPartners(
@@ -971,10 +980,10 @@ def _host_rows(A, dup, e):
     return fetch
 
 
-def _copies_worth_removing(dup, k=None) -> _duplicates.DuplicateRows | None:
+def _copies_worth_removing(dup, k=None, d=1) -> _duplicates.DuplicateRows | None:
     """``dup`` where running on the distinct rows pays (else None).
 
-    Two gains, against the cost of writing ``k`` expanded rows per query (about 50 ns
+    Two gains, against the cost of writing ``k`` expanded rows per query (tens of ns
     each, and a sort where classes tie):
 
     - the kernel's work on the copies: worth it where an eighth of the rows or more
@@ -982,9 +991,11 @@ def _copies_worth_removing(dup, k=None) -> _duplicates.DuplicateRows | None:
       k = 256 saved nothing and the expansion doubled the time);
     - for candidates of a k-NN search (``k`` given), ties beyond the heap: a class of
       more rows than the heap's slack (``max(8, k/2)`` entries beyond ``k``) at a
-      query's k-th distance sends the query to a redo against every candidate; worth
-      it where such classes hold a 64th of the rows or more (one class of 71 among
-      5,000 sign rows of R^16 at k = 64 cost less as it was: 0.35 s against 0.59 s).
+      query's k-th distance sends the query to a redo against every candidate, which
+      costs about what the query cost (O(n d)); worth it where such classes hold a
+      64th of the rows and ``128 k / d`` rows or more (one class of 71 among 5,000 sign
+      rows of R^16 at k = 64 cost 0.35 s as it was, 0.59 s expanded; 8 classes of 33
+      among 16,000 rows of R^16 at k = 64, 0.50 s against 0.57 s).
     """
     if dup is None:
         return None
@@ -994,7 +1005,7 @@ def _copies_worth_removing(dup, k=None) -> _duplicates.DuplicateRows | None:
         return dup
     if k is not None:
         sizes = np.bincount(dup.label)
-        if sizes[sizes > max(8, k // 2)].sum() >= n / 64:
+        if sizes[sizes > max(8, k // 2)].sum() >= max(n / 64, 128 * k / max(d, 1)):
             return dup
     return None
 
@@ -1019,18 +1030,18 @@ def _knn_of_distinct_rows(X, Y, k, exclude_self, e, options) -> _backend.KernelR
     """
     k_out = k + int(Y is None and exclude_self)  # with the row itself, dropped below
     if Y is None:
-        dup_x = dup_y = _copies_worth_removing(_distinct_rows(X), k_out)
+        dup_x = dup_y = _copies_worth_removing(_distinct_rows(X), k_out, X.shape[1])
     else:  # each side searched only where the other is large enough to pay for it
         dup_x = _copies_worth_removing(_distinct_rows(X)) \
             if Y.shape[0] >= KNN_COPIES_MIN_OTHER else None
-        dup_y = _copies_worth_removing(_distinct_rows(Y), k_out) \
+        dup_y = _copies_worth_removing(_distinct_rows(Y), k_out, Y.shape[1]) \
             if X.shape[0] >= KNN_COPIES_MIN_OTHER else None
     if dup_x is None and dup_y is None:
         return None
     xp = array_namespace(X)
     n_x = X.shape[0]
     label_x = np.arange(n_x) if dup_x is None else dup_x.label
-    U = scale_rows(xp, X if dup_x is None else _take_rows(X, dup_x.first), e)  # the query rows that run
+    U = scale_rows(xp, X if dup_x is None else _take_rows(X, dup_x.first, as_many_blocks=True), e)  # the query rows that run
     if Y is None:
         n_u = U.shape[0]
         if n_u == 1:  # one class: its row against itself, at distance 0
@@ -1043,7 +1054,7 @@ def _knn_of_distinct_rows(X, Y, k, exclude_self, e, options) -> _backend.KernelR
             dist = np.hstack([np.zeros((n_u, 1)), run.distances])
         label_y = label_x
     else:
-        UY = scale_rows(xp, Y if dup_y is None else _take_rows(Y, dup_y.first), e)
+        UY = scale_rows(xp, Y if dup_y is None else _take_rows(Y, dup_y.first, as_many_blocks=True), e)
         label_y = np.arange(Y.shape[0]) if dup_y is None else dup_y.label
         run = _backend.run(_KNN, (X, Y), U, min(k, UY.shape[0]), UY, exclude_self=False, **options)
         nbr, dist = run.indices, run.distances
@@ -1061,12 +1072,18 @@ def _knn_of_distinct_rows(X, Y, k, exclude_self, e, options) -> _backend.KernelR
             out[a : a + step] = canonical_sq(np, Q[iq[a : a + step]], B[ic[a : a + step]])
         return out
 
-    idx, d = _duplicates.expand_neighbors(nbr, dist, label_y, k_out, sq_distances)
-    idx, d = idx[label_x], d[label_x]
-    if Y is None and exclude_self:  # drop the row itself where it is among the k + 1
-        keep = idx != np.arange(n_x)[:, None]
-        keep[keep.all(axis=1), k] = False
-        idx, d = idx[keep].reshape(n_x, k), d[keep].reshape(n_x, k)
+    idx_c, d_c = _duplicates.expand_neighbors(nbr, dist, label_y, k_out, sq_distances)
+    # every query row gets its class's rows, in blocks of rows (temporaries that stay in
+    # cache: whole-size gathers and masks cost 0.6 s of 2.5 at 16,000 rows and k = 256)
+    idx, d = np.empty((n_x, k), dtype=np.int64), np.empty((n_x, k))
+    step = max(1, (1 << 16) // k_out)
+    for a in range(0, n_x, step):
+        E, Dd = idx_c[label_x[a : a + step]], d_c[label_x[a : a + step]]
+        if Y is None and exclude_self:  # drop the row itself where it is among the k + 1
+            keep = E != np.arange(a, a + E.shape[0])[:, None]
+            keep[keep.all(axis=1), k] = False
+            E, Dd = E[keep].reshape(-1, k), Dd[keep].reshape(-1, k)
+        idx[a : a + step], d[a : a + step] = E, Dd
     return dataclasses.replace(run, indices=idx, distances=d)
 
 

@@ -102,7 +102,7 @@ def test_knn_of_rows_with_copies_is_the_knn_of_every_row(backend, S, data, tile_
     k_y = data.draw(st.integers(1, len(Y)))
     with pytest.MonkeyPatch.context() as mp:
         if data.draw(st.booleans()):  # expanded however few the copies
-            mp.setattr(rows, "_copies_worth_removing", lambda dup, k=None: dup)
+            mp.setattr(rows, "_copies_worth_removing", lambda dup, *a: dup)
         mp.setattr(rows, "KNN_COPIES_MIN_OTHER", data.draw(st.sampled_from([1, 4096])))
         r = refgeo.knn(S, k, exclude_self=exclude_self, tile_size=tile_size)
         r_y = refgeo.knn(X, k_y, Y, tile_size=tile_size)
@@ -162,6 +162,20 @@ def test_knn_of_many_copies_runs_on_the_distinct_rows(backend, dtype):
     D2 = _oracle_sq(S[check], S)
     D2[np.arange(check.size), check] = -np.inf
     np.testing.assert_array_equal(fp.indices[check], np.argmax(D2, axis=1))
+
+
+@pytest.mark.parametrize("value", [0.0, -2.5])
+def test_farthest_partners_of_one_repeated_row(backend, value, monkeypatch):
+    """Every row alike (a head before training): every partner is at distance 0, the
+    first other row (row 1 for row 0, row 0 for the others).  All 2,000 rows ran, and
+    every pair tied and was refined (1.3e8 pairs, 1 s at 16,000 rows); now two do."""
+    S = np.full((2000, 8), value)
+    seen = []
+    real = rows._pair_run
+    monkeypatch.setattr(rows, "_pair_run", lambda info, A, *a: seen.append(A.shape[0]) or real(info, A, *a))
+    fp = refgeo.farthest_partners(S)
+    assert seen == [2]
+    assert fp.indices.tolist() == [1] + [0] * 1999 and not fp.distances.any()
 
 
 def test_hash_collisions_never_merge_distinct_rows(monkeypatch):
