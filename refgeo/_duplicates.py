@@ -253,8 +253,9 @@ def expand_neighbors(nbr: np.ndarray, dist: np.ndarray, label: np.ndarray, k: in
     indices, distances : ndarray of shape (q, k)
         Candidate rows in the tie rule's order, and their distances.
 
-    Time O(q k log r), plus O(k r log(k r)) for each query with tied classes; memory a
-    few MiB beyond the outputs.
+    Time O(q k log r), plus O(m log m) for each query with tied classes, ``m`` the rows
+    that can reach its first ``k`` (about ``k``; :func:`_sort_tied`); memory a few MiB
+    beyond the outputs.
 
     Examples
     --------

@@ -201,7 +201,7 @@ class FarthestPartners:
         dtype of the input after conversion (``"float64"`` or ``"float32"``).
     n_refined : int
         Number of pairs evaluated by direct float64 differences.  Where the kernel ran
-        on one row of each class of identical rows (:func:`knn`), this and
+        on one row of each class of identical rows (:func:`farthest_partners`), this and
         ``error_bound`` describe that run (its size can choose another filter).
     scale_exponent : int
         The kernels ran on rows scaled by ``2**-scale_exponent``; see :class:`ExtremePair`.
@@ -893,8 +893,8 @@ def knn(
     classes larger than a heap's slack), the kernel runs on one row of each class
     instead, and its answer is expanded to every row, copies by index (a copy of the
     distinct rows in memory; against ``Y`` a side is searched for copies where the
-    other has at least 4,096 rows).  With 40% of 4,000 rows identical this is 10 times faster for k = 16
-    (asv: ``extreme_pairs.IdenticalRows.track_knn_speedup_vs_all_rows``).
+    other has at least 4,096 rows).  With 40% of 4,000 rows identical this is 10 times
+    faster for k = 16 (asv: ``extreme_pairs.IdenticalRows.track_knn_speedup_vs_all_rows``).
 
     References
     ----------
@@ -1016,7 +1016,7 @@ def _knn_of_distinct_rows(X, Y, k, exclude_self, e, options) -> _backend.KernelR
     """The k-NN kernel run on one row of each class of identical rows, its answer
     expanded to all rows (:func:`refgeo._duplicates.expand_neighbors`); None where the
     copies do not pay for it (:func:`_copies_worth_removing`), where no class has two
-    rows, and for rows that are not NumPy rows or not separated.
+    rows, and for rows that are neither NumPy nor Dask rows, or not separated.
 
     Why: a query's k-th distance ties with every copy of a row there, and a heap of
     ``k + max(8, k/2)`` entries cannot certify such a tie: the rows are redone with
@@ -1043,7 +1043,8 @@ def _knn_of_distinct_rows(X, Y, k, exclude_self, e, options) -> _backend.KernelR
     xp = array_namespace(X)
     n_x = X.shape[0]
     label_x = np.arange(n_x) if dup_x is None else dup_x.label
-    U = scale_rows(xp, X if dup_x is None else _take_rows(X, dup_x.first, as_many_blocks=True), e)  # the query rows that run
+    # the query rows that run
+    U = scale_rows(xp, X if dup_x is None else _take_rows(X, dup_x.first, as_many_blocks=True), e)
     if Y is None:
         n_u = U.shape[0]
         if n_u == 1:  # one class: its row against itself, at distance 0
