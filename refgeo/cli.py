@@ -84,11 +84,15 @@ class _Parser(argparse.ArgumentParser):
 
     def _print_message(self, message: str, file: Any = None) -> None:
         # argparse's own drops a write error of --help and --version (it catches
-        # OSError), so `refgeo --help >&-` exited 0 having written nothing; the error
-        # now reaches main, which reports it as for a command.  A closed stderr (None)
-        # loses the message, as _to_stderr does.
-        file = sys.stderr if file is None else file
-        if message and file is not None:
+        # OSError), so `refgeo --help >&-` exited 0 having written nothing; an error
+        # writing stdout now reaches main, which reports it as for a command.  Errors
+        # writing stderr (closed, a broken pipe) lose the message, as _to_stderr does:
+        # main would take them for stdout's (a broken pipe there is status 0).
+        if not message:
+            return
+        if file is None or file is sys.stderr:
+            _to_stderr(message.rstrip("\n"))
+        else:
             file.write(message)
 
 

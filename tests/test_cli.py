@@ -691,6 +691,15 @@ def test_closed_stdout_or_stderr_gives_status_2_without_a_traceback(tmp_path):
         assert (proc.returncode, proc.stderr) == (2, "refgeo: error: writing standard output: standard output is closed\n")
     proc = subprocess.run(_refgeo("--no-such-option"), stdout=subprocess.PIPE, preexec_fn=_close_fd(2), timeout=120)
     assert (proc.returncode, proc.stdout) == (2, b"")
+    # a usage error whose stderr reader went away: still status 2 (not the 0 of a
+    # closed stdout pipe)
+    r, w = os.pipe()
+    os.close(r)
+    try:
+        proc = subprocess.run(_refgeo("--no-such-option"), stdout=subprocess.PIPE, stderr=w, timeout=120)
+    finally:
+        os.close(w)
+    assert (proc.returncode, proc.stdout) == (2, b"")
 
 
 @pytest.mark.skipif(not os.path.exists("/dev/full"), reason="needs /dev/full")

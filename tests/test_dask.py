@@ -965,7 +965,7 @@ def test_identical_rows_in_any_chunking_give_the_pair_of_every_row(client, S, da
         assert got.scale_exponent == want.scale_exponent
 
 
-@settings(max_examples=12, deadline=None)
+@settings(max_examples=6, deadline=None)
 @given(S=clouds_with_copies(), data=st.data())
 def test_knn_of_copies_in_any_chunking_is_the_one_of_numpy_rows(client, S, data):
     """knn on one row of each class of copies, expanded to every row: the answer of the

@@ -121,18 +121,50 @@ def test_knn_of_rows_with_copies_is_the_knn_of_every_row(backend, S, data, tile_
     np.testing.assert_array_equal(r_y.distances, dist)
 
 
-def test_knn_interleaves_classes_at_one_distance_by_index(backend):
+def test_knn_interleaves_classes_at_one_distance_by_index(backend, monkeypatch):
     """Rows 0 and 3 are copies at the distance of row 2 from row 1: row 1's neighbors
     interleave the two classes by index (0, 2, 3), not class by class (0, 3, 2); so do
-    those of the query (1, 2) against these rows as Y."""
+    those of the query (1, 2) against these rows as Y.  The copies are reduced however
+    few (the rules would run these rows as they are), and the tie sort runs."""
+    monkeypatch.setattr(rows, "_copies_worth_removing", lambda dup, *a: dup)
+    monkeypatch.setattr(rows, "KNN_COPIES_MIN_OTHER", 1)
+    sorted_ties = []
+    real = _duplicates._sort_tied
+    monkeypatch.setattr(_duplicates, "_sort_tied", lambda tied, *a: sorted_ties.append(tied.size) or real(tied, *a))
     S = np.array([[2.0, 1.0], [1.0, 2.0], [0.0, 1.0], [2.0, 1.0]])
     for exclude_self, want in ((True, [0, 2, 3]), (False, [1, 0, 2])):
         assert refgeo.knn(S, 3, exclude_self=exclude_self).indices[1].tolist() == want
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(rows, "KNN_COPIES_MIN_OTHER", 1)
-        r = refgeo.knn(S[1:2], 3, S[[0, 3, 2, 0]])
+    r = refgeo.knn(S[1:2], 3, S[[0, 3, 2, 0]])
     assert r.indices.tolist() == [[0, 1, 2]]
     np.testing.assert_array_equal(r.distances, np.sqrt(2.0))
+    assert len(sorted_ties) == 3
+
+
+def test_copies_are_reduced_where_they_pay():
+    """The rules of rows._copies_worth_removing at their edges: an eighth of the rows
+    and 32 k copies, or classes beyond a heap's slack (max(8, k/2) rows) holding a 64th
+    of the rows and 128 k / d of them; and Y is searched only for 4,096 queries."""
+    def classes(n, sizes):
+        S = np.arange(n, dtype=np.float64)[:, None].repeat(2, axis=1)
+        at = 0
+        for c in sizes:
+            S[at : at + c] = S[at]
+            at += c
+        return _duplicates.duplicate_rows(S)
+
+    worth = rows._copies_worth_removing
+    assert worth(classes(16000, [2] * 2000), 4) is not None  # 2,000 copies: an eighth
+    assert worth(classes(16000, [2] * 1999), 4) is None
+    assert worth(classes(16000, [2001])) is not None  # farthest partners: no heap
+    assert worth(classes(16000, [2] * 2000), 100) is None  # 2,000 copies < 32 k
+    # heap slack: classes of more than max(8, k // 2) rows
+    assert worth(classes(16000, [251]), 16, 64) is not None  # 251 >= 16,000 / 64
+    assert worth(classes(16000, [249]), 16, 64) is None
+    assert worth(classes(16000, [9] * 28), 16, 64) is not None  # 252 rows in classes of 9
+    assert worth(classes(16000, [8] * 32), 16, 64) is None  # classes of 8 fit the slack
+    assert worth(classes(16000, [300]), 64, 8) is None  # below 128 k / d = 1,024
+    assert worth(classes(16000, [300]), None) is None  # farthest partners: no heap
+    assert rows.KNN_COPIES_MIN_OTHER == 4096
 
 
 @pytest.mark.parametrize("dtype", [np.float64, np.float32])

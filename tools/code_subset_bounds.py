@@ -206,17 +206,23 @@ def johnson_bound(n: int, o: int, w: int) -> int:
     return n * johnson_bound(n - 1, o - 1, w - 1) // w
 
 
-def constant_weight_table(n: int = 64, V: int = 50_000, n_best: int = 6) -> None:
+def constant_weight_table(n: int = 64, V: int = 50_000) -> None:
+    """Every weight ``w`` and overlap ``o`` (supports sharing 0 to ``o`` positions) with
+    rho > 0.7746 whose Johnson bound reaches ``V`` words, with the share of the bound
+    that ``V`` is and the volume estimate of a greedy choice."""
     print(f"\n### d = {n}: binary words of one weight (a cap) with rho > 0.7746\n")
-    print("| weight w | shared positions <= o | rho | Johnson bound | greedy estimate |\n|---|---|---|---|---|")
+    print("| weight w | shared positions <= o | rho | Johnson bound | needed share | greedy estimate |")
+    print("|---|---|---|---|---|---|")
     rows = [(math.sqrt((w - o) / w), w, o) for w in range(2, n // 2 + 1) for o in range(w)
             if (w - o) / w > 0.6 and johnson_bound(n, o, w) >= V]
-    for rho, w, o in sorted(rows, reverse=True)[:n_best]:
-        print(f"| {w} | {o} | {rho:.4f} | {johnson_bound(n, o, w):,} | "
+    for rho, w, o in sorted(rows, reverse=True):
+        bound = johnson_bound(n, o, w)
+        print(f"| {w} | {o} | {rho:.4f} | {bound:,} | {V / bound:.2f} | "
               f"{constant_weight_gv(n, 2, w, 2 * (w - o)):,.0f} |")
-    print(f"\n{V:,} words are more than half of each bound: no packing of (o + 1)-sets by w-sets that "
-          "dense is known to us (it would be half a Steiner system S(o + 1, w, 64), and none with "
-          "o + 1 >= 6 is known), and a greedy choice stops near the estimate.")
+    print(f"\n{V:,} words are about half of each bound or more.  Steiner systems S(o + 1, w, {n}), "
+          "which would meet it, fail the divisibility conditions for all these (w, o), and none with "
+          "o + 1 >= 6 has been constructed (Keevash proved that they exist for large n, not how to "
+          "build them).")
 
 
 def gegenbauer(d: int, k_max: int, t: np.ndarray) -> np.ndarray:
