@@ -44,6 +44,9 @@ __all__ = ["DuplicateRows", "classes", "duplicate_rows", "equal_rows", "expand_n
 # elements of S hashed per block: bounds the temporaries at a few MiB whatever V d is
 _BLOCK_ELEMENTS = 1 << 18
 
+# rows sorted at once where classes tie in a k-NN answer (_sort_tied): a few tens of MiB
+_TIE_BLOCK_ROWS = 1 << 20
+
 # fixed odd multipliers: the result never depends on them (equal hashes are verified),
 # only the number of collisions does; fixed so that runs are reproducible in time too
 _MULTIPLIERS = (np.random.default_rng(0x5EED).integers(0, 2**63, size=4096, dtype=np.uint64) * np.uint64(2)
@@ -317,8 +320,8 @@ def _sort_tied(tied, C, D, last, s, k, order, starts, counts, sq_distances, indi
     per_query = m.sum(axis=1)
     ends = np.cumsum(per_query)
     a = 0
-    while a < tied.size:  # blocks of queries of about 2**20 rows, at least one query each
-        b = max(a + 1, int(np.searchsorted(ends, (ends[a - 1] if a else 0) + (1 << 20), side="right")))
+    while a < tied.size:  # blocks of queries of about _TIE_BLOCK_ROWS rows, at least one query each
+        b = max(a + 1, int(np.searchsorted(ends, (ends[a - 1] if a else 0) + _TIE_BLOCK_ROWS, side="right")))
         t, mt = tied[a:b], m[a:b]
         q_of, c_of = np.nonzero(mt)  # the (query, class) pairs with rows, row-major
         n_rows = mt[q_of, c_of]

@@ -958,18 +958,16 @@ def knn(
     )
 
 
+# Rows per block of the expansion of a k-NN answer to every row, times k + 1: its
+# temporaries stay in cache (a module constant so that tests can make blocks small)
+_EXPAND_BLOCK = 1 << 16
+
 # Against Y, the rows of one side are searched for copies only where the other side
 # has at least this many: the search (a hash of every row) of 200,000 x 64 float32
 # candidates takes 0.06 s, and the k-NN of 256, 1,024 and 4,096 queries against them
 # 0.075, 0.19 and 0.67 s (the search added 79%, 31% and 9%); copies among a few
 # queries' candidates cost those queries a redo against every candidate at most.
 KNN_COPIES_MIN_OTHER = 4096
-
-
-def _row_classes(A) -> _duplicates.DuplicateRows | None:
-    """The classes of identical rows of a NumPy or Dask ``A`` where a kernel may run on
-    one row of each (:func:`_duplicate_rows`), else None."""
-    return _duplicate_rows(A)[0]
 
 
 def _row_fetcher(A, dup, e):
@@ -1034,11 +1032,11 @@ def _knn_of_distinct_rows(X, Y, k, exclude_self, e, options) -> _backend.KernelR
     """
     k_out = k + int(Y is None and exclude_self)  # with the row itself, dropped below
     if Y is None:
-        dup_x = dup_y = _copies_worth_removing(_row_classes(X), k_out, X.shape[1])
+        dup_x = dup_y = _copies_worth_removing(_duplicate_rows(X)[0], k_out, X.shape[1])
     else:  # each side searched only where the other is large enough to pay for it
-        dup_x = _copies_worth_removing(_row_classes(X)) \
+        dup_x = _copies_worth_removing(_duplicate_rows(X)[0]) \
             if Y.shape[0] >= KNN_COPIES_MIN_OTHER else None
-        dup_y = _copies_worth_removing(_row_classes(Y), k_out, Y.shape[1]) \
+        dup_y = _copies_worth_removing(_duplicate_rows(Y)[0], k_out, Y.shape[1]) \
             if X.shape[0] >= KNN_COPIES_MIN_OTHER else None
     if dup_x is None and dup_y is None:
         return None
@@ -1081,7 +1079,7 @@ def _knn_of_distinct_rows(X, Y, k, exclude_self, e, options) -> _backend.KernelR
     # every query row gets its class's rows, in blocks of rows (temporaries that stay in
     # cache: whole-size gathers and masks cost 0.6 s of 2.5 at 16,000 rows and k = 256)
     idx, d = np.empty((n_x, k), dtype=np.int64), np.empty((n_x, k))
-    step = max(1, (1 << 16) // k_out)
+    step = max(1, _EXPAND_BLOCK // k_out)
     for a in range(0, n_x, step):
         E, Dd = idx_c[label_x[a : a + step]], d_c[label_x[a : a + step]]
         if Y is None and exclude_self:  # drop the row itself where it is among the k + 1

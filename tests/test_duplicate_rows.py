@@ -92,8 +92,8 @@ def test_many_identical_rows_are_not_refined_pair_by_pair(backend):
 def test_knn_of_rows_with_copies_is_the_knn_of_every_row(backend, S, data, tile_size):
     """knn on one row per class of copies, expanded to every row, equals the oracle on
     all rows: X against itself (with and without the row itself) and against Y, with
-    copies on either side and across (Y's copies searched whatever the size of X); so
-    do the farthest partners."""
+    copies on either side and across (Y's copies searched whatever the size of X), in
+    blocks of any size; so do the farthest partners."""
     exclude_self = data.draw(st.booleans())
     k = data.draw(st.integers(1, len(S) - int(exclude_self)))
     rng = np.random.default_rng(data.draw(st.integers(0, 2**32 - 1)))
@@ -103,6 +103,10 @@ def test_knn_of_rows_with_copies_is_the_knn_of_every_row(backend, S, data, tile_
     with pytest.MonkeyPatch.context() as mp:
         if data.draw(st.booleans()):  # expanded however few the copies
             mp.setattr(rows, "_copies_worth_removing", lambda dup, *a: dup)
+        # blocks of one query (or a few) in the expansion and the tie sort: never change the answer
+        mp.setattr(_duplicates, "_BLOCK_ELEMENTS", data.draw(st.sampled_from([1, 50, 1 << 18])))
+        mp.setattr(_duplicates, "_TIE_BLOCK_ROWS", data.draw(st.sampled_from([1, 7, 40, 1 << 20])))
+        mp.setattr(rows, "_EXPAND_BLOCK", data.draw(st.sampled_from([1, 30, 1 << 16])))
         mp.setattr(rows, "KNN_COPIES_MIN_OTHER", data.draw(st.sampled_from([1, 4096])))
         r = refgeo.knn(S, k, exclude_self=exclude_self, tile_size=tile_size)
         r_y = refgeo.knn(X, k_y, Y, tile_size=tile_size)
@@ -138,6 +142,24 @@ def test_knn_interleaves_classes_at_one_distance_by_index(backend, monkeypatch):
     assert r.indices.tolist() == [[0, 1, 2]]
     np.testing.assert_array_equal(r.distances, np.sqrt(2.0))
     assert len(sorted_ties) == 3
+
+
+@pytest.mark.parametrize("block", [16, 40, 1 << 20])
+def test_tied_classes_sorted_in_blocks_of_several_queries(backend, monkeypatch, block):
+    """Integers 0..9 copied 1 to 5 times: every query has two classes at each distance
+    (x - t and x + t), so the tie sort runs for many queries with different numbers of
+    candidate rows; blocks of several of them must give each its own rows."""
+    monkeypatch.setattr(rows, "_copies_worth_removing", lambda dup, *a: dup)
+    monkeypatch.setattr(_duplicates, "_TIE_BLOCK_ROWS", block)
+    rng = np.random.default_rng(1)
+    for _ in range(5):
+        S = np.repeat(np.arange(10.0), rng.integers(1, 6, 10))[:, None]
+        S = S[rng.permutation(len(S))]
+        for k in (2, 4, 6, 9):
+            r = refgeo.knn(S, k)
+            idx, dist = _oracle_knn(S, k)
+            np.testing.assert_array_equal(r.indices, idx)
+            np.testing.assert_array_equal(r.distances, dist)
 
 
 def test_copies_are_reduced_where_they_pay():
