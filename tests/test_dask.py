@@ -1012,6 +1012,25 @@ def test_knn_of_many_copies_runs_on_the_distinct_rows(client):
     _same_rows(refgeo.knn(G, 32), r)
 
 
+def test_knn_takes_the_prescaling_from_the_duplicate_search(client, monkeypatch):
+    """The search for identical rows passes over every chunk and finds the prescaling
+    on its way; knn of float64 rows (read from disk for a file) passed over them again
+    for it.  The answer, and its scale_exponent, are those of the NumPy rows."""
+    from refgeo import rows
+
+    seen = []
+    orig = rows.scale_exponent
+    monkeypatch.setattr(rows, "scale_exponent", lambda xp, arrays: seen.append(arrays) or orig(xp, arrays))
+    rng = np.random.default_rng(2)
+    S = np.repeat(rng.standard_normal((40, 5)), 3, axis=0) * 2.0**300
+    for copies in (S, S[::3]):  # with and without identical rows
+        got = refgeo.knn(da.from_array(copies, chunks=(25, 5)), 4)
+        assert not any(isinstance(a, da.Array) for arrays in seen for a in arrays)
+        want = refgeo.knn(copies, 4)
+        assert got.scale_exponent == want.scale_exponent > 0
+        _same_rows(want, got)
+
+
 def test_duplicate_search_is_the_one_of_numpy_rows(client, monkeypatch):
     """The classes from the chunks' hashes equal those of the NumPy rows, also when
     every row hashes alike (collisions are told apart by comparing the fetched rows);
