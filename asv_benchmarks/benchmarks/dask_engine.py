@@ -198,9 +198,22 @@ class DaskEngine(_TwoWorkers):
 
 # (case, rows, d, k, rows per chunk)
 if realistic():
-    LM_CASES = [("knn lm_gradient", 50257, 768, 32, 8192), ("closest_pair untrained", 50257, 768, 0, 8192)]
+    # knn untrained: the baseline refines every copy against whole blocks (quadratic in
+    # the copies), so a smaller head than the others
+    LM_CASES = [("knn lm_gradient", 50257, 768, 32, 8192), ("closest_pair untrained", 50257, 768, 0, 8192),
+                ("knn untrained", 16384, 768, 16, 4096)]
 else:
-    LM_CASES = [("knn lm_gradient", 4096, 64, 8, 1024), ("closest_pair untrained", 8192, 64, 0, 2048)]
+    LM_CASES = [("knn lm_gradient", 4096, 64, 8, 1024), ("closest_pair untrained", 8192, 64, 0, 2048),
+                ("knn untrained", 4096, 64, 8, 1024)]
+
+
+def _untrained_head(n, d):
+    """float32 rows around a common offset whose rarest 40% of tokens (Zipf counts)
+    keep one row, the mean: the untrained tail of a vocabulary."""
+    g = np.random.default_rng(3)
+    S = (g.standard_normal((n, d)) + 4.0).astype(np.float32)
+    S[np.argsort(g.zipf(1.3, size=n), kind="stable")[: (2 * n) // 5]] = S.mean(axis=0)
+    return S
 
 
 @records_runtime(dtype="float32", backend="dask")
@@ -215,6 +228,10 @@ class DaskLMRows(_TwoWorkers):
     * ``closest_pair untrained``: a head whose rarest 40% of tokens share one row;
       baseline in the same run: the same graph handed every row (no search for identical
       rows), which refines every pair of them.
+    * ``knn untrained``: ``knn`` of such a head, which runs the graph on one row of each
+      class of identical rows; baseline in the same run: the k-NN graph on every row,
+      where each copy ties with every other at its k-th distance, beyond any heap, and
+      is refined against whole blocks.
 
     ``track_ratio`` is the baseline's time over the case's (best of 3 each, every call
     on a settled scheduler: :func:`best_settled_time`; higher is better),
@@ -228,16 +245,18 @@ class DaskLMRows(_TwoWorkers):
 
         _, n, d, k, b = next(c for c in LM_CASES if c[0] == case)
         self._start_cluster()
-        if k:
+        if case == "knn untrained":
+            S = _untrained_head(n, d)
+            self.run = lambda: refgeo.knn(self.D, k)
+            self.baseline = lambda: _dask.knn(self.D, k, None, exclude_self=True)
+        elif k:
             from refgeo._lm_gradients import lm_gradient
 
             S = lm_gradient(n, d, n_tokens=1024, seed=0).astype(np.float32)
             self.run = lambda: _dask.knn(self.D, k, None, exclude_self=True, engine="numpy")
             self.baseline = lambda: _dask.knn(self.D, k, None, exclude_self=True, engine="compiled")
         else:
-            g = np.random.default_rng(3)
-            S = (g.standard_normal((n, d)) + 4.0).astype(np.float32)
-            S[np.argsort(g.zipf(1.3, size=n), kind="stable")[: (2 * n) // 5]] = S.mean(axis=0)
+            S = _untrained_head(n, d)
             self.run = lambda: refgeo.closest_pair(self.D)
             self.baseline = lambda: rows._pair_run(rows._CLOSEST, self.D, None, None)[0]
         self.n = n
