@@ -377,31 +377,45 @@ def knn(X, k, Y, *, exclude_self, tile_size=None, n_threads=None, progress=None)
     # redo passes run on at most the first pass's threads: with at most its heap records
     # per thread (below), they stay within the knn_memory estimate checked above
     n_redo = _knn_plan(SA.shape[0], SB.shape[0], d, symmetric, tile_size, n)[2]
+    heap_rows = K * SA.shape[0]
 
     def redo(fn, F, XA, nA, XB, nB, K, dt, defer):
+        """Rows F against every candidate with heaps of K, in passes of at most
+        ``heap_rows // K`` rows; returns the rows still deferred."""
         nonlocal n_refined
-        self_idx = F.astype(np.int64) if (symmetric and exclude_self) else np.full(F.size, -1, np.int64)
-        sub_idx, sub_dist, sub_stats = _knn_pass(
-            fn, np.ascontiguousarray(XA[F]), np.ascontiguousarray(nA[F]),
-            np.ascontiguousarray(SA[F]), XB, nB, SB, symmetric=False, exclude_self=False,
-            self_idx=self_idx, defer=defer, k=k, dt=dt, tile_size=tile_size, n=n_redo,
-            progress=progress, K=K,
-        )
-        idx[F] = sub_idx
-        dist[F] = sub_dist
-        n_refined += int(sub_stats[1])
-        return F[sub_idx[:, 0] < 0]
+        left = []
+        per = max(1, heap_rows // K)
+        for a in range(0, F.size, per):
+            P = F[a : a + per]
+            self_idx = P.astype(np.int64) if (symmetric and exclude_self) else np.full(P.size, -1, np.int64)
+            sub_idx, sub_dist, sub_stats = _knn_pass(
+                fn, np.ascontiguousarray(XA[P]), np.ascontiguousarray(nA[P]),
+                np.ascontiguousarray(SA[P]), XB, nB, SB, symmetric=False, exclude_self=False,
+                self_idx=self_idx, defer=defer, k=k, dt=dt, tile_size=tile_size, n=n_redo,
+                progress=progress, K=K,
+            )
+            idx[P] = sub_idx
+            dist[P] = sub_dist
+            n_refined += int(sub_stats[1])
+            left.append(P[sub_idx[:, 0] < 0])
+        return np.concatenate(left) if left else F
 
-    # deferred rows: their rows against every candidate, heaps 4 times larger while
-    # they fit in as many heap records as the first pass had (K F <= K_0 nA, per
-    # thread); the last try (the float64 filter for float32-filtered rows) refines what
-    # is still uncertified against every candidate.  Each row's answer is certified
+    # deferred rows: their rows against every candidate, heaps up to 4 times larger, in
+    # passes of as many rows as fit in the heap records of the first pass (K F <= K_0 nA,
+    # per thread); the last try (the float64 filter for float32-filtered rows) refines
+    # what is still uncertified against every candidate.  Each row's answer is certified
     # either way: only the work differs.  A heap less than twice as large is not worth
-    # a pass (a few more slots rarely clear a tie).
-    heap_rows = K * SA.shape[0]
+    # a pass (a few more slots rarely clear a tie).  (Where ties defer most rows, as in
+    # sign rows, one pass of all of them could not grow its heaps, and each row was
+    # refined against every candidate: 20,000 rows of +-1 of R^64 refined 10,600 pairs
+    # a row, and took 3.9 s against 0.3 s for Gaussian rows.)
     helps = True
     while F.size:
-        grown = min(n_cand, 4 * K, KNN_MAX_HEAP, heap_rows // F.size)
+        # one pass where the grown heaps of all rows fit (a heap of at least 2 K),
+        # else heaps 4 times larger in several passes
+        grown = min(n_cand, 4 * K, KNN_MAX_HEAP)
+        if heap_rows // F.size >= 2 * K:
+            grown = min(grown, heap_rows // F.size)
         if helps and (grown >= 2 * K or (grown == n_cand and grown > K)):
             K = grown
             every = K == n_cand and not mixed  # heaps that hold every candidate

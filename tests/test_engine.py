@@ -503,6 +503,35 @@ def test_knn_of_sign_rows_redoes_tied_rows_with_larger_heaps(backend, dtype):
     _assert_knn_rows_exact(r, S, rng.choice(len(S), 200, replace=False), 8)
 
 
+@pytest.mark.parametrize("dtype", [np.float64, np.float32])
+def test_knn_where_ties_defer_most_rows_grows_their_heaps_in_passes(backend, dtype, monkeypatch):
+    """3,000 sign rows of length 16 at k = 16: the 16-th distance of a row ties with
+    about 20 others, and the first pass defers most rows.  The redo's heaps (4 times
+    larger for all of them) exceeded the first pass's heap records, so none grew and each
+    row was refined against every candidate (2,826 pairs a row; 20,000 rows of length 64:
+    10,600 pairs a row and 3.9 s, 0.3 s for Gaussian rows).  They now grow in passes of
+    as many rows as those records hold."""
+    if backend != "cython":
+        pytest.skip("the compiled engine's heaps")
+    rng = np.random.default_rng(4)
+    S = rng.choice([-1.0, 1.0], size=(3000, 16)).astype(dtype)
+    passes = []
+    real = _engine._knn_pass
+
+    def counted(*args, **kwargs):
+        passes.append((args[3].shape[0], kwargs.get("K")))  # rows (SA), heap entries
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(_engine, "_knn_pass", counted)
+    r = refgeo.knn(S, 16)
+    first_rows, first_K = passes[0][0], _engine._heap_size(2999, 16)
+    assert first_rows == 3000 and len(passes) >= 3, passes  # the redo took several passes
+    assert all(rows * K <= first_rows * first_K for rows, K in passes[1:])
+    assert max(K for _, K in passes[1:]) == 4 * first_K
+    assert r.n_refined <= 4 * 16 * len(S)
+    _assert_knn_rows_exact(r, S, rng.choice(len(S), 300, replace=False), 16)
+
+
 def test_knn_stops_growing_heaps_that_do_not_help(backend, monkeypatch):
     """Ties beyond any heap: 2 rows with 150 copies each among 3,000 (k = 1).  The
     copies' first retry settles none of them, so the next pass refines them against
