@@ -412,18 +412,32 @@ def knn(X, k, Y, *, exclude_self, tile_size=None, n_threads=None, progress=None)
     helps = True
     while F.size:
         # one pass where the grown heaps of all rows fit (a heap of at least 2 K),
-        # else heaps 4 times larger in several passes
-        grown = min(n_cand, 4 * K, KNN_MAX_HEAP)
+        # else heaps 4 times larger in several passes (never more than the first
+        # pass's records: one query row keeps its heap)
+        grown = min(n_cand, 4 * K, KNN_MAX_HEAP, heap_rows)
         if heap_rows // F.size >= 2 * K:
             grown = min(grown, heap_rows // F.size)
         if helps and (grown >= 2 * K or (grown == n_cand and grown > K)):
-            K = grown
+            K, K_before = grown, K
             every = K == n_cand and not mixed  # heaps that hold every candidate
-            before = F.size
-            F = redo(fn, F, XA, nA, XB, nB, K, dt, defer=not every)
-            # ties beyond any heap (rows with a thousand identical copies): one pass
-            # that settles fewer than a tenth of its rows ends the growing
-            helps = 10 * (before - F.size) >= before
+            # ties beyond any heap (rows with a thousand identical copies): a pass that
+            # settles fewer than a tenth of its rows ends the growing.  Where the rows
+            # take several passes, a sample of them (every s-th: copies are often
+            # adjacent) is tried first, so that such ties cost one small pass, not a
+            # whole round (3 clusters of 700 near-copies: 0.29 s, 0.16 s at once)
+            trial = F
+            if F.size > heap_rows // K:
+                trial = F[:: -(-F.size // min(heap_rows // K, max(64, F.size // 16)))]
+            left = redo(fn, trial, XA, nA, XB, nB, K, dt, defer=not every)
+            helps = 10 * (trial.size - left.size) >= trial.size
+            if trial.size < F.size:
+                rest = np.setdiff1d(F, trial, assume_unique=True)
+                if helps:
+                    rest = redo(fn, rest, XA, nA, XB, nB, K, dt, defer=not every)
+                else:  # the refinement below keeps the heaps that fit all rows at once
+                    K = K_before
+                left = np.sort(np.concatenate([left, rest]))
+            F = left
             continue
         if not mixed:  # no larger heap worth a pass: refine against every candidate
             F = redo(fn, F, XA, nA, XB, nB, K, dt, defer=False)

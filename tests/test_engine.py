@@ -559,15 +559,48 @@ def test_knn_stops_growing_heaps_that_do_not_help(backend, monkeypatch):
     np.testing.assert_array_equal(r.distances, dist)
 
 
-@pytest.mark.parametrize("V,d", [(500, 8), (3000, 16)])
-def test_knn_redo_passes_stay_within_the_memory_estimate(backend, monkeypatch, V, d):
+def test_knn_tries_larger_heaps_on_a_sample_of_many_deferred_rows(backend, monkeypatch):
+    """3 clusters of 300 near-copies (1e-4 apart, within the float32 filter's bound of
+    each other): every row ties with its 299 copies, beyond any heap.  Larger heaps
+    for all of them (several passes) settled none; a sample is tried first, and the
+    rows are then refined against every candidate with the heaps they had."""
+    if backend != "cython":
+        pytest.skip("the compiled engine's heaps")
+    rng = np.random.default_rng(6)
+    S = (np.repeat(rng.standard_normal((3, 32)), 300, axis=0)
+         + 1e-4 * rng.standard_normal((900, 32))).astype(np.float32)
+    passes = []
+    real = _engine._knn_pass
+
+    def counted(*args, **kwargs):
+        passes.append((args[3].shape[0], kwargs.get("K")))  # rows (SA), heap entries
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(_engine, "_knn_pass", counted)
+    r = refgeo.knn(S, 40)
+    K0 = _engine._heap_size(899, 40)
+    assert passes[0] == (900, None) and passes[-1] == (900, K0), passes  # every row deferred
+    assert sum(rows for rows, K in passes[1:-1]) <= 900 // 8, passes  # the sample
+    idx, dist = _oracle_knn(S, 40)
+    np.testing.assert_array_equal(r.indices, idx)
+    np.testing.assert_array_equal(r.distances, dist)
+
+
+@pytest.mark.parametrize("V,d,against", [(500, 8, 0), (3000, 16, 0), (1, 16, 20000)])
+def test_knn_redo_passes_stay_within_the_memory_estimate(backend, monkeypatch, V, d, against):
     """Each pass's heaps (the threads and heap size the compiled kernel is handed, times
     its rows) fit in the heap bytes knn_memory checked before the call: at (500, 8) the
     first pass is too small to run in parallel and the redo of its deferred rows would
-    be large enough to."""
+    be large enough to.  One query row against candidates where it ties with 30 sign rows
+    keeps its heap (a pass of one row with a heap 4 times larger exceeded the first's)."""
     if backend != "cython":
         pytest.skip("the compiled engine's heaps")
-    S = np.random.default_rng(9).choice([-1.0, 1.0], (V, d)).astype(np.float32)
+    rng = np.random.default_rng(9)
+    S = rng.choice([-1.0, 1.0], (V, d)).astype(np.float32)
+    Y = None
+    if against:
+        S = np.zeros((V, d), dtype=np.float32)
+        Y = np.vstack([rng.choice([-1.0, 1.0], (30, d)), 10.0 + rng.standard_normal((against, d))])
     estimates, heaps = [], []
     real_check, real_pass = _memory.check_memory, _engine._knn_pass
 
@@ -586,10 +619,10 @@ def test_knn_redo_passes_stay_within_the_memory_estimate(backend, monkeypatch, V
 
     monkeypatch.setattr(_memory, "check_memory", checked)
     monkeypatch.setattr(_engine, "_knn_pass", counted)
-    r = refgeo.knn(S, 8, n_threads=8)
+    r = refgeo.knn(S, 8, Y, n_threads=8)
     assert len(estimates) == 1 and len(heaps) >= 2  # the ties defer rows
     assert max(heaps) <= estimates[0], (heaps, estimates)
-    idx, dist = _oracle_knn(S, 8)
+    idx, dist = _oracle_knn(S, 8, Y)
     np.testing.assert_array_equal(r.indices, idx)
     np.testing.assert_array_equal(r.distances, dist)
 
