@@ -438,10 +438,11 @@ def _take_rows(S, rows, *, as_many_blocks=False):
     size (a selection keeps the rows of each chunk apart, and many small chunks cost a
     task per block pair), or with ``as_many_blocks`` in as many row chunks as ``S`` has.
 
-    Why the second: the k-NN tasks refine a row that its heap cannot certify against
-    the whole block, and the distinct rows of a grid tie a lot.  4,096 distinct integer
-    rows of R^6 (of 30,000 in 6 chunks, k = 32) took 4.4 s in one chunk of 4,096 rows,
-    0.6 s in 6 chunks of 683 (2.4 s for the 30,000 rows as they were)."""
+    Why the second: the pairwise tasks of the distinct rows then spread over the
+    workers as those of the rows did.  The 4,096 distinct integer rows of R^6 of 30,000
+    (k = 32) took 0.31 s in one chunk, 0.21 s in 6 chunks on two threads (before the
+    k-NN tasks filtered a tied row again against the block, instead of refining it
+    against every row of it: 4.8 s in one chunk)."""
     if not is_dask_array(S):
         return S[rows]
     T = _dask.take_rows(S, rows)
