@@ -503,6 +503,20 @@ def test_knn_of_sign_rows_redoes_tied_rows_with_larger_heaps(backend, dtype):
     _assert_knn_rows_exact(r, S, rng.choice(len(S), 200, replace=False), 8)
 
 
+def _record_knn_passes(monkeypatch):
+    """The list that each pass of the compiled k-NN appends ``(rows, K)`` to (``K``
+    None: the first pass's heap size)."""
+    passes = []
+    real = _engine._knn_pass
+
+    def counted(*args, **kwargs):
+        passes.append((args[3].shape[0], kwargs.get("K")))  # rows (SA), heap entries
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(_engine, "_knn_pass", counted)
+    return passes
+
+
 @pytest.mark.parametrize("dtype", [np.float64, np.float32])
 def test_knn_where_ties_defer_most_rows_grows_their_heaps_in_passes(backend, dtype, monkeypatch):
     """3,000 sign rows of length 16 at k = 16: the 16-th distance of a row ties with
@@ -515,14 +529,7 @@ def test_knn_where_ties_defer_most_rows_grows_their_heaps_in_passes(backend, dty
         pytest.skip("the compiled engine's heaps")
     rng = np.random.default_rng(4)
     S = rng.choice([-1.0, 1.0], size=(3000, 16)).astype(dtype)
-    passes = []
-    real = _engine._knn_pass
-
-    def counted(*args, **kwargs):
-        passes.append((args[3].shape[0], kwargs.get("K")))  # rows (SA), heap entries
-        return real(*args, **kwargs)
-
-    monkeypatch.setattr(_engine, "_knn_pass", counted)
+    passes = _record_knn_passes(monkeypatch)
     r = refgeo.knn(S, 16)
     first_rows, first_K = passes[0][0], _engine._heap_size(2999, 16)
     assert first_rows == 3000 and len(passes) >= 3, passes  # the redo took several passes
@@ -543,14 +550,7 @@ def test_knn_stops_growing_heaps_that_do_not_help(backend, monkeypatch):
     S = rng.standard_normal((3000, 8))
     copies = rng.choice(3000, 300, replace=False)
     S[copies] = rng.standard_normal((2, 8))[np.arange(300) % 2]
-    passes = []
-    real = _engine._knn_pass
-
-    def counted(*args, **kwargs):
-        passes.append(kwargs.get("K"))
-        return real(*args, **kwargs)
-
-    monkeypatch.setattr(_engine, "_knn_pass", counted)
+    passes = _record_knn_passes(monkeypatch)
     assert _certify.scale_exponent(np, [S]) == 0  # the kernel sees S as it is
     r = _engine.knn(S, 1, None, exclude_self=True)
     assert len(passes) == 3, passes
@@ -569,14 +569,7 @@ def test_knn_tries_larger_heaps_on_a_sample_of_many_deferred_rows(backend, monke
     rng = np.random.default_rng(6)
     S = (np.repeat(rng.standard_normal((3, 32)), 300, axis=0)
          + 1e-4 * rng.standard_normal((900, 32))).astype(np.float32)
-    passes = []
-    real = _engine._knn_pass
-
-    def counted(*args, **kwargs):
-        passes.append((args[3].shape[0], kwargs.get("K")))  # rows (SA), heap entries
-        return real(*args, **kwargs)
-
-    monkeypatch.setattr(_engine, "_knn_pass", counted)
+    passes = _record_knn_passes(monkeypatch)
     r = refgeo.knn(S, 40)
     K0 = _engine._heap_size(899, 40)
     assert passes[0] == (900, None) and passes[-1] == (900, K0), passes  # every row deferred
