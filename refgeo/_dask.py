@@ -381,17 +381,52 @@ def _prepare(SA, SB, mu, float32_filter=False) -> _Blocks:
     ``u (a + 2.01 a + 3.02 a) <= 6.1 u a`` (``a = n_i + n_j``, ``|2 x_i . x_j| <= 1.01 a``),
     so ``c`` below is that bound's ``c`` plus ``7 u``.
     """
-    A64, B64, XA, XB, nA, nB, dt, c, eabs, top = _centered_blocks(SA, SB, mu, float32_filter)
+    cb = _centered_blocks(SA, SB, mu, float32_filter)
+    H = _filter_values(cb.XA, cb.XB, cb.nA, cb.nB)
+    return _Blocks(cb.A64, cb.B64, H, cb.nA, cb.nB, cb.c, cb.eabs, reported_bound(cb.A64.shape[1], cb.dt, cb.top))
+
+
+class _CenteredBlocks(NamedTuple):
+    """The parts of :func:`_prepare` before the GEMM."""
+
+    A64: Any  # the rows as float64
+    B64: Any
+    XA: Any  # centered copies in the filter dtype
+    XB: Any
+    nA: Any  # their float64 squared norms
+    nB: Any
+    dt: str  # the filter dtype
+    c: float  # the bound of _Blocks
+    eabs: float
+    top: float  # the largest squared norm
+
+
+def _filter_values(XA, XB, nA, nB):
+    """``H = (fl(-2 x_i . x_j) + fl(n_i)) + fl(n_j)`` in the filter dtype, formed in place
+    on the GEMM output (the rounding that :func:`_prepare`'s ``c`` covers)."""
     H = XA @ XB.T
     H *= -2.0
     H += nA.astype(H.dtype)[:, None]
     H += nB.astype(H.dtype)[None, :]
-    return _Blocks(A64, B64, H, nA, nB, c, eabs, reported_bound(A64.shape[1], dt, top))
+    return H
 
 
-def _centered_blocks(SA, SB, mu, float32_filter=False):
-    """The parts of :func:`_prepare` before the GEMM: ``(A64, B64, XA, XB, nA, nB,
-    filter dtype, c, eabs, largest norm)``."""
+def _pairs_within(Hs, keys, a, bj, slack, t):
+    """``(r, q, lo)``: the pairs of a strip of filter values ``Hs`` (rows r of the strip)
+    whose lower end ``lo`` is at most the row's ``t`` (:func:`_knn_side`): ``keys`` are
+    ``Hs - b_j`` in the filter dtype, ``a``, ``bj`` the rows' and columns' error
+    terms, ``slack`` ``2**-48 max bj``."""
+    W = _round_into((t + a + slack) * (1.0 + 2.0**-48), Hs.dtype)
+    r, q = np.nonzero(keys <= W[:, None])
+    h = Hs[r, q].astype(np.float64)
+    lo = h - ((a[r] + bj[q]) + np.abs(h) * 2.0**-50)
+    keep = lo <= t[r]
+    return r[keep], q[keep], lo[keep]
+
+
+def _centered_blocks(SA, SB, mu, float32_filter=False) -> _CenteredBlocks:
+    """The rows of :func:`_prepare` as float64, centered in the filter dtype, with their
+    norms and the filter's bound (``SB`` None: the block against itself)."""
     blocks = [SA] if SB is None else [SA, SB]
     dt = _filter_dtype(blocks, float32_filter)
     A64 = np.asarray(SA, dtype=np.float64)
@@ -410,7 +445,7 @@ def _centered_blocks(SA, SB, mu, float32_filter=False):
         )
     c, eabs = rounding_bound(A64.shape[1], dt)
     c += 7.0 * UNIT_ROUNDOFF[dt]
-    return A64, B64, XA, XB, nA, nB, dt, c, eabs, top
+    return _CenteredBlocks(A64, B64, XA, XB, nA, nB, dt, c, eabs, top)
 
 
 def _round_into(x, dtype, sign=1.0):
@@ -681,16 +716,11 @@ def _knn_side(H, nrm, other_nrm, b: _Blocks, m, columns=False):
         # finite: an excluded self pair (inf) is never among the m smallest keys
         ends_hi = h + ((a[r0] + bj[part]) + np.abs(h) * 2.0**-50)
         hi[s : s + K.shape[0]] = ends_hi
-        t = ends_hi.max(axis=1)
-        W = _round_into((t + a[s : s + K.shape[0]] + slack) * (1.0 + 2.0**-48), H.dtype)
-        r, q = np.nonzero(K <= W[:, None])
-        r += s
-        h = Hr[r, q].astype(np.float64)
-        lo = h - ((a[r] + bj[q]) + np.abs(h) * 2.0**-50)
-        keep = lo <= t[r - s]
-        rows.append(r[keep])
-        cols.append(q[keep])
-        ends.append(lo[keep])
+        r, q, lo = _pairs_within(Hr[s : s + _SIDE_STRIP], K, a[s : s + K.shape[0]], bj, slack,
+                                 ends_hi.max(axis=1))
+        rows.append(r + s)
+        cols.append(q)
+        ends.append(lo)
     return hi, _Candidates(np.concatenate(rows).astype(np.int64), np.concatenate(cols).astype(np.int64),
                            np.concatenate(ends), b.bound)
 
@@ -1279,40 +1309,31 @@ def _whole_block_pairs(P, Q, rows, T, skip_self, mu):
 
     Why: refining every pair of such a row with the block (its heap overflowed with
     ties, as in clusters of near-copies within the filter's bound of each other) cost
-    O(d) per pair outside the GEMM: 20,000 rows of R^64 in clusters of 50 near-copies
-    (1e-6 apart) in 4 chunks refined every pair and took 73 s, 1 s on one machine.
+    O(d) per pair outside the GEMM, 70 times the single-machine time.
     The rows are filtered again against the block as the NumPy tasks filter
     (:func:`_prepare`, lower ends as in :func:`_knn_side`), in strips of rows, and only
     the pairs that can reach ``T`` are refined.  Time O(r b d) of GEMM for ``r`` rows
-    against a block of ``b``, memory O(r d + 2**20).
+    against a block of ``b``, memory O((r + b) d) for the centered copies (and float64
+    copies of float32 rows) and about 2**20 filter values per strip.
     """
     rr, qq = [], []
     # both sides centered once (each strip centering the block again cost 40% more)
-    _, _, XA, XB, nA, nB, _, c, eabs, _ = _centered_blocks(P[rows], Q, mu)
-    a_all = (c * nA + eabs) * (1.0 + 2.0**-40)
-    bj = c * nB * (1.0 + 2.0**-40)
-    b_up = _round_into(bj, XB.dtype)
+    cb = _centered_blocks(P[rows], Q, mu)
+    a_all = (cb.c * cb.nA + cb.eabs) * (1.0 + 2.0**-40)
+    bj = cb.c * cb.nB * (1.0 + 2.0**-40)
+    b_up = _round_into(bj, cb.XB.dtype)
     slack = float(bj.max()) * 2.0**-48
     strip = max(1, _WHOLE_STRIP_ELEMENTS // max(Q.shape[0], 1))
     # one BLAS thread, as in the filter tasks: Dask runs the tasks in parallel
     with blas_single_thread():
         for s in range(0, rows.shape[0], strip):
-            ur, a = rows[s : s + strip], a_all[s : s + strip]
-            H = XA[s : s + strip] @ XB.T  # the filter values of _prepare
-            H *= -2.0
-            H += nA[s : s + strip].astype(H.dtype)[:, None]
-            H += nB.astype(H.dtype)[None, :]
-            # keys H_ij - b_j in the filter dtype, compared with W_i as in _knn_side: a
-            # pair's lower end can reach T_i only if its key is at most W_i
-            keys = H - b_up
-            if skip_self:
-                keys[np.arange(ur.shape[0]), ur] = math.inf
-            W = _round_into((T[ur] + a + slack) * (1.0 + 2.0**-48), H.dtype)
-            r, q = np.nonzero(keys <= W[:, None])
-            h = H[r, q].astype(np.float64)
-            keep = h - ((a[r] + bj[q]) + np.abs(h) * 2.0**-50) <= T[ur[r]]
-            rr.append(ur[r[keep]])
-            qq.append(q[keep].astype(np.int64))
+            ur = rows[s : s + strip]
+            H = _filter_values(cb.XA[s : s + strip], cb.XB, cb.nA[s : s + strip], cb.nB)
+            r, q, _ = _pairs_within(H, H - b_up, a_all[s : s + strip], bj, slack, T[ur])
+            if skip_self:  # the row itself (explicitly: with T_i = inf every pair passes)
+                r, q = r[ur[r] != q], q[ur[r] != q]
+            rr.append(ur[r])
+            qq.append(q.astype(np.int64))
     return np.concatenate(rr), np.concatenate(qq)
 
 
@@ -1352,7 +1373,7 @@ def _refine_side(P, Q, cand, ends, q0, k, skip_self, refine=_refine_compiled, mu
     return _Rows(np.where(ok, v, math.inf), np.where(ok, j + q0, _NO_INDEX), cand.bound, int(vals.shape[0]))
 
 
-def _knn_refine_pair_task(SA, SB, cands, ends_a, ends_b, i0, j0, k, exclude_self, mu=None):
+def _knn_refine_pair_task(SA, SB, cands, ends_a, ends_b, i0, j0, k, exclude_self, mu):
     """Refine both sides of one block pair in float64 from the original rows it holds
     (``cands``: the filter task's candidates of both sides; ``mu``: the filter tasks'
     mean, to filter the rows their heaps could not certify again)."""

@@ -231,14 +231,14 @@ class DaskLMRows(_TwoWorkers):
     * ``knn untrained``: ``knn`` of such a head, which runs the graph on one row of each
       class of identical rows; baseline in the same run: the k-NN graph on every row,
       where each copy ties with every other at its k-th distance, beyond any heap, and
-      is refined against whole blocks.
+      is filtered again against whole blocks.
     * ``knn near_copies``: rows in clusters of 50 near-copies (1e-6 apart, within the
       float32 filter's bound of each other), as hidden states of one token in similar
       contexts are: every row ties beyond its heap, so its tasks filter it again against
       the whole block.  Baseline in the same run: the single-process engine with 2
       threads on the same rows as one NumPy array (a ratio near 1 is parity; before
-      the tasks filtered such rows again, they refined every pair of the block, and
-      the ratio was 0.014 at 20,000 x 64).
+      the tasks filtered such rows again they refined every pair of the block, 70
+      times the single-process time).
 
     ``track_ratio`` is the baseline's time over the case's (best of 3 each, every call
     on a settled scheduler: :func:`best_settled_time`; higher is better),
