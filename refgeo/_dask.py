@@ -60,6 +60,7 @@ when a Dask array arrives: it is the optional ``[dask]`` extra.
 
 from __future__ import annotations
 
+import functools
 import math
 import os
 import sys
@@ -1337,13 +1338,13 @@ def _whole_block_pairs(P, Q, rows, T, skip_self, mu):
     return np.concatenate(rr), np.concatenate(qq)
 
 
-def _refine_side(P, Q, cand, ends, q0, k, skip_self, refine=_refine_compiled, mu=None):
+def _refine_side(P, Q, cand, ends, q0, k, skip_self, refine, whole_pairs):
     """Refine the pairs of one side that survive the rows' thresholds; each row's best
     (at most k, sorted by value then index), padded with ``inf``.  ``refine(P, Q, r, q)``
     returns the refined values as a NumPy array.  A row whose heap may have dropped a
-    candidate is refined against the pairs of the whole block that can reach its
-    threshold (:func:`_whole_block_pairs`, with the tasks' mean ``mu``), or, without
-    ``mu``, against every pair of the block."""
+    candidate is refined against the pairs ``whole_pairs(P, Q, rows, T, skip_self)``
+    returns: those of the whole block that can reach its threshold
+    (:func:`_whole_block_pairs`, :func:`_whole_block_pairs_xp`)."""
     if cand is None:
         return None
     T = ends.max(axis=1)  # the k-th smallest upper end of each row, over all blocks
@@ -1354,15 +1355,7 @@ def _refine_side(P, Q, cand, ends, q0, k, skip_self, refine=_refine_compiled, mu
     q = cand.ids[r, c].astype(np.int64)
     r = r.astype(np.int64)
     if whole.any():
-        ur = np.flatnonzero(whole)
-        if mu is not None:
-            rr, qq = _whole_block_pairs(P, Q, ur, T, skip_self, mu)
-        else:
-            nq = Q.shape[0]
-            rr = np.repeat(ur, nq)
-            qq = np.tile(np.arange(nq, dtype=np.int64), ur.shape[0])
-            if skip_self:
-                rr, qq = rr[rr != qq], qq[rr != qq]
+        rr, qq = whole_pairs(P, Q, np.flatnonzero(whole), T, skip_self)
         r, q = np.concatenate([r, rr]), np.concatenate([q, qq])
     if r.shape[0] == 0:
         return None
@@ -1383,8 +1376,9 @@ def _knn_refine_pair_task(SA, SB, cands, ends_a, ends_b, i0, j0, k, exclude_self
     dt = np.float64 if any(b.dtype == np.float64 for b in blocks) else np.float32
     A = np.ascontiguousarray(SA, dtype=dt)
     B = A if same else np.ascontiguousarray(SB, dtype=dt)
-    rec_a = _refine_side(A, B, cand_a, ends_a, j0, k, same and exclude_self, mu=mu)
-    rec_b = None if same else _refine_side(B, A, cand_b, ends_b, i0, k, False, mu=mu)
+    whole = functools.partial(_whole_block_pairs, mu=mu)
+    rec_a = _refine_side(A, B, cand_a, ends_a, j0, k, same and exclude_self, _refine_compiled, whole)
+    rec_b = None if same else _refine_side(B, A, cand_b, ends_b, i0, k, False, _refine_compiled, whole)
     return rec_a, rec_b
 
 
@@ -1492,15 +1486,44 @@ def _refine_xp(P, Q, r, q):
     return np.concatenate(out).astype(np.float64)
 
 
-def _knn_refine_pair_task_xp(SA, SB, cands, ends_a, ends_b, i0, j0, k, exclude_self):
+def _whole_block_pairs_xp(P, Q, rows, T, skip_self, mu):
+    """:func:`_whole_block_pairs` on the array-API engine (on the GPU for CuPy rows): the
+    keys of :func:`_knn_keys_task_xp` for ``rows`` of ``P`` against every row of ``Q``,
+    their lower ends as :func:`_key_ends` forms them, compared with ``T`` on the
+    device; only the pairs that pass come to the host.  ``P`` and ``Q`` are the float64
+    rows of the refinement, so the filter is float64."""
+    xp = array_namespace(P)
+    (XA, XB), (nA, nB), name, _ = _prepare_xp(xp, [xp.take(P, xp.asarray(rows), axis=0), Q], mu)
+    cp, eabs = rounding_bound(P.shape[1], name)
+    cl = lowered_key_bound(cp)
+    mB = xp.expand_dims(nB * (1.0 - cl), axis=0)
+    XBt = xp.permute_dims(XB, (1, 0))
+    rr, qq = [], []
+    strip = max(1, _WHOLE_STRIP_ELEMENTS // max(Q.shape[0], 1))
+    for s in range(0, rows.shape[0], strip):
+        e = min(s + strip, rows.shape[0])
+        keys = mB - 2.0 * f64(xp, XA[s:e, ...] @ XBt, exact=False)
+        lo = keys + xp.expand_dims(nA[s:e] * (1.0 - cl), axis=1)
+        lo = lo - eabs
+        r, q = (_host(v).astype(np.int64) for v in xp.nonzero(lo <= xp.expand_dims(xp.asarray(T[rows[s:e]]), axis=1)))
+        ur = rows[s:e]
+        if skip_self:  # the row itself
+            r, q = r[ur[r] != q], q[ur[r] != q]
+        rr.append(ur[r])
+        qq.append(q)
+    return np.concatenate(rr), np.concatenate(qq)
+
+
+def _knn_refine_pair_task_xp(SA, SB, cands, ends_a, ends_b, i0, j0, k, exclude_self, mu):
     """:func:`_knn_refine_pair_task` with the refinement on the array-API engine."""
     cand_a, cand_b = cands
     xp = array_namespace(SA)
     same = SB is None
     A = f64(xp, SA)
     B = A if same else f64(xp, SB)
-    rec_a = _refine_side(A, B, cand_a, ends_a, j0, k, same and exclude_self, _refine_xp)
-    rec_b = None if same else _refine_side(B, A, cand_b, ends_b, i0, k, False, _refine_xp)
+    whole = functools.partial(_whole_block_pairs_xp, mu=mu)
+    rec_a = _refine_side(A, B, cand_a, ends_a, j0, k, same and exclude_self, _refine_xp, whole)
+    rec_b = None if same else _refine_side(B, A, cand_b, ends_b, i0, k, False, _refine_xp, whole)
     return rec_a, rec_b
 
 
@@ -1550,7 +1573,7 @@ def _knn_compiled(X, k, Y, *, exclude_self, tile_size, array_api=False) -> Kerne
     for a, b, other, cands in pairs:
         two = symmetric and a != b
         ra, rb = refine(blocks[a], other, cands, T[a], T[b] if two else None,
-                        offsets[a], yoffsets[b], k, exclude_self, *(() if array_api else (mu,)))
+                        offsets[a], yoffsets[b], k, exclude_self, mu)
         parts[a].append(ra)
         if two:
             parts[b].append(rb)

@@ -1032,14 +1032,21 @@ def test_knn_of_near_copies_refines_only_the_pairs_that_can_reach_the_kth(client
     Y = S[::-1].copy()
     rows = []
     real = getattr(_dask, "_whole_block_pairs", None)
-    monkeypatch.setattr(_dask, "_whole_block_pairs", lambda P, Q, r, *a: rows.append(r.size) or real(P, Q, r, *a),
+    monkeypatch.setattr(_dask, "_whole_block_pairs",
+                        lambda P, Q, r, *a, **kw: rows.append(r.size) or real(P, Q, r, *a, **kw),
                         raising=False)
     monkeypatch.setattr(_dask, "_WHOLE_STRIP_ELEMENTS", 1500, raising=False)  # strips of 2-3 rows
     with dask.config.set(scheduler="synchronous"):  # the tasks run here, where rows counts
         got = refgeo.knn(da.from_array(S, chunks=(500, 16)), 8)
         got_y = refgeo.knn(da.from_array(S, chunks=(500, 16)), 8, da.from_array(Y, chunks=(700, 16)))
+        # the array-API tasks (CuPy chunks on a GPU; NumPy chunks here) filter such a
+        # row again on the device
+        arr = _dask.knn(da.from_array(S, chunks=(500, 16)), 8, None, exclude_self=True, engine="array")
     assert got.n_refined <= 40 * len(S) and got_y.n_refined <= 41 * len(S)
     assert 0 < sum(rows) <= 2 * 1.25 * len(S)  # about once per row and call, not once per block pair
+    assert arr.n_refined <= 40 * len(S)
+    np.testing.assert_array_equal(arr.indices, got.indices)
+    np.testing.assert_array_equal(arr.distances, got.distances)
     _same_rows(refgeo.knn(S, 8), got)
     _same_rows(refgeo.knn(S, 8, Y), got_y)
     # the same on the cluster's workers
