@@ -940,9 +940,8 @@ def knn(
     xp = array_namespace(X) if Y is None else array_namespace(X, Y)
     # X's identical rows; the search over Dask rows finds the prescaling on its way
     # (another pass over every chunk, from disk for a file, when computed here too)
-    found = _duplicate_rows(X) if Y is None else None
-    e = found[1] if found is not None and found[1] is not None \
-        else scale_exponent(xp, [X] if Y is None else [X, Y])
+    found = _duplicate_rows(X) if Y is None else (None, None)
+    e = found[1] if found[1] is not None else scale_exponent(xp, [X] if Y is None else [X, Y])
     with _progress.Progress(progress, None, desc="knn", unit="tile") as bar:
         options = dict(tile_size=tile_size, n_threads=n_threads, progress=bar if bar.active else None)
         run = _knn_of_distinct_rows(X, Y, k, exclude_self, e, options, found)
@@ -1017,7 +1016,7 @@ def _copies_worth_removing(dup, k=None, d=1) -> _duplicates.DuplicateRows | None
     return None
 
 
-def _knn_of_distinct_rows(X, Y, k, exclude_self, e, options, found=None) -> _backend.KernelRun | None:
+def _knn_of_distinct_rows(X, Y, k, exclude_self, e, options, found) -> _backend.KernelRun | None:
     """The k-NN kernel run on one row of each class of identical rows, its answer
     expanded to all rows (:func:`refgeo._duplicates.expand_neighbors`); None where the
     copies do not pay for it (:func:`_copies_worth_removing`), where no class has two
@@ -1034,13 +1033,11 @@ def _knn_of_distinct_rows(X, Y, k, exclude_self, e, options, found=None) -> _bac
     first (distance 0, every other class is farther: the rows are separated), and
     ``exclude_self`` drops the row itself from its class's ``k + 1`` nearest rows.
     ``n_refined`` and ``error_bound`` are those of the run on the distinct rows.
-    ``found``: what :func:`_duplicate_rows` returned for ``X`` (``Y`` None), if the
-    caller called it already.
+    ``found``: what :func:`_duplicate_rows` returned for ``X`` (read with ``Y`` None).
     """
     k_out = k + int(Y is None and exclude_self)  # with the row itself, dropped below
     if Y is None:
-        dup_x = dup_y = _copies_worth_removing((_duplicate_rows(X) if found is None else found)[0],
-                                               k_out, X.shape[1])
+        dup_x = dup_y = _copies_worth_removing(found[0], k_out, X.shape[1])
     else:  # each side searched only where the other is large enough to pay for it
         dup_x = _copies_worth_removing(_duplicate_rows(X)[0]) \
             if Y.shape[0] >= KNN_COPIES_MIN_OTHER else None

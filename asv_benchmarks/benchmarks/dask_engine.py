@@ -198,7 +198,7 @@ class DaskEngine(_TwoWorkers):
 
 # (case, rows, d, k, rows per chunk)
 if realistic():
-    # knn untrained: the baseline refines every copy against whole blocks (quadratic in
+    # knn untrained: the baseline refines every pair of copies in a block (quadratic in
     # the copies), so a smaller head than the others
     LM_CASES = [("knn lm_gradient", 50257, 768, 32, 8192), ("closest_pair untrained", 50257, 768, 0, 8192),
                 ("knn untrained", 16384, 768, 16, 4096), ("knn near_copies", 50257, 768, 32, 8192)]
