@@ -77,10 +77,10 @@ from ._backend import KernelRun
 from ._interop import to_host
 from ._threads import blas_single_thread
 from ._validate import beyond_float64, float64_range_error
+from ._filter import filter_bound, filter_values, first_per_row, pairs_within, round_into, rows_within
 from ._certify import (
     MAX_NORM2,
     MIN_NORM2_FLOAT32,
-    UNIT_ROUNDOFF,
     better,
     canonical_sq,
     f64,
@@ -383,7 +383,7 @@ def _prepare(SA, SB, mu, float32_filter=False) -> _Blocks:
     so ``c`` below is that bound's ``c`` plus ``7 u``.
     """
     cb = _centered_blocks(SA, SB, mu, float32_filter)
-    H = _filter_values(cb.XA, cb.XB, cb.nA, cb.nB)
+    H = filter_values(cb.XA, cb.XB, cb.nA, cb.nB)
     return _Blocks(cb.A64, cb.B64, H, cb.nA, cb.nB, cb.c, cb.eabs, reported_bound(cb.A64.shape[1], cb.dt, cb.top))
 
 
@@ -400,29 +400,6 @@ class _CenteredBlocks(NamedTuple):
     c: float  # the bound of _Blocks
     eabs: float
     top: float  # the largest squared norm
-
-
-def _filter_values(XA, XB, nA, nB):
-    """``H = (fl(-2 x_i . x_j) + fl(n_i)) + fl(n_j)`` in the filter dtype, formed in place
-    on the GEMM output (the rounding that :func:`_prepare`'s ``c`` covers)."""
-    H = XA @ XB.T
-    H *= -2.0
-    H += nA.astype(H.dtype)[:, None]
-    H += nB.astype(H.dtype)[None, :]
-    return H
-
-
-def _pairs_within(Hs, keys, a, bj, slack, t):
-    """``(r, q, lo)``: the pairs of a strip of filter values ``Hs`` (rows r of the strip)
-    whose lower end ``lo`` is at most the row's ``t`` (:func:`_knn_side`): ``keys`` are
-    ``Hs - b_j`` in the filter dtype, ``a``, ``bj`` the rows' and columns' error
-    terms, ``slack`` ``2**-48 max bj``."""
-    W = _round_into((t + a + slack) * (1.0 + 2.0**-48), Hs.dtype)
-    r, q = np.nonzero(keys <= W[:, None])
-    h = Hs[r, q].astype(np.float64)
-    lo = h - ((a[r] + bj[q]) + np.abs(h) * 2.0**-50)
-    keep = lo <= t[r]
-    return r[keep], q[keep], lo[keep]
 
 
 def _centered_blocks(SA, SB, mu, float32_filter=False) -> _CenteredBlocks:
@@ -444,18 +421,8 @@ def _centered_blocks(SA, SB, mu, float32_filter=False) -> _CenteredBlocks:
             f"centered squared row norms up to {top:.3g} exceed the float64 GEMM range "
             f"({MAX_NORM2['float64']:.0e}); scale the rows by a power of two first."
         )
-    c, eabs = rounding_bound(A64.shape[1], dt)
-    c += 7.0 * UNIT_ROUNDOFF[dt]
+    c, eabs = filter_bound(A64.shape[1], dt)
     return _CenteredBlocks(A64, B64, XA, XB, nA, nB, dt, c, eabs, top)
-
-
-def _round_into(x, dtype, sign=1.0):
-    """``x`` (float64) rounded outward into ``dtype``: up for ``sign`` > 0 (every entry
-    at least ``x``'s), down otherwise."""
-    y = x.astype(dtype)
-    off = (y < x) if sign > 0 else (y > x)
-    y[off] = np.nextafter(y[off], np.asarray(math.copysign(math.inf, sign), dtype=dtype))
-    return y
 
 
 def _widen(t, nrm_rows, nrm_other_max, b: _Blocks, sign):
@@ -463,7 +430,7 @@ def _widen(t, nrm_rows, nrm_other_max, b: _Blocks, sign):
     ``e_ij`` of the row), rounded outward into the filter dtype.  ``sign`` +1 widens up."""
     e = (b.c * (nrm_rows + nrm_other_max) + b.eabs) * (1.0 + 2.0**-40)
     w = np.asarray(t, dtype=np.float64) + sign * (2.0 * e + np.abs(t) * 2.0**-50)
-    return _round_into(w, b.H.dtype, sign)
+    return round_into(w, b.H.dtype, sign)
 
 
 # Candidate pairs refined per batch: (batch, d) float64 differences.
@@ -566,17 +533,6 @@ def _merge_pairs(records, maximize):
 _NO_INDEX = np.iinfo(np.int64).max
 
 
-def _first_per_row(keys, vals, rows, cols, n_rows, m):
-    """The first ``m`` candidates of every row, ordered by ``keys`` then column."""
-    order = np.lexsort((cols, keys, rows))
-    rs = rows[order]
-    start = np.searchsorted(rs, np.arange(n_rows))
-    count = np.diff(np.append(start, rs.shape[0]))
-    pos = np.minimum(start[:, None] + np.arange(m)[None, :], max(rs.shape[0] - 1, 0))
-    ok = np.arange(m)[None, :] < count[:, None]
-    return vals[order][pos], cols[order][pos], ok
-
-
 def _farthest_side(H, nrm, other_max, b: _Blocks, columns=False):
     """Each row's (column's, when ``columns``) best lower end ``max_j H_ij - e_i`` and
     the pairs whose upper end ``H_ij + e_i`` reaches it (``e_i`` as in :func:`_knn_side`)."""
@@ -628,7 +584,7 @@ def _farthest_refine_task(SA, SB, cand, low, j0):
     A64 = np.asarray(SA, dtype=np.float64)
     B64 = A64 if SB is None else np.asarray(SB, dtype=np.float64)
     vals = refine_pairs(A64, B64, r, q)
-    v, j, ok = _first_per_row(-vals, vals, r, q, A64.shape[0], 1)  # largest, then smallest j
+    v, j, ok = first_per_row(-vals, vals, r, q, A64.shape[0], 1)  # largest, then smallest j
     return _Rows(np.where(ok[:, 0], v[:, 0], -math.inf), np.where(ok[:, 0], j[:, 0] + j0, _NO_INDEX),
                  cand.bound, int(vals.shape[0]))
 
@@ -704,7 +660,7 @@ def _knn_side(H, nrm, other_nrm, b: _Blocks, m, columns=False):
     n_rows = Hr.shape[0]
     a = (b.c * nrm + b.eabs) * (1.0 + 2.0**-40)
     bj = b.c * np.asarray(other_nrm, dtype=np.float64) * (1.0 + 2.0**-40)
-    b_up = _round_into(bj, H.dtype)
+    b_up = round_into(bj, H.dtype)
     slack = float(bj.max()) * 2.0**-48
     hi = np.empty((n_rows, m))
     rows, cols, ends = [], [], []
@@ -717,8 +673,8 @@ def _knn_side(H, nrm, other_nrm, b: _Blocks, m, columns=False):
         # finite: an excluded self pair (inf) is never among the m smallest keys
         ends_hi = h + ((a[r0] + bj[part]) + np.abs(h) * 2.0**-50)
         hi[s : s + K.shape[0]] = ends_hi
-        r, q, lo = _pairs_within(Hr[s : s + _SIDE_STRIP], K, a[s : s + K.shape[0]], bj, slack,
-                                 ends_hi.max(axis=1))
+        r, q, lo, _ = pairs_within(Hr[s : s + _SIDE_STRIP], K, a[s : s + K.shape[0]], bj, slack,
+                                    ends_hi.max(axis=1))
         rows.append(r + s)
         cols.append(q)
         ends.append(lo)
@@ -775,7 +731,7 @@ def _knn_refine_task(SA, SB, cand, ends, j0, k):
     vals = refine_pairs(A64, B64, r, q)
     n_rows = A64.shape[0]
     m = int(min(k, np.bincount(r, minlength=n_rows).max()))
-    v, j, ok = _first_per_row(vals, vals, r, q, n_rows, m)
+    v, j, ok = first_per_row(vals, vals, r, q, n_rows, m)
     return _Rows(np.where(ok, v, math.inf), np.where(ok, j + j0, _NO_INDEX), cand.bound, int(vals.shape[0]))
 
 
@@ -1317,25 +1273,13 @@ def _whole_block_pairs(P, Q, rows, T, skip_self, mu):
     against a block of ``b``, memory O((r + b) d) for the centered copies (and float64
     copies of float32 rows) and about 2**20 filter values per strip.
     """
-    rr, qq = [], []
     # both sides centered once (each strip centering the block again cost 40% more)
     cb = _centered_blocks(P[rows], Q, mu)
-    a_all = (cb.c * cb.nA + cb.eabs) * (1.0 + 2.0**-40)
-    bj = cb.c * cb.nB * (1.0 + 2.0**-40)
-    b_up = _round_into(bj, cb.XB.dtype)
-    slack = float(bj.max()) * 2.0**-48
-    strip = max(1, _WHOLE_STRIP_ELEMENTS // max(Q.shape[0], 1))
     # one BLAS thread, as in the filter tasks: Dask runs the tasks in parallel
     with blas_single_thread():
-        for s in range(0, rows.shape[0], strip):
-            ur = rows[s : s + strip]
-            H = _filter_values(cb.XA[s : s + strip], cb.XB, cb.nA[s : s + strip], cb.nB)
-            r, q, _ = _pairs_within(H, H - b_up, a_all[s : s + strip], bj, slack, T[ur])
-            if skip_self:  # the row itself (explicitly: with T_i = inf every pair passes)
-                r, q = r[ur[r] != q], q[ur[r] != q]
-            rr.append(ur[r])
-            qq.append(q.astype(np.int64))
-    return np.concatenate(rr), np.concatenate(qq)
+        r, q, _ = rows_within(cb.XA, cb.nA, cb.XB, cb.nB, cb.dt, T[rows], rows if skip_self else None,
+                              _WHOLE_STRIP_ELEMENTS)
+    return rows[r], q
 
 
 def _refine_side(P, Q, cand, ends, q0, k, skip_self, refine, whole_pairs):
@@ -1362,7 +1306,7 @@ def _refine_side(P, Q, cand, ends, q0, k, skip_self, refine, whole_pairs):
     vals = refine(P, Q, r, q)
     n_rows = P.shape[0]
     m = int(min(k, np.bincount(r, minlength=n_rows).max()))
-    v, j, ok = _first_per_row(vals, vals, r, q, n_rows, m)
+    v, j, ok = first_per_row(vals, vals, r, q, n_rows, m)
     return _Rows(np.where(ok, v, math.inf), np.where(ok, j + q0, _NO_INDEX), cand.bound, int(vals.shape[0]))
 
 

@@ -20,6 +20,7 @@ huge value to exercise both sides.
 
 from __future__ import annotations
 
+import contextlib
 import math
 
 import numpy as np
@@ -36,6 +37,7 @@ from ._certify import (
     reported_bound,
     rounding_bound,
 )
+from ._filter import STRIP_ELEMENTS, first_per_row, rows_within
 from ._threads import blas_single_thread
 
 # Every kernel call pins BLAS to one thread, whatever ``n_eff`` is: with OpenMP tiles a
@@ -302,6 +304,59 @@ def _knn_pass(fn, XA, nA, SA, XB, nB, SB, *, symmetric, exclude_self, self_idx, 
     return out_idx, out_dist, stats
 
 
+def _settle(F, idx, dist, XA, nA, XB, nB, dt, SA, SB, k, self_cols, n_threads, refine_all) -> int:
+    """Rows ``F`` that no heap certified, against the pairs that can reach their U.
+
+    A deferred row's ``dist[i, 0]`` holds U, the k-th smallest squared upper bound of
+    its heap (``refgeo_ext._knn``): an upper bound on its k-th smallest squared
+    distance.  The rows are filtered again against every candidate
+    (:func:`refgeo._filter.rows_within`, on the centered copies ``XA``, ``XB`` in the
+    filter dtype ``dt``), the pairs whose lower end is at most U are refined from the
+    original rows ``SA``, ``SB`` as the kernel refines, and the k smallest by (value,
+    index) are written to ``idx[F]`` and ``dist[F]``.  Rows with more than 1/16 of the
+    candidates within U go to ``refine_all(rows)`` instead (the kernel, which refines
+    them against every candidate and selects in C: sorting their pairs in NumPy cost
+    more).  Why: where more rows tie than any heap holds (near-copies within the
+    filter's bound: clusters of 50 and k = 1), each row was refined against every
+    candidate, O(N d) outside the GEMM per row (knn(X, 1) of 20,000 such float32 rows of
+    R^64: 6.1 s, 0.2 s for Gaussian rows).  Returns the number of refined pairs.
+    """
+    T = dist[F, 0].copy()
+    refine = getattr(_backend.extension()._knn_blocks, "refine_pairs" + _suffix(SA))
+    # strips of rows, so that the candidate pairs held at a time stay within a strip's
+    # filter values (a cluster of 10,000 near-copies passes every pair of the cluster)
+    strip = max(1, STRIP_ELEMENTS // max(XB.shape[0], 1))
+    dense_at = max(k, XB.shape[0] // 16)
+    n_ref, dense = 0, [F[:0]]
+    for s in range(0, F.size, strip):
+        P = F[s : s + strip]
+        # the filter's GEMM runs outside the OpenMP tiles: BLAS may use its threads
+        # unless the call asked for one
+        with blas_single_thread() if n_threads == 1 else contextlib.nullcontext():
+            r, q, many = rows_within(XA[P], nA[P], XB, nB, dt, T[s : s + strip],
+                                     None if self_cols is None else self_cols[s : s + strip],
+                                     max_per_row=dense_at)
+        dense.append(P[many])
+        few = ~many
+        if not few.any():
+            continue
+        # U is the k-th smallest upper bound: at least k pairs of each row reach it
+        if r.size == 0:
+            raise RuntimeError("internal error: a k-NN row has fewer than k pairs within its bound")
+        vals = np.empty(r.shape[0])
+        refine(SA, SB, P[r], q, vals)
+        v, j, ok = first_per_row(vals, vals, r, q, P.size, k)
+        if not ok[few].all():
+            raise RuntimeError("internal error: a k-NN row has fewer than k pairs within its bound")
+        idx[P[few]] = j[few]
+        dist[P[few]] = np.sqrt(v[few])
+        n_ref += int(r.shape[0])
+    rest = np.concatenate(dense)
+    if rest.size:
+        n_ref += refine_all(rest)
+    return n_ref
+
+
 def knn_memory(nA, nB, d, k, *, symmetric, exclude_self, itemsize, tile_size, n_threads) -> dict:
     """Bytes the compiled k-NN allocates, by part: its first pass, and the redo passes of
     the rows it defers (at most as many heap records per thread, on at most as many
@@ -329,6 +384,13 @@ def knn_memory(nA, nB, d, k, *, symmetric, exclude_self, itemsize, tile_size, n_
         # float64 rows filtered through float32: rows that filter cannot settle are
         # redone with a float64 centered copy of every row, made then
         parts[f"float64 centered copies for the last redo ({rows}, {d})"] = float(rows) * (8 * d + 8)
+    elif itemsize == 4:
+        # float32 rows with more ties than a heap holds and too many pairs within
+        # reach are redone through a float64 filter: float64 copies, centered and not
+        parts[f"float64 copies for the last redo ({rows}, {d})"] = float(rows) * (16 * d + 8)
+    # the rows no heap settles are filtered again in strips (_settle): filter values
+    # and keys in the filter dtype, the mask and up to a strip of candidate pairs
+    parts[f"filter strips ({STRIP_ELEMENTS} values)"] = (2.0 * itemsize + 1 + 40) * STRIP_ELEMENTS
     return parts
 
 
@@ -379,7 +441,10 @@ def knn(X, k, Y, *, exclude_self, tile_size=None, n_threads=None, progress=None)
     n_redo = _knn_plan(SA.shape[0], SB.shape[0], d, symmetric, tile_size, n)[2]
     heap_rows = K * SA.shape[0]
 
-    def redo(fn, F, XA, nA, XB, nB, K, dt, defer):
+    def self_cols(F):
+        return F if (symmetric and exclude_self) else None
+
+    def redo(fn, F, XA, nA, XB, nB, K, dt, defer, SA=SA, SB=SB):
         """Rows F against every candidate with heaps of K, in passes of at most
         ``heap_rows // K`` rows; returns the rows still deferred."""
         nonlocal n_refined
@@ -399,6 +464,30 @@ def knn(X, k, Y, *, exclude_self, tile_size=None, n_threads=None, progress=None)
             n_refined += int(sub_stats[1])
             left.append(P[sub_idx[:, 0] < 0])
         return np.concatenate(left) if left else F
+
+    def refine_all(fn, R, XA, nA, XB, nB, K, dt, SA=SA, SB=SB):
+        """Rows R refined against every candidate; the number of refined pairs."""
+        before = n_refined
+        redo(fn, R, XA, nA, XB, nB, K, dt, defer=False, SA=SA, SB=SB)
+        return n_refined - before
+
+    def float64_filter(R):
+        """Rows R that the float32 filter cannot settle, through a float64 filter (the
+        same mean, so the same centered rows; float64 copies of float32 rows refine to
+        the same bits): its heaps, then the pairs that can reach their float64 U, then
+        every candidate for the rows with too many of those.  The number of refined
+        pairs."""
+        before = n_refined
+        o64, c64, n64, _ = _center([np.asarray(a, dtype=np.float64) for a in arrays], n)
+        A64, B64 = o64[0], o64[0 if symmetric else 1]
+        XB64, nB64 = (c64[0], n64[0]) if symmetric else (c64[1], n64[1])
+        args = (c64[0], n64[0], XB64, nB64, K, "float64")
+        R = redo(ext._knn.knn64, R, *args, defer=True, SA=A64, SB=B64)
+        settled = n_refined - before
+        if R.size:
+            settled += _settle(R, idx, dist, c64[0], n64[0], XB64, nB64, "float64", A64, B64, k, self_cols(R), n,
+                               lambda D: refine_all(ext._knn.knn64, D, *args, SA=A64, SB=B64))
+        return settled
 
     # deferred rows: their rows against every candidate, heaps up to 4 times larger, in
     # passes of as many rows as fit in the heap records of the first pass (K F <= K_0 nA,
@@ -440,15 +529,17 @@ def knn(X, k, Y, *, exclude_self, tile_size=None, n_threads=None, progress=None)
                 left = np.sort(np.concatenate([left, rest]))
             F = left
             continue
-        if not mixed:  # no larger heap worth a pass: refine against every candidate
-            F = redo(fn, F, XA, nA, XB, nB, K, dt, defer=False)
+        if not mixed:  # no larger heap worth a pass: the pairs that can reach U
+            # (rows with too many of them: float32 rows through the float64 filter,
+            # which separates near-copies that float32 cannot; float64 rows against
+            # every candidate)
+            dense = float64_filter if dt == "float32" else (lambda R: refine_all(fn, R, XA, nA, XB, nB, K, dt))
+            n_refined += _settle(F, idx, dist, XA, nA, XB, nB, dt, SA, SB, k, self_cols(F), n, dense)
+            F = F[:0]
         break
     if F.size:
-        # rows the float32 certificate cannot settle are redone against every
-        # candidate with a float64 filter (same mean, so the same centered rows)
-        _, cents64, norms64, _ = _center(arrays, n)
-        XB64, nB64 = (cents64[0], norms64[0]) if symmetric else (cents64[1], norms64[1])
-        redo(ext._knn.knn64, F, cents64[0], norms64[0], XB64, nB64, K, "float64", defer=False)
+        # rows the float32 certificate cannot settle, through the float64 filter
+        n_refined += float64_filter(F)
     return KernelRun(
         backend=_BACKEND, error_bound=reported_bound(d, dt, float(max(nA.max(), nB.max()))),
         n_refined=n_refined, indices=idx, distances=dist,

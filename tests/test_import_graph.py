@@ -145,6 +145,7 @@ def test_no_import_cycle_in_refgeo():
 ENGINE_LAYERS = (
     ("refgeo._validate", "refgeo._threads", "refgeo._certify", "refgeo._interop", "refgeo._memory",
      "refgeo._duplicates"),
+    ("refgeo._filter",),
     ("refgeo._progress",),
     ("refgeo._backend",),
     ("refgeo._reference", "refgeo._engine", "refgeo._tiled", "refgeo._dask"),
@@ -169,7 +170,7 @@ def test_engine_modules_import_only_downward():
 # subpackage.  Every module must have a layer, so a new module is placed on purpose.
 PACKAGE_LAYERS = (
     ("_validate", "_threads", "_certify", "_interop", "_memory", "_lm_gradients", "_duplicates"),
-    ("_progress", "_backend", "_tokenwise_fit"),
+    ("_progress", "_backend", "_tokenwise_fit", "_filter"),
     ("_reference", "_engine", "_tiled", "_dask", "_config"),
     ("rows", "hilbert", "bounds", "codes", "_dask_tokenwise"),
     ("lmo", "tokenwise", "spreading", "optim"),

@@ -1,0 +1,128 @@
+"""The NumPy filter of candidate pairs: which pairs of rows can reach a row's threshold.
+
+Both CPU engines that work outside a compiled tile epilogue filter pairs the same way:
+the Dask tasks on NumPy chunks (``refgeo._dask``) and the compiled engine's k-NN for the
+rows that ties keep uncertified (``refgeo._engine.knn``).  The filter values are formed
+on a GEMM output in the filter dtype (float32 or float64), each pair gets a certified
+lower end from its own norms, and only the pairs whose lower end is at most the row's
+threshold are refined in float64.
+
+Why a shared module: the bound of these values (:func:`filter_bound`) and the outward
+rounding of thresholds into the filter dtype are a certificate; written twice, they
+would drift apart.  This module depends only on :mod:`refgeo._certify` and NumPy.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from ._certify import UNIT_ROUNDOFF, rounding_bound
+
+__all__ = ["filter_bound", "filter_values", "first_per_row", "pairs_within", "round_into", "rows_within"]
+
+# Filter values per strip of rows in :func:`rows_within`: (strip, candidates) temporaries.
+STRIP_ELEMENTS = 1 << 20
+
+
+def filter_bound(d: int, dt: str) -> tuple[float, float]:
+    """``(c, eabs)``: ``|H_ij - r_ij| <= c (n_i + n_j) + eabs`` for the values of
+    :func:`filter_values` in the filter dtype ``dt``.
+
+    ``c`` is :func:`refgeo._certify.rounding_bound`'s plus ``7 u``: forming
+    ``H = (fl(-2 x_i . x_j) + fl(n_i)) + fl(n_j)`` in the filter dtype with unit roundoff
+    u adds at most ``u (a + 2.01 a + 3.02 a) <= 6.1 u a`` (``a = n_i + n_j``,
+    ``|2 x_i . x_j| <= 1.01 a``) to the float64 epilogue that bound is for.
+    """
+    c, eabs = rounding_bound(d, dt)
+    return c + 7.0 * UNIT_ROUNDOFF[dt], eabs
+
+
+def filter_values(XA, XB, nA, nB):
+    """``H = (fl(-2 x_i . x_j) + fl(n_i)) + fl(n_j)`` in the filter dtype, formed in place
+    on the GEMM output (the rounding that :func:`filter_bound` covers)."""
+    H = XA @ XB.T
+    H *= -2.0
+    H += nA.astype(H.dtype)[:, None]
+    H += nB.astype(H.dtype)[None, :]
+    return H
+
+
+def round_into(x, dtype, sign=1.0):
+    """``x`` (float64) rounded outward into ``dtype``: up for ``sign`` > 0 (every entry
+    at least ``x``'s), down otherwise."""
+    y = x.astype(dtype)
+    off = (y < x) if sign > 0 else (y > x)
+    y[off] = np.nextafter(y[off], np.asarray(math.copysign(math.inf, sign), dtype=dtype))
+    return y
+
+
+def pairs_within(Hs, keys, a, bj, slack, t, max_per_row=None):
+    """``(r, q, lo, many)``: the pairs of a strip of filter values ``Hs`` (rows r of the
+    strip) whose lower end ``lo`` is at most the row's ``t``: ``keys`` are ``Hs - b_j`` in
+    the filter dtype, ``a``, ``bj`` the rows' and columns' error terms, ``slack``
+    ``2**-48 max bj`` (the derivation is in :func:`refgeo._dask._knn_side`).  With
+    ``max_per_row``, ``many`` flags the rows with more keys than that within reach,
+    whose pairs are left out (None otherwise)."""
+    W = round_into((t + a + slack) * (1.0 + 2.0**-48), Hs.dtype)
+    M = keys <= W[:, None]
+    many = None
+    if max_per_row is not None:
+        many = np.count_nonzero(M, axis=1) > max_per_row
+        M[many] = False
+    r, q = np.nonzero(M)
+    h = Hs[r, q].astype(np.float64)
+    lo = h - ((a[r] + bj[q]) + np.abs(h) * 2.0**-50)
+    keep = lo <= t[r]
+    return r[keep], q[keep], lo[keep], many
+
+
+def rows_within(XA, nA, XB, nB, dt, T, self_cols=None, strip_elements=None, max_per_row=None):
+    """``(r, q, many)``: every pair of row ``r`` of ``XA`` with row ``q`` of ``XB`` whose
+    certified lower end is at most ``T[r]``, the row's squared threshold.
+
+    ``XA``, ``XB`` are centered rows in the filter dtype ``dt`` with their float64
+    squared norms ``nA``, ``nB``; ``self_cols[r]`` (optional) is the column of row r
+    itself, left out.  With ``T`` an upper bound on a row's k-th smallest squared
+    distance, the pairs returned hold every pair that can be among its k nearest or tie
+    with the k-th, however many rows tie there: the answer of a row whose heap could not
+    hold its ties.  With ``max_per_row``, the rows with more pairs than that within
+    reach (before the exact check of their lower ends) are flagged in the boolean
+    ``many`` and their pairs left out.  Time O(r b d) of GEMM for ``r`` rows against
+    ``b``, memory about ``strip_elements`` filter values (default
+    :data:`STRIP_ELEMENTS`) at a time.
+    """
+    c, eabs = filter_bound(XA.shape[1], dt)
+    a_all = (c * nA + eabs) * (1.0 + 2.0**-40)
+    bj = c * nB * (1.0 + 2.0**-40)
+    b_up = round_into(bj, XB.dtype)
+    slack = float(bj.max()) * 2.0**-48
+    strip = max(1, (strip_elements or STRIP_ELEMENTS) // max(XB.shape[0], 1))
+    rr, qq = [np.zeros(0, np.int64)], [np.zeros(0, np.int64)]
+    many = np.zeros(XA.shape[0], dtype=bool)
+    for s in range(0, XA.shape[0], strip):
+        H = filter_values(XA[s : s + strip], XB, nA[s : s + strip], nB)
+        r, q, _, m = pairs_within(H, H - b_up, a_all[s : s + strip], bj, slack, T[s : s + strip], max_per_row)
+        if m is not None:
+            many[s : s + strip] = m
+        r = r.astype(np.int64) + s
+        q = q.astype(np.int64)
+        if self_cols is not None:  # explicitly: with T_i = inf the row itself passes
+            keep = q != self_cols[r]
+            r, q = r[keep], q[keep]
+        rr.append(r)
+        qq.append(q)
+    return np.concatenate(rr), np.concatenate(qq), many
+
+
+def first_per_row(keys, vals, rows, cols, n_rows, m):
+    """The first ``m`` candidates of every row, ordered by ``keys`` then column:
+    ``(vals, cols, ok)`` of shape ``(n_rows, m)``, ``ok`` False where a row has fewer."""
+    order = np.lexsort((cols, keys, rows))
+    rs = rows[order]
+    start = np.searchsorted(rs, np.arange(n_rows))
+    count = np.diff(np.append(start, rs.shape[0]))
+    pos = np.minimum(start[:, None] + np.arange(m)[None, :], max(rs.shape[0] - 1, 0))
+    ok = np.arange(m)[None, :] < count[:, None]
+    return vals[order][pos], cols[order][pos], ok
