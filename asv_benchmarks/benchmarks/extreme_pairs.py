@@ -412,6 +412,51 @@ class TiedRows:
     track_refined_pairs_per_row.unit = "pairs"
 
 
+class NearCopyRows:
+    """knn(X, 1) of float32 rows in clusters of 50 near-copies (1e-3 apart, closer than
+    the float32 filter resolves; a head's rows that few updates touched), and of rows half
+    of which lie within 1e-5 of one point.  No heap holds a row's ties: the rows are
+    filtered again against every candidate and only the pairs within reach of their
+    bound are refined (before: every pair, 30 times the Gaussian rows' time for the
+    clusters).
+
+    Baseline in the same process: knn of Gaussian rows of the same shape.
+    """
+
+    params = ([(8000, 64)] if not realistic() else [(20000, 64)], ["clusters", "one_cluster"])
+    param_names = ["N_d", "rows"]
+    timeout = 1200
+
+    def setup(self, N_d, rows):
+        require_backend("cython")
+        N, d = N_d
+        g = rng(5)
+        if rows == "clusters":
+            X = np.repeat(g.standard_normal((N // 50, d)), 50, axis=0)
+            X = X + 1e-3 * g.standard_normal(X.shape)
+        else:
+            X = np.vstack([g.standard_normal((N // 2, d)), 5 + 1e-5 * g.standard_normal((N - N // 2, d))])
+        self.X = X.astype(np.float32)
+        self.G = g.standard_normal((N, d)).astype(np.float32)
+
+    def _knn(self, X):
+        with refgeo.use_backend("cython"):
+            return refgeo.knn(X, 1)
+
+    def time_knn(self, N_d, rows):
+        self._knn(self.X)
+
+    def track_time_over_gaussian(self, N_d, rows):
+        return best_time(lambda: self._knn(self.X)) / best_time(lambda: self._knn(self.G))
+
+    track_time_over_gaussian.unit = "x"
+
+    def track_refined_pairs_per_row(self, N_d, rows):
+        return self._knn(self.X).n_refined / len(self.X)
+
+    track_refined_pairs_per_row.unit = "pairs"
+
+
 class BackwardBoundResiduals:
     """backward_bound on float32 softmax residuals ``p - e_c`` (rounded, they sum to
     about 1e-7, not 0, so the bound takes ``sigma = 1^T r`` to twice the working
