@@ -313,13 +313,15 @@ def _settle(F, idx, dist, XA, nA, XB, nB, dt, SA, SB, k, self_cols, n_threads, r
     (:func:`refgeo._filter.rows_within`, on the centered copies ``XA``, ``XB`` in the
     filter dtype ``dt``), the pairs whose lower end is at most U are refined from the
     original rows ``SA``, ``SB`` as the kernel refines, and the k smallest by (value,
-    index) are written to ``idx[F]`` and ``dist[F]``.  Rows with more than 1/16 of the
-    candidates within U go to ``refine_all(rows)`` instead (the kernel, which refines
-    them against every candidate and selects in C: sorting their pairs in NumPy cost
-    more).  Why: where more rows tie than any heap holds (near-copies within the
+    index) are written to ``idx[F]`` and ``dist[F]``.  Rows with more than
+    ``max(k, N / 16)`` candidates within reach of the filter's keys (``N`` candidate
+    rows) go to ``refine_all(rows)`` instead (a float64 filter, or the kernel, which
+    refines them against every candidate and selects in C: sorting their pairs in NumPy
+    cost more; it counts its own refinements).  Why: where more rows tie than any heap holds (near-copies within the
     filter's bound: clusters of 50 and k = 1), each row was refined against every
     candidate, O(N d) outside the GEMM per row (knn(X, 1) of 20,000 such float32 rows of
-    R^64: 6.1 s, 0.2 s for Gaussian rows).  Returns the number of refined pairs.
+    R^64: 6.1 s, 0.2 s for Gaussian rows).  Returns the number of pairs refined here
+    (not those of ``refine_all``).
     """
     T = dist[F, 0].copy()
     refine = getattr(_backend.extension()._knn_blocks, "refine_pairs" + _suffix(SA))
@@ -353,7 +355,7 @@ def _settle(F, idx, dist, XA, nA, XB, nB, dt, SA, SB, k, self_cols, n_threads, r
         n_ref += int(r.shape[0])
     rest = np.concatenate(dense)
     if rest.size:
-        n_ref += refine_all(rest)
+        refine_all(rest)  # counts its own refinements
     return n_ref
 
 
@@ -390,7 +392,7 @@ def knn_memory(nA, nB, d, k, *, symmetric, exclude_self, itemsize, tile_size, n_
         parts[f"float64 copies for the last redo ({rows}, {d})"] = float(rows) * (16 * d + 8)
     # the rows no heap settles are filtered again in strips (_settle): filter values
     # and keys in the filter dtype, the mask and up to a strip of candidate pairs
-    parts[f"filter strips ({STRIP_ELEMENTS} values)"] = (2.0 * itemsize + 1 + 40) * STRIP_ELEMENTS
+    parts[f"filter strips ({STRIP_ELEMENTS} values)"] = (2.0 * 8 + 1 + 40) * STRIP_ELEMENTS
     return parts
 
 
@@ -466,33 +468,31 @@ def knn(X, k, Y, *, exclude_self, tile_size=None, n_threads=None, progress=None)
         return np.concatenate(left) if left else F
 
     def refine_all(fn, R, XA, nA, XB, nB, K, dt, SA=SA, SB=SB):
-        """Rows R refined against every candidate; the number of refined pairs."""
-        before = n_refined
+        """Rows R refined against every candidate (``redo`` counts the pairs)."""
         redo(fn, R, XA, nA, XB, nB, K, dt, defer=False, SA=SA, SB=SB)
-        return n_refined - before
 
     def float64_filter(R):
         """Rows R that the float32 filter cannot settle, through a float64 filter (the
         same mean, so the same centered rows; float64 copies of float32 rows refine to
         the same bits): its heaps, then the pairs that can reach their float64 U, then
-        every candidate for the rows with too many of those.  The number of refined
-        pairs."""
-        before = n_refined
+        every candidate for the rows with too many of those (counted in n_refined)."""
+        nonlocal n_refined
         o64, c64, n64, _ = _center([np.asarray(a, dtype=np.float64) for a in arrays], n)
         A64, B64 = o64[0], o64[0 if symmetric else 1]
         XB64, nB64 = (c64[0], n64[0]) if symmetric else (c64[1], n64[1])
         args = (c64[0], n64[0], XB64, nB64, K, "float64")
         R = redo(ext._knn.knn64, R, *args, defer=True, SA=A64, SB=B64)
-        settled = n_refined - before
         if R.size:
-            settled += _settle(R, idx, dist, c64[0], n64[0], XB64, nB64, "float64", A64, B64, k, self_cols(R), n,
-                               lambda D: refine_all(ext._knn.knn64, D, *args, SA=A64, SB=B64))
-        return settled
+            # the refinements of refine_all are counted as it runs: add _settle's after
+            own = _settle(R, idx, dist, c64[0], n64[0], XB64, nB64, "float64", A64, B64, k, self_cols(R), n,
+                          lambda D: refine_all(ext._knn.knn64, D, *args, SA=A64, SB=B64))
+            n_refined += own
 
     # deferred rows: their rows against every candidate, heaps up to 4 times larger, in
     # passes of as many rows as fit in the heap records of the first pass (K F <= K_0 nA,
-    # per thread); the last try (the float64 filter for float32-filtered rows) refines
-    # what is still uncertified against every candidate.  Each row's answer is certified
+    # per thread); then the float64 filter for float32-filtered rows, and what is still
+    # uncertified refines only its pairs within reach of its bound (_settle).  Each row's
+    # answer is certified
     # either way: only the work differs.  A heap less than twice as large is not worth
     # a pass (a few more slots rarely clear a tie).  (Where ties defer most rows, as in
     # sign rows, one pass of all of them could not grow its heaps, and each row was
@@ -534,12 +534,13 @@ def knn(X, k, Y, *, exclude_self, tile_size=None, n_threads=None, progress=None)
             # which separates near-copies that float32 cannot; float64 rows against
             # every candidate)
             dense = float64_filter if dt == "float32" else (lambda R: refine_all(fn, R, XA, nA, XB, nB, K, dt))
-            n_refined += _settle(F, idx, dist, XA, nA, XB, nB, dt, SA, SB, k, self_cols(F), n, dense)
+            own = _settle(F, idx, dist, XA, nA, XB, nB, dt, SA, SB, k, self_cols(F), n, dense)
+            n_refined += own
             F = F[:0]
         break
     if F.size:
         # rows the float32 certificate cannot settle, through the float64 filter
-        n_refined += float64_filter(F)
+        float64_filter(F)
     return KernelRun(
         backend=_BACKEND, error_bound=reported_bound(d, dt, float(max(nA.max(), nB.max()))),
         n_refined=n_refined, indices=idx, distances=dist,
