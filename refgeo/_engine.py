@@ -21,6 +21,7 @@ huge value to exercise both sides.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import math
 
 import numpy as np
@@ -52,6 +53,11 @@ _BACKEND = "cython"
 # Rows per tile: a float64 256 x 256 cross-term block is 512 KiB (fits in L2), and a
 # (256 x d) @ (d x 256) GEMM already runs near the BLAS peak.
 DEFAULT_TILE = 256
+# Rows per tile of the diameter and the closest pair through a float32 filter: a
+# 512 x 512 float32 block is 1 MiB, and the larger GEMM packs its operands less often
+# per pair: 4 to 12% faster than 256 rows here (2 MiB of L2 per core; 20,000 x 64 to
+# 20,000 x 768), where 1024 rows gained nothing more.
+DEFAULT_TILE_F32 = 512
 # k-NN tiles are larger: BLAS packs both operands of every tile GEMM, and at 256 rows
 # the packing is about 8% of the GEMM time (a single-threaded float32 GEMM of
 # 256 x 768 by 768 x 256 runs at 0.93 of the rate of a 2048 x 2048 one, 512 x 512 at
@@ -71,9 +77,19 @@ MIN_PARALLEL_WORK = 1 << 20
 KNN_MIXED_MIN_WORK = 1 << 26
 # The same for the maximum modes (diameter, farthest partners) of float64 rows: the band
 # of pairs within the float32 bound of the largest distance is thin, so few pairs are
-# refined.  The minimum mode keeps the float64 filter: near-duplicate clusters would
-# put many pairs inside the wider float32 band.
+# refined.
 MAX_MIXED_MIN_WORK = 1 << 26
+# The closest pair of float64 rows filters in float32 from this many multiply-adds on,
+# and every float32 filter of the closest pair runs with a budget: near-duplicate
+# clusters put many pairs inside the float32 band (all pairs of a cluster whose spread
+# is below about 1e-6 of the norms), and each costs a refinement, O(d) outside the
+# GEMM.  A thread that has refined (or buffered) more than max(MIN_MIXED_BUDGET, V^2 /
+# (MIN_MIXED_BUDGET_DIVISOR * threads)) pairs stops the run, which is done again with
+# the float64 filter (on float64 copies of float32 rows): the float32 filter halves the
+# time of every other input.
+MIN_MIXED_MIN_WORK = 1 << 26
+MIN_MIXED_BUDGET = 1 << 16
+MIN_MIXED_BUDGET_DIVISOR = 256
 
 # Largest heap a k-NN retry grows to (below).  A row's heaps certify it when the K-th
 # kept key is clear of its k-th distance, which fails where more than K - k rows tie
@@ -167,8 +183,16 @@ def _diameter_seed(S, X, nrm) -> float:
     return best
 
 
-def _tiles(V, tile_size):
-    tile = max(1, min(V, tile_size or DEFAULT_TILE))
+def _tiles(V, tile_size, float32=False, n_threads=1):
+    """``(tile, tiles)``: ``tile_size``, else DEFAULT_TILE, or for a float32 filter
+    DEFAULT_TILE_F32 halved (down to DEFAULT_TILE) until there are at least 32 tile
+    pairs per thread to balance."""
+    tile = tile_size or DEFAULT_TILE
+    if tile_size is None and float32:
+        tile = DEFAULT_TILE_F32
+        while tile > DEFAULT_TILE and (-(-V // tile)) * (-(-V // tile) + 1) // 2 < 32 * n_threads:
+            tile //= 2
+    tile = max(1, min(V, tile))
     nt = -(-V // tile)
     return tile, nt
 
@@ -184,29 +208,40 @@ def _hook(progress, n_tasks):
     return None if progress is None else progress.kernel_hook(n_tasks)
 
 
-def _compiled_extreme_pair(S, *, maximize, tile_size, n_threads, progress=None) -> KernelRun:
+def _compiled_extreme_pair(S, *, maximize, tile_size, n_threads, progress=None, float32_filter=True) -> KernelRun:
     ext = _backend.extension()
     n = _backend.resolve_n_threads(n_threads)
     V, d = S.shape
-    mixed = maximize and V * V * d // 2 >= MAX_MIXED_MIN_WORK
+    work = V * V * d // 2
+    mixed = float32_filter and work >= (MAX_MIXED_MIN_WORK if maximize else MIN_MIXED_MIN_WORK)
     (Sc,), (X,), (nrm,), dt = _center([S], n, float32_filter=mixed)
     _check_range([nrm], dt)
     V, d = Sc.shape
     cp, eabs = rounding_bound(d, dt)
-    tile, nt = _tiles(V, tile_size)
-    n_eff = _effective_threads(n, nt * (nt + 1) // 2, V * V * d // 2)
+    tile, nt = _tiles(V, tile_size, X.dtype == np.float32, n)
+    n_eff = _effective_threads(n, nt * (nt + 1) // 2, work)
     tile_rmax = np.sqrt(np.maximum.reduceat(nrm, np.arange(0, V, tile)))
     out_r = np.empty(n_eff)
     out_ij = np.empty((n_eff, 2), dtype=np.int64)
     out_nref = np.zeros(n_eff, dtype=np.int64)
-    fn = getattr(ext._extreme_pairs, "extreme_pair" + _kernel_suffix(X, Sc))
+    suffix = _kernel_suffix(X, Sc)
+    fn = getattr(ext._extreme_pairs, "extreme_pair" + suffix)
+    # the closest pair of float64 rows through the float32 filter gives up where too many
+    # pairs fall within that filter's wider band (near-copies): a run in float64 follows
+    budget = 0
+    if not maximize and X.dtype == np.float32:
+        budget = max(MIN_MIXED_BUDGET, V * V // (MIN_MIXED_BUDGET_DIVISOR * n_eff))
     with blas_single_thread():
         # The seed's matrix-vector products run under the one-thread limit too: a
         # multi-threaded BLAS call just before the kernel leaves BLAS worker threads
         # spinning, and they steal cores from the OpenMP tiles (15% of samples in perf).
         bound0 = _diameter_seed(Sc, X, nrm) if maximize else math.inf
-        fn(X, nrm, tile_rmax, Sc, maximize, cp, eabs, bound0, tile, n_eff, out_r, out_ij, out_nref,
-           progress=_hook(progress, nt * (nt + 1) // 2))
+        over = fn(X, nrm, tile_rmax, Sc, maximize, cp, eabs, bound0, tile, n_eff, out_r, out_ij, out_nref,
+                  progress=_hook(progress, nt * (nt + 1) // 2), budget=budget)
+    if over:  # float64 copies of float32 rows refine to the same bits
+        run = _compiled_extreme_pair(np.asarray(S, dtype=np.float64), maximize=maximize, tile_size=tile_size,
+                                     n_threads=n_threads, progress=progress, float32_filter=False)
+        return dataclasses.replace(run, n_refined=run.n_refined + int(out_nref.sum()))
     best: tuple[float, int, int] | None = None
     for t in range(n_eff):
         i, j = int(out_ij[t, 0]), int(out_ij[t, 1])

@@ -595,8 +595,11 @@ def row_diameter(
     inputs (:math:`V^2 d / 2 \ge 2^{26}`) are filtered through a float32 centered copy
     (float32 GEMM at about twice the float64 rate, the float32 bound) and refined from
     the float64 rows: the same certified value and pair in about half the time.  The
-    closest pair keeps the float64 filter (near-duplicate clusters would fill the wider
-    float32 band with candidates).
+    closest pair's float32 filter (of float64 and of float32 rows) runs with a budget
+    of about :math:`V^2/256` refinements: near-duplicate clusters fill the wider
+    float32 band with candidates, and past the budget the run stops and the float64
+    filter runs instead (``error_bound`` and ``n_refined`` then describe that run,
+    ``n_refined`` counting both).
 
     Exact means: equal to the refined float64 values of the rows as given, or, for
     float64 rows beyond ``[2**-64, 2**65)`` in magnitude, of the rows scaled by the

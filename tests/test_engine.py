@@ -174,18 +174,33 @@ def _assert_extremes_exact(S, backend, **opts):
     np.testing.assert_array_equal(fp.distances, np.ldexp(np.sqrt(D2[np.arange(len(S)), want]), _oracle_exponent(S)))
 
 
+def _restore_mixed_settings(monkeypatch):
+    """Restore the engine's float32-filter thresholds and budget after the test."""
+    for name in ("MAX_MIXED_MIN_WORK", "MIN_MIXED_MIN_WORK", "MIN_MIXED_BUDGET", "MIN_MIXED_BUDGET_DIVISOR"):
+        monkeypatch.setattr(_engine, name, getattr(_engine, name))
+
+
+def _set_mixed(mixed, tight):
+    """float64 rows through the float32 filter from no work on (or never); with
+    ``tight``, a closest-pair run through a float32 filter gives up after one refinement."""
+    _engine.MAX_MIXED_MIN_WORK = _engine.MIN_MIXED_MIN_WORK = 0 if mixed else 1 << 62
+    _engine.MIN_MIXED_BUDGET = 1 if tight else 1 << 16
+    _engine.MIN_MIXED_BUDGET_DIVISOR = 1 << 62 if tight else 256
+
+
 # ------------------------------------------------------------------ >= 2000 examples per kernel
 
 
 def test_extreme_pairs_exact(backend, parallel_always, monkeypatch):
     """row_diameter, closest_pair and farthest_partners: 2000 examples each."""
-    monkeypatch.setattr(_engine, "MAX_MIXED_MIN_WORK", _engine.MAX_MIXED_MIN_WORK)  # restored after
+    _restore_mixed_settings(monkeypatch)
 
     @settings(max_examples=_examples(backend))
-    @given(S=engine_clouds(), mixed=st.booleans(), **engine_options)
-    def check(S, mixed, tile_size, n_threads):
-        # float64 rows: float32 filter (maximum modes) or not
-        _engine.MAX_MIXED_MIN_WORK = 0 if mixed else 1 << 62
+    @given(S=engine_clouds(), mixed=st.booleans(), tight=st.booleans(), **engine_options)
+    def check(S, mixed, tight, tile_size, n_threads):
+        # float64 rows: float32 filter or not; the closest pair's budget of refinements
+        # in the float32 filter tight (a run in float64 after about every float32 run)
+        _set_mixed(mixed, tight)
         _assert_extremes_exact(S, backend, tile_size=tile_size, n_threads=n_threads)
 
     check()
@@ -763,18 +778,75 @@ def test_knn_memory_estimate_covers_the_float64_redo(backend, monkeypatch):
     assert np.all(r.indices[:, 0] // 20 == np.arange(2000) // 20)  # a near-copy first
 
 
+def _record_extreme_pair_kernels(monkeypatch):
+    """The list of kernel variants (``"64"``, ``"32"``, ``"32s64"``) that each run of the
+    compiled extreme-pair kernel appends to."""
+    seen = []
+    real = _backend.extension()
+
+    class Pairs:
+        def __getattr__(self, name):
+            if name.startswith("extreme_pair"):
+                seen.append(name.removeprefix("extreme_pair"))
+            return getattr(real._extreme_pairs, name)
+
+    class Extension:
+        _extreme_pairs = Pairs()
+
+        def __getattr__(self, name):
+            return getattr(real, name)
+
+    monkeypatch.setattr(_backend, "extension", Extension)
+    return seen
+
+
+def test_closest_pair_of_float64_rows_filters_in_float32(backend, monkeypatch):
+    """The closest pair of large float64 rows runs through the float32 filter, as the
+    diameter does (it kept the float64 filter: 0.45 s for 20,000 x 64, now 0.23 s, the
+    time of float32 rows), and is the float64 oracle's pair."""
+    if backend != "cython":
+        pytest.skip("the compiled engine's filter")
+    S = np.random.default_rng(7).standard_normal((1500, 64))
+    assert 1500 * 1500 * 64 // 2 >= _engine.MIN_MIXED_MIN_WORK
+    seen = _record_extreme_pair_kernels(monkeypatch)
+    r = refgeo.closest_pair(S)
+    assert seen == ["32s64"]
+    _assert_pair(r, _oracle_extreme(S, False), S, backend)
+
+
+@pytest.mark.parametrize("dtype,spread,kernels", [(np.float64, 1e-5, ["32s64", "64"]),
+                                                  (np.float32, 1e-5, ["32", "64"])])
+def test_closest_pair_gives_up_a_float32_filter_that_near_copies_fill(backend, monkeypatch, dtype, spread,
+                                                                      kernels):
+    """Half of the rows within ``spread`` of one point (a head's rows that few updates
+    touched): the float32 filter cannot tell them apart, and every pair of them fell in
+    its band (1,000 rows here: 500,000 refinements; 20,000 float32 rows of R^64: 50
+    million and 1.06 s).  Past its budget of refinements the run stops and the float64
+    filter, which separates them, runs instead (0.53 s there)."""
+    if backend != "cython":
+        pytest.skip("the compiled engine's filter")
+    rng = np.random.default_rng(8)
+    S = np.vstack([rng.standard_normal((1000, 16)), 5 + spread * rng.standard_normal((1000, 16))]).astype(dtype)
+    monkeypatch.setattr(_engine, "MIN_MIXED_MIN_WORK", 0)
+    seen = _record_extreme_pair_kernels(monkeypatch)
+    r = refgeo.closest_pair(S, n_threads=2)
+    assert seen == kernels
+    assert r.n_refined <= 2 * _engine.MIN_MIXED_BUDGET + 2 * 4096 + 1000  # the budget, the buffers, the float64 run
+    _assert_pair(r, _oracle_extreme(S, False), S, backend)
+
+
 def test_extreme_pairs_exact_with_ties_on_small_tiles_and_threads(backend, parallel_always, monkeypatch):
     """Diameter, closest pair and farthest partners on tie clouds, 1 to 4 threads.
 
     The row scan before each tile row's pair loop must not skip a row whose only
     candidates sit exactly at the running bound (equal distances, smaller indices).
     """
-    monkeypatch.setattr(_engine, "MAX_MIXED_MIN_WORK", _engine.MAX_MIXED_MIN_WORK)  # restored after
+    _restore_mixed_settings(monkeypatch)
 
     @settings(max_examples=_examples(backend, 300))
-    @given(S=tie_clouds(), mixed=st.booleans(), **tie_options)
-    def check(S, mixed, tile_size, n_threads):
-        _engine.MAX_MIXED_MIN_WORK = 0 if mixed else 1 << 62
+    @given(S=tie_clouds(), mixed=st.booleans(), tight=st.booleans(), **tie_options)
+    def check(S, mixed, tight, tile_size, n_threads):
+        _set_mixed(mixed, tight)
         _assert_extremes_exact(S, backend, tile_size=tile_size, n_threads=n_threads)
 
     check()

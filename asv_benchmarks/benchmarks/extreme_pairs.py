@@ -107,6 +107,22 @@ class RowDiameter:
 
     track_sgemm_roofline_fraction.unit = "fraction"
 
+    def _closest_pair(self):
+        with refgeo.use_backend(self.backend):
+            return refgeo.closest_pair(self.S, tile_size=self.tile_size)
+
+    def track_closest_pair_sgemm_roofline_fraction(self, V_d, dtype, backend, tile_size, runtime):
+        """(V^2 d flops / float32 GEMM rate on 4096 x 4096) over closest_pair time.
+
+        The closest pair filters every pair through a float32 GEMM, for float64 rows
+        too (with a budget of refinements, past which it runs again in float64), and
+        cannot skip tiles as the diameter does: the symmetric GEMM is its ceiling.
+        """
+        V, d = V_d
+        return roofline_fraction(V * V * d, self._closest_pair, 3, 2, 4096 if realistic() else 1024)
+
+    track_closest_pair_sgemm_roofline_fraction.unit = "fraction"
+
     def track_refined_pairs(self, V_d, dtype, backend, tile_size, runtime):
         """Candidate pairs refined in float64 by the certification."""
         return self._diameter().n_refined
