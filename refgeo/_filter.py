@@ -20,7 +20,8 @@ import numpy as np
 
 from ._certify import UNIT_ROUNDOFF, rounding_bound
 
-__all__ = ["filter_bound", "filter_values", "first_per_row", "pairs_within", "round_into", "rows_within"]
+__all__ = ["filter_bound", "filter_values", "first_per_row", "pairs_within", "round_into", "rows_within",
+           "sparse_nonzero"]
 
 # Filter values per strip of rows in :func:`rows_within`: (strip, candidates) temporaries.
 STRIP_ELEMENTS = 1 << 20
@@ -58,6 +59,26 @@ def round_into(x, dtype, sign=1.0):
     return y
 
 
+def sparse_nonzero(M):
+    """``np.nonzero`` of a 2-D boolean array with few True entries, in the same order.
+
+    The mask is scanned as 64-bit words, eight entries at a time, and only the words
+    that hold a True entry are opened: ``np.nonzero`` looks at every byte, and on the
+    masks of the rows whose ties no heap held (about 50 True entries in 20,000 a row)
+    it took a third of the time of their second filter.
+    """
+    n, m = M.shape
+    if M.size == 0:
+        return np.zeros(0, np.intp), np.zeros(0, np.intp)
+    flat = np.ascontiguousarray(M).reshape(-1)
+    head = flat.size - flat.size % 8
+    words = np.flatnonzero(flat[:head].view(np.uint64))
+    idx = (words[:, None] * 8 + np.arange(8)).reshape(-1)
+    idx = np.concatenate([idx, np.arange(head, flat.size)])
+    idx = idx[flat[idx]]
+    return idx // m, idx % m
+
+
 def pairs_within(Hs, keys, a, bj, slack, t, max_per_row=None):
     """``(r, q, lo, many)``: the pairs of a strip of filter values ``Hs`` (rows r of the
     strip) whose lower end ``lo`` is at most the row's ``t``: ``keys`` are ``Hs - b_j`` in
@@ -71,7 +92,7 @@ def pairs_within(Hs, keys, a, bj, slack, t, max_per_row=None):
     if max_per_row is not None:
         many = np.count_nonzero(M, axis=1) > max_per_row
         M[many] = False
-    r, q = np.nonzero(M)
+    r, q = sparse_nonzero(M)
     h = Hs[r, q].astype(np.float64)
     lo = h - ((a[r] + bj[q]) + np.abs(h) * 2.0**-50)
     keep = lo <= t[r]

@@ -1,0 +1,55 @@
+"""The NumPy filter of candidate pairs (refgeo._filter), shared by the Dask tasks and the
+compiled engine's k-NN: every pair that can reach a row's threshold is returned."""
+
+from __future__ import annotations
+
+import numpy as np
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from hypothesis.extra import numpy as hnp
+
+from refgeo import _certify, _filter
+
+
+@settings(max_examples=300)
+@given(M=hnp.arrays(bool, hnp.array_shapes(min_dims=2, max_dims=2, min_side=0, max_side=40)),
+       step=st.sampled_from([1, 2, 3]))
+def test_sparse_nonzero_is_nonzero(M, step):
+    """Same pairs in the same order as np.nonzero, for any shape (lengths not a multiple
+    of 8, empty masks, strided views)."""
+    M = M[:, ::step]
+    r, q = _filter.sparse_nonzero(M)
+    r0, q0 = np.nonzero(M)
+    np.testing.assert_array_equal(r, r0)
+    np.testing.assert_array_equal(q, q0)
+
+
+@settings(max_examples=200)
+@given(seed=st.integers(0, 2**32 - 1), n=st.integers(1, 30), m=st.integers(1, 40), d=st.integers(1, 9),
+       dt=st.sampled_from(["float32", "float64"]), spread=st.sampled_from([1e-7, 1e-3, 1.0]),
+       strip=st.sampled_from([1, 7, 1 << 20]))
+def test_rows_within_holds_every_pair_within_the_threshold(seed, n, m, d, dt, spread, strip):
+    """Near-copy rows and thresholds at exact squared distances: every pair whose exact
+    squared distance is at most the row's threshold is among those returned (the
+    lower ends are certified), the row itself excluded."""
+    rng = np.random.default_rng(seed)
+    base = rng.standard_normal((3, d))
+    A = base[rng.integers(0, 3, n)] + spread * rng.standard_normal((n, d))
+    B = np.vstack([A, base[rng.integers(0, 3, m)] + spread * rng.standard_normal((m, d))])
+    if dt == "float32":
+        A, B = A.astype(np.float32).astype(np.float64), B.astype(np.float32).astype(np.float64)
+    mu = B.mean(axis=0)
+    XA, XB = (A - mu).astype(dt), (B - mu).astype(dt)
+    nA = np.einsum("ij,ij->i", XA, XA, dtype=np.float64)
+    nB = np.einsum("ij,ij->i", XB, XB, dtype=np.float64)
+    exact = _certify.canonical_sq(np, A[:, None, :], B[None, :, :])
+    # thresholds at the exact squared distance of a random other pair of each row
+    T = exact[np.arange(n), rng.integers(0, n + m, n)]
+    r, q, many = _filter.rows_within(XA, nA, XB, nB, dt, T, np.arange(n), strip_elements=strip)
+    got = set(zip(r.tolist(), q.tolist()))
+    for i in range(n):
+        for j in np.flatnonzero(exact[i] <= T[i]):
+            if j != i:
+                assert (i, int(j)) in got, (i, j)
+    assert all(i != j for i, j in got)
+    assert not many.any()
