@@ -82,14 +82,20 @@ MAX_MIXED_MIN_WORK = 1 << 26
 # The closest pair of float64 rows filters in float32 from this many multiply-adds on,
 # and every float32 filter of the closest pair runs with a budget: near-duplicate
 # clusters put many pairs inside the float32 band (all pairs of a cluster whose spread
-# is below about 1e-6 of the norms), and each costs a refinement, O(d) outside the
-# GEMM.  A thread that has refined (or buffered) more than max(MIN_MIXED_BUDGET, V^2 /
-# (MIN_MIXED_BUDGET_DIVISOR * threads)) pairs stops the run, which is done again with
-# the float64 filter (on float64 copies of float32 rows): the float32 filter halves the
-# time of every other input.
+# is below about 1e-3 of the norms at d = 64), and each costs a refinement, O(d)
+# outside the GEMM.  A thread that has refined (or buffered) more than
+# max(MIN_MIXED_BUDGET, V^2 / (MIN_MIXED_BUDGET_DIVISOR * threads)) pairs stops the
+# run, which is done again with the float64 filter (on float64 copies of float32 rows).
+# V^2 / 32 refinements cost about as much as the float64 run (8,000 x 64 with a cluster
+# of near-duplicates, 1e-6 apart, at the end: 30% of the rows took 0.07 s in float32
+# without a budget, 0.06 s in float64).  So: half the time of the float64 filter on
+# every input whose near-duplicates stay under the budget (clusters of up to a fifth
+# of the rows here: 0.043 and 0.052 s, against 0.063 and 0.065 s), at most about twice
+# where they fill it (a third to a half of the rows: 0.11 to 0.12 s against 0.06 s; a
+# divisor of 256 tripped at a tenth of the rows, 0.10 s against 0.063 s).
 MIN_MIXED_MIN_WORK = 1 << 26
 MIN_MIXED_BUDGET = 1 << 16
-MIN_MIXED_BUDGET_DIVISOR = 256
+MIN_MIXED_BUDGET_DIVISOR = 32
 
 # Largest heap a k-NN retry grows to (below).  A row's heaps certify it when the K-th
 # kept key is clear of its k-th distance, which fails where more than K - k rows tie
@@ -239,6 +245,7 @@ def _compiled_extreme_pair(S, *, maximize, tile_size, n_threads, progress=None, 
         over = fn(X, nrm, tile_rmax, Sc, maximize, cp, eabs, bound0, tile, n_eff, out_r, out_ij, out_nref,
                   progress=_hook(progress, nt * (nt + 1) // 2), budget=budget)
     if over:  # float64 copies of float32 rows refine to the same bits
+        del X, nrm, tile_rmax  # the float32 copy is no longer needed during the rerun
         run = _compiled_extreme_pair(np.asarray(S, dtype=np.float64), maximize=maximize, tile_size=tile_size,
                                      n_threads=n_threads, progress=progress, float32_filter=False)
         return dataclasses.replace(run, n_refined=run.n_refined + int(out_nref.sum()))

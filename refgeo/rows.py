@@ -536,8 +536,9 @@ def row_diameter(
         on the compiled engine; CUDA: through CuPy) is accepted as well; bfloat16,
         float16 and float8 tensors are upcast to float32 (``converted_from`` says so).
     tile_size : int, default=None
-        Rows per tile of the compiled engine (chosen from ``d`` and the cache when
-        None).  Never changes the value or the pair.
+        Rows per tile of the compiled engine (None: 512 for a float32 filter, halved
+        down to 256 until every thread has 32 tile pairs; 256 otherwise).  Never
+        changes the value or the pair.
     n_threads : int, default=None
         Threads of the compiled engine (all OpenMP threads when None).  Never changes
         the value or the pair.
@@ -596,10 +597,13 @@ def row_diameter(
     (float32 GEMM at about twice the float64 rate, the float32 bound) and refined from
     the float64 rows: the same certified value and pair in about half the time.  The
     closest pair's float32 filter (of float64 and of float32 rows) runs with a budget
-    of about :math:`V^2/256` refinements: near-duplicate clusters fill the wider
-    float32 band with candidates, and past the budget the run stops and the float64
-    filter runs instead (``error_bound`` and ``n_refined`` then describe that run,
-    ``n_refined`` counting both).
+    of :math:`\max(2^{16}, V^2 / (32 p))` refinements per thread (:math:`p` threads):
+    near-duplicate clusters fill the wider float32 band with candidates, and past the
+    budget the run stops and the float64 filter runs instead, on float64 copies of
+    float32 rows (``error_bound`` describes that run, ``n_refined`` counts both).  That
+    halves the time wherever the near-duplicates stay under the budget and at most
+    doubles it where they fill it (a third or more of the rows within about
+    :math:`10^{-3}` of each other, relative to their norms).
 
     Exact means: equal to the refined float64 values of the rows as given, or, for
     float64 rows beyond ``[2**-64, 2**65)`` in magnitude, of the rows scaled by the

@@ -821,8 +821,8 @@ def test_closest_pair_gives_up_a_float32_filter_that_near_copies_fill(backend, m
     """Half of the rows within ``spread`` of one point (a head's rows that few updates
     touched): the float32 filter cannot tell them apart, and every pair of them fell in
     its band (1,000 rows here: 500,000 refinements; 20,000 float32 rows of R^64: 50
-    million and 1.06 s).  Past its budget of refinements the run stops and the float64
-    filter, which separates them, runs instead (0.53 s there)."""
+    million and 0.99 s).  Past its budget of refinements the run stops and the float64
+    filter, which separates them, runs instead (0.68 s there)."""
     if backend != "cython":
         pytest.skip("the compiled engine's filter")
     rng = np.random.default_rng(8)

@@ -473,6 +473,51 @@ class NearCopyRows:
     track_refined_pairs_per_row.unit = "pairs"
 
 
+class ClosestPairNearDuplicates:
+    """closest_pair of float64 rows of which a share lies within 1e-6 of one point (rows
+    that few updates touched), at the end of the matrix.
+
+    The float32 filter cannot separate such rows, and every pair of them is a
+    refinement: past its budget (refgeo._engine.MIN_MIXED_BUDGET_DIVISOR) the run stops
+    and the float64 filter runs instead.  Baseline in the same process: the float64
+    filter alone (the engine's threshold for the float32 filter set out of reach).
+    ``track_time_over_float64_filter`` below 1 is the float32 filter's gain; it is about
+    2 at worst, where the near-duplicates fill the budget.
+    """
+
+    params = ([(8000, 64)] if not realistic() else [(50000, 64)], [0.1, 0.4])
+    param_names = ["V_d", "share"]
+    timeout = 1200
+
+    def setup(self, V_d, share):
+        require_backend("cython")
+        V, d = V_d
+        g = rng(7)
+        m = int(V * share)
+        self.S = np.vstack([g.standard_normal((V - m, d)), 5 + 1e-6 * g.standard_normal((m, d))])
+
+    def _closest(self):
+        with refgeo.use_backend("cython"):
+            return refgeo.closest_pair(self.S)
+
+    def time_closest_pair(self, V_d, share):
+        self._closest()
+
+    def track_time_over_float64_filter(self, V_d, share):
+        from refgeo import _engine
+
+        mixed = best_time(self._closest)
+        saved = _engine.MIN_MIXED_MIN_WORK
+        _engine.MIN_MIXED_MIN_WORK = 1 << 62
+        try:
+            plain = best_time(self._closest)
+        finally:
+            _engine.MIN_MIXED_MIN_WORK = saved
+        return mixed / plain
+
+    track_time_over_float64_filter.unit = "x"
+
+
 class BackwardBoundResiduals:
     """backward_bound on float32 softmax residuals ``p - e_c`` (rounded, they sum to
     about 1e-7, not 0, so the bound takes ``sigma = 1^T r`` to twice the working
