@@ -532,6 +532,20 @@ def _record_knn_passes(monkeypatch):
     return passes
 
 
+def _record_settled(monkeypatch):
+    """The list that each call of the compiled k-NN's last step (the rows no heap
+    certified, against the pairs within reach of their bound) appends its row count to."""
+    settled = []
+    real = _engine._settle
+
+    def settle(F, *args, **kwargs):
+        settled.append(F.size)
+        return real(F, *args, **kwargs)
+
+    monkeypatch.setattr(_engine, "_settle", settle)
+    return settled
+
+
 @pytest.mark.parametrize("dtype", [np.float64, np.float32])
 def test_knn_where_ties_defer_most_rows_grows_their_heaps_in_passes(backend, dtype, monkeypatch):
     """3,000 sign rows of length 16 at k = 16: the 16-th distance of a row ties with
@@ -573,14 +587,7 @@ def test_knn_where_ties_exceed_every_heap_refines_only_the_pairs_within_reach(ba
         X[::50] += 1e-4
     Y = X[rng.permutation(2000)] if against else None
     monkeypatch.setattr(_engine, "STRIP_ELEMENTS", 20 * 2000)  # strips of 20 rows
-    settled = []
-    real = _engine._settle
-
-    def settle(F, *args, **kw):
-        settled.append(F.size)
-        return real(F, *args, **kw)
-
-    monkeypatch.setattr(_engine, "_settle", settle)
+    settled = _record_settled(monkeypatch)
     r = _engine.knn(X, 1, Y, exclude_self=not against)
     assert sum(settled) >= 1500, settled  # the ties defer most rows past any heap
     assert r.n_refined <= 2000 * 60, r.n_refined
@@ -730,16 +737,9 @@ def test_knn_redo_passes_stay_within_the_memory_estimate(backend, monkeypatch, V
 
         return real_pass(kernel, *args, **kw)
 
-    settled = []
-    real_settle = _engine._settle
-
-    def settle(F, *args, **kw):
-        settled.append(F.size)
-        return real_settle(F, *args, **kw)
-
+    settled = _record_settled(monkeypatch)
     monkeypatch.setattr(_memory, "check_memory", checked)
     monkeypatch.setattr(_engine, "_knn_pass", counted)
-    monkeypatch.setattr(_engine, "_settle", settle)
     r = refgeo.knn(S, 8, Y, n_threads=8)
     assert len(estimates) == 1 and (len(heaps) >= 2 or settled)  # the ties defer rows
     assert max(heaps) <= estimates[0], (heaps, estimates)
