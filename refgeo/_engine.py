@@ -232,8 +232,9 @@ def _compiled_extreme_pair(S, *, maximize, tile_size, n_threads, progress=None, 
     out_nref = np.zeros(n_eff, dtype=np.int64)
     suffix = _kernel_suffix(X, Sc)
     fn = getattr(ext._extreme_pairs, "extreme_pair" + suffix)
-    # the closest pair of float64 rows through the float32 filter gives up where too many
-    # pairs fall within that filter's wider band (near-copies): a run in float64 follows
+    # a closest pair through a float32 filter (of float64 or float32 rows) gives up where
+    # too many pairs fall within that filter's wider band (near-copies): a float64 run
+    # follows
     budget = 0
     if not maximize and X.dtype == np.float32:
         budget = max(MIN_MIXED_BUDGET, V * V // (MIN_MIXED_BUDGET_DIVISOR * n_eff))
@@ -359,11 +360,11 @@ def _settle(F, idx, dist, XA, nA, XB, nB, dt, SA, SB, k, self_cols, n_threads, r
     ``max(k, N / 16)`` candidates within reach of the filter's keys (``N`` candidate
     rows) go to ``refine_all(rows)`` instead (a float64 filter, or the kernel, which
     refines them against every candidate and selects in C: sorting their pairs in NumPy
-    cost more; it counts its own refinements).  Why: where more rows tie than any heap holds (near-copies within the
-    filter's bound: clusters of 50 and k = 1), each row was refined against every
-    candidate, O(N d) outside the GEMM per row (knn(X, 1) of 20,000 such float32 rows of
-    R^64: 6.1 s, 0.2 s for Gaussian rows).  Returns the number of pairs refined here
-    (not those of ``refine_all``).
+    cost more; it counts its own refinements).  Why: where more rows tie than any heap
+    holds (near-copies within the filter's bound: clusters of 50 and k = 1), each row was
+    refined against every candidate, O(N d) outside the GEMM per row (knn(X, 1) of
+    20,000 such float32 rows of R^64: 6.1 s, 0.2 s for Gaussian rows).  Returns the
+    number of pairs refined here (not those of ``refine_all``).
     """
     T = dist[F, 0].copy()
     refine = getattr(_backend.extension()._knn_blocks, "refine_pairs" + _suffix(SA))
@@ -534,8 +535,7 @@ def knn(X, k, Y, *, exclude_self, tile_size=None, n_threads=None, progress=None)
     # passes of as many rows as fit in the heap records of the first pass (K F <= K_0 nA,
     # per thread); then the float64 filter for float32-filtered rows, and what is still
     # uncertified refines only its pairs within reach of its bound (_settle).  Each row's
-    # answer is certified
-    # either way: only the work differs.  A heap less than twice as large is not worth
+    # answer is certified either way: only the work differs.  A heap less than twice as large is not worth
     # a pass (a few more slots rarely clear a tie).  (Where ties defer most rows, as in
     # sign rows, one pass of all of them could not grow its heaps, and each row was
     # refined against every candidate: 20,000 rows of +-1 of R^64 refined 10,600 pairs
