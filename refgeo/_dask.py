@@ -77,7 +77,15 @@ from ._backend import KernelRun
 from ._interop import to_host
 from ._threads import blas_single_thread
 from ._validate import beyond_float64, float64_range_error
-from ._filter import filter_bound, filter_values, first_per_row, pairs_within, round_into, rows_within
+from ._filter import (
+    error_terms,
+    filter_bound,
+    filter_values,
+    first_per_row,
+    pairs_within,
+    round_into,
+    rows_within,
+)
 from ._certify import (
     MAX_NORM2,
     MIN_NORM2_FLOAT32,
@@ -376,11 +384,9 @@ def _prepare(SA, SB, mu, float32_filter=False) -> _Blocks:
     (:data:`refgeo._certify.MIN_NORM2_FLOAT32`), is replaced by a float64 one (as the
     engines do).
 
-    The filter ``H = (fl(-2 x_i . x_j) + fl(n_i)) + fl(n_j)`` is formed in place on the
-    GEMM output, in the filter dtype with unit roundoff u.  Against the float64
-    epilogue ``f_ij`` of :func:`refgeo._certify.rounding_bound` this adds at most
-    ``u (a + 2.01 a + 3.02 a) <= 6.1 u a`` (``a = n_i + n_j``, ``|2 x_i . x_j| <= 1.01 a``),
-    so ``c`` below is that bound's ``c`` plus ``7 u``.
+    The filter values and their bound are :func:`refgeo._filter.filter_values` and
+    :func:`refgeo._filter.filter_bound` (``rounding_bound``'s ``c`` plus ``7 u`` for
+    the filter dtype's unit roundoff u).
     """
     cb = _centered_blocks(SA, SB, mu, float32_filter)
     H = filter_values(cb.XA, cb.XB, cb.nA, cb.nB)
@@ -640,28 +646,17 @@ _SIDE_STRIP = 256
 def _knn_side(H, nrm, other_nrm, b: _Blocks, m, columns=False):
     """Upper ends and candidates of the rows of ``H`` (of its columns when ``columns``).
 
-    Each pair is bounded by its own norms, ``e_ij = a_i + b_j`` with
-    ``a_i = c n_i + eabs`` and ``b_j = c n_j`` (rounded up), not by the block's largest
-    norm (``c (n_i + max n)``): rows of an LM-head gradient span nine decades of norm,
-    and for the small rows ``c max n`` exceeded their whole neighbourhood, so almost
-    every pair was refined (16.0 million of 16.8 million at 4096 x 256).
-
-    The keys ``H_ij - b_j`` are formed in the filter dtype, with ``b_j`` rounded up
-    into it, and the ``m`` smallest of each row get their upper ends
-    ``H_ij + e_ij + 2**-50 |H_ij|`` in float64; ``hi`` holds them, ``t_i`` is their
-    largest.  A pair's lower end ``H_ij - e_ij - 2**-50 |H_ij|`` can be at most ``t_i``
-    only if its key is at most ``W_i = (t_i + a_i + 2**-48 max b) (1 + 2**-48)``
-    (``|H_ij| <= |key| + max b``; the margins also cover the float64 rounding of the
-    lower end, about ``2**-53 (|H_ij| + a_i + b_j)``), so the keys at most ``W_i`` rounded up (one
-    rounding, monotone) hold every candidate; their lower ends are then formed in
-    float64 and compared with ``t_i``.
+    Each pair is bounded by its own norms, ``e_ij <= a_i + b_j``
+    (:func:`refgeo._filter.error_terms`; 16.0 million of 16.8 million pairs were refined
+    at 4096 x 256 with the block's largest norm).  The keys ``H_ij - b_j`` are formed in
+    the filter dtype, with ``b_j`` rounded up into it, and the ``m`` smallest of each
+    row get their upper ends ``H_ij + e_ij + 2**-50 |H_ij|`` in float64; ``hi`` holds
+    them, ``t_i`` is their largest, and :func:`refgeo._filter.pairs_within` returns the
+    pairs whose lower end is at most ``t_i``.
     """
     Hr = H.T if columns else H
     n_rows = Hr.shape[0]
-    a = (b.c * nrm + b.eabs) * (1.0 + 2.0**-40)
-    bj = b.c * np.asarray(other_nrm, dtype=np.float64) * (1.0 + 2.0**-40)
-    b_up = round_into(bj, H.dtype)
-    slack = float(bj.max()) * 2.0**-48
+    a, bj, b_up, slack = error_terms(b.c, b.eabs, nrm, other_nrm, H.dtype)
     hi = np.empty((n_rows, m))
     rows, cols, ends = [], [], []
     for s in range(0, n_rows, _SIDE_STRIP):

@@ -12,7 +12,8 @@ tie rule.  Each returns a :class:`refgeo._backend.KernelRun`; none falls back to
 reference inside a call (the rows arrive prescaled into the range the GEMM can hold).
 ``progress`` is None or a :class:`refgeo._progress.Progress`: each kernel run is
 announced to it with its task count (tile pairs, plus row blocks for k-NN), and the
-kernel's tile driver reports between tiles; k-NN's float64 redo pass is one more run.
+kernel's tile driver reports between tiles; k-NN's float64 redo pass is one more run, as
+is the closest pair's float64 run after a float32 run past its budget.
 
 All thresholds change only the speed, never the result: tests set them to 0 or to a
 huge value to exercise both sides.
@@ -88,10 +89,11 @@ MAX_MIXED_MIN_WORK = 1 << 26
 # run, which is done again with the float64 filter (on float64 copies of float32 rows).
 # V^2 / 32 refinements cost about as much as the float64 run (8,000 x 64 with a cluster
 # of near-duplicates, 1e-6 apart, at the end: 30% of the rows took 0.07 s in float32
-# without a budget, 0.06 s in float64).  So: half the time of the float64 filter on
-# every input whose near-duplicates stay under the budget (clusters of up to a fifth
-# of the rows here: 0.043 and 0.052 s, against 0.063 and 0.065 s), at most about twice
-# where they fill it (a third to a half of the rows: 0.11 to 0.12 s against 0.06 s; a
+# without a budget, 0.06 s in float64).  So: a third to a half less time than the
+# float64 filter on every input whose near-duplicates stay under the budget (clusters
+# of up to a fifth of the rows here: 0.043 and 0.052 s, against 0.063 and 0.065 s; a
+# cluster of a fraction f of the rows trips it near f = 1/4), up to about twice where
+# they fill it (a third to a half of the rows: 0.11 to 0.12 s against 0.06 s; a
 # divisor of 256 tripped at a tenth of the rows, 0.10 s against 0.063 s).
 MIN_MIXED_MIN_WORK = 1 << 26
 MIN_MIXED_BUDGET = 1 << 16
@@ -353,7 +355,7 @@ def _knn_pass(fn, XA, nA, SA, XB, nB, SB, *, symmetric, exclude_self, self_idx, 
     return out_idx, out_dist, stats
 
 
-def _settle(F, idx, dist, XA, nA, XB, nB, dt, SA, SB, k, self_cols, n_threads, refine_all) -> int:
+def _settle(F, idx, dist, XA, nA, XB, nB, dt, SA, SB, k, self_cols, n_threads, dense) -> int:
     """Rows ``F`` that no heap certified, against the pairs that can reach their U.
 
     A deferred row's ``dist[i, 0]`` holds U, the k-th smallest squared upper bound of
@@ -364,13 +366,13 @@ def _settle(F, idx, dist, XA, nA, XB, nB, dt, SA, SB, k, self_cols, n_threads, r
     original rows ``SA``, ``SB`` as the kernel refines, and the k smallest by (value,
     index) are written to ``idx[F]`` and ``dist[F]``.  Rows with more than
     ``max(k, N / 16)`` candidates within reach of the filter's keys (``N`` candidate
-    rows) go to ``refine_all(rows)`` instead (a float64 filter, or the kernel, which
+    rows) go to ``dense(rows)`` instead (a float64 filter, or the kernel, which
     refines them against every candidate and selects in C: sorting their pairs in NumPy
     cost more; it counts its own refinements).  Why: where more rows tie than any heap
     holds (near-copies within the filter's bound: clusters of 50 and k = 1), each row was
     refined against every candidate, O(N d) outside the GEMM per row (knn(X, 1) of
     20,000 such float32 rows of R^64: 6.1 s, 0.2 s for Gaussian rows).  Returns the
-    number of pairs refined here (not those of ``refine_all``).
+    number of pairs refined here (not those of ``dense``).
     """
     T = dist[F, 0].copy()
     refine = getattr(_backend.extension()._knn_blocks, "refine_pairs" + _suffix(SA))
@@ -378,7 +380,7 @@ def _settle(F, idx, dist, XA, nA, XB, nB, dt, SA, SB, k, self_cols, n_threads, r
     # filter values (a cluster of 10,000 near-copies passes every pair of the cluster)
     strip = max(1, STRIP_ELEMENTS // max(XB.shape[0], 1))
     dense_at = max(k, XB.shape[0] // 16)
-    n_ref, dense = 0, [F[:0]]
+    n_ref, many_rows = 0, [F[:0]]
     for s in range(0, F.size, strip):
         P = F[s : s + strip]
         # the filter's GEMM runs outside the OpenMP tiles: BLAS may use its threads
@@ -387,7 +389,7 @@ def _settle(F, idx, dist, XA, nA, XB, nB, dt, SA, SB, k, self_cols, n_threads, r
             r, q, many = rows_within(XA[P], nA[P], XB, nB, dt, T[s : s + strip],
                                      None if self_cols is None else self_cols[s : s + strip],
                                      max_per_row=dense_at)
-        dense.append(P[many])
+        many_rows.append(P[many])
         few = ~many
         if not few.any():
             continue
@@ -402,9 +404,9 @@ def _settle(F, idx, dist, XA, nA, XB, nB, dt, SA, SB, k, self_cols, n_threads, r
         idx[P[few]] = j[few]
         dist[P[few]] = np.sqrt(v[few])
         n_ref += int(r.shape[0])
-    rest = np.concatenate(dense)
+    rest = np.concatenate(many_rows)
     if rest.size:
-        refine_all(rest)  # counts its own refinements
+        dense(rest)  # counts its own refinements
     return n_ref
 
 

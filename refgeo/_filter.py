@@ -20,8 +20,8 @@ import numpy as np
 
 from ._certify import UNIT_ROUNDOFF, rounding_bound
 
-__all__ = ["filter_bound", "filter_values", "first_per_row", "pairs_within", "round_into", "rows_within",
-           "sparse_nonzero"]
+__all__ = ["error_terms", "filter_bound", "filter_values", "first_per_row", "pairs_within", "round_into",
+           "rows_within", "sparse_nonzero"]
 
 # Filter values per strip of rows in :func:`rows_within`: (strip, candidates) temporaries.
 STRIP_ELEMENTS = 1 << 20
@@ -79,11 +79,34 @@ def sparse_nonzero(M):
     return idx // m, idx % m
 
 
+def error_terms(c, eabs, nA, nB, dtype):
+    """``(a, bj, b_up, slack)``: each pair's error ``e_ij <= a_i + bj_j`` for the filter
+    values of rows with squared norms ``nA`` against ``nB`` (``filter_bound``'s ``c``
+    and ``eabs``), ``a_i = c n_i + eabs`` and ``bj_j = c n_j`` widened by ``2**-40``
+    for their own rounding, ``bj`` rounded up into the filter ``dtype`` (``b_up``, for
+    the keys ``H_ij - b_j``), and ``slack = 2**-48 max bj``.
+
+    Each pair is bounded by its own norms, not by the block's largest (``c (n_i + max
+    n)``): rows of an LM-head gradient span nine decades of norm, and for the small rows
+    ``c max n`` exceeded their whole neighbourhood, so almost every pair was refined.
+    A pair's lower end ``H_ij - e_ij - 2**-50 |H_ij|`` can be at most ``t_i`` only if
+    its key is at most ``W_i = (t_i + a_i + slack) (1 + 2**-48)`` (``|H_ij| <= |key| +
+    max b``; the margins also cover the float64 rounding of the lower end, about
+    ``2**-53 (|H_ij| + a_i + b_j)``), so the keys at most ``W_i`` rounded up (one
+    rounding, monotone) hold every candidate (:func:`pairs_within`).
+    """
+    a = (c * np.asarray(nA, dtype=np.float64) + eabs) * (1.0 + 2.0**-40)
+    bj = c * np.asarray(nB, dtype=np.float64) * (1.0 + 2.0**-40)
+    b_up = round_into(bj, dtype)
+    slack = float(bj.max()) * 2.0**-48
+    return a, bj, b_up, slack
+
+
 def pairs_within(Hs, keys, a, bj, slack, t, max_per_row=None):
     """``(r, q, lo, many)``: the pairs of a strip of filter values ``Hs`` (rows r of the
     strip) whose lower end ``lo`` is at most the row's ``t``: ``keys`` are ``Hs - b_j`` in
-    the filter dtype, ``a``, ``bj`` the rows' and columns' error terms, ``slack``
-    ``2**-48 max bj`` (the derivation is in :func:`refgeo._dask._knn_side`).  With
+    the filter dtype, ``a``, ``bj``, ``slack`` from :func:`error_terms` (which says
+    why the keys at most ``W`` hold every pair within reach).  With
     ``max_per_row``, ``many`` flags the rows with more keys than that within reach,
     whose pairs are left out (None otherwise)."""
     W = round_into((t + a + slack) * (1.0 + 2.0**-48), Hs.dtype)
@@ -114,11 +137,7 @@ def rows_within(XA, nA, XB, nB, dt, T, self_cols=None, strip_elements=None, max_
     ``b``, memory about ``strip_elements`` filter values (default
     :data:`STRIP_ELEMENTS`) at a time.
     """
-    c, eabs = filter_bound(XA.shape[1], dt)
-    a_all = (c * nA + eabs) * (1.0 + 2.0**-40)
-    bj = c * nB * (1.0 + 2.0**-40)
-    b_up = round_into(bj, XB.dtype)
-    slack = float(bj.max()) * 2.0**-48
+    a_all, bj, b_up, slack = error_terms(*filter_bound(XA.shape[1], dt), nA, nB, XB.dtype)
     strip = max(1, (strip_elements or STRIP_ELEMENTS) // max(XB.shape[0], 1))
     rr, qq = [np.zeros(0, np.int64)], [np.zeros(0, np.int64)]
     many = np.zeros(XA.shape[0], dtype=bool)

@@ -206,14 +206,16 @@ class Progress:
 
     # A compiled kernel's tile driver reports ``progress(done, total)`` for its own
     # tasks; a public call may run several kernels (the diameter and the closest pair,
-    # k-NN's float64 redo pass), so each run is a segment of this reporter's steps.
+    # k-NN's float64 redo pass, the closest pair's float64 run after a float32 run past
+    # its budget), so each run is a segment of this reporter's steps.
 
     def begin(self, n_tasks: int) -> float:
         """A kernel run of ``n_tasks`` steps starts here; returns its first step.
 
         The total becomes the steps so far plus ``n_tasks`` for this run and for each
         run still expected (``runs`` in the constructor, all assumed the same size).
-        A run that was not expected (k-NN's redo pass) makes the total grow.
+        A run that was not expected (k-NN's redo pass, the closest pair's float64 run)
+        makes the total grow.
         """
         offset = self._done
         self._kernel = True

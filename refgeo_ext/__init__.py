@@ -16,7 +16,8 @@ Dataflow of the tiled kernels::
          or, for Hilbert distances, the tropical max-minus-min fold (src/tropical.h)
       -> merge per-thread results in tile order with the tie rule -> result
 
-Why tiles: a tile pair's cross-term block (256 x 256 by default) stays in the core's
+Why tiles: a tile pair's cross-term block (256 x 256 by default, 512 x 512 for the
+diameter and closest pair through a float32 filter) stays in the core's
 L2 cache while the epilogue reads it, so the candidates are filtered at GEMM speed and
 only the few pairs that may reach the extreme are refined.
 

@@ -114,9 +114,11 @@ class RowDiameter:
     def track_closest_pair_sgemm_roofline_fraction(self, V_d, dtype, backend, tile_size, runtime):
         """(V^2 d flops / float32 GEMM rate on 4096 x 4096) over closest_pair time.
 
-        The closest pair filters every pair through a float32 GEMM, for float64 rows
-        too (with a budget of refinements, past which it runs again in float64), and
-        cannot skip tiles as the diameter does: the symmetric GEMM is its ceiling.
+        On the compiled engine at the realistic size the closest pair filters every pair
+        through a float32 GEMM, for float64 rows too (with a budget of refinements, past
+        which it runs again in float64; at the CI size float64 rows keep the float64
+        filter), and cannot skip tiles as the diameter does: the symmetric GEMM is its
+        ceiling.
         """
         V, d = V_d
         return roofline_fraction(V * V * d, self._closest_pair, 3, 2, 4096 if realistic() else 1024)
@@ -433,8 +435,9 @@ class NearCopyRows:
     the float32 filter resolves; a head's rows that few updates touched), and of rows half
     of which lie within 1e-5 of one point.  No heap holds a row's ties: the rows are
     filtered again against every candidate and only the pairs within reach of their
-    bound are refined (before: every pair, 30 times the Gaussian rows' time for the
-    clusters).
+    bound are refined, or, for the one cluster (too many pairs within reach), they go
+    through a float64 filter (before: every pair, 30 times the Gaussian rows' time for
+    the clusters).
 
     Baseline in the same process: knn of Gaussian rows of the same shape.
     """
