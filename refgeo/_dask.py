@@ -668,7 +668,7 @@ def _knn_side(H, nrm, other_nrm, b: _Blocks, m, columns=False):
         # finite: an excluded self pair (inf) is never among the m smallest keys
         ends_hi = h + ((a[r0] + bj[part]) + np.abs(h) * 2.0**-50)
         hi[s : s + K.shape[0]] = ends_hi
-        r, q, lo, _ = pairs_within(Hr[s : s + _SIDE_STRIP], K, a[s : s + K.shape[0]], bj, slack,
+        r, q, lo = pairs_within(Hr[s : s + _SIDE_STRIP], K, a[s : s + K.shape[0]], bj, slack,
                                     ends_hi.max(axis=1))
         rows.append(r + s)
         cols.append(q)
@@ -1272,7 +1272,7 @@ def _whole_block_pairs(P, Q, rows, T, skip_self, mu):
     cb = _centered_blocks(P[rows], Q, mu)
     # one BLAS thread, as in the filter tasks: Dask runs the tasks in parallel
     with blas_single_thread():
-        r, q, _ = rows_within(cb.XA, cb.nA, cb.XB, cb.nB, cb.dt, T[rows], rows if skip_self else None,
+        r, q = rows_within(cb.XA, cb.nA, cb.XB, cb.nB, cb.dt, T[rows], rows if skip_self else None,
                               _WHOLE_STRIP_ELEMENTS)
     return rows[r], q
 

@@ -39,7 +39,6 @@ from ._certify import (
     reported_bound,
     rounding_bound,
 )
-from ._filter import STRIP_ELEMENTS, first_per_row, rows_within
 from ._threads import blas_single_thread
 
 # Every kernel call pins BLAS to one thread, whatever ``n_eff`` is: with OpenMP tiles a
@@ -99,14 +98,11 @@ MIN_MIXED_MIN_WORK = 1 << 26
 MIN_MIXED_BUDGET = 1 << 16
 MIN_MIXED_BUDGET_DIVISOR = 32
 
-# Largest heap a k-NN retry grows to (below).  A row's heaps certify it when the K-th
-# kept key is clear of its k-th distance, which fails where more than K - k rows tie
-# near that distance (sign rows: squared distances are multiples of 4, and a row of
-# 20,000 random +-1 rows of length 64 has about 9 others at its 8-th distance).  Such
-# rows are redone with 4 times the heap, which costs a GEMM of those rows, instead of
-# refining each against every candidate (knn of those 20,000 rows: 8.2 s, 0.3 s for
-# Gaussian rows).
-KNN_MAX_HEAP = 1024
+# Pair slots (int64 columns) the rows of one compiled threshold pass may fill
+# (_settle): 32 MB, so that a strip of rows against 50,000 candidates is thousands of
+# rows, one efficient GEMM, while a cluster of near-copies, whose rows all fill their
+# slots, stays within it.
+WITHIN_SLOTS = 1 << 22
 
 # Rows per task of the k-NN kernel's second phase (the kernel's ROW_BLOCK): only to
 # announce the task count to a progress reporter, which adopts the kernel's own count.
@@ -355,55 +351,63 @@ def _knn_pass(fn, XA, nA, SA, XB, nB, SB, *, symmetric, exclude_self, self_idx, 
     return out_idx, out_dist, stats
 
 
+def _within(XA, nA, XB, nB, dt, T, self_cols, cap, n_threads):
+    """``(counts, cols)``: the pairs of rows ``XA`` (against every row of ``XB``) whose
+    lower end, as the k-NN kernel bounds it, is at most the row's squared threshold
+    ``T[r]``: ``cols[r, :counts[r]]``, complete for the rows with at most ``cap`` of
+    them (``counts[r] > cap`` flags the others).  ``self_cols[r]`` (or None) is the
+    column of row r itself, left out.  One compiled pass (``refgeo_ext._knn.within*``):
+    a GEMM of the rows against every candidate on the tile driver, the lower ends
+    tested in its epilogue, so that nothing of size rows x candidates is ever held.
+    """
+    nP, d = XA.shape
+    fn = getattr(_backend.extension()._knn, "within" + _suffix(XA))
+    cp, eabs = rounding_bound(d, dt)
+    counts = np.zeros(nP, dtype=np.int64)
+    # one slot more than cap: a row that fills its slots has more than cap pairs
+    cols = np.empty((nP, cap + 1), dtype=np.int64)
+    own = np.full(nP, -1, dtype=np.int64) if self_cols is None else np.asarray(self_cols, dtype=np.int64)
+    tile, _, n_eff = _knn_plan(nP, XB.shape[0], d, False, None, n_threads)
+    with blas_single_thread():
+        fn(XA, nA, XB, nB, T, own, lowered_key_bound(cp), eabs, tile, n_eff, counts, cols)
+    return counts, cols
+
+
 def _settle(F, idx, dist, XA, nA, XB, nB, dt, SA, SB, k, self_cols, n_threads, dense) -> int:
     """Rows ``F`` that no heap certified, against the pairs that can reach their U.
 
     A deferred row's ``dist[i, 0]`` holds U, the k-th smallest squared upper bound of
     its heap (``refgeo_ext._knn``): an upper bound on its k-th smallest squared
-    distance.  The rows are filtered again against every candidate
-    (:func:`refgeo._filter.rows_within`, on the centered copies ``XA``, ``XB`` in the
-    filter dtype ``dt``), the pairs whose lower end is at most U are refined from the
-    original rows ``SA``, ``SB`` as the kernel refines, and the k smallest by (value,
-    index) are written to ``idx[F]`` and ``dist[F]``.  Rows with more than
-    ``max(k, N / 16)`` candidates within reach of the filter's keys (``N`` candidate
-    rows) go to ``dense(rows)`` instead (a float64 filter, or the kernel, which
-    refines them against every candidate and selects in C: sorting their pairs in NumPy
-    cost more; it counts its own refinements).  Why: where more rows tie than any heap
-    holds (near-copies within the filter's bound: clusters of 50 and k = 1), each row was
-    refined against every candidate, O(N d) outside the GEMM per row (knn(X, 1) of
-    20,000 such float32 rows of R^64: 6.1 s, 0.2 s for Gaussian rows).  Returns the
-    number of pairs refined here (not those of ``dense``).
+    distance.  The rows are filtered again against every candidate (:func:`_within`,
+    on the centered copies ``XA``, ``XB`` in the filter dtype ``dt``, with the
+    kernel's own lower ends), the pairs whose lower end is at most U are refined from
+    the original rows ``SA``, ``SB`` as the kernel refines, and the k smallest by
+    (value, index) are written to ``idx[F]`` and ``dist[F]`` (``refgeo_ext._knn.pick*``).
+    Rows with more than ``max(k, N / 16)`` candidates within reach (``N`` candidate
+    rows) go to ``dense(rows)`` instead (a float64 filter, or the kernel, which refines
+    them against every candidate; it counts its own refinements).  Why: where more rows
+    tie than any heap holds (near-copies within the filter's bound: clusters of 50 and
+    k = 1), each row was refined against every candidate, O(N d) outside the GEMM per
+    row (knn(X, 1) of 20,000 such float32 rows of R^64: 6.1 s, 0.2 s for Gaussian
+    rows).  Returns the number of pairs refined here (not those of ``dense``).
     """
     T = dist[F, 0].copy()
-    refine = getattr(_backend.extension()._knn_blocks, "refine_pairs" + _suffix(SA))
-    # strips of rows, so that the candidate pairs held at a time stay within a strip's
-    # filter values (a cluster of 10,000 near-copies passes every pair of the cluster)
-    strip = max(1, STRIP_ELEMENTS // max(XB.shape[0], 1))
+    pick = getattr(_backend.extension()._knn, "pick" + _suffix(SA))
     dense_at = max(k, XB.shape[0] // 16)
+    # strips of rows, so that their pair slots (dense_at + 1 per row) stay within
+    # WITHIN_SLOTS: a cluster of 10,000 near-copies passes every pair of the cluster
+    strip = max(1, WITHIN_SLOTS // (dense_at + 1))
     n_ref, many_rows = 0, [F[:0]]
     for s in range(0, F.size, strip):
         P = F[s : s + strip]
-        # the filter's GEMM runs outside the OpenMP tiles: BLAS may use its threads
-        # unless the call asked for one
-        with blas_single_thread() if n_threads == 1 else contextlib.nullcontext():
-            r, q, many = rows_within(XA[P], nA[P], XB, nB, dt, T[s : s + strip],
-                                     None if self_cols is None else self_cols[s : s + strip],
-                                     max_per_row=dense_at)
-        many_rows.append(P[many])
-        few = ~many
-        if not few.any():
-            continue
+        counts, cols = _within(np.ascontiguousarray(XA[P]), np.ascontiguousarray(nA[P]), XB, nB, dt,
+                               T[s : s + strip], None if self_cols is None else self_cols[s : s + strip],
+                               dense_at, n_threads)
         # U is the k-th smallest upper bound: at least k pairs of each row reach it
-        if r.size == 0:
+        if (counts < k).any():
             raise RuntimeError("internal error: a k-NN row has fewer than k pairs within its bound")
-        vals = np.empty(r.shape[0])
-        refine(SA, SB, P[r], q, vals)
-        v, j, ok = first_per_row(vals, vals, r, q, P.size, k)
-        if not ok[few].all():
-            raise RuntimeError("internal error: a k-NN row has fewer than k pairs within its bound")
-        idx[P[few]] = j[few]
-        dist[P[few]] = np.sqrt(v[few])
-        n_ref += int(r.shape[0])
+        many_rows.append(P[counts > dense_at])
+        n_ref += int(pick(SA, SB, P.astype(np.int64), counts, cols, k, n_threads, idx, dist))
     rest = np.concatenate(many_rows)
     if rest.size:
         dense(rest)  # counts its own refinements
@@ -441,9 +445,10 @@ def knn_memory(nA, nB, d, k, *, symmetric, exclude_self, itemsize, tile_size, n_
         # float32 rows with more ties than a heap holds and too many pairs within
         # reach are redone through a float64 filter: float64 copies, centered and not
         parts[f"float64 copies for the last redo ({rows}, {d})"] = float(rows) * (16 * d + 8)
-    # the rows no heap settles are filtered again in strips (_settle): filter values
-    # and keys in the filter dtype, the mask and up to a strip of candidate pairs
-    parts[f"filter strips ({STRIP_ELEMENTS} values)"] = (2.0 * 8 + 1 + 40) * STRIP_ELEMENTS
+    # the rows no heap settles are filtered again in strips (_settle): the strip's pair
+    # slots (int64 columns), and each thread's refined pairs of one row
+    slots = max(k, nB // 16) + 1
+    parts[f"pair slots ({WITHIN_SLOTS}, and {slots} a row per thread)"] = 8.0 * WITHIN_SLOTS + 16.0 * n_threads * slots
     return parts
 
 
@@ -477,7 +482,6 @@ def knn(X, k, Y, *, exclude_self, tile_size=None, n_threads=None, progress=None)
     d = SA.shape[1]
     XA, nA = cents[0], norms[0]
     XB, nB = (XA, nA) if symmetric else (cents[1], norms[1])
-    mixed = SA.dtype == np.float64 and XA.dtype == np.float32
     no_self = np.full(SA.shape[0], -1, dtype=np.int64)
     fn = getattr(ext._knn, "knn" + _kernel_suffix(XA, SA))
     n_cand = SB.shape[0] - int(symmetric and exclude_self)
@@ -539,58 +543,19 @@ def knn(X, k, Y, *, exclude_self, tile_size=None, n_threads=None, progress=None)
                           lambda D: refine_all(ext._knn.knn64, D, *args, SA=A64, SB=B64))
             n_refined += own
 
-    # deferred rows: their rows against every candidate, heaps up to 4 times larger, in
-    # passes of as many rows as fit in the heap records of the first pass (K F <= K_0 nA,
-    # per thread); then the float64 filter for float32-filtered rows, and what is still
-    # uncertified refines only its pairs within reach of its bound (_settle).  Each row's
-    # answer is certified either way: only the work differs.  A heap less than twice as large is not worth
-    # a pass (a few more slots rarely clear a tie).  (Where ties defer most rows, as in
-    # sign rows, one pass of all of them could not grow its heaps, and each row was
-    # refined against every candidate: 20,000 rows of +-1 of R^64 refined 10,600 pairs
-    # a row, and took 3.9 s against 0.3 s for Gaussian rows.)
-    helps = True
-    while F.size:
-        # one pass where the grown heaps of all rows fit (a heap of at least 2 K),
-        # else heaps 4 times larger in several passes (never more than the first
-        # pass's records: one query row keeps its heap)
-        grown = min(n_cand, 4 * K, KNN_MAX_HEAP, heap_rows)
-        if heap_rows // F.size >= 2 * K:
-            grown = min(grown, heap_rows // F.size)
-        if helps and (grown >= 2 * K or (grown == n_cand and grown > K)):
-            K, K_before = grown, K
-            every = K == n_cand and not mixed  # heaps that hold every candidate
-            # ties beyond any heap (rows with a thousand identical copies): a pass that
-            # settles fewer than a tenth of its rows ends the growing.  Where the rows
-            # take several passes, a sample of them (every s-th: copies are often
-            # adjacent) is tried first, so that such ties cost one small pass, not a
-            # whole round (3 clusters of 700 near-copies: a round of larger heaps and
-            # then the refinement took 0.29 s, the refinement alone 0.16 s)
-            trial = F
-            if F.size > heap_rows // K:
-                trial = F[:: -(-F.size // min(heap_rows // K, max(64, F.size // 16)))]
-            left = redo(fn, trial, XA, nA, XB, nB, K, dt, defer=not every)
-            helps = 10 * (trial.size - left.size) >= trial.size
-            if trial.size < F.size:
-                rest = np.setdiff1d(F, trial, assume_unique=True)
-                if helps:
-                    rest = redo(fn, rest, XA, nA, XB, nB, K, dt, defer=not every)
-                else:  # the refinement below keeps the heaps that fit all rows at once
-                    K = K_before
-                left = np.sort(np.concatenate([left, rest]))
-            F = left
-            continue
-        if not mixed:  # no larger heap worth a pass: the pairs that can reach U
-            # (rows with too many of them: float32 rows through the float64 filter,
-            # which separates near-copies that float32 cannot; float64 rows against
-            # every candidate)
-            dense = float64_filter if dt == "float32" else (lambda R: refine_all(fn, R, XA, nA, XB, nB, K, dt))
-            own = _settle(F, idx, dist, XA, nA, XB, nB, dt, SA, SB, k, self_cols(F), n, dense)
-            n_refined += own
-            F = F[:0]
-        break
+    # deferred rows (more ties near their k-th distance than the heap's slack, as in
+    # sign rows and clusters of near-copies): only their pairs that can reach U, found by
+    # one compiled threshold pass against every candidate (_settle); rows with too many
+    # of those go through the float64 filter (float32-filtered rows: it separates
+    # near-copies that float32 cannot) or are refined against every candidate (float64
+    # rows).  Each row's answer is certified either way: only the work differs.  (Before,
+    # the rows were redone with heaps up to 4 times larger first, which cost the same
+    # GEMM plus the heaps' insertions and settled only the rows whose ties fit: knn of
+    # 20,000 sign rows of R^64 at k = 16 took 0.75 s, now 0.53 s, against 0.30 s for
+    # Gaussian rows.)
     if F.size:
-        # rows the float32 certificate cannot settle, through the float64 filter
-        float64_filter(F)
+        dense = float64_filter if dt == "float32" else (lambda R: refine_all(fn, R, XA, nA, XB, nB, K, dt))
+        n_refined += _settle(F, idx, dist, XA, nA, XB, nB, dt, SA, SB, k, self_cols(F), n, dense)
     return KernelRun(
         backend=_BACKEND, error_bound=reported_bound(d, dt, float(max(nA.max(), nB.max()))),
         n_refined=n_refined, indices=idx, distances=dist,

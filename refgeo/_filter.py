@@ -1,15 +1,15 @@
 """The NumPy filter of candidate pairs: which pairs of rows can reach a row's threshold.
 
-Both CPU engines that work outside a compiled tile epilogue filter pairs the same way:
-the Dask tasks on NumPy chunks (``refgeo._dask``) and the compiled engine's k-NN for the
-rows that ties keep uncertified (``refgeo._engine.knn``).  The filter values are formed
+The Dask tasks on NumPy chunks (``refgeo._dask``) filter pairs outside a compiled tile
+epilogue, in several kinds of task that must agree.  The filter values are formed
 on a GEMM output in the filter dtype (float32 or float64), each pair gets a certified
 lower end from its own norms, and only the pairs whose lower end is at most the row's
 threshold are refined in float64.
 
-Why a shared module: the bound of these values (:func:`filter_bound`) and the outward
-rounding of thresholds into the filter dtype are a certificate; written twice, they
-would drift apart.  This module depends only on :mod:`refgeo._certify` and NumPy.
+Why a module of its own: the bound of these values (:func:`filter_bound`) and the
+outward rounding of thresholds into the filter dtype are a certificate, which every kind
+of task must apply alike and which is tested apart from the task graph
+(``tests/test_filter.py``).  This module depends only on :mod:`refgeo._certify` and NumPy.
 """
 
 from __future__ import annotations
@@ -63,9 +63,9 @@ def sparse_nonzero(M):
     """``np.nonzero`` of a 2-D boolean array with few True entries, in the same order.
 
     The mask is scanned as 64-bit words, eight entries at a time, and only the words
-    that hold a True entry are opened: ``np.nonzero`` looks at every byte, and on the
-    masks of the rows whose ties no heap held (about 50 True entries in 20,000 a row)
-    it took a third of the time of their second filter.
+    that hold a True entry are opened: ``np.nonzero`` looks at every byte, and on
+    masks of k-NN rows whose ties no heap held (about 50 True entries in 20,000 a row)
+    it took a third of the time of the filter.
     """
     n, m = M.shape
     if M.size == 0:
@@ -102,28 +102,21 @@ def error_terms(c, eabs, nA, nB, dtype):
     return a, bj, b_up, slack
 
 
-def pairs_within(Hs, keys, a, bj, slack, t, max_per_row=None):
-    """``(r, q, lo, many)``: the pairs of a strip of filter values ``Hs`` (rows r of the
+def pairs_within(Hs, keys, a, bj, slack, t):
+    """``(r, q, lo)``: the pairs of a strip of filter values ``Hs`` (rows r of the
     strip) whose lower end ``lo`` is at most the row's ``t``: ``keys`` are ``Hs - b_j`` in
     the filter dtype, ``a``, ``bj``, ``slack`` from :func:`error_terms` (which says
-    why the keys at most ``W`` hold every pair within reach).  With
-    ``max_per_row``, ``many`` flags the rows with more keys than that within reach,
-    whose pairs are left out (None otherwise)."""
+    why the keys at most ``W`` hold every pair within reach)."""
     W = round_into((t + a + slack) * (1.0 + 2.0**-48), Hs.dtype)
-    M = keys <= W[:, None]
-    many = None
-    if max_per_row is not None:
-        many = np.count_nonzero(M, axis=1) > max_per_row
-        M[many] = False
-    r, q = sparse_nonzero(M)
+    r, q = sparse_nonzero(keys <= W[:, None])
     h = Hs[r, q].astype(np.float64)
     lo = h - ((a[r] + bj[q]) + np.abs(h) * 2.0**-50)
     keep = lo <= t[r]
-    return r[keep], q[keep], lo[keep], many
+    return r[keep], q[keep], lo[keep]
 
 
-def rows_within(XA, nA, XB, nB, dt, T, self_cols=None, strip_elements=None, max_per_row=None):
-    """``(r, q, many)``: every pair of row ``r`` of ``XA`` with row ``q`` of ``XB`` whose
+def rows_within(XA, nA, XB, nB, dt, T, self_cols=None, strip_elements=None):
+    """``(r, q)``: every pair of row ``r`` of ``XA`` with row ``q`` of ``XB`` whose
     certified lower end is at most ``T[r]``, the row's squared threshold.
 
     ``XA``, ``XB`` are centered rows in the filter dtype ``dt`` with their float64
@@ -131,21 +124,17 @@ def rows_within(XA, nA, XB, nB, dt, T, self_cols=None, strip_elements=None, max_
     itself, left out.  With ``T`` an upper bound on a row's k-th smallest squared
     distance, the pairs returned hold every pair that can be among its k nearest or tie
     with the k-th, however many rows tie there: the answer of a row whose heap could not
-    hold its ties.  With ``max_per_row``, the rows with more pairs than that within
-    reach (before the exact check of their lower ends) are flagged in the boolean
-    ``many`` and their pairs left out.  Time O(r b d) of GEMM for ``r`` rows against
-    ``b``, memory about ``strip_elements`` filter values (default
-    :data:`STRIP_ELEMENTS`) at a time.
+    hold its ties.  Time O(r b d) of GEMM for ``r`` rows against ``b``, memory about
+    ``strip_elements`` filter values (default :data:`STRIP_ELEMENTS`) at a time.  (The
+    compiled engine tests its deferred rows in a GEMM epilogue instead:
+    ``refgeo._engine._within``.)
     """
     a_all, bj, b_up, slack = error_terms(*filter_bound(XA.shape[1], dt), nA, nB, XB.dtype)
     strip = max(1, (strip_elements or STRIP_ELEMENTS) // max(XB.shape[0], 1))
     rr, qq = [np.zeros(0, np.int64)], [np.zeros(0, np.int64)]
-    many = np.zeros(XA.shape[0], dtype=bool)
     for s in range(0, XA.shape[0], strip):
         H = filter_values(XA[s : s + strip], XB, nA[s : s + strip], nB)
-        r, q, _, m = pairs_within(H, H - b_up, a_all[s : s + strip], bj, slack, T[s : s + strip], max_per_row)
-        if m is not None:
-            many[s : s + strip] = m
+        r, q, _ = pairs_within(H, H - b_up, a_all[s : s + strip], bj, slack, T[s : s + strip])
         r = r.astype(np.int64) + s
         q = q.astype(np.int64)
         if self_cols is not None:  # explicitly: with T_i = inf the row itself passes
@@ -153,7 +142,7 @@ def rows_within(XA, nA, XB, nB, dt, T, self_cols=None, strip_elements=None, max_
             r, q = r[keep], q[keep]
         rr.append(r)
         qq.append(q)
-    return np.concatenate(rr), np.concatenate(qq), many
+    return np.concatenate(rr), np.concatenate(qq)
 
 
 def first_per_row(keys, vals, rows, cols, n_rows, m):

@@ -899,13 +899,13 @@ def knn(
     heap entries per row and thread.  Per-row heaps of filtered values are kept in
     the GEMM epilogue; a row is certified when every pair left out of its heap has a
     filtered value beyond the rounding bound (see :func:`row_diameter`) of its k-th
-    upper bound, and then every kept pair within that bound is refined in float64;
-    an uncertified row is redone with heaps 4 times larger (rows with many ties at
-    their k-th distance, as sign rows have); where no heap holds its ties (clusters of
-    near-copies), it is filtered again against every candidate and only the pairs whose
-    certified lower end can reach its k-th upper bound are refined (a row with more
-    than ``max(k, N / 16)`` of them: float32 rows through a float64 filter, float64 rows
-    against every candidate).  So the
+    upper bound, and then every kept pair within that bound is refined in float64.
+    A row whose heap holds fewer than its ties (rows with many ties at their k-th
+    distance, as sign rows and clusters of near-copies have) is filtered again against
+    every candidate, in the epilogue of a second GEMM of those rows, and only the pairs
+    whose certified lower end can reach its k-th upper bound are refined (a row with
+    more than ``max(k, N / 16)`` of them: float32 rows through a float64 filter,
+    float64 rows against every candidate).  So the
     answer is the exact one even where a float32 Gram-trick answer is wrong.  Large float64 inputs are
     filtered in float32 (half the GEMM time; the float32 bound is used) and the rows
     it cannot certify are redone with a float64 filter.  Invariant under a common
@@ -1045,8 +1045,9 @@ def _knn_of_distinct_rows(X, Y, k, exclude_self, e, options, found) -> _backend.
     rows, and for rows that are neither NumPy nor Dask rows, or not separated.
 
     Why: a query's k-th distance ties with every copy of a row there, and a heap of
-    ``k + max(8, k/2)`` entries cannot certify such a tie: the rows are redone with
-    larger heaps, then filtered again against every candidate.  8,000 copies of one row among 16,000
+    ``k + max(8, k/2)`` entries cannot certify such a tie: the rows are filtered
+    again against every candidate (and, past ``N / 16`` ties, refined against every
+    candidate).  8,000 copies of one row among 16,000
     took 3 s against 0.05 s for the other 8,000 rows, and the hidden states of a
     model's embedding layer repeat one row per occurrence of a token.
 

@@ -431,16 +431,16 @@ def test_knn_exact_with_ties_on_small_tiles_and_threads(backend, parallel_always
     """
     monkeypatch.setattr(_engine, "KNN_MIXED_MIN_WORK", _engine.KNN_MIXED_MIN_WORK)  # restored after
     monkeypatch.setattr(_engine, "KNN_HEAP_BLOCK_BYTES", _engine.KNN_HEAP_BLOCK_BYTES)
-    monkeypatch.setattr(_engine, "KNN_MAX_HEAP", _engine.KNN_MAX_HEAP)
+    monkeypatch.setattr(_engine, "WITHIN_SLOTS", _engine.WITHIN_SLOTS)
 
     @settings(max_examples=_examples(backend, 300))
     @given(S=tie_clouds(), data=st.data(), **tie_options)
     def check(S, data, tile_size, n_threads):
         opts = dict(tile_size=tile_size, n_threads=n_threads)
         _engine.KNN_MIXED_MIN_WORK = data.draw(st.sampled_from([0, 1 << 62]))
-        # rows the heaps cannot certify: redone with larger heaps, or (1: no room to
-        # grow) refined against every candidate at once
-        _engine.KNN_MAX_HEAP = data.draw(st.sampled_from([1, 24, 1024]))
+        # rows the heaps cannot certify: their pairs within reach, in strips of one row,
+        # of a few rows, or of all of them
+        _engine.WITHIN_SLOTS = data.draw(st.sampled_from([1, 64, 1 << 22]))
         # row-major order, blocks of one tile pair, of two to three tiles per side, one block
         _engine.KNN_HEAP_BLOCK_BYTES = data.draw(
             st.sampled_from([0, 1, 2 * tile_size * 16 * 16, 3 * tile_size * 16 * 24, 1 << 40])
@@ -553,23 +553,22 @@ def _record_settled(monkeypatch):
 
 
 @pytest.mark.parametrize("dtype", [np.float64, np.float32])
-def test_knn_where_ties_defer_most_rows_grows_their_heaps_in_passes(backend, dtype, monkeypatch):
+def test_knn_where_ties_defer_most_rows_takes_one_threshold_pass(backend, dtype, monkeypatch):
     """3,000 sign rows of length 16 at k = 16: the 16-th distance of a row ties with
-    about 20 others, and the first pass defers most rows.  The redo's heaps (4 times
-    larger for all of them) exceeded the first pass's heap records, so none grew and each
-    row was refined against every candidate (2,826 pairs a row; 20,000 rows of length 64:
-    10,600 pairs a row and 3.9 s, 0.3 s for Gaussian rows).  They now grow in passes of
-    as many rows as those records hold."""
+    about 20 others, and the first pass defers most rows.  They were redone with heaps
+    4 times larger, in passes of as many rows as the first pass's heap records hold (the
+    same GEMM as one threshold pass, plus the heaps' insertions; 20,000 rows of length 64:
+    0.75 s, 0.53 s now).  Now their pairs within reach of their bound are found by one
+    threshold pass and only those are refined: no second heap pass."""
     if backend != "cython":
         pytest.skip("the compiled engine's heaps")
     rng = np.random.default_rng(4)
     S = rng.choice([-1.0, 1.0], size=(3000, 16)).astype(dtype)
     passes = _record_knn_passes(monkeypatch)
+    settled = _record_settled(monkeypatch)
     r = refgeo.knn(S, 16)
-    first_rows, first_K = passes[0][0], _engine._heap_size(2999, 16)
-    assert first_rows == 3000 and len(passes) >= 3, passes  # the redo took several passes
-    assert all(rows * K <= first_rows * first_K for rows, K in passes[1:])
-    assert max(K for _, K in passes[1:]) == 4 * first_K
+    assert passes == [(3000, None)], passes  # the first pass only
+    assert len(settled) == 1 and settled[0] >= 1500, settled  # most rows deferred
     assert r.n_refined <= 4 * 16 * len(S)
     _assert_knn_rows_exact(r, S, rng.choice(len(S), 300, replace=False), 16)
 
@@ -583,7 +582,8 @@ def test_knn_where_ties_exceed_every_heap_refines_only_the_pairs_within_reach(ba
     candidate (1,999 pairs a row here; knn(X, 1) of 20,000 such float32 rows of R^64:
     400 million pairs, 6.1 s against 0.2 s for Gaussian rows).  The rows are now filtered
     again against every candidate and only the pairs that can reach their bound are
-    refined (the 49 others of the cluster), in strips of 20 rows."""
+    refined (the 49 others of the cluster), in strips of 20 rows (126 pair slots a row:
+    max(k, N / 16) + 1)."""
     if backend != "cython":
         pytest.skip("the compiled engine's heaps")
     rng = np.random.default_rng(5)
@@ -592,7 +592,7 @@ def test_knn_where_ties_exceed_every_heap_refines_only_the_pairs_within_reach(ba
     if noise == 0.0:  # exact copies: the kernel itself (refgeo.knn runs it on one of each)
         X[::50] += 1e-4
     Y = X[rng.permutation(2000)] if against else None
-    monkeypatch.setattr(_engine, "STRIP_ELEMENTS", 20 * 2000)  # strips of 20 rows
+    monkeypatch.setattr(_engine, "WITHIN_SLOTS", 20 * 126)  # strips of 20 rows
     settled = _record_settled(monkeypatch)
     r = _engine.knn(X, 1, Y, exclude_self=not against)
     assert sum(settled) >= 1500, settled  # the ties defer most rows past any heap
@@ -651,8 +651,8 @@ def test_knn_of_near_copy_clouds_matches_the_oracle(backend, parallel_always, mo
 
     @settings(max_examples=_examples(backend, 300))
     @given(X=near_copy_clouds(), Y=st.one_of(st.none(), near_copy_clouds()), k=st.integers(1, 6),
-           f32=st.booleans(), strip=st.sampled_from([1, 50, 1 << 20]), **tie_options)
-    def check(X, Y, k, f32, strip, tile_size, n_threads):
+           f32=st.booleans(), slots=st.sampled_from([1, 500, 1 << 22]), **tie_options)
+    def check(X, Y, k, f32, slots, tile_size, n_threads):
         if Y is not None and Y.shape[1] != X.shape[1]:
             Y = np.resize(Y, (Y.shape[0], X.shape[1]))
         n_cand = X.shape[0] - 1 if Y is None else Y.shape[0]
@@ -661,22 +661,75 @@ def test_knn_of_near_copy_clouds_matches_the_oracle(backend, parallel_always, mo
         if f32:
             X = X.astype(np.float32)
             Y = None if Y is None else Y.astype(np.float32)
-        _engine.STRIP_ELEMENTS = strip
+        _engine.WITHIN_SLOTS = slots
         r = _engine.knn(X, k, Y, exclude_self=Y is None, tile_size=tile_size, n_threads=n_threads)
         idx, dist = _oracle_knn(X, k, Y)
         np.testing.assert_array_equal(r.indices, idx)
         np.testing.assert_array_equal(r.distances, dist)
 
-    monkeypatch.setattr(_engine, "STRIP_ELEMENTS", _engine.STRIP_ELEMENTS)  # restored after
+    monkeypatch.setattr(_engine, "WITHIN_SLOTS", _engine.WITHIN_SLOTS)  # restored after
     check()
 
 
-def test_knn_stops_growing_heaps_that_do_not_help(backend, monkeypatch):
+def test_within_holds_every_pair_within_the_threshold_on_any_tiles_and_threads(backend, parallel_always):
+    """The compiled threshold pass of the rows no heap settles (``_engine._within``):
+    for thresholds at exact squared distances, every pair whose exact squared distance
+    is at most the row's threshold is held, the row itself never is, a held pair is
+    within twice the filter's rounding bound of the threshold, a row with more pairs
+    within reach than its slots is flagged, and the counts are the same on every tile
+    size and thread count (the pairs run in parallel into shared slots)."""
+    if backend != "cython":
+        pytest.skip("the compiled engine's threshold pass")
+
+    @settings(max_examples=_examples(backend, 200))
+    @given(X=near_copy_clouds(), other=st.booleans(), f32=st.booleans(), cap=st.integers(1, 30),
+           seed=st.integers(0, 2**32 - 1), **tie_options)
+    def check(X, other, f32, cap, seed, tile_size, n_threads):
+        rng = np.random.default_rng(seed)
+        A = X.astype(np.float32) if f32 else X
+        B = A if not other else A[rng.permutation(A.shape[0])][: max(1, A.shape[0] // 2)]
+        origs, cents, norms, dt = _engine._center([A, B], 1)
+        exact = _oracle_sq(origs[0], origs[1])
+        n, m = exact.shape
+        own = np.arange(n) if not other else None
+        T = exact[np.arange(n), rng.integers(0, m, n)]  # at a pair's exact distance
+        T[rng.random(n) < 0.2] = np.inf  # every pair within reach
+        runs = []
+        for tile, threads in [(tile_size, n_threads), (max(1, n + m), 1)]:
+            counts = np.zeros(n, dtype=np.int64)
+            cols = np.full((n, cap + 1), -1, dtype=np.int64)
+            cp, eabs = _certify.rounding_bound(X.shape[1], dt)
+            cl = _certify.lowered_key_bound(cp)
+            fn = getattr(_backend.extension()._knn, "within" + ("32" if dt == "float32" else "64"))
+            fn(cents[0], norms[0], cents[1], norms[1], T, np.arange(n) if own is not None else np.full(n, -1),
+               cl, eabs, tile, threads, counts, cols)
+            runs.append(counts)
+            for i in range(n):
+                within = [j for j in np.flatnonzero(exact[i] <= T[i]) if own is None or j != i]
+                reach = 2.01 * (cl * (norms[0][i] + norms[1]) + eabs) * (1 + 1e-9) + 1e-300
+                if counts[i] > cap:  # flagged: more than cap pairs within the bound's reach
+                    near = exact[i] <= T[i] + reach
+                    if own is not None:
+                        near[i] = False
+                    assert np.count_nonzero(near) > cap, (i, counts[i], np.count_nonzero(near))
+                    continue
+                held = cols[i, : counts[i]]
+                assert len(set(held.tolist())) == counts[i] and (own is None or i not in held)
+                assert set(within) <= set(held.tolist()), (i, within, held)
+                assert np.all(exact[i, held] <= T[i] + reach[held]), (i, exact[i, held], T[i])
+                assert len(within) <= cap  # so a row with more is flagged
+        np.testing.assert_array_equal(np.minimum(runs[0], cap + 1), np.minimum(runs[1], cap + 1))
+
+    check()
+
+
+def test_knn_copies_beyond_any_heap_refine_only_their_copies(backend, monkeypatch):
     """Ties beyond any heap: 2 rows with 150 copies each among 3,000 (k = 1).  The
-    copies' first retry settles none of them, so they go through the float64 filter and
-    then to the pairs within reach of their bound instead of growing the heaps again
-    (4 passes without the rule).  The kernel itself: refgeo.knn runs it on one row of
-    each class of copies."""
+    copies were redone with larger heaps, which settled none of them, then through the
+    float64 filter (3 passes).  Their pairs within reach of their bound are now found by
+    one threshold pass of the first filter: each copy refines its 149 copies, not every
+    row, and no further heap pass runs.  The kernel itself: refgeo.knn runs it on one
+    row of each class of copies."""
     if backend != "cython":
         pytest.skip("the compiled engine's heaps")
     rng = np.random.default_rng(8)
@@ -684,9 +737,10 @@ def test_knn_stops_growing_heaps_that_do_not_help(backend, monkeypatch):
     copies = rng.choice(3000, 300, replace=False)
     S[copies] = rng.standard_normal((2, 8))[np.arange(300) % 2]
     passes = _record_knn_passes(monkeypatch)
+    settled = _record_settled(monkeypatch)
     assert _certify.scale_exponent(np, [S]) == 0  # the kernel sees S as it is
     r = _engine.knn(S, 1, None, exclude_self=True)
-    assert len(passes) == 3, passes
+    assert passes == [(3000, None)] and len(settled) == 1 and 300 <= settled[0] <= 330, (passes, settled)
     assert r.n_refined <= 2 * 3000 + 300 * 150  # each copy: its 149 copies, not all rows
     idx, dist = _oracle_knn(S, 1)
     np.testing.assert_array_equal(r.indices, idx)

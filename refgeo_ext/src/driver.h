@@ -1,6 +1,6 @@
 /* Small C helpers of the tile driver (_driver.pyx): a monotonic clock for the
- * master thread's polling, and relaxed atomics for the flags and the task counter
- * that all OpenMP threads share.  Relaxed order is enough: a flag only asks the
+ * master thread's polling, and relaxed atomics for the flags and the counters
+ * that OpenMP threads share.  Relaxed order is enough: a flag only asks the
  * threads to stop taking tiles, and every result is read after the parallel
  * region's closing barrier, which orders all memory.
  */
@@ -28,6 +28,11 @@ static inline ptrdiff_t refgeo_count_get(const ptrdiff_t *c)
 {
     return __atomic_load_n(c, __ATOMIC_RELAXED);
 }
+/* Adds v and returns the count before: a reservation of v slots. */
+static inline ptrdiff_t refgeo_count_take(ptrdiff_t *c, ptrdiff_t v)
+{
+    return __atomic_fetch_add(c, v, __ATOMIC_RELAXED);
+}
 #else
 static inline int refgeo_flag_get(const int *f) { return *(const volatile int *)f; }
 static inline void refgeo_flag_set(int *f) { *(volatile int *)f = 1; }
@@ -39,6 +44,15 @@ static inline void refgeo_count_add(ptrdiff_t *c, ptrdiff_t v)
     *c += v;
 }
 static inline ptrdiff_t refgeo_count_get(const ptrdiff_t *c) { return *(const volatile ptrdiff_t *)c; }
+static inline ptrdiff_t refgeo_count_take(ptrdiff_t *c, ptrdiff_t v)
+{
+    ptrdiff_t old;
+#ifdef _OPENMP
+#pragma omp atomic capture
+#endif
+    { old = *c; *c += v; }
+    return old;
+}
 #endif
 
 #endif /* REFGEO_DRIVER_H */
