@@ -555,7 +555,9 @@ def knn(X, k, Y, *, exclude_self, tile_size=None, n_threads=None, progress=None)
     # Gaussian rows.)
     if F.size:
         dense = float64_filter if dt == "float32" else (lambda R: refine_all(fn, R, XA, nA, XB, nB, K, dt))
-        n_refined += _settle(F, idx, dist, XA, nA, XB, nB, dt, SA, SB, k, self_cols(F), n, dense)
+        # dense() counts its refinements as it runs: add _settle's own after it returns
+        own = _settle(F, idx, dist, XA, nA, XB, nB, dt, SA, SB, k, self_cols(F), n, dense)
+        n_refined += own
     return KernelRun(
         backend=_BACKEND, error_bound=reported_bound(d, dt, float(max(nA.max(), nB.max()))),
         n_refined=n_refined, indices=idx, distances=dist,

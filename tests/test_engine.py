@@ -723,6 +723,27 @@ def test_within_holds_every_pair_within_the_threshold_on_any_tiles_and_threads(b
     check()
 
 
+def test_knn_counts_the_refinements_of_rows_refined_against_every_candidate(backend, monkeypatch):
+    """300 sign rows of length 16 at k = 16: most rows have more pairs within reach of
+    their bound than max(k, N / 16) and are refined against every candidate, counted as
+    that fallback runs; ``n_refined`` must add the threshold pass's own refinements to
+    those, not overwrite them (it read the count before the fallback ran)."""
+    if backend != "cython":
+        pytest.skip("the compiled engine's fallback")
+    X = np.random.default_rng(0).choice([-1.0, 1.0], size=(300, 16))
+    dense_rows = []
+    real = _engine._settle
+
+    def settle(F, *args):
+        *rest, dense = args
+        return real(F, *rest, lambda R: (dense_rows.append(R.size), dense(R))[1])
+
+    monkeypatch.setattr(_engine, "_settle", settle)
+    r = _engine.knn(X, 16, None, exclude_self=True)
+    assert sum(dense_rows) >= 100, dense_rows
+    assert r.n_refined >= sum(dense_rows) * 299, (r.n_refined, dense_rows)
+
+
 def test_knn_copies_beyond_any_heap_refine_only_their_copies(backend, monkeypatch):
     """Ties beyond any heap: 2 rows with 150 copies each among 3,000 (k = 1).  The
     copies were redone with larger heaps, which settled none of them, then through the
