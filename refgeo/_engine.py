@@ -21,7 +21,6 @@ huge value to exercise both sides.
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import math
 
@@ -351,7 +350,7 @@ def _knn_pass(fn, XA, nA, SA, XB, nB, SB, *, symmetric, exclude_self, self_idx, 
     return out_idx, out_dist, stats
 
 
-def _within(XA, nA, XB, nB, dt, T, self_cols, cap, n_threads):
+def _within(XA, nA, XB, nB, dt, T, self_cols, cap, n_threads, tile_size=None, progress=None):
     """``(counts, cols)``: the pairs of rows ``XA`` (against every row of ``XB``) whose
     lower end, as the k-NN kernel bounds it, is at most the row's squared threshold
     ``T[r]``: ``cols[r, :counts[r]]``, complete for the rows with at most ``cap`` of
@@ -367,13 +366,15 @@ def _within(XA, nA, XB, nB, dt, T, self_cols, cap, n_threads):
     # one slot more than cap: a row that fills its slots has more than cap pairs
     cols = np.empty((nP, cap + 1), dtype=np.int64)
     own = np.full(nP, -1, dtype=np.int64) if self_cols is None else np.asarray(self_cols, dtype=np.int64)
-    tile, _, n_eff = _knn_plan(nP, XB.shape[0], d, False, None, n_threads)
+    tile, npairs, n_eff = _knn_plan(nP, XB.shape[0], d, False, tile_size, n_threads)
     with blas_single_thread():
-        fn(XA, nA, XB, nB, T, own, lowered_key_bound(cp), eabs, tile, n_eff, counts, cols)
+        fn(XA, nA, XB, nB, T, own, lowered_key_bound(cp), eabs, tile, n_eff, counts, cols,
+           progress=_hook(progress, npairs))
     return counts, cols
 
 
-def _settle(F, idx, dist, XA, nA, XB, nB, dt, SA, SB, k, self_cols, n_threads, dense) -> int:
+def _settle(F, idx, dist, XA, nA, XB, nB, dt, SA, SB, k, self_cols, n_threads, dense, tile_size=None,
+            progress=None) -> int:
     """Rows ``F`` that no heap certified, against the pairs that can reach their U.
 
     A deferred row's ``dist[i, 0]`` holds U, the k-th smallest squared upper bound of
@@ -390,6 +391,8 @@ def _settle(F, idx, dist, XA, nA, XB, nB, dt, SA, SB, k, self_cols, n_threads, d
     k = 1), each row was refined against every candidate, O(N d) outside the GEMM per
     row (knn(X, 1) of 20,000 such float32 rows of R^64: 6.1 s, 0.2 s for Gaussian
     rows).  Returns the number of pairs refined here (not those of ``dense``).
+    ``tile_size`` and ``progress`` as in :func:`knn` (each threshold pass is a kernel run
+    that nobody announced: the total grows).
     """
     T = dist[F, 0].copy()
     pick = getattr(_backend.extension()._knn, "pick" + _suffix(SA))
@@ -402,7 +405,7 @@ def _settle(F, idx, dist, XA, nA, XB, nB, dt, SA, SB, k, self_cols, n_threads, d
         P = F[s : s + strip]
         counts, cols = _within(np.ascontiguousarray(XA[P]), np.ascontiguousarray(nA[P]), XB, nB, dt,
                                T[s : s + strip], None if self_cols is None else self_cols[s : s + strip],
-                               dense_at, n_threads)
+                               dense_at, n_threads, tile_size, progress)
         # U is the k-th smallest upper bound: at least k pairs of each row reach it
         if (counts < k).any():
             raise RuntimeError("internal error: a k-NN row has fewer than k pairs within its bound")
@@ -415,10 +418,11 @@ def _settle(F, idx, dist, XA, nA, XB, nB, dt, SA, SB, k, self_cols, n_threads, d
 
 
 def knn_memory(nA, nB, d, k, *, symmetric, exclude_self, itemsize, tile_size, n_threads) -> dict:
-    """Bytes the compiled k-NN allocates, by part: its first pass, and the redo passes of
-    the rows it defers (at most as many heap records per thread, on at most as many
-    threads, plus copies of those rows and, for float64 rows filtered in float32, a
-    float64 centered copy).
+    """Bytes the compiled k-NN allocates, by part: its first pass, and the passes over
+    the rows it defers: the threshold pass's pair slots (:data:`WITHIN_SLOTS`) and
+    copies of those rows, and for the rows it hands to a float64 filter, float64
+    copies and heap passes with at most as many heap records per thread, on at most as
+    many threads.
 
     Sizes as in :func:`_knn_pass`: the (nA, k) outputs, one (nA, K) heap of keys and
     indices per thread, and the centered copies with their norms.
@@ -540,7 +544,7 @@ def knn(X, k, Y, *, exclude_self, tile_size=None, n_threads=None, progress=None)
         if R.size:
             # the refinements of refine_all are counted as it runs: add _settle's after
             own = _settle(R, idx, dist, c64[0], n64[0], XB64, nB64, "float64", A64, B64, k, self_cols(R), n,
-                          lambda D: refine_all(ext._knn.knn64, D, *args, SA=A64, SB=B64))
+                          lambda D: refine_all(ext._knn.knn64, D, *args, SA=A64, SB=B64), tile_size, progress)
             n_refined += own
 
     # deferred rows (more ties near their k-th distance than the heap's slack, as in
@@ -551,12 +555,12 @@ def knn(X, k, Y, *, exclude_self, tile_size=None, n_threads=None, progress=None)
     # rows).  Each row's answer is certified either way: only the work differs.  (Before,
     # the rows were redone with heaps up to 4 times larger first, which cost the same
     # GEMM plus the heaps' insertions and settled only the rows whose ties fit: knn of
-    # 20,000 sign rows of R^64 at k = 16 took 0.75 s, now 0.53 s, against 0.30 s for
+    # 20,000 sign rows of R^64 at k = 16 took 0.75 s, now 0.52 s, against 0.30 s for
     # Gaussian rows.)
     if F.size:
         dense = float64_filter if dt == "float32" else (lambda R: refine_all(fn, R, XA, nA, XB, nB, K, dt))
         # dense() counts its refinements as it runs: add _settle's own after it returns
-        own = _settle(F, idx, dist, XA, nA, XB, nB, dt, SA, SB, k, self_cols(F), n, dense)
+        own = _settle(F, idx, dist, XA, nA, XB, nB, dt, SA, SB, k, self_cols(F), n, dense, tile_size, progress)
         n_refined += own
     return KernelRun(
         backend=_BACKEND, error_bound=reported_bound(d, dt, float(max(nA.max(), nB.max()))),
