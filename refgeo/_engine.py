@@ -103,6 +103,18 @@ MIN_MIXED_BUDGET_DIVISOR = 32
 # slots, stays within it.
 WITHIN_SLOTS = 1 << 22
 
+# A row the k-NN threshold pass finds with more than max(k, N / share) pairs within
+# reach of its bound (N candidates) is not answered from them: in a float32 filter it
+# goes through the float64 filter (near-copies that float32 cannot tell apart: half of
+# 20,000 rows within 1e-5 of one point), in a float64 filter it is refined against
+# every candidate.  The float64 share is larger because nothing finer follows: rows of
+# the Delsarte-Goethals code (2,000 to 5,000 exact ties at the 16-th distance among
+# 20,000) refined every pair at N / 16, 400 million refinements and 7.1 s for
+# knn(X, 16), and 38 million and 3.1 s at N / 4.  (The pair slots of a strip of rows
+# stay within WITHIN_SLOTS either way: larger shares only make the strips shorter.)
+SETTLE_DENSE_SHARE_F32 = 16
+SETTLE_DENSE_SHARE_F64 = 4
+
 # Rows per task of the k-NN kernel's second phase (the kernel's ROW_BLOCK): only to
 # announce the task count to a progress reporter, which adopts the kernel's own count.
 KNN_ROW_BLOCK = 64
@@ -384,9 +396,11 @@ def _settle(F, idx, dist, XA, nA, XB, nB, dt, SA, SB, k, self_cols, n_threads, d
     kernel's own lower ends), the pairs whose lower end is at most U are refined from
     the original rows ``SA``, ``SB`` as the kernel refines, and the k smallest by
     (value, index) are written to ``idx[F]`` and ``dist[F]`` (``refgeo_ext._knn.pick*``).
-    Rows with more than ``max(k, N / 16)`` candidates within reach (``N`` candidate
-    rows) go to ``dense(rows)`` instead (a float64 filter, or the kernel, which refines
-    them against every candidate; it counts its own refinements).  Why: where more rows
+    Rows with more than ``max(k, N / 16)`` candidates within reach in a float32 filter,
+    or ``max(k, N / 4)`` in a float64 filter (``N`` candidate rows;
+    :data:`SETTLE_DENSE_SHARE_F32`), go to ``dense(rows)`` instead (the float64 filter,
+    or the kernel, which refines them against every candidate; it counts its own
+    refinements).  Why: where more rows
     tie than any heap holds (near-copies within the filter's bound: clusters of 50 and
     k = 1), each row was refined against every candidate, O(N d) outside the GEMM per
     row (knn(X, 1) of 20,000 such float32 rows of R^64: 6.1 s, 0.2 s for Gaussian
@@ -396,7 +410,7 @@ def _settle(F, idx, dist, XA, nA, XB, nB, dt, SA, SB, k, self_cols, n_threads, d
     """
     T = dist[F, 0].copy()
     pick = getattr(_backend.extension()._knn, "pick" + _suffix(SA))
-    dense_at = max(k, XB.shape[0] // 16)
+    dense_at = max(k, XB.shape[0] // (SETTLE_DENSE_SHARE_F32 if dt == "float32" else SETTLE_DENSE_SHARE_F64))
     # strips of rows, so that their pair slots (dense_at + 1 per row) stay within
     # WITHIN_SLOTS: a cluster of 10,000 near-copies passes every pair of the cluster
     strip = max(1, WITHIN_SLOTS // (dense_at + 1))
@@ -451,7 +465,7 @@ def knn_memory(nA, nB, d, k, *, symmetric, exclude_self, itemsize, tile_size, n_
         parts[f"float64 copies for the last redo ({rows}, {d})"] = float(rows) * (16 * d + 8)
     # the rows no heap settles are filtered again in strips (_settle): the strip's pair
     # slots (int64 columns), and each thread's refined pairs of one row
-    slots = max(k, nB // 16) + 1
+    slots = max(k, nB // min(SETTLE_DENSE_SHARE_F32, SETTLE_DENSE_SHARE_F64)) + 1
     parts[f"pair slots ({WITHIN_SLOTS}, and {slots} a row per thread)"] = 8.0 * WITHIN_SLOTS + 16.0 * n_threads * slots
     return parts
 

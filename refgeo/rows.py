@@ -904,8 +904,8 @@ def knn(
     distance, as sign rows and clusters of near-copies have) is filtered again against
     every candidate, in the epilogue of a second GEMM of those rows, and only the pairs
     whose certified lower end can reach its k-th upper bound are refined (a row with
-    more than ``max(k, N / 16)`` of them: float32 rows through a float64 filter,
-    float64 rows against every candidate).  So the
+    more than ``max(k, N / 16)`` of them in float32: through a float64 filter; more
+    than ``max(k, N / 4)`` in float64: against every candidate).  So the
     answer is the exact one even where a float32 Gram-trick answer is wrong.  Large float64 inputs are
     filtered in float32 (half the GEMM time; the float32 bound is used) and the rows
     it cannot certify are redone with a float64 filter.  Invariant under a common
@@ -1046,7 +1046,7 @@ def _knn_of_distinct_rows(X, Y, k, exclude_self, e, options, found) -> _backend.
 
     Why: a query's k-th distance ties with every copy of a row there, and a heap of
     ``k + max(8, k/2)`` entries cannot certify such a tie: the rows are filtered
-    again against every candidate (and, past ``N / 16`` ties, refined against every
+    again against every candidate (and, past ``N / 4`` ties, refined against every
     candidate).  8,000 copies of one row among 16,000
     took 3 s against 0.05 s for the other 8,000 rows, and the hidden states of a
     model's embedding layer repeat one row per occurrence of a token.

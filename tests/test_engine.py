@@ -725,12 +725,14 @@ def test_within_holds_every_pair_within_the_threshold_on_any_tiles_and_threads(b
 
 def test_knn_counts_the_refinements_of_rows_refined_against_every_candidate(backend, monkeypatch):
     """300 sign rows of length 16 at k = 16: most rows have more pairs within reach of
-    their bound than max(k, N / 16) and are refined against every candidate, counted as
+    their bound than max(k, N / 16) (the share set here) and are refined against every
+    candidate, counted as
     that fallback runs; ``n_refined`` must add the threshold pass's own refinements to
     those, not overwrite them (it read the count before the fallback ran)."""
     if backend != "cython":
         pytest.skip("the compiled engine's fallback")
     X = np.random.default_rng(0).choice([-1.0, 1.0], size=(300, 16))
+    monkeypatch.setattr(_engine, "SETTLE_DENSE_SHARE_F64", 16)  # more rows to the fallback
     dense_rows = []
     real = _engine._settle
 
@@ -745,6 +747,21 @@ def test_knn_counts_the_refinements_of_rows_refined_against_every_candidate(back
     r = _engine.knn(X, 16, None, exclude_self=True)
     assert sum(dense_rows) >= 100, dense_rows
     assert r.n_refined >= sum(dense_rows) * 299, (r.n_refined, dense_rows)
+
+
+@pytest.mark.parametrize("dtype", [np.float64, np.float32])
+def test_knn_of_a_code_with_thousands_of_exact_ties_refines_only_the_ties(backend, dtype):
+    """8,000 rows of the Delsarte-Goethals code of R^64 at k = 16: a row's 16-th distance
+    ties exactly with about 600 others (more than N / 16 = 500, fewer than N / 4).  No
+    filter separates exact ties, so those rows were refined against every candidate
+    (nearly all 64 million pairs; 400 million and 7.1 s at 20,000 rows, where spread's
+    neighbour lists come from); now only the pairs within reach of each row's bound."""
+    if backend != "cython":
+        pytest.skip("the compiled engine's fallback")
+    S = refgeo.delsarte_goethals_code(64, 8000).astype(dtype)
+    r = refgeo.knn(S, 16)
+    assert r.n_refined < 8000 * 8000 // 4, r.n_refined
+    _assert_knn_rows_exact(r, S, np.random.default_rng(3).choice(8000, 200, replace=False), 16)
 
 
 def test_knn_copies_beyond_any_heap_refine_only_their_copies(backend, monkeypatch):
