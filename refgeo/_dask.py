@@ -84,7 +84,6 @@ from ._filter import (
     first_per_row,
     pairs_within,
     round_into,
-    rows_within,
 )
 from ._certify import (
     MAX_NORM2,
@@ -1250,8 +1249,9 @@ def _refine_compiled(P, Q, r, q):
     return vals
 
 
-# Filter values of the rows that their heaps could not certify, per strip of rows
-# against the whole block in :func:`_whole_block_pairs`: (strip, block) temporaries.
+# Elements per strip of the rows that their heaps could not certify, against the whole
+# block: the pair slots (int64) of :func:`_whole_block_pairs`, 8 MB, and the filter
+# values of :func:`_whole_block_pairs_xp`.
 _WHOLE_STRIP_ELEMENTS = 1 << 20
 
 
@@ -1261,20 +1261,36 @@ def _whole_block_pairs(P, Q, rows, T, skip_self, mu):
 
     Why: refining every pair of such a row with the block (its heap overflowed with
     ties, as in clusters of near-copies within the filter's bound of each other) cost
-    O(d) per pair outside the GEMM, 70 times the single-machine time.
-    The rows are filtered again against the block as the NumPy tasks filter
-    (:func:`_prepare`, lower ends as in :func:`_knn_side`), in strips of rows, and only
-    the pairs that can reach ``T`` are refined.  Time O(r b d) of GEMM for ``r`` rows
-    against a block of ``b``, memory O((r + b) d) for the centered copies (and float64
-    copies of float32 rows) and about 2**20 filter values per strip.
+    O(d) per pair outside the GEMM, 70 times the single-machine time.  The rows are
+    filtered again against the block by the single-machine engine's threshold pass
+    (``refgeo_ext._knn.within*``, on one thread: a GEMM whose epilogue keeps each pair
+    whose lower end, as the k-NN keys bound it, reaches ``T``; centered as the filter
+    tasks center, :func:`_centered_blocks`), in strips of rows, and only those pairs
+    are refined (before: a NumPy filter of the same pairs, several elementwise passes
+    over every filter value).  Time O(r b d) of GEMM for ``r`` rows against a block of
+    ``b``, memory O((r + b) d) for the centered copies (and float64 copies of float32
+    rows) and at most 2**20 pair slots per strip.
     """
     # both sides centered once (each strip centering the block again cost 40% more)
     cb = _centered_blocks(P[rows], Q, mu)
-    # one BLAS thread, as in the filter tasks: Dask runs the tasks in parallel
-    with blas_single_thread():
-        r, q = rows_within(cb.XA, cb.nA, cb.XB, cb.nB, cb.dt, T[rows], rows if skip_self else None,
-                              _WHOLE_STRIP_ELEMENTS)
-    return rows[r], q
+    nQ, d = cb.XB.shape
+    fn = getattr(_backend_ext()._knn, "within" + ("32" if cb.dt == "float32" else "64"))
+    cp, eabs = rounding_bound(d, cb.dt)
+    cl = lowered_key_bound(cp)
+    strip = max(1, _WHOLE_STRIP_ELEMENTS // (nQ + 1))
+    rr, qq = [np.zeros(0, np.int64)], [np.zeros(0, np.int64)]
+    for s in range(0, rows.shape[0], strip):
+        n = min(strip, rows.shape[0] - s)
+        counts = np.zeros(n, dtype=np.int64)
+        # one slot per candidate and one more: every row's pairs fit
+        cols = np.empty((n, nQ + 1), dtype=np.int64)
+        own = rows[s : s + n].astype(np.int64) if skip_self else np.full(n, -1, dtype=np.int64)
+        fn(np.ascontiguousarray(cb.XA[s : s + n]), np.ascontiguousarray(cb.nA[s : s + n]), cb.XB, cb.nB,
+           np.ascontiguousarray(T[rows[s : s + n]], dtype=np.float64), own, cl, eabs, _TASK_TILE, 1,
+           counts, cols)
+        rr.append(np.repeat(rows[s : s + n].astype(np.int64), counts))
+        qq.append(cols[np.arange(nQ + 1)[None, :] < counts[:, None]])
+    return np.concatenate(rr), np.concatenate(qq)
 
 
 def _refine_side(P, Q, cand, ends, q0, k, skip_self, refine, whole_pairs):

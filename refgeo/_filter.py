@@ -21,10 +21,7 @@ import numpy as np
 from ._certify import UNIT_ROUNDOFF, rounding_bound
 
 __all__ = ["error_terms", "filter_bound", "filter_values", "first_per_row", "pairs_within", "round_into",
-           "rows_within", "sparse_nonzero"]
-
-# Filter values per strip of rows in :func:`rows_within`: (strip, candidates) temporaries.
-STRIP_ELEMENTS = 1 << 20
+           "sparse_nonzero"]
 
 
 def filter_bound(d: int, dt: str) -> tuple[float, float]:
@@ -113,36 +110,6 @@ def pairs_within(Hs, keys, a, bj, slack, t):
     lo = h - ((a[r] + bj[q]) + np.abs(h) * 2.0**-50)
     keep = lo <= t[r]
     return r[keep], q[keep], lo[keep]
-
-
-def rows_within(XA, nA, XB, nB, dt, T, self_cols=None, strip_elements=None):
-    """``(r, q)``: every pair of row ``r`` of ``XA`` with row ``q`` of ``XB`` whose
-    certified lower end is at most ``T[r]``, the row's squared threshold.
-
-    ``XA``, ``XB`` are centered rows in the filter dtype ``dt`` with their float64
-    squared norms ``nA``, ``nB``; ``self_cols[r]`` (optional) is the column of row r
-    itself, left out.  With ``T`` an upper bound on a row's k-th smallest squared
-    distance, the pairs returned hold every pair that can be among its k nearest or tie
-    with the k-th, however many rows tie there: the answer of a row whose heap could not
-    hold its ties.  Time O(r b d) of GEMM for ``r`` rows against ``b``, memory about
-    ``strip_elements`` filter values (default :data:`STRIP_ELEMENTS`) at a time.  (The
-    compiled engine tests its deferred rows in a GEMM epilogue instead:
-    ``refgeo._engine._within``.)
-    """
-    a_all, bj, b_up, slack = error_terms(*filter_bound(XA.shape[1], dt), nA, nB, XB.dtype)
-    strip = max(1, (strip_elements or STRIP_ELEMENTS) // max(XB.shape[0], 1))
-    rr, qq = [np.zeros(0, np.int64)], [np.zeros(0, np.int64)]
-    for s in range(0, XA.shape[0], strip):
-        H = filter_values(XA[s : s + strip], XB, nA[s : s + strip], nB)
-        r, q, _ = pairs_within(H, H - b_up, a_all[s : s + strip], bj, slack, T[s : s + strip])
-        r = r.astype(np.int64) + s
-        q = q.astype(np.int64)
-        if self_cols is not None:  # explicitly: with T_i = inf the row itself passes
-            keep = q != self_cols[r]
-            r, q = r[keep], q[keep]
-        rr.append(r)
-        qq.append(q)
-    return np.concatenate(rr), np.concatenate(qq)
 
 
 def first_per_row(keys, vals, rows, cols, n_rows, m):

@@ -27,12 +27,13 @@ def test_sparse_nonzero_is_nonzero(M, step):
 
 @settings(max_examples=200)
 @given(seed=st.integers(0, 2**32 - 1), n=st.integers(1, 30), m=st.integers(1, 40), d=st.integers(1, 9),
-       dt=st.sampled_from(["float32", "float64"]), spread=st.sampled_from([1e-7, 1e-3, 1.0]),
-       strip=st.sampled_from([1, 7, 1 << 20]))
-def test_rows_within_holds_every_pair_within_the_threshold(seed, n, m, d, dt, spread, strip):
-    """Near-copy rows and thresholds at exact squared distances: every pair whose exact
-    squared distance is at most the row's threshold is among those returned (the
-    lower ends are certified), the row itself excluded."""
+       dt=st.sampled_from(["float32", "float64"]), spread=st.sampled_from([1e-7, 1e-3, 1.0]))
+def test_pairs_within_holds_every_pair_within_the_threshold(seed, n, m, d, dt, spread):
+    """Near-copy rows, centered as the Dask tasks center them, and thresholds at exact
+    squared distances: every pair whose exact squared distance is at most the row's
+    threshold is among those returned, with a lower end at most that distance (the
+    filter values' bound, the keys' outward rounding and the lower ends are
+    certified)."""
     rng = np.random.default_rng(seed)
     base = rng.standard_normal((3, d))
     A = base[rng.integers(0, 3, n)] + spread * rng.standard_normal((n, d))
@@ -46,10 +47,12 @@ def test_rows_within_holds_every_pair_within_the_threshold(seed, n, m, d, dt, sp
     exact = _certify.canonical_sq(np, A[:, None, :], B[None, :, :])
     # thresholds at the exact squared distance of a random pair of each row (itself: 0)
     T = exact[np.arange(n), rng.integers(0, n + m, n)]
-    r, q = _filter.rows_within(XA, nA, XB, nB, dt, T, np.arange(n), strip_elements=strip)
-    got = set(zip(r.tolist(), q.tolist()))
+    H = _filter.filter_values(XA, XB, nA, nB)
+    a, bj, b_up, slack = _filter.error_terms(*_filter.filter_bound(d, dt), nA, nB, XB.dtype)
+    r, q, lo = _filter.pairs_within(H, H - b_up, a, bj, slack, T)
+    got = dict(zip(zip(r.tolist(), q.tolist()), lo.tolist()))
     for i in range(n):
         for j in np.flatnonzero(exact[i] <= T[i]):
-            if j != i:
-                assert (i, int(j)) in got, (i, j)
-    assert all(i != j for i, j in got)
+            assert (i, int(j)) in got, (i, j)
+            assert got[i, int(j)] <= exact[i, j], (i, j, got[i, int(j)], exact[i, j])
+    assert all(lo_ij <= T[i] for (i, _), lo_ij in got.items())
