@@ -97,6 +97,24 @@ MIN_MIXED_MIN_WORK = 1 << 26
 MIN_MIXED_BUDGET = 1 << 16
 MIN_MIXED_BUDGET_DIVISOR = 32
 
+# The farthest partners through a float32 filter give up, and run again through a
+# float64 filter, once more than V^2 / FARTHEST_BUDGET_DIVISOR pairs are refined and
+# more than max(FARTHEST_MIN_HEAVY_ROWS, V / FARTHEST_HEAVY_SHARE) rows have each had
+# more than max(FARTHEST_MIN_CAP, V / FARTHEST_CAP_SHARE) refined for their own bound.
+# Rows whose farthest partners lie in a cluster of near-copies that float32 cannot
+# tell apart refine the whole cluster (half of 20,000 float32 rows of R^64 within 1e-5
+# of one point: 85 million refinements and 2.3 s, 0.41 s for Gaussian rows), and
+# they are many.  Exact ties cost a float64 filter as much, and in a code they make few
+# rows heavy: of 20,000 Delsarte-Goethals rows of R^64, 63 tie with half of all rows at
+# their farthest distance and the others with about 1,100.  (The Kerdock code of R^64,
+# 2,112 rows, refines about 1,100 pairs a row: the cap's minimum keeps small inputs in
+# float32.)
+FARTHEST_BUDGET_DIVISOR = 128
+FARTHEST_CAP_SHARE = 4
+FARTHEST_MIN_CAP = 4096
+FARTHEST_HEAVY_SHARE = 64
+FARTHEST_MIN_HEAVY_ROWS = 256
+
 # Pair slots (int64 columns) the rows of one compiled threshold pass may fill
 # (_settle): 32 MB, so that a strip of rows against 50,000 candidates is thousands of
 # rows, one efficient GEMM, while a cluster of near-copies, whose rows all fill their
@@ -287,12 +305,13 @@ def closest(S, *, tile_size=None, n_threads=None, progress=None) -> KernelRun:
     return _compiled_extreme_pair(S, maximize=False, tile_size=tile_size, n_threads=n_threads, progress=progress)
 
 
-def farthest(S, *, tile_size=None, n_threads=None, progress=None) -> KernelRun:
+def farthest(S, *, tile_size=None, n_threads=None, progress=None, float32_filter=True) -> KernelRun:
     """Each row's farthest other row on the compiled engine."""
     ext = _backend.extension()
     n = _backend.resolve_n_threads(n_threads)
     V, d = S.shape
-    (Sc,), (X,), (nrm,), dt = _center([S], n, float32_filter=V * V * d // 2 >= MAX_MIXED_MIN_WORK)
+    mixed = float32_filter and V * V * d // 2 >= MAX_MIXED_MIN_WORK
+    (Sc,), (X,), (nrm,), dt = _center([S], n, float32_filter=mixed)
     _check_range([nrm], dt)
     V, d = Sc.shape
     cp, eabs = rounding_bound(d, dt)
@@ -303,8 +322,18 @@ def farthest(S, *, tile_size=None, n_threads=None, progress=None) -> KernelRun:
     Bj = np.full((n_eff, V), V, dtype=np.int64)
     nref = np.zeros(n_eff, dtype=np.int64)
     fn = getattr(ext._extreme_pairs, "farthest_partners" + _kernel_suffix(X, Sc))
+    # a float32 filter gives up where rows' farthest partners tie within its band by
+    # the thousand (near-copies it cannot tell apart); a float64 run follows
+    cap = max(FARTHEST_MIN_CAP, V // FARTHEST_CAP_SHARE) if X.dtype == np.float32 else 0
     with blas_single_thread():
-        fn(X, nrm, Sc, cp, eabs, tile, n_eff, L, B, Bj, nref, progress=_hook(progress, nt * (nt + 1) // 2))
+        over = fn(X, nrm, Sc, cp, eabs, tile, n_eff, L, B, Bj, nref, progress=_hook(progress, nt * (nt + 1) // 2),
+                  cap=cap, budget=V * V // FARTHEST_BUDGET_DIVISOR,
+                  heavy_rows=max(FARTHEST_MIN_HEAVY_ROWS, V // FARTHEST_HEAVY_SHARE))
+    if over:  # float64 copies of float32 rows refine to the same bits
+        del X, nrm, L, B, Bj
+        run = farthest(np.asarray(S, dtype=np.float64), tile_size=tile_size, n_threads=n_threads,
+                       progress=progress, float32_filter=False)
+        return dataclasses.replace(run, n_refined=run.n_refined + int(nref.sum()))
     r, j = B[0].copy(), Bj[0].copy()
     for t in range(1, n_eff):
         better = (B[t] > r) | ((B[t] == r) & (Bj[t] < j))

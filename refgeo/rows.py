@@ -198,7 +198,9 @@ class FarthestPartners:
     error_bound : float
         The rounding bound of the filter (squared distances of the rows
         ``S * 2**-scale_exponent``), as in :class:`ExtremePair`; ``0.0`` on the
-        reference backend.
+        reference backend.  Where a float32 filter gave up for a float64 one
+        (:func:`farthest_partners`), the float64 filter's, so this can depend on
+        ``n_threads`` and ``tile_size``; the partners and distances never do.
     backend : str
         Backend whose code computed the result.
     dtype : str
@@ -237,7 +239,9 @@ class KNNResult:
     error_bound : float
         The rounding bound of the filter (squared distances of the rows
         ``S * 2**-scale_exponent``), as in :class:`ExtremePair`; ``0.0`` on the
-        reference backend.
+        reference backend.  Where a float32 filter gave up for a float64 one
+        (:func:`farthest_partners`), the float64 filter's, so this can depend on
+        ``n_threads`` and ``tile_size``; the partners and distances never do.
     backend : str
         Backend whose code computed the result.
     dtype : str
@@ -783,7 +787,10 @@ def farthest_partners(
     The maximum of ``distances`` is :math:`D(S)`.  The Frank-Wolfe vertex of the
     min-tension LMO (see :doc:`/theory/lmo`) is a farthest pair.  Time O(V^2 d); distances are refined
     float64 values, certified as in :func:`row_diameter` (large float64 inputs are
-    filtered in float32 there too).  Where an eighth of the NumPy or Dask rows or more
+    filtered in float32 there too; a float32 filter gives up for a float64 one where
+    many rows' farthest partners lie in a cluster of near-copies it cannot tell
+    apart: ``n_refined`` then counts both runs, and ``error_bound`` is the float64
+    filter's, :class:`FarthestPartners`).  Where an eighth of the NumPy or Dask rows or more
     (and at least 32) are copies of others, the kernel runs on one row of each class (a
     row's partner is the first row of the farthest class).
 

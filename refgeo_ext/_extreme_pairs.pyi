@@ -19,12 +19,14 @@ def farthest_partners64(X: npt.NDArray[np.float64], nrm: npt.NDArray[np.float64]
                         S: npt.NDArray[np.float64], cp: float, eabs: float, tile: int,
                         n_threads: int, L: npt.NDArray[np.float64], B: npt.NDArray[np.float64],
                         Bj: npt.NDArray[np.int64], out_nref: npt.NDArray[np.int64],
-                        progress: ProgressHook = None) -> None: ...
+                        progress: ProgressHook = None, cap: int = 0,
+                        budget: int = 0, heavy_rows: int = 0) -> bool: ...
 def farthest_partners32(X: npt.NDArray[np.float32], nrm: npt.NDArray[np.float64],
                         S: npt.NDArray[np.float32], cp: float, eabs: float, tile: int,
                         n_threads: int, L: npt.NDArray[np.float64], B: npt.NDArray[np.float64],
                         Bj: npt.NDArray[np.int64], out_nref: npt.NDArray[np.int64],
-                        progress: ProgressHook = None) -> None: ...
+                        progress: ProgressHook = None, cap: int = 0,
+                        budget: int = 0, heavy_rows: int = 0) -> bool: ...
 def extreme_pair32s64(X: npt.NDArray[np.float32], nrm: npt.NDArray[np.float64],
                       tile_rmax: npt.NDArray[np.float64], S: npt.NDArray[np.float64],
                       maximize: bool, cp: float, eabs: float, bound0: float, tile: int,
@@ -35,4 +37,5 @@ def farthest_partners32s64(X: npt.NDArray[np.float32], nrm: npt.NDArray[np.float
                            S: npt.NDArray[np.float64], cp: float, eabs: float, tile: int,
                            n_threads: int, L: npt.NDArray[np.float64], B: npt.NDArray[np.float64],
                            Bj: npt.NDArray[np.int64], out_nref: npt.NDArray[np.int64],
-                           progress: ProgressHook = None) -> None: ...
+                           progress: ProgressHook = None, cap: int = 0,
+                        budget: int = 0, heavy_rows: int = 0) -> bool: ...

@@ -175,20 +175,28 @@ def _assert_extremes_exact(S, backend, **opts):
 
 
 _BUDGET, _BUDGET_DIVISOR = _engine.MIN_MIXED_BUDGET, _engine.MIN_MIXED_BUDGET_DIVISOR  # the defaults
+_FARTHEST = {name: getattr(_engine, name) for name in ("FARTHEST_MIN_CAP", "FARTHEST_CAP_SHARE",
+                                                         "FARTHEST_BUDGET_DIVISOR", "FARTHEST_MIN_HEAVY_ROWS",
+                                                         "FARTHEST_HEAVY_SHARE")}
 
 
 def _restore_mixed_settings(monkeypatch):
-    """Restore the engine's float32-filter thresholds and budget after the test."""
-    for name in ("MAX_MIXED_MIN_WORK", "MIN_MIXED_MIN_WORK", "MIN_MIXED_BUDGET", "MIN_MIXED_BUDGET_DIVISOR"):
+    """Restore the engine's float32-filter thresholds and budgets after the test."""
+    for name in ("MAX_MIXED_MIN_WORK", "MIN_MIXED_MIN_WORK", "MIN_MIXED_BUDGET", "MIN_MIXED_BUDGET_DIVISOR",
+                 *_FARTHEST):
         monkeypatch.setattr(_engine, name, getattr(_engine, name))
 
 
 def _set_mixed(mixed, tight):
     """float64 rows through the float32 filter from no work on (or never); with
-    ``tight``, a closest-pair run through a float32 filter gives up after one refinement."""
+    ``tight``, a closest-pair run through a float32 filter gives up after one refinement,
+    and a farthest-partner run once a row has had two."""
     _engine.MAX_MIXED_MIN_WORK = _engine.MIN_MIXED_MIN_WORK = 0 if mixed else 1 << 62
     _engine.MIN_MIXED_BUDGET = 1 if tight else _BUDGET
     _engine.MIN_MIXED_BUDGET_DIVISOR = 1 << 62 if tight else _BUDGET_DIVISOR
+    for name, value in _FARTHEST.items():
+        setattr(_engine, name, {"FARTHEST_MIN_CAP": 1, "FARTHEST_MIN_HEAVY_ROWS": 0}.get(name, 1 << 62)
+                if tight else value)
 
 
 # ------------------------------------------------------------------ >= 2000 examples per kernel
@@ -762,6 +770,63 @@ def test_knn_of_a_code_with_thousands_of_exact_ties_refines_only_the_ties(backen
     r = refgeo.knn(S, 16)
     assert r.n_refined < 8000 * 8000 // 4, r.n_refined
     _assert_knn_rows_exact(r, S, np.random.default_rng(3).choice(8000, 200, replace=False), 16)
+
+
+def _record_farthest_runs(monkeypatch):
+    """The list that each run of the compiled farthest partners appends its rows' dtype
+    to (a float32 filter's run that gives up is followed by a float64 run)."""
+    runs = []
+    real = _engine.farthest
+
+    def farthest(S, **kwargs):
+        runs.append(S.dtype)
+        return real(S, **kwargs)
+
+    monkeypatch.setattr(_engine, "farthest", farthest)
+    return runs
+
+
+def test_farthest_partners_in_a_cluster_float32_cannot_resolve_run_in_float64(backend, monkeypatch):
+    """Half of 3,000 float32 rows within 1e-5 of one point: the farthest partner of each
+    other row lies in that cluster, whose 1,500 rows float32 cannot tell apart, so every
+    such row refined most of the cluster (2 million pairs here, in R^64; 20,000 rows: 85
+    million and 2.3 s, 0.41 s for Gaussian rows).  Once the refinements pass their
+    budget with a row past its cap, the run stops and a float64 filter answers."""
+    if backend != "cython":
+        pytest.skip("the compiled engine's float32 filter")
+    monkeypatch.setattr(_engine, "FARTHEST_MIN_CAP", 64)  # the limits of a larger input
+    monkeypatch.setattr(_engine, "FARTHEST_MIN_HEAVY_ROWS", 16)
+    rng = np.random.default_rng(12)
+    S = np.vstack([rng.standard_normal((1500, 64)), 5 + 1e-5 * rng.standard_normal((1500, 64))]).astype(np.float32)
+    runs = _record_farthest_runs(monkeypatch)
+    fp = _engine.farthest(S)
+    assert runs == [np.float32, np.float64], runs
+    assert fp.n_refined < 1500 * 1500 // 4, fp.n_refined  # the float32 run gave up early
+    D2 = _oracle_sq(S, S)
+    np.fill_diagonal(D2, -np.inf)
+    want = np.argmax(D2, axis=1)
+    np.testing.assert_array_equal(fp.indices, want)
+    np.testing.assert_array_equal(fp.distances, np.sqrt(D2[np.arange(3000), want]))
+
+
+def test_farthest_partners_of_a_code_keep_the_float32_run(backend, monkeypatch):
+    """8,000 float32 rows of the Delsarte-Goethals code of R^64: each row ties exactly
+    with hundreds of rows at its farthest distance (63 rows with half of all rows),
+    millions of refinements in all, far past the budget; a float64 filter would refine
+    the same ties, and only those 63 rows pass the cap V / 4, fewer than the heavy rows
+    allowed (V / 64 = 125), so the float32 run stands."""
+    if backend != "cython":
+        pytest.skip("the compiled engine's float32 filter")
+    monkeypatch.setattr(_engine, "FARTHEST_MIN_CAP", 64)  # the limits of a larger input
+    monkeypatch.setattr(_engine, "FARTHEST_MIN_HEAVY_ROWS", 16)
+    S = refgeo.delsarte_goethals_code(64, 8000).astype(np.float32)
+    runs = _record_farthest_runs(monkeypatch)
+    fp = _engine.farthest(S)
+    assert runs == [np.float32], runs
+    assert fp.n_refined > 8000 * 8000 // _engine.FARTHEST_BUDGET_DIVISOR  # past the budget
+    G = S[:200].astype(np.float64) @ S.T.astype(np.float64)
+    G[np.arange(200), np.arange(200)] = np.inf
+    np.testing.assert_array_equal(fp.indices[:200], np.argmin(G, axis=1))  # smallest index first
 
 
 def test_knn_copies_beyond_any_heap_refine_only_their_copies(backend, monkeypatch):

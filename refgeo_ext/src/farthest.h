@@ -20,6 +20,11 @@
  * bound, whose 16 u64 term covers the rounding of these comparisons), so every pair
  * attaining a row's farthest value is refined, whatever the tile size.  No pointer
  * is restrict: on a diagonal tile the row and column state alias.
+ *
+ * ``cI`` and ``cJ`` (NULL: not counted) get, per tile row and per tile column, the
+ * number of refined pairs that row's or column's bound asked for, added to what they
+ * hold: the single-machine kernel stops a float32 filter's run when rows need more
+ * refinements than a float64 filter would cost them.
  */
 #ifndef REFGEO_FARTHEST_H
 #define REFGEO_FARTHEST_H
@@ -35,7 +40,8 @@
                      const double *nJ, const ST *SI, const ST *SJ, ptrdiff_t d,            \
                      int64_t row_id0, int64_t col_id0, double cp, double eabs, double *w,  \
                      double *colv, double *LI, double *BI, int64_t *BjI, double *LJ,       \
-                     double *BJ, int64_t *BjJ, int64_t *nref)                              \
+                     double *BJ, int64_t *BjJ, int64_t *nref, ptrdiff_t *cI,               \
+                     ptrdiff_t *cJ)                                                        \
     {                                                                                      \
         ptrdiff_t ii, jj, jstart;                                                          \
         const T *row;                                                                      \
@@ -79,6 +85,10 @@
                     pj = col_id0 + jj;                                                     \
                     r = SQDIST(SI + ii * d, SJ + jj * d, d);                               \
                     nref[0] += 1;                                                          \
+                    if (cI != NULL && v >= rowT)                                           \
+                        cI[ii] += 1;                                                       \
+                    if (cJ != NULL && v >= colv[jj])                                       \
+                        cJ[jj] += 1;                                                       \
                     if (r > BI[ii] || (r == BI[ii] && pj < BjI[ii])) {                     \
                         BI[ii] = r;                                                        \
                         BjI[ii] = pj;                                                      \
