@@ -100,20 +100,19 @@ MIN_MIXED_BUDGET_DIVISOR = 32
 # The farthest partners through a float32 filter give up, and run again through a
 # float64 filter, once more than V^2 / FARTHEST_BUDGET_DIVISOR pairs are refined and
 # more than max(FARTHEST_MIN_HEAVY_ROWS, V / FARTHEST_HEAVY_SHARE) rows have each had
-# more than max(FARTHEST_MIN_CAP, V / FARTHEST_CAP_SHARE) refined for their own bound.
-# Rows whose farthest partners lie in a cluster of near-copies that float32 cannot
-# tell apart refine the whole cluster (half of 20,000 float32 rows of R^64 within 1e-5
-# of one point: 85 million refinements and 2.3 s, 0.41 s for Gaussian rows), and
-# they are many.  Exact ties cost a float64 filter as much, and in a code they make few
-# rows heavy: of 20,000 Delsarte-Goethals rows of R^64, 63 tie with half of all rows at
-# their farthest distance and the others with about 1,100.  (The Kerdock code of R^64,
-# 2,112 rows, refines about 1,100 pairs a row: the cap's minimum keeps small inputs in
-# float32.)
+# more than max(FARTHEST_MIN_CAP, V / FARTHEST_CAP_SHARE) refinements that came out
+# below the row's best so far.  Rows whose farthest partners lie in a cluster of
+# near-copies that float32 cannot tell apart refine the whole cluster and keep one
+# (half of 20,000 float32 rows of R^64 within 1e-5 of one point: 85 million
+# refinements and 2.3 s, 0.41 s for Gaussian rows), and they are many.  An exact tie
+# with the best is not counted: a float64 filter refines it too, and in a code every
+# row has hundreds to thousands (the Kerdock code of R^64: about 1,000 a row among
+# 2,112 rows).
 FARTHEST_BUDGET_DIVISOR = 128
 FARTHEST_CAP_SHARE = 4
-FARTHEST_MIN_CAP = 4096
+FARTHEST_MIN_CAP = 256
 FARTHEST_HEAVY_SHARE = 64
-FARTHEST_MIN_HEAVY_ROWS = 256
+FARTHEST_MIN_HEAVY_ROWS = 64
 
 # Pair slots (int64 columns) the rows of one compiled threshold pass may fill
 # (_settle): 32 MB, so that a strip of rows against 50,000 candidates is thousands of

@@ -791,11 +791,10 @@ def test_farthest_partners_in_a_cluster_float32_cannot_resolve_run_in_float64(ba
     other row lies in that cluster, whose 1,500 rows float32 cannot tell apart, so every
     such row refined most of the cluster (2 million pairs here, in R^64; 20,000 rows: 85
     million and 2.3 s, 0.41 s for Gaussian rows).  Once the refinements pass their
-    budget with a row past its cap, the run stops and a float64 filter answers."""
+    budget with enough rows past their cap of refinements below their best, the run
+    stops and a float64 filter answers."""
     if backend != "cython":
         pytest.skip("the compiled engine's float32 filter")
-    monkeypatch.setattr(_engine, "FARTHEST_MIN_CAP", 64)  # the limits of a larger input
-    monkeypatch.setattr(_engine, "FARTHEST_MIN_HEAVY_ROWS", 16)
     rng = np.random.default_rng(12)
     S = np.vstack([rng.standard_normal((1500, 64)), 5 + 1e-5 * rng.standard_normal((1500, 64))]).astype(np.float32)
     runs = _record_farthest_runs(monkeypatch)
@@ -810,20 +809,21 @@ def test_farthest_partners_in_a_cluster_float32_cannot_resolve_run_in_float64(ba
 
 
 def test_farthest_partners_of_a_code_keep_the_float32_run(backend, monkeypatch):
-    """8,000 float32 rows of the Delsarte-Goethals code of R^64: each row ties exactly
-    with hundreds of rows at its farthest distance (63 rows with half of all rows),
-    millions of refinements in all, far past the budget; a float64 filter would refine
-    the same ties, and only those 63 rows pass the cap V / 4, fewer than the heavy rows
-    allowed (V / 64 = 125), so the float32 run stands."""
+    """8,000 float32 rows of the Delsarte-Goethals code of R^64, and the 2,112 of the
+    Kerdock code: each row ties exactly with hundreds of rows at its farthest distance
+    (in the Kerdock code with half of all rows), millions of refinements in all, far
+    past the budget; a float64 filter would refine the same ties, which are not
+    counted against the cap, so the float32 run stands."""
     if backend != "cython":
         pytest.skip("the compiled engine's float32 filter")
-    monkeypatch.setattr(_engine, "FARTHEST_MIN_CAP", 64)  # the limits of a larger input
-    monkeypatch.setattr(_engine, "FARTHEST_MIN_HEAVY_ROWS", 16)
     S = refgeo.delsarte_goethals_code(64, 8000).astype(np.float32)
     runs = _record_farthest_runs(monkeypatch)
     fp = _engine.farthest(S)
-    assert runs == [np.float32], runs
+    K = refgeo.kerdock_code(64).astype(np.float32)
+    fk = _engine.farthest(K)
+    assert runs == [np.float32, np.float32], runs
     assert fp.n_refined > 8000 * 8000 // _engine.FARTHEST_BUDGET_DIVISOR  # past the budget
+    assert fk.n_refined > 2112 * 2112 // _engine.FARTHEST_BUDGET_DIVISOR
     G = S[:200].astype(np.float64) @ S.T.astype(np.float64)
     G[np.arange(200), np.arange(200)] = np.inf
     np.testing.assert_array_equal(fp.indices[:200], np.argmin(G, axis=1))  # smallest index first

@@ -22,9 +22,11 @@
  * is restrict: on a diagonal tile the row and column state alias.
  *
  * ``cI`` and ``cJ`` (NULL: not counted) get, per tile row and per tile column, the
- * number of refined pairs that row's or column's bound asked for, added to what they
- * hold: the single-machine kernel stops a float32 filter's run when rows need more
- * refinements than a float64 filter would cost them.
+ * number of refined pairs that row's or column's bound asked for and that came out
+ * below its best so far, added to what they hold: refinements a finer filter could
+ * have spared (an exact tie with the best, which any filter must refine, is not
+ * counted).  The single-machine kernel stops a float32 filter's run when rows waste
+ * more refinements than a float64 filter would cost them.
  */
 #ifndef REFGEO_FARTHEST_H
 #define REFGEO_FARTHEST_H
@@ -85,9 +87,9 @@
                     pj = col_id0 + jj;                                                     \
                     r = SQDIST(SI + ii * d, SJ + jj * d, d);                               \
                     nref[0] += 1;                                                          \
-                    if (cI != NULL && v >= rowT)                                           \
+                    if (cI != NULL && v >= rowT && r < BI[ii])                             \
                         cI[ii] += 1;                                                       \
-                    if (cJ != NULL && v >= colv[jj])                                       \
+                    if (cJ != NULL && v >= colv[jj] && r < BJ[jj])                         \
                         cJ[jj] += 1;                                                       \
                     if (r > BI[ii] || (r == BI[ii] && pj < BjI[ii])) {                     \
                         BI[ii] = r;                                                        \
