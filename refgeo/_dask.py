@@ -1269,7 +1269,7 @@ def _whole_block_pairs(P, Q, rows, T, skip_self, mu):
     are refined (before: a NumPy filter of the same pairs, several elementwise passes
     over every filter value).  Time O(r b d) of GEMM for ``r`` rows against a block of
     ``b``, memory O((r + b) d) for the centered copies (and float64 copies of float32
-    rows) and at most 2**20 pair slots per strip.
+    rows) and 2**20 pair slots per strip (one row's ``b + 1`` where that is more).
     """
     # both sides centered once (each strip centering the block again cost 40% more)
     cb = _centered_blocks(P[rows], Q, mu)
@@ -1285,9 +1285,11 @@ def _whole_block_pairs(P, Q, rows, T, skip_self, mu):
         # one slot per candidate and one more: every row's pairs fit
         cols = np.empty((n, nQ + 1), dtype=np.int64)
         own = rows[s : s + n].astype(np.int64) if skip_self else np.full(n, -1, dtype=np.int64)
-        fn(np.ascontiguousarray(cb.XA[s : s + n]), np.ascontiguousarray(cb.nA[s : s + n]), cb.XB, cb.nB,
-           np.ascontiguousarray(T[rows[s : s + n]], dtype=np.float64), own, cl, eabs, _TASK_TILE, 1,
-           counts, cols)
+        # one BLAS thread, as in the filter tasks: Dask runs the tasks in parallel
+        with blas_single_thread():
+            fn(np.ascontiguousarray(cb.XA[s : s + n]), np.ascontiguousarray(cb.nA[s : s + n]), cb.XB, cb.nB,
+               np.ascontiguousarray(T[rows[s : s + n]], dtype=np.float64), own, cl, eabs, _TASK_TILE, 1,
+               counts, cols)
         rr.append(np.repeat(rows[s : s + n].astype(np.int64), counts))
         qq.append(cols[np.arange(nQ + 1)[None, :] < counts[:, None]])
     return np.concatenate(rr), np.concatenate(qq)

@@ -126,7 +126,7 @@ WITHIN_SLOTS = 1 << 22
 # 20,000 rows within 1e-5 of one point), in a float64 filter it is refined against
 # every candidate.  The float64 share is larger because nothing finer follows: rows of
 # the Delsarte-Goethals code (2,000 to 5,000 exact ties at the 16-th distance among
-# 20,000) refined every pair at N / 16, 400 million refinements and 7.1 s for
+# 20,000) refined every pair at N / 16, 400 million refinements and 7.2 s for
 # knn(X, 16), and 38 million and 3.1 s at N / 4.  (The pair slots of a strip of rows
 # stay within WITHIN_SLOTS either way: larger shares only make the strips shorter.)
 SETTLE_DENSE_SHARE_F32 = 16

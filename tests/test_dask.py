@@ -1034,7 +1034,7 @@ def test_knn_of_near_copies_refines_only_the_pairs_that_can_reach_the_kth(client
     real = _dask._whole_block_pairs
     monkeypatch.setattr(_dask, "_whole_block_pairs",
                         lambda P, Q, r, *a, **kw: rows.append(r.size) or real(P, Q, r, *a, **kw))
-    monkeypatch.setattr(_dask, "_WHOLE_STRIP_ELEMENTS", 1500)  # strips of 2-3 rows
+    monkeypatch.setattr(_dask, "_WHOLE_STRIP_ELEMENTS", 1500)  # strips of 2 to 3 rows
     with dask.config.set(scheduler="synchronous"):  # the tasks run here, where rows counts
         got = refgeo.knn(da.from_array(S, chunks=(500, 16)), 8)
         got_y = refgeo.knn(da.from_array(S, chunks=(500, 16)), 8, da.from_array(Y, chunks=(700, 16)))

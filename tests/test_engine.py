@@ -590,8 +590,8 @@ def test_knn_where_ties_exceed_every_heap_refines_only_the_pairs_within_reach(ba
     candidate (1,999 pairs a row here; knn(X, 1) of 20,000 such float32 rows of R^64:
     400 million pairs, 6.1 s against 0.2 s for Gaussian rows).  The rows are now filtered
     again against every candidate and only the pairs that can reach their bound are
-    refined (the 49 others of the cluster), in strips of 20 rows (126 pair slots a row:
-    max(k, N / 16) + 1)."""
+    refined (the 49 others of the cluster), in strips of 20 rows (126 pair slots a row,
+    max(k, N / 16) + 1, in a float32 filter; 5 rows of N / 4 + 1 in a float64 one)."""
     if backend != "cython":
         pytest.skip("the compiled engine's heaps")
     rng = np.random.default_rng(5)
@@ -762,7 +762,7 @@ def test_knn_of_a_code_with_thousands_of_exact_ties_refines_only_the_ties(backen
     """8,000 rows of the Delsarte-Goethals code of R^64 at k = 16: a row's 16-th distance
     ties exactly with about 600 others (more than N / 16 = 500, fewer than N / 4).  No
     filter separates exact ties, so those rows were refined against every candidate
-    (nearly all 64 million pairs; 400 million and 7.1 s at 20,000 rows, where spread's
+    (nearly all 64 million pairs; 400 million and 7.2 s at 20,000 rows, where spread's
     neighbour lists come from); now only the pairs within reach of each row's bound."""
     if backend != "cython":
         pytest.skip("the compiled engine's fallback")
