@@ -428,11 +428,10 @@ def _settle(F, idx, dist, XA, nA, XB, nB, dt, SA, SB, k, self_cols, n_threads, d
     or ``max(k, N / 4)`` in a float64 filter (``N`` candidate rows;
     :data:`SETTLE_DENSE_SHARE_F32`), go to ``dense(rows)`` instead (the float64 filter,
     or the kernel, which refines them against every candidate; it counts its own
-    refinements).  Why: where more rows
-    tie than any heap holds (near-copies within the filter's bound: clusters of 50 and
-    k = 1), each row was refined against every candidate, O(N d) outside the GEMM per
-    row (knn(X, 1) of 20,000 such float32 rows of R^64: 6.1 s, 0.2 s for Gaussian
-    rows).  Returns the number of pairs refined here (not those of ``dense``).
+    refinements).  Why: where more rows tie than any heap holds (near-copies within
+    the filter's bound: clusters of 50 and k = 1), each row was refined against every
+    candidate, O(N d) outside the GEMM per row (knn(X, 1) of 20,000 such float32 rows
+    of R^64: 6.1 s, 0.2 s for Gaussian rows).  Returns the number of pairs refined here (not those of ``dense``).
     ``tile_size`` and ``progress`` as in :func:`knn` (each threshold pass is a kernel run
     that nobody announced: the total grows).
     """
