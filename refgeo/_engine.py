@@ -101,15 +101,18 @@ MIN_MIXED_BUDGET_DIVISOR = 32
 # float64 filter, once more than V^2 / FARTHEST_BUDGET_DIVISOR pairs are refined and
 # more than max(FARTHEST_MIN_HEAVY_ROWS, V / FARTHEST_HEAVY_SHARE) rows have each had
 # more than max(FARTHEST_MIN_CAP, V / FARTHEST_CAP_SHARE) refinements that came out
-# below the row's best so far.  Rows whose farthest partners lie in a cluster of
-# near-copies that float32 cannot tell apart refine the whole cluster and keep one
-# (half of 20,000 float32 rows of R^64 within 1e-5 of one point: 85 million
-# refinements and 2.3 s, 0.41 s for Gaussian rows), and they are many.  An exact tie
-# with the best is not counted: a float64 filter refines it too, and in a code every
-# row has hundreds to thousands (the Kerdock code of R^64: about 1,000 a row among
-# 2,112 rows).
+# below the row's best so far (on the thread that refined them: whether a run gives up
+# can depend on the threads and tiles, its answer never does).  Rows whose farthest
+# partners lie in a cluster of near-copies that float32 cannot tell apart refine the
+# whole cluster and keep one (half of 20,000 float32 rows of R^64 within 1e-5 of one
+# point: 83 million refinements and 2.4 s on one thread, 0.80 s for Gaussian rows),
+# and they are many.  An exact tie with the best is not counted: a float64 filter
+# refines it too, and in a code every row has hundreds to thousands (the Kerdock code
+# of R^64: about 900 a row among 2,112 rows), so the cap can be small: clusters of a
+# few hundred rows qualify (a cap of V / 4 missed a cluster of 4,800 among 20,000:
+# 72 million refinements, 2.5 s, against 1.0 s for the float64 filter).
 FARTHEST_BUDGET_DIVISOR = 128
-FARTHEST_CAP_SHARE = 4
+FARTHEST_CAP_SHARE = 64
 FARTHEST_MIN_CAP = 256
 FARTHEST_HEAVY_SHARE = 64
 FARTHEST_MIN_HEAVY_ROWS = 64

@@ -788,11 +788,12 @@ def farthest_partners(
     min-tension LMO (see :doc:`/theory/lmo`) is a farthest pair.  Time O(V^2 d); distances are refined
     float64 values, certified as in :func:`row_diameter` (large float64 inputs are
     filtered in float32 there too; a float32 filter gives up for a float64 one where
-    many rows' farthest partners lie in a cluster of near-copies it cannot tell
-    apart, not for exact ties, which any filter must refine: ``n_refined`` then counts both runs, and ``error_bound`` is the float64
-    filter's, :class:`FarthestPartners`).  Where an eighth of the NumPy or Dask rows or more
-    (and at least 32) are copies of others, the kernel runs on one row of each class (a
-    row's partner is the first row of the farthest class).
+    many rows' farthest partners lie in a cluster of near-copies it cannot tell apart,
+    not for exact ties, which any filter must refine: ``n_refined`` then counts both
+    runs, and ``error_bound`` is the float64 filter's, :class:`FarthestPartners`).
+    Where an eighth of the NumPy or Dask rows or more (and at least 32) are copies of
+    others, the kernel runs on one row of each class (a row's partner is the first row
+    of the farthest class).
 
     References
     ----------

@@ -786,21 +786,24 @@ def _record_farthest_runs(monkeypatch):
     return runs
 
 
-def test_farthest_partners_in_a_cluster_float32_cannot_resolve_run_in_float64(backend, monkeypatch):
-    """Half of 3,000 float32 rows within 1e-5 of one point: the farthest partner of each
-    other row lies in that cluster, whose 1,500 rows float32 cannot tell apart, so every
-    such row refined most of the cluster (2 million pairs here, in R^64; 20,000 rows: 85
-    million and 2.3 s, 0.41 s for Gaussian rows).  Once the refinements pass their
-    budget with enough rows past their cap of refinements below their best, the run
-    stops and a float64 filter answers."""
+@pytest.mark.parametrize("cluster", [1500, 600])
+def test_farthest_partners_in_a_cluster_float32_cannot_resolve_run_in_float64(backend, monkeypatch, cluster):
+    """Half (or a fifth) of 3,000 float32 rows within 1e-5 of one point: the farthest
+    partner of each other row lies in that cluster, whose rows float32 cannot tell
+    apart, so every such row refined most of the cluster (2 million pairs here, in
+    R^64; 20,000 rows: 83 million and 2.4 s on one thread, 0.80 s for Gaussian rows).
+    Once the refinements pass their budget with enough rows past their cap of
+    refinements below their best, the run stops and a float64 filter answers (a cap
+    of V / 4 missed clusters smaller than that)."""
     if backend != "cython":
         pytest.skip("the compiled engine's float32 filter")
     rng = np.random.default_rng(12)
-    S = np.vstack([rng.standard_normal((1500, 64)), 5 + 1e-5 * rng.standard_normal((1500, 64))]).astype(np.float32)
+    S = np.vstack([rng.standard_normal((3000 - cluster, 64)),
+                   5 + 1e-5 * rng.standard_normal((cluster, 64))]).astype(np.float32)
     runs = _record_farthest_runs(monkeypatch)
     fp = _engine.farthest(S)
     assert runs == [np.float32, np.float64], runs
-    assert fp.n_refined < 1500 * 1500 // 4, fp.n_refined  # the float32 run gave up early
+    assert fp.n_refined < (3000 - cluster) * cluster // 4, fp.n_refined  # the float32 run gave up early
     D2 = _oracle_sq(S, S)
     np.fill_diagonal(D2, -np.inf)
     want = np.argmax(D2, axis=1)

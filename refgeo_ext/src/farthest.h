@@ -23,7 +23,7 @@
  *
  * ``cI`` and ``cJ`` (NULL: not counted) get, per tile row and per tile column, the
  * number of refined pairs that row's or column's bound asked for and that came out
- * below its best so far, added to what they hold: refinements a finer filter could
+ * below its best so far (this thread's), added to what they hold: refinements a finer filter could
  * have spared (an exact tie with the best, which any filter must refine, is not
  * counted).  The single-machine kernel stops a float32 filter's run when rows waste
  * more refinements than a float64 filter would cost them.
