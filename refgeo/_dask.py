@@ -72,7 +72,7 @@ from typing import Any, NamedTuple
 import numpy as np
 from array_api_compat import array_namespace, is_cupy_array
 
-from . import _backend, _duplicates
+from . import _backend, _duplicates, _engine
 from ._backend import KernelRun
 from ._interop import to_host
 from ._threads import blas_single_thread
@@ -1255,52 +1255,66 @@ def _refine_compiled(P, Q, r, q):
 _WHOLE_STRIP_ELEMENTS = 1 << 20
 
 
-def _whole_block_pairs(P, Q, rows, T, skip_self, mu):
-    """``(r, q)``: the pairs of ``rows`` of ``P`` with every row of ``Q`` whose certified
-    lower end is at most the row's ``T``, where the row's heap dropped candidates.
+def _whole_block_pairs(P, Q, rows, T, skip_self, k, mu):
+    """``(r, q, n)``: the pairs of ``rows`` of ``P`` with rows of ``Q`` that the task
+    must refine, where the row's heap dropped candidates; ``n`` counts the pairs the
+    single-machine engine refined on the way (see below).
 
     Why: refining every pair of such a row with the block (its heap overflowed with
     ties, as in clusters of near-copies within the filter's bound of each other) cost
     O(d) per pair outside the GEMM, 70 times the single-machine time.  The rows are
     filtered again against the block by the single-machine engine's threshold pass
-    (``refgeo_ext._knn.within*``, on one thread: a GEMM whose epilogue keeps each pair
-    whose lower end, as the k-NN keys bound it, reaches ``T``; centered as the filter
-    tasks center, :func:`_centered_blocks`), in strips of rows, and only those pairs
-    are refined (before: a NumPy filter of the same pairs, several elementwise passes
-    over every filter value).  Time O(r b d) of GEMM for ``r`` rows against a block of
+    (:func:`refgeo._engine._within`, on one thread: a GEMM whose epilogue keeps each
+    pair whose lower end, as the k-NN keys bound it, reaches ``T``; centered as the
+    filter tasks center, :func:`_centered_blocks`), in strips of rows, and only those
+    pairs are refined.  In a float32 filter, a row with more than ``max(k, b / 16)``
+    such pairs (:data:`refgeo._engine.SETTLE_DENSE_SHARE_F32`) has near-copies that
+    float32 cannot tell apart, and ``T``, which the float32 keys of every block set,
+    is too loose to separate them in any filter: half of 20,000 float32 rows within
+    1e-5 of one point refined all 10^8 pairs of the cluster, 60 s against 2 s on one
+    machine.  Such rows take their ``k`` nearest rows of the block (``k + 1`` with the
+    row itself left out) from the single-machine engine on one thread
+    (:func:`refgeo._engine.knn`, whose float64 filter separates them), and only those
+    pairs are refined here: the block's ``k`` best of the row by (value, index), which
+    is all the merge keeps.  Time O(r b d) of GEMM for ``r`` rows against a block of
     ``b``, memory O((r + b) d) for the centered copies (and float64 copies of float32
-    rows) and 2**20 pair slots per strip (one row's ``b + 1`` where that is more).
+    rows) and 2**20 pair slots per strip.
     """
     # both sides centered once (each strip centering the block again cost 40% more)
     cb = _centered_blocks(P[rows], Q, mu)
-    nQ, d = cb.XB.shape
-    fn = getattr(_backend_ext()._knn, "within" + ("32" if cb.dt == "float32" else "64"))
-    cp, eabs = rounding_bound(d, cb.dt)
-    cl = lowered_key_bound(cp)
-    strip = max(1, _WHOLE_STRIP_ELEMENTS // (nQ + 1))
-    rr, qq = [np.zeros(0, np.int64)], [np.zeros(0, np.int64)]
+    nQ = cb.XB.shape[0]
+    cap = max(k, nQ // _engine.SETTLE_DENSE_SHARE_F32) if cb.dt == "float32" else nQ
+    strip = max(1, _WHOLE_STRIP_ELEMENTS // (cap + 1))
+    rr, qq, dense = [np.zeros(0, np.int64)], [np.zeros(0, np.int64)], [np.zeros(0, np.int64)]
     for s in range(0, rows.shape[0], strip):
-        n = min(strip, rows.shape[0] - s)
-        counts = np.zeros(n, dtype=np.int64)
-        # one slot per candidate and one more: every row's pairs fit
-        cols = np.empty((n, nQ + 1), dtype=np.int64)
-        own = rows[s : s + n].astype(np.int64) if skip_self else np.full(n, -1, dtype=np.int64)
-        # one BLAS thread, as in the filter tasks: Dask runs the tasks in parallel
-        with blas_single_thread():
-            fn(np.ascontiguousarray(cb.XA[s : s + n]), np.ascontiguousarray(cb.nA[s : s + n]), cb.XB, cb.nB,
-               np.ascontiguousarray(T[rows[s : s + n]], dtype=np.float64), own, cl, eabs, _TASK_TILE, 1,
-               counts, cols)
-        rr.append(np.repeat(rows[s : s + n].astype(np.int64), counts))
-        qq.append(cols[np.arange(nQ + 1)[None, :] < counts[:, None]])
-    return np.concatenate(rr), np.concatenate(qq)
+        ur = rows[s : s + strip].astype(np.int64)
+        own = ur if skip_self else None
+        counts, cols = _engine._within(np.ascontiguousarray(cb.XA[s : s + ur.size]),
+                                       np.ascontiguousarray(cb.nA[s : s + ur.size]), cb.XB, cb.nB, cb.dt,
+                                       np.ascontiguousarray(T[ur], dtype=np.float64), own, cap, 1)
+        ok = counts <= cap
+        rr.append(np.repeat(ur[ok], counts[ok]))
+        qq.append(cols[ok][np.arange(cap + 1)[None, :] < counts[ok, None]])
+        dense.append(ur[~ok])
+    n_engine = 0
+    D = np.concatenate(dense)
+    if D.size:
+        kk = min(k + int(skip_self), nQ)
+        run = _engine.knn(np.ascontiguousarray(P[D]), kk, Q, exclude_self=False, n_threads=1)
+        n_engine = run.n_refined
+        keep = run.indices != D[:, None] if skip_self else np.ones(run.indices.shape, dtype=bool)
+        rr.append(np.repeat(D, keep.sum(axis=1)))
+        qq.append(run.indices[keep].astype(np.int64))
+    return np.concatenate(rr), np.concatenate(qq), n_engine
 
 
 def _refine_side(P, Q, cand, ends, q0, k, skip_self, refine, whole_pairs):
     """Refine the pairs of one side that survive the rows' thresholds; each row's best
     (at most k, sorted by value then index), padded with ``inf``.  ``refine(P, Q, r, q)``
     returns the refined values as a NumPy array.  A row whose heap may have dropped a
-    candidate is refined against the pairs ``whole_pairs(P, Q, rows, T, skip_self)``
-    returns: those of the whole block that can reach its threshold
+    candidate is refined against the pairs ``whole_pairs(P, Q, rows, T, skip_self, k)``
+    returns (with the number of pairs refined to find them): those of the whole block
+    that can reach its threshold, or the row's ``k`` best of the block
     (:func:`_whole_block_pairs`, :func:`_whole_block_pairs_xp`)."""
     if cand is None:
         return None
@@ -1311,8 +1325,9 @@ def _refine_side(P, Q, cand, ends, q0, k, skip_self, refine, whole_pairs):
     r, c = np.nonzero(keep)
     q = cand.ids[r, c].astype(np.int64)
     r = r.astype(np.int64)
+    n_found = 0
     if whole.any():
-        rr, qq = whole_pairs(P, Q, np.flatnonzero(whole), T, skip_self)
+        rr, qq, n_found = whole_pairs(P, Q, np.flatnonzero(whole), T, skip_self, k)
         r, q = np.concatenate([r, rr]), np.concatenate([q, qq])
     if r.shape[0] == 0:
         return None
@@ -1320,7 +1335,8 @@ def _refine_side(P, Q, cand, ends, q0, k, skip_self, refine, whole_pairs):
     n_rows = P.shape[0]
     m = int(min(k, np.bincount(r, minlength=n_rows).max()))
     v, j, ok = first_per_row(vals, vals, r, q, n_rows, m)
-    return _Rows(np.where(ok, v, math.inf), np.where(ok, j + q0, _NO_INDEX), cand.bound, int(vals.shape[0]))
+    return _Rows(np.where(ok, v, math.inf), np.where(ok, j + q0, _NO_INDEX), cand.bound,
+                 int(vals.shape[0]) + int(n_found))
 
 
 def _knn_refine_pair_task(SA, SB, cands, ends_a, ends_b, i0, j0, k, exclude_self, mu):
@@ -1443,12 +1459,13 @@ def _refine_xp(P, Q, r, q):
     return np.concatenate(out).astype(np.float64)
 
 
-def _whole_block_pairs_xp(P, Q, rows, T, skip_self, mu):
+def _whole_block_pairs_xp(P, Q, rows, T, skip_self, k, mu):
     """:func:`_whole_block_pairs` on the array-API engine (on the GPU for CuPy rows): the
     keys of :func:`_knn_keys_task_xp` for ``rows`` of ``P`` against every row of ``Q``,
     their lower ends as :func:`_key_ends` forms them, compared with ``T`` on the
     device; only the pairs that pass come to the host.  ``P`` and ``Q`` are the float64
-    rows of the refinement, so the filter is float64."""
+    rows of the refinement, so the filter is float64 (and ``k``, the compiled tasks'
+    limit for a float32 filter, plays no part)."""
     xp = array_namespace(P)
     (XA, XB), (nA, nB), name, _ = _prepare_xp(xp, [xp.take(P, xp.asarray(rows), axis=0), Q], mu)
     cp, eabs = rounding_bound(P.shape[1], name)
@@ -1468,7 +1485,7 @@ def _whole_block_pairs_xp(P, Q, rows, T, skip_self, mu):
             r, q = r[ur[r] != q], q[ur[r] != q]
         rr.append(ur[r])
         qq.append(q)
-    return np.concatenate(rr), np.concatenate(qq)
+    return np.concatenate(rr), np.concatenate(qq), 0
 
 
 def _knn_refine_pair_task_xp(SA, SB, cands, ends_a, ends_b, i0, j0, k, exclude_self, mu):

@@ -1052,6 +1052,41 @@ def test_knn_of_near_copies_refines_only_the_pairs_that_can_reach_the_kth(client
     _same_rows(got, refgeo.knn(da.from_array(S, chunks=(500, 16)), 8))
 
 
+@pytest.mark.parametrize("k", [1, 5])
+def test_knn_of_one_big_cluster_asks_the_engine_for_the_block_best(client, k):
+    """Half of the float32 rows within 1e-5 of one point (the shape of the rare-token
+    rows of an LM head): within a block of the cluster every pair ties in float32, and
+    the row's threshold, set by the float32 keys of every block, reaches all of them.
+    Each such row refined every pair of the cluster in each block (all 10^8 of 20,000
+    rows: 60 s against 2 s on one machine).  A row with more than max(k, b / 16) pairs
+    within reach now takes the block's k best from the engine's float64 filter."""
+    from refgeo import _dask, _engine
+
+    rng = np.random.default_rng(7)
+    V, d = 1200, 16
+    S = rng.standard_normal((V, d)).astype(np.float32)
+    cl = rng.permutation(V)[: V // 2]  # scattered over every block
+    S[cl] = 5 + 1e-5 * rng.standard_normal((cl.size, d))
+    S[cl[1]] = S[cl[0]]  # an exact pair inside the cluster: a tie at distance 0
+    Y = S[rng.permutation(V)[:500]] + np.float32(1e-6)
+    got = _dask.knn(da.from_array(S, chunks=(300, d)), k, None, exclude_self=True)
+    want = _engine.knn(S, k, None, exclude_self=True)
+    np.testing.assert_array_equal(got.indices, want.indices)
+    np.testing.assert_array_equal(got.distances, want.distances)
+    # every cluster row with each cluster row of its blocks: 150,000 pairs before
+    assert got.n_refined < 40 * V
+    got_y = _dask.knn(da.from_array(S, chunks=(300, d)), k, da.from_array(Y, chunks=(200, d)), exclude_self=False)
+    want_y = _engine.knn(S, k, Y, exclude_self=False)
+    np.testing.assert_array_equal(got_y.indices, want_y.indices)
+    np.testing.assert_array_equal(got_y.distances, want_y.distances)
+    assert got_y.n_refined < 40 * V
+    # the public function on the reference backend agrees (it removes the exact copy
+    # first and puts it back)
+    with refgeo.use_backend("reference"):
+        ref = refgeo.knn(S, k)
+    _same_rows(ref, refgeo.knn(da.from_array(S, chunks=(300, d)), k))
+
+
 def test_knn_takes_the_prescaling_from_the_duplicate_search(client, monkeypatch):
     """The search for identical rows passes over every chunk and finds the prescaling
     on its way; knn of float64 rows (read from disk for a file) passed over them again
