@@ -833,8 +833,10 @@ def _extreme(S, *, maximize, tile_size, engine=None) -> KernelRun:
     ((blocks, offsets),), mu = _host_blocks_and_mean(S, tile_size, engine != "array")
     fn = {"compiled": _pair_task_compiled, "numpy": _pair_task, "array": _pair_task_xp}[engine]
     task = dask.delayed(fn, pure=True)
+    # the compiled tasks of the diameter start from a seed (_diameter_seed)
+    seed = (_diameter_seed(blocks, offsets, mu),) if engine == "compiled" and maximize else ()
     parts = [
-        task(blocks[a], None if a == b else blocks[b], offsets[a], offsets[b], mu, maximize)
+        task(blocks[a], None if a == b else blocks[b], offsets[a], offsets[b], mu, maximize, *seed)
         for a in range(len(blocks))
         for b in range(a, len(blocks))
     ]
@@ -940,24 +942,99 @@ def _heap_size(k, n_cand):
     return min(n_cand, k + max(8, k // 2))
 
 
-def _pair_task_compiled(SA, SB, i0, j0, mu, maximize):
+def _pair_task_compiled(SA, SB, i0, j0, mu, maximize, seed=None):
     """:func:`_pair_task` on the compiled engine (``block_pair_extreme``): the GEMM tiles
     of the two blocks with the refinement fused into the tile loop, as on one machine.
     float64 rows are filtered in float32 in the maximum mode (the band within the
-    float32 bound of the largest distance is thin)."""
+    float32 bound of the largest distance is thin).
+
+    ``seed`` (maximum mode, or None): a lower bound on the diameter's squared value
+    (:func:`_diameter_seed`); the task refines only the pairs that can reach it, and
+    skips the tile pairs whose norms cannot, as the engine does with its seed.  In the
+    minimum mode a float32 filter gives up past ``max(MIN_MIXED_BUDGET, pairs /
+    MIN_MIXED_BUDGET_DIVISOR)`` refinements (:mod:`refgeo._engine`) and the task runs
+    again through a float64 filter: near-copies within the float32 bound of each
+    other put every pair of their blocks in the band (half of 20,000 float32 rows
+    within 1e-5 of one point: all 5e7 pairs of the cluster were refined)."""
     same = SB is None
     if same and SA.shape[0] < 2:
         return None
     A, B, XA, XB, nA, nB, dt, top = _centered_pair(SA, SB, mu, float32_filter=maximize)
     d = A.shape[1]
-    cp, eabs = rounding_bound(d, dt)
-    name = ("32" if A.dtype == np.float32 else "32s64") if dt == "float32" else "64"
-    fn = getattr(_backend_ext()._knn_blocks, "block_pair_extreme" + name)
-    with blas_single_thread():
-        v, i, j, n = fn(XA, nA, A, XB, nB, B, same, maximize, cp, eabs, _TASK_TILE)
+    n_pairs = A.shape[0] * (A.shape[0] - 1) // 2 if same else A.shape[0] * B.shape[0]
+    budget = 0
+    if not maximize and dt == "float32":
+        budget = max(_engine.MIN_MIXED_BUDGET, n_pairs // _engine.MIN_MIXED_BUDGET_DIVISOR)
+    n_before = 0
+    for _ in range(2):
+        cp, eabs = rounding_bound(d, dt)
+        name = ("32" if A.dtype == np.float32 else "32s64") if dt == "float32" else "64"
+        fn = getattr(_backend_ext()._knn_blocks, "block_pair_extreme" + name)
+        with blas_single_thread():
+            v, i, j, n, over = fn(XA, nA, A, XB, nB, B, same, maximize, cp, eabs, _TASK_TILE,
+                                  math.nan if seed is None else seed, budget)
+        if not over:
+            break
+        # float64 copies of float32 rows refine to the same bits
+        n_before += n
+        A, B, XA, XB, nA, nB, dt, top = _centered_pair(np.asarray(SA, dtype=np.float64),
+                                                       None if same else np.asarray(SB, dtype=np.float64), mu)
+        budget = 0
     if i < 0:
         return None
-    return _Pair(float(v), i0 + int(i), j0 + int(j), reported_bound(d, dt, top), int(n))
+    return _Pair(float(v), i0 + int(i), j0 + int(j), reported_bound(d, dt, top), int(n) + n_before)
+
+
+# Sweeps of the diameter's seed search over the blocks (farthest point from the row
+# farthest from the mean, then from that one, ...), each O(V d).
+SEED_SWEEPS = 2
+
+
+def _far_row_task(S, i0, mu, ref):
+    """The row of block ``S`` (its first at ``i0``) farthest from the row ``ref[2]``, or
+    for ``ref`` None from the mean ``mu``: ``(squared distance, index, row)``, float64
+    (any pair is a valid seed: the distances only pick the candidates)."""
+    S64 = np.asarray(S, dtype=np.float64)
+    D = S64 - (mu if ref is None else ref[2])
+    with np.errstate(over="ignore", invalid="ignore"):
+        dist = np.einsum("ij,ij->i", D, D)
+    a = int(np.argmax(dist))
+    return float(dist[a]), i0 + a, S64[a].copy()
+
+
+def _merge_far(records):
+    """The record of the largest distance (the smallest index among equal ones)."""
+    return max(records, key=lambda r: (r[0], -r[1]))
+
+
+def _seed_value(*ends):
+    """A lower bound on the squared diameter from the rows found by the sweeps: the
+    largest refined squared distance of two consecutive ones, lowered by 2^-40 of
+    itself (it is compared with refined values of the same pairs, which the tasks
+    must still refine: equal values tie)."""
+    best = 0.0
+    for a, b in zip(ends[:-1], ends[1:]):
+        r = float(refine_pairs(a[2][None, :], b[2][None, :], np.zeros(1, np.int64), np.zeros(1, np.int64))[0])
+        best = max(best, r)
+    return best * (1.0 - 2.0**-40) if math.isfinite(best) else 0.0
+
+
+def _diameter_seed(blocks, offsets, mu):
+    """A delayed lower bound on the squared row diameter (:func:`_seed_value`): the row
+    farthest from the mean, then :data:`SEED_SWEEPS` sweeps of the farthest row from
+    the last one, as the engine seeds its search (:func:`refgeo._engine._diameter_seed`),
+    one task per block and sweep.  Without it each task began at -1 and refined every
+    pair that could reach its own running best: half of 20,000 float32 rows within
+    1e-5 of one point refined the 5e7 pairs of the cluster (2 s against 0.16 s on one
+    machine), and the mostly tiny rows of an LM head's gradient did GEMMs that a seed
+    rules out by the norms alone."""
+    import dask
+
+    far = dask.delayed(_far_row_task, pure=True)
+    ends = [None]
+    for _ in range(SEED_SWEEPS + 1):
+        ends.append(_tree([far(b, o, mu, ends[-1]) for b, o in zip(blocks, offsets)], _merge_far))
+    return dask.delayed(_seed_value, pure=True)(*ends[1:])
 
 
 def _centered_pair(SA, SB, mu, float32_filter=False):

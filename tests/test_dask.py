@@ -574,35 +574,75 @@ def test_record_heaps_hold_the_keys_of_the_split_heaps(na, nb, d, K, tile, dtype
 
 @settings(max_examples=60, deadline=None)
 @given(st.integers(1, 60), st.integers(0, 60), st.integers(1, 6), st.sampled_from([1, 4, 256]),
-       st.sampled_from(["float32", "float64"]), st.booleans(), st.booleans())
-def test_extreme_pair_task_is_the_exact_extreme(na, nb, d, tile, dtype, maximize, ties):
+       st.sampled_from(["float32", "float64"]), st.booleans(), st.sampled_from(["grid", "normal", "near"]),
+       st.sampled_from([None, "best", "pair", "half"]), st.booleans())
+def test_extreme_pair_task_is_the_exact_extreme(na, nb, d, tile, dtype, maximize, kind, seed, tight):
     # one block-pair task of the compiled engine (its tiles scanned row by row before the
     # pair loop) against the brute-force extreme with the tie rule, on rows with many
-    # exact ties (integer grids) or without
-    from refgeo import _backend, _dask
+    # exact ties (integer grids), without, or near-copies far from the origin (every pair
+    # in the float32 band); the diameter from a seed (the refined maximum itself, which
+    # every pair that ties it must still reach, another pair's value, or half of it),
+    # the closest pair with a budget of a few refinements (tight: the float64 rerun)
+    from refgeo import _backend, _dask, _engine
 
     if not _backend.available_backends()["cython"][0]:
         pytest.skip("the compiled extension is not built")
     rng = np.random.default_rng(na * 1009 + nb * 31 + d)
-    draw = (lambda n: rng.integers(-2, 3, (n, d))) if ties else (lambda n: rng.standard_normal((n, d)))
+    if kind == "grid":
+        draw = lambda n: rng.integers(-2, 3, (n, d))  # noqa: E731
+    elif kind == "near":
+        draw = lambda n: 100.0 + 1e-6 * rng.standard_normal((n, d))  # noqa: E731
+    else:
+        draw = lambda n: rng.standard_normal((n, d))  # noqa: E731
     SA = draw(na).astype(dtype)
     SB = None if nb == 0 else draw(nb).astype(dtype)
-    old = _dask._TASK_TILE
+    B = SA if SB is None else SB
+    A64, B64 = SA.astype(np.float64), B.astype(np.float64)
+    pairs = [(i, j) for i in range(na) for j in range(B.shape[0]) if SB is not None or i < j]
+    r, q = np.array([p[0] for p in pairs], dtype=np.int64), np.array([p[1] for p in pairs], dtype=np.int64)
+    D = _dask.refine_pairs(A64, B64, r, q)  # the refined values, as the task refines
+    bound0 = None
+    if maximize and seed is not None and pairs:
+        bound0 = {"best": D.max(), "pair": D[len(pairs) // 2], "half": 0.5 * D.max()}[seed]
+    old = _dask._TASK_TILE, _engine.MIN_MIXED_BUDGET, _engine.MIN_MIXED_BUDGET_DIVISOR
     try:
         _dask._TASK_TILE = tile
-        got = _dask._pair_task_compiled(SA, SB, 0, 0, np.zeros(d), maximize)
+        if tight:
+            _engine.MIN_MIXED_BUDGET, _engine.MIN_MIXED_BUDGET_DIVISOR = 2, 1 << 30
+        got = _dask._pair_task_compiled(SA, SB, 0, 0, np.zeros(d), maximize, bound0)
     finally:
-        _dask._TASK_TILE = old
-    B = SA if SB is None else SB
-    D = ((SA.astype(np.float64)[:, None, :] - B.astype(np.float64)[None, :, :]) ** 2).sum(axis=2)
-    pairs = [(i, j) for i in range(na) for j in range(B.shape[0]) if SB is not None or i < j]
+        _dask._TASK_TILE, _engine.MIN_MIXED_BUDGET, _engine.MIN_MIXED_BUDGET_DIVISOR = old
     if not pairs:
         assert got is None
         return
-    best = max(D[p] for p in pairs) if maximize else min(D[p] for p in pairs)
-    first = min(p for p in pairs if D[p] == best)
+    best = D.max() if maximize else D.min()
+    first = min(p for p, v in zip(pairs, D) if v == best)
     assert got is not None and (got.i, got.j) == first
-    assert got.value == pytest.approx(best, rel=1e-12, abs=1e-300)
+    assert got.value == best
+
+
+def test_extreme_pairs_of_one_big_cluster_refine_little(client):
+    """Half of the float32 rows within 1e-5 of one point, in chunks of their own (the
+    reserved tokens of a vocabulary sit together): every pair of the cluster is in the
+    float32 band.  The diameter's tasks refined all of them (2.1e6 here), each task
+    starting from nothing; they now start from a seed found by two sweeps over the
+    blocks.  The closest pair's tasks refined all of them as well; a task past its
+    budget now runs again through a float64 filter, as the engine does."""
+    from refgeo import _dask, _engine
+
+    rng = np.random.default_rng(5)
+    V, d = 4096, 8
+    S = rng.standard_normal((V, d)).astype(np.float32)
+    S[: V // 2] = 5 + 1e-5 * rng.standard_normal((V // 2, d))
+    D = da.from_array(S, chunks=(1024, d))
+    for dask_fn, engine_fn, most in [(_dask.diameter, _engine.diameter, 1000), (_dask.closest, _engine.closest, 700_000)]:
+        got, want = dask_fn(D), engine_fn(S)
+        assert (got.value, got.i, got.j) == (want.value, want.i, want.j)
+        assert got.n_refined < most
+    with refgeo.use_backend("reference"):
+        ref = refgeo.row_diameter(S), refgeo.closest_pair(S)
+    for got, want in zip([refgeo.row_diameter(D), refgeo.closest_pair(D)], ref):
+        assert (got.value, got.i, got.j) == (want.value, want.i, want.j)
 
 
 _ENGINES = ["compiled", "numpy", "array"]
