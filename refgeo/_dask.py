@@ -1019,22 +1019,45 @@ def _seed_value(*ends):
     return best * (1.0 - 2.0**-40) if math.isfinite(best) else 0.0
 
 
-def _diameter_seed(blocks, offsets, mu):
-    """A delayed lower bound on the squared row diameter (:func:`_seed_value`): the row
-    farthest from the mean, then :data:`SEED_SWEEPS` sweeps of the farthest row from
-    the last one, as the engine seeds its search (:func:`refgeo._engine._diameter_seed`),
-    one task per block and sweep.  Without it each task began at -1 and refined every
-    pair that could reach its own running best: half of 20,000 float32 rows within
-    1e-5 of one point refined the 5e7 pairs of the cluster (2 s against 0.16 s on one
-    machine), and the mostly tiny rows of an LM head's gradient did GEMMs that a seed
-    rules out by the norms alone."""
+def _seed_rows(blocks, offsets, mu):
+    """The delayed records ``(squared distance, index, row)`` of the rows the seed
+    sweeps find: the row farthest from the mean, then :data:`SEED_SWEEPS` times the
+    row farthest from the last one (one task per block and sweep, each O(b d))."""
     import dask
 
     far = dask.delayed(_far_row_task, pure=True)
     ends = [None]
     for _ in range(SEED_SWEEPS + 1):
         ends.append(_tree([far(b, o, mu, ends[-1]) for b, o in zip(blocks, offsets)], _merge_far))
-    return dask.delayed(_seed_value, pure=True)(*ends[1:])
+    return ends[1:]
+
+
+def _diameter_seed(blocks, offsets, mu):
+    """A delayed lower bound on the squared row diameter (:func:`_seed_value`) from the
+    rows of :func:`_seed_rows`, as the engine seeds its search
+    (:func:`refgeo._engine._diameter_seed`).  Without it each task began at -1 and
+    refined every pair that could reach its own running best: half of 20,000 float32
+    rows within 1e-5 of one point refined the 5e7 pairs of the cluster (2 s against
+    0.16 s on one machine), and the mostly tiny rows of an LM head's gradient did GEMMs
+    that a seed rules out by the norms alone."""
+    import dask
+
+    return dask.delayed(_seed_value, pure=True)(*_seed_rows(blocks, offsets, mu))
+
+
+def _row_lows_task(S, *ends):
+    """Lower bounds on the farthest value of each row of block ``S``: its largest
+    refined squared distance to the rows of the seed sweeps (:func:`_seed_rows`),
+    lowered by 2^-40 of itself as in :func:`_seed_value` (a row of the sweeps is its
+    own partner at 0: any partner is at least that far)."""
+    S64 = np.ascontiguousarray(S, dtype=np.float64)
+    n = S64.shape[0]
+    idx = np.arange(n, dtype=np.int64)
+    low = np.zeros(n)
+    for e in ends:
+        r = refine_pairs(S64, e[2][None, :], idx, np.zeros(n, np.int64))
+        np.maximum(low, np.where(np.isfinite(r), r, 0.0), out=low)
+    return low * (1.0 - 2.0**-40)
 
 
 def _centered_pair(SA, SB, mu, float32_filter=False):
@@ -1729,10 +1752,16 @@ def _farthest_fused(S, *, tile_size=None, array_api=False) -> KernelRun:
     ((blocks, offsets),), mu = _host_blocks_and_mean(S, tile_size, not array_api)
     nb = len(blocks)
     task = dask.delayed(_farthest_task_xp if array_api else _farthest_task_compiled, pure=True, nout=2)
+    lows: list = [()] * nb
+    if not array_api:
+        # each row's lower bound from the rows of the seed sweeps (_row_lows_task)
+        ends = _seed_rows(blocks, offsets, mu)
+        low = dask.delayed(_row_lows_task, pure=True)
+        lows = [(low(blocks[a], *ends),) for a in range(nb)]
     parts: list[list] = [[] for _ in range(nb)]
     for a in range(nb):
         for b in range(a, nb):
-            ra, rb = task(blocks[a], None if a == b else blocks[b], offsets[a], offsets[b], mu)
+            ra, rb = task(blocks[a], None if a == b else blocks[b], offsets[a], offsets[b], mu, *lows[a], *lows[b])
             parts[a].append(ra)
             if a != b:
                 parts[b].append(rb)
@@ -1747,26 +1776,48 @@ def _partner_rows(vals, ids, offset, bound, n_refined) -> _Rows:
                  bound, int(n_refined))
 
 
-def _farthest_task_compiled(SA, SB, i0, j0, mu):
+def _farthest_task_compiled(SA, SB, i0, j0, mu, lows_a=None, lows_b=None):
     """Farthest partners within one block pair on the compiled engine
     (``block_pair_farthest``, the single-machine kernel's tile epilogue): ``(rows of A,
     rows of B)`` as :class:`_Rows`, B's None when ``SB`` is None (the block against
     itself).  float64 rows are filtered in float32, as in the maximum mode of the
-    extreme pairs."""
+    extreme pairs.
+
+    ``lows_a``, ``lows_b`` (or None): lower bounds on the rows' farthest values over
+    every block (:func:`_row_lows_task`); a pair that cannot reach its row's is not
+    refined, and a tile pair that reaches none needs no GEMM.  A float32 filter gives
+    up as the engine's does (:data:`refgeo._engine.FARTHEST_BUDGET_DIVISOR` and the
+    rest, over the task's pairs and rows) and the task runs again through a float64
+    filter: rows whose farthest partners lie in a cluster of near-copies refine the
+    whole cluster (half of 20,000 float32 rows within 1e-5 of one point: 1.4e8 refined
+    pairs, 5.4 s against 1.2 s on one machine)."""
     same = SB is None
     if same and SA.shape[0] < 2:  # one row: no partner in its own block
         return None, None
     A, B, XA, XB, nA, nB, dt, top = _centered_pair(SA, SB, mu, float32_filter=True)
     d = A.shape[1]
-    cp, eabs = rounding_bound(d, dt)
-    name = ("32" if A.dtype == np.float32 else "32s64") if dt == "float32" else "64"
-    fn = getattr(_backend_ext()._knn_blocks, "block_pair_farthest" + name)
-    va, ia = np.full(A.shape[0], -math.inf), np.full(A.shape[0], _NO_INDEX, dtype=np.int64)
-    vb, ib = (va, ia) if same else (np.full(B.shape[0], -math.inf), np.full(B.shape[0], _NO_INDEX, dtype=np.int64))
-    with blas_single_thread():
-        n = fn(XA, nA, A, XB, nB, B, same, cp, eabs, _TASK_TILE, va, ia, vb, ib)
+    rows = A.shape[0] + (0 if same else B.shape[0])
+    n_pairs = A.shape[0] * (A.shape[0] - 1) // 2 if same else A.shape[0] * B.shape[0]
+    n_before = 0
+    for _ in range(2):
+        cp, eabs = rounding_bound(d, dt)
+        name = ("32" if A.dtype == np.float32 else "32s64") if dt == "float32" else "64"
+        fn = getattr(_backend_ext()._knn_blocks, "block_pair_farthest" + name)
+        va, ia = np.full(A.shape[0], -math.inf), np.full(A.shape[0], _NO_INDEX, dtype=np.int64)
+        vb, ib = (va, ia) if same else (np.full(B.shape[0], -math.inf), np.full(B.shape[0], _NO_INDEX, dtype=np.int64))
+        cap = max(_engine.FARTHEST_MIN_CAP, rows // _engine.FARTHEST_CAP_SHARE) if dt == "float32" else 0
+        with blas_single_thread():
+            n, over = fn(XA, nA, A, XB, nB, B, same, cp, eabs, _TASK_TILE, va, ia, vb, ib, lows_a,
+                         None if same else lows_b, cap, n_pairs // _engine.FARTHEST_BUDGET_DIVISOR,
+                         max(_engine.FARTHEST_MIN_HEAVY_ROWS, rows // _engine.FARTHEST_HEAVY_SHARE))
+        if not over:
+            break
+        # float64 copies of float32 rows refine to the same bits
+        n_before += n
+        A, B, XA, XB, nA, nB, dt, top = _centered_pair(np.asarray(SA, dtype=np.float64),
+                                                       None if same else np.asarray(SB, dtype=np.float64), mu)
     bound = reported_bound(d, dt, top)
-    rec_a = _partner_rows(va, ia, j0, bound, n)
+    rec_a = _partner_rows(va, ia, j0, bound, n + n_before)
     return rec_a, (None if same else _partner_rows(vb, ib, i0, bound, 0))
 
 

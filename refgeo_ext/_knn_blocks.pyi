@@ -39,14 +39,20 @@ def block_pair_farthest64(XA: npt.NDArray[np.float64], nA: npt.NDArray[np.float6
                           XB: npt.NDArray[np.float64], nB: npt.NDArray[np.float64], SB: npt.NDArray[np.float64],
                           same: bool, cp: float, eabs: float, tile: int,
                           valA: npt.NDArray[np.float64], idA: npt.NDArray[np.int64],
-                          valB: npt.NDArray[np.float64], idB: npt.NDArray[np.int64]) -> int: ...
+                          valB: npt.NDArray[np.float64], idB: npt.NDArray[np.int64],
+                          lowA: npt.NDArray[np.float64] | None = ..., lowB: npt.NDArray[np.float64] | None = ...,
+                          cap: int = ..., budget: int = ..., heavy_rows: int = ...) -> tuple[int, bool]: ...
 def block_pair_farthest32(XA: npt.NDArray[np.float32], nA: npt.NDArray[np.float64], SA: npt.NDArray[np.float32],
                           XB: npt.NDArray[np.float32], nB: npt.NDArray[np.float64], SB: npt.NDArray[np.float32],
                           same: bool, cp: float, eabs: float, tile: int,
                           valA: npt.NDArray[np.float64], idA: npt.NDArray[np.int64],
-                          valB: npt.NDArray[np.float64], idB: npt.NDArray[np.int64]) -> int: ...
+                          valB: npt.NDArray[np.float64], idB: npt.NDArray[np.int64],
+                          lowA: npt.NDArray[np.float64] | None = ..., lowB: npt.NDArray[np.float64] | None = ...,
+                          cap: int = ..., budget: int = ..., heavy_rows: int = ...) -> tuple[int, bool]: ...
 def block_pair_farthest32s64(XA: npt.NDArray[np.float32], nA: npt.NDArray[np.float64], SA: npt.NDArray[np.float64],
                           XB: npt.NDArray[np.float32], nB: npt.NDArray[np.float64], SB: npt.NDArray[np.float64],
                           same: bool, cp: float, eabs: float, tile: int,
                           valA: npt.NDArray[np.float64], idA: npt.NDArray[np.int64],
-                          valB: npt.NDArray[np.float64], idB: npt.NDArray[np.int64]) -> int: ...
+                          valB: npt.NDArray[np.float64], idB: npt.NDArray[np.int64],
+                             lowA: npt.NDArray[np.float64] | None = ..., lowB: npt.NDArray[np.float64] | None = ...,
+                             cap: int = ..., budget: int = ..., heavy_rows: int = ...) -> tuple[int, bool]: ...

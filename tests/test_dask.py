@@ -624,7 +624,7 @@ def test_extreme_pair_task_is_the_exact_extreme(na, nb, d, tile, dtype, maximize
 def test_extreme_pairs_of_one_big_cluster_refine_little(client):
     """Half of the float32 rows within 1e-5 of one point, in chunks of their own (the
     reserved tokens of a vocabulary sit together): every pair of the cluster is in the
-    float32 band.  The diameter's tasks refined all of them (2.1e6 here), each task
+    float32 band, and every cluster row ties as the farthest partner of the others.  The diameter's tasks refined all of them (2.1e6 here), each task
     starting from nothing; they now start from a seed found by two sweeps over the
     blocks.  The closest pair's tasks refined all of them as well; a task past its
     budget now runs again through a float64 filter, as the engine does."""
@@ -639,10 +639,22 @@ def test_extreme_pairs_of_one_big_cluster_refine_little(client):
         got, want = dask_fn(D), engine_fn(S)
         assert (got.value, got.i, got.j) == (want.value, want.i, want.j)
         assert got.n_refined < most
+    # the farthest partners: each row refined every pair that could reach its running
+    # best in each block pair (2.1e6), the Gaussian rows all of the cluster; now each
+    # row starts from its distance to the rows of the seed sweeps, tile pairs that
+    # cannot reach it are skipped, and a task that wastes refinements on near-copies
+    # runs again through a float64 filter
+    got, want = _dask.farthest(D), _engine.farthest(S)
+    np.testing.assert_array_equal(got.indices, want.indices)
+    np.testing.assert_array_equal(got.distances, want.distances)
+    assert got.n_refined < 100_000
     with refgeo.use_backend("reference"):
-        ref = refgeo.row_diameter(S), refgeo.closest_pair(S)
+        ref = refgeo.row_diameter(S), refgeo.closest_pair(S), refgeo.farthest_partners(S)
     for got, want in zip([refgeo.row_diameter(D), refgeo.closest_pair(D)], ref):
         assert (got.value, got.i, got.j) == (want.value, want.i, want.j)
+    far = refgeo.farthest_partners(D)
+    np.testing.assert_array_equal(far.indices, ref[2].indices)
+    np.testing.assert_array_equal(far.distances, ref[2].distances)
 
 
 _ENGINES = ["compiled", "numpy", "array"]
@@ -837,13 +849,18 @@ _KINDS = ["normal", "grid", "duplicates", "near", "tiny", "common", "antipodal",
 @pytest.mark.parametrize("task", ["compiled", "array"])
 @settings(max_examples=25, deadline=None)
 @given(na=st.integers(1, 60), nb=st.integers(0, 60), d=st.integers(1, 6), tile=st.sampled_from([1, 4, 256]),
-       dtype=st.sampled_from(["float32", "float64"]))
-@example(na=2, nb=0, d=1, tile=1, dtype="float32")  # two rows: one pair refined serves both
-def test_farthest_task_is_the_exact_farthest(task, kind, na, nb, d, tile, dtype):
+       dtype=st.sampled_from(["float32", "float64"]), low=st.sampled_from([None, "exact", "half", "above"]),
+       tight=st.booleans())
+@example(na=2, nb=0, d=1, tile=1, dtype="float32", low=None, tight=False)  # two rows: one pair refined serves both
+def test_farthest_task_is_the_exact_farthest(task, kind, na, nb, d, tile, dtype, low, tight):
     # one block-pair task (the compiled kernel block_pair_farthest, with tiles of 1, 4
     # or 256 rows, or the array-API task) against brute force over the canonical
-    # refined values, with the tie rule, for both blocks' rows
-    from refgeo import _dask
+    # refined values, with the tie rule, for both blocks' rows.  The compiled task with
+    # lower bounds on the rows' farthest values (the value itself, which the pairs that
+    # tie it must still reach; half of it; or, for every third row, above it: that row's
+    # partner lies in another block and it may report none here), and with a give-up
+    # rule so tight that every float32 filter runs again in float64
+    from refgeo import _dask, _engine
 
     _skip_without_ext(task)
     seed = na * 1009 + nb * 31 + d
@@ -852,28 +869,60 @@ def test_farthest_task_is_the_exact_farthest(task, kind, na, nb, d, tile, dtype)
     if SB is not None and kind == "duplicates":
         SB[: min(na, nb) // 2] = SA[: min(na, nb) // 2]  # equal rows across the blocks
     mu = np.concatenate([SA] if SB is None else [SA, SB]).astype(np.float64).mean(axis=0)
+    if SB is None and na < 2:
+        low = None
+    if low is not None or (SB is not None or na >= 2):
+        va, ja, vb, jb = _brute_farthest(SA, SA if SB is None else SB, SB is None)
+    lows, above_a, above_b = (), np.zeros(na, bool), np.zeros(max(nb, 0), bool)
+    if task == "compiled" and low is not None:
+        def bound(v, above):
+            out = v * (0.5 if low == "half" else 1.0)
+            if low == "above":
+                out = np.where(above, 2.0 * v + 1.0, v)
+            return out
+        above_a[::3] = low == "above"
+        above_b[1::3] = low == "above"
+        lows = (bound(va, above_a),) if SB is None else (bound(va, above_a), bound(vb, above_b))
     fn = _dask._farthest_task_compiled if task == "compiled" else _dask._farthest_task_xp
-    old = _dask._TASK_TILE
+    consts = ("_TASK_TILE",)
+    engine_consts = ("FARTHEST_MIN_CAP", "FARTHEST_CAP_SHARE", "FARTHEST_BUDGET_DIVISOR",
+                     "FARTHEST_MIN_HEAVY_ROWS", "FARTHEST_HEAVY_SHARE")
+    old = [getattr(_dask, c) for c in consts], [getattr(_engine, c) for c in engine_consts]
     try:
         _dask._TASK_TILE = tile
-        rec_a, rec_b = fn(SA, SB, 5, 100, mu)
+        if tight:
+            for c, v in zip(engine_consts, (1, 1 << 40, 1 << 40, 0, 1 << 40)):
+                setattr(_engine, c, v)
+        rec_a, rec_b = fn(SA, SB, 5, 100, mu, *lows)
     finally:
-        _dask._TASK_TILE = old
+        for c, v in zip(consts, old[0]):
+            setattr(_dask, c, v)
+        for c, v in zip(engine_consts, old[1]):
+            setattr(_engine, c, v)
     if SB is None and na < 2:
         assert rec_a is None and rec_b is None
         return
-    va, ja, vb, jb = _brute_farthest(SA, SA if SB is None else SB, SB is None)
-    np.testing.assert_array_equal(rec_a.values, va)
-    np.testing.assert_array_equal(rec_a.index, ja + 100)
+
+    def check(rec, v, j, off, above):
+        keep = ~above
+        np.testing.assert_array_equal(rec.values[keep], v[keep])
+        np.testing.assert_array_equal(rec.index[keep], j[keep] + off)
+        # a row whose bound lies above its farthest value here: no partner, or a real one
+        none = rec.index[above] == _dask._NO_INDEX
+        assert np.all(rec.values[above][none] == -np.inf)
+        assert np.all(rec.values[above][~none] <= v[above][~none])
+
+    check(rec_a, va, ja, 100, above_a)
     if SB is None:
         assert rec_b is None
     else:
-        np.testing.assert_array_equal(rec_b.values, vb)
-        np.testing.assert_array_equal(rec_b.index, jb + 5)
+        check(rec_b, vb, jb, 5, above_b)
     # every row's value is a refined pair; in one block a pair serves both its rows
     # (the array-API task refines a self pair for each of its rows)
     least = (na if task == "array" else -(-na // 2)) if SB is None else max(na, nb)
-    assert rec_a.n_refined >= least and np.isfinite(rec_a.bound)
+    if not lows:
+        assert rec_a.n_refined >= least
+    assert np.isfinite(rec_a.bound)
 
 
 @pytest.mark.parametrize("kind", _KINDS)
