@@ -148,7 +148,10 @@ ENGINE_LAYERS = (
     ("refgeo._filter",),
     ("refgeo._progress",),
     ("refgeo._backend",),
-    ("refgeo._reference", "refgeo._engine", "refgeo._tiled", "refgeo._dask"),
+    ("refgeo._reference", "refgeo._engine", "refgeo._tiled"),
+    # the Dask tasks run the single-machine engine on the rows a block's float32 filter
+    # cannot settle (docs/architecture.md)
+    ("refgeo._dask",),
     ("refgeo.rows",),
 )
 
