@@ -135,6 +135,25 @@ WITHIN_SLOTS = 1 << 22
 SETTLE_DENSE_SHARE_F32 = 16
 SETTLE_DENSE_SHARE_F64 = 4
 
+# The rows the k-NN threshold pass settles are first grouped around anchors (_anchor_groups):
+# ANCHOR_BATCH anchors a round, while a round assigns at least ANCHOR_MIN_GAIN rows per
+# anchor; a group whose candidates are more than N / ANCHOR_MAX_SHARE of the N
+# candidates runs against all of them.
+# A row joins an anchor within ANCHOR_REACH times its own reach: near-copies in high
+# dimension are about equally far apart, so an anchor of the row's cluster is rarely
+# within its reach itself (the reach is the distance to its nearest rows).
+ANCHOR_BATCH = 64
+ANCHOR_MIN_GAIN = 2
+ANCHOR_MAX_SHARE = 4
+ANCHOR_REACH = 2.0
+# A group runs on its own only if it spares the threshold pass this many multiply-adds
+# (its rows times the candidates left out times d): each group is a kernel call of its
+# own, about a millisecond of fixed cost, and the many groups of two to ten copies
+# (tokens seen a few times) cost more than their rows in the strips (knn of 8,000 such
+# rows of R^128: 0.26 s in strips, 0.61 s in groups of every size).
+ANCHOR_MIN_WORK = 1 << 26
+ANCHOR_UNION_SHARE = 16
+
 # Rows per task of the k-NN kernel's second phase (the kernel's ROW_BLOCK): only to
 # announce the task count to a progress reporter, which adopts the kernel's own count.
 KNN_ROW_BLOCK = 64
@@ -416,6 +435,103 @@ def _within(XA, nA, XB, nB, dt, T, self_cols, cap, n_threads, tile_size=None, pr
     return counts, cols
 
 
+def _anchor_groups(F, T, XA, nA, XB, nB, dt):
+    """``(groups, rest)``: rows ``F`` of ``XA`` (squared thresholds ``T``) in groups that
+    share a small candidate set, and the positions (into ``F``) of the rest.
+
+    Each group is ``(positions into F, candidate rows of XB)``, and its candidates hold
+    every row of ``XB`` within ``sqrt(T)`` of each of its rows: by the triangle
+    inequality, a candidate j within reach of row i is within ``sqrt(T_i) + |x_i - a|``
+    of the group's anchor a, so the candidates are the rows whose certified lower
+    bound on ``|x_j - a|^2`` (the filter's rounding bound, as the kernels bound it)
+    is at most the square of the largest such radius of the group.  A row joins the
+    nearest anchor within ANCHOR_REACH times its own reach (``|x_i - a| <= 2
+    sqrt(T_i)`` by the upper bound), so a group's radius is at most three times its
+    rows' reach.  Anchors are taken from the rows
+    not yet grouped, ANCHOR_BATCH at a time (one GEMM of those rows against them, and
+    one of every candidate against them), while a round groups at least
+    ANCHOR_MIN_GAIN rows per anchor; groups with more than N / ANCHOR_MAX_SHARE
+    candidates, and the rows left, go to the rest; groups that spare less than
+    ANCHOR_MIN_WORK multiply-adds run together, against the union of their candidates,
+    in batches whose union holds about N / ANCHOR_UNION_SHARE candidates.
+
+    Why: near-copies in high dimension are nearly equidistant (hidden states of one
+    token in similar contexts), so the float32 filter ties them beyond any heap and the
+    threshold pass ran each of them against every candidate: 9,746 of 20,000 hidden
+    states of R^256 with Zipf token counts, a GEMM as large as the first pass, where
+    their candidates are their token's other rows.
+    """
+    d = XA.shape[1]
+    cp, eabs = rounding_bound(d, dt)
+    wide = 1.0 + 2.0**-30  # covers the rounding of the float64 arithmetic below
+    nBtot = XB.shape[0]
+    left = np.arange(F.size)
+    rT = np.sqrt(np.maximum(T, 0.0))
+    groups, rest, small = [], [], []
+    union = np.zeros(nBtot, dtype=bool)
+    while left.size:
+        anc = left[:ANCHOR_BATCH]
+        A = XA[F[anc]]
+        na = nA[F[anc]]
+        # upper bounds on |x_i - a| for the rows left against the anchors, formed in
+        # place: (1 + c)(n_i + n_a) - 2 g + e_abs, widened
+        with np.errstate(over="ignore", invalid="ignore"):
+            ra = (XA[F[left]] @ A.T).astype(np.float64)
+        ra *= -2.0
+        ra += (1.0 + cp) * (nA[F[left]][:, None] + na[None, :])
+        ra += eabs
+        ra *= wide
+        np.maximum(ra, 0.0, out=ra)
+        np.sqrt(ra, out=ra)
+        ok = ra <= ANCHOR_REACH * rT[left][:, None]
+        ok[np.arange(anc.size), np.arange(anc.size)] = True  # an anchor is in its own group
+        ra = np.where(ok, ra, np.inf)
+        near = np.argmin(ra, axis=1)
+        has = np.isfinite(ra[np.arange(left.size), near])
+        if has.sum() < ANCHOR_MIN_GAIN * anc.size:
+            rest.append(left)
+            break
+        # candidates of this round's anchors: every row of XB against them
+        sel = np.flatnonzero(has)
+        q_of = near[sel]
+        R = np.full(anc.size, -1.0)
+        np.maximum.at(R, q_of, (rT[left[sel]] + ra[sel, q_of]) * wide)
+        # lower bounds on |x_j - a|^2 for every candidate, in place: (1 - c)(n_j + n_a)
+        # - 2 g - e_abs, narrowed
+        with np.errstate(over="ignore", invalid="ignore"):
+            low = (XB @ A.T).astype(np.float64)
+        low *= -2.0
+        low += (1.0 - cp) * (nB[:, None] + na[None, :])
+        low -= eabs
+        low /= wide
+        inside = low <= np.where(R >= 0.0, R * R * wide, -np.inf)[None, :]
+        del low
+        n_cand = inside.sum(axis=0)
+        order = np.argsort(q_of, kind="stable")
+        bounds = np.searchsorted(q_of[order], np.arange(anc.size + 1))
+        for q in range(anc.size):
+            members = left[sel[order[bounds[q] : bounds[q + 1]]]]
+            if members.size == 0:
+                continue
+            if n_cand[q] * ANCHOR_MAX_SHARE > nBtot:
+                rest.append(members)
+            elif members.size * (nBtot - n_cand[q]) * d >= ANCHOR_MIN_WORK:
+                groups.append((members, np.flatnonzero(inside[:, q])))
+            else:
+                # too small to run alone: with other small groups, against the union of
+                # their candidates, once that holds N / ANCHOR_UNION_SHARE of them
+                small.append(members)
+                union |= inside[:, q]
+                if np.count_nonzero(union) * ANCHOR_UNION_SHARE >= nBtot:
+                    groups.append((np.sort(np.concatenate(small)), np.flatnonzero(union)))
+                    small, union = [], np.zeros(nBtot, dtype=bool)
+        left = left[~has]
+    if small:
+        groups.append((np.sort(np.concatenate(small)), np.flatnonzero(union)))
+    rest_pos = np.concatenate(rest) if rest else np.zeros(0, dtype=np.intp)
+    return groups, np.sort(rest_pos)
+
+
 def _settle(F, idx, dist, XA, nA, XB, nB, dt, SA, SB, k, self_cols, n_threads, dense, tile_size=None,
             progress=None) -> int:
     """Rows ``F`` that no heap certified, against the pairs that can reach their U.
@@ -441,20 +557,42 @@ def _settle(F, idx, dist, XA, nA, XB, nB, dt, SA, SB, k, self_cols, n_threads, d
     T = dist[F, 0].copy()
     pick = getattr(_backend.extension()._knn, "pick" + _suffix(SA))
     dense_at = max(k, XB.shape[0] // (SETTLE_DENSE_SHARE_F32 if dt == "float32" else SETTLE_DENSE_SHARE_F64))
-    # strips of rows, so that their pair slots (dense_at + 1 per row) stay within
-    # WITHIN_SLOTS: a cluster of 10,000 near-copies passes every pair of the cluster
-    strip = max(1, WITHIN_SLOTS // (dense_at + 1))
     n_ref, many_rows = 0, [F[:0]]
-    for s in range(0, F.size, strip):
-        P = F[s : s + strip]
-        counts, cols = _within(np.ascontiguousarray(XA[P]), np.ascontiguousarray(nA[P]), XB, nB, dt,
-                               T[s : s + strip], None if self_cols is None else self_cols[s : s + strip],
-                               dense_at, n_threads, tile_size, progress)
+
+    def settle(pos, C):
+        """Rows F[pos] against the candidates C (None: every row of XB)."""
+        nonlocal n_ref
+        P = F[pos]
+        XBc, nBc = (XB, nB) if C is None else (np.ascontiguousarray(XB[C]), np.ascontiguousarray(nB[C]))
+        own = None
+        if self_cols is not None:
+            own = self_cols[pos] if C is None else np.searchsorted(C, self_cols[pos])
+            # a row is always among its group's candidates (it is within reach of itself)
+            if C is not None and (own >= C.size).any() or C is not None and (C[own] != self_cols[pos]).any():
+                raise RuntimeError("internal error: a k-NN row is missing from its group's candidates")
+        counts, cols = _within(np.ascontiguousarray(XA[P]), np.ascontiguousarray(nA[P]), XBc, nBc, dt,
+                               T[pos], own, dense_at, n_threads, tile_size, progress)
         # U is the k-th smallest upper bound: at least k pairs of each row reach it
         if (counts < k).any():
             raise RuntimeError("internal error: a k-NN row has fewer than k pairs within its bound")
+        if C is not None:  # candidates' positions in C back to rows of XB (unused slots: 0)
+            used = np.arange(cols.shape[1])[None, :] < counts[:, None]
+            cols = np.where(used, C[np.clip(cols, 0, C.size - 1)], 0)
         many_rows.append(P[counts > dense_at])
-        n_ref += int(pick(SA, SB, P.astype(np.int64), counts, cols, k, n_threads, idx, dist))
+        # a small pick on one thread: an OpenMP team for a few thousand refinements cost
+        # 7 ms a call on two busy cores
+        n_pick = _effective_threads(n_threads, -(-P.size // KNN_ROW_BLOCK), int(counts.sum()) * SA.shape[1])
+        n_ref += int(pick(SA, SB, P.astype(np.int64), counts, cols, k, n_pick, idx, dist))
+
+    # rows that share a small set of candidates (near-copies) run against it alone, the
+    # others against every candidate; in strips of rows, so that their pair slots
+    # (dense_at + 1 per row) stay within WITHIN_SLOTS: a cluster of 10,000 near-copies
+    # passes every pair of the cluster
+    groups, rest_pos = _anchor_groups(F, T, XA, nA, XB, nB, dt)
+    strip = max(1, WITHIN_SLOTS // (dense_at + 1))
+    for pos, C in [*groups, (rest_pos, None)]:
+        for s in range(0, pos.size, strip):
+            settle(pos[s : s + strip], C)
     rest = np.concatenate(many_rows)
     if rest.size:
         dense(rest)  # counts its own refinements
@@ -493,6 +631,9 @@ def knn_memory(nA, nB, d, k, *, symmetric, exclude_self, itemsize, tile_size, n_
         # float32 rows with more ties than a heap holds and too many pairs within
         # reach are redone through a float64 filter: float64 copies, centered and not
         parts[f"float64 copies for the last redo ({rows}, {d})"] = float(rows) * (16 * d + 8)
+    # the rows no heap settles are first grouped around anchors (_anchor_groups): float64
+    # bounds of those rows and of every candidate against a batch of anchors
+    parts[f"anchor rounds ({ANCHOR_BATCH} anchors, {nA} + {nB} rows)"] = (8.0 + 1.0) * ANCHOR_BATCH * (nA + nB)
     # the rows no heap settles are filtered again in strips (_settle): the strip's pair
     # slots (int64 columns), and each thread's refined pairs of one row
     slots = max(k, nB // min(SETTLE_DENSE_SHARE_F32, SETTLE_DENSE_SHARE_F64)) + 1

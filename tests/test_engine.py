@@ -217,9 +217,30 @@ def test_extreme_pairs_exact(backend, parallel_always, monkeypatch):
     check()
 
 
+_ANCHORS = {name: getattr(_engine, name) for name in ("ANCHOR_BATCH", "ANCHOR_MIN_GAIN", "ANCHOR_MAX_SHARE",
+                                                        "ANCHOR_REACH", "ANCHOR_MIN_WORK")}
+
+
+def _draw_anchors(data):
+    """The grouping of the rows the heaps defer around anchors (``_engine._anchor_groups``),
+    as set up by default (tiny examples then never group), or grouping every row it can:
+    any anchors and any reach give the same answer."""
+    if data.draw(st.booleans()):
+        for name, value in _ANCHORS.items():
+            setattr(_engine, name, value)
+        return
+    _engine.ANCHOR_BATCH = data.draw(st.sampled_from([1, 2, 5, 64]))
+    _engine.ANCHOR_MIN_GAIN = data.draw(st.sampled_from([0, 1, 2]))
+    _engine.ANCHOR_MAX_SHARE = 1
+    _engine.ANCHOR_REACH = data.draw(st.sampled_from([0.0, 0.5, 2.0, 8.0]))
+    _engine.ANCHOR_MIN_WORK = 0
+
+
 def test_knn_exact(backend, parallel_always, monkeypatch):
     """knn of X against X (with and without self) and against Y: 2000 examples."""
     monkeypatch.setattr(_engine, "KNN_MIXED_MIN_WORK", _engine.KNN_MIXED_MIN_WORK)  # restored after
+    for name, value in _ANCHORS.items():
+        monkeypatch.setattr(_engine, name, value)
 
     @settings(max_examples=_examples(backend))
     @given(S=engine_clouds(), data=st.data(), **engine_options)
@@ -227,6 +248,7 @@ def test_knn_exact(backend, parallel_always, monkeypatch):
         opts = dict(tile_size=tile_size, n_threads=n_threads)
         # float64 rows: float32 filter plus float64 redo of uncertified rows, or not
         _engine.KNN_MIXED_MIN_WORK = data.draw(st.sampled_from([0, 1 << 62]))
+        _draw_anchors(data)
         exclude_self = data.draw(st.booleans())
         k = data.draw(st.integers(1, len(S) - int(exclude_self)))
         r = refgeo.knn(S, k, exclude_self=exclude_self, **opts)
@@ -677,6 +699,52 @@ def test_knn_of_near_copy_clouds_matches_the_oracle(backend, parallel_always, mo
 
     monkeypatch.setattr(_engine, "WITHIN_SLOTS", _engine.WITHIN_SLOTS)  # restored after
     check()
+
+
+@settings(max_examples=300, deadline=None)
+@given(seed=st.integers(0, 2**32 - 1), n=st.integers(2, 150), d=st.integers(1, 40),
+       kind=st.sampled_from(["copies", "grid", "gaussian", "two_scales"]), f64=st.booleans(),
+       mixed=st.booleans(), reach=st.sampled_from([0.0, 0.5, 2.0, 8.0]), batch=st.sampled_from([1, 3, 64]),
+       share=st.sampled_from([1, 4]))
+def test_anchor_groups_hold_every_candidate_within_reach(seed, n, d, kind, f64, mixed, reach, batch, share):
+    """The groups of deferred k-NN rows around anchors (``_engine._anchor_groups``): each
+    group's candidates hold every row within the square root of each member's threshold
+    (refined distance, not the filter's), whatever the anchors, the reach and the
+    threshold, on rows with many equal distances (near-copies in high dimension, grids)."""
+    rng = np.random.default_rng(seed)
+    if kind == "copies":  # tokens seen many times: near-copies about equally far apart
+        base = rng.standard_normal((max(1, n // 10), d)) + 3.0
+        S = base[rng.integers(0, base.shape[0], n)] + 1e-3 * rng.standard_normal((n, d))
+    elif kind == "grid":
+        S = rng.integers(-2, 3, (n, d)).astype(np.float64)
+    elif kind == "two_scales":
+        S = rng.standard_normal((n, d)) * np.where(rng.random((n, 1)) < 0.5, 1e-6, 1.0)
+    else:
+        S = rng.standard_normal((n, d))
+    S = S.astype(np.float64 if f64 else np.float32)
+    (orig,), (X,), (nrm,), dt = _engine._center([S], 1, float32_filter=mixed)
+    S64 = orig.astype(np.float64)
+    D2 = ((S64[:, None, :] - S64[None, :, :]) ** 2).sum(axis=2)
+    F = np.flatnonzero(rng.random(n) < 0.6)
+    # thresholds: a row's k-th smallest distance, a little above or below it, zero, or all
+    kth = np.sort(D2[F], axis=1)[:, rng.integers(0, n)]
+    T = kth * rng.choice([1.0, 1.0 + 1e-6, 0.5, 0.0, 4.0], size=F.size)
+    old = {name: getattr(_engine, name) for name in _ANCHORS}
+    try:
+        _engine.ANCHOR_BATCH, _engine.ANCHOR_MIN_GAIN, _engine.ANCHOR_MAX_SHARE = batch, 0, share
+        _engine.ANCHOR_REACH, _engine.ANCHOR_MIN_WORK = reach, 0
+        groups, rest = _engine._anchor_groups(F, T, X, nrm, X, nrm, dt)
+    finally:
+        for name, value in old.items():
+            setattr(_engine, name, value)
+    seen = np.concatenate([rest] + [pos for pos, _ in groups])
+    np.testing.assert_array_equal(np.sort(seen), np.arange(F.size))  # every row once
+    for pos, C in groups:
+        assert np.all(np.diff(C) > 0)
+        for p in pos:
+            within = np.flatnonzero(D2[F[p]] <= T[p] * (1.0 - 1e-12))
+            assert set(within.tolist()) <= set(C.tolist()), (F[p], T[p])
+            assert F[p] in set(C.tolist())
 
 
 def test_within_holds_every_pair_within_the_threshold_on_any_tiles_and_threads(backend, parallel_always):
