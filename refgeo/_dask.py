@@ -1014,7 +1014,10 @@ def _seed_value(*ends):
     must still refine: equal values tie)."""
     best = 0.0
     for a, b in zip(ends[:-1], ends[1:]):
-        r = float(refine_pairs(a[2][None, :], b[2][None, :], np.zeros(1, np.int64), np.zeros(1, np.int64))[0])
+        # rows beyond the prescaled range (a direct call) may overflow: no seed then,
+        # and the task's own range check names the problem
+        with np.errstate(over="ignore", invalid="ignore"):
+            r = float(refine_pairs(a[2][None, :], b[2][None, :], np.zeros(1, np.int64), np.zeros(1, np.int64))[0])
         best = max(best, r)
     return best * (1.0 - 2.0**-40) if math.isfinite(best) else 0.0
 
@@ -1055,7 +1058,8 @@ def _row_lows_task(S, *ends):
     idx = np.arange(n, dtype=np.int64)
     low = np.zeros(n)
     for e in ends:
-        r = refine_pairs(S64, e[2][None, :], idx, np.zeros(n, np.int64))
+        with np.errstate(over="ignore", invalid="ignore"):  # as in _seed_value
+            r = refine_pairs(S64, e[2][None, :], idx, np.zeros(n, np.int64))
         np.maximum(low, np.where(np.isfinite(r), r, 0.0), out=low)
     return low * (1.0 - 2.0**-40)
 
