@@ -446,8 +446,12 @@ def _anchor_groups(F, T, XA, nA, XB, nB, dt):
     bound on ``|x_j - a|^2`` (the filter's rounding bound, as the kernels bound it)
     is at most the square of the largest such radius of the group.  A row joins the
     nearest anchor within ANCHOR_REACH times its own reach (``|x_i - a| <= 2
-    sqrt(T_i)`` by the upper bound), so a group's radius is at most three times its
-    rows' reach.  Anchors are taken from the rows
+    sqrt(T_i)`` by the upper bound; an anchor is in its own group whatever its reach),
+    so a group's radius is at most three times the largest reach of its rows (plus the
+    anchor's own rounding bound).  The triangle inequality holds for the refined
+    distances up to their rounding, which the factor 1 + 2^-30 on the radii and the
+    absolute term of the rounding bound cover.  The groups' candidate lists together
+    hold at most WITHIN_SLOTS entries (rows past that go to the rest).  Anchors are taken from the rows
     not yet grouped, ANCHOR_BATCH at a time (one GEMM of those rows against them, and
     one of every candidate against them), while a round groups at least
     ANCHOR_MIN_GAIN rows per anchor; groups with more than N / ANCHOR_MAX_SHARE
@@ -469,6 +473,7 @@ def _anchor_groups(F, T, XA, nA, XB, nB, dt):
     rT = np.sqrt(np.maximum(T, 0.0))
     groups, rest, small = [], [], []
     union = np.zeros(nBtot, dtype=bool)
+    held = 0  # candidate entries the groups hold (at most WITHIN_SLOTS)
     while left.size:
         anc = left[:ANCHOR_BATCH]
         A = XA[F[anc]]
@@ -483,7 +488,8 @@ def _anchor_groups(F, T, XA, nA, XB, nB, dt):
         ra *= wide
         np.maximum(ra, 0.0, out=ra)
         np.sqrt(ra, out=ra)
-        ok = ra <= ANCHOR_REACH * rT[left][:, None]
+        with np.errstate(invalid="ignore"):  # a reach of 0 times an infinite threshold joins nothing
+            ok = ra <= ANCHOR_REACH * rT[left][:, None]
         ok[np.arange(anc.size), np.arange(anc.size)] = True  # an anchor is in its own group
         ra = np.where(ok, ra, np.inf)
         near = np.argmin(ra, axis=1)
@@ -513,21 +519,30 @@ def _anchor_groups(F, T, XA, nA, XB, nB, dt):
             members = left[sel[order[bounds[q] : bounds[q + 1]]]]
             if members.size == 0:
                 continue
-            if n_cand[q] * ANCHOR_MAX_SHARE > nBtot:
+            if n_cand[q] * ANCHOR_MAX_SHARE > nBtot or held + n_cand[q] > WITHIN_SLOTS:
                 rest.append(members)
             elif members.size * (nBtot - n_cand[q]) * d >= ANCHOR_MIN_WORK:
                 groups.append((members, np.flatnonzero(inside[:, q])))
+                held += int(n_cand[q])
             else:
                 # too small to run alone: with other small groups, against the union of
                 # their candidates, once that holds N / ANCHOR_UNION_SHARE of them
                 small.append(members)
                 union |= inside[:, q]
-                if np.count_nonzero(union) * ANCHOR_UNION_SHARE >= nBtot:
-                    groups.append((np.sort(np.concatenate(small)), np.flatnonzero(union)))
+                n_union = np.count_nonzero(union)
+                if n_union * ANCHOR_UNION_SHARE >= nBtot:
+                    if held + n_union > WITHIN_SLOTS:
+                        rest.extend(small)
+                    else:
+                        groups.append((np.sort(np.concatenate(small)), np.flatnonzero(union)))
+                        held += n_union
                     small, union = [], np.zeros(nBtot, dtype=bool)
         left = left[~has]
     if small:
-        groups.append((np.sort(np.concatenate(small)), np.flatnonzero(union)))
+        if held + np.count_nonzero(union) > WITHIN_SLOTS:
+            rest.extend(small)
+        else:
+            groups.append((np.sort(np.concatenate(small)), np.flatnonzero(union)))
     rest_pos = np.concatenate(rest) if rest else np.zeros(0, dtype=np.intp)
     return groups, np.sort(rest_pos)
 
@@ -538,7 +553,9 @@ def _settle(F, idx, dist, XA, nA, XB, nB, dt, SA, SB, k, self_cols, n_threads, d
 
     A deferred row's ``dist[i, 0]`` holds U, the k-th smallest squared upper bound of
     its heap (``refgeo_ext._knn``): an upper bound on its k-th smallest squared
-    distance.  The rows are filtered again against every candidate (:func:`_within`,
+    distance.  The rows are filtered again against the candidates within reach of
+    their group (:func:`_anchor_groups`; every candidate for the rows not grouped;
+    :func:`_within`,
     on the centered copies ``XA``, ``XB`` in the filter dtype ``dt``, with the
     kernel's own lower ends), the pairs whose lower end is at most U are refined from
     the original rows ``SA``, ``SB`` as the kernel refines, and the k smallest by
@@ -631,9 +648,12 @@ def knn_memory(nA, nB, d, k, *, symmetric, exclude_self, itemsize, tile_size, n_
         # float32 rows with more ties than a heap holds and too many pairs within
         # reach are redone through a float64 filter: float64 copies, centered and not
         parts[f"float64 copies for the last redo ({rows}, {d})"] = float(rows) * (16 * d + 8)
-    # the rows no heap settles are first grouped around anchors (_anchor_groups): float64
-    # bounds of those rows and of every candidate against a batch of anchors
-    parts[f"anchor rounds ({ANCHOR_BATCH} anchors, {nA} + {nB} rows)"] = (8.0 + 1.0) * ANCHOR_BATCH * (nA + nB)
+    # the rows no heap settles are first grouped around anchors (_anchor_groups): a copy
+    # of those rows, the GEMM of them and of every candidate against a batch of anchors
+    # (in the filter dtype, then float64, with a float64 temporary and a mask), and the
+    # groups' candidate lists (at most WITHIN_SLOTS entries)
+    parts[f"anchor rounds ({ANCHOR_BATCH} anchors, {nA} + {nB} rows)"] = (
+        float(nA) * d * itemsize + (itemsize + 8.0 + 8.0 + 1.0) * ANCHOR_BATCH * (nA + nB) + 8.0 * WITHIN_SLOTS)
     # the rows no heap settles are filtered again in strips (_settle): the strip's pair
     # slots (int64 columns), and each thread's refined pairs of one row
     slots = max(k, nB // min(SETTLE_DENSE_SHARE_F32, SETTLE_DENSE_SHARE_F64)) + 1

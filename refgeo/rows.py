@@ -910,7 +910,9 @@ def knn(
     upper bound, and then every kept pair within that bound is refined in float64.
     A row whose heap holds fewer than its ties (rows with many ties at their k-th
     distance, as sign rows and clusters of near-copies have) is filtered again against
-    every candidate, in the epilogue of a second GEMM of those rows, and only the pairs
+    the candidates that can be within reach of it (all of them, or for rows grouped
+    around an anchor the rows near the anchor, by the triangle inequality), in the
+    epilogue of a second GEMM of those rows, and only the pairs
     whose certified lower end can reach its k-th upper bound are refined (a row with
     more than ``max(k, N / 16)`` of them in float32: through a float64 filter; more
     than ``max(k, N / 4)`` in float64: against every candidate).  So the

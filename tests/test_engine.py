@@ -218,7 +218,7 @@ def test_extreme_pairs_exact(backend, parallel_always, monkeypatch):
 
 
 _ANCHORS = {name: getattr(_engine, name) for name in ("ANCHOR_BATCH", "ANCHOR_MIN_GAIN", "ANCHOR_MAX_SHARE",
-                                                        "ANCHOR_REACH", "ANCHOR_MIN_WORK")}
+                                                        "ANCHOR_REACH", "ANCHOR_MIN_WORK", "ANCHOR_UNION_SHARE")}
 
 
 def _draw_anchors(data):
@@ -233,7 +233,8 @@ def _draw_anchors(data):
     _engine.ANCHOR_MIN_GAIN = data.draw(st.sampled_from([0, 1, 2]))
     _engine.ANCHOR_MAX_SHARE = 1
     _engine.ANCHOR_REACH = data.draw(st.sampled_from([0.0, 0.5, 2.0, 8.0]))
-    _engine.ANCHOR_MIN_WORK = 0
+    _engine.ANCHOR_MIN_WORK = data.draw(st.sampled_from([0, 1 << 12]))
+    _engine.ANCHOR_UNION_SHARE = data.draw(st.sampled_from([1, 16]))
 
 
 def test_knn_exact(backend, parallel_always, monkeypatch):
@@ -705,8 +706,8 @@ def test_knn_of_near_copy_clouds_matches_the_oracle(backend, parallel_always, mo
 @given(seed=st.integers(0, 2**32 - 1), n=st.integers(2, 150), d=st.integers(1, 40),
        kind=st.sampled_from(["copies", "grid", "gaussian", "two_scales"]), f64=st.booleans(),
        mixed=st.booleans(), reach=st.sampled_from([0.0, 0.5, 2.0, 8.0]), batch=st.sampled_from([1, 3, 64]),
-       share=st.sampled_from([1, 4]))
-def test_anchor_groups_hold_every_candidate_within_reach(seed, n, d, kind, f64, mixed, reach, batch, share):
+       share=st.sampled_from([1, 4]), slots=st.sampled_from([5, 60, 1 << 22]))
+def test_anchor_groups_hold_every_candidate_within_reach(seed, n, d, kind, f64, mixed, reach, batch, share, slots):
     """The groups of deferred k-NN rows around anchors (``_engine._anchor_groups``): each
     group's candidates hold every row within the square root of each member's threshold
     (refined distance, not the filter's), whatever the anchors, the reach and the
@@ -729,14 +730,15 @@ def test_anchor_groups_hold_every_candidate_within_reach(seed, n, d, kind, f64, 
     # thresholds: a row's k-th smallest distance, a little above or below it, zero, or all
     kth = np.sort(D2[F], axis=1)[:, rng.integers(0, n)]
     T = kth * rng.choice([1.0, 1.0 + 1e-6, 0.5, 0.0, 4.0], size=F.size)
-    old = {name: getattr(_engine, name) for name in _ANCHORS}
+    old = {name: getattr(_engine, name) for name in (*_ANCHORS, "WITHIN_SLOTS")}
     try:
         _engine.ANCHOR_BATCH, _engine.ANCHOR_MIN_GAIN, _engine.ANCHOR_MAX_SHARE = batch, 0, share
-        _engine.ANCHOR_REACH, _engine.ANCHOR_MIN_WORK = reach, 0
+        _engine.ANCHOR_REACH, _engine.ANCHOR_MIN_WORK, _engine.WITHIN_SLOTS = reach, 0, slots
         groups, rest = _engine._anchor_groups(F, T, X, nrm, X, nrm, dt)
     finally:
         for name, value in old.items():
             setattr(_engine, name, value)
+    assert sum(C.size for _, C in groups) <= slots  # the candidate lists' memory
     seen = np.concatenate([rest] + [pos for pos, _ in groups])
     np.testing.assert_array_equal(np.sort(seen), np.arange(F.size))  # every row once
     for pos, C in groups:
