@@ -111,6 +111,18 @@ def test_compiled_engine_counts_tile_pairs(cython):
     refgeo.knn(signs, 8, tile_size=100, progress=seen.append)
     first = 55 + 1000 // 64 + 1
     assert seen[-1]["done"] == seen[-1]["total"] > first, seen
+    # with no row grouped around an anchor, every threshold pass runs against the 10
+    # tiles of every row
+    from refgeo import _engine
+
+    old = _engine.ANCHOR_MIN_GAIN
+    try:
+        _engine.ANCHOR_MIN_GAIN = 1 << 30
+        seen = []
+        refgeo.knn(signs, 8, tile_size=100, progress=seen.append)
+    finally:
+        _engine.ANCHOR_MIN_GAIN = old
+    assert seen[-1]["done"] == seen[-1]["total"] > first and (seen[-1]["total"] - first) % 10 == 0, seen
 
 
 @compiled
