@@ -959,30 +959,51 @@ def _pair_task_compiled(SA, SB, i0, j0, mu, maximize, seed=None):
     same = SB is None
     if same and SA.shape[0] < 2:
         return None
-    A, B, XA, XB, nA, nB, dt, top = _centered_pair(SA, SB, mu, float32_filter=maximize)
-    d = A.shape[1]
-    n_pairs = A.shape[0] * (A.shape[0] - 1) // 2 if same else A.shape[0] * B.shape[0]
-    budget = 0
-    if not maximize and dt == "float32":
-        budget = max(_engine.MIN_MIXED_BUDGET, n_pairs // _engine.MIN_MIXED_BUDGET_DIVISOR)
-    n_before = 0
-    for _ in range(2):
-        cp, eabs = rounding_bound(d, dt)
-        name = ("32" if A.dtype == np.float32 else "32s64") if dt == "float32" else "64"
-        fn = getattr(_backend_ext()._knn_blocks, "block_pair_extreme" + name)
-        with blas_single_thread():
-            v, i, j, n, over = fn(XA, nA, A, XB, nB, B, same, maximize, cp, eabs, _TASK_TILE,
-                                  math.nan if seed is None else seed, budget)
-        if not over:
-            break
-        # float64 copies of float32 rows refine to the same bits
-        n_before += n
-        A, B, XA, XB, nA, nB, dt, top = _centered_pair(np.asarray(SA, dtype=np.float64),
-                                                       None if same else np.asarray(SB, dtype=np.float64), mu)
+    n_pairs = SA.shape[0] * (SA.shape[0] - 1) // 2 if same else SA.shape[0] * SB.shape[0]
+
+    def call(fn, parts, cp, eabs):
+        A, B, XA, XB, nA, nB, dt, _ = parts
         budget = 0
+        if not maximize and dt == "float32":
+            budget = max(_engine.MIN_MIXED_BUDGET, n_pairs // _engine.MIN_MIXED_BUDGET_DIVISOR)
+        return fn(XA, nA, A, XB, nB, B, same, maximize, cp, eabs, _TASK_TILE,
+                  math.nan if seed is None else seed, budget)
+
+    (v, i, j, n, _), parts, n_before = _block_kernel_runs(SA, SB, mu, "block_pair_extreme", maximize, call)
     if i < 0:
         return None
-    return _Pair(float(v), i0 + int(i), j0 + int(j), reported_bound(d, dt, top), int(n) + n_before)
+    return _Pair(float(v), i0 + int(i), j0 + int(j), reported_bound(SA.shape[1], parts[6], parts[7]),
+                 int(n) + n_before)
+
+
+def _block_kernel_runs(SA, SB, mu, kernel, float32_filter, call):
+    """Run the compiled block kernel ``kernel`` (a name of ``refgeo_ext._knn_blocks``
+    without its dtype suffix) on the centered pair of ``SA`` and ``SB`` (None: ``SA``
+    against itself), through a float32 filter where :func:`_centered_pair` gives one,
+    again through a float64 filter if that gives up.
+
+    ``call(fn, parts, cp, eabs)`` calls the kernel ``fn`` on ``parts`` (the tuple of
+    :func:`_centered_pair`) with the rounding bound ``cp``, ``eabs`` of its filter
+    dtype, under one BLAS thread, and returns the kernel's tuple, whose last two
+    entries are the refined pairs and whether the float32 filter gave up.  Returns
+    ``(that tuple, parts, pairs refined by the run that gave up)``.  float64 copies of
+    float32 rows refine to the same bits, so the float64 run answers the same pairs."""
+    same = SB is None
+    d = SA.shape[1]
+    parts = _centered_pair(SA, SB, mu, float32_filter=float32_filter)
+    n_before = 0
+    while True:
+        A, dt = parts[0], parts[6]
+        cp, eabs = rounding_bound(d, dt)
+        name = ("32" if A.dtype == np.float32 else "32s64") if dt == "float32" else "64"
+        fn = getattr(_backend_ext()._knn_blocks, kernel + name)
+        with blas_single_thread():
+            out = call(fn, parts, cp, eabs)
+        if not out[-1] or dt != "float32":
+            return out, parts, n_before
+        n_before += int(out[-2])
+        parts = _centered_pair(np.asarray(SA, dtype=np.float64),
+                               None if same else np.asarray(SB, dtype=np.float64), mu)
 
 
 # Sweeps of the diameter's seed search over the blocks (farthest point from the row
@@ -1009,17 +1030,24 @@ def _merge_far(records):
 
 def _seed_value(*ends):
     """A lower bound on the squared diameter from the rows found by the sweeps: the
-    largest refined squared distance of two consecutive ones, lowered by 2^-40 of
-    itself (it is compared with refined values of the same pairs, which the tasks
-    must still refine: equal values tie)."""
+    largest refined squared distance of two consecutive ones, lowered
+    (:func:`_refined_low`)."""
     best = 0.0
     for a, b in zip(ends[:-1], ends[1:]):
-        # rows beyond the prescaled range (a direct call) may overflow: no seed then,
-        # and the task's own range check names the problem
-        with np.errstate(over="ignore", invalid="ignore"):
-            r = float(refine_pairs(a[2][None, :], b[2][None, :], np.zeros(1, np.int64), np.zeros(1, np.int64))[0])
-        best = max(best, r)
-    return best * (1.0 - 2.0**-40) if math.isfinite(best) else 0.0
+        best = max(best, float(_refined_low(a[2][None, :], b[2][None, :])[0]))
+    return best
+
+
+def _refined_low(S64, row):
+    """The refined squared distances of the rows of ``S64`` to ``row`` (one row), lowered
+    by 2^-40 of themselves: lower bounds compared with refined values of the same pairs,
+    which the tasks must still refine (equal values tie).  Rows beyond the prescaled
+    range (a direct call) may overflow: such a distance gives 0, no bound, and the
+    task's own range check names the problem."""
+    n = S64.shape[0]
+    with np.errstate(over="ignore", invalid="ignore"):
+        r = refine_pairs(S64, row, np.arange(n, dtype=np.int64), np.zeros(n, np.int64))
+    return np.where(np.isfinite(r), r * (1.0 - 2.0**-40), 0.0)
 
 
 def _seed_rows(blocks, offsets, mu):
@@ -1051,17 +1079,13 @@ def _diameter_seed(blocks, offsets, mu):
 def _row_lows_task(S, *ends):
     """Lower bounds on the farthest value of each row of block ``S``: its largest
     refined squared distance to the rows of the seed sweeps (:func:`_seed_rows`),
-    lowered by 2^-40 of itself as in :func:`_seed_value` (a row of the sweeps is its
-    own partner at 0: any partner is at least that far)."""
+    lowered (:func:`_refined_low`; a row of the sweeps is its own partner at 0: any
+    partner is at least that far)."""
     S64 = np.ascontiguousarray(S, dtype=np.float64)
-    n = S64.shape[0]
-    idx = np.arange(n, dtype=np.int64)
-    low = np.zeros(n)
+    low = np.zeros(S64.shape[0])
     for e in ends:
-        with np.errstate(over="ignore", invalid="ignore"):  # as in _seed_value
-            r = refine_pairs(S64, e[2][None, :], idx, np.zeros(n, np.int64))
-        np.maximum(low, np.where(np.isfinite(r), r, 0.0), out=low)
-    return low * (1.0 - 2.0**-40)
+        np.maximum(low, _refined_low(S64, e[2][None, :]), out=low)
+    return low
 
 
 def _centered_pair(SA, SB, mu, float32_filter=False):
@@ -1798,29 +1822,23 @@ def _farthest_task_compiled(SA, SB, i0, j0, mu, lows_a=None, lows_b=None):
     same = SB is None
     if same and SA.shape[0] < 2:  # one row: no partner in its own block
         return None, None
-    A, B, XA, XB, nA, nB, dt, top = _centered_pair(SA, SB, mu, float32_filter=True)
-    d = A.shape[1]
-    rows = A.shape[0] + (0 if same else B.shape[0])
-    n_pairs = A.shape[0] * (A.shape[0] - 1) // 2 if same else A.shape[0] * B.shape[0]
-    n_before = 0
-    for _ in range(2):
-        cp, eabs = rounding_bound(d, dt)
-        name = ("32" if A.dtype == np.float32 else "32s64") if dt == "float32" else "64"
-        fn = getattr(_backend_ext()._knn_blocks, "block_pair_farthest" + name)
+    rows = SA.shape[0] + (0 if same else SB.shape[0])
+    n_pairs = SA.shape[0] * (SA.shape[0] - 1) // 2 if same else SA.shape[0] * SB.shape[0]
+    runs = []
+
+    def call(fn, parts, cp, eabs):
+        A, B, XA, XB, nA, nB, dt, _ = parts
         va, ia = np.full(A.shape[0], -math.inf), np.full(A.shape[0], _NO_INDEX, dtype=np.int64)
         vb, ib = (va, ia) if same else (np.full(B.shape[0], -math.inf), np.full(B.shape[0], _NO_INDEX, dtype=np.int64))
+        runs.append((va, ia, vb, ib))
         cap = max(_engine.FARTHEST_MIN_CAP, rows // _engine.FARTHEST_CAP_SHARE) if dt == "float32" else 0
-        with blas_single_thread():
-            n, over = fn(XA, nA, A, XB, nB, B, same, cp, eabs, _TASK_TILE, va, ia, vb, ib, lows_a,
-                         None if same else lows_b, cap, n_pairs // _engine.FARTHEST_BUDGET_DIVISOR,
-                         max(_engine.FARTHEST_MIN_HEAVY_ROWS, rows // _engine.FARTHEST_HEAVY_SHARE))
-        if not over:
-            break
-        # float64 copies of float32 rows refine to the same bits
-        n_before += n
-        A, B, XA, XB, nA, nB, dt, top = _centered_pair(np.asarray(SA, dtype=np.float64),
-                                                       None if same else np.asarray(SB, dtype=np.float64), mu)
-    bound = reported_bound(d, dt, top)
+        return fn(XA, nA, A, XB, nB, B, same, cp, eabs, _TASK_TILE, va, ia, vb, ib, lows_a,
+                  None if same else lows_b, cap, n_pairs // _engine.FARTHEST_BUDGET_DIVISOR,
+                  max(_engine.FARTHEST_MIN_HEAVY_ROWS, rows // _engine.FARTHEST_HEAVY_SHARE))
+
+    (n, _), parts, n_before = _block_kernel_runs(SA, SB, mu, "block_pair_farthest", True, call)
+    va, ia, vb, ib = runs[-1]
+    bound = reported_bound(SA.shape[1], parts[6], parts[7])
     rec_a = _partner_rows(va, ia, j0, bound, n + n_before)
     return rec_a, (None if same else _partner_rows(vb, ib, i0, bound, 0))
 

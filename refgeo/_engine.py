@@ -583,10 +583,12 @@ def _settle(F, idx, dist, XA, nA, XB, nB, dt, SA, SB, k, self_cols, n_threads, d
         XBc, nBc = (XB, nB) if C is None else (np.ascontiguousarray(XB[C]), np.ascontiguousarray(nB[C]))
         own = None
         if self_cols is not None:
-            own = self_cols[pos] if C is None else np.searchsorted(C, self_cols[pos])
-            # a row is always among its group's candidates (it is within reach of itself)
-            if C is not None and (own >= C.size).any() or C is not None and (C[own] != self_cols[pos]).any():
-                raise RuntimeError("internal error: a k-NN row is missing from its group's candidates")
+            own = self_cols[pos]
+            if C is not None:
+                own = np.searchsorted(C, own)
+                # a row is always among its group's candidates (it is within reach of itself)
+                if (own >= C.size).any() or (C[own] != self_cols[pos]).any():
+                    raise RuntimeError("internal error: a k-NN row is missing from its group's candidates")
         counts, cols = _within(np.ascontiguousarray(XA[P]), np.ascontiguousarray(nA[P]), XBc, nBc, dt,
                                T[pos], own, dense_at, n_threads, tile_size, progress)
         # U is the k-th smallest upper bound: at least k pairs of each row reach it
