@@ -491,6 +491,70 @@ class NearCopyRows:
     track_farthest_time_over_gaussian.unit = "x"
 
 
+@records_runtime(dtype="float32", backend="cython")
+class KNNHiddenStates:
+    """knn of hidden states shaped like a residual stream: a common component (norm
+    about 5 sqrt(d)) shared by every row, the embedding of a token drawn with Zipf
+    counts (exponent 1.1, a vocabulary of N / 2 tokens) and a small context term
+    (1e-3 per entry).  The rows of one frequent token are near-copies, nearly
+    equidistant, which the float32 filter ties beyond any heap; the threshold pass
+    groups them around anchors (``refgeo._engine._anchor_groups``) and runs each group
+    against the rows within reach of its anchor.
+
+    Baselines in the same process: the same call with no row grouped around an anchor
+    (``_engine.ANCHOR_MIN_GAIN`` out of reach: every deferred row against every row,
+    the path before the anchors), and knn of Gaussian rows of the same shape.  One
+    thread, so that the ratios do not depend on the machine's cores.
+    """
+
+    params = ([(8000, 128)] if not realistic() else [(20000, 256)], [1, 16])
+    param_names = ["N_d", "k"]
+    timeout = 1200
+
+    def setup(self, N_d, k):
+        require_backend("cython")
+        N, d = N_d
+        g = rng(6)
+        vocab = N // 2
+        p = 1.0 / np.arange(1, vocab + 1) ** 1.1
+        tokens = g.choice(vocab, size=N, p=p / p.sum())
+        X = 5.0 * g.standard_normal(d) + g.standard_normal((vocab, d))[tokens]
+        self.X = (X + 1e-3 * g.standard_normal((N, d))).astype(np.float32)
+        self.G = g.standard_normal((N, d)).astype(np.float32)
+
+    def _knn(self, X, k):
+        with refgeo.use_backend("cython"):
+            return refgeo.knn(X, k, n_threads=1)
+
+    def _knn_without_anchors(self, k):
+        from refgeo import _engine
+
+        old = _engine.ANCHOR_MIN_GAIN
+        _engine.ANCHOR_MIN_GAIN = 1 << 30
+        try:
+            return self._knn(self.X, k)
+        finally:
+            _engine.ANCHOR_MIN_GAIN = old
+
+    def time_knn(self, N_d, k):
+        self._knn(self.X, k)
+
+    def track_speedup_vs_no_anchors(self, N_d, k):
+        return best_time(lambda: self._knn_without_anchors(k)) / best_time(lambda: self._knn(self.X, k))
+
+    track_speedup_vs_no_anchors.unit = "x"
+
+    def track_time_over_gaussian(self, N_d, k):
+        return best_time(lambda: self._knn(self.X, k)) / best_time(lambda: self._knn(self.G, k))
+
+    track_time_over_gaussian.unit = "x"
+
+    def track_refined_pairs_per_row(self, N_d, k):
+        return self._knn(self.X, k).n_refined / len(self.X)
+
+    track_refined_pairs_per_row.unit = "pairs"
+
+
 class ClosestPairNearDuplicates:
     """closest_pair of float64 rows of which a share lies within 1e-6 of one point (rows
     that few updates touched), at the end of the matrix.
