@@ -153,6 +153,9 @@ ANCHOR_REACH = 2.0
 # rows of R^128: 0.26 s in strips, 0.61 s in groups of every size).
 ANCHOR_MIN_WORK = 1 << 26
 ANCHOR_UNION_SHARE = 16
+# Consecutive groups run as one, against the union of their candidates, while that
+# costs at most this many times the work of the groups apart (_merge_groups).
+ANCHOR_MERGE_GROWTH = 1.25
 
 # Rows per task of the k-NN kernel's second phase (the kernel's ROW_BLOCK): only to
 # announce the task count to a progress reporter, which adopts the kernel's own count.
@@ -457,7 +460,8 @@ def _anchor_groups(F, T, XA, nA, XB, nB, dt):
     ANCHOR_MIN_GAIN rows per anchor; groups with more than N / ANCHOR_MAX_SHARE
     candidates, and the rows left, go to the rest; groups that spare less than
     ANCHOR_MIN_WORK multiply-adds run together, against the union of their candidates,
-    in batches whose union holds about N / ANCHOR_UNION_SHARE candidates.
+    in batches whose union holds about N / ANCHOR_UNION_SHARE candidates; consecutive
+    groups with nearly the same candidates are then merged (:func:`_merge_groups`).
 
     Why: near-copies in high dimension are nearly equidistant (hidden states of one
     token in similar contexts), so the float32 filter ties them beyond any heap and the
@@ -544,7 +548,36 @@ def _anchor_groups(F, T, XA, nA, XB, nB, dt):
         else:
             groups.append((np.sort(np.concatenate(small)), np.flatnonzero(union)))
     rest_pos = np.concatenate(rest) if rest else np.zeros(0, dtype=np.intp)
-    return groups, np.sort(rest_pos)
+    return _merge_groups(groups, nBtot), np.sort(rest_pos)
+
+
+def _merge_groups(groups, n):
+    """Consecutive groups (``(positions, candidates)``, candidates among ``n`` rows) as
+    one group against the union of their candidates, while that does at most
+    ANCHOR_MERGE_GROWTH times the work of the groups apart (rows times candidates) and
+    the union holds at most ``n / ANCHOR_MAX_SHARE`` rows.
+
+    Why: the anchors of one round are often rows of one cluster, which split the
+    cluster's rows among them with nearly the same candidates, each group a pass of its
+    own (400 near-copies of 2,000 rows: 64 float64 passes of a few rows against the same
+    400).  Merged, the work is about the same and the passes are one.  The union is a
+    superset of each group's candidates, so it holds every row within reach.
+    """
+    out = []  # [positions, candidates, work of the groups apart]
+    mask = np.zeros(n, dtype=bool)
+    for pos, C in groups:
+        work = pos.size * C.size
+        if out:
+            last = out[-1]
+            mask[last[1]] = True
+            n_union = last[1].size + int(np.count_nonzero(~mask[C]))
+            mask[last[1]] = False
+            if (n_union * ANCHOR_MAX_SHARE <= n
+                    and (last[0].size + pos.size) * n_union <= ANCHOR_MERGE_GROWTH * (last[2] + work)):
+                out[-1] = [np.concatenate([last[0], pos]), np.union1d(last[1], C), last[2] + work]
+                continue
+        out.append([pos, C, work])
+    return [(np.sort(pos), C) for pos, C, _ in out]
 
 
 def _settle(F, idx, dist, XA, nA, XB, nB, dt, SA, SB, k, self_cols, n_threads, dense, tile_size=None,
@@ -562,9 +595,10 @@ def _settle(F, idx, dist, XA, nA, XB, nB, dt, SA, SB, k, self_cols, n_threads, d
     (value, index) are written to ``idx[F]`` and ``dist[F]`` (``refgeo_ext._knn.pick*``).
     Rows with more than ``max(k, N / 16)`` candidates within reach in a float32 filter,
     or ``max(k, N / 4)`` in a float64 filter (``N`` candidate rows;
-    :data:`SETTLE_DENSE_SHARE_F32`), go to ``dense(rows)`` instead (the float64 filter,
-    or the kernel, which refines them against every candidate; it counts its own
-    refinements).  Why: where more rows tie than any heap holds (near-copies within
+    :data:`SETTLE_DENSE_SHARE_F32`), go to ``dense(rows, C)`` instead, with ``C`` their
+    group's candidates (sorted rows of ``XB``, a superset of every row's k nearest) or
+    None (every row): the float64 filter, or the kernel, which refines them against
+    every candidate; it counts its own refinements.  Why: where more rows tie than any heap holds (near-copies within
     the filter's bound: clusters of 50 and k = 1), each row was refined against every
     candidate, O(N d) outside the GEMM per row (knn(X, 1) of 20,000 such float32 rows
     of R^64: 6.1 s, 0.2 s for Gaussian rows).  Returns the number of pairs refined here (not those of ``dense``).
@@ -574,10 +608,11 @@ def _settle(F, idx, dist, XA, nA, XB, nB, dt, SA, SB, k, self_cols, n_threads, d
     T = dist[F, 0].copy()
     pick = getattr(_backend.extension()._knn, "pick" + _suffix(SA))
     dense_at = max(k, XB.shape[0] // (SETTLE_DENSE_SHARE_F32 if dt == "float32" else SETTLE_DENSE_SHARE_F64))
-    n_ref, many_rows = 0, [F[:0]]
+    n_ref = 0
+    many_rows: dict[int, tuple[list[np.ndarray], np.ndarray | None]] = {}  # group: (rows for dense, candidates)
 
-    def settle(pos, C):
-        """Rows F[pos] against the candidates C (None: every row of XB)."""
+    def settle(pos, C, group):
+        """Rows F[pos] of ``group`` against the candidates C (None: every row of XB)."""
         nonlocal n_ref
         P = F[pos]
         XBc, nBc = (XB, nB) if C is None else (np.ascontiguousarray(XB[C]), np.ascontiguousarray(nB[C]))
@@ -597,7 +632,7 @@ def _settle(F, idx, dist, XA, nA, XB, nB, dt, SA, SB, k, self_cols, n_threads, d
         if C is not None:  # candidates' positions in C back to rows of XB (unused slots: 0)
             used = np.arange(cols.shape[1])[None, :] < counts[:, None]
             cols = np.where(used, C[np.clip(cols, 0, C.size - 1)], 0)
-        many_rows.append(P[counts > dense_at])
+        many_rows.setdefault(group, ([], C))[0].append(P[counts > dense_at])
         # a small pick on one thread: an OpenMP team for a few thousand refinements cost
         # 7 ms a call on two busy cores
         n_pick = _effective_threads(n_threads, -(-P.size // KNN_ROW_BLOCK), int(counts.sum()) * SA.shape[1])
@@ -609,12 +644,16 @@ def _settle(F, idx, dist, XA, nA, XB, nB, dt, SA, SB, k, self_cols, n_threads, d
     # passes every pair of the cluster
     groups, rest_pos = _anchor_groups(F, T, XA, nA, XB, nB, dt)
     strip = max(1, WITHIN_SLOTS // (dense_at + 1))
-    for pos, C in [*groups, (rest_pos, None)]:
+    for group, (pos, C) in enumerate([*groups, (rest_pos, None)]):
         for s in range(0, pos.size, strip):
-            settle(pos[s : s + strip], C)
-    rest = np.concatenate(many_rows)
-    if rest.size:
-        dense(rest)  # counts its own refinements
+            settle(pos[s : s + strip], C, group)
+    # a group's rows with too many pairs within reach go to the dense path against the
+    # group's candidates alone: the states of one frequent token (2,600 of 20,000 rows)
+    # ran through a float64 filter against every row, half the time of the call
+    for parts, C in many_rows.values():
+        rows = np.concatenate(parts)
+        if rows.size:
+            dense(rows, C)  # counts its own refinements
     return n_ref
 
 
@@ -656,6 +695,11 @@ def knn_memory(nA, nB, d, k, *, symmetric, exclude_self, itemsize, tile_size, n_
     # groups' candidate lists (at most WITHIN_SLOTS entries)
     parts[f"anchor rounds ({ANCHOR_BATCH} anchors, {nA} + {nB} rows)"] = (
         float(nA) * d * itemsize + (itemsize + 8.0 + 8.0 + 1.0) * ANCHOR_BATCH * (nA + nB) + 8.0 * WITHIN_SLOTS)
+    # a group's candidates (at most nB / ANCHOR_MAX_SHARE rows) copied for its threshold
+    # pass (centered, with norms) and for its float64 filter or its refinement against
+    # every candidate (float64 centered and original rows, with norms)
+    n_group = nB // ANCHOR_MAX_SHARE
+    parts[f"a group's candidates ({n_group}, {d})"] = float(n_group) * ((itemsize + 16.0) * d + 16.0)
     # the rows no heap settles are filtered again in strips (_settle): the strip's pair
     # slots (int64 columns), and each thread's refined pairs of one row
     slots = max(k, nB // min(SETTLE_DENSE_SHARE_F32, SETTLE_DENSE_SHARE_F64)) + 1
@@ -712,46 +756,62 @@ def knn(X, k, Y, *, exclude_self, tile_size=None, n_threads=None, progress=None)
     def self_cols(F):
         return F if (symmetric and exclude_self) else None
 
-    def redo(fn, F, XA, nA, XB, nB, K, dt, defer, SA=SA, SB=SB):
+    def redo(fn, F, XA, nA, XB, nB, K, dt, defer, SA=SA, SB=SB, C=None):
         """Rows F against every candidate with heaps of K, in passes of at most
-        ``heap_rows // K`` rows; returns the rows still deferred."""
+        ``heap_rows // K`` rows; returns the rows still deferred.  ``C`` (sorted rows of
+        XB, or None for all): the candidates, a superset of each row's k nearest."""
         nonlocal n_refined
+        if C is not None:
+            XB, nB, SB = (np.ascontiguousarray(a[C]) for a in (XB, nB, SB))
+            K = min(K, _heap_size(C.size - int(symmetric and exclude_self), k))
         left = []
         per = max(1, heap_rows // K)
         for a in range(0, F.size, per):
             P = F[a : a + per]
-            self_idx = P.astype(np.int64) if (symmetric and exclude_self) else np.full(P.size, -1, np.int64)
+            self_idx = np.full(P.size, -1, np.int64)
+            if symmetric and exclude_self:
+                self_idx = (P if C is None else np.searchsorted(C, P)).astype(np.int64)
             sub_idx, sub_dist, sub_stats = _knn_pass(
                 fn, np.ascontiguousarray(XA[P]), np.ascontiguousarray(nA[P]),
                 np.ascontiguousarray(SA[P]), XB, nB, SB, symmetric=False, exclude_self=False,
                 self_idx=self_idx, defer=defer, k=k, dt=dt, tile_size=tile_size, n=n_redo,
                 progress=progress, K=K,
             )
+            if C is not None:  # positions in C back to rows (a deferred row holds -1 and U only)
+                done = sub_idx[:, 0] >= 0
+                sub_idx[done] = C[sub_idx[done]]
             idx[P] = sub_idx
             dist[P] = sub_dist
             n_refined += int(sub_stats[1])
             left.append(P[sub_idx[:, 0] < 0])
         return np.concatenate(left) if left else F
 
-    def refine_all(fn, R, XA, nA, XB, nB, K, dt, SA=SA, SB=SB):
-        """Rows R refined against every candidate (``redo`` counts the pairs)."""
-        redo(fn, R, XA, nA, XB, nB, K, dt, defer=False, SA=SA, SB=SB)
+    def refine_all(fn, R, XA, nA, XB, nB, K, dt, SA=SA, SB=SB, C=None):
+        """Rows R refined against every candidate of C (``redo`` counts the pairs)."""
+        redo(fn, R, XA, nA, XB, nB, K, dt, defer=False, SA=SA, SB=SB, C=C)
 
-    def float64_filter(R):
+    copies64: list[tuple] = []  # the float64 copies, made once, by the first float64 filter
+
+    def float64_filter(R, C=None):
         """Rows R that the float32 filter cannot settle, through a float64 filter (the
         same mean, so the same centered rows; float64 copies of float32 rows refine to
-        the same bits): its heaps, then the pairs that can reach their float64 U, then
-        every candidate for the rows with too many of those (counted in n_refined)."""
+        the same bits) against the candidates C (None: every row): its heaps, then the
+        pairs that can reach their float64 U, then every candidate for the rows with too
+        many of those (counted in n_refined)."""
         nonlocal n_refined
-        o64, c64, n64, _ = _center([np.asarray(a, dtype=np.float64) for a in arrays], n)
+        if not copies64:
+            copies64.append(_center([np.asarray(a, dtype=np.float64) for a in arrays], n))
+        o64, c64, n64, _ = copies64[0]
         A64, B64 = o64[0], o64[0 if symmetric else 1]
         XB64, nB64 = (c64[0], n64[0]) if symmetric else (c64[1], n64[1])
         args = (c64[0], n64[0], XB64, nB64, K, "float64")
-        R = redo(ext._knn.knn64, R, *args, defer=True, SA=A64, SB=B64)
+        R = redo(ext._knn.knn64, R, *args, defer=True, SA=A64, SB=B64, C=C)
         if R.size:
             # the refinements of refine_all are counted as it runs: add _settle's after
+            # (which groups these rows around anchors of its own, against every row)
             own = _settle(R, idx, dist, c64[0], n64[0], XB64, nB64, "float64", A64, B64, k, self_cols(R), n,
-                          lambda D: refine_all(ext._knn.knn64, D, *args, SA=A64, SB=B64), tile_size, progress)
+                          lambda D, C2: refine_all(ext._knn.knn64, D, *args, SA=A64, SB=B64, C=C2),
+                          tile_size, progress)
             n_refined += own
 
     # deferred rows (more ties near their k-th distance than the heap's slack, as in
@@ -765,7 +825,7 @@ def knn(X, k, Y, *, exclude_self, tile_size=None, n_threads=None, progress=None)
     # 20,000 sign rows of R^64 at k = 16 took 0.75 s, now 0.52 s, against 0.30 s for
     # Gaussian rows.)
     if F.size:
-        dense = float64_filter if dt == "float32" else (lambda R: refine_all(fn, R, XA, nA, XB, nB, K, dt))
+        dense = float64_filter if dt == "float32" else (lambda R, C: refine_all(fn, R, XA, nA, XB, nB, K, dt, C=C))
         # dense() counts its refinements as it runs: add _settle's own after it returns
         own = _settle(F, idx, dist, XA, nA, XB, nB, dt, SA, SB, k, self_cols(F), n, dense, tile_size, progress)
         n_refined += own

@@ -218,7 +218,8 @@ def test_extreme_pairs_exact(backend, parallel_always, monkeypatch):
 
 
 _ANCHORS = {name: getattr(_engine, name) for name in ("ANCHOR_BATCH", "ANCHOR_MIN_GAIN", "ANCHOR_MAX_SHARE",
-                                                        "ANCHOR_REACH", "ANCHOR_MIN_WORK", "ANCHOR_UNION_SHARE")}
+                                                        "ANCHOR_REACH", "ANCHOR_MIN_WORK", "ANCHOR_UNION_SHARE",
+                                                        "ANCHOR_MERGE_GROWTH")}
 
 
 def _draw_anchors(data):
@@ -235,6 +236,7 @@ def _draw_anchors(data):
     _engine.ANCHOR_REACH = data.draw(st.sampled_from([0.0, 0.5, 2.0, 8.0]))
     _engine.ANCHOR_MIN_WORK = data.draw(st.sampled_from([0, 1 << 12]))
     _engine.ANCHOR_UNION_SHARE = data.draw(st.sampled_from([1, 16]))
+    _engine.ANCHOR_MERGE_GROWTH = data.draw(st.sampled_from([0.0, 1.25, 1e9]))  # never, default, always
 
 
 def test_knn_exact(backend, parallel_always, monkeypatch):
@@ -654,6 +656,37 @@ def test_knn_of_float32_rows_in_one_large_cluster_goes_through_a_float64_filter(
     np.testing.assert_array_equal(r.distances, dist)
 
 
+def test_knn_of_a_grouped_cluster_runs_its_float64_filter_against_the_group(backend, monkeypatch):
+    """400 of 2,000 float32 rows of R^32 within 1e-4 of a point far from the origin (the
+    states of one frequent token): the float32 filter ties them, the threshold pass
+    groups them around anchors, and they have too many pairs within reach for it, so
+    they go through a float64 filter.  It ran them against every row (hidden states of
+    R^256 with Zipf token counts: half the time of the call), and the anchors of one
+    round split them into 64 groups, each a pass of its own; now one float64 pass
+    against the group's candidates, the 400 rows of the cluster."""
+    if backend != "cython":
+        pytest.skip("the compiled engine's float64 filter")
+    rng = np.random.default_rng(8)
+    X = np.vstack([rng.standard_normal((1600, 32)), 20 + 1e-4 * rng.standard_normal((400, 32))])
+    X = X[rng.permutation(2000)].astype(np.float32)
+    real = _engine._knn_pass
+    passes = []
+
+    def counted(*args, **kwargs):
+        passes.append((kwargs.get("dt"), args[3].shape[0], args[6].shape[0]))  # filter, rows, candidates
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(_engine, "_knn_pass", counted)
+    for k in (1, 4):
+        passes.clear()
+        r = _engine.knn(X, k, None, exclude_self=True)
+        assert passes[0] == ("float32", 2000, 2000), passes
+        assert passes[1:] == [("float64", 400, 400)], passes
+        idx, dist = _oracle_knn(X, k)
+        np.testing.assert_array_equal(r.indices, idx)
+        np.testing.assert_array_equal(r.distances, dist)
+
+
 @st.composite
 def near_copy_clouds(draw):
     """Rows in clusters of near-copies of random sizes (up to 40), some exact copies,
@@ -675,15 +708,20 @@ def near_copy_clouds(draw):
 def test_knn_of_near_copy_clouds_matches_the_oracle(backend, parallel_always, monkeypatch):
     """Every answer of the redo paths is exact: near-copy clusters against themselves
     and against a second cloud, float32 and float64 (filtered in float32 from no work
-    on), small strips, tiles and threads."""
+    on), small strips, anchor groups, tiles and threads."""
     if backend != "cython":
         pytest.skip("the compiled engine's redo")
     monkeypatch.setattr(_engine, "KNN_MIXED_MIN_WORK", 0)
+    for name, value in _ANCHORS.items():
+        monkeypatch.setattr(_engine, name, value)
 
     @settings(max_examples=_examples(backend, 300))
     @given(X=near_copy_clouds(), Y=st.one_of(st.none(), near_copy_clouds()), k=st.integers(1, 6),
-           f32=st.booleans(), slots=st.sampled_from([1, 500, 1 << 22]), **tie_options)
-    def check(X, Y, k, f32, slots, tile_size, n_threads):
+           f32=st.booleans(), slots=st.sampled_from([1, 500, 1 << 22]), data=st.data(), **tie_options)
+    def check(X, Y, k, f32, slots, data, tile_size, n_threads):
+        # grouped clusters send their rows to the float64 filter (or to every candidate)
+        # against their group's candidates alone
+        _draw_anchors(data)
         if Y is not None and Y.shape[1] != X.shape[1]:
             Y = np.resize(Y, (Y.shape[0], X.shape[1]))
         n_cand = X.shape[0] - 1 if Y is None else Y.shape[0]
@@ -706,8 +744,10 @@ def test_knn_of_near_copy_clouds_matches_the_oracle(backend, parallel_always, mo
 @given(seed=st.integers(0, 2**32 - 1), n=st.integers(2, 150), d=st.integers(1, 40),
        kind=st.sampled_from(["copies", "grid", "gaussian", "two_scales"]), f64=st.booleans(),
        mixed=st.booleans(), reach=st.sampled_from([0.0, 0.5, 2.0, 8.0]), batch=st.sampled_from([1, 3, 64]),
-       share=st.sampled_from([1, 4]), slots=st.sampled_from([5, 60, 1 << 22]))
-def test_anchor_groups_hold_every_candidate_within_reach(seed, n, d, kind, f64, mixed, reach, batch, share, slots):
+       share=st.sampled_from([1, 4]), slots=st.sampled_from([5, 60, 1 << 22]),
+       growth=st.sampled_from([0.0, 1.25, 1e9]))
+def test_anchor_groups_hold_every_candidate_within_reach(seed, n, d, kind, f64, mixed, reach, batch, share, slots,
+                                                         growth):
     """The groups of deferred k-NN rows around anchors (``_engine._anchor_groups``): each
     group's candidates hold every row within the square root of each member's threshold
     (refined distance, not the filter's), whatever the anchors, the reach and the
@@ -734,6 +774,7 @@ def test_anchor_groups_hold_every_candidate_within_reach(seed, n, d, kind, f64, 
     try:
         _engine.ANCHOR_BATCH, _engine.ANCHOR_MIN_GAIN, _engine.ANCHOR_MAX_SHARE = batch, 0, share
         _engine.ANCHOR_REACH, _engine.ANCHOR_MIN_WORK, _engine.WITHIN_SLOTS = reach, 0, slots
+        _engine.ANCHOR_MERGE_GROWTH = growth  # groups merged never, as by default, or while the union fits
         groups, rest = _engine._anchor_groups(F, T, X, nrm, X, nrm, dt)
     finally:
         for name, value in old.items():
@@ -811,20 +852,21 @@ def test_knn_counts_the_refinements_of_rows_refined_against_every_candidate(back
         pytest.skip("the compiled engine's fallback")
     X = np.random.default_rng(0).choice([-1.0, 1.0], size=(300, 16))
     monkeypatch.setattr(_engine, "SETTLE_DENSE_SHARE_F64", 16)  # more rows to the fallback
-    dense_rows = []
+    dense_pairs = []
     real = _engine._settle
 
     def settle(F, *args):
         # (idx, dist, XA, nA, XB, nB, dt, SA, SB, k, self_cols, n_threads, dense, ...)
         args = list(args)
         dense = args[12]
-        args[12] = lambda R: (dense_rows.append(R.size), dense(R))[1]
+        # rows R against their group's candidates C (None: every row), self excluded
+        args[12] = lambda R, C: (dense_pairs.append(R.size * ((300 if C is None else C.size) - 1)), dense(R, C))[1]
         return real(F, *args)
 
     monkeypatch.setattr(_engine, "_settle", settle)
     r = _engine.knn(X, 16, None, exclude_self=True)
-    assert sum(dense_rows) >= 100, dense_rows
-    assert r.n_refined >= sum(dense_rows) * 299, (r.n_refined, dense_rows)
+    assert sum(dense_pairs) >= 100 * 16, dense_pairs
+    assert r.n_refined >= sum(dense_pairs), (r.n_refined, dense_pairs)
 
 
 @pytest.mark.parametrize("dtype", [np.float64, np.float32])
