@@ -460,7 +460,8 @@ def _anchor_groups(F, T, XA, nA, XB, nB, dt):
     ANCHOR_MIN_GAIN rows per anchor; groups with more than N / ANCHOR_MAX_SHARE
     candidates, and the rows left, go to the rest; groups that spare less than
     ANCHOR_MIN_WORK multiply-adds run together, against the union of their candidates,
-    in batches whose union holds about N / ANCHOR_UNION_SHARE candidates; consecutive
+    in batches whose union holds about N / ANCHOR_UNION_SHARE candidates (at most
+    N / ANCHOR_UNION_SHARE + N / ANCHOR_MAX_SHARE, the last group's added); consecutive
     groups with nearly the same candidates are then merged (:func:`_merge_groups`).
 
     Why: near-copies in high dimension are nearly equidistant (hidden states of one
@@ -559,25 +560,36 @@ def _merge_groups(groups, n):
 
     Why: the anchors of one round are often rows of one cluster, which split the
     cluster's rows among them with nearly the same candidates, each group a pass of its
-    own (400 near-copies of 2,000 rows: 64 float64 passes of a few rows against the same
-    400).  Merged, the work is about the same and the passes are one.  The union is a
+    own (400 near-copies of 2,000 rows, merged never: 64 float64 passes of a few rows
+    against the same 400).  Merged, the work is about the same and the passes are one.  The union is a
     superset of each group's candidates, so it holds every row within reach.
     """
-    out = []  # [positions, candidates, work of the groups apart]
-    mask = np.zeros(n, dtype=bool)
+    out = []  # (positions, candidates) of the merged groups
+    mask = np.zeros(n, dtype=bool)  # the candidates of the group being merged
+    parts: list = []
+    n_mask = rows = work = 0
+
+    def close():
+        C = np.flatnonzero(mask)
+        out.append((np.sort(np.concatenate(parts)), C))
+        mask[C] = False
+
     for pos, C in groups:
-        work = pos.size * C.size
-        if out:
-            last = out[-1]
-            mask[last[1]] = True
-            n_union = last[1].size + int(np.count_nonzero(~mask[C]))
-            mask[last[1]] = False
-            if (n_union * ANCHOR_MAX_SHARE <= n
-                    and (last[0].size + pos.size) * n_union <= ANCHOR_MERGE_GROWTH * (last[2] + work)):
-                out[-1] = [np.concatenate([last[0], pos]), np.union1d(last[1], C), last[2] + work]
+        if parts:
+            n_union = n_mask + int(np.count_nonzero(~mask[C]))
+            if n_union * ANCHOR_MAX_SHARE <= n and (rows + pos.size) * n_union <= ANCHOR_MERGE_GROWTH * (
+                    work + pos.size * C.size):
+                parts.append(pos)
+                mask[C] = True
+                n_mask, rows, work = n_union, rows + pos.size, work + pos.size * C.size
                 continue
-        out.append([pos, C, work])
-    return [(np.sort(pos), C) for pos, C, _ in out]
+            close()
+        parts = [pos]
+        mask[C] = True
+        n_mask, rows, work = C.size, pos.size, pos.size * C.size
+    if parts:
+        close()
+    return out
 
 
 def _settle(F, idx, dist, XA, nA, XB, nB, dt, SA, SB, k, self_cols, n_threads, dense, tile_size=None,
@@ -695,10 +707,11 @@ def knn_memory(nA, nB, d, k, *, symmetric, exclude_self, itemsize, tile_size, n_
     # groups' candidate lists (at most WITHIN_SLOTS entries)
     parts[f"anchor rounds ({ANCHOR_BATCH} anchors, {nA} + {nB} rows)"] = (
         float(nA) * d * itemsize + (itemsize + 8.0 + 8.0 + 1.0) * ANCHOR_BATCH * (nA + nB) + 8.0 * WITHIN_SLOTS)
-    # a group's candidates (at most nB / ANCHOR_MAX_SHARE rows) copied for its threshold
-    # pass (centered, with norms) and for its float64 filter or its refinement against
-    # every candidate (float64 centered and original rows, with norms)
-    n_group = nB // ANCHOR_MAX_SHARE
+    # a group's candidates (at most nB / ANCHOR_MAX_SHARE rows, or a batch of small groups'
+    # union, up to nB / ANCHOR_UNION_SHARE more) copied for its threshold pass (centered,
+    # with norms) and for its float64 heaps or its refinement against every candidate
+    # (float64 centered and original rows, with norms)
+    n_group = int(nB // ANCHOR_MAX_SHARE + nB // ANCHOR_UNION_SHARE)
     parts[f"a group's candidates ({n_group}, {d})"] = float(n_group) * ((itemsize + 16.0) * d + 16.0)
     # the rows no heap settles are filtered again in strips (_settle): the strip's pair
     # slots (int64 columns), and each thread's refined pairs of one row
@@ -795,9 +808,11 @@ def knn(X, k, Y, *, exclude_self, tile_size=None, n_threads=None, progress=None)
     def float64_filter(R, C=None):
         """Rows R that the float32 filter cannot settle, through a float64 filter (the
         same mean, so the same centered rows; float64 copies of float32 rows refine to
-        the same bits) against the candidates C (None: every row): its heaps, then the
-        pairs that can reach their float64 U, then every candidate for the rows with too
-        many of those (counted in n_refined)."""
+        the same bits): its heaps against the candidates C (None: every row), then, for
+        the rows they defer, the pairs that can reach their float64 U (a threshold pass
+        of its own, grouped anew, against every row), then every candidate of their new
+        group (or every row) for the rows with too many of those (counted in
+        n_refined)."""
         nonlocal n_refined
         if not copies64:
             copies64.append(_center([np.asarray(a, dtype=np.float64) for a in arrays], n))

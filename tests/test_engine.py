@@ -660,10 +660,10 @@ def test_knn_of_a_grouped_cluster_runs_its_float64_filter_against_the_group(back
     """400 of 2,000 float32 rows of R^32 within 1e-4 of a point far from the origin (the
     states of one frequent token): the float32 filter ties them, the threshold pass
     groups them around anchors, and they have too many pairs within reach for it, so
-    they go through a float64 filter.  It ran them against every row (hidden states of
-    R^256 with Zipf token counts: half the time of the call), and the anchors of one
-    round split them into 64 groups, each a pass of its own; now one float64 pass
-    against the group's candidates, the 400 rows of the cluster."""
+    they go through a float64 filter.  Its heaps ran them against every row (hidden
+    states of R^256 with Zipf token counts: half the time of the call); now one float64
+    pass against the group's candidates, the 400 rows of the cluster (the anchors of
+    one round split them into 64 groups with the same candidates, merged into one)."""
     if backend != "cython":
         pytest.skip("the compiled engine's float64 filter")
     rng = np.random.default_rng(8)
