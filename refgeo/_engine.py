@@ -157,6 +157,18 @@ ANCHOR_UNION_SHARE = 16
 # costs at most this many times the work of the groups apart (_merge_groups).
 ANCHOR_MERGE_GROWTH = 1.25
 
+# The float64 filter of rows the float32 filter leaves with too many pairs within reach
+# first runs its heaps on KNN_TIE_PROBE of them; if they defer at least
+# KNN_TIE_PROBE_SHARE of those, the ties are exact (rows of a code), and the other rows
+# skip it: a float32 threshold pass again, keeping up to N / SETTLE_DENSE_SHARE_F64 pairs
+# a row.  The float64 heaps and threshold pass were two GEMM passes over every candidate
+# that separated nothing (knn(X, 16) of 20,000 Delsarte-Goethals rows of R^64: 3 of 5.3 s).
+# Only for at least KNN_TIE_PROBE_MIN_ROWS rows: the probe splits the heaps into two
+# passes, whose fixed cost showed on the many small groups of hidden states (+10%).
+KNN_TIE_PROBE = 64
+KNN_TIE_PROBE_SHARE = 0.9
+KNN_TIE_PROBE_MIN_ROWS = 1024
+
 # Rows per task of the k-NN kernel's second phase (the kernel's ROW_BLOCK): only to
 # announce the task count to a progress reporter, which adopts the kernel's own count.
 KNN_ROW_BLOCK = 64
@@ -593,7 +605,7 @@ def _merge_groups(groups, n):
 
 
 def _settle(F, idx, dist, XA, nA, XB, nB, dt, SA, SB, k, self_cols, n_threads, dense, tile_size=None,
-            progress=None) -> int:
+            progress=None, dense_share=None) -> int:
     """Rows ``F`` that no heap certified, against the pairs that can reach their U.
 
     A deferred row's ``dist[i, 0]`` holds U, the k-th smallest squared upper bound of
@@ -619,7 +631,9 @@ def _settle(F, idx, dist, XA, nA, XB, nB, dt, SA, SB, k, self_cols, n_threads, d
     """
     T = dist[F, 0].copy()
     pick = getattr(_backend.extension()._knn, "pick" + _suffix(SA))
-    dense_at = max(k, XB.shape[0] // (SETTLE_DENSE_SHARE_F32 if dt == "float32" else SETTLE_DENSE_SHARE_F64))
+    if dense_share is None:
+        dense_share = SETTLE_DENSE_SHARE_F32 if dt == "float32" else SETTLE_DENSE_SHARE_F64
+    dense_at = max(k, XB.shape[0] // dense_share)
     n_ref = 0
     many_rows: dict[int, tuple[list[np.ndarray], np.ndarray | None]] = {}  # group: (rows for dense, candidates)
 
@@ -805,14 +819,21 @@ def knn(X, k, Y, *, exclude_self, tile_size=None, n_threads=None, progress=None)
 
     copies64: list[tuple] = []  # the float64 copies, made once, by the first float64 filter
 
-    def float64_filter(R, C=None):
+    def float64_filter(R, C=None, probe=True):
         """Rows R that the float32 filter cannot settle, through a float64 filter (the
         same mean, so the same centered rows; float64 copies of float32 rows refine to
         the same bits): its heaps against the candidates C (None: every row), then, for
         the rows they defer, the pairs that can reach their float64 U (a threshold pass
         of its own, grouped anew, against every row), then every candidate of their new
         group (or every row) for the rows with too many of those (counted in
-        n_refined)."""
+        n_refined).
+
+        With ``probe`` and at least KNN_TIE_PROBE_MIN_ROWS rows, the heaps first run on
+        KNN_TIE_PROBE rows; if they defer nearly
+        all of those (KNN_TIE_PROBE_SHARE), the ties are exact, which no filter
+        separates, and the other rows skip the float64 filter: a float32 threshold pass
+        again, which keeps up to ``max(k, N / SETTLE_DENSE_SHARE_F64)`` pairs a row (as a
+        float64 filter would), and a row with more comes back here without the probe."""
         nonlocal n_refined
         if not copies64:
             copies64.append(_center([np.asarray(a, dtype=np.float64) for a in arrays], n))
@@ -820,13 +841,28 @@ def knn(X, k, Y, *, exclude_self, tile_size=None, n_threads=None, progress=None)
         A64, B64 = o64[0], o64[0 if symmetric else 1]
         XB64, nB64 = (c64[0], n64[0]) if symmetric else (c64[1], n64[1])
         args = (c64[0], n64[0], XB64, nB64, K, "float64")
-        R = redo(ext._knn.knn64, R, *args, defer=True, SA=A64, SB=B64, C=C)
+        skip = R[:0]
+        if probe and R.size >= KNN_TIE_PROBE_MIN_ROWS:
+            head, rest = R[:KNN_TIE_PROBE], R[KNN_TIE_PROBE:]
+            R = redo(ext._knn.knn64, head, *args, defer=True, SA=A64, SB=B64, C=C)
+            if R.size >= KNN_TIE_PROBE_SHARE * head.size:
+                skip = rest
+            else:
+                R = np.concatenate([R, redo(ext._knn.knn64, rest, *args, defer=True, SA=A64, SB=B64, C=C)])
+        else:
+            R = redo(ext._knn.knn64, R, *args, defer=True, SA=A64, SB=B64, C=C)
+        # the refinements of the dense paths are counted as they run: add _settle's after
+        # it returns (`n_refined += _settle(...)` would read n_refined before the call)
         if R.size:
-            # the refinements of refine_all are counted as it runs: add _settle's after
-            # (which groups these rows around anchors of its own, against every row)
+            # (it groups these rows around anchors of its own, against every row)
             own = _settle(R, idx, dist, c64[0], n64[0], XB64, nB64, "float64", A64, B64, k, self_cols(R), n,
                           lambda D, C2: refine_all(ext._knn.knn64, D, *args, SA=A64, SB=B64, C=C2),
                           tile_size, progress)
+            n_refined += own
+        if skip.size:
+            own = _settle(skip, idx, dist, XA, nA, XB, nB, dt, SA, SB, k, self_cols(skip), n,
+                          lambda D, C2: float64_filter(D, C2, probe=False), tile_size, progress,
+                          dense_share=SETTLE_DENSE_SHARE_F64)
             n_refined += own
 
     # deferred rows (more ties near their k-th distance than the heap's slack, as in

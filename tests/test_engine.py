@@ -239,10 +239,28 @@ def _draw_anchors(data):
     _engine.ANCHOR_MERGE_GROWTH = data.draw(st.sampled_from([0.0, 1.25, 1e9]))  # never, default, always
 
 
+_TIE_PROBE = {name: getattr(_engine, name) for name in ("KNN_TIE_PROBE", "KNN_TIE_PROBE_SHARE",
+                                                          "KNN_TIE_PROBE_MIN_ROWS")}
+
+
+def _draw_tie_probe(data):
+    """The probe of the float64 filter's heaps (``_engine.KNN_TIE_PROBE*``), as set up by
+    default (tiny examples never probe), or probing a few rows and skipping the float64
+    filter for the rest when the probe defers any share of them (0: always): any
+    probe gives the same answer."""
+    if data.draw(st.booleans()):
+        for name, value in _TIE_PROBE.items():
+            setattr(_engine, name, value)
+        return
+    _engine.KNN_TIE_PROBE = data.draw(st.sampled_from([1, 3]))
+    _engine.KNN_TIE_PROBE_MIN_ROWS = data.draw(st.sampled_from([0, 4]))
+    _engine.KNN_TIE_PROBE_SHARE = data.draw(st.sampled_from([0.0, 0.5, 0.9]))
+
+
 def test_knn_exact(backend, parallel_always, monkeypatch):
     """knn of X against X (with and without self) and against Y: 2000 examples."""
     monkeypatch.setattr(_engine, "KNN_MIXED_MIN_WORK", _engine.KNN_MIXED_MIN_WORK)  # restored after
-    for name, value in _ANCHORS.items():
+    for name, value in {**_ANCHORS, **_TIE_PROBE}.items():
         monkeypatch.setattr(_engine, name, value)
 
     @settings(max_examples=_examples(backend))
@@ -252,6 +270,7 @@ def test_knn_exact(backend, parallel_always, monkeypatch):
         # float64 rows: float32 filter plus float64 redo of uncertified rows, or not
         _engine.KNN_MIXED_MIN_WORK = data.draw(st.sampled_from([0, 1 << 62]))
         _draw_anchors(data)
+        _draw_tie_probe(data)
         exclude_self = data.draw(st.booleans())
         k = data.draw(st.integers(1, len(S) - int(exclude_self)))
         r = refgeo.knn(S, k, exclude_self=exclude_self, **opts)
@@ -708,11 +727,11 @@ def near_copy_clouds(draw):
 def test_knn_of_near_copy_clouds_matches_the_oracle(backend, parallel_always, monkeypatch):
     """Every answer of the redo paths is exact: near-copy clusters against themselves
     and against a second cloud, float32 and float64 (filtered in float32 from no work
-    on), small strips, anchor groups, tiles and threads."""
+    on), small strips, anchor groups, probes of the float64 heaps, tiles and threads."""
     if backend != "cython":
         pytest.skip("the compiled engine's redo")
     monkeypatch.setattr(_engine, "KNN_MIXED_MIN_WORK", 0)
-    for name, value in _ANCHORS.items():
+    for name, value in {**_ANCHORS, **_TIE_PROBE}.items():
         monkeypatch.setattr(_engine, name, value)
 
     @settings(max_examples=_examples(backend, 300))
@@ -720,8 +739,9 @@ def test_knn_of_near_copy_clouds_matches_the_oracle(backend, parallel_always, mo
            f32=st.booleans(), slots=st.sampled_from([1, 500, 1 << 22]), data=st.data(), **tie_options)
     def check(X, Y, k, f32, slots, data, tile_size, n_threads):
         # grouped clusters send their rows to the float64 filter (or to every candidate)
-        # against their group's candidates alone
+        # against their group's candidates alone; a probe of the float64 heaps may skip it
         _draw_anchors(data)
+        _draw_tie_probe(data)
         if Y is not None and Y.shape[1] != X.shape[1]:
             Y = np.resize(Y, (Y.shape[0], X.shape[1]))
         n_cand = X.shape[0] - 1 if Y is None else Y.shape[0]
@@ -882,6 +902,77 @@ def test_knn_of_a_code_with_thousands_of_exact_ties_refines_only_the_ties(backen
     r = refgeo.knn(S, 16)
     assert r.n_refined < 8000 * 8000 // 4, r.n_refined
     _assert_knn_rows_exact(r, S, np.random.default_rng(3).choice(8000, 200, replace=False), 16)
+
+
+def test_knn_of_a_code_skips_the_float64_filter_after_a_probe(backend, monkeypatch):
+    """The rows of a code tie exactly, so the float32 filter leaves many of them with
+    more than N / 16 pairs within reach, and the float64 filter's heaps, a GEMM pass over
+    every candidate, deferred them all again (knn(X, 16) of 20,000 Delsarte-Goethals
+    rows of R^64: 1.4 of 5.3 s, and 1.6 s more for its threshold pass).  Now a probe of
+    a few of them finds that, and the others take a float32 threshold pass with up to
+    N / 4 pairs a row instead (here: probes of 16 rows from sets of 32 or more)."""
+    if backend != "cython":
+        pytest.skip("the compiled engine's float64 filter")
+    S = refgeo.delsarte_goethals_code(64, 4000)
+    monkeypatch.setattr(_engine, "KNN_MIXED_MIN_WORK", 0)  # float64 rows filtered in float32
+    monkeypatch.setattr(_engine, "KNN_TIE_PROBE", 16)
+    monkeypatch.setattr(_engine, "KNN_TIE_PROBE_MIN_ROWS", 32)
+    filters = []
+    passes = _record_knn_passes(monkeypatch, filters)
+    skipped = []
+    real = _engine._settle
+
+    def settle(F, *args, **kwargs):
+        if kwargs.get("dense_share") is not None:  # the rows after a probe that deferred its rows
+            skipped.append((F.size, args[6]))
+        return real(F, *args, **kwargs)
+
+    monkeypatch.setattr(_engine, "_settle", settle)
+    r = _engine.knn(S, 16, None, exclude_self=True)
+    assert skipped and all(dt == "float32" for _, dt in skipped), (skipped, passes)
+    # the float64 heaps ran on the probes, not on the rows that skipped them
+    assert sum(rows for (rows, _), f in zip(passes, filters) if f == "float64") + sum(n for n, _ in skipped) \
+        <= r.distances.shape[0], (passes, skipped)
+    _assert_knn_rows_exact(r, S, np.random.default_rng(3).choice(4000, 300, replace=False), 16)
+
+
+@pytest.mark.parametrize("case", ["code", "one_cluster"])
+def test_knn_counts_every_refinement_once(backend, case, monkeypatch):
+    """``n_refined`` is the sum of the refinements of every heap pass and every threshold
+    pass's picks, whatever path the rows took (the float64 filter, its probe, the rows
+    refined against every candidate): a count that read ``n_refined`` before a pass whose
+    dense path adds to it lost those (``n_refined += _settle(...)``)."""
+    if backend != "cython":
+        pytest.skip("the compiled engine's paths")
+    if case == "code":  # exact ties: the probe, and rows refined against every candidate
+        S = refgeo.delsarte_goethals_code(64, 4000)
+        monkeypatch.setattr(_engine, "KNN_TIE_PROBE", 16)
+        monkeypatch.setattr(_engine, "KNN_TIE_PROBE_MIN_ROWS", 32)
+    else:  # near-copies that only the float64 filter separates
+        rng = np.random.default_rng(6)
+        S = np.vstack([rng.standard_normal((1000, 32)), 5 + 1e-5 * rng.standard_normal((1000, 32))])
+    S = S.astype(np.float32)
+    counted = []
+    real_pass, real_pick = _engine._knn_pass, _engine._backend.extension()._knn
+
+    def knn_pass(*args, **kwargs):
+        out = real_pass(*args, **kwargs)
+        counted.append(int(out[2][1]))
+        return out
+
+    class Picks:  # the extension module with its pick* counted
+        def __getattr__(self, name):
+            fn = getattr(real_pick, name)
+            if not name.startswith("pick"):
+                return fn
+            return lambda *a: (counted.append(int(fn(*a))), counted[-1])[1]
+
+    monkeypatch.setattr(_engine, "_knn_pass", knn_pass)
+    ext = _engine._backend.extension()
+    monkeypatch.setattr(ext, "_knn", Picks())
+    r = _engine.knn(S, 16, None, exclude_self=True)
+    assert len(counted) >= 3, counted  # more paths than the first pass
+    assert r.n_refined == sum(counted), (r.n_refined, counted)
 
 
 def _record_farthest_runs(monkeypatch):

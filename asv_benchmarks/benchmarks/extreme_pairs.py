@@ -555,6 +555,62 @@ class KNNHiddenStates:
     track_refined_pairs_per_row.unit = "pairs"
 
 
+@records_runtime(dtype="float64", backend="cython")
+class KNNCodeRows:
+    """knn(X, 16) of the rows of the Delsarte-Goethals code of R^64 (the neighbour lists
+    of ``spread``'s iteration): a row's 16-th distance ties exactly with hundreds of
+    others, which no filter separates.
+
+    Baselines in the same process: the same call with the probe of the float64 filter's
+    heaps switched off (``_engine.KNN_TIE_PROBE_SHARE`` out of reach: the rows the
+    float32 filter leaves with many pairs within reach go through the float64 heaps and
+    threshold pass, which separate nothing here), and knn of Gaussian rows of the same
+    shape.  One thread.
+    """
+
+    params = ([(8000, 64)] if not realistic() else [(20000, 64)],)
+    param_names = ["N_d"]
+    timeout = 1200
+
+    def setup(self, N_d):
+        require_backend("cython")
+        N, d = N_d
+        self.X = refgeo.delsarte_goethals_code(d, N)
+        self.G = rng(8).standard_normal((N, d))
+
+    def _knn(self, X):
+        with refgeo.use_backend("cython"):
+            return refgeo.knn(X, 16, n_threads=1)
+
+    def _knn_without_probe(self):
+        from refgeo import _engine
+
+        old = _engine.KNN_TIE_PROBE_SHARE
+        _engine.KNN_TIE_PROBE_SHARE = math.inf
+        try:
+            return self._knn(self.X)
+        finally:
+            _engine.KNN_TIE_PROBE_SHARE = old
+
+    def time_knn(self, N_d):
+        self._knn(self.X)
+
+    def track_speedup_vs_no_probe(self, N_d):
+        return best_time(self._knn_without_probe) / best_time(lambda: self._knn(self.X))
+
+    track_speedup_vs_no_probe.unit = "x"
+
+    def track_time_over_gaussian(self, N_d):
+        return best_time(lambda: self._knn(self.X)) / best_time(lambda: self._knn(self.G))
+
+    track_time_over_gaussian.unit = "x"
+
+    def track_refined_pairs_per_row(self, N_d):
+        return self._knn(self.X).n_refined / len(self.X)
+
+    track_refined_pairs_per_row.unit = "pairs"
+
+
 class ClosestPairNearDuplicates:
     """closest_pair of float64 rows of which a share lies within 1e-6 of one point (rows
     that few updates touched), at the end of the matrix.
