@@ -619,7 +619,8 @@ def _settle(F, idx, dist, XA, nA, XB, nB, dt, SA, SB, k, self_cols, n_threads, d
     (value, index) are written to ``idx[F]`` and ``dist[F]`` (``refgeo_ext._knn.pick*``).
     Rows with more than ``max(k, N / 16)`` candidates within reach in a float32 filter,
     or ``max(k, N / 4)`` in a float64 filter (``N`` candidate rows;
-    :data:`SETTLE_DENSE_SHARE_F32`), go to ``dense(rows, C)`` instead, with ``C`` their
+    :data:`SETTLE_DENSE_SHARE_F32`; ``max(k, N / dense_share)`` where ``dense_share``
+    is given), go to ``dense(rows, C)`` instead, with ``C`` their
     group's candidates (sorted rows of ``XB``, a superset of every row's k nearest) or
     None (every row): the float64 filter, or the kernel, which refines them against
     every candidate; it counts its own refinements.  Why: where more rows tie than any heap holds (near-copies within
@@ -718,9 +719,11 @@ def knn_memory(nA, nB, d, k, *, symmetric, exclude_self, itemsize, tile_size, n_
     # the rows no heap settles are first grouped around anchors (_anchor_groups): a copy
     # of those rows, the GEMM of them and of every candidate against a batch of anchors
     # (in the filter dtype, then float64, with a float64 temporary and a mask), and the
-    # groups' candidate lists (at most WITHIN_SLOTS entries)
+    # groups' candidate lists (at most WITHIN_SLOTS entries), of up to three nested
+    # threshold passes (the first, the one after a probe of the float64 heaps, the
+    # float64 filter's)
     parts[f"anchor rounds ({ANCHOR_BATCH} anchors, {nA} + {nB} rows)"] = (
-        float(nA) * d * itemsize + (itemsize + 8.0 + 8.0 + 1.0) * ANCHOR_BATCH * (nA + nB) + 8.0 * WITHIN_SLOTS)
+        float(nA) * d * itemsize + (itemsize + 8.0 + 8.0 + 1.0) * ANCHOR_BATCH * (nA + nB) + 3 * 8.0 * WITHIN_SLOTS)
     # a group's candidates (at most nB / ANCHOR_MAX_SHARE rows, or a batch of small groups'
     # union, up to nB / ANCHOR_UNION_SHARE more) copied for its threshold pass (centered,
     # with norms) and for its float64 heaps or its refinement against every candidate
@@ -829,8 +832,8 @@ def knn(X, k, Y, *, exclude_self, tile_size=None, n_threads=None, progress=None)
         n_refined).
 
         With ``probe`` and at least KNN_TIE_PROBE_MIN_ROWS rows, the heaps first run on
-        KNN_TIE_PROBE rows; if they defer nearly
-        all of those (KNN_TIE_PROBE_SHARE), the ties are exact, which no filter
+        KNN_TIE_PROBE rows spread over R; if they defer at least KNN_TIE_PROBE_SHARE of
+        them, the ties are exact, which no filter
         separates, and the other rows skip the float64 filter: a float32 threshold pass
         again, which keeps up to ``max(k, N / SETTLE_DENSE_SHARE_F64)`` pairs a row (as a
         float64 filter would), and a row with more comes back here without the probe."""
@@ -843,7 +846,11 @@ def knn(X, k, Y, *, exclude_self, tile_size=None, n_threads=None, progress=None)
         args = (c64[0], n64[0], XB64, nB64, K, "float64")
         skip = R[:0]
         if probe and R.size >= KNN_TIE_PROBE_MIN_ROWS:
-            head, rest = R[:KNN_TIE_PROBE], R[KNN_TIE_PROBE:]
+            # rows spread over R: its first rows may all be of one kind (the standard
+            # basis that opens a code)
+            at = np.zeros(R.size, dtype=bool)
+            at[np.linspace(0, R.size - 1, KNN_TIE_PROBE).astype(np.intp)] = True
+            head, rest = R[at], R[~at]
             R = redo(ext._knn.knn64, head, *args, defer=True, SA=A64, SB=B64, C=C)
             if R.size >= KNN_TIE_PROBE_SHARE * head.size:
                 skip = rest
