@@ -56,3 +56,31 @@ def test_pairs_within_holds_every_pair_within_the_threshold(seed, n, m, d, dt, s
             assert (i, int(j)) in got, (i, j)
             assert got[i, int(j)] <= exact[i, j], (i, j, got[i, int(j)], exact[i, j])
     assert all(lo_ij <= T[i] for (i, _), lo_ij in got.items())
+
+
+@settings(max_examples=300, deadline=None)
+@given(seed=st.integers(0, 2**32 - 1), n_rows=st.integers(1, 40), n=st.integers(0, 600), m=st.integers(1, 6),
+       levels=st.sampled_from([2, 5, 1000]), skew=st.booleans(), factor=st.sampled_from([1, 4, 1 << 40]))
+def test_first_per_row_matches_a_sort_of_each_row(seed, n_rows, n, m, levels, skew, factor):
+    """``first_per_row``: each row's first ``m`` candidates by (key, column), padded, with
+    or without the prefilter by each row's m-th smallest key (``factor`` 1: whenever a
+    row has more than m; the default; never), on keys with many ties (few levels), rows
+    with no, few and many candidates, and repeated columns."""
+    rng = np.random.default_rng(seed)
+    p = rng.random(n_rows) ** (8 if skew else 1)
+    rows = rng.choice(n_rows, size=n, p=p / p.sum()).astype(np.int64)
+    cols = rng.integers(0, 50, n).astype(np.int64)
+    keys = rng.integers(0, levels, n) / levels
+    vals = keys * 3.0 + 1.0
+    old = _filter.FIRST_PREFILTER_FACTOR
+    try:
+        _filter.FIRST_PREFILTER_FACTOR = factor
+        v, c, ok = _filter.first_per_row(keys, vals, rows, cols, n_rows, m)
+    finally:
+        _filter.FIRST_PREFILTER_FACTOR = old
+    assert v.shape == c.shape == ok.shape == (n_rows, m)
+    for r in range(n_rows):
+        mine = np.flatnonzero(rows == r)
+        want = sorted(zip(keys[mine], cols[mine], vals[mine]))[:m]
+        assert ok[r].sum() == len(want)
+        assert [(float(a), int(b)) for a, b in zip(v[r][ok[r]], c[r][ok[r]])] == [(float(w), int(q)) for _, q, w in want]
