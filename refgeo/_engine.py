@@ -573,8 +573,9 @@ def _merge_groups(groups, n):
     Why: the anchors of one round are often rows of one cluster, which split the
     cluster's rows among them with nearly the same candidates, each group a pass of its
     own (400 near-copies of 2,000 rows, merged never: 64 float64 passes of a few rows
-    against the same 400).  Merged, the work is about the same and the passes are one.  The union is a
-    superset of each group's candidates, so it holds every row within reach.
+    against the same 400).  Merged, the work is about the same and the passes are one.
+    The union is a superset of each group's candidates, so it holds every row within
+    reach.
     """
     out = []  # (positions, candidates) of the merged groups
     mask = np.zeros(n, dtype=bool)  # the candidates of the group being merged
@@ -620,13 +621,14 @@ def _settle(F, idx, dist, XA, nA, XB, nB, dt, SA, SB, k, self_cols, n_threads, d
     Rows with more than ``max(k, N / 16)`` candidates within reach in a float32 filter,
     or ``max(k, N / 4)`` in a float64 filter (``N`` candidate rows;
     :data:`SETTLE_DENSE_SHARE_F32`; ``max(k, N / dense_share)`` where ``dense_share``
-    is given), go to ``dense(rows, C)`` instead, with ``C`` their
-    group's candidates (sorted rows of ``XB``, a superset of every row's k nearest) or
-    None (every row): the float64 filter, or the kernel, which refines them against
-    every candidate; it counts its own refinements.  Why: where more rows tie than any heap holds (near-copies within
-    the filter's bound: clusters of 50 and k = 1), each row was refined against every
-    candidate, O(N d) outside the GEMM per row (knn(X, 1) of 20,000 such float32 rows
-    of R^64: 6.1 s, 0.2 s for Gaussian rows).  Returns the number of pairs refined here (not those of ``dense``).
+    is given), go to ``dense(rows, C)`` instead, with ``C`` their group's candidates
+    (sorted rows of ``XB``, a superset of every row's k nearest) or None (every row):
+    the float64 filter, or the kernel, which refines them against every candidate; it
+    counts its own refinements.  Why: where more rows tie than any heap holds
+    (near-copies within the filter's bound: clusters of 50 and k = 1), each row was
+    refined against every candidate, O(N d) outside the GEMM per row (knn(X, 1) of
+    20,000 such float32 rows of R^64: 6.1 s, 0.2 s for Gaussian rows).  Returns the
+    number of pairs refined here (not those of ``dense``).
     ``tile_size`` and ``progress`` as in :func:`knn` (each threshold pass is a kernel run
     that nobody announced: the total grows).
     """
@@ -833,10 +835,10 @@ def knn(X, k, Y, *, exclude_self, tile_size=None, n_threads=None, progress=None)
 
         With ``probe`` and at least KNN_TIE_PROBE_MIN_ROWS rows, the heaps first run on
         KNN_TIE_PROBE rows spread over R; if they defer at least KNN_TIE_PROBE_SHARE of
-        them, the ties are exact, which no filter
-        separates, and the other rows skip the float64 filter: a float32 threshold pass
-        again, which keeps up to ``max(k, N / SETTLE_DENSE_SHARE_F64)`` pairs a row (as a
-        float64 filter would), and a row with more comes back here without the probe."""
+        them, the ties are exact, which no filter separates, and the other rows skip the
+        float64 filter: a float32 threshold pass again, which keeps up to
+        ``max(k, N / SETTLE_DENSE_SHARE_F64)`` pairs a row (as a float64 filter would),
+        and a row with more comes back here without the probe."""
         nonlocal n_refined
         if not copies64:
             copies64.append(_center([np.asarray(a, dtype=np.float64) for a in arrays], n))

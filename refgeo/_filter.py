@@ -138,7 +138,8 @@ def first_per_row(keys, vals, rows, cols, n_rows, m):
         heavy = np.flatnonzero(count > m)
         width = int(count.max())
         n_heavy = int(count[heavy].sum())
-        if n_heavy > FIRST_PREFILTER_FACTOR * m * heavy.size and heavy.size * width <= FIRST_PREFILTER_FACTOR * n_heavy:
+        many = n_heavy > FIRST_PREFILTER_FACTOR * m * heavy.size
+        if many and heavy.size * width <= FIRST_PREFILTER_FACTOR * n_heavy:
             slot = np.full(n_rows, -1, dtype=np.intp)
             slot[heavy] = np.arange(heavy.size)
             on = slot[rows] >= 0
