@@ -677,8 +677,8 @@ def _settle(F, idx, dist, XA, nA, XB, nB, dt, SA, SB, k, self_cols, n_threads, d
         for s in range(0, pos.size, strip):
             settle(pos[s : s + strip], C, group)
     # a group's rows with too many pairs within reach go to the dense path against the
-    # group's candidates alone: the states of one frequent token (2,600 of 20,000 rows)
-    # ran through a float64 filter against every row, half the time of the call
+    # group's candidates alone: the states of frequent tokens (3,039 of 20,000 rows for one)
+    # ran through a float64 filter against every row, a third of the call (1.0 of 3.0 s)
     for parts, C in many_rows.values():
         rows = np.concatenate(parts)
         if rows.size:

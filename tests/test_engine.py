@@ -680,7 +680,7 @@ def test_knn_of_a_grouped_cluster_runs_its_float64_filter_against_the_group(back
     states of one frequent token): the float32 filter ties them, the threshold pass
     groups them around anchors, and they have too many pairs within reach for it, so
     they go through a float64 filter.  Its heaps ran them against every row (hidden
-    states of R^256 with Zipf token counts: half the time of the call); now one float64
+    states of R^256 with Zipf token counts: a third of the call); now one float64
     pass against the group's candidates, the 400 rows of the cluster (the anchors of
     one round split them into 64 groups with the same candidates, merged into one)."""
     if backend != "cython":
