@@ -387,8 +387,38 @@ class KNNLMGradient(KNN):
     track_refined_per_neighbour.unit = "pairs"
 
 
+class _StructuredKNN:
+    """The trackers shared by the knn benchmarks of structured rows.
+
+    ``setup`` stores the structured rows in ``self.X``, Gaussian rows of the same shape
+    in ``self.G`` (the baseline, timed in the same process) and the number of
+    neighbours in ``self.k``; ``n_threads`` (a class attribute, None for every core)
+    pins the thread count where a ratio should not depend on the machine.  The methods
+    take the class's parameters as ``*params`` and ignore them: setup has used them.
+    """
+
+    n_threads = None
+
+    def _knn(self, X):
+        with refgeo.use_backend("cython"):
+            return refgeo.knn(X, self.k, n_threads=self.n_threads)
+
+    def time_knn(self, *params):
+        self._knn(self.X)
+
+    def track_time_over_gaussian(self, *params):
+        return best_time(lambda: self._knn(self.X)) / best_time(lambda: self._knn(self.G))
+
+    track_time_over_gaussian.unit = "x"
+
+    def track_refined_pairs_per_row(self, *params):
+        return self._knn(self.X).n_refined / len(self.X)
+
+    track_refined_pairs_per_row.unit = "pairs"
+
+
 @records_runtime(dtype="float32", backend="cython")
-class TiedRows:
+class TiedRows(_StructuredKNN):
     """knn of the sign rows of a binarized head: +-1 entries, so squared distances are
     multiples of 4 and many rows tie at a row's k-th distance (about 9 at k = 8 for
     20,000 rows of length 64), more than the heaps' slack.
@@ -408,29 +438,12 @@ class TiedRows:
         require_backend("cython")
         N, d, k = N_d_k
         g = rng(4)
-        self.B = np.where(g.random((N, d)) < 0.5, -1.0, 1.0).astype(np.float32)
+        self.X = np.where(g.random((N, d)) < 0.5, -1.0, 1.0).astype(np.float32)
         self.G = g.standard_normal((N, d)).astype(np.float32)
         self.k = k
 
-    def _knn(self, X):
-        with refgeo.use_backend("cython"):
-            return refgeo.knn(X, self.k)
 
-    def time_knn_signs(self, N_d_k):
-        self._knn(self.B)
-
-    def track_time_over_gaussian(self, N_d_k):
-        return best_time(lambda: self._knn(self.B)) / best_time(lambda: self._knn(self.G))
-
-    track_time_over_gaussian.unit = "x"
-
-    def track_refined_pairs_per_row(self, N_d_k):
-        return self._knn(self.B).n_refined / len(self.B)
-
-    track_refined_pairs_per_row.unit = "pairs"
-
-
-class NearCopyRows:
+class NearCopyRows(_StructuredKNN):
     """knn(X, 1) of float32 rows in clusters of 50 near-copies (1e-3 apart, closer than
     the float32 filter resolves; a head's rows that few updates touched), and of rows half
     of which lie within 1e-5 of one point.  No heap holds a row's ties: the rows are
@@ -458,23 +471,7 @@ class NearCopyRows:
             X = np.vstack([g.standard_normal((N // 2, d)), 5 + 1e-5 * g.standard_normal((N - N // 2, d))])
         self.X = X.astype(np.float32)
         self.G = g.standard_normal((N, d)).astype(np.float32)
-
-    def _knn(self, X):
-        with refgeo.use_backend("cython"):
-            return refgeo.knn(X, 1)
-
-    def time_knn(self, N_d, rows):
-        self._knn(self.X)
-
-    def track_time_over_gaussian(self, N_d, rows):
-        return best_time(lambda: self._knn(self.X)) / best_time(lambda: self._knn(self.G))
-
-    track_time_over_gaussian.unit = "x"
-
-    def track_refined_pairs_per_row(self, N_d, rows):
-        return self._knn(self.X).n_refined / len(self.X)
-
-    track_refined_pairs_per_row.unit = "pairs"
+        self.k = 1
 
     def _farthest(self, X):
         with refgeo.use_backend("cython"):
@@ -492,7 +489,7 @@ class NearCopyRows:
 
 
 @records_runtime(dtype="float32", backend="cython")
-class KNNHiddenStates:
+class KNNHiddenStates(_StructuredKNN):
     """knn of hidden states shaped like a residual stream: a common component (norm
     about 5 sqrt(d)) shared by every row, the embedding of a token drawn with Zipf
     counts (exponent 1.1, a vocabulary of N / 2 tokens) and a small context term
@@ -510,6 +507,7 @@ class KNNHiddenStates:
     params = ([(8000, 128)] if not realistic() else [(20000, 256)], [1, 16])
     param_names = ["N_d", "k"]
     timeout = 1200
+    n_threads = 1
 
     def setup(self, N_d, k):
         require_backend("cython")
@@ -521,42 +519,26 @@ class KNNHiddenStates:
         X = 5.0 * g.standard_normal(d) + g.standard_normal((vocab, d))[tokens]
         self.X = (X + 1e-3 * g.standard_normal((N, d))).astype(np.float32)
         self.G = g.standard_normal((N, d)).astype(np.float32)
+        self.k = k
 
-    def _knn(self, X, k):
-        with refgeo.use_backend("cython"):
-            return refgeo.knn(X, k, n_threads=1)
-
-    def _knn_without_anchors(self, k):
+    def _knn_without_anchors(self):
         from refgeo import _engine
 
         old = _engine.ANCHOR_MIN_GAIN
         _engine.ANCHOR_MIN_GAIN = 1 << 30
         try:
-            return self._knn(self.X, k)
+            return self._knn(self.X)
         finally:
             _engine.ANCHOR_MIN_GAIN = old
 
-    def time_knn(self, N_d, k):
-        self._knn(self.X, k)
-
     def track_speedup_vs_no_anchors(self, N_d, k):
-        return best_time(lambda: self._knn_without_anchors(k)) / best_time(lambda: self._knn(self.X, k))
+        return best_time(self._knn_without_anchors) / best_time(lambda: self._knn(self.X))
 
     track_speedup_vs_no_anchors.unit = "x"
 
-    def track_time_over_gaussian(self, N_d, k):
-        return best_time(lambda: self._knn(self.X, k)) / best_time(lambda: self._knn(self.G, k))
-
-    track_time_over_gaussian.unit = "x"
-
-    def track_refined_pairs_per_row(self, N_d, k):
-        return self._knn(self.X, k).n_refined / len(self.X)
-
-    track_refined_pairs_per_row.unit = "pairs"
-
 
 @records_runtime(dtype="float64", backend="cython")
-class KNNCodeRows:
+class KNNCodeRows(_StructuredKNN):
     """knn(X, 16) of the rows of the Delsarte-Goethals code of R^64 (the neighbour lists
     of ``spread``'s iteration): a row's 16-th distance ties exactly with hundreds of
     others, which no filter separates.
@@ -571,16 +553,14 @@ class KNNCodeRows:
     params = ([(8000, 64)] if not realistic() else [(20000, 64)],)
     param_names = ["N_d"]
     timeout = 1200
+    n_threads = 1
 
     def setup(self, N_d):
         require_backend("cython")
         N, d = N_d
         self.X = refgeo.delsarte_goethals_code(d, N)
         self.G = rng(8).standard_normal((N, d))
-
-    def _knn(self, X):
-        with refgeo.use_backend("cython"):
-            return refgeo.knn(X, 16, n_threads=1)
+        self.k = 16
 
     def _knn_without_probe(self):
         from refgeo import _engine
@@ -592,23 +572,10 @@ class KNNCodeRows:
         finally:
             _engine.KNN_TIE_PROBE_SHARE = old
 
-    def time_knn(self, N_d):
-        self._knn(self.X)
-
     def track_speedup_vs_no_probe(self, N_d):
         return best_time(self._knn_without_probe) / best_time(lambda: self._knn(self.X))
 
     track_speedup_vs_no_probe.unit = "x"
-
-    def track_time_over_gaussian(self, N_d):
-        return best_time(lambda: self._knn(self.X)) / best_time(lambda: self._knn(self.G))
-
-    track_time_over_gaussian.unit = "x"
-
-    def track_refined_pairs_per_row(self, N_d):
-        return self._knn(self.X).n_refined / len(self.X)
-
-    track_refined_pairs_per_row.unit = "pairs"
 
 
 class ClosestPairNearDuplicates:
