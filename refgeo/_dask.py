@@ -387,29 +387,6 @@ def _prepare(SA, SB, mu, float32_filter=False) -> _Blocks:
     :func:`refgeo._filter.filter_bound` (``rounding_bound``'s ``c`` plus ``7 u`` for
     the filter dtype's unit roundoff u).
     """
-    cb = _centered_blocks(SA, SB, mu, float32_filter)
-    H = filter_values(cb.XA, cb.XB, cb.nA, cb.nB)
-    return _Blocks(cb.A64, cb.B64, H, cb.nA, cb.nB, cb.c, cb.eabs, reported_bound(cb.A64.shape[1], cb.dt, cb.top))
-
-
-class _CenteredBlocks(NamedTuple):
-    """The parts of :func:`_prepare` before the GEMM."""
-
-    A64: Any  # the rows as float64
-    B64: Any
-    XA: Any  # centered copies in the filter dtype
-    XB: Any
-    nA: Any  # their float64 squared norms
-    nB: Any
-    dt: str  # the filter dtype
-    c: float  # the bound of _Blocks
-    eabs: float
-    top: float  # the largest squared norm
-
-
-def _centered_blocks(SA, SB, mu, float32_filter=False) -> _CenteredBlocks:
-    """The rows of :func:`_prepare` as float64, centered in the filter dtype, with their
-    norms and the filter's bound (``SB`` None: the block against itself)."""
     blocks = [SA] if SB is None else [SA, SB]
     dt = _filter_dtype(blocks, float32_filter)
     A64 = np.asarray(SA, dtype=np.float64)
@@ -427,7 +404,8 @@ def _centered_blocks(SA, SB, mu, float32_filter=False) -> _CenteredBlocks:
             f"({MAX_NORM2['float64']:.0e}); scale the rows by a power of two first."
         )
     c, eabs = filter_bound(A64.shape[1], dt)
-    return _CenteredBlocks(A64, B64, XA, XB, nA, nB, dt, c, eabs, top)
+    H = filter_values(XA, XB, nA, nB)
+    return _Blocks(A64, B64, H, nA, nB, c, eabs, reported_bound(A64.shape[1], dt, top))
 
 
 def _widen(t, nrm_rows, nrm_other_max, b: _Blocks, sign):
@@ -1378,62 +1356,42 @@ def _refine_compiled(P, Q, r, q):
 
 
 # Elements per strip of the rows that their heaps could not certify, against the whole
-# block: the pair slots (int64) of :func:`_whole_block_pairs`, 8 MB, and the filter
-# values of :func:`_whole_block_pairs_xp`.
+# block: the filter values of :func:`_whole_block_pairs_xp`.
 _WHOLE_STRIP_ELEMENTS = 1 << 20
 
 
-def _whole_block_pairs(P, Q, rows, T, skip_self, k, mu):
+def _whole_block_pairs(P, Q, rows, T, skip_self, k):
     """``(r, q, n)``: the pairs of ``rows`` of ``P`` with rows of ``Q`` that the task
     must refine, where the row's heap dropped candidates; ``n`` counts the pairs the
     single-machine engine refined on the way (see below).
 
     Why: refining every pair of such a row with the block (its heap overflowed with
     ties, as in clusters of near-copies within the filter's bound of each other) cost
-    O(d) per pair outside the GEMM, 70 times the single-machine time.  The rows are
-    filtered again against the block by the single-machine engine's threshold pass
-    (:func:`refgeo._engine._within`, on one thread: a GEMM whose epilogue keeps each
-    pair whose lower end, as the k-NN keys bound it, reaches ``T``; centered as the
-    filter tasks center, :func:`_centered_blocks`), in strips of rows, and only those
-    pairs are refined.  In a float32 filter, a row with more than ``max(k, b / 16)``
-    such pairs (:data:`refgeo._engine.SETTLE_DENSE_SHARE_F32`) has near-copies that
-    float32 cannot tell apart, and ``T``, which the float32 keys of every block set,
-    is too loose to separate them in any filter: half of 20,000 float32 rows within
-    1e-5 of one point refined all 10^8 pairs of the cluster, 60 s against 2 s on one
-    machine.  Such rows take their ``k`` nearest rows of the block (``k + 1`` with the
-    row itself left out) from the single-machine engine on one thread
-    (:func:`refgeo._engine.knn`, whose float64 filter separates them), and only those
-    pairs are refined here: the block's ``k`` best of the row by (value, index), which
-    is all the merge keeps.  Time O(r b d) of GEMM for ``r`` rows against a block of
-    ``b``, memory O((r + b) d) for the centered copies (and float64 copies of float32
-    rows) and 2**20 pair slots per strip.
+    O(d) per pair outside the GEMM, 70 times the single-machine time.  The rows go to
+    the single-machine engine's k-NN on one thread (:func:`refgeo._engine.knn`, ``k +
+    1`` with the row itself left out), with ``T`` as their thresholds: it skips its
+    first pass and filters the rows again against the block's rows within reach of
+    ``T`` only (its threshold pass, :func:`refgeo._engine._settle`: near-copies
+    grouped around anchors, each group against the rows within reach of its anchor;
+    a GEMM whose epilogue keeps the pairs that can reach ``T``), refines those pairs,
+    and sends the rows with too many of them (near-copies that float32 cannot tell
+    apart) through its float64 filter.  Each row gets the block's ``k`` best within
+    ``T`` (the pairs beyond ``T`` cannot be among the row's ``k`` nearest), which is
+    all the merge keeps; they are refined again here.  (Before, the rows were filtered
+    again against the whole block in strips, and the rows with too many pairs passed
+    the engine's first pass as well: hidden states with Zipf token counts, 20,000 x 256,
+    4 chunks, k = 16, spent half of the call there.)  Time O(r c d) of GEMM for ``r``
+    rows against the ``c`` rows of the block within their reach (the whole block, ``b``
+    rows, at most), memory O((r + b) d) for the engine's centered copies (and float64
+    copies of float32 rows) and its pair slots.
     """
-    # both sides centered once (each strip centering the block again cost 40% more)
-    cb = _centered_blocks(P[rows], Q, mu)
-    nQ = cb.XB.shape[0]
-    cap = max(k, nQ // _engine.SETTLE_DENSE_SHARE_F32) if cb.dt == "float32" else nQ
-    strip = max(1, _WHOLE_STRIP_ELEMENTS // (cap + 1))
-    rr, qq, dense = [np.zeros(0, np.int64)], [np.zeros(0, np.int64)], [np.zeros(0, np.int64)]
-    for s in range(0, rows.shape[0], strip):
-        ur = rows[s : s + strip].astype(np.int64)
-        own = ur if skip_self else None
-        counts, cols = _engine._within(np.ascontiguousarray(cb.XA[s : s + ur.size]),
-                                       np.ascontiguousarray(cb.nA[s : s + ur.size]), cb.XB, cb.nB, cb.dt,
-                                       np.ascontiguousarray(T[ur], dtype=np.float64), own, cap, 1)
-        ok = counts <= cap
-        rr.append(np.repeat(ur[ok], counts[ok]))
-        qq.append(cols[ok][np.arange(cap + 1)[None, :] < counts[ok, None]])
-        dense.append(ur[~ok])
-    n_engine = 0
-    D = np.concatenate(dense)
-    if D.size:
-        kk = min(k + int(skip_self), nQ)
-        run = _engine.knn(np.ascontiguousarray(P[D]), kk, Q, exclude_self=False, n_threads=1)
-        n_engine = run.n_refined
-        keep = run.indices != D[:, None] if skip_self else np.ones(run.indices.shape, dtype=bool)
-        rr.append(np.repeat(D, keep.sum(axis=1)))
-        qq.append(run.indices[keep].astype(np.int64))
-    return np.concatenate(rr), np.concatenate(qq), n_engine
+    kk = min(k + int(skip_self), Q.shape[0])
+    run = _engine.knn(np.ascontiguousarray(P[rows]), kk, Q, exclude_self=False, n_threads=1,
+                      thresholds=np.ascontiguousarray(T[rows], dtype=np.float64))
+    keep = run.indices >= 0  # a row with fewer than kk pairs within T: padded with -1
+    if skip_self:
+        keep &= run.indices != rows[:, None]
+    return np.repeat(rows, keep.sum(axis=1)), run.indices[keep].astype(np.int64), run.n_refined
 
 
 def _refine_side(P, Q, cand, ends, q0, k, skip_self, refine, whole_pairs):
@@ -1441,9 +1399,9 @@ def _refine_side(P, Q, cand, ends, q0, k, skip_self, refine, whole_pairs):
     (at most k, sorted by value then index), padded with ``inf``.  ``refine(P, Q, r, q)``
     returns the refined values as a NumPy array.  A row whose heap may have dropped a
     candidate is refined against the pairs ``whole_pairs(P, Q, rows, T, skip_self, k)``
-    returns (with the number of pairs refined to find them): those of the whole block
-    that can reach its threshold, or the row's ``k`` best of the block
-    (:func:`_whole_block_pairs`, :func:`_whole_block_pairs_xp`)."""
+    returns (with the number of pairs refined to find them): the block's ``k`` best
+    within its threshold (:func:`_whole_block_pairs`), or those of the whole block that
+    can reach it (:func:`_whole_block_pairs_xp`)."""
     if cand is None:
         return None
     T = ends.max(axis=1)  # the k-th smallest upper end of each row, over all blocks
@@ -1469,17 +1427,17 @@ def _refine_side(P, Q, cand, ends, q0, k, skip_self, refine, whole_pairs):
 
 def _knn_refine_pair_task(SA, SB, cands, ends_a, ends_b, i0, j0, k, exclude_self, mu):
     """Refine both sides of one block pair in float64 from the original rows it holds
-    (``cands``: the filter task's candidates of both sides; ``mu``: the filter tasks'
-    mean, to filter the rows their heaps could not certify again)."""
+    (``cands``: the filter task's candidates of both sides; ``mu``, the filter tasks'
+    mean, is the array-API task's, :func:`_knn_refine_pair_task_xp`: the engine
+    centers the rows its heaps could not certify itself)."""
     cand_a, cand_b = cands
     same = SB is None
     blocks = [SA] if same else [SA, SB]
     dt = np.float64 if any(b.dtype == np.float64 for b in blocks) else np.float32
     A = np.ascontiguousarray(SA, dtype=dt)
     B = A if same else np.ascontiguousarray(SB, dtype=dt)
-    whole = functools.partial(_whole_block_pairs, mu=mu)
-    rec_a = _refine_side(A, B, cand_a, ends_a, j0, k, same and exclude_self, _refine_compiled, whole)
-    rec_b = None if same else _refine_side(B, A, cand_b, ends_b, i0, k, False, _refine_compiled, whole)
+    rec_a = _refine_side(A, B, cand_a, ends_a, j0, k, same and exclude_self, _refine_compiled, _whole_block_pairs)
+    rec_b = None if same else _refine_side(B, A, cand_b, ends_b, i0, k, False, _refine_compiled, _whole_block_pairs)
     return rec_a, rec_b
 
 
@@ -1588,7 +1546,8 @@ def _refine_xp(P, Q, r, q):
 
 
 def _whole_block_pairs_xp(P, Q, rows, T, skip_self, k, mu):
-    """:func:`_whole_block_pairs` on the array-API engine (on the GPU for CuPy rows): the
+    """The pairs of :func:`_whole_block_pairs` on the array-API engine (on the GPU for
+    CuPy rows), which has no threshold pass of its own: the
     keys of :func:`_knn_keys_task_xp` for ``rows`` of ``P`` against every row of ``Q``,
     their lower ends as :func:`_key_ends` forms them, compared with ``T`` on the
     device; only the pairs that pass come to the host.  ``P`` and ``Q`` are the float64

@@ -605,8 +605,27 @@ def _merge_groups(groups, n):
     return out
 
 
+def _pick_fewer(SA, SB, P, counts, cols, idx, dist) -> int:
+    """Rows ``P`` of ``SA`` with fewer pairs within reach than the outputs' k columns,
+    ``cols[t, :counts[t]]`` of ``SB``: each pair refined in the kernels' summation
+    order (:func:`refgeo._certify.canonical_sq`, the same bits), sorted by (value,
+    column) into ``idx[P]`` and ``dist[P]``, the rest padded with -1 and inf.  Returns
+    the number of pairs refined."""
+    r = np.repeat(np.arange(P.size), counts)
+    c = cols[np.arange(cols.shape[1])[None, :] < counts[:, None]]  # row by row, as r
+    v = canonical_sq(np, np.asarray(SA[P[r]], dtype=np.float64), np.asarray(SB[c], dtype=np.float64))
+    order = np.lexsort((c, v, r))
+    r, c, v = r[order], c[order], v[order]
+    rank = np.arange(r.size) - np.repeat(np.cumsum(counts) - counts, counts)
+    idx[P] = -1
+    dist[P] = math.inf
+    idx[P[r], rank] = c
+    dist[P[r], rank] = np.sqrt(v)
+    return int(v.size)
+
+
 def _settle(F, idx, dist, XA, nA, XB, nB, dt, SA, SB, k, self_cols, n_threads, dense, tile_size=None,
-            progress=None, dense_share=None) -> int:
+            progress=None, dense_share=None, fewer=False) -> int:
     """Rows ``F`` that no heap certified, against the pairs that can reach their U.
 
     A deferred row's ``dist[i, 0]`` holds U, the k-th smallest squared upper bound of
@@ -630,7 +649,10 @@ def _settle(F, idx, dist, XA, nA, XB, nB, dt, SA, SB, k, self_cols, n_threads, d
     20,000 such float32 rows of R^64: 6.1 s, 0.2 s for Gaussian rows).  Returns the
     number of pairs refined here (not those of ``dense``).
     ``tile_size`` and ``progress`` as in :func:`knn` (each threshold pass is a kernel run
-    that nobody announced: the total grows).
+    that nobody announced: the total grows).  With ``fewer``, U is a threshold from
+    elsewhere (:func:`knn`'s ``thresholds``) that may hold fewer than k pairs of a row:
+    such a row gets those pairs (:func:`_pick_fewer`), without it that is an internal
+    error.
     """
     T = dist[F, 0].copy()
     pick = getattr(_backend.extension()._knn, "pick" + _suffix(SA))
@@ -644,6 +666,9 @@ def _settle(F, idx, dist, XA, nA, XB, nB, dt, SA, SB, k, self_cols, n_threads, d
         """Rows F[pos] of ``group`` against the candidates C (None: every row of XB)."""
         nonlocal n_ref
         P = F[pos]
+        if fewer and C is not None and C.size == 0:  # no row within reach of the group
+            n_ref += _pick_fewer(SA, SB, P, np.zeros(P.size, np.int64), np.zeros((P.size, 1), np.int64), idx, dist)
+            return
         XBc, nBc = (XB, nB) if C is None else (np.ascontiguousarray(XB[C]), np.ascontiguousarray(nB[C]))
         own = None
         if self_cols is not None:
@@ -655,12 +680,16 @@ def _settle(F, idx, dist, XA, nA, XB, nB, dt, SA, SB, k, self_cols, n_threads, d
                     raise RuntimeError("internal error: a k-NN row is missing from its group's candidates")
         counts, cols = _within(np.ascontiguousarray(XA[P]), np.ascontiguousarray(nA[P]), XBc, nBc, dt,
                                T[pos], own, dense_at, n_threads, tile_size, progress)
-        # U is the k-th smallest upper bound: at least k pairs of each row reach it
-        if (counts < k).any():
-            raise RuntimeError("internal error: a k-NN row has fewer than k pairs within its bound")
         if C is not None:  # candidates' positions in C back to rows of XB (unused slots: 0)
             used = np.arange(cols.shape[1])[None, :] < counts[:, None]
             cols = np.where(used, C[np.clip(cols, 0, C.size - 1)], 0)
+        # U is the k-th smallest upper bound: at least k pairs of each row reach it
+        few = counts < k
+        if few.any():
+            if not fewer:
+                raise RuntimeError("internal error: a k-NN row has fewer than k pairs within its bound")
+            n_ref += _pick_fewer(SA, SB, P[few], counts[few], cols[few], idx, dist)
+            P, counts, cols = P[~few], counts[~few], cols[~few]
         many_rows.setdefault(group, ([], C))[0].append(P[counts > dense_at])
         # a small pick on one thread: an OpenMP team for a few thousand refinements cost
         # 7 ms a call on two busy cores
@@ -739,8 +768,16 @@ def knn_memory(nA, nB, d, k, *, symmetric, exclude_self, itemsize, tile_size, n_
     return parts
 
 
-def knn(X, k, Y, *, exclude_self, tile_size=None, n_threads=None, progress=None) -> KernelRun:
-    """The k nearest rows on the compiled engine (``Y`` None: ``X`` against itself)."""
+def knn(X, k, Y, *, exclude_self, tile_size=None, n_threads=None, progress=None, thresholds=None) -> KernelRun:
+    """The k nearest rows on the compiled engine (``Y`` None: ``X`` against itself).
+
+    ``thresholds`` (float64, one per row of ``X``, or None): squared distances; each
+    row then gets its k nearest among the rows of ``Y`` within its threshold only
+    (fewer where fewer are, padded with index -1 and distance inf), and the first pass
+    is skipped: every row goes to the threshold pass of :func:`_settle` at once.  For
+    the Dask tasks, whose rows overflowed their heaps and whose threshold comes from
+    every block (the pairs beyond it cannot be among the row's k nearest).
+    """
     ext = _backend.extension()
     n = _backend.resolve_n_threads(n_threads)
     symmetric = Y is None
@@ -773,13 +810,21 @@ def knn(X, k, Y, *, exclude_self, tile_size=None, n_threads=None, progress=None)
     fn = getattr(ext._knn, "knn" + _kernel_suffix(XA, SA))
     n_cand = SB.shape[0] - int(symmetric and exclude_self)
     K = _heap_size(n_cand, k)
-    # the first pass defers the rows its heaps cannot certify (idx[i, 0] = -1)
-    idx, dist, stats = _knn_pass(
-        fn, XA, nA, SA, XB, nB, SB, symmetric=symmetric, exclude_self=exclude_self,
-        self_idx=no_self, defer=True, k=k, dt=dt, tile_size=tile_size, n=n, progress=progress,
-    )
-    n_refined = int(stats[1])
-    F = np.flatnonzero(idx[:, 0] < 0)
+    if thresholds is None:
+        # the first pass defers the rows its heaps cannot certify (idx[i, 0] = -1)
+        idx, dist, stats = _knn_pass(
+            fn, XA, nA, SA, XB, nB, SB, symmetric=symmetric, exclude_self=exclude_self,
+            self_idx=no_self, defer=True, k=k, dt=dt, tile_size=tile_size, n=n, progress=progress,
+        )
+        n_refined = int(stats[1])
+        F = np.flatnonzero(idx[:, 0] < 0)
+    else:  # every row deferred, with its threshold as U
+        idx = np.full((SA.shape[0], k), -1, dtype=np.int64)
+        dist = np.full((SA.shape[0], k), math.inf)
+        dist[:, 0] = thresholds
+        n_refined = 0
+        F = np.arange(SA.shape[0])
+    fewer = thresholds is not None
     # redo passes run on at most the first pass's threads: with at most its heap records
     # per thread (below), they stay within the knn_memory estimate checked above
     n_redo = _knn_plan(SA.shape[0], SB.shape[0], d, symmetric, tile_size, n)[2]
@@ -866,12 +911,12 @@ def knn(X, k, Y, *, exclude_self, tile_size=None, n_threads=None, progress=None)
             # (it groups these rows around anchors of its own, against every row)
             own = _settle(R, idx, dist, c64[0], n64[0], XB64, nB64, "float64", A64, B64, k, self_cols(R), n,
                           lambda D, C2: refine_all(ext._knn.knn64, D, *args, SA=A64, SB=B64, C=C2),
-                          tile_size, progress)
+                          tile_size, progress, fewer=fewer)
             n_refined += own
         if skip.size:
             own = _settle(skip, idx, dist, XA, nA, XB, nB, dt, SA, SB, k, self_cols(skip), n,
                           lambda D, C2: float64_filter(D, C2, probe=False), tile_size, progress,
-                          dense_share=SETTLE_DENSE_SHARE_F64)
+                          dense_share=SETTLE_DENSE_SHARE_F64, fewer=fewer)
             n_refined += own
 
     # deferred rows (more ties near their k-th distance than the heap's slack, as in
@@ -886,8 +931,23 @@ def knn(X, k, Y, *, exclude_self, tile_size=None, n_threads=None, progress=None)
     # Gaussian rows.)
     if F.size:
         dense = float64_filter if dt == "float32" else (lambda R, C: refine_all(fn, R, XA, nA, XB, nB, K, dt, C=C))
+        if fewer:
+            after = dense
+
+            def dense(R, C):
+                """Rows R through this call's own heaps against C first, then ``after``
+                for those they defer: the thresholds come from another filter, and
+                this call's centering can be far better (rows of one cluster, centered
+                near it, certify from float32 heaps where a float64 filter ran before:
+                Dask blocks with half of their rows within 1e-5 of one point, 12% of
+                the call)."""
+                left = redo(fn, R, XA, nA, XB, nB, K, dt, defer=True, C=C)
+                if left.size:
+                    after(left, C)
+
         # dense() counts its refinements as it runs: add _settle's own after it returns
-        own = _settle(F, idx, dist, XA, nA, XB, nB, dt, SA, SB, k, self_cols(F), n, dense, tile_size, progress)
+        own = _settle(F, idx, dist, XA, nA, XB, nB, dt, SA, SB, k, self_cols(F), n, dense, tile_size, progress,
+                      fewer=fewer)
         n_refined += own
     return KernelRun(
         backend=_BACKEND, error_bound=reported_bound(d, dt, float(max(nA.max(), nB.max()))),

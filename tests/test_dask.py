@@ -11,6 +11,7 @@ installed (the optional ``[dask]`` extra).
 from __future__ import annotations
 
 import json
+import math
 import os
 
 import numpy as np
@@ -1107,7 +1108,8 @@ def test_knn_of_near_copies_refines_only_the_pairs_that_can_reach_the_kth(client
     float32, 1e-9 in float64): every row ties with its 39 copies, beyond its heap, and
     was refined against every row of the block (3,998,000 refined pairs for 2,000
     float32 rows, all of them).  Such a row is filtered again against the block, and
-    only the pairs that can reach its k-th distance are refined; the heaps of its other
+    only the pairs that can reach its k-th distance are refined (its 39 copies at most,
+    and the task refines the k + 1 the engine returns once more); the heaps of its other
     block pairs are not seeded with a key inside its cluster (each row went to that
     refinement in every block pair: 11,440 rows here)."""
     import dask
@@ -1123,14 +1125,14 @@ def test_knn_of_near_copies_refines_only_the_pairs_that_can_reach_the_kth(client
     real = _dask._whole_block_pairs
     monkeypatch.setattr(_dask, "_whole_block_pairs",
                         lambda P, Q, r, *a, **kw: rows.append(r.size) or real(P, Q, r, *a, **kw))
-    monkeypatch.setattr(_dask, "_WHOLE_STRIP_ELEMENTS", 1500)  # strips of 2 to 3 rows
+    monkeypatch.setattr(_dask, "_WHOLE_STRIP_ELEMENTS", 1500)  # the array-API tasks' strips: 3 rows
     with dask.config.set(scheduler="synchronous"):  # the tasks run here, where rows counts
         got = refgeo.knn(da.from_array(S, chunks=(500, 16)), 8)
         got_y = refgeo.knn(da.from_array(S, chunks=(500, 16)), 8, da.from_array(Y, chunks=(700, 16)))
         # the array-API tasks (CuPy chunks on a GPU; NumPy chunks here) filter such a
         # row again on the device
         arr = _dask.knn(da.from_array(S, chunks=(500, 16)), 8, None, exclude_self=True, engine="array")
-    assert got.n_refined <= 40 * len(S) and got_y.n_refined <= 41 * len(S)
+    assert got.n_refined <= (40 + 9) * len(S) and got_y.n_refined <= (41 + 9) * len(S)
     assert 0 < sum(rows) <= 2 * 1.25 * len(S)  # about once per row and call, not once per block pair
     assert arr.n_refined <= 40 * len(S)
     np.testing.assert_array_equal(arr.indices, got.indices)
@@ -1139,6 +1141,45 @@ def test_knn_of_near_copies_refines_only_the_pairs_that_can_reach_the_kth(client
     _same_rows(refgeo.knn(S, 8, Y), got_y)
     # the same on the cluster's workers
     _same_rows(got, refgeo.knn(da.from_array(S, chunks=(500, 16)), 8))
+
+
+@pytest.mark.parametrize("k", [1, 5])
+def test_knn_of_hidden_states_sends_the_heaps_overflow_to_the_engine_with_thresholds(monkeypatch, k):
+    """Hidden states with Zipf token counts (a common component, a token's embedding, a
+    1e-4 context term): the rows of a frequent token are near-copies that overflow their
+    heaps.  A task hands them to the single-machine engine with its thresholds, which
+    skips its first pass (before, those rows were filtered against the whole block in
+    strips, and the many with too many pairs within reach passed the engine's first
+    pass as well), and the answer is the engine's."""
+    import dask
+
+    from refgeo import _dask, _engine
+
+    rng = np.random.default_rng(11)
+    V, d, vocab = 1600, 16, 400
+    p = 1.0 / np.arange(1, vocab + 1) ** 1.1
+    tokens = rng.choice(vocab, size=V, p=p / p.sum())
+    S = (3.0 * rng.standard_normal(d) + rng.standard_normal((vocab, d))[tokens]
+         + 1e-4 * rng.standard_normal((V, d))).astype(np.float32)
+    Y = S[rng.permutation(V)[:700]] + np.float32(1e-5)
+    whole, engine_rows = [], []
+    real_whole, real_knn = _dask._whole_block_pairs, _engine.knn
+
+    def knn(X, *a, thresholds=None, **kw):
+        assert thresholds is not None and thresholds.shape == (len(X),)
+        engine_rows.append(len(X))
+        return real_knn(X, *a, thresholds=thresholds, **kw)
+
+    monkeypatch.setattr(_dask, "_whole_block_pairs",
+                        lambda P, Q, r, *a, **kw: whole.append(r.size) or real_whole(P, Q, r, *a, **kw))
+    monkeypatch.setattr(_engine, "knn", knn)
+    with dask.config.set(scheduler="synchronous"):  # the tasks run here, where the patches hold
+        got = refgeo.knn(da.from_array(S, chunks=(400, d)), k)
+        got_y = refgeo.knn(da.from_array(S, chunks=(400, d)), k, da.from_array(Y, chunks=(300, d)))
+    monkeypatch.undo()
+    _same_rows(refgeo.knn(S, k), got)
+    _same_rows(refgeo.knn(S, k, Y), got_y)
+    assert sum(whole) > V / 4 and sum(engine_rows) == sum(whole)
 
 
 @pytest.mark.parametrize("k", [1, 5])

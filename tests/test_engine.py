@@ -760,6 +760,66 @@ def test_knn_of_near_copy_clouds_matches_the_oracle(backend, parallel_always, mo
     check()
 
 
+def test_knn_with_thresholds_matches_the_oracle_within_them(backend, parallel_always, monkeypatch):
+    """``knn(..., thresholds=T)`` (the Dask tasks' rows that overflowed their heaps): a
+    row's answer starts with its k nearest among the rows within its threshold, exactly
+    (index and distance, ties by index); where fewer than k are within it, the rest of
+    the row holds further rows in order, or -1 and inf.  Near-copy clusters, thresholds
+    at a row's j-th distance, between, beyond every row or at 0, float32 and float64
+    (filtered in float32 from no work on), anchor groups, probes, strips, tiles and
+    threads."""
+    if backend != "cython":
+        pytest.skip("the compiled engine's redo")
+    monkeypatch.setattr(_engine, "KNN_MIXED_MIN_WORK", 0)
+    for name, value in {**_ANCHORS, **_TIE_PROBE}.items():
+        monkeypatch.setattr(_engine, name, value)
+
+    @settings(max_examples=_examples(backend, 300))
+    @given(X=near_copy_clouds(), Y=st.one_of(st.none(), near_copy_clouds()), k=st.integers(1, 6),
+           f32=st.booleans(), slots=st.sampled_from([1, 500, 1 << 22]), data=st.data(), **tie_options)
+    def check(X, Y, k, f32, slots, data, tile_size, n_threads):
+        _draw_anchors(data)
+        _draw_tie_probe(data)
+        if Y is not None and Y.shape[1] != X.shape[1]:
+            Y = np.resize(Y, (Y.shape[0], X.shape[1]))
+        if f32:
+            X = X.astype(np.float32)
+            Y = None if Y is None else Y.astype(np.float32)
+        B = X if Y is None else Y
+        n_cand = B.shape[0] - int(Y is None)
+        if n_cand < k:
+            return
+        X64, B64 = X.astype(np.float64), B.astype(np.float64)
+        D2 = _certify.canonical_sq(np, X64[:, None, :], B64[None, :, :])
+        if Y is None:
+            np.fill_diagonal(D2, np.inf)
+        srt = np.sort(D2, axis=1)
+        rng = np.random.default_rng(data.draw(st.integers(0, 2**32 - 1)))
+        at = srt[np.arange(len(X)), rng.integers(0, n_cand, len(X))]
+        T = at * rng.choice([1.0, 1.0 + 1e-9, 0.5, 1e-300], len(X))
+        T[rng.random(len(X)) < 0.1] = np.inf
+        _engine.WITHIN_SLOTS = slots
+        r = _engine.knn(X, k, Y, exclude_self=Y is None, tile_size=tile_size, n_threads=n_threads,
+                        thresholds=T)
+        order = np.lexsort((np.broadcast_to(np.arange(B.shape[0]), D2.shape), D2), axis=1)
+        for i in range(len(X)):
+            within = order[i][D2[i, order[i]] <= T[i]][:k]
+            m = within.size
+            np.testing.assert_array_equal(r.indices[i, :m], within)
+            np.testing.assert_array_equal(r.distances[i, :m], np.sqrt(D2[i, within]))
+            rest, rest_d = r.indices[i, m:], r.distances[i, m:]
+            held = rest >= 0  # beyond the threshold: further rows in order, then padding
+            assert np.all(held[:-1] >= held[1:]) and np.all(np.isinf(rest_d[~held]))
+            if held.any():
+                np.testing.assert_array_equal(rest_d[held], np.sqrt(D2[i, rest[held]]))
+                seq = np.concatenate([within[-1:], rest[held]])
+                assert np.all(D2[i, rest[held]] > T[i])
+                assert all((D2[i, a], a) < (D2[i, b], b) for a, b in zip(seq[:-1], seq[1:]))
+
+    monkeypatch.setattr(_engine, "WITHIN_SLOTS", _engine.WITHIN_SLOTS)  # restored after
+    check()
+
+
 @settings(max_examples=300, deadline=None)
 @given(seed=st.integers(0, 2**32 - 1), n=st.integers(2, 150), d=st.integers(1, 40),
        kind=st.sampled_from(["copies", "grid", "gaussian", "two_scales"]), f64=st.booleans(),
@@ -875,13 +935,13 @@ def test_knn_counts_the_refinements_of_rows_refined_against_every_candidate(back
     dense_pairs = []
     real = _engine._settle
 
-    def settle(F, *args):
+    def settle(F, *args, **kwargs):
         # (idx, dist, XA, nA, XB, nB, dt, SA, SB, k, self_cols, n_threads, dense, ...)
         args = list(args)
         dense = args[12]
         # rows R against their group's candidates C (None: every row), self excluded
         args[12] = lambda R, C: (dense_pairs.append(R.size * ((300 if C is None else C.size) - 1)), dense(R, C))[1]
-        return real(F, *args)
+        return real(F, *args, **kwargs)
 
     monkeypatch.setattr(_engine, "_settle", settle)
     r = _engine.knn(X, 16, None, exclude_self=True)

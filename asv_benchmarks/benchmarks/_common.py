@@ -160,6 +160,19 @@ def rng(seed: int = 0) -> np.random.Generator:
     return np.random.default_rng(seed)
 
 
+def hidden_states(n: int, d: int, seed: int = 6) -> np.ndarray:
+    """float32 hidden states shaped like a residual stream: a common component (norm
+    about 5 sqrt(d)) shared by every row, the embedding of a token drawn with Zipf
+    counts (exponent 1.1, a vocabulary of n / 2 tokens) and a small context term (1e-3
+    per entry).  The rows of one frequent token are near-copies, nearly equidistant."""
+    g = rng(seed)
+    vocab = n // 2
+    p = 1.0 / np.arange(1, vocab + 1) ** 1.1
+    tokens = g.choice(vocab, size=n, p=p / p.sum())
+    X = 5.0 * g.standard_normal(d) + g.standard_normal((vocab, d))[tokens]
+    return (X + 1e-3 * g.standard_normal((n, d))).astype(np.float32)
+
+
 def best_time(fn, repeat: int = 3) -> float:
     """Best wall time of ``repeat`` calls (for speed-ratio trackers measured in-process)."""
     best = float("inf")

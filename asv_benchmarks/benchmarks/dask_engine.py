@@ -24,7 +24,7 @@ import time
 
 import numpy as np
 
-from ._common import best_time, environment, realistic, records_runtime, refgeo, require_backend
+from ._common import best_time, environment, hidden_states, realistic, records_runtime, refgeo, require_backend
 
 # The cluster's own logs stay quiet (the scheduler and nannies run in this process, the
 # workers in child processes that read the environment when they import distributed):
@@ -201,11 +201,13 @@ if realistic():
     # knn untrained: the baseline refines every pair of copies in a block (quadratic in
     # the copies), so a smaller head than the others
     LM_CASES = [("knn lm_gradient", 50257, 768, 32, 8192), ("closest_pair untrained", 50257, 768, 0, 8192),
-                ("knn untrained", 16384, 768, 16, 4096), ("knn near_copies", 50257, 768, 32, 8192)]
+                ("knn untrained", 16384, 768, 16, 4096), ("knn near_copies", 50257, 768, 32, 8192),
+                ("knn hidden_states", 32768, 256, 16, 8192)]
     ONE_CLUSTER = (32768, 256, 8192)
 else:
     LM_CASES = [("knn lm_gradient", 4096, 64, 8, 1024), ("closest_pair untrained", 8192, 64, 0, 2048),
-                ("knn untrained", 4096, 64, 8, 1024), ("knn near_copies", 8192, 64, 16, 2048)]
+                ("knn untrained", 4096, 64, 8, 1024), ("knn near_copies", 8192, 64, 16, 2048),
+                ("knn hidden_states", 8192, 64, 1, 2048)]
     ONE_CLUSTER = (8192, 64, 2048)
 # half the rows within 1e-5 of one point: an untrained tail whose rows moved a little
 # from their shared initialisation (weight decay, noise), in chunks of their own
@@ -253,6 +255,12 @@ class DaskLMRows(_TwoWorkers):
       threads on the same rows as one NumPy array (a ratio near 1 is parity; before
       the tasks filtered such rows again they refined every pair of the block, 70
       times the single-process time).
+    * ``knn hidden_states``: hidden states with Zipf token counts
+      (:func:`_common.hidden_states`), whose frequent tokens' rows are near-copies that
+      overflow their heaps: a task hands them to the single-process engine with their
+      thresholds (``refgeo._engine.knn(..., thresholds=T)``), which groups them around
+      anchors.  Baseline in the same run: the single-process engine with 2 threads on
+      the same rows.
     * ``row_diameter``, ``closest_pair``, ``farthest_partners``, ``knn`` (k = 1)
       ``one_cluster``: half of the float32 rows within 1e-5 of one point, in chunks of
       their own: every pair of the cluster lies in the float32 band.  Baseline in the
@@ -285,6 +293,10 @@ class DaskLMRows(_TwoWorkers):
             S = _untrained_head(n, d)
             self.run = lambda: refgeo.knn(self.D, k)
             self.baseline = lambda: _dask.knn(self.D, k, None, exclude_self=True)
+        elif case == "knn hidden_states":
+            S = hidden_states(n, d)
+            self.run = lambda: refgeo.knn(self.D, k)
+            self.baseline = lambda: refgeo.knn(S, k, n_threads=2)
         elif case == "knn near_copies":
             g = np.random.default_rng(5)
             S = (np.repeat(g.standard_normal((-(-n // 50), d)), 50, axis=0)[:n]

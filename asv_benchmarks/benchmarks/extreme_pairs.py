@@ -23,6 +23,7 @@ from ._common import (
     DTYPES,
     best_time,
     environment,
+    hidden_states,
     realistic,
     records_runtime,
     refgeo,
@@ -490,10 +491,9 @@ class NearCopyRows(_StructuredKNN):
 
 @records_runtime(dtype="float32", backend="cython")
 class KNNHiddenStates(_StructuredKNN):
-    """knn of hidden states shaped like a residual stream: a common component (norm
-    about 5 sqrt(d)) shared by every row, the embedding of a token drawn with Zipf
-    counts (exponent 1.1, a vocabulary of N / 2 tokens) and a small context term
-    (1e-3 per entry).  The rows of one frequent token are near-copies, nearly
+    """knn of hidden states shaped like a residual stream (:func:`_common.hidden_states`:
+    a common component, the embedding of a token drawn with Zipf counts and a small
+    context term).  The rows of one frequent token are near-copies, nearly
     equidistant, which the float32 filter ties beyond any heap; the threshold pass
     groups them around anchors (``refgeo._engine._anchor_groups``) and runs each group
     against the rows within reach of its anchor.
@@ -512,13 +512,8 @@ class KNNHiddenStates(_StructuredKNN):
     def setup(self, N_d, k):
         require_backend("cython")
         N, d = N_d
-        g = rng(6)
-        vocab = N // 2
-        p = 1.0 / np.arange(1, vocab + 1) ** 1.1
-        tokens = g.choice(vocab, size=N, p=p / p.sum())
-        X = 5.0 * g.standard_normal(d) + g.standard_normal((vocab, d))[tokens]
-        self.X = (X + 1e-3 * g.standard_normal((N, d))).astype(np.float32)
-        self.G = g.standard_normal((N, d)).astype(np.float32)
+        self.X = hidden_states(N, d)
+        self.G = rng(7).standard_normal((N, d)).astype(np.float32)
         self.k = k
 
     def _knn_without_anchors(self):
