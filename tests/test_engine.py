@@ -724,10 +724,18 @@ def near_copy_clouds(draw):
     return X[rng.permutation(X.shape[0])]
 
 
-def test_knn_of_near_copy_clouds_matches_the_oracle(backend, parallel_always, monkeypatch):
+@pytest.mark.parametrize("thresholds", [False, True])
+def test_knn_of_near_copy_clouds_matches_the_oracle(backend, parallel_always, monkeypatch, thresholds):
     """Every answer of the redo paths is exact: near-copy clusters against themselves
     and against a second cloud, float32 and float64 (filtered in float32 from no work
-    on), small strips, anchor groups, probes of the float64 heaps, tiles and threads."""
+    on), small strips, anchor groups, probes of the float64 heaps, tiles and threads.
+
+    With ``thresholds`` (``knn(..., thresholds=T)``, for the Dask tasks' rows that
+    overflowed their heaps), a row's answer starts with its k nearest among the rows
+    within its threshold, exactly (index and distance, ties by index); where fewer
+    than k are within it, the rest of the row holds further rows in order, or -1 and
+    inf.  Thresholds at a row's j-th distance, just above, between, near 0, or beyond
+    every row."""
     if backend != "cython":
         pytest.skip("the compiled engine's redo")
     monkeypatch.setattr(_engine, "KNN_MIXED_MIN_WORK", 0)
@@ -751,57 +759,23 @@ def test_knn_of_near_copy_clouds_matches_the_oracle(backend, parallel_always, mo
             X = X.astype(np.float32)
             Y = None if Y is None else Y.astype(np.float32)
         _engine.WITHIN_SLOTS = slots
-        r = _engine.knn(X, k, Y, exclude_self=Y is None, tile_size=tile_size, n_threads=n_threads)
-        idx, dist = _oracle_knn(X, k, Y)
-        np.testing.assert_array_equal(r.indices, idx)
-        np.testing.assert_array_equal(r.distances, dist)
-
-    monkeypatch.setattr(_engine, "WITHIN_SLOTS", _engine.WITHIN_SLOTS)  # restored after
-    check()
-
-
-def test_knn_with_thresholds_matches_the_oracle_within_them(backend, parallel_always, monkeypatch):
-    """``knn(..., thresholds=T)`` (the Dask tasks' rows that overflowed their heaps): a
-    row's answer starts with its k nearest among the rows within its threshold, exactly
-    (index and distance, ties by index); where fewer than k are within it, the rest of
-    the row holds further rows in order, or -1 and inf.  Near-copy clusters, thresholds
-    at a row's j-th distance, between, beyond every row or at 0, float32 and float64
-    (filtered in float32 from no work on), anchor groups, probes, strips, tiles and
-    threads."""
-    if backend != "cython":
-        pytest.skip("the compiled engine's redo")
-    monkeypatch.setattr(_engine, "KNN_MIXED_MIN_WORK", 0)
-    for name, value in {**_ANCHORS, **_TIE_PROBE}.items():
-        monkeypatch.setattr(_engine, name, value)
-
-    @settings(max_examples=_examples(backend, 300))
-    @given(X=near_copy_clouds(), Y=st.one_of(st.none(), near_copy_clouds()), k=st.integers(1, 6),
-           f32=st.booleans(), slots=st.sampled_from([1, 500, 1 << 22]), data=st.data(), **tie_options)
-    def check(X, Y, k, f32, slots, data, tile_size, n_threads):
-        _draw_anchors(data)
-        _draw_tie_probe(data)
-        if Y is not None and Y.shape[1] != X.shape[1]:
-            Y = np.resize(Y, (Y.shape[0], X.shape[1]))
-        if f32:
-            X = X.astype(np.float32)
-            Y = None if Y is None else Y.astype(np.float32)
-        B = X if Y is None else Y
-        n_cand = B.shape[0] - int(Y is None)
-        if n_cand < k:
+        if not thresholds:
+            r = _engine.knn(X, k, Y, exclude_self=Y is None, tile_size=tile_size, n_threads=n_threads)
+            idx, dist = _oracle_knn(X, k, Y)
+            np.testing.assert_array_equal(r.indices, idx)
+            np.testing.assert_array_equal(r.distances, dist)
             return
-        X64, B64 = X.astype(np.float64), B.astype(np.float64)
-        D2 = _certify.canonical_sq(np, X64[:, None, :], B64[None, :, :])
+        B64 = (X if Y is None else Y).astype(np.float64)
+        D2 = _certify.canonical_sq(np, X.astype(np.float64)[:, None, :], B64[None, :, :])
         if Y is None:
             np.fill_diagonal(D2, np.inf)
-        srt = np.sort(D2, axis=1)
         rng = np.random.default_rng(data.draw(st.integers(0, 2**32 - 1)))
-        at = srt[np.arange(len(X)), rng.integers(0, n_cand, len(X))]
+        at = np.sort(D2, axis=1)[np.arange(len(X)), rng.integers(0, n_cand, len(X))]
         T = at * rng.choice([1.0, 1.0 + 1e-9, 0.5, 1e-300], len(X))
         T[rng.random(len(X)) < 0.1] = np.inf
-        _engine.WITHIN_SLOTS = slots
         r = _engine.knn(X, k, Y, exclude_self=Y is None, tile_size=tile_size, n_threads=n_threads,
                         thresholds=T)
-        order = np.lexsort((np.broadcast_to(np.arange(B.shape[0]), D2.shape), D2), axis=1)
+        order = np.lexsort((np.broadcast_to(np.arange(B64.shape[0]), D2.shape), D2), axis=1)
         for i in range(len(X)):
             within = order[i][D2[i, order[i]] <= T[i]][:k]
             m = within.size
