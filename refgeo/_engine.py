@@ -607,13 +607,15 @@ def _merge_groups(groups, n):
 
 def _pick_fewer(SA, SB, P, counts, cols, idx, dist) -> int:
     """Rows ``P`` of ``SA`` with fewer pairs within reach than the outputs' k columns,
-    ``cols[t, :counts[t]]`` of ``SB``: each pair refined in the kernels' summation
-    order (:func:`refgeo._certify.canonical_sq`, the same bits), sorted by (value,
-    column) into ``idx[P]`` and ``dist[P]``, the rest padded with -1 and inf.  Returns
-    the number of pairs refined."""
+    ``cols[t, :counts[t]]`` of ``SB``: each pair refined by the compiled kernels
+    (``refgeo_ext._knn_blocks.refine_pairs*``, no copies of the rows), sorted by
+    (value, column) into ``idx[P]`` and ``dist[P]``, the rest padded with -1 and inf.
+    Returns the number of pairs refined."""
     r = np.repeat(np.arange(P.size), counts)
     c = cols[np.arange(cols.shape[1])[None, :] < counts[:, None]]  # row by row, as r
-    v = canonical_sq(np, np.asarray(SA[P[r]], dtype=np.float64), np.asarray(SB[c], dtype=np.float64))
+    v = np.empty(r.size)
+    getattr(_backend.extension()._knn_blocks, "refine_pairs" + _suffix(SA))(
+        SA, SB, np.ascontiguousarray(P[r], dtype=np.int64), np.ascontiguousarray(c, dtype=np.int64), v)
     order = np.lexsort((c, v, r))
     r, c, v = r[order], c[order], v[order]
     rank = np.arange(r.size) - np.repeat(np.cumsum(counts) - counts, counts)
@@ -819,6 +821,11 @@ def knn(X, k, Y, *, exclude_self, tile_size=None, n_threads=None, progress=None,
         n_refined = int(stats[1])
         F = np.flatnonzero(idx[:, 0] < 0)
     else:  # every row deferred, with its threshold as U
+        thresholds = np.asarray(thresholds, dtype=np.float64)
+        if thresholds.shape != (SA.shape[0],) or not np.all(thresholds >= 0.0):  # (NaN fails too)
+            raise ValueError(f"thresholds must hold one squared distance >= 0 (or inf) per row of X "
+                             f"({SA.shape[0]}), got shape {thresholds.shape}"
+                             + ("" if thresholds.shape != (SA.shape[0],) else " with a NaN or negative entry"))
         idx = np.full((SA.shape[0], k), -1, dtype=np.int64)
         dist = np.full((SA.shape[0], k), math.inf)
         dist[:, 0] = thresholds

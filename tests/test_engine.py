@@ -794,6 +794,18 @@ def test_knn_of_near_copy_clouds_matches_the_oracle(backend, parallel_always, mo
     check()
 
 
+@pytest.mark.parametrize("T", [[1.0, np.nan, 1.0], [1.0, -1.0, 1.0], [1.0, 1.0], [[1.0, 1.0, 1.0]]])
+def test_knn_refuses_thresholds_it_cannot_use(backend, T):
+    """A NaN threshold spread into its anchor group's radius and emptied the group's
+    candidates (its other rows came back padded); a negative one, or one of another
+    shape, is as meaningless: each is refused, naming ``thresholds``."""
+    if backend != "cython":
+        pytest.skip("the compiled engine's thresholds")
+    X = np.random.default_rng(0).standard_normal((3, 4))
+    with pytest.raises(ValueError, match="thresholds must hold one squared distance"):
+        _engine.knn(X, 1, X + 1.0, exclude_self=False, thresholds=np.array(T))
+
+
 @settings(max_examples=300, deadline=None)
 @given(seed=st.integers(0, 2**32 - 1), n=st.integers(2, 150), d=st.integers(1, 40),
        kind=st.sampled_from(["copies", "grid", "gaussian", "two_scales"]), f64=st.booleans(),
