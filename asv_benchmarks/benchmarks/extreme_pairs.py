@@ -444,6 +444,7 @@ class TiedRows(_StructuredKNN):
         self.k = k
 
 
+@records_runtime(dtype="float32", backend="cython")
 class NearCopyRows(_StructuredKNN):
     """knn(X, 1) of float32 rows in clusters of 50 near-copies (1e-3 apart, closer than
     the float32 filter resolves; a head's rows that few updates touched), and of rows half
@@ -573,6 +574,7 @@ class KNNCodeRows(_StructuredKNN):
     track_speedup_vs_no_probe.unit = "x"
 
 
+@records_runtime(dtype="float64", backend="cython")
 class ClosestPairNearDuplicates:
     """closest_pair of float64 rows of which a share lies within 1e-6 of one point (rows
     that few updates touched), at the end of the matrix.
