@@ -1347,14 +1347,6 @@ def _records_pair(ext, suffix, XA, nA, XB, nB, K, seed_a=None, seed_b=None):
     return rec[:na, 0::2], ids_a, rec[na:, 0::2], ids[na:]
 
 
-def _refine_compiled(P, Q, r, q):
-    """Refined squared distances of the pairs ``(r[t], q[t])`` on the compiled engine."""
-    vals = np.empty(r.shape[0])
-    fn = getattr(_backend_ext()._knn_blocks, "refine_pairs" + ("32" if P.dtype == np.float32 else "64"))
-    fn(P, Q, r, q, vals)
-    return vals
-
-
 # Elements per strip of the rows that their heaps could not certify, against the whole
 # block: the filter values of :func:`_whole_block_pairs_xp`.
 _WHOLE_STRIP_ELEMENTS = 1 << 20
@@ -1436,8 +1428,9 @@ def _knn_refine_pair_task(SA, SB, cands, ends_a, ends_b, i0, j0, k, exclude_self
     dt = np.float64 if any(b.dtype == np.float64 for b in blocks) else np.float32
     A = np.ascontiguousarray(SA, dtype=dt)
     B = A if same else np.ascontiguousarray(SB, dtype=dt)
-    rec_a = _refine_side(A, B, cand_a, ends_a, j0, k, same and exclude_self, _refine_compiled, _whole_block_pairs)
-    rec_b = None if same else _refine_side(B, A, cand_b, ends_b, i0, k, False, _refine_compiled, _whole_block_pairs)
+    refine, whole = _engine._refined_pairs, _whole_block_pairs
+    rec_a = _refine_side(A, B, cand_a, ends_a, j0, k, same and exclude_self, refine, whole)
+    rec_b = None if same else _refine_side(B, A, cand_b, ends_b, i0, k, False, refine, whole)
     return rec_a, rec_b
 
 

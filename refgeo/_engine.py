@@ -38,6 +38,7 @@ from ._certify import (
     reported_bound,
     rounding_bound,
 )
+from ._filter import first_per_row
 from ._threads import blas_single_thread
 
 # Every kernel call pins BLAS to one thread, whatever ``n_eff`` is: with OpenMP tiles a
@@ -605,24 +606,28 @@ def _merge_groups(groups, n):
     return out
 
 
+def _refined_pairs(SA, SB, r, q) -> np.ndarray:
+    """Refined squared distances of the pairs ``(SA[r[t]], SB[q[t]])``: the compiled
+    ``refgeo_ext._knn_blocks.refine_pairs*`` (the canonical summation order of
+    ``src/refine.h``; no copies of the rows).  The Dask tasks refine with it too."""
+    vals = np.empty(r.shape[0])
+    getattr(_backend.extension()._knn_blocks, "refine_pairs" + _suffix(SA))(
+        SA, SB, np.ascontiguousarray(r, dtype=np.int64), np.ascontiguousarray(q, dtype=np.int64), vals)
+    return vals
+
+
 def _pick_fewer(SA, SB, P, counts, cols, idx, dist) -> int:
     """Rows ``P`` of ``SA`` with fewer pairs within reach than the outputs' k columns,
-    ``cols[t, :counts[t]]`` of ``SB``: each pair refined by the compiled kernels
-    (``refgeo_ext._knn_blocks.refine_pairs*``, no copies of the rows), sorted by
-    (value, column) into ``idx[P]`` and ``dist[P]``, the rest padded with -1 and inf.
-    Returns the number of pairs refined."""
+    ``cols[t, :counts[t]]`` of ``SB``: each pair refined (:func:`_refined_pairs`), the
+    row's pairs by (value, column) into ``idx[P]`` and ``dist[P]``
+    (:func:`refgeo._filter.first_per_row`), the rest padded with -1 and inf.  Returns
+    the number of pairs refined."""
     r = np.repeat(np.arange(P.size), counts)
     c = cols[np.arange(cols.shape[1])[None, :] < counts[:, None]]  # row by row, as r
-    v = np.empty(r.size)
-    getattr(_backend.extension()._knn_blocks, "refine_pairs" + _suffix(SA))(
-        SA, SB, np.ascontiguousarray(P[r], dtype=np.int64), np.ascontiguousarray(c, dtype=np.int64), v)
-    order = np.lexsort((c, v, r))
-    r, c, v = r[order], c[order], v[order]
-    rank = np.arange(r.size) - np.repeat(np.cumsum(counts) - counts, counts)
-    idx[P] = -1
-    dist[P] = math.inf
-    idx[P[r], rank] = c
-    dist[P[r], rank] = np.sqrt(v)
+    v = _refined_pairs(SA, SB, P[r], c)
+    v, j, ok = first_per_row(v, v, r, c, P.size, idx.shape[1])
+    idx[P] = np.where(ok, j, -1)
+    dist[P] = np.where(ok, np.sqrt(v), math.inf)
     return int(v.size)
 
 
@@ -937,21 +942,20 @@ def knn(X, k, Y, *, exclude_self, tile_size=None, n_threads=None, progress=None,
     # 20,000 sign rows of R^64 at k = 16 took 0.75 s, now 0.52 s, against 0.30 s for
     # Gaussian rows.)
     if F.size:
-        dense = float64_filter if dt == "float32" else (lambda R, C: refine_all(fn, R, XA, nA, XB, nB, K, dt, C=C))
-        if fewer:
-            after = dense
+        crowded = float64_filter if dt == "float32" else (lambda R, C: refine_all(fn, R, XA, nA, XB, nB, K, dt, C=C))
 
-            def dense(R, C):
-                """Rows R through this call's own heaps against C first, then ``after``
-                for those they defer: the thresholds come from another filter, and
-                this call's centering can be far better (rows of one cluster, centered
-                near it, certify from float32 heaps where a float64 filter ran before:
-                Dask blocks with half of their rows within 1e-5 of one point, 12% of
-                the call)."""
-                left = redo(fn, R, XA, nA, XB, nB, K, dt, defer=True, C=C)
-                if left.size:
-                    after(left, C)
+        def heaps_first(R, C):
+            """(With thresholds.) Rows R through this call's own heaps against C first,
+            then ``crowded`` for those they defer: the thresholds come from another
+            filter, and this call's centering can be far better (rows of one cluster,
+            centered near it, certify from float32 heaps where a float64 filter ran
+            before: Dask blocks with half of their rows within 1e-5 of one point, 12% of
+            the call)."""
+            left = redo(fn, R, XA, nA, XB, nB, K, dt, defer=True, C=C)
+            if left.size:
+                crowded(left, C)
 
+        dense = heaps_first if fewer else crowded
         # dense() counts its refinements as it runs: add _settle's own after it returns
         own = _settle(F, idx, dist, XA, nA, XB, nB, dt, SA, SB, k, self_cols(F), n, dense, tile_size, progress,
                       fewer=fewer)
