@@ -11,7 +11,6 @@ installed (the optional ``[dask]`` extra).
 from __future__ import annotations
 
 import json
-import math
 import os
 
 import numpy as np

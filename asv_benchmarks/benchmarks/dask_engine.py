@@ -293,14 +293,13 @@ class DaskLMRows(_TwoWorkers):
             S = _untrained_head(n, d)
             self.run = lambda: refgeo.knn(self.D, k)
             self.baseline = lambda: _dask.knn(self.D, k, None, exclude_self=True)
-        elif case == "knn hidden_states":
-            S = hidden_states(n, d)
-            self.run = lambda: refgeo.knn(self.D, k)
-            self.baseline = lambda: refgeo.knn(S, k, n_threads=2)
-        elif case == "knn near_copies":
-            g = np.random.default_rng(5)
-            S = (np.repeat(g.standard_normal((-(-n // 50), d)), 50, axis=0)[:n]
-                 + 1e-6 * g.standard_normal((n, d))).astype(np.float32)
+        elif case in ("knn hidden_states", "knn near_copies"):
+            if case == "knn hidden_states":
+                S = hidden_states(n, d)
+            else:
+                g = np.random.default_rng(5)
+                S = (np.repeat(g.standard_normal((-(-n // 50), d)), 50, axis=0)[:n]
+                     + 1e-6 * g.standard_normal((n, d))).astype(np.float32)
             self.run = lambda: refgeo.knn(self.D, k)
             self.baseline = lambda: refgeo.knn(S, k, n_threads=2)
         elif k:
