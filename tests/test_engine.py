@@ -219,13 +219,13 @@ def test_extreme_pairs_exact(backend, parallel_always, monkeypatch):
 
 _ANCHORS = {name: getattr(_engine, name) for name in ("ANCHOR_BATCH", "ANCHOR_MIN_GAIN", "ANCHOR_MAX_SHARE",
                                                         "ANCHOR_REACH", "ANCHOR_MIN_WORK", "ANCHOR_UNION_SHARE",
-                                                        "ANCHOR_MERGE_GROWTH")}
+                                                        "ANCHOR_MERGE_GROWTH", "LOCAL_FRAME_GAIN")}
 
 
 def _draw_anchors(data):
     """The grouping of the rows the heaps defer around anchors (``_engine._anchor_groups``),
     as set up by default (tiny examples then never group), or grouping every row it can:
-    any anchors and any reach give the same answer."""
+    any anchors, any reach and any frame give the same answer."""
     if data.draw(st.booleans()):
         for name, value in _ANCHORS.items():
             setattr(_engine, name, value)
@@ -236,6 +236,8 @@ def _draw_anchors(data):
     _engine.ANCHOR_REACH = data.draw(st.sampled_from([0.0, 0.5, 2.0, 8.0]))
     _engine.ANCHOR_MIN_WORK = data.draw(st.sampled_from([0, 1 << 12]))
     _engine.ANCHOR_UNION_SHARE = data.draw(st.sampled_from([1, 16]))
+    # each group through heaps in its own frame first, never, or where it gains
+    _engine.LOCAL_FRAME_GAIN = data.draw(st.sampled_from([0.0, 16.0, math.inf]))
     _engine.ANCHOR_MERGE_GROWTH = data.draw(st.sampled_from([0.0, 1.25, 1e9]))  # never, default, always
 
 
@@ -682,12 +684,13 @@ def test_knn_of_a_grouped_cluster_runs_its_float64_filter_against_the_group(back
     they go through a float64 filter.  Its heaps ran them against every row (hidden
     states of R^256 with Zipf token counts: a third of the call); now one float64
     pass against the group's candidates, the 400 rows of the cluster (the anchors of
-    one round split them into 64 groups with the same candidates, merged into one)."""
+    one round split them into 64 groups with the same candidates, merged into one).
+    (Without the group's own frame, which spares them the float64 filter: the next
+    test.)"""
     if backend != "cython":
         pytest.skip("the compiled engine's float64 filter")
-    rng = np.random.default_rng(8)
-    X = np.vstack([rng.standard_normal((1600, 32)), 20 + 1e-4 * rng.standard_normal((400, 32))])
-    X = X[rng.permutation(2000)].astype(np.float32)
+    monkeypatch.setattr(_engine, "LOCAL_FRAME_GAIN", math.inf)
+    X = _far_cluster()
     real = _engine._knn_pass
     passes = []
 
@@ -704,6 +707,38 @@ def test_knn_of_a_grouped_cluster_runs_its_float64_filter_against_the_group(back
         idx, dist = _oracle_knn(X, k)
         np.testing.assert_array_equal(r.indices, idx)
         np.testing.assert_array_equal(r.distances, dist)
+
+
+def _far_cluster():
+    """2,000 float32 rows of R^32: 400 within 1e-4 of a point far from the origin."""
+    rng = np.random.default_rng(8)
+    X = np.vstack([rng.standard_normal((1600, 32)), 20 + 1e-4 * rng.standard_normal((400, 32))])
+    return X[rng.permutation(2000)].astype(np.float32)
+
+
+@pytest.mark.parametrize("k", [1, 4])
+def test_knn_of_a_grouped_cluster_certifies_it_in_the_groups_own_frame(backend, monkeypatch, k):
+    """The cluster of the previous test, in its own frame: centered at the group's mean
+    its rows have squared norms near 3e-7 instead of 400, the float32 filter's bound
+    shrinks with them, and one float32 heap pass of the cluster against itself
+    certifies every row, where the common frame ties them all and sends them through
+    a float64 filter."""
+    if backend != "cython":
+        pytest.skip("the compiled engine's group frames")
+    X = _far_cluster()
+    real = _engine._knn_pass
+    passes = []
+
+    def counted(*args, **kwargs):
+        passes.append((kwargs.get("dt"), args[3].shape[0], args[6].shape[0]))  # filter, rows, candidates
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(_engine, "_knn_pass", counted)
+    r = _engine.knn(X, k, None, exclude_self=True)
+    assert passes == [("float32", 2000, 2000), ("float32", 400, 400)], passes
+    idx, dist = _oracle_knn(X, k)
+    np.testing.assert_array_equal(r.indices, idx)
+    np.testing.assert_array_equal(r.distances, dist)
 
 
 @st.composite
