@@ -417,6 +417,21 @@ class _StructuredKNN:
 
     track_refined_pairs_per_row.unit = "pairs"
 
+    def _speedup_vs(self, name, value):
+        """Time of knn(X) with the engine setting ``name`` at ``value`` (a baseline path)
+        over its time as set up, in the same process."""
+        from refgeo import _engine
+
+        def baseline():
+            old = getattr(_engine, name)
+            setattr(_engine, name, value)
+            try:
+                return self._knn(self.X)
+            finally:
+                setattr(_engine, name, old)
+
+        return best_time(baseline) / best_time(lambda: self._knn(self.X))
+
 
 @records_runtime(dtype="float32", backend="cython")
 class TiedRows(_StructuredKNN):
@@ -501,7 +516,9 @@ class KNNHiddenStates(_StructuredKNN):
 
     Baselines in the same process: the same call with no row grouped around an anchor
     (``_engine.ANCHOR_MIN_GAIN`` out of reach: every deferred row against every row,
-    the path before the anchors), and knn of Gaussian rows of the same shape.  One
+    the path before the anchors), the same call without the groups' own frames
+    (``_engine.LOCAL_FRAME_GAIN`` infinite: every group filtered in the frame of all
+    rows, where its near-copies tie), and knn of Gaussian rows of the same shape.  One
     thread, so that the ratios do not depend on the machine's cores.
     """
 
@@ -517,20 +534,15 @@ class KNNHiddenStates(_StructuredKNN):
         self.G = rng(7).standard_normal((N, d)).astype(np.float32)
         self.k = k
 
-    def _knn_without_anchors(self):
-        from refgeo import _engine
-
-        old = _engine.ANCHOR_MIN_GAIN
-        _engine.ANCHOR_MIN_GAIN = 1 << 30
-        try:
-            return self._knn(self.X)
-        finally:
-            _engine.ANCHOR_MIN_GAIN = old
-
     def track_speedup_vs_no_anchors(self, N_d, k):
-        return best_time(self._knn_without_anchors) / best_time(lambda: self._knn(self.X))
+        return self._speedup_vs("ANCHOR_MIN_GAIN", 1 << 30)
 
     track_speedup_vs_no_anchors.unit = "x"
+
+    def track_speedup_vs_common_frame(self, N_d, k):
+        return self._speedup_vs("LOCAL_FRAME_GAIN", math.inf)
+
+    track_speedup_vs_common_frame.unit = "x"
 
 
 @records_runtime(dtype="float64", backend="cython")
@@ -558,18 +570,8 @@ class KNNCodeRows(_StructuredKNN):
         self.G = rng(8).standard_normal((N, d))
         self.k = 16
 
-    def _knn_without_probe(self):
-        from refgeo import _engine
-
-        old = _engine.KNN_TIE_PROBE_SHARE
-        _engine.KNN_TIE_PROBE_SHARE = math.inf
-        try:
-            return self._knn(self.X)
-        finally:
-            _engine.KNN_TIE_PROBE_SHARE = old
-
     def track_speedup_vs_no_probe(self, N_d):
-        return best_time(self._knn_without_probe) / best_time(lambda: self._knn(self.X))
+        return self._speedup_vs("KNN_TIE_PROBE_SHARE", math.inf)
 
     track_speedup_vs_no_probe.unit = "x"
 
