@@ -175,16 +175,19 @@ KNN_TIE_PROBE_MIN_ROWS = 1024
 KNN_ROW_BLOCK = 64
 
 # A group of deferred rows (_settle) first runs the k-NN heaps against its candidates in
-# its own frame, centered at the group's mean, when the rounding bound there is at most
-# 1 / LOCAL_FRAME_GAIN of the one in the frame of every row.  Why: the filter's bound
-# grows with the centered norms, and near-copies far from the common mean tie within it
-# (hidden states of one frequent token of R^256: squared distances of about 5e-4 against
-# a bound of about 8e-3 in the common frame, 8e-9 about their own mean), so each of them
-# refined every pair of its group within reach or ran through the float64 filter; in
-# their own frame float32 heaps certify most of them (knn(X, 16) of 20,000 hidden
-# states of R^64: 2.7 million pairs refined before, 0.54 million after).  Groups whose frame gains less (batches of
-# small groups, rows whose nearest rows are far) skip it: the pass would certify nothing.
+# its own frame, centered at the median of its rows, when the rounding bound there (with
+# the median norms) is at most 1 / LOCAL_FRAME_GAIN of the one in the common frame.
+# Why: the filter's bound grows with the centered norms, and near-copies far from the
+# common mean tie within it (hidden states of one frequent token of R^256: squared
+# distances of about 5e-4 against a bound of about 8e-3 in the common frame, 8e-9 about
+# their own center), so each of them refined every pair of its group within reach or
+# ran through the float64 filter; in their own frame float32 heaps certify most of
+# them (knn(X, 1) of 20,000 hidden states of R^256: 2.6 million pairs refined before,
+# 62,000 after).  Groups whose frame gains too little (batches of small groups, rows
+# whose nearest rows are far, exact copies) skip it: the pass would certify nothing.
+# The median is taken over at most LOCAL_FRAME_SAMPLE rows, evenly spaced.
 LOCAL_FRAME_GAIN = 16
+LOCAL_FRAME_SAMPLE = 1024
 
 
 def _suffix(a) -> str:
@@ -196,8 +199,10 @@ def _kernel_suffix(X, S) -> str:
     return "32s64" if X.dtype == np.float32 and S.dtype == np.float64 else _suffix(X)
 
 
-def _center(arrays, n_threads, float32_filter=False):
-    """Centered copies of ``arrays`` about their common float64 mean.
+def _center(arrays, n_threads, float32_filter=False, mu=None):
+    """Centered copies of ``arrays`` about their common float64 mean (or about ``mu``,
+    float64 of shape (d,): any center gives a valid rounding bound, which depends on
+    the centered copies' norms only).
 
     Returns ``(originals, centered, norms, dtype_name)``: the originals share one dtype
     (float64 if any input is), and the centered copies are stored in that dtype, or in
@@ -217,7 +222,8 @@ def _center(arrays, n_threads, float32_filter=False):
     total = sum(a.shape[0] for a in arrays)
     if total * d < MIN_PARALLEL_WORK:
         n_threads = 1
-    mu = sum(np.sum(a, axis=0, dtype=np.float64) for a in arrays) / total
+    if mu is None:
+        mu = sum(np.sum(a, axis=0, dtype=np.float64) for a in arrays) / total
     mixed = float32_filter and dt == np.float64 and f32_ok
     out = []
     for a in arrays:
@@ -231,7 +237,7 @@ def _center(arrays, n_threads, float32_filter=False):
         # Too large: the float32 GEMM would overflow.  Too small: its products underflow,
         # the absolute term of the bound swamps every distance and each pair is refined.
         if top > MAX_NORM2["float32"] or 0.0 < top < MIN_NORM2_FLOAT32:
-            return _center([a.astype(np.float64) for a in arrays], n_threads)
+            return _center([a.astype(np.float64) for a in arrays], n_threads, mu=mu)
     return arrays, [X for X, _ in out], [n for _, n in out], name
 
 
@@ -653,10 +659,9 @@ def _settle(F, idx, dist, XA, nA, XB, nB, dt, SA, SB, k, self_cols, n_threads, d
     A deferred row's ``dist[i, 0]`` holds U, the k-th smallest squared upper bound of
     its heap (``refgeo_ext._knn``): an upper bound on its k-th smallest squared
     distance.  A group's rows first run the heaps in the group's own frame (``local``
-    below, :data:`LOCAL_FRAME_GAIN`).  The rows left are filtered again against the
-    candidates within reach of
-    their group (:func:`_anchor_groups`; every candidate for the rows not grouped;
-    :func:`_within`,
+    below, :data:`LOCAL_FRAME_GAIN`), which lowers the U of the rows they defer.  The
+    rows left are filtered again against the candidates within reach of their group
+    (:func:`_anchor_groups`; every candidate for the rows not grouped; :func:`_within`,
     on the centered copies ``XA``, ``XB`` in the filter dtype ``dt``, with the
     kernel's own lower ends), the pairs whose lower end is at most U are refined from
     the original rows ``SA``, ``SB`` as the kernel refines, and the k smallest by
@@ -686,6 +691,14 @@ def _settle(F, idx, dist, XA, nA, XB, nB, dt, SA, SB, k, self_cols, n_threads, d
     n_ref = 0
     many_rows: dict[int, tuple[list[np.ndarray], np.ndarray | None]] = {}  # group: (rows for dense, candidates)
 
+    def own_positions(pos, C):
+        """The positions in C of rows F[pos] themselves (to be left out)."""
+        own = np.searchsorted(C, self_cols[pos])
+        # a row is always among its group's candidates (it is within reach of itself)
+        if (own >= C.size).any() or (C[np.minimum(own, C.size - 1)] != self_cols[pos]).any():
+            raise RuntimeError("internal error: a k-NN row is missing from its group's candidates")
+        return own.astype(np.int64)
+
     def settle(pos, C, group):
         """Rows F[pos] of ``group`` against the candidates C (None: every row of XB)."""
         nonlocal n_ref
@@ -696,12 +709,7 @@ def _settle(F, idx, dist, XA, nA, XB, nB, dt, SA, SB, k, self_cols, n_threads, d
         XBc, nBc = (XB, nB) if C is None else (np.ascontiguousarray(XB[C]), np.ascontiguousarray(nB[C]))
         own = None
         if self_cols is not None:
-            own = self_cols[pos]
-            if C is not None:
-                own = np.searchsorted(C, own)
-                # a row is always among its group's candidates (it is within reach of itself)
-                if (own >= C.size).any() or (C[own] != self_cols[pos]).any():
-                    raise RuntimeError("internal error: a k-NN row is missing from its group's candidates")
+            own = self_cols[pos] if C is None else own_positions(pos, C)
         counts, cols = _within(np.ascontiguousarray(XA[P]), np.ascontiguousarray(nA[P]), XBc, nBc, dt,
                                T[pos], own, dense_at, n_threads, tile_size, progress)
         if C is not None:  # candidates' positions in C back to rows of XB (unused slots: 0)
@@ -720,40 +728,52 @@ def _settle(F, idx, dist, XA, nA, XB, nB, dt, SA, SB, k, self_cols, n_threads, d
         n_pick = _effective_threads(n_threads, -(-P.size // KNN_ROW_BLOCK), int(counts.sum()) * SA.shape[1])
         n_ref += int(pick(SA, SB, P.astype(np.int64), counts, cols, k, n_pick, idx, dist))
 
-    # rows that share a small set of candidates (near-copies) run against it alone, the
-    # others against every candidate; in strips of rows, so that their pair slots
-    # (dense_at + 1 per row) stay within WITHIN_SLOTS: a cluster of 10,000 near-copies
-    # passes every pair of the cluster
     def local(pos, C):
         """Rows F[pos] against their group's candidates C (sorted rows of XB) through the
         k-NN heaps in the group's own frame (:data:`LOCAL_FRAME_GAIN`): copies of the
-        rows and the candidates centered at their mean, with that frame's rounding
-        bound; the certified rows are written to ``idx``, ``dist``.  Returns the
-        positions the heaps defer (all of them where the frame gains too little), whose
-        U stays the one they came with."""
-        nonlocal n_ref
+        rows and the candidates centered at the coordinate-wise median of (up to
+        LOCAL_FRAME_SAMPLE of) the rows, with that frame's rounding bound; the certified
+        rows are written to ``idx``, ``dist``.  Returns the positions the heaps defer
+        (all of them where the frame gains too little), whose U becomes the smaller of
+        theirs and the heaps' (C holds every row within reach of U, so its k-th
+        smallest upper bound is one too).  The median, not the mean: groups merged by
+        :func:`_merge_groups` can hold a few rows of another cluster, which pull the
+        mean off every row (two tokens in one group of hidden states: squared norms of
+        2.6 about the mean, 2.6e-4 about the median, and no row certified)."""
         P = F[pos]
-        own = None if self_cols is None else np.searchsorted(C, self_cols[pos]).astype(np.int64)
+        own = None if self_cols is None else own_positions(pos, C)
         if C.size - int(own is not None) < k:  # (a threshold that holds fewer than k rows)
             return pos
-        origs, cents, norms, ldt = _center([SA[P], SB[C]], n_threads, float32_filter=dt == "float32")
+        rows = SA[P]
+        mu = np.median(rows[:: -(-P.size // LOCAL_FRAME_SAMPLE)], axis=0).astype(np.float64)
+        origs, cents, norms, ldt = _center([rows, SB[C]], n_threads, float32_filter=dt == "float32", mu=mu)
         d = SA.shape[1]
-        here = rounding_bound(d, ldt)[0] * (norms[0].max() + norms[1].max())
-        if here > 0.0 and here * LOCAL_FRAME_GAIN > rounding_bound(d, dt)[0] * (nA[P].max() + nB[C].max()):
+        # medians: a few far rows among the candidates only widen their own pairs' bounds
+        here = rounding_bound(d, ldt)[0] * (np.median(norms[0]) + np.median(norms[1]))
+        common = rounding_bound(d, dt)[0] * (np.median(nA[P]) + np.median(nB[C]))
+        # here == 0: most rows are exact copies of the center, tied in any frame
+        if here == 0.0 or here * LOCAL_FRAME_GAIN > common:
             return pos
         fn = getattr(_backend.extension()._knn, "knn" + _kernel_suffix(cents[0], origs[0]))
         sub_idx, sub_dist, stats = _knn_pass(
             fn, cents[0], norms[0], origs[0], cents[1], norms[1], origs[1], symmetric=False,
             exclude_self=False, self_idx=np.full(P.size, -1, np.int64) if own is None else own,
             defer=True, k=k, dt=ldt, tile_size=tile_size, n=n_threads, progress=progress)
+        nonlocal n_ref
         n_ref += int(stats[1])
         done = sub_idx[:, 0] >= 0
         idx[P[done]] = C[sub_idx[done]]  # positions in C back to rows of XB
         dist[P[done]] = sub_dist[done]
-        return pos[~done]
+        left = pos[~done]
+        T[left] = np.minimum(T[left], sub_dist[~done, 0])
+        return left
 
     groups, rest_pos = _anchor_groups(F, T, XA, nA, XB, nB, dt)
     groups = [(local(pos, C), C) for pos, C in groups]
+    # rows that share a small set of candidates (near-copies) run against it alone, the
+    # others against every candidate; in strips of rows, so that their pair slots
+    # (dense_at + 1 per row) stay within WITHIN_SLOTS: a cluster of 10,000 near-copies
+    # passes every pair of the cluster
     strip = max(1, WITHIN_SLOTS // (dense_at + 1))
     for group, (pos, C) in enumerate([*groups, (rest_pos, None)]):
         for s in range(0, pos.size, strip):

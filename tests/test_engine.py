@@ -592,6 +592,27 @@ def _record_knn_passes(monkeypatch, kernels=None):
     return passes
 
 
+def _record_runs(monkeypatch, threshold_passes=False):
+    """The list that each heap pass of the compiled k-NN appends ``(filter dtype, rows,
+    candidates)`` to, and, with ``threshold_passes``, each threshold pass
+    ``("threshold pass", rows, candidates)``."""
+    runs = []
+    real_pass, real_within = _engine._knn_pass, _engine._within
+
+    def counted(*args, **kwargs):
+        runs.append((kwargs.get("dt"), args[3].shape[0], args[6].shape[0]))
+        return real_pass(*args, **kwargs)
+
+    def within(XA, nA, XB, *args, **kwargs):
+        runs.append(("threshold pass", XA.shape[0], XB.shape[0]))
+        return real_within(XA, nA, XB, *args, **kwargs)
+
+    monkeypatch.setattr(_engine, "_knn_pass", counted)
+    if threshold_passes:
+        monkeypatch.setattr(_engine, "_within", within)
+    return runs
+
+
 def _record_settled(monkeypatch):
     """The list that each call of the compiled k-NN's last step (the rows no heap
     certified, against the pairs within reach of their bound) appends its row count to."""
@@ -691,14 +712,7 @@ def test_knn_of_a_grouped_cluster_runs_its_float64_filter_against_the_group(back
         pytest.skip("the compiled engine's float64 filter")
     monkeypatch.setattr(_engine, "LOCAL_FRAME_GAIN", math.inf)
     X = _far_cluster()
-    real = _engine._knn_pass
-    passes = []
-
-    def counted(*args, **kwargs):
-        passes.append((kwargs.get("dt"), args[3].shape[0], args[6].shape[0]))  # filter, rows, candidates
-        return real(*args, **kwargs)
-
-    monkeypatch.setattr(_engine, "_knn_pass", counted)
+    passes = _record_runs(monkeypatch)
     for k in (1, 4):
         passes.clear()
         r = _engine.knn(X, k, None, exclude_self=True)
@@ -719,24 +733,58 @@ def _far_cluster():
 @pytest.mark.parametrize("k", [1, 4])
 def test_knn_of_a_grouped_cluster_certifies_it_in_the_groups_own_frame(backend, monkeypatch, k):
     """The cluster of the previous test, in its own frame: centered at the group's mean
-    its rows have squared norms near 3e-7 instead of 400, the float32 filter's bound
+    its rows have squared norms near 3e-7 instead of about 8,200, the float32 filter's bound
     shrinks with them, and one float32 heap pass of the cluster against itself
     certifies every row, where the common frame ties them all and sends them through
     a float64 filter."""
     if backend != "cython":
         pytest.skip("the compiled engine's group frames")
     X = _far_cluster()
-    real = _engine._knn_pass
-    passes = []
-
-    def counted(*args, **kwargs):
-        passes.append((kwargs.get("dt"), args[3].shape[0], args[6].shape[0]))  # filter, rows, candidates
-        return real(*args, **kwargs)
-
-    monkeypatch.setattr(_engine, "_knn_pass", counted)
+    passes = _record_runs(monkeypatch)
     r = _engine.knn(X, k, None, exclude_self=True)
     assert passes == [("float32", 2000, 2000), ("float32", 400, 400)], passes
     idx, dist = _oracle_knn(X, k)
+    np.testing.assert_array_equal(r.indices, idx)
+    np.testing.assert_array_equal(r.distances, dist)
+
+
+def test_knn_centers_a_group_at_its_median(backend, monkeypatch):
+    """A group with the 400 rows of one cluster and the 12 of another, 0.5 away per
+    coordinate (the anchors' groups of two clusters merged): centered at the mean, the
+    12 rows pull the center about 0.5 off every row of the 400 and 81 rows stay tied;
+    centered at the coordinate-wise median, one float32 heap pass certifies the 400,
+    and only the 12 go on to the threshold pass."""
+    if backend != "cython":
+        pytest.skip("the compiled engine's group frames")
+    rng = np.random.default_rng(8)
+    X = np.vstack([rng.standard_normal((1600, 32)), 20 + 1e-4 * rng.standard_normal((400, 32)),
+                   20.5 + 1e-4 * rng.standard_normal((12, 32))])
+    X = X[rng.permutation(len(X))].astype(np.float32)
+    runs = _record_runs(monkeypatch, threshold_passes=True)
+    r = _engine.knn(X, 1, None, exclude_self=True)
+    assert runs == [("float32", 2012, 2012), ("float32", 412, 412), ("threshold pass", 12, 412)], runs
+    idx, dist = _oracle_knn(X, 1)
+    np.testing.assert_array_equal(r.indices, idx)
+    np.testing.assert_array_equal(r.distances, dist)
+
+
+@pytest.mark.parametrize("gain", [0.0, 16.0])
+def test_knn_of_exact_copies_skips_the_group_frame(backend, monkeypatch, gain):
+    """300 exact copies of one row among 1,200 Gaussian rows: about their own center
+    their norms are 0, and they tie in any frame, so the group's own frame would
+    certify nothing (a heap pass for nothing: 5 to 20% of the call on repeated hidden
+    states); they go straight to the float64 filter, whatever LOCAL_FRAME_GAIN is."""
+    if backend != "cython":
+        pytest.skip("the compiled engine's group frames")
+    rng = np.random.default_rng(3)
+    X = np.vstack([rng.standard_normal((1200, 16)), np.repeat(5 + rng.standard_normal((1, 16)), 300, axis=0)])
+    X = X.astype(np.float32)
+    monkeypatch.setattr(_engine, "ANCHOR_MIN_WORK", 0)
+    monkeypatch.setattr(_engine, "LOCAL_FRAME_GAIN", gain)
+    runs = _record_runs(monkeypatch)
+    r = _engine.knn(X, 2, None, exclude_self=True)
+    assert runs == [("float32", 1500, 1500), ("float64", 300, 300)], runs
+    idx, dist = _oracle_knn(X, 2)
     np.testing.assert_array_equal(r.indices, idx)
     np.testing.assert_array_equal(r.distances, dist)
 
