@@ -184,7 +184,8 @@ KNN_ROW_BLOCK = 64
 # ran through the float64 filter; in their own frame float32 heaps certify most of
 # them (knn(X, 1) of 20,000 hidden states of R^256: 2.6 million pairs refined before,
 # 62,000 after).  Groups whose frame gains too little (batches of small groups, rows
-# whose nearest rows are far, exact copies) skip it: the pass would certify nothing.
+# whose nearest rows are far, copies of one row) skip it: the pass would certify
+# nothing.
 # The median is taken over at most LOCAL_FRAME_SAMPLE rows, evenly spaced.
 LOCAL_FRAME_GAIN = 16
 LOCAL_FRAME_SAMPLE = 1024
@@ -659,8 +660,7 @@ def _settle(F, idx, dist, XA, nA, XB, nB, dt, SA, SB, k, self_cols, n_threads, d
     A deferred row's ``dist[i, 0]`` holds U, the k-th smallest squared upper bound of
     its heap (``refgeo_ext._knn``): an upper bound on its k-th smallest squared
     distance.  A group's rows first run the heaps in the group's own frame (``local``
-    below, :data:`LOCAL_FRAME_GAIN`), which lowers the U of the rows they defer.  The
-    rows left are filtered again against the candidates within reach of their group
+    below, :data:`LOCAL_FRAME_GAIN`).  The rows left are filtered again against the candidates within reach of their group
     (:func:`_anchor_groups`; every candidate for the rows not grouped; :func:`_within`,
     on the centered copies ``XA``, ``XB`` in the filter dtype ``dt``, with the
     kernel's own lower ends), the pairs whose lower end is at most U are refined from
@@ -734,9 +734,10 @@ def _settle(F, idx, dist, XA, nA, XB, nB, dt, SA, SB, k, self_cols, n_threads, d
         rows and the candidates centered at the coordinate-wise median of (up to
         LOCAL_FRAME_SAMPLE of) the rows, with that frame's rounding bound; the certified
         rows are written to ``idx``, ``dist``.  Returns the positions the heaps defer
-        (all of them where the frame gains too little), whose U becomes the smaller of
-        theirs and the heaps' (C holds every row within reach of U, so its k-th
-        smallest upper bound is one too).  The median, not the mean: groups merged by
+        (all of them where the frame gains too little), which keep their U: the heaps'
+        own U would be no help to the threshold pass that follows, whose lower ends
+        come from the common frame (the same pairs passed with either on hidden states
+        and clusters of near-copies).  The median, not the mean: groups merged by
         :func:`_merge_groups` can hold a few rows of another cluster, which pull the
         mean off every row (two tokens in one group of hidden states: squared norms of
         2.6 about the mean, 2.6e-4 about the median, and no row certified)."""
@@ -749,9 +750,12 @@ def _settle(F, idx, dist, XA, nA, XB, nB, dt, SA, SB, k, self_cols, n_threads, d
         origs, cents, norms, ldt = _center([rows, SB[C]], n_threads, float32_filter=dt == "float32", mu=mu)
         d = SA.shape[1]
         # medians: a few far rows among the candidates only widen their own pairs' bounds
-        here = rounding_bound(d, ldt)[0] * (np.median(norms[0]) + np.median(norms[1]))
+        cl = rounding_bound(d, ldt)[0]
+        here = cl * (np.median(norms[0]) + np.median(norms[1]))
+        if here == 0.0:  # most rows are exact copies of the center: the mean norms
+            here = cl * (norms[0].mean() + norms[1].mean())
         common = rounding_bound(d, dt)[0] * (np.median(nA[P]) + np.median(nB[C]))
-        # here == 0: most rows are exact copies of the center, tied in any frame
+        # here == 0: every row and candidate is a copy of one row, tied in any frame
         if here == 0.0 or here * LOCAL_FRAME_GAIN > common:
             return pos
         fn = getattr(_backend.extension()._knn, "knn" + _kernel_suffix(cents[0], origs[0]))
@@ -764,9 +768,7 @@ def _settle(F, idx, dist, XA, nA, XB, nB, dt, SA, SB, k, self_cols, n_threads, d
         done = sub_idx[:, 0] >= 0
         idx[P[done]] = C[sub_idx[done]]  # positions in C back to rows of XB
         dist[P[done]] = sub_dist[done]
-        left = pos[~done]
-        T[left] = np.minimum(T[left], sub_dist[~done, 0])
-        return left
+        return pos[~done]
 
     groups, rest_pos = _anchor_groups(F, T, XA, nA, XB, nB, dt)
     groups = [(local(pos, C), C) for pos, C in groups]

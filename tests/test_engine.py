@@ -771,7 +771,7 @@ def test_knn_centers_a_group_at_its_median(backend, monkeypatch):
 @pytest.mark.parametrize("gain", [0.0, 16.0])
 def test_knn_of_exact_copies_skips_the_group_frame(backend, monkeypatch, gain):
     """300 exact copies of one row among 1,200 Gaussian rows: about their own center
-    their norms are 0, and they tie in any frame, so the group's own frame would
+    every norm is 0, and they tie in any frame, so the group's own frame would
     certify nothing (a heap pass for nothing: 5 to 20% of the call on repeated hidden
     states); they go straight to the float64 filter, whatever LOCAL_FRAME_GAIN is."""
     if backend != "cython":
@@ -785,6 +785,28 @@ def test_knn_of_exact_copies_skips_the_group_frame(backend, monkeypatch, gain):
     r = _engine.knn(X, 2, None, exclude_self=True)
     assert runs == [("float32", 1500, 1500), ("float64", 300, 300)], runs
     idx, dist = _oracle_knn(X, 2)
+    np.testing.assert_array_equal(r.indices, idx)
+    np.testing.assert_array_equal(r.distances, dist)
+
+
+@pytest.mark.parametrize("k", [1, 2])
+def test_knn_of_a_few_copies_among_near_copies_runs_the_group_frame(backend, monkeypatch, k):
+    """8 exact copies of a point and 6 rows within 1e-4 of it: the median of the group
+    is the point, so its median norms are 0, but the group is not all copies, and in
+    its own frame the heaps (9 slots and more) certify all 14 rows; judged by the
+    median norms alone, it skipped the frame and refined them in the common one."""
+    if backend != "cython":
+        pytest.skip("the compiled engine's group frames")
+    rng = np.random.default_rng(3)
+    p = 5 + rng.standard_normal(16)
+    X = np.vstack([rng.standard_normal((1200, 16)), np.repeat(p[None], 8, axis=0),
+                   p + 1e-4 * rng.standard_normal((6, 16))]).astype(np.float32)
+    for name, value in dict(ANCHOR_MIN_WORK=0, ANCHOR_MIN_GAIN=0, ANCHOR_MAX_SHARE=1, ANCHOR_BATCH=1).items():
+        monkeypatch.setattr(_engine, name, value)
+    runs = _record_runs(monkeypatch, threshold_passes=True)
+    r = _engine.knn(X, k, None, exclude_self=True)
+    assert runs == [("float32", 1214, 1214), ("float32", 14, 14)], runs
+    idx, dist = _oracle_knn(X, k)
     np.testing.assert_array_equal(r.indices, idx)
     np.testing.assert_array_equal(r.distances, dist)
 
