@@ -660,8 +660,9 @@ def _settle(F, idx, dist, XA, nA, XB, nB, dt, SA, SB, k, self_cols, n_threads, d
     A deferred row's ``dist[i, 0]`` holds U, the k-th smallest squared upper bound of
     its heap (``refgeo_ext._knn``): an upper bound on its k-th smallest squared
     distance.  A group's rows first run the heaps in the group's own frame (``local``
-    below, :data:`LOCAL_FRAME_GAIN`).  The rows left are filtered again against the candidates within reach of their group
-    (:func:`_anchor_groups`; every candidate for the rows not grouped; :func:`_within`,
+    below, :data:`LOCAL_FRAME_GAIN`).  The rows left are filtered again against the
+    candidates within reach of their group (:func:`_anchor_groups`; every candidate
+    for the rows not grouped; :func:`_within`,
     on the centered copies ``XA``, ``XB`` in the filter dtype ``dt``, with the
     kernel's own lower ends), the pairs whose lower end is at most U are refined from
     the original rows ``SA``, ``SB`` as the kernel refines, and the k smallest by
@@ -741,6 +742,7 @@ def _settle(F, idx, dist, XA, nA, XB, nB, dt, SA, SB, k, self_cols, n_threads, d
         :func:`_merge_groups` can hold a few rows of another cluster, which pull the
         mean off every row (two tokens in one group of hidden states: squared norms of
         2.6 about the mean, 2.6e-4 about the median, and no row certified)."""
+        nonlocal n_ref
         P = F[pos]
         own = None if self_cols is None else own_positions(pos, C)
         if C.size - int(own is not None) < k:  # (a threshold that holds fewer than k rows)
@@ -763,7 +765,6 @@ def _settle(F, idx, dist, XA, nA, XB, nB, dt, SA, SB, k, self_cols, n_threads, d
             fn, cents[0], norms[0], origs[0], cents[1], norms[1], origs[1], symmetric=False,
             exclude_self=False, self_idx=np.full(P.size, -1, np.int64) if own is None else own,
             defer=True, k=k, dt=ldt, tile_size=tile_size, n=n_threads, progress=progress)
-        nonlocal n_ref
         n_ref += int(stats[1])
         done = sub_idx[:, 0] >= 0
         idx[P[done]] = C[sub_idx[done]]  # positions in C back to rows of XB
