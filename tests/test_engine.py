@@ -732,9 +732,9 @@ def _far_cluster():
 
 @pytest.mark.parametrize("k", [1, 4])
 def test_knn_of_a_grouped_cluster_certifies_it_in_the_groups_own_frame(backend, monkeypatch, k):
-    """The cluster of the previous test, in its own frame: centered at the group's mean
-    its rows have squared norms near 3e-7 instead of about 8,200, the float32 filter's bound
-    shrinks with them, and one float32 heap pass of the cluster against itself
+    """The cluster of the previous test, in its own frame: centered at its rows' median
+    they have squared norms near 3e-7 instead of about 8,200, the float32 filter's
+    bound shrinks with them, and one float32 heap pass of the cluster against itself
     certifies every row, where the common frame ties them all and sends them through
     a float64 filter."""
     if backend != "cython":
@@ -751,9 +751,9 @@ def test_knn_of_a_grouped_cluster_certifies_it_in_the_groups_own_frame(backend, 
 def test_knn_centers_a_group_at_its_median(backend, monkeypatch):
     """A group with the 400 rows of one cluster and the 12 of another, 0.5 away per
     coordinate (the anchors' groups of two clusters merged): centered at the mean, the
-    12 rows pull the center about 0.5 off every row of the 400 and 81 rows stay tied;
-    centered at the coordinate-wise median, one float32 heap pass certifies the 400,
-    and only the 12 go on to the threshold pass."""
+    12 rows pull the center 0.015 a coordinate off the 400 (squared norms about 7e-3
+    instead of 3e-7) and 81 rows stay tied; centered at the coordinate-wise median, one
+    float32 heap pass certifies the 400, and only the 12 go on to the threshold pass."""
     if backend != "cython":
         pytest.skip("the compiled engine's group frames")
     rng = np.random.default_rng(8)
