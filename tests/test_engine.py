@@ -575,40 +575,45 @@ def test_knn_of_sign_rows_redoes_tied_rows_with_larger_heaps(backend, dtype):
     _assert_knn_rows_exact(r, S, rng.choice(len(S), 200, replace=False), 8)
 
 
+def _recorder(monkeypatch, name, entry):
+    """The list that each call of ``_engine.<name>`` appends ``entry(*args, **kwargs)``
+    to (the call itself runs unchanged)."""
+    calls = []
+    real = getattr(_engine, name)
+
+    def recorded(*args, **kwargs):
+        calls.append(entry(*args, **kwargs))
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(_engine, name, recorded)
+    return calls
+
+
 def _record_knn_passes(monkeypatch, kernels=None):
     """The list that each pass of the compiled k-NN appends ``(rows, K)`` to (``K``
     None: the first pass's heap size); ``kernels``, if given, gets each pass's filter
     dtype."""
     kernels = [] if kernels is None else kernels
-    passes = []
-    real = _engine._knn_pass
 
-    def counted(*args, **kwargs):
-        passes.append((args[3].shape[0], kwargs.get("K")))  # rows (SA), heap entries
+    def entry(*args, **kwargs):
         kernels.append(kwargs.get("dt"))
-        return real(*args, **kwargs)
+        return args[3].shape[0], kwargs.get("K")  # rows (SA), heap entries
 
-    monkeypatch.setattr(_engine, "_knn_pass", counted)
-    return passes
+    return _recorder(monkeypatch, "_knn_pass", entry)
 
 
 def _record_runs(monkeypatch, threshold_passes=False):
     """The list that each heap pass of the compiled k-NN appends ``(filter dtype, rows,
     candidates)`` to, and, with ``threshold_passes``, each threshold pass
     ``("threshold pass", rows, candidates)``."""
-    runs = []
-    real_pass, real_within = _engine._knn_pass, _engine._within
-
-    def counted(*args, **kwargs):
-        runs.append((kwargs.get("dt"), args[3].shape[0], args[6].shape[0]))
-        return real_pass(*args, **kwargs)
-
-    def within(XA, nA, XB, *args, **kwargs):
-        runs.append(("threshold pass", XA.shape[0], XB.shape[0]))
-        return real_within(XA, nA, XB, *args, **kwargs)
-
-    monkeypatch.setattr(_engine, "_knn_pass", counted)
+    runs = _recorder(monkeypatch, "_knn_pass", lambda *a, **kw: (kw.get("dt"), a[3].shape[0], a[6].shape[0]))
     if threshold_passes:
+        real = _engine._within
+
+        def within(XA, nA, XB, *args, **kwargs):
+            runs.append(("threshold pass", XA.shape[0], XB.shape[0]))
+            return real(XA, nA, XB, *args, **kwargs)
+
         monkeypatch.setattr(_engine, "_within", within)
     return runs
 
@@ -616,15 +621,7 @@ def _record_runs(monkeypatch, threshold_passes=False):
 def _record_settled(monkeypatch):
     """The list that each call of the compiled k-NN's last step (the rows no heap
     certified, against the pairs within reach of their bound) appends its row count to."""
-    settled = []
-    real = _engine._settle
-
-    def settle(F, *args, **kwargs):
-        settled.append(F.size)
-        return real(F, *args, **kwargs)
-
-    monkeypatch.setattr(_engine, "_settle", settle)
-    return settled
+    return _recorder(monkeypatch, "_settle", lambda F, *a, **kw: F.size)
 
 
 @pytest.mark.parametrize("dtype", [np.float64, np.float32])
