@@ -88,13 +88,41 @@ def _difference_range(xp, z, w, axis):
     return xp.where(xp.isfinite(r), r, r2)
 
 
-def _log_sum(xp, p, axis):
-    """``log(sum(p))`` for non-negative p whose sum may overflow (largest entry factored out)."""
-    with np.errstate(over="ignore"):
-        total = xp.sum(p, axis=axis)
-    if bool(xp.all(xp.isfinite(total))):
-        return xp.log(total)  # the usual case, rounded as before
-    m = xp.max(p, axis=axis, keepdims=True)
+_LN2 = 0.6931471805599453  # float64 log(2)
+
+
+def _scaled_logs(xp, p, axis, keep):
+    """``(lm, k, E)`` with ``log(p / 2**E) = lm + k log 2`` entrywise on ``keep`` (the
+    entries > 0): ``p = m 2**e`` split exactly (``frexp``, ``1/2 <= m < 1``),
+    ``lm = log m`` (float64, ``|lm| <= log 2``), ``k = e - E`` (float64, an exact
+    integer) and ``E`` the largest ``e`` of ``keep`` along ``axis`` (``keepdims``).
+    Off ``keep``: ``lm = 0``, and ``k`` means nothing.
+
+    Why not ``log(p)``: a projective distance cancels a common scale, and ``log(p)``
+    of entries far from 1 is of size up to 745, so its rounding (0.5 ulp of 745, 6e-14)
+    is left over where the scale cancels: ``hilbert_distance(3 * u, 1e308 * u)`` was
+    off by 250 ulps.  Here the scale is an exact integer and each log is of the
+    mantissa alone.  (Dividing by ``2**E`` instead would flush entries ``2**-1074``
+    below the largest to zero and change the support.)  Namespaces without ``frexp``
+    get ``lm = log(p)``, ``k = 0`` and ``E = 0``.
+    """
+    one = xp.asarray(1.0, dtype=xp.float64)
+    if not hasattr(xp, "frexp"):
+        return xp.log(xp.where(keep, p, one)), xp.zeros_like(p), xp.zeros_like(xp.max(p, axis=axis, keepdims=True))
+    m, e = xp.frexp(p)
+    e = xp.astype(e, xp.float64)  # exact: |e| <= 1074
+    E = xp.max(xp.where(keep, e, xp.asarray(-2000.0, dtype=xp.float64)), axis=axis, keepdims=True)
+    return xp.log(xp.where(keep, m, one)), e - E, E
+
+
+def _log_sum_scaled(xp, p, E, axis):
+    """``log(sum(p) / 2**E)`` for non-negative ``p`` whose largest entry along ``axis``
+    has binary exponent ``E`` (:func:`_scaled_logs`): the scaled sum lies in
+    ``[1/2, V]``, so it cannot overflow; entries that the scaling flushes to zero are
+    more than ``2**-1074`` below the largest, below the sum's rounding."""
+    if hasattr(xp, "ldexp"):
+        return xp.log(xp.sum(xp.ldexp(p, xp.astype(-E, xp.int32)), axis=axis))
+    m = xp.max(p, axis=axis, keepdims=True)  # (E = 0 here) the largest entry factored out
     return xp.log(xp.squeeze(m, axis=axis)) + xp.log(xp.sum(p / m, axis=axis))
 
 
@@ -239,15 +267,19 @@ def _check_probabilities(p, name, axis):
         )
 
 
-def _log_ratio_on_support(xp, p, q):
-    """log p - log q (float64) and the masks of the two supports."""
+def _log_ratio_on_support(xp, p, q, axis):
+    """``(r, sp, sq, Ep, Eq)``: ``r = log(p / 2**Ep) - log(q / 2**Eq)`` (float64) with
+    each vector's scale taken out exactly (:func:`_scaled_logs`), and the masks of
+    the two supports; ``r`` means nothing off the common support."""
     p = f64(xp, p)
     q = f64(xp, q)
     sp = p > 0
     sq = q > 0
-    one = xp.asarray(1.0, dtype=xp.float64)
-    r = xp.log(xp.where(sp, p, one)) - xp.log(xp.where(sq, q, one))
-    return r, sp, sq
+    lp, kp, Ep = _scaled_logs(xp, p, axis, sp)
+    lq, kq, Eq = _scaled_logs(xp, q, axis, sq)
+    # the logs as the pairwise kernels get them (_as_kernel_input), so that
+    # pdist_hilbert on probabilities agrees bitwise with this function
+    return (lp + kp * _LN2) - (lq + kq * _LN2), sp, sq, Ep, Eq
 
 
 def hilbert_distance(p: Any, q: Any, /, *, axis: int = -1):
@@ -280,7 +312,10 @@ def hilbert_distance(p: Any, q: Any, /, *, axis: int = -1):
 
     Zeros: on a common support (zeros in the same places) the distance is the one on
     that face of the simplex; different supports give ``+inf``.  Projective:
-    :math:`d_H(\alpha p, \beta q) = d_H(p, q)`.  Time O(V) per pair; logs in float64.
+    :math:`d_H(\alpha p, \beta q) = d_H(p, q)`, also in floating point: the logs are
+    of each entry relative to its vector's largest (the binary exponents split off
+    exactly), so scaling by powers of two leaves the same float, and vectors far
+    from 1 (entries of 1e300) lose no digits.  Time O(V) per pair; logs in float64.
     For logits use :func:`hilbert_distance_logits`, which is exact where
     probabilities underflow.
 
@@ -300,7 +335,7 @@ def hilbert_distance(p: Any, q: Any, /, *, axis: int = -1):
     axis = check_axis(axis, p.ndim)
     _check_probabilities(p, "p", axis)
     _check_probabilities(q, "q", axis)
-    r, sp, sq = _log_ratio_on_support(xp, p, q)
+    r, sp, sq, _, _ = _log_ratio_on_support(xp, p, q, axis)
     both = sp & sq
     inf = xp.asarray(float("inf"), dtype=xp.float64)
     hi = xp.max(xp.where(both, r, -inf), axis=axis)
@@ -348,10 +383,11 @@ def funk_distance(p: Any, q: Any, /, *, axis: int = -1):
     axis = check_axis(axis, p.ndim)
     _check_probabilities(p, "p", axis)
     _check_probabilities(q, "q", axis)
-    r, sp, sq = _log_ratio_on_support(xp, p, q)
+    r, sp, sq, Ep, Eq = _log_ratio_on_support(xp, p, q, axis)
     inf = xp.asarray(float("inf"), dtype=xp.float64)
     hi = xp.max(xp.where(sp, r, -inf), axis=axis)
-    shift = _log_sum(xp, f64(xp, q), axis) - _log_sum(xp, f64(xp, p), axis)
+    # the scales 2**Ep, 2**Eq cancel between r and the sums
+    shift = _log_sum_scaled(xp, f64(xp, q), Eq, axis) - _log_sum_scaled(xp, f64(xp, p), Ep, axis)
     f = xp.maximum(hi + shift, xp.asarray(0.0, dtype=xp.float64))
     escape = xp.any(sp & ~sq, axis=axis)
     return _out(xp, xp.where(escape, inf, f), origin)
@@ -525,7 +561,12 @@ _DEFAULT_CHUNK = 1024
 def _as_kernel_input(X, kind):
     """C-contiguous array for refgeo_ext: logits as they are, probabilities as float64 logs."""
     if kind == "probabilities":
-        return np.ascontiguousarray(np.log(np.asarray(X, dtype=np.float64)))
+        # each row's scale taken out exactly (it cancels in the distance): log(X) of
+        # rows far from 1 left 6e-14 of rounding in every distance
+        X = np.asarray(X, dtype=np.float64)
+        keep = X > 0
+        lm, k, _ = _scaled_logs(np, X, 1, keep)
+        return np.ascontiguousarray(np.where(keep, lm + k * _LN2, -np.inf))
     return np.ascontiguousarray(X)
 
 

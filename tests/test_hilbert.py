@@ -73,6 +73,43 @@ def test_hilbert_projective_invariance(pq, a, b):
     assert d2 == pytest.approx(d, abs=64 * EPS64 * (1 + abs(math.log(a)) + abs(math.log(b)) + d))
 
 
+@settings(max_examples=60)
+@given(positive_vectors(n=2), st.integers(-900, 900), st.integers(-900, 900), st.booleans())
+@example(pq=[np.array([3.0, 1.0]), np.array([1.0, 1.0])], i=1000, j=-1000, zeros=False)
+def test_projective_distances_are_blind_to_power_of_two_scales(pq, i, j, zeros):
+    """Scaling by 2**i is exact, and the distances see only each vector's entries
+    relative to its largest: the results stay the same bits, whatever the scale (the
+    logs of entries near 1e300 used to leave 6e-14 behind, 250 ulps of log 3)."""
+    p, q = pq
+    if zeros and p.size > 1:  # a common zero: the distance on that face
+        p[0] = q[0] = 0.0
+    a, b = np.ldexp(p, i), np.ldexp(q, j)
+    assert np.array_equal(a / 2.0**i, p) and np.array_equal(b / 2.0**j, q)  # exact scaling
+    assert refgeo.hilbert_distance(a, b) == refgeo.hilbert_distance(p, q)
+    assert refgeo.funk_distance(a, b) == refgeo.funk_distance(p, q)
+    assert refgeo.funk_distance(b, a) == refgeo.funk_distance(q, p)
+    np.testing.assert_array_equal(refgeo.pdist_hilbert(np.stack([a, b, p, q]), kind="probabilities"),
+                                  refgeo.pdist_hilbert(np.stack([p, q, p, q]), kind="probabilities"))
+
+
+@settings(max_examples=60)
+@given(positive_vectors(n=2), st.floats(-300, 300), st.floats(-300, 300))
+@example(pq=[np.array([3.0, 1.0]), np.array([1.0, 1.0])], u=0.0, w=308.0)
+@example(pq=[np.array([3.0, 1.0]), np.array([1.0, 1.0])], u=-300.0, w=0.0)
+def test_projective_distances_at_any_decimal_scale(pq, u, w):
+    """Scaling by 10**u rounds each entry once (half an ulp of its log): the distances
+    move by a few ulps of the logs of the entries relative to each vector's largest,
+    however far the scale is from 1."""
+    p, q = pq
+    a, b = p * 10.0**u, q * 10.0**w
+    assume(np.all(a > 1e-300) and np.all(b > 1e-300) and np.all(np.isfinite(a)) and np.all(np.isfinite(b)))
+    span = float(np.log(p.max() / p.min()) + np.log(q.max() / q.min()))
+    d = float(refgeo.hilbert_distance(p, q))
+    tol = 16 * EPS64 * (1 + span + d)
+    assert float(refgeo.hilbert_distance(a, b)) == pytest.approx(d, abs=tol)
+    assert float(refgeo.funk_distance(a, b)) == pytest.approx(float(refgeo.funk_distance(p, q)), abs=tol)
+
+
 @given(positive_vectors(n=1))
 def test_hilbert_zero_iff_proportional(p):
     (p,) = p
