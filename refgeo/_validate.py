@@ -91,6 +91,7 @@ def as_float_array(
         if xp.isdtype(x.dtype, "real floating"):
             arr = x
         elif xp.isdtype(x.dtype, ("integral", "bool")):
+            _check_exact_integers(xp, x, name)
             arr = xp.astype(x, xp.float64)
         else:
             raise _dtype_error(name, x)
@@ -109,6 +110,7 @@ def as_float_array(
             raise TypeError(f"{name} must be an array of real numbers, could not convert it: {exc}") from None
         kind = arr.dtype.kind
         if kind in "iub":
+            _check_exact_integers(np, arr, name)
             arr = arr.astype(np.float64)
         elif kind == "f":
             if arr.dtype not in (np.float32, np.float64):
@@ -171,6 +173,35 @@ def float64_range_error(name: str, n: int, top) -> ValueError:
         f"{np.finfo(np.float64).max:.4g}), got {n} entr{'y' if n == 1 else 'ies'} beyond it "
         f"(largest {np.format_float_scientific(top, precision=3, trim='-')}) instead."
     )
+
+
+# integers of magnitude up to 2**53 are exactly float64; 2**53 + 1 is not
+EXACT_INTEGER_LIMIT = 2**53
+
+
+def integer_magnitude(lo, hi) -> int:
+    """The largest magnitude of integer entries whose minimum is ``lo`` and maximum ``hi``."""
+    return max(int(hi), -int(lo))
+
+
+def integer_range_error(name: str, top: int) -> ValueError:
+    """The error for integer entries of ``name`` beyond 2**53 in magnitude (largest ``top``)."""
+    return ValueError(
+        f"{name} must have integer entries of magnitude at most 2**53 = {EXACT_INTEGER_LIMIT}, which "
+        f"float64 holds exactly, got {top} instead: refgeo computes in float64, where 2**53 + 1 "
+        f"and 2**53 are one number. Convert {name} to float64 yourself if that rounding is acceptable."
+    )
+
+
+def _check_exact_integers(xp, arr, name: str) -> None:
+    """``ValueError`` for 64-bit integer entries that float64 may not hold (narrower
+    integers always fit): a silent rounding made rows that differ exact copies (the
+    closest pair of rows 2**62 and 2**62 + 1 was 0)."""
+    if xp.isdtype(arr.dtype, "bool") or xp.iinfo(arr.dtype).bits < 64 or math.prod(arr.shape) == 0:
+        return
+    top = integer_magnitude(xp.min(arr), xp.max(arr))
+    if top > EXACT_INTEGER_LIMIT:
+        raise integer_range_error(name, top)
 
 
 def _check_float64_range(wide, arr, name: str) -> None:

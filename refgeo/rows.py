@@ -540,7 +540,8 @@ def row_diameter(
     ----------
     S : array_like of shape (V, d)
         Finite rows, ``V >= 2``.  float32 and float64 are kept; integer and boolean
-        inputs are converted to float64.  A torch tensor (CPU: viewed zero-copy, run
+        inputs are converted to float64 (integers of magnitude above 2**53, which it
+        would round, raise ``ValueError``).  A torch tensor (CPU: viewed zero-copy, run
         on the compiled engine; CUDA: through CuPy) is accepted as well; bfloat16,
         float16 and float8 tensors are upcast to float32 (``converted_from`` says so).
     tile_size : int, default=None

@@ -495,6 +495,12 @@ def test_mixed_dtypes(client):
     _same_pair(refgeo.row_diameter(Z), refgeo.row_diameter(da.from_array(Z, chunks=(3, 3))))
     with pytest.raises(TypeError, match="S must have a real floating dtype"):
         refgeo.row_diameter(da.from_array(np.ones((4, 2), dtype=complex), chunks=2))
+    # beyond 2**53 float64 would round them (2**53 + 1 to 2**53): refused, as NumPy input is
+    Z[5, 1] = 2**53 + 1
+    with pytest.raises(ValueError, match=r"S must have integer entries of magnitude at most 2\*\*53"):
+        refgeo.row_diameter(da.from_array(Z, chunks=(3, 3)))
+    with pytest.raises(ValueError, match=r"Y must have integer entries"):
+        refgeo.knn(X, 1, da.from_array(Z[:, :4 - 1].repeat(2, axis=1)[:, :4], chunks=(3, 4)))
 
 
 def test_killed_worker_gives_the_same_result(client):

@@ -410,6 +410,27 @@ def test_integer_input_is_converted_to_float64(backend):
     assert (r.value, r.i, r.j, r.dtype) == (5.0, 0, 1, "float64")
 
 
+
+@pytest.mark.parametrize("dtype", [np.int64, np.uint64])
+def test_integers_beyond_two_to_the_53_are_refused(backend, dtype):
+    """float64 holds every integer up to 2**53 and not 2**53 + 1: up to there integer
+    rows keep their exact distances, beyond it a silent rounding would make rows that
+    differ exact copies."""
+    big = 2**53
+    S = np.array([[big, 0], [big - 1, 0], [0, 0]], dtype=dtype)
+    r = refgeo.closest_pair(S)
+    assert (r.value, r.i, r.j) == (1.0, 0, 1)
+    S[0, 0] = big + 1  # rounds to 2**53, which is 2 from row 1: no longer 1 apart exactly
+    for fn, name in ((refgeo.closest_pair, "S"), (refgeo.row_diameter, "S"), (lambda X: refgeo.knn(X, 1), "X")):
+        with pytest.raises(ValueError, match=re.escape(f"{name} must have integer entries of magnitude at most "
+                                                       f"2**53 = {big}, which float64 holds exactly, got {big + 1}")):
+            fn(S)
+    if dtype == np.int64:
+        S[0, 0] = -big - 1  # the negative side as well
+        with pytest.raises(ValueError, match=f"got {big + 1} instead"):
+            refgeo.row_diameter(S)
+
+
 def test_knn_bad_input():
     S = np.zeros((3, 2))
     with pytest.raises(ValueError, match=re.escape("k == 3, must be <= 2.")):
