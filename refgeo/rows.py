@@ -680,6 +680,13 @@ def closest_pair(
     took 4.9 s at 20,000 zero rows among 30,000); :func:`row_diameter` runs on the
     first row of each class of identical rows.  Same value and pair as on all rows.
 
+    The refined value is the root of a float64 sum of squares, on rows prescaled by a
+    power of two only where the squares would leave the float64 range: a pair closer
+    than about 1e-154 times the largest entry has a subnormal or zero square, so its
+    value loses digits, down to 0 for rows that differ (rows 1e-200 and 3e-200 beside
+    a row at 1.0 give 0, and :func:`distance_ratio` 0); ``error_bound`` covers it.
+    Rows on scales that far apart are better run apart.
+
     References
     ----------
     .. [1] LM-head update geometry, arXiv:2608.22253.
@@ -725,7 +732,8 @@ def distance_ratio(
 
     Its inverse is the condition number of the row cloud.  Invariant under
     translation, scaling, orthogonal maps and permutations.  Time O(V^2 d).  The
-    regular simplex attains 1.
+    regular simplex attains 1.  A closest distance below about 1e-154 times the
+    largest entry can count as 0 (:func:`closest_pair`, Notes).
 
     References
     ----------
