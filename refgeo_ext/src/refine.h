@@ -47,6 +47,24 @@ REFGEO_DEFINE_SQDIST(refgeo_sqdist_f32, float)
 #define REFGEO_TARGET_CLONES
 #endif
 
+/* refgeo_sqdist_pairs_*: the refined squared distances out[q] of the n pairs
+ * (ij[2q], ij[2q + 1]) of rows of S (d columns), each exactly as refgeo_sqdist_*
+ * computes it (the same function, inlined into both clones): the AVX2 clone sums the
+ * eight lanes in four-wide registers, the same IEEE operations in the same order,
+ * about a quarter faster (a closest pair of hidden states refines millions of
+ * candidates). */
+#define REFGEO_DEFINE_SQDIST_PAIRS(NAME, T, SQDIST)                                  \
+    REFGEO_TARGET_CLONES static void NAME(const T *S, ptrdiff_t d, const ptrdiff_t *ij, \
+                                          ptrdiff_t n, double *out)                  \
+    {                                                                                \
+        ptrdiff_t q;                                                                 \
+        for (q = 0; q < n; q++)                                                      \
+            out[q] = SQDIST(S + ij[2 * q] * d, S + ij[2 * q + 1] * d, d);            \
+    }
+
+REFGEO_DEFINE_SQDIST_PAIRS(refgeo_sqdist_pairs_f64, double, refgeo_sqdist_f64)
+REFGEO_DEFINE_SQDIST_PAIRS(refgeo_sqdist_pairs_f32, float, refgeo_sqdist_f32)
+
 /* Ask for the bytes [p, p + bytes) to be brought into the cache (a hint; no-op
  * without GCC builtins).  Candidate rows are refined from scattered places of a
  * large array: fetching the next row while the current one is summed hides most of
@@ -89,6 +107,27 @@ typedef struct {
     double v;
     int64_t j;
 } refgeo_vj;
+
+/* refgeo_sqdist_cands_*: cand[q].v = the refined squared distance of row a and row
+ * cand[q].j of B (d columns) for the n candidates of one k-NN row, fetching the next
+ * candidate's row while the current one is summed (they lie scattered over B); the
+ * values of refgeo_sqdist_*, with an AVX2 clone as refgeo_sqdist_pairs_*. */
+#define REFGEO_DEFINE_SQDIST_CANDS(NAME, T, SQDIST)                                  \
+    REFGEO_TARGET_CLONES static void NAME(const T *a, const T *B, ptrdiff_t d,        \
+                                          refgeo_vj *cand, ptrdiff_t n)               \
+    {                                                                                \
+        ptrdiff_t q;                                                                 \
+        if (n > 0)                                                                   \
+            refgeo_prefetch(B + cand[0].j * d, (size_t)d * sizeof(T));               \
+        for (q = 0; q < n; q++) {                                                    \
+            if (q + 1 < n)                                                           \
+                refgeo_prefetch(B + cand[q + 1].j * d, (size_t)d * sizeof(T));       \
+            cand[q].v = SQDIST(a, B + cand[q].j * d, d);                             \
+        }                                                                            \
+    }
+
+REFGEO_DEFINE_SQDIST_CANDS(refgeo_sqdist_cands_f64, double, refgeo_sqdist_f64)
+REFGEO_DEFINE_SQDIST_CANDS(refgeo_sqdist_cands_f32, float, refgeo_sqdist_f32)
 
 /* Max-heap of n (key, id) records, largest key at position 0, four children per
  * node (node p has children 4p + 1 .. 4p + 4): replace the top by (k, j) and sift
