@@ -9,7 +9,7 @@ import warnings
 
 import numpy as np
 
-from ._common import DTYPES, environment, realistic, records_runtime, refgeo, require_backend, rng
+from ._common import DTYPES, environment, hidden_states, realistic, records_runtime, refgeo, require_backend, rng
 
 # (N, d, k): small for CI, realistic = the size of the documented acceptance numbers.
 SIZES = [(400, 64, 16)] if not realistic() else [(20000, 768, 64)]
@@ -54,6 +54,57 @@ class FitLocalMaps:
 
     def peakmem_fit_local_maps(self, N_d_k, cls, dtype):
         self._run(cls)
+
+
+# hidden states, k = 2d (an exactly linear layer is identified): small for CI; realistic 20,000 of R^64
+HS_SIZES = [(2000, 32, 64)] if not realistic() else [(20000, 64, 128)]
+
+
+@records_runtime(dtype="float32", backend="reference")
+class FitHiddenStates:
+    """fit_local_maps on hidden states shaped like a residual stream (``hidden_states``:
+    a common component, Zipf token counts, near-copies of frequent tokens), whose
+    neighbor panels are ill-conditioned: the full and low-rank fits solve those from
+    their SVD, not from the Gram matrix (which squares the condition number).
+    ``track_exact_layer_energy_fraction`` fits a layer that the class represents
+    exactly: what is left of the update should be rounding (the Gram solve left 0.17
+    of it on states with a common component 1e6 times their spread)."""
+
+    params = (HS_SIZES, ["low_rank", "full"])
+    param_names = ["N_d_k", "cls"]
+    timeout = 1200
+
+    def setup(self, N_d_k, cls):
+        require_backend("reference")
+        N, d, k = N_d_k
+        self.X = hidden_states(N, d)
+        g = rng(1)
+        # a layer acting off the mean direction, of rank 8: in both classes (rank=8)
+        u = self.X.mean(axis=0, dtype=np.float64)
+        P = np.eye(d) - np.outer(u, u) / (u @ u)
+        self.A = np.eye(d) + P @ g.standard_normal((d, 8)) @ g.standard_normal((8, d)) @ P / d
+        X64 = self.X.astype(np.float64)
+        self.Y = (X64 + 0.3 * np.tanh(X64 @ (g.standard_normal((d, d)) / np.sqrt(d)))).astype(np.float32)
+        self.Y_exact = X64 @ self.A.T
+        self.nbr = refgeo.knn(self.X, k)
+        environment("float32", "reference")
+
+    def _fit(self, Y, cls):
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", UserWarning)
+            return refgeo.fit_local_maps(self.X.astype(np.float64) if Y is self.Y_exact else self.X, Y, cls=cls,
+                                         neighbors=self.nbr, **_kw(cls))
+
+    def time_fit_local_maps(self, N_d_k, cls):
+        self._fit(self.Y, cls)
+
+    def track_exact_layer_energy_fraction(self, N_d_k, cls):
+        """Energy of the update left by the fit of a layer the class holds exactly."""
+        fit = self._fit(self.Y_exact, cls)
+        X64 = self.X.astype(np.float64)
+        return float(np.sum((fit.fitted - self.Y_exact) ** 2) / np.sum((self.Y_exact - X64) ** 2))
+
+    track_exact_layer_energy_fraction.unit = "fraction"
 
 
 @records_runtime(backend="auto")
