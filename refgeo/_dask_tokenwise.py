@@ -77,14 +77,20 @@ def _one_blas_thread(fn):
     return run
 
 
-def _sum_tree(parts, fan_in=8):
-    """The sum of a list of delayed arrays, ``fan_in`` at a time, on the workers."""
+def _merge_tree(parts, merge, fan_in=8):
+    """``merge`` of a list of delayed values, ``fan_in`` at a time, on the workers
+    (``merge(list)`` must be associative: sums, stacked R factors)."""
     import dask
 
-    add = dask.delayed(lambda xs: sum(xs[1:], xs[0]), pure=True)
+    task = dask.delayed(merge, pure=True)
     while len(parts) > 1:
-        parts = [add(parts[s : s + fan_in]) for s in range(0, len(parts), fan_in)]
+        parts = [task(parts[s : s + fan_in]) for s in range(0, len(parts), fan_in)]
     return parts[0]
+
+
+def _sum_tree(parts, fan_in=8):
+    """The sum of a list of delayed arrays, ``fan_in`` at a time, on the workers."""
+    return _merge_tree(parts, lambda xs: sum(xs[1:], xs[0]), fan_in)
 
 
 # --------------------------------------------------------------------- panels
@@ -178,19 +184,12 @@ def _binned_sq_block(B, mu, width):
     return _fit.binned_sums((np.asarray(B, dtype=np.float64) - mu) ** 2, width)
 
 
-def _merge_tree(parts, fan_in=8):
-    import dask
-
-    def merge(xs):
-        acc = xs[0]
-        for x in xs[1:]:
-            acc = _fit.merge_binned(acc, x)
-        return acc
-
-    fn = dask.delayed(merge, pure=True)
-    while len(parts) > 1:
-        parts = [fn(parts[s : s + fan_in]) for s in range(0, len(parts), fan_in)]
-    return parts[0]
+def _merge_binned_all(xs):
+    """The binned sums of a list of blocks' binned sums (exact in any grouping)."""
+    acc = xs[0]
+    for x in xs[1:]:
+        acc = _fit.merge_binned(acc, x)
+    return acc
 
 
 def _column_sums(Z, n, fn, *args):
@@ -199,7 +198,7 @@ def _column_sums(Z, n, fn, *args):
     width = _fit.bin_width(n)
     task = dask.delayed(fn, pure=True)
     parts = [task(b, *args, width) for b in Z.to_delayed()[:, 0]]
-    return _fit.finish_binned(dask.compute(_merge_tree(parts))[0])
+    return _fit.finish_binned(dask.compute(_merge_tree(parts, _merge_binned_all))[0])
 
 
 def search_neighbors(X, e, k, metric, standardize, exclude_self):
@@ -505,11 +504,8 @@ def _metrics_block(XI, YI, FI, e, gram, baselines):
     d = xb.shape[1]
     sums = np.stack([delta.sum(axis=0), tau.sum(axis=0), rho.sum(axis=0)])
     G = tau.T @ tau if gram else np.zeros((0, 0))
-    if baselines:
-        yb = _rows(Y64, ex)
-        B = np.stack([xb.T @ xb, yb.T @ xb])
-    else:
-        B = np.zeros((0, d, d))
+    # the R factor of [x | y] (the baselines' least squares, without normal equations)
+    B = _fit.qr_r(np.hstack([xb, _rows(Y64, ex)])) if baselines else np.zeros((0, 2 * d))
     return vec, sums, G, B
 
 
@@ -581,7 +577,7 @@ def metrics(X, Y, F, e, subspace_rank, center_subspace, baselines, ridge, identi
     vec_parts = [r[0] for r in recs]
     sums = _sum_tree([r[1] for r in recs])
     G = _sum_tree([r[2] for r in recs])
-    B = _sum_tree([r[3] for r in recs])
+    B = _merge_tree([r[3] for r in recs], _fit.merge_r)
     vecs, sums, G, B = dask.compute(vec_parts, sums, G, B)
     vec = np.concatenate(vecs, axis=1)
     means = None
@@ -596,7 +592,7 @@ def metrics(X, Y, F, e, subspace_rank, center_subspace, baselines, ridge, identi
         evals, evecs = np.linalg.eigh(G)
     U = np.ascontiguousarray(evecs[:, ::-1][:, :subspace_rank])
     sv = np.sqrt(np.maximum(evals[::-1][:subspace_rank], 0.0))
-    maps = _fit.baseline_maps(B[0], B[1], ridge, identity_prior) if baselines else ()
+    maps = _fit.baseline_maps(B, ridge, identity_prior) if baselines else ()
     ptask = dask.delayed(_projection_block, pure=True)
     # one key each for the d x r and d x d matrices, not a copy in every task
     U_, means_, maps_ = (dask.delayed(a, pure=True) for a in (U, means, maps))

@@ -1438,30 +1438,29 @@ _cosine = _fit.cosine
 _angle = _fit.angle
 _ratio = _fit.ratio
 _energy = _fit.energy
-_sym_pinv_solve = _fit.sym_pinv_solve
 
 
 def _global_baselines(X, Y, ex, mask_fit, mask_eval, dnorm2, ridge, identity_prior):
     """Global ridge linear map and global scaled Procrustes (fitted on ``mask_fit``).
 
-    Linear: normal equations ``(X^T X + lam I) D^T = X^T R`` with ``R = Y - X A_0^T``
-    (pseudo-inverse when ``lam = 0``: the minimum-norm least-squares map).
+    Linear: ridge least squares ``min ||Y - X A^T||^2 + lam ||A - A_0||^2`` (the
+    minimum-norm map when ``lam = 0``), from the R factor of ``[X | Y]``, not the
+    normal equations (:func:`refgeo._tokenwise_fit.baseline_maps`).
     Procrustes: ``s Q`` with ``Q = polar(Y^T X)``, ``s = ||Y^T X||_* / ||X||_F^2``.
-    The panels are ``X * 2**-ex`` and ``Y * 2**-ex``, a block of rows at a time.
+    The panels are ``X * 2**-ex`` and ``Y * 2**-ex``, a block of rows at a time (their
+    R factors merged as they come: O(d^2) memory).
     """
     n, d = X.shape
     out = []
-    G = np.zeros((d, d))
-    M = np.zeros((d, d))  # sum_i y_i x_i^T
+    R = np.zeros((0, 2 * d))
     every = bool(mask_fit.all())
     for s in range(0, n, _ROWS):
         t = min(n, s + _ROWS)
         xb, yb = _rows(X, ex, s, t), _rows(Y, ex, s, t)
         if not every:
             xb, yb = xb[mask_fit[s:t]], yb[mask_fit[s:t]]
-        G += xb.T @ xb
-        M += yb.T @ xb
-    AT, PT = _fit.baseline_maps(G, M, ridge, identity_prior)
+        R = _fit.merge_r([R, np.hstack([xb, yb])])
+    AT, PT = _fit.baseline_maps(R, ridge, identity_prior)
     for kind, AT_ in (("linear", AT), ("procrustes", PT)):
         r2 = np.empty(n)
         for s in range(0, n, _ROWS):  # O(_ROWS d) temporaries, not O(N d)
@@ -1547,7 +1546,8 @@ def decompose(
         fields, the energy fraction and the neighbors are the single-machine values
         bit for bit; the subspace (up to the signs of its columns), its singular
         values, the projections, subspace energies and baselines agree to rounding
-        (d x d Gram matrices summed over token blocks).
+        (d x d Gram matrices summed over token blocks; for the baselines, R factors
+        of ``[X | Y]`` merged over them).
 
     Raises
     ------

@@ -553,6 +553,26 @@ def test_global_baselines_match_lstsq_and_procrustes():
     np.testing.assert_allclose(lin.relative_error, np.linalg.norm(res, axis=1) / np.linalg.norm(D, axis=1), rtol=1e-9)
 
 
+
+@pytest.mark.parametrize("s", [2.0, 6.0, 8.0])
+@pytest.mark.parametrize("ridge", [0.0, 1e-30])
+def test_global_linear_baseline_recovers_an_exact_layer_on_states_with_a_common_component(s, ridge):
+    """States ``u + 10**-s * noise`` and a layer acting off u: the global linear map is
+    the layer.  Through the normal equations (condition number 1e2s) it was 4e-3 off at
+    s = 6 and left the whole update at s = 8 (energy fraction 0.9998); from the R factor
+    of [X | Y] it is the layer to rounding of the condition number, not its square."""
+    g = np.random.default_rng(21)
+    d = 5
+    u = np.ones(d) / np.sqrt(d)
+    P = np.eye(d) - np.outer(u, u)
+    A = np.eye(d) + P @ g.standard_normal((d, d)) @ P
+    X = 1e4 * u + 10.0 ** (4 - s) * g.standard_normal((600, d))
+    Y = X @ A.T
+    lin = refgeo.decompose(X, Y, k=12, cls="diagonal", ridge=ridge).baselines[0]
+    assert lin.energy_fraction < 1e-12
+    np.testing.assert_allclose(lin.map, A, atol=10.0 ** (s - 15))
+
+
 def test_result_is_frozen_readonly_and_records_every_choice():
     g = np.random.default_rng(16)
     X = g.standard_normal((30, 4)).astype(np.float32)
