@@ -76,8 +76,7 @@ from . import _backend, _duplicates, _engine
 from ._backend import KernelRun
 from ._interop import to_host
 from ._threads import blas_single_thread
-from ._validate import (EXACT_INTEGER_LIMIT, beyond_float64, float64_range_error, integer_magnitude,
-                        integer_range_error)
+from ._validate import beyond_float64, float64_range_error
 from ._filter import (
     error_terms,
     filter_bound,
@@ -224,12 +223,6 @@ def _engine_rows(S, name):
     ``name``, before any pairwise task runs (one pass over the chunks)."""
     if S is None or S.dtype in (np.float32, np.float64):
         return S
-    if S.dtype.kind in "iu" and S.dtype.itemsize >= 8 and S.size:
-        # 64-bit integers, as a NumPy input's (as_float_array): beyond 2**53 float64
-        # rounds them
-        top = integer_magnitude(*_compute(S.min(), S.max()))
-        if top > EXACT_INTEGER_LIMIT:
-            raise integer_range_error(name, top)
     if S.dtype.itemsize > 8:
         import dask
 

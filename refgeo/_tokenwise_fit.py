@@ -197,6 +197,9 @@ def _kernel_pinv_weights(mu, lam, rcond):
 # times as much per panel; states of one token with a common component (the
 # benchmarks' hidden states: ratios near 5e-10) take it.
 _GRAM_MIN_RATIO = 1e-7
+# ... and so is a panel whose largest Gram eigenvalue is below this (2**-960: its
+# squares are near the subnormal range, where they lose digits, then vanish)
+_GRAM_MIN_SCALE = 2.0**-960
 
 
 def _linear_gram(Xt, Rt, xi, lam, rcond, rank, return_maps):
@@ -207,7 +210,9 @@ def _linear_gram(Xt, Rt, xi, lam, rcond, rank, return_maps):
     K = Xt @ Xt.swapaxes(1, 2)
     kap = np.einsum("bkd,bd->bk", Xt, xi)
     mu, E = np.linalg.eigh(K)
-    ill = mu[:, k - min(k, d)] < _GRAM_MIN_RATIO * mu[:, -1]
+    # and panels whose squares are subnormal or zero: far below the largest entry of X
+    # and Y (every panel shares their scaling), the Gram form returned a zero map
+    ill = (mu[:, k - min(k, d)] < _GRAM_MIN_RATIO * mu[:, -1]) | (mu[:, -1] < _GRAM_MIN_SCALE)
     inv, h = _kernel_pinv_weights(mu, lam, rcond)
     # alpha-coefficients of the query: c = (K + lam)^+ kappa  (b, k)
     c = np.einsum("bkm,bm->bk", E, inv * np.einsum("bkm,bk->bm", E, kap))
@@ -246,13 +251,18 @@ def _linear_svd(Xt, Rt, xi, lam, rcond, rank, return_maps):
     k, d = Xt.shape[1:]
     U, sv, Vt = np.linalg.svd(Xt, full_matrices=False)
     keep = sv > rcond * sv[:, :1]
-    den = np.where(keep, sv * sv + lam, 1.0)
-    f = np.where(keep, sv / den, 0.0)
+    # s / (s^2 + lam) as 1 / (s + lam / s), and s / sqrt(s^2 + lam) as 1 / sqrt(1 +
+    # (lam / s) / s): s^2 of a panel far below the scale of X underflows to 0
+    sk = np.where(keep, sv, 1.0)
+    with np.errstate(over="ignore"):
+        r = np.where(keep, lam / sk, 0.0)
+        f = np.where(keep, 1.0 / (sk + r), 0.0)
+        hq = np.where(keep, 1.0 / np.sqrt(1.0 + r / sk), 0.0)
     c = np.einsum("bkm,bm->bk", U, f * np.einsum("bmd,bd->bm", Vt, xi))
     t = np.einsum("bkd,bk->bd", Rt, c)
     V = None
     if rank is not None and rank < min(k, d):
-        M = Rt.swapaxes(1, 2) @ (U * np.where(keep, sv / np.sqrt(den), 0.0)[:, None, :])  # (b, d, m)
+        M = Rt.swapaxes(1, 2) @ (U * hq[:, None, :])  # (b, d, m)
         P, sig, _ = np.linalg.svd(M, full_matrices=False)
         good = sig[:, :rank] > rcond * np.maximum(sig[:, :1], 0.0)
         V = P[:, :, :rank] * good[:, None, :]  # V_r, orthonormal columns (or 0)

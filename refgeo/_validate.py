@@ -113,6 +113,8 @@ def as_float_array(
             _check_exact_integers(np, arr, name)
             arr = arr.astype(np.float64)
         elif kind == "f":
+            if not isinstance(x, np.ndarray):
+                _check_listed_integers(x, arr, name)
             if arr.dtype not in (np.float32, np.float64):
                 # float16 / longdouble: compute in float64, which holds float16 exactly.
                 wide = arr
@@ -199,7 +201,26 @@ def _check_exact_integers(xp, arr, name: str) -> None:
     closest pair of rows 2**62 and 2**62 + 1 was 0)."""
     if xp.isdtype(arr.dtype, "bool") or xp.iinfo(arr.dtype).bits < 64 or math.prod(arr.shape) == 0:
         return
-    top = integer_magnitude(xp.min(arr), xp.max(arr))
+    lo, hi = xp.min(arr), xp.max(arr)
+    if hasattr(lo, "dask"):  # a Dask array: one pass over its chunks for both
+        import dask
+
+        lo, hi = dask.compute(lo, hi)
+    top = integer_magnitude(lo, hi)
+    if top > EXACT_INTEGER_LIMIT:
+        raise integer_range_error(name, top)
+
+
+def _check_listed_integers(x, arr, name: str) -> None:
+    """``ValueError`` for Python integers beyond 2**53 in a list that NumPy made float64
+    (it does so for integers from 2**63 on beside others): the check of 64-bit integer
+    arrays never saw them.  Only lists whose float64 array holds such magnitudes are
+    looked at again, as Python objects."""
+    if arr.size == 0 or not bool(np.abs(arr).max() > EXACT_INTEGER_LIMIT):
+        return
+    ints = [v for v in np.asarray(x, dtype=object).ravel() if isinstance(v, (int, np.integer))
+            and not isinstance(v, (bool, np.bool_))]
+    top = max((abs(int(v)) for v in ints), default=0)
     if top > EXACT_INTEGER_LIMIT:
         raise integer_range_error(name, top)
 

@@ -431,6 +431,17 @@ def test_integers_beyond_two_to_the_53_are_refused(backend, dtype):
             refgeo.row_diameter(S)
 
 
+def test_listed_integers_beyond_two_to_the_53_are_refused():
+    """A list that mixes integers from 2**63 on with others becomes float64 in NumPy (the
+    rounding happens there, before any integer array exists): refused as well."""
+    with pytest.raises(ValueError, match=re.escape(f"got {2**63 + 1} instead")):
+        refgeo.closest_pair([[2**63 + 1, 0], [2**63, 0], [0, 0]])
+    with pytest.raises(ValueError, match=re.escape(f"x must have integer entries")):
+        refgeo.variation([2**63, 0])
+    # floats of that size are floats: kept
+    assert refgeo.row_diameter([[2.0**63, 0.0], [0.0, 0.0]]).value == 2.0**63
+
+
 def test_knn_bad_input():
     S = np.zeros((3, 2))
     with pytest.raises(ValueError, match=re.escape("k == 3, must be <= 2.")):

@@ -214,6 +214,25 @@ def test_exact_layers_are_recovered_on_states_with_a_large_common_component(d, e
     assert err.max() < 1e-5
 
 
+@pytest.mark.parametrize("cls", ["full", "low_rank"])
+@pytest.mark.parametrize("prior", ["identity", "zero"])
+def test_a_cluster_far_below_the_scale_of_the_states_is_fitted(cls, prior):
+    """Half the tokens 1e-170 times the other half's size (every panel is scaled by the
+    largest entry of X and Y): the small cluster's Gram matrices underflow to 0, and
+    their fit was the zero map; it is the layer, from the panels' SVD."""
+    g = np.random.default_rng(0)
+    W = g.standard_normal((6, 6))
+    X = g.standard_normal((60, 6))
+    X[:30] *= 1e-170
+    X[30:] += 20
+    Y = X @ W.T
+    fit = refgeo.fit_local_maps(X, Y, cls=cls, k=12, prior=prior, return_maps=True, **_kw(cls, rank=6))
+    for i in range(30):  # the small cluster: its neighbors are its own tokens
+        assert set(fit.neighbors[i]) <= set(range(30))
+        np.testing.assert_allclose(fit.maps[i], W, atol=1e-12)
+        np.testing.assert_allclose(fit.fitted[i] * 1e170, Y[i] * 1e170, rtol=1e-12, atol=1e-12)
+
+
 @pytest.mark.parametrize("cls", CLASSES)
 @pytest.mark.parametrize("prior", ["identity", "zero"])
 @pytest.mark.parametrize("lam", [0.0, 0.7])
