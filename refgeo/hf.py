@@ -55,7 +55,7 @@ import numpy as np
 
 from . import _progress
 from ._interop import from_foreign
-from .tokenwise import CLASSES, _divergence, _log_softmax, decompose, layer_report
+from .tokenwise import CLASSES, _divergence, _freeze_config, _log_softmax, decompose, layer_report
 from ._validate import check_bool, check_choice, check_int
 
 __all__ = [
@@ -926,6 +926,9 @@ class ProtocolResult:
     position: Any
     probe: Any
     config: dict
+
+    def __post_init__(self):
+        _freeze_config(self)
 
 
 @_in_eval_mode

@@ -127,6 +127,33 @@ def _ro(a):
     return a
 
 
+class _ReadOnlyDict(dict):
+    """A result's ``config``: a dict that refuses changes, as the rest of a frozen
+    result does (its arrays are read-only); nested dicts are read-only too.  It
+    compares, prints, pickles and serializes as a dict; ``dict(result.config)`` is a
+    copy that can be changed."""
+
+    __slots__ = ()
+
+    def __init__(self, *args: Any, **kwargs: Any):
+        items = dict(*args, **kwargs)
+        super().__init__({k: _ReadOnlyDict(v) if type(v) is dict else v for k, v in items.items()})
+
+    def _refuse(self, *args: Any, **kwargs: Any):
+        raise TypeError("a result's config is read-only; change a copy: dict(result.config)")
+
+    __setitem__ = __delitem__ = clear = pop = popitem = setdefault = update = __ior__ = _refuse  # type: ignore[assignment]
+
+    def __reduce__(self):
+        return (type(self), (dict(self),))
+
+
+def _freeze_config(result) -> None:
+    """``result.config`` as a :class:`_ReadOnlyDict` (a frozen dataclass's __post_init__)."""
+    if not isinstance(result.config, _ReadOnlyDict):
+        object.__setattr__(result, "config", _ReadOnlyDict(result.config))
+
+
 def _f64(a):
     return a if a.dtype == np.float64 else a.astype(np.float64)
 
@@ -237,6 +264,9 @@ class LocalFit:
     n_targets: int
     config: dict
 
+    def __post_init__(self):
+        _freeze_config(self)
+
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class MLPFit:
@@ -281,6 +311,9 @@ class MLPFit:
     test_loss: Any
     n_parameters: int
     config: dict
+
+    def __post_init__(self):
+        _freeze_config(self)
 
     def predict(self, X: Any, /):
         """Return :math:`T(x) = x + \\mathrm{MLP}(x)` (float64) for rows of ``X`` (a tensor
@@ -457,6 +490,9 @@ class TokenwiseResult:
     coefficients: Any
     baselines: tuple
     config: dict
+
+    def __post_init__(self):
+        _freeze_config(self)
 
     def patched(self, X: Any, /):
         """The tokenwise prediction ``X + tau`` (= ``A_i x_i``): the states to patch in

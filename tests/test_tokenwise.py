@@ -5,8 +5,10 @@ from __future__ import annotations
 
 import _thread
 import decimal
+import json
 import math
 import os
+import pickle
 import re
 import sys
 import threading
@@ -611,6 +613,20 @@ def test_result_is_frozen_readonly_and_records_every_choice():
     assert r.dof == _degrees_of_freedom("low_rank", 4, 2) == 12
     assert r.n_targets == 20
     np.testing.assert_allclose(r.patched(X), X.astype(float) + r.tau)
+    # the config is read-only too (a plain dict could be changed after the fact), and
+    # still a dict for comparisons, JSON and pickles; a copy can be changed
+    fit = refgeo.fit_local_maps(X, Y, k=5, cls="full")
+    for config in (r.config, fit.config):
+        for change in (lambda c: c.__setitem__("k", 1), lambda c: c.update(k=1), lambda c: c.pop("k"),
+                       lambda c: c.clear(), lambda c: c.__delitem__("k"), lambda c: c.setdefault("new", 1)):
+            with pytest.raises(TypeError, match="read-only"):
+                change(config)
+        assert isinstance(config, dict) and config["k"] == 5
+        assert json.loads(json.dumps(config, default=str))["k"] == 5
+        assert pickle.loads(pickle.dumps(config)) == config
+        copy = dict(config)
+        copy["k"] = 1
+        assert config["k"] == 5
 
 
 def dataclasses_frozen_error():
