@@ -252,7 +252,9 @@ def find_blocks(model: Any, blocks: Any = None, /) -> tuple[str, tuple]:
 # ------------------------------------------------------------------ inputs
 
 
-def _as_long(torch, x, name, device):
+def _as_long(torch, x, name, device, allow_bool=False):
+    """``x`` as a (B, T) long tensor on ``device``; booleans only where ``allow_bool``
+    (an attention mask, not token ids: True and False were read as tokens 1 and 0)."""
     if isinstance(x, torch.Tensor):
         t = x
     else:
@@ -260,7 +262,7 @@ def _as_long(torch, x, name, device):
             t = torch.as_tensor(np.asarray(x))
         except Exception:
             raise TypeError(f"{name} must be a 2-D array of integers, got {type(x).__name__} instead.") from None
-    if t.dtype.is_floating_point or t.dtype.is_complex:
+    if t.dtype.is_floating_point or t.dtype.is_complex or (t.dtype == torch.bool and not allow_bool):
         raise TypeError(f"{name} must hold integers, got dtype {t.dtype} instead.")
     if t.device.type == "meta":
         raise TypeError(f"{name} is a meta tensor (a shape without values), which refgeo cannot run.")
@@ -298,7 +300,7 @@ def _batch(model, input_ids, attention_mask):
     if attention_mask is None:
         mask = torch.ones_like(ids)
     else:
-        mask = _as_long(torch, attention_mask, "attention_mask", device)
+        mask = _as_long(torch, attention_mask, "attention_mask", device, allow_bool=True)
         if tuple(mask.shape) != tuple(ids.shape):
             raise ValueError(
                 f"attention_mask must have the shape of input_ids {tuple(ids.shape)}, got {tuple(mask.shape)} instead."

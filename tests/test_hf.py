@@ -243,6 +243,14 @@ def test_bad_arguments(gpt2, bert):
         hf.hidden_states(gpt2, ids, np.full((2, 5), 2))
     with pytest.raises(TypeError, match="input_ids"):
         hf.hidden_states(gpt2, ids.astype(float))
+    # booleans are no token ids (True and False were read as tokens 1 and 0); a boolean
+    # attention mask is a mask
+    with pytest.raises(TypeError, match=re.escape("input_ids must hold integers, got dtype torch.bool")):
+        hf.hidden_states(gpt2, ids > 2)
+    with_mask, without = hf.hidden_states(gpt2, ids, np.ones((2, 5), dtype=bool)), hf.hidden_states(gpt2, ids)
+    assert with_mask.states.keys() == without.states.keys()
+    for layer in without.states:
+        np.testing.assert_array_equal(with_mask.states[layer], without.states[layer])
     with pytest.raises(ValueError, match="dtype"):
         hf.hidden_states(gpt2, ids, dtype="float16")
     with pytest.raises(ValueError, match="layers"):
