@@ -592,7 +592,7 @@ def metrics(X, Y, F, e, subspace_rank, center_subspace, baselines, ridge, identi
         evals, evecs = np.linalg.eigh(G)
     U = np.ascontiguousarray(evecs[:, ::-1][:, :subspace_rank])
     sv = np.sqrt(np.maximum(evals[::-1][:subspace_rank], 0.0))
-    maps = _fit.baseline_maps(B, ridge, identity_prior) if baselines else ()
+    maps = _fit.baseline_maps(B, n, ridge, identity_prior) if baselines else ()
     ptask = dask.delayed(_projection_block, pure=True)
     # one key each for the d x r and d x d matrices, not a copy in every task
     U_, means_, maps_ = (dask.delayed(a, pure=True) for a in (U, means, maps))

@@ -242,36 +242,62 @@ def _linear_gram(Xt, Rt, xi, lam, rcond, rank, return_maps):
     return t, DT, ill
 
 
+def _exponents(A, axes):
+    """Per-panel binary exponents ``e`` with the largest magnitude of ``A`` over ``axes``
+    in ``[2**(e-1), 2**e)`` (0 for an all-zero panel)."""
+    top = np.max(np.abs(A), axis=axes)
+    return np.frexp(np.where(top > 0, top, 1.0))[1]
+
+
 def _linear_svd(Xt, Rt, xi, lam, rcond, rank, return_maps):
     """:func:`fit_linear`'s solve from the thin SVD ``Xt = U S V^T`` (the condition
     number of the panel, not its square): ``c = U diag(s / (s^2 + lam)) V^T x_i`` on
     the singular values above ``rcond`` of the largest, and the rank-r projection from
     the SVD of ``Rt^T U diag(s / sqrt(s^2 + lam))``.  ``(t, DT)`` as
-    :func:`_linear_gram`'s; 2 to 8 times its cost per panel."""
+    :func:`_linear_gram`'s; 2 to 8 times its cost per panel.
+
+    Each panel, its query and its targets are scaled by powers of two of their own
+    (largest entry in [1/2, 1); ``lam`` by the square of the panel's) and the
+    exponents applied to the results at the end, exactly: a panel far below the scale
+    of X (a cluster 1e-310 times the rest, with subnormal singular values) made
+    ``1 / s`` inf, and its fits NaN; and a query beside such a panel (a large state
+    whose nearest neighbors are tiny ones) has a ``c`` beyond the float range where
+    ``t = Rt^T c`` is not."""
     k, d = Xt.shape[1:]
-    U, sv, Vt = np.linalg.svd(Xt, full_matrices=False)
+    eX, eq, eR = _exponents(Xt, (1, 2)), _exponents(xi, 1), _exponents(Rt, (1, 2))
+    Xs = np.ldexp(Xt, -eX[:, None, None])
+    xs = np.ldexp(xi, -eq[:, None])
+    Rs = np.ldexp(Rt, -eR[:, None, None])
+    with np.errstate(over="ignore"):
+        lam_b = np.ldexp(np.full(eX.shape, float(lam)), -2 * eX)[:, None]
+    U, sv, Vt = np.linalg.svd(Xs, full_matrices=False)
     keep = sv > rcond * sv[:, :1]
     # s / (s^2 + lam) as 1 / (s + lam / s), and s / sqrt(s^2 + lam) as 1 / sqrt(1 +
-    # (lam / s) / s): s^2 of a panel far below the scale of X underflows to 0
+    # (lam / s) / s): an infinite ridge (lam_b beyond the float range) gives 0
     sk = np.where(keep, sv, 1.0)
-    with np.errstate(over="ignore"):
-        r = np.where(keep, lam / sk, 0.0)
+    with np.errstate(over="ignore", invalid="ignore"):
+        r = np.where(keep, lam_b / sk, 0.0)
         f = np.where(keep, 1.0 / (sk + r), 0.0)
         hq = np.where(keep, 1.0 / np.sqrt(1.0 + r / sk), 0.0)
-    c = np.einsum("bkm,bm->bk", U, f * np.einsum("bmd,bd->bm", Vt, xi))
-    t = np.einsum("bkd,bk->bd", Rt, c)
+    c = np.einsum("bkm,bm->bk", U, f * np.einsum("bmd,bd->bm", Vt, xs))
+    t = np.einsum("bkd,bk->bd", Rs, c)  # t = 2**(eR + eq - eX) Rs^T c
     V = None
     if rank is not None and rank < min(k, d):
-        M = Rt.swapaxes(1, 2) @ (U * hq[:, None, :])  # (b, d, m)
+        M = Rs.swapaxes(1, 2) @ (U * hq[:, None, :])  # (b, d, m), up to the factor 2**eR
         P, sig, _ = np.linalg.svd(M, full_matrices=False)
         good = sig[:, :rank] > rcond * np.maximum(sig[:, :1], 0.0)
         V = P[:, :, :rank] * good[:, None, :]  # V_r, orthonormal columns (or 0)
         t = np.einsum("bdr,br->bd", V, np.einsum("bdr,bd->br", V, t))
+    with np.errstate(over="ignore"):  # (only where the result itself is beyond the range)
+        t = np.ldexp(t, (eR + eq - eX)[:, None])
     DT = None
     if return_maps:
-        DT = Vt.swapaxes(1, 2) @ (f[:, :, None] * (U.swapaxes(1, 2) @ Rt))
+        # D^T = V diag(1 / (s + lam / s)) U^T Rt = 2**(eR - eX) V diag(f) U^T Rs
+        DT = Vt.swapaxes(1, 2) @ (f[:, :, None] * (U.swapaxes(1, 2) @ Rs))
         if V is not None:
             DT = DT @ V @ V.swapaxes(1, 2)
+        with np.errstate(over="ignore"):
+            DT = np.ldexp(DT, (eR - eX)[:, None, None])
     return t, DT
 
 
@@ -651,7 +677,7 @@ def merge_r(parts):
     return qr_r(np.vstack(parts))
 
 
-def baseline_maps(R, ridge, identity_prior):
+def baseline_maps(R, n_rows, ridge, identity_prior):
     """Transposed maps ``(A_linear^T, A_procrustes^T)`` from the R factor of ``[X | Y]``
     (:func:`qr_r`, ``(m, 2d)``: ``R_x = R[:, :d]``, ``R_y = R[:, d:]``, so that
     ``X^T X = R_x^T R_x`` and ``X^T Y = R_x^T R_y``).
@@ -659,8 +685,10 @@ def baseline_maps(R, ridge, identity_prior):
     Linear: the ridge least squares ``min ||R_x D^T - T||^2 + lam ||D||^2`` with
     ``T = R_y - R_x A_0^T`` (``[X | Y] = Q R``, so ``||Y - X A_0^T - X D^T|| = ||T - R_x
     D^T||``), solved from the SVD ``R_x = U S V^T``: ``D^T = V diag(s / (s^2 + lam))
-    U^T T``, minimum-norm when ``lam = 0`` (singular values below ``2 d eps`` of the
-    largest dropped).  Why not the normal equations ``(X^T X + lam I) D^T = X^T R``:
+    U^T T``, minimum-norm when ``lam = 0`` (singular values below ``max(n_rows, 2 d)
+    eps`` of the largest dropped, as ``numpy.linalg.lstsq`` drops them: the rounding
+    of the factorization grows with the rows, and a rank-deficient X kept directions
+    of rounding noise at ``2 d eps``, whose size depended on the row blocks).  Why not the normal equations ``(X^T X + lam I) D^T = X^T R``:
     they square the condition number of X, which for hidden states with a large
     common component (a mean 1e8 times their spread) is 1e16, and the map of an exactly
     linear layer left all of its update (energy fraction 0.9998).
@@ -677,7 +705,7 @@ def baseline_maps(R, ridge, identity_prior):
     if ridge > 0:
         f = sv / (sv * sv + ridge)
     else:
-        keep = sv > 2 * d * _EPS * (float(sv[0]) if sv.size else 0.0)
+        keep = sv > max(int(n_rows), 2 * d) * _EPS * (float(sv[0]) if sv.size else 0.0)
         f = np.where(keep, 1.0 / np.where(keep, sv, 1.0), 0.0)
     DT = Vt.T @ (f[:, None] * (U.T @ T))
     AT = DT + np.eye(d) if identity_prior else DT

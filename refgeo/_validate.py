@@ -216,8 +216,8 @@ def _check_listed_integers(x, arr, name: str) -> None:
     (it does so for integers from 2**63 on beside others): the check of 64-bit integer
     arrays never saw them.  Only lists whose float64 array holds such magnitudes are
     looked at again, as Python objects."""
-    if arr.size == 0 or not bool(np.abs(arr).max() > EXACT_INTEGER_LIMIT):
-        return
+    if not isinstance(x, (list, tuple)) or not bool((np.abs(arr) > EXACT_INTEGER_LIMIT).any()):
+        return  # (NaN compares False: a NaN beside such integers does not hide them)
     ints = [v for v in np.asarray(x, dtype=object).ravel() if isinstance(v, (int, np.integer))
             and not isinstance(v, (bool, np.bool_))]
     top = max((abs(int(v)) for v in ints), default=0)

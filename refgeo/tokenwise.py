@@ -136,6 +136,8 @@ class _ReadOnlyDict(dict):
     __slots__ = ()
 
     def __init__(self, *args: Any, **kwargs: Any):
+        if self:  # config.__init__(...) would update it in place
+            self._refuse()
         items = dict(*args, **kwargs)
         super().__init__({k: _ReadOnlyDict(v) if type(v) is dict else v for k, v in items.items()})
 
@@ -1496,7 +1498,7 @@ def _global_baselines(X, Y, ex, mask_fit, mask_eval, dnorm2, ridge, identity_pri
         if not every:
             xb, yb = xb[mask_fit[s:t]], yb[mask_fit[s:t]]
         R = _fit.merge_r([R, np.hstack([xb, yb])])
-    AT, PT = _fit.baseline_maps(R, ridge, identity_prior)
+    AT, PT = _fit.baseline_maps(R, int(np.count_nonzero(mask_fit)), ridge, identity_prior)
     for kind, AT_ in (("linear", AT), ("procrustes", PT)):
         r2 = np.empty(n)
         for s in range(0, n, _ROWS):  # O(_ROWS d) temporaries, not O(N d)

@@ -440,6 +440,11 @@ def test_listed_integers_beyond_two_to_the_53_are_refused():
         refgeo.variation([2**63, 0])
     # floats of that size are floats: kept
     assert refgeo.row_diameter([[2.0**63, 0.0], [0.0, 0.0]]).value == 2.0**63
+    # a NaN beside them does not hide them (where NaN is allowed)
+    from refgeo._validate import as_float_array
+
+    with pytest.raises(ValueError, match="x must have integer entries"):
+        as_float_array([2**63 + 1, 2**63, float("nan")], "x", finite=False)
 
 
 def test_knn_bad_input():

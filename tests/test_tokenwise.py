@@ -235,6 +235,22 @@ def test_a_cluster_far_below_the_scale_of_the_states_is_fitted(cls, prior):
         np.testing.assert_allclose(fit.fitted[i] * 1e170, Y[i] * 1e170, rtol=1e-12, atol=1e-12)
 
 
+@pytest.mark.parametrize("lam", [0.0, 0.5])
+def test_a_cluster_of_subnormal_states_is_fitted_finitely(lam):
+    """Five states of size 1e-310 (subnormal) beside twenty of size 1: the SVD of their
+    panels has subnormal singular values, whose reciprocals overflowed (NaN fits); each
+    panel is scaled by a power of two of its own first."""
+    g = np.random.default_rng(3)
+    A = np.eye(3) + 0.3 * g.standard_normal((3, 3))
+    X = g.standard_normal((25, 3))
+    X[:5] *= 1e-310
+    Y = X @ A.T
+    fit = refgeo.fit_local_maps(X, Y, k=4, cls="full", ridge=lam, return_maps=True)
+    assert np.isfinite(fit.fitted).all() and np.isfinite(fit.maps).all()
+    if lam == 0.0:  # k = 4 > d = 3 rows of an exact layer: the layer, to the rounding of subnormals
+        np.testing.assert_allclose(fit.maps[:5], np.broadcast_to(A, (5, 3, 3)), atol=1e-9)
+
+
 @pytest.mark.parametrize("cls", CLASSES)
 @pytest.mark.parametrize("prior", ["identity", "zero"])
 @pytest.mark.parametrize("lam", [0.0, 0.7])
@@ -594,6 +610,27 @@ def test_global_linear_baseline_recovers_an_exact_layer_on_states_with_a_common_
     np.testing.assert_allclose(lin.map, A, atol=10.0 ** (s - 15))
 
 
+
+def test_global_linear_baseline_of_a_rank_deficient_x_is_the_minimum_norm_map():
+    """X of rank 1 in R^2 (20,000 rows): the rounding of the R factor grows with the rows,
+    and at a cut-off of 2 d eps its noise directions were kept, so the map was not the
+    minimum-norm one and moved with the row blocks (0.45 against 0.38 for blocks of
+    8192 and 5000 rows; the minimum-norm entry 0.17)."""
+    g = np.random.default_rng(8)
+    X = np.outer(g.standard_normal(20000), [1.0, 3.0])
+    Y = X @ g.standard_normal((2, 2)).T
+    want = np.linalg.lstsq(X, Y, rcond=None)[0].T  # minimum-norm
+    lin = refgeo.decompose(X, Y, k=4, cls="diagonal", prior="zero").baselines[0]
+    np.testing.assert_allclose(lin.map, want, rtol=1e-9, atol=1e-12)
+    from refgeo import _tokenwise_fit as fit
+
+    for rows in (5000, 8192, 20000):  # the maps of any blocking agree
+        R = np.zeros((0, 4))
+        for s in range(0, 20000, rows):
+            R = fit.merge_r([R, np.hstack([X[s:s + rows], Y[s:s + rows]])])
+        np.testing.assert_allclose(fit.baseline_maps(R, 20000, 0.0, False)[0].T, want, rtol=1e-9, atol=1e-12)
+
+
 def test_result_is_frozen_readonly_and_records_every_choice():
     g = np.random.default_rng(16)
     X = g.standard_normal((30, 4)).astype(np.float32)
@@ -618,7 +655,8 @@ def test_result_is_frozen_readonly_and_records_every_choice():
     fit = refgeo.fit_local_maps(X, Y, k=5, cls="full")
     for config in (r.config, fit.config):
         for change in (lambda c: c.__setitem__("k", 1), lambda c: c.update(k=1), lambda c: c.pop("k"),
-                       lambda c: c.clear(), lambda c: c.__delitem__("k"), lambda c: c.setdefault("new", 1)):
+                       lambda c: c.clear(), lambda c: c.__delitem__("k"), lambda c: c.setdefault("new", 1),
+                       lambda c: c.__init__(k=1)):
             with pytest.raises(TypeError, match="read-only"):
                 change(config)
         assert isinstance(config, dict) and config["k"] == 5
