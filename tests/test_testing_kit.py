@@ -570,6 +570,21 @@ def test_a_coarser_result_does_not_loosen_the_logit_tolerance():
     rt.assert_hilbert_logits_close(refgeo.hilbert_distance_logits(z32, w32).astype(np.float32), z32, w32)
 
 
+def test_a_coarser_result_does_not_loosen_the_projected_rownorm_tolerance():
+    """The tolerance took the coarser roundoff of input and result: a float16 step of a
+    float64 gradient passed (2**-11 per entry allowed) and the report called it u_in."""
+    G = np.random.default_rng(3).standard_normal((6, 3))
+    G -= G.mean(axis=0)
+    step = refgeo.projected_rownorm(G)
+    with pytest.raises(ConformanceError, match="exceeds the tolerance"):
+        rt.assert_projected_rownorm_close(step.astype(np.float16), G)
+    with pytest.raises(ConformanceError, match="exceeds the tolerance"):
+        rt.assert_projected_rownorm_close(step.astype(np.float32), G)
+    rt.assert_projected_rownorm_close(step, G)
+    G32 = G.astype(np.float32)
+    rt.assert_projected_rownorm_close(refgeo.projected_rownorm(G32).astype(np.float32), G32)
+
+
 # --------------------------------------------------------------------------- the report
 
 

@@ -918,7 +918,8 @@ def assert_projected_rownorm_close(
     -----
     Default tolerance (absolute, every entry): :math:`\\eta\\,(V + d + 6)\\,u_{in}`, the
     rounding of a row normalization (:math:`(d+3)u` relative on rows of norm 1) and of
-    the outer mean over V rows, in the input precision.  It assumes the centering
+    the outer mean over V rows, in the input precision (also for a result in a coarser
+    dtype: a float32 step of a float64 gradient is held to float64 precision).  It assumes the centering
     :math:`PG` is exact or harmless, as for gradients whose rows sum to zero exactly
     (:func:`refgeo.testing.strategies.centered_gradients`); rows of ``PG`` at the
     rounding level of the centering are ill-conditioned for any implementation.
@@ -939,7 +940,9 @@ def assert_projected_rownorm_close(
     got = as_numpy(actual)
     if rtol is None and atol is None:
         V, d = G.shape
-        tol = float(eta) * (V + d + 6) * max(_unit_roundoff(G.dtype), _unit_roundoff(got.dtype))
+        # the input's roundoff, not the coarser of input and result: a float16 result of a
+        # float64 gradient was allowed 2**-11 per entry, as the logit tolerance once was
+        tol = float(eta) * (V + d + 6) * _unit_roundoff(G.dtype)
         text = f"eta (V + d + 6) u_in = {tol:.3g} per entry (V={V}, d={d}, {G.dtype} input)"
     else:
         tol, text = _user_tol(rtol, atol, expected), _user_tol_text(rtol, atol)
