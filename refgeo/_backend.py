@@ -109,7 +109,7 @@ def _check_name(name: Any, source: str) -> str:
 
 
 @contextlib.contextmanager
-def use_backend(name: str) -> Iterator[str]:
+def use_backend(name: str, /) -> Iterator[str]:
     """Run the enclosed calls on backend ``name`` (``"auto"`` restores the default).
 
     Parameters

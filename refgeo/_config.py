@@ -86,7 +86,7 @@ def _torch_dispatch(backends) -> dict[str, Any]:
     return {"version": torch_version, "cpu_tensors": cpu, "cuda_tensors": cuda}
 
 
-def show_config(mode: str = "stdout") -> dict[str, Any] | None:
+def show_config(*, mode: str = "stdout") -> dict[str, Any] | None:
     """Print (or return) the version, backends, BLAS/OpenMP threads and dtype policy.
 
     Parameters

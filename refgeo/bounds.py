@@ -69,7 +69,7 @@ def _rho_from_u(u: float) -> float:
     return _up(math.sqrt((1.0 - u) / (1.0 + u)))
 
 
-def simplex_bound(V: int, d: int) -> float:
+def simplex_bound(V: int, d: int, /) -> float:
     r"""B0, the simplex bound: 1 for :math:`V \le d + 1`, else :math:`\sqrt{d/(d+1)}`.
 
     Parameters
@@ -116,7 +116,7 @@ def simplex_bound(V: int, d: int) -> float:
     return _up(math.sqrt(d / (d + 1.0)))
 
 
-def welch_bound(V: int, d: int) -> float:
+def welch_bound(V: int, d: int, /) -> float:
     r"""B1, a Welch-type bound one dimension up.
 
     Parameters
@@ -278,7 +278,7 @@ def hadamard_power_bound(V: int, d: int, /, *, k: int | None = None) -> float:
     return _best_hadamard(V, d, k)[0]
 
 
-def volume_bound(V: int, d: int) -> float:
+def volume_bound(V: int, d: int, /) -> float:
     r"""B3, the volume (isodiametric) bound :math:`\rho \le 1/(V^{1/d} - 1)`.
 
     Parameters
@@ -366,7 +366,7 @@ class RatioBound:
         return {"B0": self.b0, "B1": self.b1, "B2": self.b2, "B3": self.b3}
 
 
-def ratio_upper_bound(V: int, d: int) -> RatioBound:
+def ratio_upper_bound(V: int, d: int, /) -> RatioBound:
     r"""Best upper bound on :math:`\rho = m/D` over configurations of V points in R^d.
 
     Parameters

@@ -59,7 +59,7 @@ def _check_size(what: str, V: int, d: int, work: float = 0.0,
     _memory.check_memory(what, {f"result ({V} x {d} float64)": 8.0 * V * d, "working memory": work}, advice)
 
 
-def regular_simplex(V: int, d: int) -> np.ndarray:
+def regular_simplex(V: int, d: int, /) -> np.ndarray:
     r"""Vertices of a regular simplex: ``V <= d + 1`` unit vectors, pairwise equidistant.
 
     Parameters
@@ -107,7 +107,7 @@ def regular_simplex(V: int, d: int) -> np.ndarray:
     return X
 
 
-def orthogonal_simplices(d: int) -> np.ndarray:
+def orthogonal_simplices(d: int, /) -> np.ndarray:
     r"""Two regular simplices in orthogonal subspaces: ``d + 2`` points in R^d.
 
     Parameters
@@ -156,7 +156,7 @@ def orthogonal_simplices(d: int) -> np.ndarray:
     return X
 
 
-def cross_polytope(d: int) -> np.ndarray:
+def cross_polytope(d: int, /) -> np.ndarray:
     r"""The cross polytope (orthoplex): the ``2 d`` points :math:`\pm e_i`.
 
     Parameters
@@ -375,7 +375,7 @@ def _quadratic_code(what: str, d: int, V: int, n: int, us: np.ndarray, ws: np.nd
     return X
 
 
-def delsarte_goethals_code(d: int, V: int | None = None) -> np.ndarray:
+def delsarte_goethals_code(d: int, V: int | None = None, /) -> np.ndarray:
     r"""A Delsarte-Goethals line set: up to :math:`d + d^3/4` lines of coherence :math:`2/\sqrt d`.
 
     Parameters
@@ -435,7 +435,7 @@ def delsarte_goethals_code(d: int, V: int | None = None) -> np.ndarray:
     return _quadratic_code(f"delsarte_goethals_code({d}, V={V})", d, V, n, u, w)
 
 
-def kerdock_code(d: int, V: int | None = None) -> np.ndarray:
+def kerdock_code(d: int, V: int | None = None, /) -> np.ndarray:
     r"""Real mutually unbiased bases from a Kerdock set: up to :math:`d(d/2 + 1)` lines.
 
     Parameters
@@ -781,7 +781,7 @@ def _lattice_name(lattice: Any) -> _Lattice:
     return _lattice(lattice)
 
 
-def minimal_vectors(lattice: str) -> np.ndarray:
+def minimal_vectors(lattice: str, /) -> np.ndarray:
     r"""The minimal vectors of a lattice (its kissing configuration).
 
     Parameters
@@ -837,7 +837,7 @@ def minimal_vectors(lattice: str) -> np.ndarray:
     return np.array(lat.minimal(), dtype=np.float64, order="C")  # a copy
 
 
-def lattice_ball(V: int, lattice: str, *, center: Any = None) -> np.ndarray:
+def lattice_ball(V: int, lattice: str, /, *, center: Any = None) -> np.ndarray:
     r"""The ``V`` points of a lattice nearest to a center.
 
     Parameters

@@ -56,7 +56,7 @@ import numpy as np
 from . import _progress
 from ._interop import from_foreign
 from .tokenwise import CLASSES, _divergence, _freeze_config, _log_softmax, decompose, layer_report
-from ._validate import check_bool, check_choice, check_int
+from ._validate import check_bool, check_choice, check_finite, check_int
 
 __all__ = [
     "HiddenStates",
@@ -794,8 +794,7 @@ def _check_states(P, n, d, name):
     P = _host_states(P, name)
     if P.ndim != 2 or P.shape != (n, d):
         raise ValueError(f"{name} must be a float array of shape ({n}, {d}), got shape {P.shape} instead.")
-    if not np.all(np.isfinite(P)):
-        raise ValueError(f"{name} must be finite.")
+    check_finite(P, name)
     return P
 
 
@@ -836,6 +835,8 @@ def intervene(
     probe : None, int or array_like of int, default=None
         The tokens to intervene on: all (None), ``m`` tokens drawn uniformly without
         replacement with ``seed``, or the given token indices.
+    seed : int, default=0
+        Seed of the draw of ``m`` probed tokens (unused otherwise).
     divergence : {"kl", "reverse_kl", "js"}, default="kl"
         As in :func:`refgeo.output_perturbation` (p the original, q the patched output).
     readout_position : {"self", "sum"}, default="self"

@@ -159,7 +159,7 @@ class ExtremePair:
         run.
     backend : str
         Backend whose code computed the result (``"reference"``, ``"cython"``,
-        ``"cupy"``).
+        ``"cupy"``, ``"dask"``).
     dtype : str
         dtype of the input after conversion (``"float64"`` or ``"float32"``).
     n_refined : int
@@ -239,9 +239,9 @@ class KNNResult:
     error_bound : float
         The rounding bound of the filter (squared distances of the rows
         ``S * 2**-scale_exponent``), as in :class:`ExtremePair`; ``0.0`` on the
-        reference backend.  Where a float32 filter gave up for a float64 one
-        (:func:`farthest_partners`), the float64 filter's, so this can depend on
-        ``n_threads`` and ``tile_size``; the partners and distances never do.
+        reference backend.  Where rows that the float32 filter left uncertified
+        went through a float64 filter (:func:`knn`), the largest bound used, so this can
+        depend on ``n_threads`` and ``tile_size``; the neighbors and distances never do.
     backend : str
         Backend whose code computed the result.
     dtype : str
@@ -870,8 +870,8 @@ def _one_namespace(X, Y):
 def knn(
     X: Any,
     k: int,
-    /,
     Y: Any = None,
+    /,
     *,
     exclude_self: bool = True,
     tile_size: int | None = None,
@@ -1332,7 +1332,7 @@ def _meb_polish(X, lam):
 # --------------------------------------------------------------------------- small identities
 
 
-def jung_constant(k: int) -> float:
+def jung_constant(k: int, /) -> float:
     r"""Jung's constant :math:`J_k = \sqrt{k / (2(k+1))}`.
 
     Parameters

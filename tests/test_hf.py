@@ -259,6 +259,10 @@ def test_bad_arguments(gpt2, bert):
         hf.intervene(gpt2, ids, layer=0, states=np.zeros((3, 16)))
     with pytest.raises(ValueError, match="probe"):
         hf.intervene(gpt2, ids, layer=0, states=np.zeros((10, 16)), probe=np.array([10]))
+    bad = np.zeros((10, 16))
+    bad[3, 2], bad[4, 0] = np.nan, np.inf
+    with pytest.raises(ValueError, match=re.escape("states must contain only finite values, got 1 NaN and 1 infinite")):
+        hf.intervene(gpt2, ids, layer=0, states=bad)
     with pytest.raises(ValueError, match="readout"):  # no LM head and no readout
         hf.model_logits(bert.bert, ids)
     with pytest.raises(TypeError, match="decompose_options"):
