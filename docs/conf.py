@@ -111,6 +111,8 @@ API_MODULES = [
     ("bounds", "Upper bounds on the distance ratio"),
     ("tokenwise", "Tokenwise decomposition of layer updates"),
     ("testing", "Testing your own kernels"),
+    ("torch", "PyTorch adapter"),
+    ("hf", "Hugging Face adapter"),
 ]
 # The theory page (the specification) of each API page.
 API_THEORY = {
@@ -130,6 +132,9 @@ def _api_module(key: str):
             continue
     return None
 CORE_NAMES = ["ExtensionUnavailableError", "get_backend", "show_config", "use_backend"]
+# Pages of namespaces that are not re-exported at the top level: the testing kit and the
+# optional adapters (importing them does not import their frameworks).
+OWN_NAMESPACES = ("testing", "torch", "hf")
 
 
 def _summary(module) -> str:
@@ -145,7 +150,7 @@ def _public(module) -> list[str]:
     re-exports, e.g. the spreading solver listing a code, leaves it to its own page)."""
     names = getattr(module, "__all__", []) or []
     pages = {m.__name__ for m in map(_api_module, (k for k, _ in API_MODULES if k not in
-                                                   ("core", "testing"))) if m is not None}
+                                                   ("core",) + OWN_NAMESPACES)) if m is not None}
 
     def elsewhere(obj) -> bool:
         home = getattr(obj, "__module__", None)
@@ -164,12 +169,12 @@ def _api_page(key: str, title: str) -> str:
             "Backend selection and the installation report, at the top level of ``refgeo``."
         )
         sections = [("", names)]
-    elif key == "testing":
-        mod = importlib.import_module("refgeo.testing")
-        heading = f"``refgeo.testing``: {title}"
-        current, summary = "refgeo.testing", _summary(mod)
+    elif key in OWN_NAMESPACES:
+        mod = importlib.import_module(f"refgeo.{key}")
+        heading = f"``refgeo.{key}``: {title}"
+        current, summary = f"refgeo.{key}", _summary(mod)
         sections = [("", _public(mod))]
-        for sub in ("strategies",):
+        for sub in ("strategies",) if key == "testing" else ():
             try:
                 submod = importlib.import_module(f"refgeo.testing.{sub}")
             except ImportError:

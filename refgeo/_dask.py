@@ -38,8 +38,11 @@ pair, so the merged answer is exactly the single-machine engine's answer: the sa
 value and indices, bit for bit, whatever the chunking, the number of workers or the
 order in which tasks finish, and after Dask reruns the tasks of a lost worker (tasks
 are pure functions of their blocks).  The reported ``error_bound`` is the largest
-bound any task used; it can differ from the single-machine one in its last bits (a
-mean computed in another order) and ``n_refined`` counts what the tasks refined.
+bound any task used, and it can differ from the single-machine one: the tasks filter
+float64 rows in float32 for the maximum whatever the size (the single-machine engine
+only from ``V**2 d / 2 >= 2**26`` multiply-adds), whose bound is about ``2**-24``
+relative where the float64 filter's is about ``d 2**-53``, and their means are
+computed in another order; ``n_refined`` counts what the tasks refined.
 
 Scale.  The rows arrive prescaled: the public functions of :mod:`refgeo.rows` run
 every backend on ``rows * 2**-e`` (:func:`refgeo._certify.scale_exponent`) and scale

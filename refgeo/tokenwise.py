@@ -21,14 +21,14 @@ map :math:`A_i` from a restricted class is fitted on the k nearest neighbors of
 Choices the source leaves open are parameters, recorded in every result's ``config``:
 the number of neighbors ``k``, the neighbor metric (``"euclidean"`` or
 ``"cosine"``, optionally after standardizing coordinates), leave-one-out exclusion,
-neighbor weights, the function class, the rank, the ridge ``lam`` and its prior
+neighbor weights, the function class, the rank, the ridge weight ``ridge`` and its prior
 ``A_0`` (identity or zero), the rank and centering of the dominant subspace, and the
 MLP's training options.  The k-NN search is :func:`refgeo.knn` (exact).
 
 Under-determined fits.  A local map is determined by its ``k`` neighbors only on the
 span of their inputs, at most ``k`` of the ``d`` directions: full and low-rank maps need
 ``k >= d``, orthogonal ones ``k >= d - 1``, diagonal ones ``k >= 1``.  Below that,
-refgeo returns the solution closest to the prior (the ``lam -> 0+`` limit of the
+refgeo returns the solution closest to the prior (the ``ridge -> 0+`` limit of the
 identity/zero-prior ridge problem; for orthogonal maps the identity on the directions
 the data leave free) and warns with the degrees of freedom.
 
@@ -350,7 +350,7 @@ class GlobalBaseline:
     Attributes
     ----------
     kind : str
-        ``"linear"`` (one ridge-regularized matrix, same ``lam`` and prior as the local
+        ``"linear"`` (one ridge-regularized matrix, same ``ridge`` and prior as the local
         fit) or ``"procrustes"`` (one scaled orthogonal map).
     map : ndarray of shape (d, d)
         The fitted :math:`A` (``y ≈ A x``).

@@ -625,7 +625,7 @@ def _build() -> dict[str, Any]:
             The param group whose step is recorded.
         n_threads : int, optional
             Threads for the recorded step's diameter.  By default one thread while the
-            diameter costs under :math:`V^2 d = 2^{27}` flops (a 512 x 256 head, say), and the
+            diameter costs under :math:`V^2 d = 2^{27}` flops (a 512 x 512 head, say), and the
             engine's default beyond: a small recording runs right after the framework's
             own parallel step, whose idle threads still spin on the cores, and a second
             thread team then waits for them rather than helping (see Notes).

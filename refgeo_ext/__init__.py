@@ -19,7 +19,9 @@ Dataflow of the tiled kernels::
 Why tiles: a tile pair's cross-term block (256 x 256 by default, 512 x 512 for the
 diameter and closest pair through a float32 filter) stays in the core's
 L2 cache while the epilogue reads it, so the candidates are filtered at GEMM speed and
-only the few pairs that may reach the extreme are refined.
+only the few pairs that may reach the extreme are refined.  k-NN tiles are larger
+(1024 rows by default): its epilogue reads the block once, streaming, so the block need
+not fit in L2, and larger tiles pack the GEMM operands less often.
 
 Modules:
 
