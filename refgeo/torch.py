@@ -28,6 +28,8 @@ from typing import Any
 
 from ._interop import from_foreign, mark_modified, precision_eps
 from ._validate import as_float_array, check_bool, check_int, check_min_rows, check_no_repeated_entries, check_real
+from ._certify import scale_exponent_of
+from .rows import _direction_times
 
 __all__ = ["DiameterLMO", "HeadStepMonitor", "RowNorm"]
 
@@ -37,6 +39,24 @@ _CLASSES: dict[str, Any] = {}
 # team that has to share the cores with the framework's still-spinning threads.
 _SMALL_RECORD_FLOPS = 1 << 27
 
+
+def _max_row_norm(H: Any) -> float:
+    """Largest Euclidean row norm of the float64 array ``H`` (0 without rows), from the
+    rows scaled by the power of two that brings their largest entry into [1/2, 1): the
+    plain norm squares the entries, which overflow from about 1e154 and vanish below
+    about 1e-162 (the bound of a monitor on hidden states of 1e200 was inf).  ``inf``
+    only where the norm itself is beyond the float64 range."""
+    import numpy as np
+
+    top = float(np.max(np.abs(H))) if H.size else 0.0
+    if top == 0.0:
+        return 0.0
+    e = math.frexp(top)[1]
+    scaled = float(np.linalg.norm(np.ldexp(H, -e), axis=1).max())
+    try:
+        return math.ldexp(scaled, e)
+    except OverflowError:
+        return math.inf
 
 def __getattr__(name: str) -> Any:
     # The classes subclass torch.optim.Optimizer, so they are built (and torch imported)
@@ -708,7 +728,12 @@ def _build() -> dict[str, Any]:
             import numpy as np
 
             self._hidden = np.array(H, dtype=np.float64)
-            self._max_norm = float(np.linalg.norm(self._hidden, axis=1).max()) if len(self._hidden) else 0.0
+            self._max_norm = _max_row_norm(self._hidden)
+            if not math.isfinite(self._max_norm):
+                raise ValueError(
+                    "hidden_states must have row norms within the float64 range (largest finite "
+                    f"{np.finfo(np.float64).max:.4g}), got a row of norm beyond it instead."
+                )
             self.optimizer = optimizer
             self.records: list[dict] = []
             self._count = 0
@@ -765,10 +790,17 @@ def _build() -> dict[str, Any]:
                 rms = float(refgeo.hilbert_rms(S, self._hidden))
             # h* = H (s_i - s_j) / D(S), as refgeo.worst_case_hidden_state computes it,
             # from the pair already certified (no second diameter).
-            if pair.value > 0:
-                h_star = (S[pair.i].astype(np.float64) - S[pair.j]) * (self._max_norm / pair.value)
-            else:
+            diff = S[pair.i].astype(np.float64) - S[pair.j]
+            e = scale_exponent_of(float(np.max(np.abs(diff))))
+            if pair.value == 0:
                 h_star = np.zeros(S.shape[1])
+            elif e == 0:
+                h_star = _direction_times(diff, float(pair.value), self._max_norm)
+            else:
+                # a difference far from 1 (subnormal, or near the float64 limit): the
+                # direction from the difference scaled by 2**-e, of norm about 1
+                u = np.ldexp(diff, -e)
+                h_star = _direction_times(u, float(np.linalg.norm(u)), self._max_norm)
             return {
                 "step": int(step),
                 "diameter": float(pair.value),

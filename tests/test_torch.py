@@ -550,6 +550,24 @@ def test_monitor_h_star_is_worst_case_hidden_state():
     assert mon.record(np.zeros((7, 4)), step=2)["h_star"] == [0.0] * 4
 
 
+@pytest.mark.parametrize("panel_scale, step_scale", [
+    (2.0**700, 1.0), (2.0**-700, 1.0), (2.0**700, 2.0**-600), (2.0**-700, 2.0**500), (1.0, 2.0**-1000),
+    (1.0, 2.0**500), (1.0, 1.0)])  # every bound within the float64 range
+def test_monitor_records_stay_finite_for_extreme_hidden_states_and_steps(panel_scale, step_scale):
+    """The hidden-state norm was a plain norm: states of 1e200 gave max_hidden_norm,
+    bound and h_star inf, states of 1e-200 a bound of 0 below the Hilbert RMS."""
+    rng = np.random.default_rng(4)
+    S, panel = rng.standard_normal((6, 3)) * step_scale, rng.standard_normal((4, 3)) * panel_scale
+    W = torch.nn.Parameter(torch.zeros(6, 3, dtype=torch.float64))
+    rec = rtorch.HeadStepMonitor(rtorch.RowNorm([W], lr=0.1), panel).record(torch.from_numpy(S), step=1)
+    H = panel_scale * float(np.linalg.norm(panel / panel_scale, axis=1).max())
+    assert rec["max_hidden_norm"] == pytest.approx(H, rel=1e-15)
+    worst = refgeo.worst_case_hidden_state(S, H=H)
+    np.testing.assert_allclose(rec["h_star"], worst.h, rtol=1e-14, atol=0)
+    assert rec["bound"] == pytest.approx(worst.value, rel=1e-14)
+    assert 0 < rec["hilbert_rms"] <= rec["bound"]
+
+
 # --------------------------------------------------------------------------- DiameterLMO
 
 
