@@ -510,38 +510,48 @@ def train_mlp(Xs, T, hidden, act, epochs, lr, batch, weight_decay, rng, Xv=None,
     hist_train = np.empty(epochs)
     hist_test = np.full(epochs, np.nan)
     batch = n if batch is None else batch
-    for ep in range(epochs):
-        order = rng.permutation(n) if batch < n else np.arange(n)
-        tot = 0.0
-        for s in range(0, n, batch):
-            ib = order[s : s + batch]
-            xb, tb = Xs[ib], T[ib]
-            out, (z, a, da) = mlp_forward(params, xb, act)
-            err = out - tb
-            nb = xb.shape[0]
-            tot += float(np.sum(err * err))
-            g_out = err * (2.0 / (nb * d))
-            gW2 = a.T @ g_out
-            gb2 = g_out.sum(0)
-            g_z = (g_out @ params[2].T) * da
-            gW1 = xb.T @ g_z
-            gb1 = g_z.sum(0)
-            grads = [gW1 + weight_decay * params[0], gb1, gW2 + weight_decay * params[2], gb2]
-            step += 1
-            for p, g, u, v in zip(params, grads, m1, m2):
-                u *= beta1
-                u += (1 - beta1) * g
-                v *= beta2
-                v += (1 - beta2) * g * g
-                uh = u / (1 - beta1**step)
-                vh = v / (1 - beta2**step)
-                p -= lr * uh / (np.sqrt(vh) + eps)
-        hist_train[ep] = tot / (n * d)
-        if Xv is not None and Xv.shape[0]:
-            ov, _ = mlp_forward(params, Xv, act)
-            hist_test[ep] = float(np.mean((ov - Tv) ** 2))
-        if tick is not None:
-            tick()
+    # overflow in a diverging run is reported below as a ValueError naming the learning
+    # rate, not as a stream of RuntimeWarnings
+    with np.errstate(over="ignore", invalid="ignore"):
+        for ep in range(epochs):
+            order = rng.permutation(n) if batch < n else np.arange(n)
+            tot = 0.0
+            for s in range(0, n, batch):
+                ib = order[s : s + batch]
+                xb, tb = Xs[ib], T[ib]
+                out, (z, a, da) = mlp_forward(params, xb, act)
+                err = out - tb
+                nb = xb.shape[0]
+                tot += float(np.sum(err * err))
+                g_out = err * (2.0 / (nb * d))
+                gW2 = a.T @ g_out
+                gb2 = g_out.sum(0)
+                g_z = (g_out @ params[2].T) * da
+                gW1 = xb.T @ g_z
+                gb1 = g_z.sum(0)
+                grads = [gW1 + weight_decay * params[0], gb1, gW2 + weight_decay * params[2], gb2]
+                step += 1
+                for p, g, u, v in zip(params, grads, m1, m2):
+                    u *= beta1
+                    u += (1 - beta1) * g
+                    v *= beta2
+                    v += (1 - beta2) * g * g
+                    uh = u / (1 - beta1**step)
+                    vh = v / (1 - beta2**step)
+                    p -= lr * uh / (np.sqrt(vh) + eps)
+            hist_train[ep] = tot / (n * d)
+            if not (math.isfinite(tot) and all(np.isfinite(p).all() for p in params)):
+                # an overflowing step (too large a learning rate) leaves NaN weights, which
+                # would come back as NaN fits and losses, or as an error about X and Y
+                raise ValueError(
+                    f"learning_rate must be small enough for the MLP's training to converge, got {lr!r} "
+                    f"instead (its loss or weights were not finite after epoch {ep + 1} of {epochs})."
+                )
+            if Xv is not None and Xv.shape[0]:
+                ov, _ = mlp_forward(params, Xv, act)
+                hist_test[ep] = float(np.mean((ov - Tv) ** 2))
+            if tick is not None:
+                tick()
     return params, hist_train, hist_test
 
 

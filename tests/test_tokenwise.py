@@ -747,6 +747,23 @@ def test_mlp_predicts_far_outside_the_training_range_without_warnings(scale):
     np.testing.assert_allclose(fit.predict(Z), _decimal_predict(fit, Z), rtol=1e-9, atol=1e-12 * scale)
 
 
+@pytest.mark.parametrize("lr", [1e100, 1e300])
+def test_a_diverging_mlp_training_is_a_value_error_naming_the_learning_rate(lr):
+    """An overflowing Adam step left NaN weights: fit_tokenwise_mlp returned NaN losses
+    (RuntimeWarnings only), and decompose blamed X and Y."""
+    g = np.random.default_rng(3)
+    X = g.standard_normal((80, 4))
+    Y = X + np.tanh(X)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        with pytest.raises(ValueError, match=r"^learning_rate must be small enough .* got 1e\+[0-9]+ instead"):
+            refgeo.fit_tokenwise_mlp(X, Y, hidden=8, epochs=5, learning_rate=lr, seed=0)
+        with pytest.raises(ValueError, match=r"^learning_rate must be small enough"):
+            refgeo.decompose(X, Y, cls="mlp", mlp_options={"hidden": 8, "epochs": 5, "learning_rate": lr})
+    fit = refgeo.fit_tokenwise_mlp(X, Y, hidden=8, epochs=5, seed=0)  # the default trains
+    assert np.all(np.isfinite(fit.train_loss))
+
+
 def test_mlp_predict_beyond_the_float64_range_is_a_value_error():
     """Rows near the float64 maximum overflowed the pre-activations and came back as
     NaN (with RuntimeWarnings); now a ValueError naming X, and finite rows still work."""
