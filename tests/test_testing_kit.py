@@ -585,6 +585,33 @@ def test_a_coarser_result_does_not_loosen_the_projected_rownorm_tolerance():
     rt.assert_projected_rownorm_close(refgeo.projected_rownorm(G32).astype(np.float32), G32)
 
 
+def test_helpers_name_their_bad_arguments():
+    """Bad arguments of the helpers were AttributeErrors, failed unpackings, IndexErrors
+    and broadcasting errors from deep inside; an empty strategy dict passed having tested
+    nothing; a NaN gradient was skipped silently by the written-out RowNorm steps."""
+    S = np.random.default_rng(0).standard_normal((6, 3))
+    pair, nn = refgeo.row_diameter(S), refgeo.knn(S, 2)
+    cases = [
+        (lambda: rt.assert_extreme_pair_close(pair.value, pair.i, pair.j, "row_diameter", S), TypeError, "reference_pair"),
+        (lambda: rt.assert_extreme_pair_close(pair.value, pair.i, pair.j, pair, S[0]), ValueError, "^S must be a 2-D"),
+        (lambda: rt.assert_knn_close(nn.indices, nn.distances, None, S), TypeError, "^reference must"),
+        (lambda: rt.assert_knn_close(nn.indices, nn.distances, nn, "x"), TypeError, "^X must be a real"),
+        (lambda: rt.assert_knn_close(nn.indices, nn.distances, nn, S, Y=S[:, :2]), ValueError, "^Y must have the 3"),
+        (lambda: rt.assert_knn_close(nn.indices, nn.distances, nn, S[:3]), ValueError, "^reference must be the k-NN"),
+        (lambda: check_against_reference(lambda z, w: 0.0, "hilbert_distance_logits", strategy={}), ValueError,
+         "^strategy must be a hypothesis strategy or a non-empty dict"),
+        (lambda: rt.rownorm_reference_steps(np.ones((3, 2)), np.full((1, 3, 2), np.nan), lr=0.1), ValueError,
+         "^grads must contain only finite values"),
+        (lambda: rt.rownorm_reference_steps(np.full((3, 2), np.inf), np.ones((1, 3, 2)), lr=0.1), ValueError,
+         "^W0 must contain only finite values"),
+    ]
+    for call, exc, pattern in cases:
+        with pytest.raises(exc, match=pattern):
+            call()
+    rt.assert_extreme_pair_close(pair.value, pair.i, pair.j, pair, S)
+    rt.assert_knn_close(nn.indices, nn.distances, nn, S)
+
+
 # --------------------------------------------------------------------------- the report
 
 

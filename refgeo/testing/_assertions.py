@@ -32,7 +32,7 @@ from typing import Any
 
 import numpy as np
 
-from .._validate import check_bool, check_choice, check_real
+from .._validate import check_bool, check_choice, check_finite, check_real
 
 __all__ = [
     "ConformanceError",
@@ -213,6 +213,27 @@ def _input(x: Any) -> np.ndarray:
     if isinstance(x, (list, tuple)) and x and all(hasattr(v, "shape") for v in x):
         return np.stack([as_numpy(v) for v in x])
     return as_numpy(x)
+
+
+def _rows_arg(x: Any, name: str) -> np.ndarray:
+    """An array of rows given to a helper, as NumPy: real and 2-D, or an error naming it
+    (not a failed unpacking or an IndexError further on)."""
+    a = _input(x)
+    if a.dtype.kind not in "fiub":
+        raise TypeError(f"{name} must be a real array of rows, got dtype {a.dtype} instead.")
+    if a.ndim != 2:
+        raise ValueError(f"{name} must be a 2-D array of shape (V, d), got shape {a.shape} instead.")
+    return a
+
+
+def _result_arg(obj: Any, name: str, kind: str, fields: tuple[str, ...]) -> Any:
+    """``obj`` if it has the fields of refgeo's result ``kind``, else a TypeError naming it."""
+    if not all(hasattr(obj, f) for f in fields):
+        raise TypeError(
+            f"{name} must be the reference's result (a refgeo.{kind}, with {', '.join(fields)}), "
+            f"got {type(obj).__name__} instead."
+        )
+    return obj
 
 
 def _check_rule(tie_break: str) -> str:
@@ -666,8 +687,9 @@ def assert_extreme_pair_close(
     """
     _check_tols(rtol, atol)
     tie_break = _check_rule(tie_break)
-    S = _input(S)
+    S = _rows_arg(S, "S")
     V, d = S.shape
+    _result_arg(reference_pair, "reference_pair", "ExtremePair", ("value", "i", "j"))
     ref_v = float(reference_pair.value)
     ri, rj = int(reference_pair.i), int(reference_pair.j)
     expected = {"value": ref_v, "i": ri, "j": rj}
@@ -796,10 +818,17 @@ def assert_knn_close(
     """
     _check_tols(rtol, atol)
     tie_break = _check_rule(tie_break)
-    X = _input(X)
-    B = X if Y is None else _input(Y)
+    X = _rows_arg(X, "X")
+    B = X if Y is None else _rows_arg(Y, "Y")
+    if B.shape[1] != X.shape[1]:
+        raise ValueError(f"Y must have the {X.shape[1]} columns of X, got shape {B.shape} instead.")
+    _result_arg(reference, "reference", "KNNResult", ("indices", "distances"))
     ref_idx = np.asarray(reference.indices)
     ref_dist = np.asarray(reference.distances, dtype=np.float64)
+    if ref_idx.ndim != 2 or ref_idx.shape[0] != X.shape[0]:
+        raise ValueError(
+            f"reference must be the k-NN of the {X.shape[0]} rows of X, got indices of shape {ref_idx.shape} instead."
+        )
     n, k = ref_idx.shape
     d = X.shape[1]
     got_idx = as_numpy(indices)
@@ -1031,6 +1060,9 @@ def _steps_inputs(W0, grads) -> tuple[np.ndarray, np.ndarray]:
             f"grads must have shape (T, V, d) = (T, {W0.shape[0]}, {W0.shape[1]}) with T >= 1 steps, got shape "
             f"{grads.shape} instead."
         )
+    # RowNorm refuses them; the written-out steps skipped a NaN gradient silently
+    check_finite(W0, "W0")
+    check_finite(grads, "grads")
     return W0, grads
 
 

@@ -685,6 +685,9 @@ def check_against_reference(
         raise TypeError(
             f"settings must be a hypothesis.settings object or None, got {type(settings).__name__} instead."
         )
+    if isinstance(strategy, dict) and not strategy:
+        # no scenario would run, and the report would say the candidate agrees
+        raise ValueError("strategy must be a hypothesis strategy or a non-empty dict of them, got {} instead.")
     if strategy is not None:
         for label, value in (strategy.items() if isinstance(strategy, dict) else [("", strategy)]):
             if not isinstance(value, SearchStrategy):
