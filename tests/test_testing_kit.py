@@ -610,6 +610,9 @@ def test_helpers_name_their_bad_arguments():
             call()
     rt.assert_extreme_pair_close(pair.value, pair.i, pair.j, pair, S)
     rt.assert_knn_close(nn.indices, nn.distances, nn, S)
+    Y = 1.1 * S + 0.1  # the neighbors as a KNNResult, as fit_local_maps takes them
+    fit = refgeo.fit_local_maps(S, Y, neighbors=nn, cls="diagonal")
+    rt.assert_local_diagonal_fit_close(fit.fitted, S, Y, nn)
 
 
 # --------------------------------------------------------------------------- the report

@@ -1206,7 +1206,7 @@ def assert_local_diagonal_fit_close(
         The candidate's :math:`A_i x_i`.
     X, Y : ndarray of shape (N, d)
         Hidden states before and after the layer.
-    neighbors : ndarray of int of shape (N, k)
+    neighbors : ndarray of int of shape (N, k) or refgeo.KNNResult
         Neighborhood :math:`N_k(i)` of every token.
     lam : float, default=0.0
         Ridge :math:`\\lambda` towards :math:`A_0 = I`.
@@ -1245,7 +1245,8 @@ def assert_local_diagonal_fit_close(
     lam = check_real(lam, "lam", min_value=0.0)
     X = _input(X)
     Y = _input(Y)
-    nb = _input(neighbors)
+    # a KNNResult as fit_local_maps takes it (as an array it became a 0-d object array)
+    nb = _input(neighbors.indices if hasattr(neighbors, "indices") else neighbors)
     fit = _reference(refgeo.fit_local_maps, X, Y, neighbors=nb, cls="diagonal", ridge=lam, prior="identity")
     expected = np.asarray(fit.fitted, dtype=np.float64)
     got = as_numpy(actual)
