@@ -88,6 +88,15 @@ def _positive_int(value: Any, name: str, min_value: int) -> int:
     return out
 
 
+def _group_index(optimizer: Any, group: Any) -> int:
+    """``group`` as an index of ``optimizer.param_groups``, or an error naming it (a bad
+    index was an IndexError, or silently None where the groups are looked up by key)."""
+    group = check_int(group, "group", min_value=0)
+    if group >= len(optimizer.param_groups):
+        raise ValueError(f"group must be in [0, {len(optimizer.param_groups) - 1}], got {group} instead.")
+    return group
+
+
 def _check_unit_interval(value: Any, name: str) -> float:
     value = check_real(value, name, min_value=0.0)
     if not value < 1.0:
@@ -437,7 +446,7 @@ def _build() -> dict[str, Any]:
         def last_step(self, group: int = 0) -> Any:
             """The step :math:`S_t` of the last call for param group ``group`` (weight decay
             excluded), a tensor of the parameter's shape; None before the first step."""
-            p = self.param_groups[group]["params"][0]
+            p = self.param_groups[_group_index(self, group)]["params"][0]
             state = self.state.get(p)
             return None if not state else state["last_step"].clone()
 
@@ -579,13 +588,15 @@ def _build() -> dict[str, Any]:
             return loss
 
         def last_result(self, group: int = 0) -> Any:
-            """The :class:`refgeo.LMOResult` of the last solve of param group ``group``."""
-            solver = self._solvers.get(group)
+            """The :class:`refgeo.LMOResult` of the last solve of param group ``group``
+            (None before the first)."""
+            solver = self._solvers.get(_group_index(self, group))
             return None if solver is None else solver.last_result
 
         def last_step(self, group: int = 0) -> Any:
             """The step of the last call (weight decay excluded), float64, on the parameter's
             device; None before the first step."""
+            group = _group_index(self, group)
             solver = self._solvers.get(group)
             S = None if solver is None else solver.last_step()
             p = self.param_groups[group]["params"][0]
@@ -701,12 +712,8 @@ def _build() -> dict[str, Any]:
                     f"got {type(optimizer).__name__} instead."
                 )
             self.every = _positive_int(every, "every", 1)
-            self.group = _positive_int(group, "group", 0)
+            self.group = _group_index(optimizer, group)
             self.n_threads = None if n_threads is None else _positive_int(n_threads, "n_threads", 1)
-            if self.group >= len(optimizer.param_groups):
-                raise ValueError(
-                    f"group must be in [0, {len(optimizer.param_groups) - 1}], got {self.group} instead."
-                )
             # tensors as their host values (bfloat16 as exact float32, autograd history
             # ignored); integer, complex and meta tensors are TypeErrors naming the argument
             hidden_states, _ = from_foreign(hidden_states, "hidden_states", host=True)
@@ -769,6 +776,7 @@ def _build() -> dict[str, Any]:
 
             from ._threads import blas_single_thread
 
+            step = check_int(step, "step")
             S, _ = from_foreign(S, "S", host=True)
             # S may come from the caller: a 1-D or 3-D S, or a list, is a ValueError
             # naming S rather than a failed unpacking or a missing attribute

@@ -568,6 +568,28 @@ def test_monitor_records_stay_finite_for_extreme_hidden_states_and_steps(panel_s
     assert 0 < rec["hilbert_rms"] <= rec["bound"]
 
 
+@pytest.mark.parametrize("make", [lambda W: rtorch.RowNorm([W], lr=0.1), lambda W: rtorch.DiameterLMO([W], lr=0.1)])
+def test_bad_group_indices_and_steps_are_named(make):
+    """last_step(5) was an IndexError, DiameterLMO.last_result(1) / (-1) / (True) None;
+    HeadStepMonitor.record(step=1.5) recorded step 1."""
+    W = torch.nn.Parameter(torch.zeros(4, 2, dtype=torch.float64))
+    opt = make(W)
+    methods = [opt.last_step] + ([opt.last_result] if hasattr(opt, "last_result") else [])
+    for method in methods:
+        assert method(0) is None  # before the first step
+        with pytest.raises(ValueError, match=r"^group must be in \[0, 0\], got 5 instead"):
+            method(5)
+        with pytest.raises(ValueError, match="^group == -1"):
+            method(-1)
+        with pytest.raises(TypeError, match="^group must be an integer"):
+            method(True)
+    mon = rtorch.HeadStepMonitor(opt, np.eye(2))
+    for bad in (None, 1.5, "1", True):
+        with pytest.raises(TypeError, match="^step must be an integer"):
+            mon.record(np.eye(4, 2), step=bad)
+    assert mon.record(np.eye(4, 2), step=3)["step"] == 3
+
+
 # --------------------------------------------------------------------------- DiameterLMO
 
 
