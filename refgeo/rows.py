@@ -1145,6 +1145,8 @@ def _to_numpy(x):
     """A NumPy view/copy of an array-API array (DLPack; CuPy goes through the host)."""
     if is_numpy_array(x):
         return x
+    if is_dask_array(x):  # the solver's many passes run on one in-memory copy
+        return np.asarray(x.compute())
     if hasattr(x, "get"):  # CuPy
         return x.get()
     return np.from_dlpack(x)
@@ -1206,7 +1208,9 @@ def covering_radius(S: Any, /, *, tol: float = 1e-10, max_iter: int = 100_000) -
     attaining the upper end.  Time O(V d) per iteration, extra memory O(V d) (a
     float64 copy).  Invariant under translation (the center moves along), orthogonal
     maps and permutations; scales with :math:`|\alpha|`.  Computed with NumPy for
-    every input namespace; the center and weights are returned in the input's.  float64
+    every input namespace (a Dask array is computed into that one copy: the solver
+    passes over the rows many times); the center and weights are returned in the
+    input's.  float64
     rows beyond ``[2**-64, 2**65)`` in magnitude are solved scaled by a power of two
     (exact), as in :func:`row_diameter`.
 

@@ -483,6 +483,16 @@ def test_dask_and_numpy_rows_together(client):
         _same_rows(want, got)
 
 
+def test_covering_radius_of_dask_rows_is_the_one_of_numpy_rows(client):
+    # it passed the Dask array to DLPack (AttributeError: no __dlpack__)
+    S = _rows(7, 40, 5, np.float64, ties=True)
+    want = refgeo.covering_radius(S)
+    got = refgeo.covering_radius(da.from_array(S, chunks=(9, 5)))
+    assert (got.radius, got.lower_bound, got.n_iter) == (want.radius, want.lower_bound, want.n_iter)
+    np.testing.assert_array_equal(np.asarray(got.center), want.center)
+    np.testing.assert_array_equal(np.asarray(got.weights), want.weights)
+
+
 def test_mixed_dtypes(client):
     X = _rows(2, 20, 4, np.float32, ties=False)
     Y = _rows(3, 25, 4, np.float64, ties=False)
