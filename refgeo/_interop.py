@@ -35,7 +35,7 @@ import sys
 from typing import Any
 
 import numpy as np
-from array_api_compat import is_jax_array, is_numpy_array, is_torch_array
+from array_api_compat import is_cupy_array, is_jax_array, is_numpy_array, is_torch_array
 
 __all__ = [
     "Origin",
@@ -297,6 +297,6 @@ def to_host(a: Any) -> Any:
     fed back in): zero-copy for CPU tensors and NumPy, a host copy otherwise."""
     if is_torch_array(a):
         return a.detach().cpu().numpy()
-    if hasattr(a, "get") and not is_numpy_array(a):  # CuPy
+    if is_cupy_array(a):
         return a.get()
     return np.asarray(a)

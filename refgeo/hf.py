@@ -693,6 +693,11 @@ def embedding_readout(model: Any, /) -> Callable:
         ``readout(h)`` maps a tensor (..., d) to logits (..., V) in the model's dtype.
     """
     _check_model(model)
+    if not callable(getattr(model, "get_input_embeddings", None)):
+        raise TypeError(
+            "model must be a Hugging Face model with get_input_embeddings(), got "
+            f"{type(model).__name__} instead."
+        )
     emb = model.get_input_embeddings()
     if emb is None or not hasattr(emb, "weight"):
         raise ValueError(f"{type(model).__name__} has no input embedding matrix.")

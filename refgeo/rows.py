@@ -86,7 +86,7 @@ import math
 from typing import Any
 
 import numpy as np
-from array_api_compat import array_namespace, is_dask_array, is_numpy_array
+from array_api_compat import array_namespace, is_cupy_array, is_dask_array, is_numpy_array
 
 from . import _backend, _dask, _duplicates, _engine, _memory, _progress, _reference, _tiled
 from ._certify import (
@@ -1147,7 +1147,7 @@ def _to_numpy(x):
         return x
     if is_dask_array(x):  # the solver's many passes run on one in-memory copy
         return np.asarray(x.compute())
-    if hasattr(x, "get"):  # CuPy
+    if is_cupy_array(x):
         return x.get()
     return np.from_dlpack(x)
 

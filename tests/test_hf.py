@@ -259,6 +259,8 @@ def test_bad_arguments(gpt2, bert):
         hf.intervene(gpt2, ids, layer=0, states=np.zeros((3, 16)))
     with pytest.raises(ValueError, match="probe"):
         hf.intervene(gpt2, ids, layer=0, states=np.zeros((10, 16)), probe=np.array([10]))
+    with pytest.raises(TypeError, match="^model must be a Hugging Face model with get_input_embeddings"):
+        hf.embedding_readout(torch.nn.Linear(2, 2))  # was an AttributeError
     bad = np.zeros((10, 16))
     bad[3, 2], bad[4, 0] = np.nan, np.inf
     with pytest.raises(ValueError, match=re.escape("states must contain only finite values, got 1 NaN and 1 infinite")):

@@ -1028,6 +1028,8 @@ def test_errors_name_the_argument():
         (dict(weights=-np.ones((10, 2))), ValueError, "weights must be non-negative, got min -1 instead."),
         (dict(weights=np.ones((10, 3))), ValueError, "weights must have shape (10, 2) (N, k), got shape (10, 3) instead."),
         (dict(neighbors=np.zeros((9, 2), int), k=None), ValueError, "neighbors must be an integer array of shape (N, k)"),
+        # an object with a .get method was taken for a CuPy array (TypeError from dict.get)
+        (dict(neighbors={}, k=None), ValueError, "neighbors must be an integer array of shape (N, k)"),
         (dict(exclude_self=1), TypeError, "exclude_self must be a bool, got int instead."),
     ]
     for over, exc, msg in cases:
