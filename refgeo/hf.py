@@ -635,7 +635,7 @@ def model_logits(
         if seq.shape != pos.shape or vals is None or vals.ndim != 2 or vals.shape[0] != seq.shape[0]:
             raise ValueError("sequence, position and states must have matching lengths n ((n,), (n,), (n, d)).")
         if seq.size:
-            vals = _check_states(vals, seq.size, _d_model(model, batch, blks), "states")
+            vals = _check_states(vals, seq.size, _d_model(model, batch, blks), "states", model)
             T = batch.ids.shape[1]
             if seq.min() < 0 or seq.max() >= batch.ids.shape[0] or pos.min() < 0 or pos.max() >= T:
                 raise ValueError("sequence and position must index entries of input_ids.")
@@ -795,11 +795,22 @@ def _host_states(P, name):
     return P
 
 
-def _check_states(P, n, d, name):
+def _check_states(P, n, d, name, model):
     P = _host_states(P, name)
     if P.ndim != 2 or P.shape != (n, d):
         raise ValueError(f"{name} must be a float array of shape ({n}, {d}), got shape {P.shape} instead.")
     check_finite(P, name)
+    # written into the model's own dtype: a float32 model turned states of 1e39 into inf,
+    # and then NaN logits (or an error blaming the model's logits)
+    import torch
+
+    dtype = next(model.parameters()).dtype
+    top = float(np.max(np.abs(P))) if P.size else 0.0
+    if dtype.is_floating_point and top > torch.finfo(dtype).max:
+        raise ValueError(
+            f"{name} must be within the range of the model's dtype {str(dtype).replace('torch.', '')} "
+            f"(largest finite {torch.finfo(dtype).max:.4g}), got an entry of magnitude {top:.4g} instead."
+        )
     return P
 
 
@@ -879,7 +890,7 @@ def intervene(
     batch = _batch(model, input_ids, attention_mask)
     n = batch.sequence.shape[0]
     d = _d_model(model, batch, blks)
-    P = _check_states(states, n, d, "states")
+    P = _check_states(states, n, d, "states", model)
     probe = _check_probe(probe, n, seed)
     plan = _passes(batch, probe, batch_size)
     total = sum(1 + len(g) for *_, g in plan)

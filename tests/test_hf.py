@@ -261,6 +261,10 @@ def test_bad_arguments(gpt2, bert):
         hf.intervene(gpt2, ids, layer=0, states=np.zeros((10, 16)), probe=np.array([10]))
     with pytest.raises(TypeError, match="^model must be a Hugging Face model with get_input_embeddings"):
         hf.embedding_readout(torch.nn.Linear(2, 2))  # was an AttributeError
+    with pytest.raises(ValueError, match=r"^states must be within the range of the model's dtype float32 \(largest"):
+        hf.intervene(gpt2, ids, layer=0, states=np.full((10, 16), 1e39))  # NaN logits, an error blaming them
+    with pytest.raises(ValueError, match=r"^states must be within the range of the model's dtype float32"):
+        hf.model_logits(gpt2, ids, layer=0, sequence=[0], position=[0], states=np.full((1, 16), -1e39))
     bad = np.zeros((10, 16))
     bad[3, 2], bad[4, 0] = np.nan, np.inf
     with pytest.raises(ValueError, match=re.escape("states must contain only finite values, got 1 NaN and 1 infinite")):
