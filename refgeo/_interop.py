@@ -296,7 +296,14 @@ def to_host(a: Any) -> Any:
     """A NumPy array of an array result of any framework (results of earlier calls
     fed back in): zero-copy for CPU tensors and NumPy, a host copy otherwise."""
     if is_torch_array(a):
-        return a.detach().cpu().numpy()
+        t = a.detach().cpu()
+        if t.is_floating_point() and t.element_size() < 4:
+            # bfloat16, float16 and float8 have no NumPy dtype (torch's "Got unsupported
+            # ScalarType"); float32 holds their values exactly, as in from_foreign
+            import torch
+
+            t = t.to(torch.float32)
+        return t.numpy()
     if is_cupy_array(a):
         return a.get()
     return np.asarray(a)

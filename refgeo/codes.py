@@ -887,7 +887,8 @@ def lattice_ball(V: int, lattice: str, /, *, center: Any = None) -> np.ndarray:
     V = check_int(V, "V", min_value=1, max_value=1_000_000)
     if lat.ball is None:
         raise ValueError(f"lattice {lattice!r} offers its minimal vectors only (minimal_vectors), not balls.")
-    c = np.zeros(lat.dim) if center is None else as_float_array(center, "center", ndim=1)
+    c = np.zeros(lat.dim) if center is None else as_float_array(from_foreign(center, "center", host=True)[0],
+                                                                 "center", ndim=1)
     c = np.asarray(c, dtype=np.float64)
     if c.shape != (lat.dim,):
         raise ValueError(f"center must have shape ({lat.dim},), got shape {c.shape} instead.")

@@ -780,12 +780,15 @@ def spread(
                              "Use method='smooth' (or 'auto') for this V.")
     if not (isinstance(certify, str) and certify == "auto"):
         if not isinstance(certify, (bool, np.bool_)):
-            raise ValueError(f"certify must be True, False or 'auto', got {certify!r} instead.")
+            # another string is a wrong value; 1 or None a wrong type (bool(1) hid typos)
+            err = ValueError if isinstance(certify, str) else TypeError
+            raise err(f"certify must be True, False or 'auto', got {certify!r} instead.")
         certify = bool(certify)  # np.True_ would fail the `certify is True` test below
     user_X = None
     if isinstance(init, str):
         init = check_choice(init, "init", _INITS)
     else:
+        init, _ = from_foreign(init, "init", host=True)  # a bfloat16 tensor as float32
         user_X = as_float_array(init, "init", ndim=2, shape_hint="2-D array of shape (V, d)")
         user_X = np.array(user_X, dtype=np.float64)
         if user_X.shape != (V, d):

@@ -506,3 +506,21 @@ def test_jax_parameters_are_refused():
     jax = pytest.importorskip("jax")
     with pytest.raises(TypeError, match="JAX array instead, which cannot be updated in place"):
         refgeo.RowNorm(lr=0.1).step(jax.numpy.zeros(GC.shape), GC)
+
+
+@pytest.mark.parametrize("half", [torch.bfloat16, torch.float16])
+def test_half_tensors_as_secondary_arguments_read_as_float32(half):
+    """spread(init=), lattice_ball(center=) and the fields of diameter_lmo's warm start
+    read low-precision tensors as the exact float32 arrays (torch's "Got unsupported
+    ScalarType BFloat16" named no argument)."""
+    init = torch.tensor([[0.0, 1.0], [1.0, 0.0], [0.5, 0.5], [0.25, 0.75], [1.0, 1.0]], dtype=half)
+    want = refgeo.spread(5, 2, init=init.float().numpy(), method="smooth", max_time=5.0, seed=0)
+    got = refgeo.spread(5, 2, init=init, method="smooth", max_time=5.0, seed=0)
+    assert got.ratio == want.ratio
+    center = torch.tensor([0.5, 0.25, 0.0, 0.0], dtype=half)
+    np.testing.assert_array_equal(refgeo.lattice_ball(7, "D4", center=center),
+                                  refgeo.lattice_ball(7, "D4", center=center.float().numpy()))
+    G = GC.astype(np.float64)
+    first = refgeo.diameter_lmo(G)
+    warm = dataclasses.replace(first, update=torch.from_numpy(np.array(first.update)).to(half))
+    assert np.isfinite(refgeo.diameter_lmo(G, warm_start=warm).gap)
