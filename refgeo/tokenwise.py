@@ -1985,6 +1985,7 @@ def output_perturbation(
     lp = _call_logits(logits_fn, Ho, lead, "logits_fn(H_orig)", origin, input_origin)
     if mode == "all":
         lq = _call_logits(logits_fn, Hp, lead, "logits_fn(H_patched)", origin, input_origin)
+        _check_vocabulary(lp, lq, "logits_fn(H_patched)")
         return to_caller(_divergence(lp, lq, divergence), origin)
     T = lead[-1]
     out = np.empty(lead, dtype=np.float64)
@@ -1992,9 +1993,19 @@ def output_perturbation(
         H = Ho.copy()
         H[..., t, :] = Hp[..., t, :]
         lq = _call_logits(logits_fn, H, lead, "logits_fn(H)", origin, input_origin)
+        _check_vocabulary(lp, lq, "logits_fn(H)")
         dv = _divergence(lp, lq, divergence)
         out[..., t] = dv[..., t] if readout == "self" else np.sum(dv, axis=-1)
     return to_caller(out, origin)
+
+
+def _check_vocabulary(lp, lq, name):
+    # both calls' logits over one vocabulary (else a broadcasting error naming no call)
+    if lq.shape != lp.shape:
+        raise ValueError(
+            f"{name} must return logits of the shape of logits_fn(H_orig), {lp.shape}, got shape "
+            f"{lq.shape} instead."
+        )
 
 
 # ----------------------------------------------------------------- Spearman

@@ -1175,6 +1175,17 @@ def test_perturbation_and_spearman_errors():
         refgeo.output_perturbation(lambda h: h[0], H, H)
     with pytest.raises(ValueError, match=re.escape("logits_fn(H_orig) must contain only finite values")):
         refgeo.output_perturbation(lambda h: h + np.nan, H, H)
+    # a vocabulary that changes between the calls was a broadcasting error naming no call
+    for mode, name in (("all", "logits_fn(H_patched)"), ("per_token", "logits_fn(H)")):
+        calls = []
+
+        def varying(h):
+            calls.append(1)
+            return np.hstack([h] * (2 if len(calls) == 1 else 1))
+
+        with pytest.raises(ValueError, match=re.escape(f"{name} must return logits of the shape of "
+                                                       "logits_fn(H_orig), (2, 6), got shape (2, 3) instead.")):
+            refgeo.output_perturbation(varying, H, H, mode=mode)
     with pytest.raises(ValueError, match=re.escape("a and b must have the same shape, got shapes (3,) and (2,) instead.")):
         refgeo.spearman([1, 2, 3], [1, 2])
     with pytest.raises(ValueError, match=re.escape("a must have at least 2 entries, got shape (1,) instead.")):
