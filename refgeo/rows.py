@@ -848,20 +848,21 @@ def farthest_partners(
     )
 
 
-def _one_namespace(X, Y):
-    """``(X, Y)`` in one array namespace: a NumPy matrix next to a Dask one becomes a
+def _one_namespace(X, Y, names=("X", "Y")):
+    """``(X, Y)`` in one array namespace: a NumPy array next to a Dask one becomes a
     Dask array of one row chunk per 8192 rows (the other kinds cannot meet: a
     ``TypeError`` naming both)."""
     if is_dask_array(X) != is_dask_array(Y) and (is_numpy_array(X) or is_numpy_array(Y)):
         import dask.array as da
 
-        return tuple(A if is_dask_array(A) else da.from_array(A, chunks=(8192, -1)) for A in (X, Y))
+        return tuple(A if is_dask_array(A) else da.from_array(A, chunks=(8192,) + (-1,) * (A.ndim - 1))
+                     for A in (X, Y))
     try:
         array_namespace(X, Y)
     except TypeError:
         raise TypeError(
-            f"X and Y must be arrays of one kind, got {type(X).__module__}.{type(X).__name__} and "
-            f"{type(Y).__module__}.{type(Y).__name__} instead; move one to the other's library first."
+            f"{names[0]} and {names[1]} must be arrays of one kind, got {type(X).__module__}.{type(X).__name__} "
+            f"and {type(Y).__module__}.{type(Y).__name__} instead; move one to the other's library first."
         ) from None
     return X, Y
 
@@ -1514,6 +1515,7 @@ def hilbert_rms(S: Any, hidden: Any, /) -> float:
     hidden, _ = from_foreign(hidden, "hidden")
     S = as_float_array(S, "S", ndim=2, shape_hint="2-D array of shape (V, d)")
     hidden = as_float_array(hidden, "hidden", ndim=(1, 2))
+    S, hidden = _one_namespace(S, hidden, ("S", "hidden"))
     xp = array_namespace(S, hidden)
     Hm = f64(xp, hidden)
     if Hm.ndim == 1:
@@ -1631,6 +1633,7 @@ def backward_bound(S: Any, r: Any, /):
             f"r must have {S.shape[0]} entries per residual (one per row of S), got shape "
             f"{tuple(r.shape)} instead."
         )
+    S, r = _one_namespace(S, r, ("S", "r"))
     xp = array_namespace(S, r)
     r64 = f64(xp, r)
     # residuals prescaled by a power of two (exact) and D split into mantissa and

@@ -493,6 +493,17 @@ def test_covering_radius_of_dask_rows_is_the_one_of_numpy_rows(client):
     np.testing.assert_array_equal(np.asarray(got.weights), want.weights)
 
 
+def test_hilbert_rms_and_backward_bound_of_dask_rows_next_to_numpy_arrays(client):
+    # a NumPy panel or residual next to Dask rows was array_api_compat's "Multiple
+    # namespaces" TypeError; it is wrapped as a Dask array, as knn's Y is
+    g = np.random.default_rng(8)
+    S, H, r, R = g.standard_normal((30, 4)), g.standard_normal((7, 4)), g.standard_normal(30), g.standard_normal((3, 30))
+    D = da.from_array(S, chunks=(10, 4))
+    assert refgeo.hilbert_rms(D, H) == refgeo.hilbert_rms(S, H)
+    assert refgeo.backward_bound(D, r) == refgeo.backward_bound(S, r)
+    np.testing.assert_array_equal(np.asarray(refgeo.backward_bound(D, R)), refgeo.backward_bound(S, R))
+
+
 def test_mixed_dtypes(client):
     X = _rows(2, 20, 4, np.float32, ties=False)
     Y = _rows(3, 25, 4, np.float64, ties=False)
