@@ -885,6 +885,9 @@ def lattice_ball(V: int, lattice: str, /, *, center: Any = None) -> np.ndarray:
     """
     lat = _lattice_name(lattice)
     V = check_int(V, "V", min_value=1, max_value=1_000_000)
+    # before the center of length n is allocated (NumPy's "Maximum allowed dimension
+    # exceeded" for D<n> with n near 1e19 named no argument)
+    _check_size(f"lattice_ball({V}, {lattice!r})", V, lat.dim, advice="Ask for fewer points V or a lattice D<n> of smaller n.")
     if lat.ball is None:
         raise ValueError(f"lattice {lattice!r} offers its minimal vectors only (minimal_vectors), not balls.")
     c = np.zeros(lat.dim) if center is None else as_float_array(from_foreign(center, "center", host=True)[0],

@@ -225,7 +225,11 @@ def find_blocks(model: Any, blocks: Any = None, /) -> tuple[str, tuple]:
             if not isinstance(found, (torch.nn.ModuleList, list, tuple)) or len(found) == 0:
                 raise ValueError(f"blocks must name a non-empty list of modules of the model, {blocks!r} does not.")
             return blocks, tuple(found)
-        mods = tuple(blocks)
+        try:
+            mods = tuple(blocks)
+        except TypeError:  # not iterable: an int or a float
+            raise TypeError("blocks must be a dotted path or a non-empty sequence of torch.nn.Module, got "
+                            f"{type(blocks).__name__} instead.") from None
         if not mods or not all(isinstance(b, torch.nn.Module) for b in mods):
             raise TypeError("blocks must be a dotted path or a non-empty sequence of torch.nn.Module.")
         owned = {id(m) for m in model.modules()}
@@ -482,6 +486,8 @@ def _check_layers(layers, n_states, name):
         return tuple(range(n_states))
     if isinstance(layers, (int, np.integer)):
         layers = (layers,)
+    if isinstance(layers, (str, bytes)) or not hasattr(layers, "__iter__"):
+        raise TypeError(f"{name} must be None, an int or a sequence of ints, got {type(layers).__name__} instead.")
     out = tuple(check_int(v, f"{name}[{i}]", min_value=0, max_value=n_states - 1) for i, v in enumerate(layers))
     if not out or len(set(out)) != len(out):
         raise ValueError(f"{name} must be non-empty and hold no repeats, got {list(layers)} instead.")

@@ -472,6 +472,10 @@ def _memory_error(what: str, parts: str, advice: str) -> str:
     (lambda: refgeo.delsarte_goethals_code(4**32, 5), "delsarte_goethals_code(18446744073709551616, V=5)",
      "671088640.0 TiB (result (5 x 18446744073709551616 float64): 671088640.0 TiB)",
      "Ask for fewer rows V or a smaller d."),
+    # a center of n zeros was allocated first (NumPy's "Maximum allowed dimension exceeded")
+    (lambda: refgeo.lattice_ball(5, "D10000000000000000000"), "lattice_ball(5, 'D10000000000000000000')",
+     "363797880.7 TiB (result (5 x 10000000000000000000 float64): 363797880.7 TiB)",
+     "Ask for fewer points V or a lattice D<n> of smaller n."),
     (lambda: refgeo.minimal_vectors("D100000"), "minimal_vectors('D100000')",
      "29103.5 TiB (19999800000 vectors of length 100000 (float64, built and copied): 29103.5 TiB)",
      "Ask for a lattice D<n> of smaller n."),

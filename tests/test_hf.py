@@ -259,6 +259,13 @@ def test_bad_arguments(gpt2, bert):
         hf.intervene(gpt2, ids, layer=0, states=np.zeros((3, 16)))
     with pytest.raises(ValueError, match="probe"):
         hf.intervene(gpt2, ids, layer=0, states=np.zeros((10, 16)), probe=np.array([10]))
+    # not iterable: "'int' object is not iterable"
+    with pytest.raises(TypeError, match="^blocks must be a dotted path or a non-empty sequence of torch.nn.Module, got int"):
+        hf.find_blocks(gpt2, 3)
+    with pytest.raises(TypeError, match="^layers must be None, an int or a sequence of ints, got float instead"):
+        hf.hidden_states(gpt2, ids, layers=1.0)
+    with pytest.raises(TypeError, match="^layers must be None, an int or a sequence of ints, got str instead"):
+        hf.tokenwise_protocol(gpt2, ids, layers="01", cls="diagonal", k=3)
     with pytest.raises(TypeError, match="^model must be a Hugging Face model with get_input_embeddings"):
         hf.embedding_readout(torch.nn.Linear(2, 2))  # was an AttributeError
     with pytest.raises(ValueError, match=r"^states must be within the range of the model's dtype float32 \(largest"):

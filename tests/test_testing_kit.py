@@ -600,6 +600,8 @@ def test_helpers_name_their_bad_arguments():
         (lambda: rt.assert_knn_close(nn.indices, nn.distances, nn, S[:3]), ValueError, "^reference must be the k-NN"),
         (lambda: check_against_reference(lambda z, w: 0.0, "hilbert_distance_logits", strategy={}), ValueError,
          "^strategy must be a hypothesis strategy or a non-empty dict"),
+        (lambda: check_against_reference(lambda S: (0.0, 0, 1), "row_diameter", dtypes=3), TypeError,
+         "^dtypes must be a dtype or a sequence"),
         (lambda: rt.rownorm_reference_steps(np.ones((3, 2)), np.full((1, 3, 2), np.nan), lr=0.1), ValueError,
          "^grads must contain only finite values"),
         (lambda: rt.rownorm_reference_steps(np.full((3, 2), np.inf), np.ones((1, 3, 2)), lr=0.1), ValueError,

@@ -141,7 +141,12 @@ def _size_range(value: Any, name: str, minimum: int) -> tuple[int, int]:
 
 
 def _dtypes(value: Any) -> tuple[np.dtype, ...]:
-    items = [value] if isinstance(value, (str, type, np.dtype)) else list(value)
+    if isinstance(value, (str, type, np.dtype)):
+        items = [value]
+    elif hasattr(value, "__iter__"):
+        items = list(value)
+    else:  # list(3) said "'int' object is not iterable"
+        raise TypeError(f"dtypes must be a dtype or a sequence of float32/float64 dtypes, got {value!r} instead.")
     out = []
     for item in items:
         try:
