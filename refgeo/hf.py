@@ -721,11 +721,16 @@ def _check_probe(probe, n, seed):
     if probe is None:
         return np.arange(n, dtype=np.int64)
     if isinstance(probe, (int, np.integer)) and not isinstance(probe, bool):
-        m = check_int(probe, "probe", min_value=1)
-        m = min(m, n)
+        # at most n: a larger m was clamped to n silently
+        m = check_int(probe, "probe", min_value=1, max_value=n)
         return np.sort(np.random.default_rng(seed).choice(n, size=m, replace=False)).astype(np.int64)
     p = np.asarray(probe)
-    if p.ndim != 1 or p.size == 0 or p.dtype.kind not in "iu":
+    if p.dtype.kind not in "iu" and (p.size or p.ndim == 0):
+        raise TypeError(
+            "probe must be None, a number of tokens, or a 1-D array of integer token indices, got "
+            f"{type(probe).__name__} of dtype {p.dtype} instead."
+        )
+    if p.ndim != 1 or p.size == 0:
         raise ValueError("probe must be None, a number of tokens, or a non-empty 1-D array of token indices.")
     if p.min() < 0 or p.max() >= n or np.unique(p).size != p.size:
         raise ValueError(f"probe must hold unique token indices in [0, {n}).")
@@ -855,8 +860,8 @@ def intervene(
         :func:`hidden_states`), e.g. ``result.patched(h_l)`` of
         :func:`refgeo.decompose`; only the probed rows are used.
     probe : None, int or array_like of int, default=None
-        The tokens to intervene on: all (None), ``m`` tokens drawn uniformly without
-        replacement with ``seed``, or the given token indices.
+        The tokens to intervene on: all (None), ``m <= N`` tokens drawn uniformly
+        without replacement with ``seed``, or the given token indices.
     seed : int, default=0
         Seed of the draw of ``m`` probed tokens (unused otherwise).
     divergence : {"kl", "reverse_kl", "js"}, default="kl"

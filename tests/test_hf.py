@@ -259,6 +259,10 @@ def test_bad_arguments(gpt2, bert):
         hf.intervene(gpt2, ids, layer=0, states=np.zeros((3, 16)))
     with pytest.raises(ValueError, match="probe"):
         hf.intervene(gpt2, ids, layer=0, states=np.zeros((10, 16)), probe=np.array([10]))
+    with pytest.raises(ValueError, match=re.escape("probe == 11, must be <= 10.")):  # was clamped to 10
+        hf.intervene(gpt2, ids, layer=0, states=np.zeros((10, 16)), probe=11)
+    with pytest.raises(TypeError, match="^probe must be None, a number of tokens, or a 1-D array of integer"):
+        hf.intervene(gpt2, ids, layer=0, states=np.zeros((10, 16)), probe=2.0)
     # not iterable: "'int' object is not iterable"
     with pytest.raises(TypeError, match="^blocks must be a dotted path or a non-empty sequence of torch.nn.Module, got int"):
         hf.find_blocks(gpt2, 3)
