@@ -1407,6 +1407,20 @@ def fit_tokenwise_mlp(
         return _fit_mlp(X, Y, hidden, activation, tf, epochs, lr, batch_size, wd, seed, tick=bar.advance)
 
 
+def _mlp_options_dict(mlp_options) -> dict:
+    """``mlp_options`` as a dict of keywords of :func:`fit_tokenwise_mlp` (None: empty)."""
+    if mlp_options is not None and not isinstance(mlp_options, Mapping):
+        raise TypeError(
+            f"mlp_options must be a mapping of keywords of fit_tokenwise_mlp, got "
+            f"{type(mlp_options).__name__} instead."
+        )
+    opts = dict(mlp_options or {})
+    bad = sorted(set(opts) - set(_MLP_DEFAULTS))
+    if bad:
+        raise TypeError(f"mlp_options must hold keywords of fit_tokenwise_mlp, got unknown {bad} instead.")
+    return opts
+
+
 def _check_mlp_options(n, hidden, activation, train_fraction, epochs, learning_rate, batch_size, weight_decay,
                        seed):
     """The validated MLP options, in the order of :func:`_fit_mlp` (before any report or work)."""
@@ -1668,16 +1682,7 @@ def decompose(
         check_int(chunk_size, "chunk_size", min_value=1, allow_none=True)
         check_bool(standardize, "standardize")
         check_bool(exclude_self, "exclude_self")
-        if mlp_options is not None and not isinstance(mlp_options, Mapping):
-            raise TypeError(
-                f"mlp_options must be a mapping of keywords of fit_tokenwise_mlp, got "
-                f"{type(mlp_options).__name__} instead."
-            )
-        opts = dict(mlp_options or {})
-        bad = sorted(set(opts) - set(_MLP_DEFAULTS))
-        if bad:
-            raise TypeError(f"mlp_options must hold keywords of fit_tokenwise_mlp, got unknown {bad} instead.")
-        opts = {**_MLP_DEFAULTS, **opts}
+        opts = {**_MLP_DEFAULTS, **_mlp_options_dict(mlp_options)}
         checked = _check_mlp_options(n, **opts)
         hidden, epochs = checked[0], checked[3]
         parts = {"fitted values (N, d)": f * n * d, "the MLP's (N, hidden) activations": 4 * f * n * hidden,
@@ -1685,6 +1690,7 @@ def decompose(
         _memory.check_memory(what, parts, "Pass fewer tokens per call, or a smaller hidden width in mlp_options.")
         n_steps = epochs + 1 + int(baselines)
     else:
+        _mlp_options_dict(mlp_options)  # unused, but a wrong kind of value is still a mistake of the call
         plan = _plan_fit(X, k, cls, rank, ridge, prior, metric, standardize, exclude_self, weights, neighbors,
                          chunk_size, False)
         _check_relative_size(*sizes)
@@ -2130,7 +2136,8 @@ def layer_report(
             raise TypeError(f"results[{i}] must be a TokenwiseResult, got {type(r).__name__} instead.")
     n = len(results)
     for name, seq in (("perturbations", perturbations), ("layers", layers)):
-        if seq is not None and not hasattr(seq, "__len__"):
+        # a string has a length too: layers="abc" labelled three layers 'a', 'b', 'c'
+        if seq is not None and (not hasattr(seq, "__len__") or isinstance(seq, (str, bytes))):
             raise TypeError(f"{name} must be None or a sequence with one entry per result, got "
                             f"{type(seq).__name__} instead.")
         if seq is not None and len(seq) != n:

@@ -1085,6 +1085,21 @@ def test_numpy_integer_options_fit_like_python_ints(cls):
     np.testing.assert_array_equal(fit.fitted, refgeo.fit_local_maps(X, Y, k=20, cls=cls, **kw).fitted)
 
 
+def test_other_classes_check_mlp_options_and_layer_report_its_labels():
+    """decompose(cls="diagonal", mlp_options="x") was accepted and ignored, and
+    layer_report(layers="abc") labelled three layers 'a', 'b' and 'c'."""
+    g = np.random.default_rng(2)
+    X = g.standard_normal((40, 3))
+    with pytest.raises(TypeError, match="^mlp_options must be a mapping of keywords of fit_tokenwise_mlp, got str"):
+        refgeo.decompose(X, 1.1 * X, cls="diagonal", k=4, mlp_options="x")
+    with pytest.raises(TypeError, match=re.escape("got unknown ['bogus'] instead")):
+        refgeo.decompose(X, 1.1 * X, cls="full", k=4, mlp_options={"bogus": 1})
+    results = [refgeo.decompose(X, 1.1 * X, cls="diagonal", k=4) for _ in range(3)]
+    with pytest.raises(TypeError, match="^layers must be None or a sequence with one entry per result, got str"):
+        refgeo.layer_report(results, layers="abc")
+    assert [row["layer"] for row in refgeo.layer_report(results, layers=["a", "b", "c"])] == ["a", "b", "c"]
+
+
 def test_mlp_class_checks_the_options_it_does_not_use():
     """cls="mlp" leaves the neighbor options unused, but a wrong value is still an
     error naming it (chunk_size=-1 and k="32" were accepted silently), and
