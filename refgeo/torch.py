@@ -184,7 +184,7 @@ def _build() -> dict[str, Any]:
         if not bool(torch.isfinite(p).all()):
             raise ValueError(f"parameter {name} must be finite, got a tensor with NaN or inf entries instead.")
 
-    def _lr(value: Any) -> float:
+    def _lr(value: Any, strict: bool = False) -> float:
         # torch's optimizers take lr as a number or a one-element tensor (schedules under
         # torch.compile keep it a tensor and fill_ it in place), so it is read at each step
         if isinstance(value, torch.Tensor):
@@ -197,7 +197,9 @@ def _build() -> dict[str, Any]:
             if value.dtype == torch.bool or value.is_complex():
                 raise TypeError(f"lr must be a real number, got a tensor of dtype {value.dtype} instead.")
             value = value.item()
-        return check_real(value, "lr", min_value=0.0)
+        # RowNorm takes lr = 0 (a schedule's first step); the LMO's diameter budget must
+        # be positive, and its message says so for any lr <= 0 alike
+        return check_real(value, "lr", min_value=0.0, strict=strict)
 
     def _hyperparameters(group: dict) -> tuple:
         return (
@@ -511,7 +513,7 @@ def _build() -> dict[str, Any]:
             import refgeo
 
             hyper = {k: group[k] for k in ("momentum", "rtol", "max_time", "weight_decay")}
-            hyper["lr"] = _lr(group["lr"])
+            hyper["lr"] = _lr(group["lr"], strict=True)
             if solver is None:
                 return refgeo.DiameterLMO(**hyper)
             for k, v in hyper.items():

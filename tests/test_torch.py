@@ -271,9 +271,15 @@ def test_bad_tensor_lr_is_refused_by_name(which):
     opt = cls([W], lr=torch.tensor(0.1))
     opt.param_groups[0]["lr"].fill_(-1.0)  # refused at the step, before anything changes
     W.grad = torch.ones(3, 2)
-    with pytest.raises(ValueError, match=re.escape("lr == -1.0, must be >= 0.0.")):
+    # RowNorm takes lr = 0; the LMO needs lr > 0 and says so for -1 as for 0 (it said
+    # ">= 0" for -1, then "> 0" for 0)
+    bound = "> 0.0" if which == "DiameterLMO" else ">= 0.0"
+    with pytest.raises(ValueError, match=re.escape(f"lr == -1.0, must be {bound}.")):
         opt.step()
     assert torch.equal(W, torch.zeros(3, 2)) and not opt.state[W]
+    if which == "DiameterLMO":
+        with pytest.raises(ValueError, match=re.escape("lr == 0.0, must be > 0.0.")):
+            cls([W], lr=0.0)
 
 
 def test_a_closure_computing_real_gradients():
