@@ -21,6 +21,7 @@ What happens at build time:
 from __future__ import annotations
 
 import importlib
+import importlib.util
 import inspect
 import os
 import pathlib
@@ -135,6 +136,8 @@ CORE_NAMES = ["ExtensionUnavailableError", "get_backend", "show_config", "use_ba
 # Pages of namespaces that are not re-exported at the top level: the testing kit and the
 # optional adapters (importing them does not import their frameworks).
 OWN_NAMESPACES = ("testing", "torch", "hf")
+# The frameworks an adapter's objects need to exist.
+ADAPTER_FRAMEWORKS = {"torch": ("torch",), "hf": ("torch", "transformers")}
 
 
 def _summary(module) -> str:
@@ -173,7 +176,13 @@ def _api_page(key: str, title: str) -> str:
         mod = importlib.import_module(f"refgeo.{key}")
         heading = f"``refgeo.{key}``: {title}"
         current, summary = f"refgeo.{key}", _summary(mod)
-        sections = [("", _public(mod))]
+        missing = [f for f in ADAPTER_FRAMEWORKS.get(key, ()) if importlib.util.find_spec(f) is None]
+        # refgeo.torch builds its classes on first access, which needs torch: without the
+        # framework the page says so instead of failing the build
+        sections = [("", [] if missing else _public(mod))]
+        if missing:
+            summary += f"\n\nThis build of the docs ran without {', '.join(missing)}: install it to list the API here."
+
         for sub in ("strategies",) if key == "testing" else ():
             try:
                 submod = importlib.import_module(f"refgeo.testing.{sub}")

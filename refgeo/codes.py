@@ -432,7 +432,7 @@ def delsarte_goethals_code(d: int, V: int | None = None, /) -> np.ndarray:
     # every index below half (always for d >= 2^63, where half is no int64 and the
     # size check below refuses the rows): w = 0, u = idx, without NumPy's divmod
     w, u = np.divmod(idx, half) if idx.size > half else (np.zeros_like(idx), idx)
-    return _quadratic_code(f"delsarte_goethals_code({d}, V={V})", d, V, n, u, w)
+    return _quadratic_code(f"delsarte_goethals_code({d}, {V})", d, V, n, u, w)
 
 
 def kerdock_code(d: int, V: int | None = None, /) -> np.ndarray:
@@ -494,7 +494,7 @@ def kerdock_code(d: int, V: int | None = None, /) -> np.ndarray:
     total = d * (d // 2 + 1)
     V = total if V is None else check_int(V, "V", min_value=1, max_value=total)
     us = np.arange(_n_bases(V, d), dtype=np.int64)  # the forms the first V rows reach
-    return _quadratic_code(f"kerdock_code({d}, V={V})", d, V, n, us, None)
+    return _quadratic_code(f"kerdock_code({d}, {V})", d, V, n, us, None)
 
 
 # =========================================================================== candidates

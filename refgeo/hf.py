@@ -231,7 +231,9 @@ def find_blocks(model: Any, blocks: Any = None, /) -> tuple[str, tuple]:
             raise TypeError("blocks must be a dotted path or a non-empty sequence of torch.nn.Module, got "
                             f"{type(blocks).__name__} instead.") from None
         if not mods or not all(isinstance(b, torch.nn.Module) for b in mods):
-            raise TypeError("blocks must be a dotted path or a non-empty sequence of torch.nn.Module.")
+            what = "an empty sequence" if not mods else "a sequence holding " + ", ".join(
+                sorted({type(b).__name__ for b in mods if not isinstance(b, torch.nn.Module)}))
+            raise TypeError(f"blocks must be a dotted path or a non-empty sequence of torch.nn.Module, got {what} instead.")
         owned = {id(m) for m in model.modules()}
         if not all(id(b) in owned for b in mods):
             raise ValueError("blocks must be modules of model.")
@@ -731,7 +733,10 @@ def _check_probe(probe, n, seed):
             f"{type(probe).__name__} of dtype {p.dtype} instead."
         )
     if p.ndim != 1 or p.size == 0:
-        raise ValueError("probe must be None, a number of tokens, or a non-empty 1-D array of token indices.")
+        raise ValueError(
+            "probe must be None, a number of tokens, or a non-empty 1-D array of token indices, got shape "
+            f"{p.shape} instead."
+        )
     if p.min() < 0 or p.max() >= n or np.unique(p).size != p.size:
         raise ValueError(f"probe must hold unique token indices in [0, {n}).")
     return np.sort(p.astype(np.int64))

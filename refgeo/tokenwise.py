@@ -1423,7 +1423,9 @@ def _mlp_options_dict(mlp_options) -> dict:
 
 def _check_mlp_options(n, hidden, activation, train_fraction, epochs, learning_rate, batch_size, weight_decay,
                        seed):
-    """The validated MLP options, in the order of :func:`_fit_mlp` (before any report or work)."""
+    """The validated MLP options, in the order of :func:`_fit_mlp` (before any report or
+    work); ``n`` None (options another class does not use) skips the check of
+    ``train_fraction`` against the number of tokens."""
     hidden = check_int(hidden, "hidden", min_value=1)
     check_choice(activation, "activation", _ACTIVATIONS)
     tf = check_real(train_fraction, "train_fraction", min_value=0.0, strict=True)
@@ -1432,8 +1434,8 @@ def _check_mlp_options(n, hidden, activation, train_fraction, epochs, learning_r
     batch_size = check_int(batch_size, "batch_size", min_value=1, allow_none=True)
     wd = check_real(weight_decay, "weight_decay", min_value=0.0)
     seed = check_int(seed, "seed", min_value=0)
-    n_train = int(round(tf * n))
-    if not 1 <= n_train <= n - 1:
+    n_train = None if n is None else int(round(tf * n))
+    if n_train is not None and not 1 <= n_train <= n - 1:
         raise ValueError(
             f"train_fraction must leave at least one training and one held-out token, got "
             f"{tf} of N = {n} tokens ({n_train} for training) instead."
@@ -1690,7 +1692,8 @@ def decompose(
         _memory.check_memory(what, parts, "Pass fewer tokens per call, or a smaller hidden width in mlp_options.")
         n_steps = epochs + 1 + int(baselines)
     else:
-        _mlp_options_dict(mlp_options)  # unused, but a wrong kind of value is still a mistake of the call
+        # unused, but a wrong kind of value is still a mistake of the call
+        _check_mlp_options(None, **{**_MLP_DEFAULTS, **_mlp_options_dict(mlp_options)})
         plan = _plan_fit(X, k, cls, rank, ridge, prior, metric, standardize, exclude_self, weights, neighbors,
                          chunk_size, False)
         _check_relative_size(*sizes)

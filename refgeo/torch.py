@@ -811,6 +811,14 @@ def _build() -> dict[str, Any]:
                 # direction from the difference scaled by 2**-e, of norm about 1
                 u = np.ldexp(diff, -e)
                 h_star = _direction_times(u, float(np.linalg.norm(u)), self._max_norm)
+            bound = self._max_norm * float(pair.value)
+            if not math.isfinite(bound):
+                # as refgeo.worst_case_hidden_state refuses it: an inf bound is no bound
+                raise ValueError(
+                    f"the bound max ||h|| * D(S) = {self._max_norm!r} * {float(pair.value)!r} is beyond the "
+                    f"float64 range (largest finite {np.finfo(np.float64).max:.4g}); scale S or the "
+                    "hidden states down first."
+                )
             return {
                 "step": int(step),
                 "diameter": float(pair.value),
@@ -819,7 +827,7 @@ def _build() -> dict[str, Any]:
                 "h_star": [float(x) for x in h_star],
                 "hilbert_rms": rms,
                 "max_hidden_norm": self._max_norm,
-                "bound": self._max_norm * float(pair.value),
+                "bound": bound,
             }
 
         def close(self) -> None:

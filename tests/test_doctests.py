@@ -6,6 +6,7 @@ from __future__ import annotations
 import dataclasses
 import doctest
 import importlib
+import importlib.util
 import pathlib
 import pkgutil
 import re
@@ -107,12 +108,14 @@ def _documented_parameters(doc: str) -> list[str] | None:
 
 
 def _adapter_modules():
+    """refgeo.testing, and the adapters whose framework is installed (refgeo.torch builds
+    its classes on first access, which needs torch; refgeo.hf needs torch and
+    transformers to be of use)."""
     mods = [importlib.import_module("refgeo.testing")]
-    for name in ("refgeo.torch", "refgeo.hf"):
-        try:
-            mods.append(importlib.import_module(name))
-        except ImportError:  # pragma: no cover - the adapters import their frameworks lazily
-            pass
+    if importlib.util.find_spec("torch") is not None:
+        mods.append(importlib.import_module("refgeo.torch"))
+        if importlib.util.find_spec("transformers") is not None:
+            mods.append(importlib.import_module("refgeo.hf"))
     return mods
 
 

@@ -615,6 +615,7 @@ def test_helpers_name_their_bad_arguments():
     Y = 1.1 * S + 0.1  # the neighbors as a KNNResult, as fit_local_maps takes them
     fit = refgeo.fit_local_maps(S, Y, neighbors=nn, cls="diagonal")
     rt.assert_local_diagonal_fit_close(fit.fitted, S, Y, nn)
+    rt.assert_local_diagonal_fit_close(fit.fitted, S, Y, nn.indices)
 
 
 # --------------------------------------------------------------------------- the report
@@ -941,6 +942,28 @@ def torch_blockwise_diameter(S, *, block=4, compute_mode="use_mm_for_euclid_dist
         D = torch.cdist(X[start:start + block], X, compute_mode=compute_mode)
         best = torch.maximum(best, D.max())
     return best
+
+
+@pytest.mark.parametrize("scale", [2.0**700, 2.0**-700, 1.0])
+def test_rownorm_reference_steps_normalize_rows_at_any_scale(scale):
+    """The written-out steps took row norms from squares: gradients of 1e200 gave a zero
+    step (refgeo.RowNorm normalizes them) and the tolerance was NaN (inf / inf)."""
+    G = np.random.default_rng(6).standard_normal((3, 5, 4)) * scale
+    W0 = np.zeros((5, 4))
+    steps = rt.rownorm_reference_steps(W0, G, lr=0.1, eps=0.0)
+    unit = rt.rownorm_reference_steps(W0, G / scale, lr=0.1, eps=0.0)
+    np.testing.assert_array_equal(steps, unit)  # RowNorm is scale-free with eps = 0
+    rt.assert_rownorm_steps_close(steps, W0, G, lr=0.1, eps=0.0)
+
+
+def test_local_diagonal_fit_neighbors_as_a_torch_tensor():
+    # a tensor has an .indices method (sparse tensors): it was read as a KNNResult
+    torch = _torch()
+    X = np.random.default_rng(5).standard_normal((12, 3))
+    Y = 1.1 * X + 0.1
+    nn = refgeo.knn(X, 3)
+    fit = refgeo.fit_local_maps(X, Y, neighbors=nn, cls="diagonal")
+    rt.assert_local_diagonal_fit_close(fit.fitted, X, Y, torch.from_numpy(np.array(nn.indices)))
 
 
 def test_torch_implementation_if_available():

@@ -34,8 +34,9 @@ PASSED = re.compile(r"^\w+: the candidate agrees with refgeo's reference")
 HAS_TORCH = importlib.util.find_spec("torch") is not None
 # The page's failure reports come from one version of hypothesis; another version, or
 # the same one in another process (the examples it shrinks to vary with what ran
-# before), may report other inputs.  Under that version the kind of failure and the
-# scenario must be the page's (the reports once drifted to other scenarios unnoticed).
+# before), may report other inputs.  Under that version the kind of failure and (for
+# NumPy kernels) the scenario must be the page's (the reports once drifted to other
+# scenarios unnoticed).
 _PAGE_HYPOTHESIS = re.search(r"with hypothesis (\d+\.\d+)", PAGE.read_text()) if PAGE.exists() else None
 SAME_HYPOTHESIS = bool(_PAGE_HYPOTHESIS) and hypothesis.__version__.startswith(_PAGE_HYPOTHESIS.group(1) + ".")
 _KIND = re.compile(r"reference for '\w+': (wrong tie-breaking|the value|[^:.]+)")
@@ -73,7 +74,10 @@ def test_docs_page_examples_produce_the_shown_output():
                 expected = shown[len(PREFIX):]
                 assert _quantity(str(info.value)) == _quantity(expected), f"block {k}"
                 if SAME_HYPOTHESIS:
-                    assert _what_failed(str(info.value)) == _what_failed(expected), f"block {k}"
+                    got, shown_kind = _what_failed(str(info.value)), _what_failed(expected)
+                    if "torch" in code:  # torch's kernels round by its thread count: the scenario may vary
+                        got, shown_kind = got[0], shown_kind[0]
+                    assert got == shown_kind, f"block {k}"
                 checked += 1
             elif PASSED.match(shown):
                 out = io.StringIO()

@@ -1094,6 +1094,8 @@ def test_other_classes_check_mlp_options_and_layer_report_its_labels():
         refgeo.decompose(X, 1.1 * X, cls="diagonal", k=4, mlp_options="x")
     with pytest.raises(TypeError, match=re.escape("got unknown ['bogus'] instead")):
         refgeo.decompose(X, 1.1 * X, cls="full", k=4, mlp_options={"bogus": 1})
+    with pytest.raises(ValueError, match=re.escape("hidden == -1, must be >= 1.")):
+        refgeo.decompose(X, 1.1 * X, cls="diagonal", k=4, mlp_options={"hidden": -1})
     results = [refgeo.decompose(X, 1.1 * X, cls="diagonal", k=4) for _ in range(3)]
     with pytest.raises(TypeError, match="^layers must be None or a sequence with one entry per result, got str"):
         refgeo.layer_report(results, layers="abc")

@@ -574,6 +574,15 @@ def test_monitor_records_stay_finite_for_extreme_hidden_states_and_steps(panel_s
     assert 0 < rec["hilbert_rms"] <= rec["bound"]
 
 
+def test_monitor_refuses_a_bound_beyond_the_float64_range():
+    # it recorded "bound": inf next to a finite Hilbert RMS
+    W = torch.nn.Parameter(torch.zeros(2, 2, dtype=torch.float64))
+    mon = rtorch.HeadStepMonitor(rtorch.RowNorm([W], lr=0.1), np.array([[1e200, 1.0]]))
+    with pytest.raises(ValueError, match=re.escape("the bound max ||h|| * D(S) = 1e+200 * 2e+150 is beyond")):
+        mon.record(np.array([[0.0, 1e150], [0.0, -1e150]]), step=1)
+    assert mon.record(np.array([[0.0, 1e100], [0.0, -1e100]]), step=2)["bound"] == pytest.approx(2e300, rel=1e-15)
+
+
 @pytest.mark.parametrize("make", [lambda W: rtorch.RowNorm([W], lr=0.1), lambda W: rtorch.DiameterLMO([W], lr=0.1)])
 def test_bad_group_indices_and_steps_are_named(make):
     """last_step(5) was an IndexError, DiameterLMO.last_result(1) / (-1) / (True) None;
