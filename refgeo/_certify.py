@@ -48,6 +48,7 @@ __all__ = [
     "scale_exponent_of",
     "scale_rows",
     "scale_rows_inplace",
+    "scaled_row_norms",
     "unscale",
     "unscale_array",
 ]
@@ -405,6 +406,18 @@ def unscale(value: float, e: int) -> float:
         return math.ldexp(value, e)
     except OverflowError:
         return math.inf
+
+
+def scaled_row_norms(A: np.ndarray) -> np.ndarray:
+    """Euclidean norms of the rows of the float64 NumPy array ``A`` (shape (n, d)), each
+    from the row scaled by the power of two that brings its largest entry into
+    [1/2, 1): a plain sum of squares overflows from about 1e154 and vanishes below about
+    1e-162.  ``inf`` only where a norm itself is beyond the float64 range."""
+    top = np.max(np.abs(A), axis=1) if A.shape[1] else np.zeros(A.shape[0])
+    e = np.frexp(np.where(top > 0, top, 1.0))[1]
+    scaled = np.ldexp(A, -e[:, None])
+    with np.errstate(over="ignore"):
+        return np.ldexp(np.sqrt(np.einsum("ij,ij->i", scaled, scaled)), e)
 
 
 def unscale_array(xp, a, e: int):

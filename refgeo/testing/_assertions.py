@@ -32,6 +32,7 @@ from typing import Any
 
 import numpy as np
 
+from .._certify import scaled_row_norms
 from .._validate import check_bool, check_choice, check_finite, check_real
 
 __all__ = [
@@ -1040,22 +1041,11 @@ def rownorm_reference_steps(
     for t in range(1, G.shape[0] + 1):
         B = mu * B + (1.0 - mu) * G[t - 1]
         Bh = B / (1.0 - mu**t) if bias_correction else B
-        n = _row_norms(Bh)[:, None] + eps
+        n = scaled_row_norms(Bh)[:, None] + eps  # squares: gradients of 1e200 took a zero step
         S = np.where(n > 0, Bh / np.where(n > 0, n, 1.0), 0.0)
         W = W + (-lr * S).astype(W.dtype)
         out.append(W.copy())
     return np.stack(out)
-
-
-def _row_norms(A: np.ndarray) -> np.ndarray:
-    """Euclidean norms of the rows of the float64 array ``A``, each from the row scaled
-    by the power of two that brings its largest entry into [1/2, 1): the sum of squares
-    overflows from about 1e154 and vanishes below about 1e-162 (gradients of 1e200 took
-    a zero step; refgeo.RowNorm normalizes them)."""
-    top = np.max(np.abs(A), axis=1)
-    e = np.frexp(np.where(top > 0, top, 1.0))[1]
-    scaled = np.ldexp(A, -e[:, None])
-    return np.ldexp(np.sqrt(np.einsum("ij,ij->i", scaled, scaled)), e)
 
 
 def _steps_inputs(W0, grads) -> tuple[np.ndarray, np.ndarray]:
@@ -1170,9 +1160,9 @@ def assert_rownorm_steps_close(
         full = _rownorm_oracle(W0, grads, lr, mu, eps).astype(np.float64)
         per_step = []
         for s in range(1, grads.shape[0] + 1):
-            a = mu * a + (1 - mu) * _row_norms(G64[s - 1])
+            a = mu * a + (1 - mu) * scaled_row_norms(G64[s - 1])
             b = mu * b + (1 - mu) * G64[s - 1]
-            nb = _row_norms(b) + eps * abs(1 - mu**s)
+            nb = scaled_row_norms(b) + eps * abs(1 - mu**s)
             kappa = np.where(a > 0, a / np.where(nb > 0, nb, np.inf), 0.0)
             acc = acc + 2 * lr * u * ((s + 4) * kappa + d + 4)
             per_step.append(acc[:, None] + 2 * u * np.abs(full[s - 1]) * s)
