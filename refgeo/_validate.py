@@ -28,6 +28,7 @@ __all__ = [
     "check_bool",
     "check_callable",
     "check_centered_rows",
+    "check_decay",
     "check_choice",
     "check_finite",
     "check_int",
@@ -379,6 +380,18 @@ def check_open_unit_interval(value: Any, name: str) -> float:
     if not value < 1.0:
         raise ValueError(f"{name} must be in (0, 1), got {value} instead.")
     return value
+
+
+def check_decay(lr: float, weight_decay: float) -> None:
+    """Raise ``ValueError`` when the decoupled decay ``param *= 1 - lr * weight_decay``
+    multiplies the parameters by more than 1 in size (``lr * weight_decay > 2``): they
+    would grow without bound, to inf and NaN, whatever the gradients."""
+    if lr * weight_decay > 2.0:
+        raise ValueError(
+            f"weight_decay == {weight_decay!r}, must be <= 2 / lr = {2.0 / lr:.6g}: the decay multiplies the "
+            f"parameters by 1 - lr * weight_decay = {1.0 - lr * weight_decay:.6g} at every step, which makes "
+            "them grow without bound."
+        )
 
 
 def check_choice(value: Any, name: str, choices: tuple[_Choice, ...]) -> _Choice:

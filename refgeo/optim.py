@@ -27,6 +27,7 @@ from ._validate import (
     as_float_array,
     check_bool,
     check_centered_rows,
+    check_decay,
     check_int,
     check_min_rows,
     check_no_repeated_entries,
@@ -146,7 +147,8 @@ class RowNorm:
         rows by one vector).
     weight_decay : float, default=0.0
         Decoupled weight decay :math:`\lambda \ge 0`: ``param *= 1 - lr * weight_decay``
-        before the step is added.
+        before the step is added; ``lr * weight_decay <= 2`` (a larger product makes the
+        parameters grow without bound: ``ValueError``).
     center : bool, default=True
         Center each incoming gradient (:math:`PG`).  A no-op for cross-entropy
         gradients (:math:`\mathbf{1}^\top G = 0`); it makes the step invariant under
@@ -204,7 +206,7 @@ class RowNorm:
     def _checked_hyperparameters(self):
         """Validated hyper-parameters; run at construction and at every step, since any
         of them may be changed between steps through the attributes."""
-        return (
+        out = (
             check_real(self.lr, "lr", min_value=0.0, strict=True),
             _check_unit_interval(self.mu, "mu"),
             check_real(self.eps, "eps", min_value=0.0),
@@ -213,6 +215,8 @@ class RowNorm:
             check_real(self.weight_decay, "weight_decay", min_value=0.0),
             check_bool(self.center, "center"),
         )
+        check_decay(out[0], out[5])
+        return out
 
     def step(self, param: Any, grad: Any, /) -> Any:
         """Update ``param`` (V, d) in place with the gradient ``grad`` (V, d); return it.
@@ -310,7 +314,8 @@ class DiameterLMO:
     max_time : float, default=None
         Time limit per solve in seconds (the best certified step so far is used).
     weight_decay : float, default=0.0
-        Decoupled weight decay: ``param *= 1 - lr * weight_decay`` before the step.
+        Decoupled weight decay: ``param *= 1 - lr * weight_decay`` before the step;
+        ``lr * weight_decay <= 2``.
 
     Notes
     -----
@@ -359,13 +364,15 @@ class DiameterLMO:
     def _checked_hyperparameters(self):
         """Validated (lr, momentum, rtol, max_time, weight_decay); run at construction
         and at every step (the attributes may be changed between steps)."""
-        return (
+        out = (
             check_real(self.lr, "lr", min_value=0.0, strict=True),
             _check_unit_interval(self.momentum, "momentum"),
             check_open_unit_interval(self.rtol, "rtol"),
             None if self.max_time is None else check_real(self.max_time, "max_time", min_value=0.0, strict=True),
             check_real(self.weight_decay, "weight_decay", min_value=0.0),
         )
+        check_decay(out[0], out[4])
+        return out
 
     def step(self, param: Any, grad: Any, /) -> Any:
         """Update ``param`` (V, d) in place with the gradient ``grad`` (V, d); return it.

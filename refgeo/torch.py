@@ -28,7 +28,15 @@ from typing import Any
 
 from ._certify import scale_exponent_of, scaled_row_norms
 from ._interop import from_foreign, mark_modified, precision_eps
-from ._validate import as_float_array, check_bool, check_int, check_min_rows, check_no_repeated_entries, check_real
+from ._validate import (
+    as_float_array,
+    check_bool,
+    check_decay,
+    check_int,
+    check_min_rows,
+    check_no_repeated_entries,
+    check_real,
+)
 from .rows import _direction_times
 
 __all__ = ["DiameterLMO", "HeadStepMonitor", "RowNorm"]
@@ -191,7 +199,7 @@ def _build() -> dict[str, Any]:
         return check_real(value, "lr", min_value=0.0, strict=strict)
 
     def _hyperparameters(group: dict) -> tuple:
-        return (
+        out = (
             _lr(group["lr"]),
             _check_unit_interval(group["momentum"], "momentum"),
             check_real(group["eps"], "eps", min_value=0.0),
@@ -200,6 +208,8 @@ def _build() -> dict[str, Any]:
             check_bool(group["project"], "project"),
             check_bool(group["center"], "center"),
         )
+        check_decay(out[0], out[3])
+        return out
 
     def _add_checked_group(opt: Any, param_group: dict, check: Any) -> None:
         # torch's add_param_group fills in the defaults; the group is then checked as a
@@ -252,7 +262,8 @@ def _build() -> dict[str, Any]:
             Added to every row norm, ``>= 0``.
         weight_decay : float, default=0.0
             Decoupled weight decay :math:`\lambda \ge 0`: ``W *= 1 - lr * weight_decay``
-            before the step is added.
+            before the step is added; ``lr * weight_decay <= 2`` (checked at each step:
+            a larger product makes the weights grow without bound).
         bias_correction : bool, default=True
             Divide the average by :math:`1 - \mu^t`.
         project : bool, default=False
@@ -463,7 +474,8 @@ def _build() -> dict[str, Any]:
         max_time : float, default=None
             Time limit per solve in seconds (the best certified step so far is used).
         weight_decay : float, default=0.0
-            Decoupled weight decay: ``W *= 1 - lr * weight_decay`` before the step.
+            Decoupled weight decay: ``W *= 1 - lr * weight_decay`` before the step;
+            ``lr * weight_decay <= 2``.
 
         Notes
         -----

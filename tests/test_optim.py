@@ -349,6 +349,26 @@ def test_diameter_lmo_restored_warm_start_is_checked():
         refgeo.DiameterLMO(lr=0.1).load_state_dict({**good, "warm_flows": bad_flows})
 
 
+@pytest.mark.parametrize("cls", [refgeo.RowNorm, refgeo.DiameterLMO])
+def test_a_decay_that_amplifies_the_parameters_is_refused(cls):
+    """lr * weight_decay > 2 multiplies the parameters by more than 1 in size at every
+    step: a torch RowNorm with lr = 1, weight_decay = 3 reached inf in 2,000 steps
+    without an error.  Refused at construction and at a step after the attributes
+    changed, before the parameters are touched; lr * weight_decay = 2 is allowed."""
+    msg = "weight_decay == 3.0, must be <= 2 / lr = 2: the decay multiplies the parameters by 1 - lr * weight_decay = -2"
+    with pytest.raises(ValueError, match=re.escape(msg)):
+        cls(lr=1.0, weight_decay=3.0)
+    opt = cls(lr=0.5, weight_decay=4.0)  # lr * weight_decay = 2
+    W = np.zeros((4, 2))
+    G = np.array([[1.0, 2.0], [-1.0, 0.5], [0.5, -1.0], [-0.5, -1.5]])
+    opt.step(W, G)
+    before = W.copy()
+    opt.lr = 1.0
+    with pytest.raises(ValueError, match=re.escape("weight_decay == 4.0, must be <= 2 / lr = 2")):
+        opt.step(W, G)
+    np.testing.assert_array_equal(W, before)
+
+
 def test_diameter_lmo_step_errors_name_grad():
     # They named diameter_lmo's G, which is not an argument of step().
     opt = refgeo.DiameterLMO(lr=0.1)

@@ -574,6 +574,21 @@ def test_monitor_records_stay_finite_for_extreme_hidden_states_and_steps(panel_s
     assert 0 < rec["hilbert_rms"] <= rec["bound"]
 
 
+@pytest.mark.parametrize("which", ["RowNorm", "DiameterLMO"])
+def test_an_amplifying_decay_is_refused_before_the_step(which):
+    # lr = 1, weight_decay = 3 reached inf in 2,000 steps without an error
+    cls = getattr(rtorch, which)
+    W = torch.nn.Parameter(torch.zeros(3, 2, dtype=torch.float64))
+    with pytest.raises(ValueError, match=re.escape("weight_decay == 3.0, must be <= 2 / lr = 2")):
+        cls([W], lr=1.0, weight_decay=3.0)
+    opt = cls([W], lr=0.1, weight_decay=3.0)
+    opt.param_groups[0]["lr"] = 1.0  # a schedule's change between steps
+    W.grad = torch.tensor([[1.0, 2.0], [-1.0, 0.5], [0.0, -2.5]], dtype=torch.float64)
+    with pytest.raises(ValueError, match=re.escape("weight_decay == 3.0, must be <= 2 / lr = 2")):
+        opt.step()
+    assert torch.equal(W.detach(), torch.zeros(3, 2, dtype=torch.float64))
+
+
 def test_monitor_refuses_a_bound_beyond_the_float64_range():
     # it recorded "bound": inf next to a finite Hilbert RMS
     W = torch.nn.Parameter(torch.zeros(2, 2, dtype=torch.float64))
