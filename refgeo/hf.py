@@ -47,6 +47,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import inspect
+import itertools
 import threading
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
@@ -322,10 +323,24 @@ def _batch(model, input_ids, attention_mask):
     return _Batch(ids, mask, position_ids, seq.astype(np.int64), pos.astype(np.int64), starts.astype(np.int64))
 
 
+def _weights(model):
+    # parameters, then buffers: frozen or quantized wrappers hold their weights as buffers,
+    # and a model with neither (a pure function of its input) is allowed
+    return itertools.chain(model.parameters(), model.buffers())
+
+
 def _device(model):
-    for p in model.parameters():
+    for p in _weights(model):
         return p.device
     return _torch().device("cpu")
+
+
+def _model_dtype(model):
+    """The dtype of the model's first floating weight, or None for a model without one."""
+    for p in _weights(model):
+        if p.dtype.is_floating_point:
+            return p.dtype
+    return None
 
 
 def _chunks(n_seq, batch_size):
@@ -820,9 +835,9 @@ def _check_states(P, n, d, name, model):
     # and then NaN logits (or an error blaming the model's logits)
     import torch
 
-    dtype = next(model.parameters()).dtype
+    dtype = _model_dtype(model)
     top = float(np.max(np.abs(P))) if P.size else 0.0
-    if dtype.is_floating_point and top > torch.finfo(dtype).max:
+    if dtype is not None and top > torch.finfo(dtype).max:
         raise ValueError(
             f"{name} must be within the range of the model's dtype {str(dtype).replace('torch.', '')} "
             f"(largest finite {torch.finfo(dtype).max:.4g}), got an entry of magnitude {top:.4g} instead."
@@ -1114,10 +1129,12 @@ def tokenwise_protocol(
             del r
     import transformers
 
+    model_dtype = _model_dtype(model)
+
     config = {
         "model": type(model).__name__,
         "name_or_path": getattr(getattr(model, "config", None), "_name_or_path", None),
-        "model_dtype": str(next(model.parameters()).dtype).replace("torch.", ""),
+        "model_dtype": None if model_dtype is None else str(model_dtype).replace("torch.", ""),
         "blocks": path, "n_blocks": L, "layers": list(chosen),
         "n_sequences": int(batch.ids.shape[0]), "n_tokens": int(n),
         "decompose": first_config,

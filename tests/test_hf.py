@@ -211,6 +211,37 @@ def test_sum_readout_skips_padding(gpt2):
     assert js[mask[1] == 0].sum() > 0  # the padding positions did change: they must not count
 
 
+def _weights_as_buffers(model):
+    """The model with every parameter turned into a buffer of the same name, as frozen or
+    quantized wrappers hold their weights: ``model.parameters()`` is then empty."""
+    for mod in list(model.modules()):
+        for name, p in list(mod.named_parameters(recurse=False)):
+            delattr(mod, name)
+            mod.register_buffer(name, p.detach())
+    return model
+
+
+def test_a_model_without_parameters_runs_the_protocol_and_interventions(gpt2):
+    """``next(model.parameters())`` raised StopIteration for a model whose weights are
+    buffers; the adapter reads the dtype (and device) from the buffers then."""
+    import copy
+
+    frozen = _weights_as_buffers(copy.deepcopy(gpt2))
+    assert list(frozen.parameters()) == []
+    ids = _ids((2, 6), seed=4)
+    hs = hf.hidden_states(gpt2, ids)
+    states = hs.states[2].astype(np.float64) + 0.5
+    want = hf.intervene(gpt2, ids, layer=1, states=states, probe=4, seed=1)
+    np.testing.assert_array_equal(hf.intervene(frozen, ids, layer=1, states=states, probe=4, seed=1), want)
+    out = hf.tokenwise_protocol(frozen, ids, layers=[0], cls="diagonal", k=3, probe=4)
+    ref = hf.tokenwise_protocol(gpt2, ids, layers=[0], cls="diagonal", k=3, probe=4)
+    assert out.table == ref.table
+    assert out.config["model_dtype"] == ref.config["model_dtype"] == "float32"
+    # the dtype read from the buffers still guards the range
+    with pytest.raises(ValueError, match=r"^states must be within the range of the model's dtype float32"):
+        hf.intervene(frozen, ids, layer=1, states=np.full((12, 16), 1e39))
+
+
 def test_protocol_matches_decompose_and_intervene(model):
     ids, mask = _ids((3, 8)), _mask()
     opts = dict(cls="diagonal", k=5, ridge=1e-3, prior="identity", exclude_self=True)
