@@ -27,6 +27,8 @@ import math
 
 import numpy as np
 
+from ._threads import blas_single_thread
+
 __all__ = ["isotropic_gradient", "lm_gradient"]
 
 
@@ -37,13 +39,17 @@ def _sample(rng, P):
 
 
 def _ce_gradient(rng, Hs, W, b):
-    Z = Hs @ W.T + b
-    Z -= Z.max(axis=1, keepdims=True)
-    P = np.exp(Z)
-    P /= P.sum(axis=1, keepdims=True)
-    c = _sample(rng, P)
-    P[np.arange(len(c)), c] -= 1.0
-    G = P.T @ Hs / len(c)
+    # one BLAS thread: a threaded GEMM sums in an order set by the thread count, and
+    # its last bits moved the sampled targets and the tests' inputs (different bits
+    # with OPENBLAS_NUM_THREADS=1 and 2)
+    with blas_single_thread():
+        Z = Hs @ W.T + b
+        Z -= Z.max(axis=1, keepdims=True)
+        P = np.exp(Z)
+        P /= P.sum(axis=1, keepdims=True)
+        c = _sample(rng, P)
+        P[np.arange(len(c)), c] -= 1.0
+        G = P.T @ Hs / len(c)
     return G - G.mean(axis=0, keepdims=True)  # removes the float rounding of 1^T G
 
 
@@ -62,7 +68,8 @@ def lm_gradient(
     ``common`` is the norm of the shared hidden-state component (noise of unit
     expected norm), ``scale`` the typical logit spread of W; targets are sampled from
     the model.  The columns sum to zero (the rows add up to the zero vector, to
-    rounding).  Deterministic in ``seed``.
+    rounding).  Deterministic in ``seed`` (the same bits for any BLAS thread count,
+    for a given BLAS and CPU).
     """
     rng = np.random.default_rng(seed)
     u = rng.standard_normal(d)

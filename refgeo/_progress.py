@@ -175,7 +175,10 @@ class Progress:
             # the end once (not again for steps beyond the total; after kernel runs, by
             # finish()), else throttled
             end = self._done >= self._total and not (self._kernel and not self._finished)
-            if (end and self._reported != self._done) or now - self._last >= self._interval:
+            # nothing new to tell: a one-step run that ends is held short of its total
+            # until finish(), and reported the start's done == 0 a second time
+            fresh = self._reported != self._shown()
+            if (end and self._reported != self._done) or (fresh and now - self._last >= self._interval):
                 self._report(self._callback, now)
 
     def _sync_bar(self) -> None:

@@ -845,11 +845,14 @@ def _unique_pairs(E: np.ndarray) -> np.ndarray:
     return np.unique(E, axis=0) if len(E) else E.reshape(0, 2).astype(np.int64)
 
 
-def _far_pairs(X: np.ndarray, m: int, threshold2: float | None) -> tuple[np.ndarray, float]:
+def _far_pairs(X: np.ndarray, m: int, threshold2: float | None,
+               deadline: float | None = None) -> tuple[np.ndarray, float]:
     """Up to ``m`` farthest partners per row (squared distance above ``threshold2`` when
     given), found with the Gram expansion in row blocks, and the largest squared
     distance seen.  A heuristic filter for separation only: every certificate uses the
-    certified :func:`refgeo.row_diameter`."""
+    certified :func:`refgeo.row_diameter`.  Past ``deadline`` (a ``perf_counter``
+    time) the blocks left are skipped: the pairs and the distance are then those of the
+    rows seen (O(V^2 r) in all, seconds at V = 8000, which ``max_time`` must cover)."""
     V = X.shape[0]
     m = min(m, V - 1)
     n2 = np.einsum("ij,ij->i", X, X)
@@ -868,6 +871,8 @@ def _far_pairs(X: np.ndarray, m: int, threshold2: float | None) -> tuple[np.ndar
             keep = D2[rows - i0, cols] > threshold2
             rows, cols = rows[keep], cols[keep]
         found.append(np.stack([rows, cols], axis=1))
+        if deadline is not None and time.perf_counter() >= deadline:
+            break
     E = np.concatenate(found) if found else np.zeros((0, 2), dtype=np.int64)
     return _unique_pairs(E.astype(np.int64)), best
 
@@ -975,7 +980,7 @@ class _Aggregation:
     error: float
 
 
-def _aggregate(Gc: np.ndarray, budget: float) -> _Aggregation | None:
+def _aggregate(Gc: np.ndarray, budget: float, deadline: float | None = None) -> _Aggregation | None:
     r"""Merge nearly collinear rows while the bound on the cost stays within ``budget``.
 
     For a partition of the rows into clusters C with sums :math:`g_C` and weights
@@ -990,8 +995,9 @@ def _aggregate(Gc: np.ndarray, budget: float) -> _Aggregation | None:
     with U the cheap bound on the centered residual of each cluster (exactly zero for
     collinear rows and duplicates).  Clusters are split top-down (the one with the
     largest bound first, along the principal direction of its unit rows' deviations)
-    until the bound is below ``budget``.  Returns None when no two rows merge.
-    Time O(V r log V') for V' clusters.
+    until the bound is below ``budget``.  Returns None when no two rows merge, or
+    when the splitting is still running at ``deadline`` (a ``perf_counter`` time): the
+    rows are then solved unmerged.  Time O(V r log V') for V' clusters.
     """
     V, d = Gc.shape
     n = np.sqrt(np.einsum("ij,ij->i", Gc, Gc))
@@ -1012,6 +1018,8 @@ def _aggregate(Gc: np.ndarray, budget: float) -> _Aggregation | None:
     heap = [(-e0, 0, root, dev0)]
     total, counter, done = e0, 0, []
     while heap and total > budget:
+        if deadline is not None and time.perf_counter() >= deadline:
+            return None
         neg, _, pos, dev = heapq.heappop(heap)
         if len(pos) == 1:
             done.append(pos)
@@ -1481,11 +1489,18 @@ def diameter_lmo(
         rounds of 25 iterations with less than 0.1% progress and no new pair), as on
         nearly rank-one gradients at an ``rtol`` of about 1e-12.
     max_time : float, default=None
-        Wall-time limit in seconds (None: no limit).  The best certified answer so far
-        is returned (``converged=False`` if the gap is above ``rtol``); a stopped solve
-        whose step decreases less than the projected RowNorm step
+        Wall-time limit in seconds, ``>= 0`` (None: no limit).  The best certified
+        answer so far is returned (``converged=False`` if the gap is above ``rtol``); a
+        stopped solve whose step decreases less than the projected RowNorm step
         (:func:`projected_rownorm`: half the sum of the centered row norms, up to
-        rounding) returns that step instead, its decrease as the lower bound.
+        rounding) returns that step instead, its decrease as the lower bound.  The
+        limit is checked between iterations and inside the setup (merging rows, the
+        first working set); once it has passed, no solver starts and the RowNorm step
+        is returned with the upper bound of a star flow (``method="rownorm"``, a gap of
+        at most 1/2; ``max_time=0`` asks for exactly that).  What runs past the limit
+        is a stage already started (the SVD of G, O(V d^2), and one row-block pass of
+        the working set) and the certificate of the returned step (one
+        :func:`row_diameter` of the step's rows).
     max_iter : int, default=None
         Limit on iterations (Newton steps, IRLS reweightings or ADMM iterations;
         None: no limit); 0 certifies the starting point (or returns the projected
@@ -1624,7 +1639,7 @@ def diameter_lmo(
     eta = _check_eta(eta)
     rtol = check_open_unit_interval(rtol, "rtol")
     if max_time is not None:
-        max_time = check_real(max_time, "max_time", min_value=0.0, strict=True)
+        max_time = check_real(max_time, "max_time", min_value=0.0)
     max_iter = check_int(max_iter, "max_iter", min_value=0, allow_none=True)
     if callback is not None:
         check_callable(callback, "callback")
@@ -1662,10 +1677,10 @@ def diameter_lmo(
     bar = _GapProgress(progress) if progress is not False else None
     with blas_single_thread():  # small dense solves and GEMMs: BLAS threads only spin
         agg = None
-        if scale > 0.0 and V > 2:
+        if scale > 0.0 and V > 2 and not _spent(max_time, t0):
             # merging may cost at most a quarter of the gap (measured against the
             # half-sum, a lower bound on T): see _aggregate
-            agg = _aggregate(Gc, 0.25 * rtol * 0.5 * scale)
+            agg = _aggregate(Gc, 0.25 * rtol * 0.5 * scale, _deadline(max_time, t0))
             if agg is not None and agg.rows.shape[0] < 3:
                 agg = None  # rank one up to the budget: the closed forms below are exact
             elif agg is not None and agg.rows.shape[0] > _MERGE_WORTH * V:
@@ -1692,6 +1707,41 @@ def diameter_lmo(
     if bar is not None:
         bar.close(res.converged)
     return fields_to_caller(_for_budget(res, eta, e), origin)
+
+
+def _deadline(max_time: float | None, t0: float) -> float | None:
+    return None if max_time is None else t0 + max_time
+
+
+def _spent(max_time: float | None, t0: float) -> bool:
+    return max_time is not None and time.perf_counter() - t0 >= max_time
+
+
+def _budget_spent_result(Gc: np.ndarray, scale: float, rtol: float, t0: float) -> LMOResult:
+    """The unit-budget result when ``max_time`` runs out before a solver starts: the
+    projected RowNorm step, certified from above by the star flow into the longest row.
+
+    Sending each row ``g_i`` (``i != h``) along the pair ``(i, h)`` is a flow whose
+    divergence is G (the rows sum to zero, so the hub receives ``g_h``), of cost
+    ``sum_{i != h} |g_i|``; every flow's cost bounds ``T(G)`` from above (weak
+    duality).  With ``h`` the longest row the bracket is at worst
+    ``[scale / 2, scale]``: a relative gap of 1/2 (RowNorm's own guarantee is
+    ``>= 1/sqrt 2`` of the optimum).  O(V d).
+    """
+    V, d = Gc.shape
+    n = np.sqrt(np.einsum("ij,ij->i", Gc, Gc))
+    hub = int(np.argmax(n))
+    others = np.flatnonzero((n > 0) & (np.arange(V) != hub))
+    # each norm within (d + 2) eps of |g_i|, and the sum within V eps of theirs
+    upper = math.fsum(n[others]) * (1.0 + (d + V + 4) * _EPS64)
+    pairs, flows = _canonical_pairs(np.stack([others, np.full(others.size, hub)], axis=1), n[others])
+    start = LMOResult(
+        update=np.zeros((V, d)), decrease=0.0, lower_bound=0.0, upper_bound=upper,
+        gap=_relative_gap(0.0, upper), pairs=_readonly(pairs), flows=_readonly(flows),
+        iterations=0, rounds=0, eta=1.0, method="rownorm", converged=False,
+        elapsed=time.perf_counter() - t0,
+    )
+    return _no_worse_than_rownorm(start, Gc, scale, rtol)
 
 
 def _no_worse_than_rownorm(res: LMOResult, Gc: np.ndarray, scale: float, rtol: float) -> LMOResult:
@@ -1765,6 +1815,8 @@ def _solve(Gc, scale, rtol, max_time, max_iter, warm_start, callback, bar, t0) -
         return _closed_form_result(Gc, "zero", t0, rtol)
     if V == 2:
         return _closed_form_result(Gc, "two_rows", t0, rtol)
+    if _spent(max_time, t0):  # the SVD and a solver's setup cost O(V d^2) and more
+        return _budget_spent_result(Gc, scale, rtol, t0)
     U_, s, Vt = np.linalg.svd(Gc / scale, full_matrices=False)
     r = _numerical_rank(s, (V, d))
     if r == 1:
@@ -1853,10 +1905,11 @@ class _ADMM:
             Ewarm = np.asarray(warm.pairs, dtype=np.int64).reshape(-1, 2)
             wflows = np.asarray(warm.flows, dtype=np.float64)
         N = self.Hw / np.maximum(np.linalg.norm(self.Hw, axis=1, keepdims=True), 1e-30)
-        E0, _ = _far_pairs(N, _INITIAL_PARTNERS, None)
+        # a heuristic start: cut short at the deadline, the working set is only smaller
+        E0, _ = _far_pairs(N, _INITIAL_PARTNERS, None, _deadline(max_time, t0))
         parts = [E0, Ewarm]
         if X0 is not None:
-            Ex, _ = _far_pairs(X0, _SEPARATION_PARTNERS, None)
+            Ex, _ = _far_pairs(X0, _SEPARATION_PARTNERS, None, _deadline(max_time, t0))
             parts.append(Ex)
         E = _connect(_unique_pairs(np.concatenate(parts)), self.V)
         self._set_working_set(E)
@@ -2003,7 +2056,10 @@ class _ADMM:
             if upper_est < self.best_upper:
                 self.best_upper, self.best_Y, self.best_E = upper_est, self.Y.copy(), self.E
             ts = time.perf_counter()
-            Enew, d2max = _far_pairs(X, _SEPARATION_PARTNERS, (1.0 + sep_tol) ** 2)
+            # cut short at the deadline: the pairs of the rows seen, and an estimate of
+            # the lower bound from their distances (the certificate measures the diameter)
+            Enew, d2max = _far_pairs(X, _SEPARATION_PARTNERS, (1.0 + sep_tol) ** 2,
+                                     _deadline(self.max_time, self.t0))
             self.sep_time = time.perf_counter() - ts
             inner = float(np.sum(self.Hw * X, dtype=np.float64))
             lower_est = inner / math.sqrt(d2max) if d2max > 0 else 0.0

@@ -312,7 +312,9 @@ class DiameterLMO:
     rtol : float, default=1e-3
         Certified relative gap of each LMO solve (see :func:`refgeo.diameter_lmo`).
     max_time : float, default=None
-        Time limit per solve in seconds (the best certified step so far is used).
+        Time limit per solve in seconds, ``>= 0`` (the best certified step so far is
+        used; once the limit has passed, the projected RowNorm step: see
+        :func:`refgeo.diameter_lmo`).
     weight_decay : float, default=0.0
         Decoupled weight decay: ``param *= 1 - lr * weight_decay`` before the step;
         ``lr * weight_decay <= 2``.
@@ -368,7 +370,7 @@ class DiameterLMO:
             check_real(self.lr, "lr", min_value=0.0, strict=True),
             _check_unit_interval(self.momentum, "momentum"),
             check_open_unit_interval(self.rtol, "rtol"),
-            None if self.max_time is None else check_real(self.max_time, "max_time", min_value=0.0, strict=True),
+            None if self.max_time is None else check_real(self.max_time, "max_time", min_value=0.0),
             check_real(self.weight_decay, "weight_decay", min_value=0.0),
         )
         check_decay(out[0], out[4])

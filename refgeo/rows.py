@@ -64,9 +64,10 @@ pair; for k-NN also a block of 64 rows in the certification pass); the total is 
 when the kernel starts and grows only when k-NN redoes rows with a float64 filter, or
 when the closest pair's float32 run exceeds its budget of refinements and a float64 run
 follows (one more run each).  :func:`distance_ratio` counts both of its kernels in one total.  The
-reference and CuPy backends report their whole run as one step, at its end.  An
-exception raised by the callable stops the computation and propagates; the results
-are bitwise the same with progress on or off.
+reference, CuPy and Dask backends report their whole run as one step, at its end: a
+callable is told only the start and the end, and cannot stop them in between (Ctrl-C
+can).  An exception raised by the callable stops the computation and propagates; the
+results are bitwise the same with progress on or off.
 
 Where the code lives
 --------------------
@@ -328,8 +329,8 @@ class WorstCaseHiddenState:
 # _certify.py), let _backend.run pick and run one kernel, scale the distances back and
 # wrap the KernelRun in a result.
 
-# Only the compiled engine reports progress between tiles; the reference and CuPy
-# kernels take the reporter and report their run as one step when it ends.
+# Only the compiled engine reports progress between tiles; the reference, CuPy and
+# Dask kernels take the reporter and report their run as one step when it ends.
 
 
 def _whole_run(kernel):

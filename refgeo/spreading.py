@@ -680,7 +680,9 @@ def spread(
         once at the end with ``done == total``; steps are the planned starts
         (``epigraph``) or neighborhood refreshes (``smooth``: ``max_rounds + 1``, the
         first measures the start), or, with ``max_time``, the fraction of the time
-        budget used (total 1.0).
+        budget used (total 1.0).  "The start" is after the constructions are built
+        and certified (seconds at V = 3000 and more: ``elapsed`` counts from there,
+        ``max_time`` from the call), so a callable cannot stop that phase.
     n_starts : int, default=None
         Local solves of the epigraph method (default 12 for ``V <= 20``, else 4; stops
         early when the bound is reached).

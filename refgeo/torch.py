@@ -472,7 +472,9 @@ def _build() -> dict[str, Any]:
         rtol : float, default=1e-3
             Certified relative gap of each solve.
         max_time : float, default=None
-            Time limit per solve in seconds (the best certified step so far is used).
+            Time limit per solve in seconds, ``>= 0`` (the best certified step so far is
+            used; once the limit has passed, the projected RowNorm step: see
+            :func:`refgeo.diameter_lmo`).
         weight_decay : float, default=0.0
             Decoupled weight decay: ``W *= 1 - lr * weight_decay`` before the step;
             ``lr * weight_decay <= 2``.

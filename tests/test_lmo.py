@@ -474,7 +474,7 @@ def test_callback_limits_and_progress():
     refgeo.diameter_lmo(G, rtol=1e-3, progress=True)  # tqdm if installed; never fails
 
 
-@pytest.mark.parametrize("limit", [{"max_iter": 0}, {"max_iter": 1}, {"max_time": 1e-3}])
+@pytest.mark.parametrize("limit", [{"max_iter": 0}, {"max_iter": 1}, {"max_time": 1e-3}, {"max_time": 0.0}])
 @pytest.mark.parametrize("V, d, seed", [(600, 8, 2), (300, 4, 0), (40, 6, 1)])
 def test_a_stopped_solve_decreases_at_least_as_much_as_projected_rownorm(limit, V, d, seed):
     """Stopped after a few iterations the solver's step decreased about half as much as
@@ -498,6 +498,67 @@ def test_a_stopped_solve_decreases_at_least_as_much_as_projected_rownorm(limit, 
     assert res.lower_bound <= tb.upper * (1 + 1e-12) and res.upper_bound >= tb.lower * (1 - 1e-12)
     assert res.gap == pytest.approx((res.upper_bound - res.lower_bound) / res.upper_bound, abs=1e-15)
     assert res.converged == (res.gap <= 1e-4)
+
+
+def test_max_time_holds_through_the_setup():
+    """The setup ran outside the budget: merging rows, the SVD, the first working set and
+    one separation pass (O(V^2 r) heuristics) took 3 s under ``max_time=0.01`` at
+    (8000, 128).  Now the limit is checked inside them, and once it has passed the
+    RowNorm step is returned with a star flow's upper bound.  Compared with the same
+    setup unbudgeted (``max_iter=0``) in the same process, not with a wall-clock limit."""
+    from refgeo._lm_gradients import lm_gradient
+
+    G = lm_gradient(4000, 64, seed=0)
+    t0 = time.perf_counter()
+    refgeo.diameter_lmo(G, max_iter=0)
+    setup = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    res = refgeo.diameter_lmo(G, max_time=0.01)
+    budgeted = time.perf_counter() - t0
+    assert budgeted < 0.25 * setup, (budgeted, setup)
+    assert res.method == "rownorm" and res.iterations == 0 and not res.converged
+
+
+@pytest.mark.parametrize("V, d, seed", [(300, 5, 0), (400, 12, 1), (50, 3, 2)])
+def test_a_spent_budget_returns_rownorm_under_a_star_flow_that_bounds_the_optimum(V, d, seed):
+    """``max_time=0``: no solver starts; the bracket [RowNorm's decrease, the star
+    flow's cost] must contain T(G), so it overlaps a converged solve's bracket, and is
+    at worst a gap of 1/2 (the star into the longest row costs at most the sum of the
+    row norms)."""
+    from refgeo._lm_gradients import isotropic_gradient, lm_gradient
+
+    for G in (lm_gradient(V, d, seed=seed), isotropic_gradient(V, d, seed=seed)):
+        res = refgeo.diameter_lmo(G, max_time=0.0)
+        T = refgeo.diameter_lmo(G, rtol=1e-3)
+        assert res.lower_bound <= T.upper_bound * (1 + 1e-12)
+        assert res.upper_bound >= T.lower_bound * (1 - 1e-12)
+        norms = np.linalg.norm(G, axis=1)
+        assert res.upper_bound <= (norms.sum() - norms.max()) * (1 + 1e-12)
+        assert res.gap <= 0.5 + 1e-12
+        assert res.lower_bound == pytest.approx(0.5 * norms.sum(), rel=1e-9)
+        # the flows are the star's: one pair per nonzero row into the longest one
+        hub = int(np.argmax(norms))
+        assert np.all((res.pairs == hub).sum(axis=1) == 1)
+        assert float(np.sum(res.flows)) == pytest.approx(norms.sum() - norms.max(), rel=1e-12)
+
+
+def test_synthetic_gradients_do_not_depend_on_the_blas_thread_count():
+    """``lm_gradient`` and ``isotropic_gradient`` are the inputs of tests and benchmarks
+    and promise to be deterministic in their seed; their GEMMs ran on BLAS's threads,
+    and OPENBLAS_NUM_THREADS=1 and 2 gave different bits (and LMO bounds)."""
+    import os
+    import subprocess
+    import sys
+
+    code = ("import hashlib; from refgeo._lm_gradients import lm_gradient, isotropic_gradient; "
+            "print(hashlib.sha1(lm_gradient(500, 256, seed=0).tobytes()).hexdigest(), "
+            "hashlib.sha1(isotropic_gradient(1700, 12, seed=0).tobytes()).hexdigest())")
+    out = set()
+    for n in ("1", "2"):
+        env = {**os.environ, "OPENBLAS_NUM_THREADS": n, "OMP_NUM_THREADS": n, "MKL_NUM_THREADS": n}
+        out.add(subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
+                               check=True).stdout)
+    assert len(out) == 1, out
 
 
 def test_progress_callable_and_missing_tqdm(monkeypatch):

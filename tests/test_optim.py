@@ -432,3 +432,18 @@ def test_an_expanded_tensor_is_refused_as_param(cls):
     base = np.zeros((3, 10))
     for P in (base.T[:5], base[:, ::2].T, np.zeros((5, 3))[::-1]):
         getattr(refgeo, cls)(lr=0.1).step(P, G)
+
+
+def test_a_zero_time_limit_steps_by_projected_rownorm():
+    """``max_time=0`` was refused (``must be > 0``) while ``diameter_lmo`` now takes it:
+    every solve then stops before a solver starts and the step is the projected
+    RowNorm step of the gradient, scaled by ``lr``."""
+    from refgeo._lm_gradients import lm_gradient
+
+    G = lm_gradient(300, 8, seed=4)
+    W = np.zeros_like(G)
+    opt = refgeo.DiameterLMO(lr=0.25, max_time=0.0)
+    opt.step(W, G)
+    np.testing.assert_allclose(W, refgeo.projected_rownorm(G, eta=0.25), rtol=0, atol=1e-12)
+    assert opt.last_result.method == "rownorm" and opt.last_result.gap <= 0.5
+    assert refgeo.row_diameter(W).value <= 0.25

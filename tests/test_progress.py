@@ -67,6 +67,8 @@ def _check_reports(seen, *, main):
     assert infos[0]["done"] == 0 and math.isnan(infos[0]["eta"])
     assert infos[-1]["done"] == infos[-1]["total"] > 0 and infos[-1]["eta"] == 0.0
     assert all(a["done"] <= b["done"] and a["elapsed"] <= b["elapsed"] for a, b in zip(infos, infos[1:]))
+    # each report after the first tells of steps done since the last one
+    assert all(a["done"] < b["done"] for a, b in zip(infos, infos[1:]))
     assert all(0 <= i["done"] <= i["total"] for i in infos)
     assert all(a["total"] <= b["total"] for a, b in zip(infos, infos[1:]))
     # the end is reported once, last (a k-NN redo pass or a smaller second run included)
@@ -89,6 +91,18 @@ def test_callable_reports_are_monotone_end_at_the_total_and_leave_results_alone(
             if backend == "reference" or _backend.extension() is None:
                 # no hook between tiles: the whole run is one step (two for distance_ratio)
                 assert infos[-1]["total"] == (2 if name == "distance_ratio" else 1), name
+
+
+def test_a_one_step_run_reports_its_start_and_its_end_only():
+    """The reference backend runs a kernel as one step, held short of its total until
+    the call ends; a run longer than the reporting interval (0.25 s) reported
+    ``done == 0`` a second time at its end, then ``done == 1`` (also on Dask input)."""
+    S = np.random.default_rng(3).standard_normal((3000, 16))
+    seen = []
+    with refgeo.use_backend("reference"):
+        refgeo.row_diameter(S, progress=seen.append)
+    assert [(i["done"], i["total"]) for i in seen] == [(0, 1), (1, 1)]
+    assert seen[-1]["elapsed"] > 0.25 or pytest.skip("the run was shorter than the reporting interval")
 
 
 @compiled
