@@ -232,7 +232,8 @@ def hilbert_distance_logits(z: Any, w: Any, /, *, axis: int = -1):
 
     Probabilities are never formed, so the result is exact (to one float64 rounding of
     each difference) for any finite logits, including values of size 1e4 whose
-    softmax underflows.  Invariant under adding a constant to ``z`` or ``w``;
+    softmax underflows; a distance beyond the float64 range (differences of logits
+    near 1e308) is ``inf``.  Invariant under adding a constant to ``z`` or ``w``;
     symmetric; satisfies the triangle inequality.  Time O(V) per pair.  Proof of the
     identity: :doc:`/theory/hilbert`, "The logit identity".
 

@@ -364,3 +364,10 @@ def test_volume_bound_is_never_below_the_formula(V, d):
     want = _decimal_volume(V, d)
     assert decimal.Decimal(got) >= want
     assert got == pytest.approx(float(want), rel=1e-14)
+
+
+def test_ties_bind_the_first_bound():
+    """``binding`` names the first of equal bounds (docstring); V <= d + 1: every bound
+    is 1, so B0.  (Mutation testing found the tie rule untested.)"""
+    b = refgeo.ratio_upper_bound(3, 5)
+    assert b.value == 1.0 and b.binding == "B0"

@@ -558,3 +558,39 @@ def test_variation_beyond_the_float64_range_is_inf_without_a_warning():
 
 def test_funk_distance_of_vectors_whose_sum_overflows():
     assert refgeo.funk_distance([1e308, 1e308], [1.0, 3.0]) == pytest.approx(math.log(2.0), rel=1e-12)
+
+
+# ---- found by mutation testing: code paths no test reached (each test fails when the
+# ---- line it names is changed; the expected values come from the definitions)
+
+
+def test_funk_logits_whose_differences_overflow():
+    """softmax([1e308, 0]) = (1, 0) against softmax of equal logits (1/2, 1/2): the Funk
+    distance log max(p / q) is log 2, while z - w overflows float64 (the halved path)."""
+    z = np.array([1e308, 0.0])
+    w = np.array([-1e308, -1e308])
+    assert refgeo.funk_distance_logits(z, w) == pytest.approx(math.log(2.0), rel=1e-12)
+
+
+def test_funk_logits_of_one_distribution_are_never_negative():
+    """w = z - 3.4385...: the same distribution; the float64 formula gives -2.2e-16 here,
+    and the documented result is >= 0 (clamped)."""
+    z = np.array([0.28223560639382317, -0.35209610838834, 0.22079286561607478, -0.07948832377875412])
+    w = np.array([-3.156730052169882, -3.791061766952045, -3.2181727929476303, -3.518453982342459])
+    assert refgeo.funk_distance_logits(z, w) >= 0.0
+    assert refgeo.funk_distance_logits(w, z) >= 0.0
+
+
+def test_a_batch_with_one_all_zero_distribution_is_refused():
+    """Every row of a batch must be a distribution: one all-zero row among valid ones."""
+    with pytest.raises(ValueError, match="p"):
+        refgeo.hilbert_distance(np.array([[1.0, 1.0], [0.0, 0.0]]), np.ones((2, 2)))
+
+
+def test_one_overflowing_pair_leaves_a_subnormal_distance_of_its_batch_exact():
+    """Row 1's difference overflows (the batch takes the halved path); row 0's distance
+    is the subnormal 5e-324 exactly, not 0."""
+    z = np.array([[5e-324, 0.0], [1e308, -1e308]])
+    d = refgeo.hilbert_distance_logits(z, np.zeros((2, 2)))
+    assert d[0] == 5e-324
+    assert d[1] == math.inf  # 2e308: beyond float64 (documented)

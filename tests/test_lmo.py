@@ -1043,6 +1043,8 @@ def test_warm_start_contents_are_checked():
     bad = [
         (dict(pairs=np.array([[0, 999]]), flows=np.array([1.0])), "warm_start.pairs must be an integer array of shape (m, 2) with rows in [0, 24], got int64 pairs of shape (1, 2) with values in [0, 999] instead."),
         (dict(pairs=np.array([[-1, 3]]), flows=np.array([1.0])), "warm_start.pairs must be an integer array"),
+        # the first row out of range, V itself (an off-by-one in the check let it through)
+        (dict(pairs=np.array([[0, 25]]), flows=np.array([1.0])), "with values in [0, 25] instead."),
         (dict(pairs=np.array([[0.5, 3.0]]), flows=np.array([1.0])), "warm_start.pairs must be an integer array"),
         (dict(flows=np.full(len(r.flows), np.nan)), f"warm_start.flows must be {len(r.flows)} finite flow magnitudes >= 0"),
         (dict(pairs=np.array([[0, 3], [1, 2]]), flows=np.array([1.0])), "warm_start.flows must be 2 finite flow magnitudes >= 0"),
@@ -1100,3 +1102,15 @@ def test_tension_bounds_beyond_the_range_only_in_a_secondary_bound():
     assert b.pairwise_flow == math.inf
     assert b.closed_form == "rank1"
     assert b.lower == pytest.approx(float(T), rel=1e-15) and b.upper == pytest.approx(float(T), rel=1e-15)
+
+
+def test_a_crossed_bracket_beyond_rounding_is_an_internal_error():
+    """``_checked_bracket`` lifts an upper bound that rounding pushed below the lower one
+    and raises where the crossing is too large for rounding (one of them is not a
+    bound): a mutant that tolerated 1e12 ulps passed every end-to-end test."""
+    from refgeo.lmo import _checked_bracket
+
+    with pytest.raises(RuntimeError, match="more than rounding can explain"):
+        _checked_bracket(1.0, 1.0 - 1e-6, "test")
+    assert _checked_bracket(1.0, 1.0 - 1e-15, "test") == (1.0, 1.0)
+    assert _checked_bracket(0.5, 2.0, "test") == (0.5, 2.0)

@@ -1072,3 +1072,16 @@ def test_backward_bound_takes_no_python_loop_for_rows_near_the_origin():
         got = refgeo.backward_bound(S, p)
     for row, b in zip(p[:5], got[:5]):
         assert _exact_backward_norm(S, row) <= b * (1 + 1e-15)
+
+
+@pytest.mark.parametrize("max_iter", [0, 1, 2, 5])
+def test_a_stopped_covering_radius_brackets_the_exact_radius(max_iter):
+    """Stopped early, ``lower_bound <= radius* <= radius``: the lower bound is
+    min(sqrt(phi), R), and a mutant returning R alone (above the true radius) passed
+    every other test."""
+    for seed in range(3):
+        S = np.random.default_rng(seed).standard_normal((300, 6))
+        exact = refgeo.covering_radius(S, tol=1e-14)
+        b = refgeo.covering_radius(S, max_iter=max_iter)
+        assert b.lower_bound <= exact.radius * (1 + 1e-12)
+        assert b.radius >= exact.lower_bound * (1 - 1e-12)

@@ -777,3 +777,22 @@ def test_epigraph_beyond_memory_is_refused_by_name():
             + r"[0-9.]+ (B|KiB|MiB|GiB|TiB) are available\. "
             + re.escape("Use method='smooth' (or 'auto') for this V.") + "$"):
         refgeo.spread(2000, 10, method="epigraph", seed=0)
+
+
+def test_uncertified_values_are_those_of_the_points():
+    """``certify=False`` reports the Gram-filter extremes of the points; they were
+    checked nowhere (a self-pair left in the filter gave a ratio near 0 unnoticed)."""
+    r = refgeo.spread(30, 3, seed=0, certify=False, max_time=0.5)
+    assert r.certificate == "none"
+    assert r.ratio == pytest.approx(refgeo.distance_ratio(r.points), rel=1e-9)
+    i, j = r.min_pair
+    assert i != j
+    assert np.linalg.norm(r.points[i] - r.points[j]) == pytest.approx(refgeo.closest_pair(r.points).value, rel=1e-9)
+
+
+def test_uncertified_coincident_points_have_an_infinite_error_bound():
+    """Two equal rows and no iteration (``max_time=0``): the closest distance is 0, whose
+    relative error is unbounded."""
+    X = np.array([[0.0, 0.0], [1.0, 0.0], [1.0, 0.0], [0.0, 1.0]])
+    r = refgeo.spread(4, 2, init=X, certify=False, max_time=0.0)
+    assert r.min_dist == 0.0 and r.error_bound == math.inf
