@@ -366,20 +366,28 @@ def fit_linear(X, Y, nbr, w, lam, identity_prior, rank, chunk, return_maps=False
 
 
 def _householder(v):
-    """Batched reflections ``H`` (b, m, m) with ``H v = sigma |v| e_1`` and the signs
-    ``sigma`` (b,) (``-sign(v_0)``, stable); the identity and 0 for a zero ``v``."""
-    b, m = v.shape
+    """Batched reflections ``H = I - beta u u^T`` with ``H v = sigma |v| e_1``: returns
+    ``u`` (b, m), ``beta`` (b,) and the signs ``sigma`` (b,) (``-sign(v_0)``, the stable
+    choice); ``beta = sigma = 0`` (the identity) for a zero ``v``.  Applied as rank-one
+    updates (:func:`_reflect_rows`, :func:`_reflect_cols`), O(m^2) each, not as products."""
     nv = np.linalg.norm(v, axis=1)
-    safe = np.where(nv > 0, nv, 1.0)
-    vh = v / safe[:, None]
-    sign = np.where(vh[:, 0] >= 0, 1.0, -1.0)
-    u = vh.copy()
+    live = nv > 0
+    u = v / np.where(live, nv, 1.0)[:, None]
+    sign = np.where(u[:, 0] >= 0, 1.0, -1.0)
     u[:, 0] += sign
     uu = np.einsum("bm,bm->b", u, u)
-    H = np.broadcast_to(np.eye(m), (b, m, m)).copy()
-    live = nv > 0
-    H[live] -= (2.0 / uu[live])[:, None, None] * np.einsum("bi,bj->bij", u[live], u[live])
-    return H, np.where(live, -sign, 0.0)
+    beta = np.where(live, 2.0 / np.where(live, uu, 1.0), 0.0)
+    return u, beta, np.where(live, -sign, 0.0)
+
+
+def _reflect_rows(u, beta, A):
+    """``H A`` for the reflections ``H = I - beta u u^T`` (batched)."""
+    return A - (beta[:, None] * u)[:, :, None] * np.einsum("bm,bmn->bn", u, A)[:, None, :]
+
+
+def _reflect_cols(A, u, beta):
+    """``A H`` for the reflections ``H = I - beta u u^T`` (batched)."""
+    return A - np.einsum("bmn,bn->bm", A, u)[:, :, None] * (beta[:, None] * u)[:, None, :]
 
 
 def polar_near_identity(U, s, Vt, tol):
@@ -462,12 +470,13 @@ def fit_orthogonal(X, Y, nbr, w, lam, identity_prior, scaled, chunk, return_maps
         N = ((ys - ybar[:, None, :]) * wn[:, :, None]).swapaxes(1, 2) @ (xs - xbar[:, None, :])  # (b, m, m)
         if identity_prior and lam:
             N = N + lam * np.eye(m)
-        Hy, sy = _householder(ybar)
-        Hx, sx = _householder(xbar)
-        Mr = Hy @ N @ Hx  # M in the reflected bases, but for its (0, 0) entry
+        uy, by, sy = _householder(ybar)
+        ux, bx, sx = _householder(xbar)
+        Mr = _reflect_cols(_reflect_rows(uy, by, N), ux, bx)  # M in the reflected bases, but for its (0, 0) entry
         Mr[:, 0, 0] += sy * sx * W * np.linalg.norm(ybar, axis=1) * np.linalg.norm(xbar, axis=1)
         U, sv, Vt = np.linalg.svd(Mr)
-        Q = polar_near_identity(Hy @ U, sv, Vt @ Hx, rcond * np.linalg.norm(N, axis=(1, 2)))
+        Q = polar_near_identity(_reflect_rows(uy, by, U), sv, _reflect_cols(Vt, ux, bx),
+                                rcond * np.linalg.norm(N, axis=(1, 2)))
         qx = np.einsum("bmn,bn->bm", Q, xis)
         if full_space:
             out = qx
