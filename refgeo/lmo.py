@@ -945,7 +945,7 @@ class _GapProgress:
     to 4 calls a second from the calling thread and reports the end once.
     """
 
-    def __init__(self, progress):
+    def __init__(self, progress: Any) -> None:
         self.bar = _progress.Progress(progress, 1.0, desc="diameter_lmo", unit="")
         self.first: float | None = None
 

@@ -594,3 +594,14 @@ def test_one_overflowing_pair_leaves_a_subnormal_distance_of_its_batch_exact():
     d = refgeo.hilbert_distance_logits(z, np.zeros((2, 2)))
     assert d[0] == 5e-324
     assert d[1] == math.inf  # 2e308: beyond float64 (documented)
+
+
+def test_variation_refuses_an_axis_past_the_last_masked_entries_and_unrepresentable_integers():
+    """Silent wrong answers otherwise: NumPy's masked values are used under the mask,
+    and 2**62 and 2**62 + 1 are one float64 (variation 0, true value 1)."""
+    with pytest.raises(ValueError, match=re.escape("axis must be in [-1, 0] for a 1-D array, got 1 instead.")):
+        refgeo.variation([3.0, -1.0, 2.0], axis=1)
+    with pytest.raises(TypeError, match=r"^x must not have masked entries"):
+        refgeo.variation(np.ma.masked_array([3.0, -1.0, 100.0], mask=[False, False, True]))
+    with pytest.raises(ValueError, match=r"^x must have integer entries of magnitude at most 2\*\*53"):
+        refgeo.variation(np.array([2**62, 2**62 + 1], dtype=np.int64))

@@ -1114,3 +1114,16 @@ def test_a_crossed_bracket_beyond_rounding_is_an_internal_error():
         _checked_bracket(1.0, 1.0 - 1e-6, "test")
     assert _checked_bracket(1.0, 1.0 - 1e-15, "test") == (1.0, 1.0)
     assert _checked_bracket(0.5, 2.0, "test") == (0.5, 2.0)
+
+
+def test_a_gradient_centered_50_times_worse_than_allowed_is_refused():
+    """||sum of rows|| / sum of row norms = 0.01 / 1.99 = 5e-3, against the documented
+    1e-4: refused by the function and by the optimizer (a mutant 1000 times looser
+    passed every other test)."""
+    G = np.array([[1.0, 0.0], [-0.99, 0.0]])
+    with pytest.raises(ValueError, match=r"^G must have rows summing to zero"):
+        refgeo.diameter_lmo(G)
+    with pytest.raises(ValueError, match=r"^grad must have rows summing to zero"):
+        refgeo.DiameterLMO(lr=0.5).step(np.zeros((2, 2)), G)
+    with pytest.raises(TypeError, match=re.escape("pairwise must be a bool, got int instead.")):
+        refgeo.tension_bounds(np.array([[1.0, 0.0], [-1.0, 0.0]]), pairwise=0)

@@ -447,3 +447,29 @@ def test_a_zero_time_limit_steps_by_projected_rownorm():
     np.testing.assert_allclose(W, refgeo.projected_rownorm(G, eta=0.25), rtol=0, atol=1e-12)
     assert opt.last_result.method == "rownorm" and opt.last_result.gap <= 0.5
     assert refgeo.row_diameter(W).value <= 0.25
+
+
+def test_diameter_lmo_state_counts_its_steps_through_a_round_trip():
+    """``state_dict()`` holds the step count: 0 fresh, 2 after two steps, and the same
+    after ``load_state_dict`` (a mutant that never counted passed every other test)."""
+    opt = refgeo.DiameterLMO(lr=0.5)
+    assert opt.state_dict()["t"] == 0
+    W = np.zeros((2, 2))
+    G = np.array([[3.0, 4.0], [-3.0, -4.0]])
+    opt.step(W, G)
+    opt.step(W, G)
+    assert opt.state_dict()["t"] == 2
+    fresh = refgeo.DiameterLMO(lr=0.5)
+    fresh.load_state_dict(opt.state_dict())
+    assert fresh.state_dict()["t"] == 2
+
+
+@pytest.mark.parametrize("cls", [refgeo.RowNorm, refgeo.DiameterLMO])
+def test_an_infinite_learning_rate_is_refused(cls):
+    with pytest.raises(ValueError, match=re.escape("lr must be a finite number, got inf instead.")):
+        cls(lr=float("inf"))
+
+
+def test_a_flag_given_as_an_integer_is_refused():
+    with pytest.raises(TypeError, match=re.escape("project must be a bool, got int instead.")):
+        refgeo.RowNorm(lr=0.1, project=1)

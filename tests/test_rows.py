@@ -1085,3 +1085,62 @@ def test_a_stopped_covering_radius_brackets_the_exact_radius(max_iter):
         b = refgeo.covering_radius(S, max_iter=max_iter)
         assert b.lower_bound <= exact.radius * (1 + 1e-12)
         assert b.radius >= exact.lower_bound * (1 - 1e-12)
+
+
+# ---- scaling and widening of rows at the ends of the float ranges (mutation testing
+# ---- of refgeo/_certify.py found these paths unchecked by the engine tests)
+
+
+def test_rows_far_below_the_normal_range_give_their_exact_distance():
+    """2**-1030 is subnormal: the rows are scaled up by a power of two (exact), so the
+    diameter is the distance itself, not 0 or a rounded value."""
+    r = refgeo.row_diameter(np.array([[0.0], [2.0**-1030]]))
+    assert r.value == 2.0**-1030 and (r.i, r.j) == (0, 1)
+
+
+def test_a_diameter_beyond_the_float64_range_is_a_value_error():
+    """3.4e308 is not a float64: an error saying so, never a finite stand-in."""
+    with pytest.raises(ValueError, match=r"^the row diameter is .* beyond the float64 range"):
+        refgeo.row_diameter(np.array([[1.7e308], [-1.7e308]]))
+
+
+def test_float32_rows_are_never_scaled_and_float64_rows_outside_the_band_are():
+    """The module docstring: float32 squares fit in float64, so float32 rows run
+    unscaled (scale_exponent 0) whatever their size; float64 rows outside
+    [2**-64, 2**65) run scaled by a power of two, and the distance is still exact."""
+    S32 = np.array([[1e30, 0.0], [-1e30, 0.0], [0.0, 1.0]], dtype=np.float32)
+    r = refgeo.row_diameter(S32)
+    assert r.scale_exponent == 0 and r.dtype == "float32"
+    assert (r.i, r.j) == (0, 1) and r.value == 2.0 * float(np.float32(1e30))
+    r = refgeo.row_diameter(np.array([[2.0**100], [0.0], [1.0]]))
+    assert r.value == 2.0**100 and (r.i, r.j) == (0, 1) and r.scale_exponent != 0
+
+
+def test_float32_subnormals_widen_to_float64_exactly():
+    from array_api_compat import array_namespace
+
+    from refgeo._certify import float32_bits_to_float64
+
+    x = np.array([2.0**-149, -3.0 * 2.0**-140, 1.5], dtype=np.float32)
+    assert float32_bits_to_float64(array_namespace(x), x).tolist() == [2.0**-149, -3.0 * 2.0**-140, 1.5]
+
+
+def test_scaled_row_norms_of_rows_whose_squares_leave_the_float64_range():
+    from refgeo._certify import scaled_row_norms
+
+    n = scaled_row_norms(np.array([[3e200, 4e200], [3e-200, 4e-200]]))
+    assert n[0] == pytest.approx(5e200, rel=1e-15) and n[1] == pytest.approx(5e-200, rel=1e-15)
+
+
+def test_the_refined_square_sums_its_lanes_in_the_documented_order():
+    """canonical_sq adds the squares of lanes k mod 8 as ((p0 + p1) + (p2 + p3)) +
+    ((p4 + p5) + (p6 + p7)): every backend reproduces this order bit for bit.  Here
+    p0 = 1 + 2**-25 + 2**-52 (odd last bit) and p2 = p3 = 2**-54, so p2 + p3 = 2**-53
+    is a tie that rounds p0 up to even; adding them one at a time leaves p0."""
+    from array_api_compat import array_namespace
+
+    from refgeo._certify import canonical_sq
+
+    a = np.array([[1.0 + 2.0**-26, 0.0, 2.0**-27, 2.0**-27, 0.0, 0.0, 0.0, 0.0]])
+    assert (1.0 + 2.0**-26) ** 2 == 1.0 + 2.0**-25 + 2.0**-52
+    assert canonical_sq(array_namespace(a), a, np.zeros_like(a)).tolist() == [1.0 + 2.0**-25 + 2.0**-51]
