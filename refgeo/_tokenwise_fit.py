@@ -103,9 +103,10 @@ def panel_bytes(cls: str, n: int, d: int, k: int, chunk: int, return_maps: bool 
         return label, f * b * k * (3 * d + kk * k) + maps
     # (chunk, m, m): the QR's R, the cross-covariance, the two reflections, the
     # reflected matrix, its SVD, the factors reflected back and the polar factor;
-    # (chunk, k, m): the projected panels and their centered, weighted copies
+    # (chunk, k, d): the panels and their centered copies; (chunk, k, m): those
+    # projected and weighted
     m = d if 2 * k >= d else 2 * k
-    return label, f * b * (2 * k * d + 4 * d * m + 5 * k * m + 14 * m * m) + maps
+    return label, f * b * (4 * k * d + 4 * d * m + 5 * k * m + 14 * m * m) + maps
 
 
 # --------------------------------------------------------------------- diagonal
@@ -433,8 +434,13 @@ def fit_orthogonal(X, Y, nbr, w, lam, identity_prior, scaled, chunk, return_maps
     the SVD of that graded matrix keeps ``N``'s small singular values to ``N``'s own
     rounding; formed directly, ``M`` held them only to ``eps ||M||``: states with a
     common offset 1e6 times their spread lost them below the zero threshold, and the
-    fit took the tie-break's rotation (objective up to 2.6 times the optimum).  A
-    singular value counts as zero below ``rcond ||N||_F``.
+    fit took the tie-break's rotation (objective up to 2.6 times the optimum).  The
+    means are taken before the projection onto ``P``, so that the centered rows are
+    exact where the offset dominates.  A singular value counts as zero below
+    ``rcond ||N||_F`` plus what the means' rounding leaves in N,
+    ``4 (m + 4)^2 eps^2 W |xbar| |ybar|`` (a common shift of the centered rows cancels
+    in N to that second-order term): neighbors that are copies of one row leave N
+    nothing but it (1e-32), which must not pin the rotation.
     """
     d = X.shape[1]
     n, k = nbr.shape  # the queries are the first n rows of X
@@ -453,30 +459,43 @@ def fit_orthogonal(X, Y, nbr, w, lam, identity_prior, scaled, chunk, return_maps
             np.ldexp(Yn, -ex, out=Yn)
         xi = _rows(X, ex, s, e)
         wn = w[s:e]
+        # the weighted means are split off before any projection: a row minus a mean
+        # it is close to is exact (Sterbenz), where projecting the raw rows would
+        # round each by eps |xbar|, far above their spread under a large offset
+        W = wn.sum(axis=1)
+        Wd = np.where(W > 0, W, 1.0)[:, None]  # all weights 0: M = 0, any mean does
+        xbar = np.einsum("bk,bkd->bd", wn, Xn) / Wd
+        ybar = np.einsum("bk,bkd->bd", wn, Yn) / Wd
+        xc = Xn - xbar[:, None, :]
+        yc = Yn - ybar[:, None, :]
         if full_space:
-            xs, ys, xis = Xn, Yn, xi
+            xis = xi
             m = d
         else:
             Z = np.concatenate([Xn, Yn], axis=1).swapaxes(1, 2)  # (b, d, 2k)
             P, _ = np.linalg.qr(Z)  # (b, d, 2k), orthonormal columns
+            del Z
             m = P.shape[2]
-            xs = Xn @ P
-            ys = Yn @ P
+            xc, yc = xc @ P, yc @ P
+            xbar = np.einsum("bd,bdm->bm", xbar, P)
+            ybar = np.einsum("bd,bdm->bm", ybar, P)
             xis = np.einsum("bd,bdm->bm", xi, P)
-        W = wn.sum(axis=1)
-        Wd = np.where(W > 0, W, 1.0)[:, None]  # all weights 0: M = 0, any mean does
-        xbar = np.einsum("bk,bkm->bm", wn, xs) / Wd
-        ybar = np.einsum("bk,bkm->bm", wn, ys) / Wd
-        N = ((ys - ybar[:, None, :]) * wn[:, :, None]).swapaxes(1, 2) @ (xs - xbar[:, None, :])  # (b, m, m)
+        N = (yc * wn[:, :, None]).swapaxes(1, 2) @ xc  # (b, m, m)
+        del xc, yc
+        nx, ny = np.linalg.norm(xbar, axis=1), np.linalg.norm(ybar, axis=1)
+        # what N cannot resolve beyond its own rounding: the means' rounding, a common
+        # shift of the centered rows that cancels in N but for W e_y e_x^T; neighbors
+        # that are copies of one row leave N nothing but that (1e-32)
+        noise = 4.0 * (m + 4) ** 2 * _EPS * _EPS * W * nx * ny
         if identity_prior and lam:
             N = N + lam * np.eye(m)
         uy, by, sy = _householder(ybar)
         ux, bx, sx = _householder(xbar)
         Mr = _reflect_cols(_reflect_rows(uy, by, N), ux, bx)  # M in the reflected bases, but for its (0, 0) entry
-        Mr[:, 0, 0] += sy * sx * W * np.linalg.norm(ybar, axis=1) * np.linalg.norm(xbar, axis=1)
+        Mr[:, 0, 0] += sy * sx * W * ny * nx
         U, sv, Vt = np.linalg.svd(Mr)
         Q = polar_near_identity(_reflect_rows(uy, by, U), sv, _reflect_cols(Vt, ux, bx),
-                                rcond * np.linalg.norm(N, axis=(1, 2)))
+                                rcond * np.linalg.norm(N, axis=(1, 2)) + noise)
         qx = np.einsum("bmn,bn->bm", Q, xis)
         if full_space:
             out = qx

@@ -512,9 +512,11 @@ def test_max_time_holds_through_the_setup():
     t0 = time.perf_counter()
     refgeo.diameter_lmo(G, max_iter=0)
     setup = time.perf_counter() - t0
-    t0 = time.perf_counter()
-    res = refgeo.diameter_lmo(G, max_time=0.01)
-    budgeted = time.perf_counter() - t0
+    budgeted = math.inf
+    for _ in range(3):  # the best of three: a stall of a busy machine is not the call's
+        t0 = time.perf_counter()
+        res = refgeo.diameter_lmo(G, max_time=0.01)
+        budgeted = min(budgeted, time.perf_counter() - t0)
     assert budgeted < 0.25 * setup, (budgeted, setup)
     assert res.method == "rownorm" and res.iterations == 0 and not res.converged
 
@@ -540,6 +542,47 @@ def test_a_spent_budget_returns_rownorm_under_a_star_flow_that_bounds_the_optimu
         hub = int(np.argmax(norms))
         assert np.all((res.pairs == hub).sum(axis=1) == 1)
         assert float(np.sum(res.flows)) == pytest.approx(norms.sum() - norms.max(), rel=1e-12)
+
+
+def test_a_setup_that_takes_the_budget_starts_no_round(monkeypatch):
+    """The ADMM's setup (working set, Laplacian solver) ran to its end and then one
+    round (a step, a separation pass, a certificate) whatever the budget: 0.64 s under
+    max_time=0.167 at (3000, 8).  A setup that passes the limit now returns the RowNorm
+    step under the star flow.  The setup is made slow by a pause after it, so that the
+    limit passes inside it on any machine."""
+    from refgeo import lmo
+    from refgeo._lm_gradients import lm_gradient
+
+    real_init = lmo._ADMM.__init__
+
+    def slow_init(self, *args, **kwargs):
+        real_init(self, *args, **kwargs)
+        time.sleep(0.3)
+
+    monkeypatch.setattr(lmo._ADMM, "__init__", slow_init)
+    G = lm_gradient(400, 16, seed=1)
+    res = refgeo.diameter_lmo(G, rtol=1e-9, max_time=0.2)  # rtol below the IRLS's: the ADMM
+    assert res.method == "rownorm" and res.rounds == 0 and res.iterations == 0
+    norms = np.linalg.norm(G, axis=1)
+    assert res.upper_bound <= (norms.sum() - norms.max()) * (1 + 1e-12)
+
+
+@pytest.mark.parametrize("limit", [{"max_iter": 0}, {"max_iter": 1}, {"max_iter": 3}])
+@pytest.mark.parametrize("V, d, seed", [(50, 8, 0), (300, 4, 1), (1700, 32, 2)])
+def test_a_stopped_solve_certifies_at_least_the_star_flow(limit, V, d, seed):
+    """A solve stopped early can certify an upper bound above the sum of the row norms
+    (2.4e4 against 1.2e4 at (1700, 32)); the star flow into the longest row costs
+    sum_{i != h} |g_i|, and the result now certifies the smaller of the two, with that
+    flow's pairs and flows.  Clustered rows, as merged token rows of a head are."""
+    g = np.random.default_rng(seed)
+    centers = g.standard_normal((8, d))
+    G = centers[g.integers(0, 8, V)] * g.uniform(0.5, 2.0, (V, 1)) + 0.05 * g.standard_normal((V, d))
+    G -= G.mean(axis=0)
+    res = refgeo.diameter_lmo(G, rtol=1e-9, **limit)
+    norms = np.linalg.norm(G, axis=1)
+    assert res.upper_bound <= (norms.sum() - norms.max()) * (1 + 1e-12)
+    assert res.lower_bound <= res.upper_bound
+    assert not np.any(np.signbit(res.update) & (res.update == 0))  # no -0.0 (zero rows)
 
 
 def test_synthetic_gradients_do_not_depend_on_the_blas_thread_count():

@@ -250,6 +250,43 @@ def test_exact_orthogonal_layers_are_recovered_on_states_with_a_large_common_com
     np.testing.assert_allclose(fit.maps / c, np.broadcast_to(A, fit.maps.shape), atol=1e-6)
 
 
+def _closest_orthogonal_map(x, y):
+    """The orthogonal map closest to the identity (largest trace) that takes x / |x| to
+    y / |y|: the rotation in span(x, y) by their angle (trace d - 2 + 2 cos) where the
+    cosine is positive, else the reflection swapping them (trace d - 2)."""
+    u = x / np.linalg.norm(x)
+    v = y / np.linalg.norm(y)
+    c = float(u @ v)
+    if c < 0:
+        h = (u - v) / np.linalg.norm(u - v)
+        return np.eye(len(x)) - 2.0 * np.outer(h, h)
+    w = v - c * u
+    w /= np.linalg.norm(w)
+    s = math.sqrt(max(0.0, 1.0 - c * c))
+    return np.eye(len(x)) + (c - 1.0) * (np.outer(u, u) + np.outer(w, w)) + s * (np.outer(w, u) - np.outer(u, w))
+
+
+@pytest.mark.parametrize("d", [3, 8])  # 2k >= d, and the reduced span (2k < d)
+@pytest.mark.parametrize("weights", [None, "random"])
+def test_orthogonal_fit_on_copies_of_one_neighbor_takes_the_closest_rotation(weights, d):
+    """Every neighbor is one pair (x, y): the maximizers of tr(Q^T M) are the orthogonal
+    maps taking x to y, and the documented tie-break takes the one closest to the
+    identity, a plane rotation or a reflection.  After the offset split the centered part N was only
+    the rounding of the means (1e-32) and, counted as a direction, pinned another
+    maximizer (trace 0.82 instead of 2.05)."""
+    g = np.random.default_rng(d)
+    x = np.array([0.1, 0.7, 0.3]) if d == 3 else g.uniform(-1.0, 1.0, d)
+    y = np.array([0.3, 0.1, 0.7]) if d == 3 else g.uniform(-1.0, 1.0, d) * 1.5
+    X = np.array([np.arange(1.0, d + 1.0), x, x, x])
+    Y = np.array([np.zeros(d), y, y, y])
+    nb = np.array([[1, 2, 3], [0, 2, 3], [0, 1, 3], [0, 1, 2]])
+    kw = {} if weights is None else {"weights": np.random.default_rng(0).uniform(0.1, 1.0, nb.shape)}
+    f = refgeo.fit_local_maps(X, Y, neighbors=nb, cls="orthogonal", prior="zero", return_maps=True, **kw)
+    R = _closest_orthogonal_map(x, y)
+    np.testing.assert_allclose(f.maps[0], R, atol=1e-9)
+    np.testing.assert_allclose(f.fitted[0], R @ X[0], atol=1e-9)
+
+
 def test_orthogonal_fits_of_noisy_states_with_a_common_offset_are_optimal():
     """Noisy states with a common offset 1e6 times their spread: each token's fit must
     do at least as well as the SVD Procrustes solution of its own panel (computed in
