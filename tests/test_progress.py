@@ -102,7 +102,8 @@ def test_a_one_step_run_reports_its_start_and_its_end_only():
     with refgeo.use_backend("reference"):
         refgeo.row_diameter(S, progress=seen.append)
     assert [(i["done"], i["total"]) for i in seen] == [(0, 1), (1, 1)]
-    assert seen[-1]["elapsed"] > 0.25 or pytest.skip("the run was shorter than the reporting interval")
+    if seen[-1]["elapsed"] <= 0.25:  # the old code's second report needs a longer run
+        pytest.skip("the run was shorter than the reporting interval: the check above cannot fail")
 
 
 @compiled
