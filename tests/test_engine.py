@@ -964,7 +964,8 @@ def test_within_holds_every_pair_within_the_threshold_on_any_tiles_and_threads(b
     is at most the row's threshold is held, the row itself never is, a held pair is
     within twice the filter's rounding bound of the threshold, a row with more pairs
     within reach than its slots is flagged, and the counts are the same on every tile
-    size and thread count (the pairs run in parallel into shared slots)."""
+    size and thread count (the pairs run in parallel into shared slots) on the rows
+    with no pair inside the rounding band just above the threshold."""
     if backend != "cython":
         pytest.skip("the compiled engine's threshold pass")
 
@@ -1005,7 +1006,19 @@ def test_within_holds_every_pair_within_the_threshold_on_any_tiles_and_threads(b
                 assert set(within) <= set(held.tolist()), (i, within, held)
                 assert np.all(exact[i, held] <= T[i] + reach[held]), (i, exact[i, held], T[i])
                 assert len(within) <= cap  # so a row with more is flagged
-        np.testing.assert_array_equal(np.minimum(runs[0], cap + 1), np.minimum(runs[1], cap + 1))
+        # the same counts on every tiling, except on a row with a pair inside the
+        # rounding band (T, T + reach]: the GEMM's float32 roundings depend on the
+        # block shape (BLAS picks kernels by it), so such a pair may pass in one tiling
+        # and not in another; a row flagged in one is handed back whole and answered
+        # exactly all the same
+        band = np.zeros(n, dtype=bool)
+        for i in range(n):
+            reach = 2.01 * (cl * (norms[0][i] + norms[1]) + eabs) * (1 + 1e-9) + 1e-300
+            inside = (exact[i] > T[i]) & (exact[i] <= T[i] + reach)
+            if own is not None:
+                inside[i] = False
+            band[i] = inside.any()
+        np.testing.assert_array_equal(np.minimum(runs[0], cap + 1)[~band], np.minimum(runs[1], cap + 1)[~band])
 
     check()
 
