@@ -1326,22 +1326,12 @@ class _Barrier(_IRLS):
         D = X[I] - X[J]
         s = 1.0 - np.einsum("ij,ij->i", D, D)
         while True:
+            dec_prev = np.inf
             for _ in range(_BARRIER_NEWTON):
                 if self._out_of_budget():
                     break
-                g = -t * H
-                coef = 2.0 / s
-                np.add.at(g, I, coef[:, None] * D)
-                np.add.at(g, J, -coef[:, None] * D)
-                M = (2.0 / s)[:, None, None] * eye + (4.0 / s**2)[:, None, None] * (D[:, :, None] * D[:, None, :])
-                Hs = np.zeros((V, V, r, r))
-                np.add.at(Hs, (I, I), M)
-                np.add.at(Hs, (J, J), M)
-                np.add.at(Hs, (I, J), -M)
-                np.add.at(Hs, (J, I), -M)
-                Hm = Hs.transpose(0, 2, 1, 3).reshape(V * r, V * r)
-                # translations are a null space of the Hessian: fix them with 11^T / V
-                Hm += np.kron(np.ones((V, V)) / V, eye)
+                ti = time.perf_counter()
+                g, Hm = self._newton_system(t, X, D, s, I, J)
                 step = -_ridge_solve(Hm, g.reshape(-1)).reshape(V, r)
                 step -= step.mean(axis=0, keepdims=True)
                 dec = -float(np.sum(g * step))
@@ -1367,10 +1357,17 @@ class _Barrier(_IRLS):
                 D = X[I] - X[J]
                 s = 1.0 - np.einsum("ij,ij->i", D, D)
                 self.iterations += 1
-                if dec <= 1e-14:
+                # the fastest step: the reserve kept for the certificate (about two steps)
+                dt = time.perf_counter() - ti
+                self.iter_time = dt if self.iter_time == 0.0 else min(self.iter_time, dt)
+                # centered: the Newton decrement has converged quadratically, or it
+                # stalls at the rounding noise of the slacks (it grows as (eps / s)^2:
+                # about 1e-12 with slacks near 1e-10, 1e-6 near 1e-13), where further
+                # steps only cost time
+                if dec <= _BARRIER_CENTERED or (dec <= 1e-2 and dec >= 0.25 * dec_prev):
                     break
-            C = np.zeros((V, V))
-            C[I, J] = C[J, I] = 2.0 / (t * s)
+                dec_prev = dec
+            C = self._polished_flow(X, D, s, t, I, J)
             dmax = math.sqrt(max(0.0, float(np.max(1.0 - s))))
             lo = float(np.sum(H * X)) / dmax if dmax > 0 else 0.0
             up = float(np.sum(C[I, J] * np.sqrt(1.0 - s)))
@@ -1397,6 +1394,72 @@ class _Barrier(_IRLS):
         lower, upper = _checked_bracket(lower, upper, "diameter_lmo")
         return self._flow_result(lower, upper, S, C, X, (I, J), "barrier")
 
+    def _newton_system(self, t, X, D, s, I, J):
+        """Gradient (V, r) and Hessian (V r, V r) of the barrier objective's negative
+        at X, with the translations' null space fixed by adding 11^T / V.
+
+        Pair e = (i, j) contributes :math:`a_e (x_i - x_j)` to the gradient and
+        :math:`a_e I + b_e D_e D_e^\top` (a Laplacian block) to the Hessian, with
+        :math:`a_e = 2 / s_e`, :math:`b_e = 4 / s_e^2`.
+        """
+        A = np.zeros((self.V, self.V))
+        A[I, J] = A[J, I] = 2.0 / s
+        g = A.sum(axis=1)[:, None] * X - A @ X - t * self.H  # the Laplacian of A on X
+        return g, _block_laplacian(A, I, J, (2.0 / s)[:, None] * D)
+
+    def _polished_flow(self, X, D, s, t, I, J):
+        r"""Multipliers (a symmetric (V, V) matrix) with divergence H at X to rounding.
+
+        The central multipliers :math:`c_e = 2 / (t s_e)` miss H by the centering
+        residual, and their divergence, a sum of terms of size 1 / s_e, carries the
+        slacks' rounding (eps / s_e relative): the certified upper bound stalled near
+        a gap of 1e-7 however far the stages went.  They are corrected by the least
+        change :math:`\sum_e c_e u_e^2` with :math:`\operatorname{div}(c (1 + u)) = H`,
+        i.e. :math:`u_e = (\lambda_i - \lambda_j) \cdot D_e` with
+        :math:`K \lambda = H - \operatorname{div} c`, K the stiffness matrix of all
+        pairs weighted by c (rigid: the graph is complete), one more solve of the
+        Newton system's size.  The correction is of the order of the residual, so the
+        multipliers stay positive; any clipped to zero leave a residual that the
+        certificate charges.
+        """
+        V, r = self.V, self.r
+        c = 2.0 / (t * s)
+        A = np.zeros((V, V))
+        A[I, J] = A[J, I] = c
+        R0 = self.H - (A.sum(axis=1)[:, None] * X - A @ X)
+        K = _block_laplacian(None, I, J, np.sqrt(c)[:, None] * D, V=V)
+        lam = _ridge_solve(K, R0.reshape(-1)).reshape(V, r)
+        u = np.einsum("ij,ij->i", lam[I] - lam[J], D)
+        if np.all(np.isfinite(u)):
+            A[I, J] = A[J, I] = np.maximum(c * (1.0 + u), 0.0)
+        return A
+
+
+def _block_laplacian(A, I, J, W, V=None):
+    r"""The (V r, V r) matrix :math:`\sum_e (a_e I_r + w_e w_e^	op) \otimes
+    (e_i - e_j)(e_i - e_j)^	op` over the pairs (I, J) (each unordered pair once),
+    plus :math:`(1 1^	op / V) \otimes I_r`, which fixes the translations (its null
+    space otherwise) without changing a solution orthogonal to them.
+
+    A is the symmetric (V, V) matrix of the scalar weights a_e (None for zero) and W
+    the (m, r) rank-one parts.  The off-diagonal blocks are assigned and the diagonal
+    ones summed from them: a dense (V, r, V, r) product instead of scattered
+    additions (which took half of a Newton step's time).
+    """
+    V = A.shape[0] if V is None else V
+    r = W.shape[1]
+    Wf = np.zeros((V, V, r))
+    Wf[I, J] = Wf[J, I] = W
+    M = np.einsum("ijp,ijq->ipjq", Wf, Wf)
+    idx = np.arange(r)
+    if A is not None:
+        M[:, idx, :, idx] += A
+    M = -M
+    rows = np.arange(V)
+    M[rows, :, rows, :] = -M.sum(axis=2)  # minus the sum of the row's off-diagonal blocks
+    M[:, idx, :, idx] += 1.0 / V
+    return M.reshape(V * r, V * r)
+
 
 def _ridge_solve(A: np.ndarray, b: np.ndarray) -> np.ndarray:
     """Solve the symmetric positive (semi)definite A x = b by Cholesky of the
@@ -1417,9 +1480,13 @@ def _ridge_solve(A: np.ndarray, b: np.ndarray) -> np.ndarray:
 
 
 _BARRIER_LIMIT = 400  # V' * r up to which the dense barrier method is used
-_BARRIER_MIN_RTOL = 1e-8  # below, ADMM (late barrier stages meet float64 rounding)
+_BARRIER_TIGHT_RTOL = 1e-5  # below, and up to the next limit, after a probe of the others
+_BARRIER_TIGHT_LIMIT = 2500  # V' * r (a Newton step: about 0.2 s on one core at 2000)
+_BARRIER_PROBE_S = 2.0  # the probe's seconds at V' r <= 1000, growing as the square: half
+# the barrier method's time, measured (4 s at 960, 16 s at 2000 on one core)
 _BARRIER_MIN_SLACK = 1e-14  # stop the stages when a slack 1 - d^2 falls below
 _BARRIER_NEWTON = 50  # Newton steps per stage at most
+_BARRIER_CENTERED = 1e-9  # Newton decrement (squared) at which a stage is centered
 _BARRIER_GROWTH = 8.0  # t grows by this factor per stage
 
 
@@ -1564,18 +1631,28 @@ def diameter_lmo(
        rows and duplicates); merging is used when it leaves at most 80% of the rows.
        On LM-like gradients V = 2000..50257 becomes 350-400 rows at rtol 1e-3..1e-2;
        isotropic gradients do not merge.
-    2. *Barrier method* when V'·r <= 400 and rtol >= 1e-8 (small problems, the test
-       cases): Newton steps on
+    2. *Barrier method* when V'·r <= 400 (small problems, the test cases), any rtol:
+       Newton steps on
        :math:`t\langle H, X\rangle + \sum_{i<j} \log(1 - \lVert x_i - x_j \rVert^2)`
        over all pairs, t growing 8x per stage; fast and accurate on degenerate rows.
+       At each stage's end its multipliers are corrected to divergence exactly H
+       (one more solve), so the certificate follows it to gaps near 1e-12.  Also
+       when rtol < 1e-5 and V'·r <= 2500, after the solver below has had a probe of
+       2 s x max(1, V'·r / 1000)^2 (half the barrier method's time) without
+       converging: the first-order solvers finish well-spread gradients in moments
+       but crawl on LM-like ones at tight tolerances (rtol 1e-6 at (250, 8): IRLS did
+       not converge in 120 s, the probe and the barrier method took 28 s; rtol 1e-10
+       at (40, 6): the ADMM stopped at a gap of 4e-8 after 30 s, the barrier method
+       took 0.2 s).
+       ``iterations`` then counts the probe's iterations and the Newton steps.
     3. *IRLS* (reweighted electrical flows) on the complete graph when V' <= 1500
-       and rtol >= 1e-6: conductances :math:`c_e` give potentials
+       and rtol >= 1e-6 (below, the ADMM): conductances :math:`c_e` give potentials
        :math:`X = L_c^{-1} H` and the flow :math:`y_e = c_e (x_i - x_j)` with
        divergence exactly H, i.e. both halves of the certificate from one dense
        Laplacian solve; :math:`c_e \leftarrow c_e (d_e / D)^2` with momentum in
        :math:`\log c`.  Chosen over ADMM on the merged rows after measurement:
        16x faster at V = 2000 (ADMM on the 353 merged rows: 89 s; IRLS: 5.5 s).
-    4. *ADMM over a working set* otherwise (large V' or tight rtol).  G is reduced
+    4. *ADMM over a working set* otherwise (large V', or tight rtol and V' > 1500).  G is reduced
        to its row space, :math:`G = HQ^\top` (rank r), and scaled to
        :math:`\sum \lVert h_i \rVert = 1`.  On a working set E of pairs the flow
        problem :math:`\min \sum_{e \in E} \lVert y_e \rVert` s.t.
@@ -1606,7 +1683,9 @@ def diameter_lmo(
     bound by more than that raises ``RuntimeError``.  Closed forms (G = 0, rank 1,
     V = 2) are used automatically.
 
-    *Cost.*  Aggregation O(V r log V'); a barrier step O((V' r)^3); an IRLS iteration
+    *Cost.*  Aggregation O(V r log V'); a barrier step O((V' r)^3 + V'^2 r^2), about
+    0.17 s at V' r = 2000 on one core, and about a hundred of them for rtol 1e-6; an
+    IRLS iteration
     O(V'^2 r + V'^3); an ADMM iteration :math:`O(|E| r)` plus the Laplacian solve; a
     certification one certified diameter of the V' merged rows.  Memory
     O(V d + V'^2) (+ :math:`O(|E| r)` for ADMM).  Measured (one BLAS thread, two cores shared
@@ -1853,17 +1932,45 @@ def _solve(Gc, scale, rtol, max_time, max_iter, warm_start, callback, bar, t0) -
     # potentials, IRLS needed more time for the same gap on consecutive momentum
     # gradients of the demo's training (measured), and the barrier's Newton steps
     # need a central start.
-    if V * r <= _BARRIER_LIMIT and rtol >= _BARRIER_MIN_RTOL:
-        solver: Any = _Barrier(H, Q, Gc, scale, rtol, max_time, max_iter, None, callback, bar, t0)
-    elif V <= _IRLS_LIMIT and rtol >= _IRLS_MIN_RTOL:
-        solver = _IRLS(H, Q, Gc, scale, rtol, max_time, max_iter, None, callback, bar, t0)
+    if V * r <= _BARRIER_LIMIT:
+        return _Barrier(H, Q, Gc, scale, rtol, max_time, max_iter, None, callback, bar, t0).run()
+    # Tight tolerances on up to a few thousand unknowns: the first-order solvers
+    # converge in moments on well-spread gradients but crawl on LM-like ones (IRLS
+    # did not reach 1e-6 in 120 s at (250, 8), the ADMM took 764 s for 1e-7), where
+    # the barrier method takes a steady hundred Newton steps (16 s).  So they get a
+    # probe of half the barrier method's expected time, and the barrier method the
+    # rest: at most 1.5 times the barrier method's time, and the first-order
+    # solver's where it is fast.
+    probe = None
+    if rtol < _BARRIER_TIGHT_RTOL and V * r <= _BARRIER_TIGHT_LIMIT:
+        probe = (time.perf_counter() - t0) + _BARRIER_PROBE_S * max(1.0, V * r / 1000.0) ** 2
+        if max_time is not None and probe >= max_time:
+            probe = None  # the budget is the probe's
+    budget = max_time if probe is None else probe
+    asked_stop = []
+    watched = callback
+    if probe is not None and callback is not None:
+        def watched(info):  # a stop asked of the probe is not the barrier method's cue
+            stop = bool(callback(info))
+            if stop:
+                asked_stop.append(True)
+            return stop
+    if V <= _IRLS_LIMIT and rtol >= _IRLS_MIN_RTOL:
+        solver: Any = _IRLS(H, Q, Gc, scale, rtol, budget, max_iter, None, watched, bar, t0)
     else:
         if callable(warm_start):
             warm_start = warm_start()
-        solver = _ADMM(H, Q, Gc, scale, rtol, max_time, max_iter, warm_start, callback, bar, t0)
+        solver = _ADMM(H, Q, Gc, scale, rtol, budget, max_iter, warm_start, watched, bar, t0)
     if _spent(max_time, t0):  # the setup took the budget: its first round would overrun it
         return _budget_spent_result(Gc, scale, rtol, t0)
-    return solver.run()
+    res = solver.run()
+    if probe is None or res.converged or asked_stop or _spent(max_time, t0) or (
+            max_iter is not None and solver.iterations >= max_iter):
+        return res
+    barrier = _Barrier(H, Q, Gc, scale, rtol, max_time, max_iter, None, callback, bar, t0)
+    barrier.iterations, barrier.rounds = solver.iterations, solver.rounds  # the counts go on
+    second = barrier.run()
+    return second if second.gap <= res.gap else res
 
 
 def _for_budget(res: LMOResult, eta: float, e: int) -> LMOResult:

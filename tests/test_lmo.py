@@ -320,6 +320,59 @@ def test_lm_like_gradients_match_independent_solver(seed, V, d, n_collinear, n_d
         np.testing.assert_array_equal(S[V - n_duplicates - 1 - n_collinear], S[V - n_duplicates - 2])
 
 
+@pytest.mark.parametrize("V, d, rtol", [(40, 6, 1e-10), (100, 4, 1e-9)])
+def test_tight_rtol_on_lm_gradients_is_reached(V, d, rtol, monkeypatch):
+    """LM gradients at tight tolerances: the ADMM crawled there (at (40, 6) and rtol
+    1e-10 it stopped at a gap of 3.6e-8 after 30 s), and the barrier method's
+    certificate stalled near 1e-7 (its multipliers' divergence carried the slacks'
+    rounding).  The bracket must overlap an independent solve's (IRLS at 1e-4)."""
+    from refgeo._lm_gradients import lm_gradient
+
+    G = lm_gradient(V, d)
+    res = refgeo.diameter_lmo(G, rtol=rtol, max_time=60)
+    assert res.method == "barrier" and res.converged and res.gap <= rtol
+    S = np.asarray(res.update)
+    assert _brute_diameter(S) <= 1.0
+    assert res.decrease == pytest.approx(-np.sum(G * S), rel=1e-12)
+    with monkeypatch.context() as m:
+        m.setattr(refgeo.lmo, "_BARRIER_LIMIT", 0)
+        loose = refgeo.diameter_lmo(G, rtol=1e-4)
+    assert loose.method == "irls"
+    assert loose.lower_bound <= res.upper_bound and res.lower_bound <= loose.upper_bound
+    assert np.all(np.asarray(res.flows) > 0) and float(np.sum(res.flows)) <= res.upper_bound * (1 + 1e-12)
+
+
+@pytest.mark.parametrize("kind, method", [("lm", "barrier"), ("isotropic", "admm")])
+def test_tight_rtol_probes_the_first_order_solver_then_takes_the_barrier(kind, method):
+    """Between the barrier method's small-problem limit and its tight-tolerance limit
+    the ADMM gets a probe first: it converges at once on well-spread gradients
+    (0.07 s at (60, 40), where the barrier method took 25 s) and crawls on LM ones,
+    which the barrier method then finishes.  The progress counts keep growing across
+    the switch."""
+    from refgeo._lm_gradients import isotropic_gradient, lm_gradient
+
+    G = lm_gradient(70, 8) if kind == "lm" else isotropic_gradient(60, 40)
+    assert 70 * 8 > refgeo.lmo._BARRIER_LIMIT and 60 * 40 <= refgeo.lmo._BARRIER_TIGHT_LIMIT
+    seen = []
+    res = refgeo.diameter_lmo(G, rtol=1e-8, max_time=60, callback=lambda info: seen.append(info))
+    assert res.method == method and res.converged and res.gap <= 1e-8
+    its = [info["iteration"] for info in seen]
+    rounds = [info["rounds"] for info in seen]
+    assert its == sorted(its) and rounds == sorted(rounds) and res.iterations >= its[-1]
+    assert _brute_diameter(res.update) <= 1.0
+
+
+def test_a_stop_asked_during_the_probe_starts_no_barrier_method():
+    """A callback returning True in the probe ends the call there: the barrier method
+    does not start after it (nor call the callback again)."""
+    from refgeo._lm_gradients import lm_gradient
+
+    calls = []
+    res = refgeo.diameter_lmo(lm_gradient(70, 8), rtol=1e-8, callback=lambda info: calls.append(info) or True)
+    assert len(calls) == 1 and res.method != "barrier" and not res.converged
+    assert res.lower_bound <= res.upper_bound and _brute_diameter(res.update) <= 1.0
+
+
 @pytest.mark.parametrize("V, d, seed", [(6, 2, 0), (12, 3, 2), (20, 3, 4)])
 def test_irls_path_matches_independent_solver(V, d, seed, monkeypatch):
     """At moderate rtol the complete-graph IRLS runs: its bracket contains the optimum."""
@@ -392,8 +445,16 @@ def test_warm_start_reuses_the_solution():
     assert w2.lower_bound == pytest.approx(c2.lower_bound, rel=1e-6)
 
 
+@pytest.fixture
+def admm_only(monkeypatch):
+    """Route small tight-tolerance problems to the ADMM (the barrier method takes them
+    otherwise): for the tests of the ADMM's own warm start and stopping rules."""
+    monkeypatch.setattr(refgeo.lmo, "_BARRIER_LIMIT", 0)
+    monkeypatch.setattr(refgeo.lmo, "_BARRIER_TIGHT_LIMIT", 0)
+
+
 @pytest.mark.parametrize("factor", [1e-6, 1e-200, 1e5, 1e100])
-def test_warm_start_from_a_gradient_of_another_size(factor):
+def test_warm_start_from_a_gradient_of_another_size(factor, admm_only):
     """An optimizer's gradients change size between steps.  The warm flows are in the
     units of the gradient they were solved for: 1e6 times too large (factor 1e-6) they
     made the ADMM return a step that raised the loss, at a gap above 1, and for
@@ -1074,7 +1135,7 @@ def test_results_beyond_the_range_of_the_dtype_are_errors_not_inf():
     np.testing.assert_array_equal(S, np.array([[-5e37, 0.0], [5e37, 0.0]], dtype=np.float32))
 
 
-def test_warm_start_contents_are_checked():
+def test_warm_start_contents_are_checked(admm_only):
     # An LMOResult built or replaced by hand: pairs outside the rows failed in SciPy
     # ("axis 1 index 999 exceeds matrix dimension"), NaN flows or steps with an
     # AttributeError, and float pairs were truncated to other pairs silently.
@@ -1105,7 +1166,8 @@ def test_warm_start_contents_are_checked():
     assert w.lower_bound <= w.upper_bound and _brute_diameter(w.update) <= 1.0
 
 
-def test_admm_stops_when_its_gap_stalls_above_rtol():
+@pytest.mark.parametrize("solver", ["admm", "barrier"])
+def test_admm_stops_when_its_gap_stalls_above_rtol(solver, monkeypatch):
     """A nearly rank-one gradient at rtol 1e-12: the ADMM's estimates plateau near
     2e-11 and it looped forever (no max_time).  The bracket must still contain T(G),
     which is within T(P) <= sum ||p_i|| / sqrt(2) of the rank-one value 0.5 ||a||_1 ||b||."""
@@ -1121,10 +1183,16 @@ def test_admm_stops_when_its_gap_stalls_above_rtol():
         rounds.append(info["rounds"])
         assert len(rounds) < 5000, "diameter_lmo keeps iterating on a stalled gap"
 
+    if solver == "admm":
+        monkeypatch.setattr(refgeo.lmo, "_BARRIER_LIMIT", 0)
+        monkeypatch.setattr(refgeo.lmo, "_BARRIER_TIGHT_LIMIT", 0)
     r = refgeo.diameter_lmo(G, rtol=1e-12, callback=guard)
-    # nearly rank one: RowNorm's step (exact at rank one) beats the stalled ADMM's and
-    # is returned, with the ADMM's upper bound
-    assert r.method in ("admm", "rownorm") and not r.converged and r.gap > 1e-12
+    if solver == "admm":
+        # nearly rank one: RowNorm's step (exact at rank one) beats the stalled ADMM's
+        # and is returned, with the ADMM's upper bound
+        assert r.method in ("admm", "rownorm") and not r.converged and r.gap > 1e-12
+    else:  # the barrier method's Newton steps do not stall here
+        assert r.method in ("barrier", "rownorm")
     exact = 0.5 * float(np.sum(np.abs(a))) * float(np.linalg.norm(b))
     slack = float(np.sum(np.linalg.norm(P, axis=1))) / math.sqrt(2.0)
     assert r.lower_bound <= exact + slack and r.upper_bound >= exact - slack
