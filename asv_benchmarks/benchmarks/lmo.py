@@ -80,13 +80,12 @@ class RowNormSteps:
     track_rescaled_gain.unit = "x"
 
 
-@records_runtime(dtype="float64", backend="auto")
-class DiameterLMO:
-    """Exact LMO with a certified gap on LM-like and isotropic gradients."""
+class _LMOSolve:
+    """One certified solve per setup (solves take seconds), its time and its gap: the
+    part the LMO classes share.  ``params``: ``(V, d, n_tokens)`` cases, gradient
+    kinds and rtols."""
 
-    params = (_CASES, _KINDS, [1e-2, 1e-3])
-    param_names = ["V_d_tokens", "kind", "rtol"]
-    timeout = 600
+    max_time = 300.0
 
     def setup(self, case, kind, rtol):
         require_backend("reference")
@@ -96,10 +95,10 @@ class DiameterLMO:
         self._result = None
 
     def _run(self, rtol):
-        return refgeo.diameter_lmo(self.G, eta=1.0, rtol=rtol, max_time=300.0)
+        return refgeo.diameter_lmo(self.G, eta=1.0, rtol=rtol, max_time=self.max_time)
 
     def _cached(self, rtol):
-        # the track_* quantities come from one solve per setup (solves take seconds)
+        # the track_* quantities come from one solve per setup
         if self._result is None:
             self._result = self._run(rtol)
         return self._result
@@ -107,14 +106,23 @@ class DiameterLMO:
     def time_diameter_lmo(self, case, kind, rtol):
         self._run(rtol)
 
-    def peakmem_diameter_lmo(self, case, kind, rtol):
-        self._run(rtol)
-
     def track_gap(self, case, kind, rtol):
         """Certified relative gap (upper - lower) / upper reached."""
         return self._cached(rtol).gap
 
     track_gap.unit = "relative gap"
+
+
+@records_runtime(dtype="float64", backend="auto")
+class DiameterLMO(_LMOSolve):
+    """Exact LMO with a certified gap on LM-like and isotropic gradients."""
+
+    params = (_CASES, _KINDS, [1e-2, 1e-3])
+    param_names = ["V_d_tokens", "kind", "rtol"]
+    timeout = 600
+
+    def peakmem_diameter_lmo(self, case, kind, rtol):
+        self._run(rtol)
 
     def track_decrease_ratio(self, case, kind, rtol):
         """Exact decrease over RowNorm's (1/2) sum ||g_i||."""
@@ -224,40 +232,17 @@ class DiameterLMODemo:
 
 
 @records_runtime(dtype="float64", backend="auto")
-class DiameterLMOTight:
+class DiameterLMOTight(_LMOSolve):
     """The exact LMO as a correctness oracle: small gradients at tight tolerances, where
     users compare their own solvers against the certified value.  On ``"lm"`` gradients
     the first-order solvers crawl there (rtol 1e-10 at (40, 6): the ADMM stopped at a
     gap of 3.6e-8 after 30 s); ``track_converged`` is 1 when the certified gap reached
     ``rtol`` within ``max_time``."""
 
-    params = ([(40, 6), (120, 8)], _KINDS, [1e-6, 1e-10])
-    param_names = ["V_d", "kind", "rtol"]
+    params = ([(40, 6, 1024), (120, 8, 1024)], _KINDS, [1e-6, 1e-10])
+    param_names = ["V_d_tokens", "kind", "rtol"]
     timeout = 300
-
-    def setup(self, case, kind, rtol):
-        require_backend("reference")
-        V, d = case
-        self.G = gradient(kind, V, d)
-        environment("float64", "reference")
-        self._result = None
-
-    def _run(self, rtol):
-        return refgeo.diameter_lmo(self.G, eta=1.0, rtol=rtol, max_time=60.0)
-
-    def _cached(self, rtol):
-        if self._result is None:
-            self._result = self._run(rtol)
-        return self._result
-
-    def time_diameter_lmo(self, case, kind, rtol):
-        self._run(rtol)
-
-    def track_gap(self, case, kind, rtol):
-        """Certified relative gap (upper - lower) / upper reached."""
-        return self._cached(rtol).gap
-
-    track_gap.unit = "relative gap"
+    max_time = 60.0
 
     def track_converged(self, case, kind, rtol):
         """1 if the certified gap reached rtol within max_time, else 0."""
