@@ -27,6 +27,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import time
+import warnings
 from collections.abc import Callable
 from typing import Any
 
@@ -669,7 +670,8 @@ def spread(
         extra).  None: ``n_starts`` starts or ``max_rounds`` rounds.  An SLSQP
         iteration of the epigraph method cannot be interrupted, so a call can overrun
         by one of them: ``"auto"`` keeps that below about ``max(max_time, 1)`` seconds
-        by estimate.
+        by estimate, and ``method="epigraph"`` warns (``UserWarning``) when its
+        estimate exceeds ``max_time``.
     callback : callable, default=None
         Called with a :class:`SpreadProgress` after each start or round; returning
         True stops the optimization.
@@ -878,6 +880,17 @@ def spread(
     X0 = X.copy()
     if method == "epigraph":
         first = X if (user_X is not None or best_c is not None) else None
+        if not auto and max_time is not None:
+            # asked for by name: say what the budget cannot hold (the estimates are
+            # those of "auto"'s choice; they err low on slower machines)
+            est = max(_SLSQP_SECONDS_PER_VAR3 * float(V * d) ** 3,
+                      _tied_start_seconds(X) if first is not None else 0.0)
+            if est > max_time:
+                warnings.warn(
+                    f"spread({V}, {d}, method='epigraph'): one SLSQP iteration is estimated at "
+                    f"about {est:.3g} s here and cannot be interrupted (neither max_time nor "
+                    f"Ctrl-C takes effect inside it), so max_time={max_time!r} will be overrun; "
+                    f"method='smooth' or 'auto' keeps to it.", UserWarning, stacklevel=2)
         # SLSQP cannot stop inside an iteration, and from a tied start the first one
         # overran max_time=0.1 by 1.5 to 2.7 s at (40, 10), (50, 8) and (50, 13); the
         # start stays the result unless a random start beats it (a lattice or code is

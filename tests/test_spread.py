@@ -779,6 +779,22 @@ def test_epigraph_beyond_memory_is_refused_by_name():
         refgeo.spread(2000, 10, method="epigraph", seed=0)
 
 
+def test_epigraph_by_name_warns_when_one_iteration_overruns_max_time(recwarn):
+    """method="epigraph" runs SLSQP, whose iterations cannot be interrupted: at (200, 10)
+    a call with max_time=1e-9 sat inside one for minutes without a word.  Asked for by
+    name with a budget its estimate exceeds, it says so; "auto" (which avoids that) and
+    a budget the estimate fits stay silent."""
+    with pytest.warns(UserWarning, match=re.escape("spread(30, 10, method='epigraph'): one SLSQP iteration is estimated at about ")
+                      + r"[0-9.e+-]+" + re.escape(" s here and cannot be interrupted (neither max_time nor Ctrl-C takes "
+                                                  "effect inside it), so max_time=0.01 will be overrun; method='smooth' "
+                                                  "or 'auto' keeps to it.")):
+        refgeo.spread(30, 10, method="epigraph", max_time=0.01, seed=0)
+    recwarn.clear()
+    refgeo.spread(30, 10, max_time=0.01, seed=0)
+    refgeo.spread(12, 3, method="epigraph", max_time=5.0, seed=0, n_starts=1)
+    assert not [w for w in recwarn if "SLSQP" in str(w.message)]
+
+
 def test_uncertified_values_are_those_of_the_points():
     """``certify=False`` reports the Gram-filter extremes of the points; they were
     checked nowhere (a self-pair left in the filter gave a ratio near 0 unnoticed)."""
