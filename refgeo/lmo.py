@@ -1506,6 +1506,9 @@ def _ridge_factor(A: np.ndarray):
 _BARRIER_LIMIT = 400  # V' * r up to which the dense barrier method is used
 _BARRIER_TIGHT_RTOL = 1e-5  # below, and up to the next limit, after a probe of the others
 _BARRIER_TIGHT_LIMIT = 2500  # V' * r (a Newton step: about 0.2 s on one core at 2000)
+_FALLBACK = "fallback"  # the budget of the first-order solver after the barrier method:
+_FALLBACK_MIN_S = 1.0  # this many seconds or
+_FALLBACK_FACTOR = 2.0  # this times the call's time so far, whichever is longer
 _BARRIER_PROBE_S = 2.0  # the probe's seconds at V' r <= 1000, growing as the square: half
 # the barrier method's time, measured (4 s at 960, 16 s at 2000 on one core)
 _BARRIER_MIN_SLACK = 1e-14  # stop the stages when a slack 1 - d^2 falls below
@@ -1658,7 +1661,8 @@ def diameter_lmo(
        isotropic gradients do not merge.
     2. *Barrier method* when V'·r <= 400 (small problems, the test cases), any rtol,
        with the solver below taking over where it stops short of rtol (its floor near
-       a gap of 1e-12, or rows it cannot center: isotropic (200, 2)): Newton steps on
+       a gap of 1e-12, or rows it cannot center: isotropic (200, 2)) for at most
+       max(1 s, twice the time so far): Newton steps on
        :math:`t\langle H, X\rangle + \sum_{i<j} \log(1 - \lVert x_i - x_j \rVert^2)`
        over all pairs, t growing 8x per stage; fast and accurate on degenerate rows.
        At each stage's end its multipliers are corrected to divergence exactly H
@@ -1993,7 +1997,10 @@ def _solve(Gc, scale, rtol, max_time, max_iter, warm_start, callback, bar, t0) -
         return _Barrier(H, Q, Gc, scale, rtol, budget, max_iter, None, watched, bar, t0)
 
     if small:
-        plan = [(barrier, max_time), (first_order, max_time)]
+        # the first-order solver after the barrier method: bounded, since where the
+        # barrier method stopped at float64's floor (gaps of 1e-12..1e-14) the ADMM's
+        # estimates keep shrinking slowly and it ran for minutes to the same result
+        plan = [(barrier, max_time), (first_order, _FALLBACK)]
     elif probe is not None:
         plan = [(first_order, probe), (barrier, max_time)]
     else:
@@ -2003,6 +2010,11 @@ def _solve(Gc, scale, rtol, max_time, max_iter, warm_start, callback, bar, t0) -
     for make, budget in plan:
         if best is not None and _spent(max_time, t0):
             break
+        if budget is _FALLBACK:
+            elapsed = time.perf_counter() - t0
+            budget = elapsed + max(_FALLBACK_MIN_S, _FALLBACK_FACTOR * elapsed)
+            if max_time is not None:
+                budget = min(budget, max_time)
         solver = make(budget)
         solver.iterations, solver.rounds = counts  # the counts go on across solvers
         if best is None and make is first_order and _spent(max_time, t0):

@@ -394,6 +394,21 @@ def test_where_the_barrier_method_stops_short_the_first_order_solver_takes_over(
     assert seen[-1]["elapsed"] <= res.elapsed <= time.perf_counter() - t0
 
 
+def test_the_first_order_solver_after_the_barrier_method_is_bounded():
+    """Where the barrier method stops at float64's floor (rtol 1e-14 on an LM gradient:
+    a gap of 4.8e-14 in 0.05 s), the ADMM after it ran for 185 s (no max_time) to a gap
+    it then reached, its estimates shrinking too slowly for its stall rule.  It gets
+    max(1 s, twice the time so far)."""
+    from refgeo._lm_gradients import lm_gradient
+
+    def guard(info):
+        assert info["elapsed"] < 30.0, "the solver after the barrier method runs unbounded"
+
+    res = refgeo.diameter_lmo(lm_gradient(8, 3, seed=1), rtol=1e-14, callback=guard)
+    assert res.lower_bound <= res.upper_bound and res.gap < 1e-12
+    assert _brute_diameter(res.update) <= 1.0
+
+
 def test_a_stop_asked_during_the_probe_starts_no_barrier_method():
     """A callback returning True in the probe ends the call there: the barrier method
     does not start after it (nor call the callback again)."""
