@@ -1399,7 +1399,7 @@ class _Barrier(_IRLS):
         return self._flow_result(lower, upper, S, C, X, (I, J), "barrier")
 
     def _newton_system(self, t, X, D, s, I, J):
-        """Gradient (V, r) and Hessian (V r, V r) of the barrier objective's negative
+        r"""Gradient (V, r) and Hessian (V r, V r) of the barrier objective's negative
         at X, with the translations' null space fixed by adding 11^T / V.
 
         Pair e = (i, j) contributes :math:`a_e (x_i - x_j)` to the gradient and
@@ -1456,9 +1456,9 @@ class _Barrier(_IRLS):
 
 
 def _block_laplacian(A, I, J, W, V=None):
-    r"""The (V r, V r) matrix :math:`\sum_e (a_e I_r + w_e w_e^	op) \otimes
-    (e_i - e_j)(e_i - e_j)^	op` over the pairs (I, J) (each unordered pair once),
-    plus :math:`(1 1^	op / V) \otimes I_r`, which fixes the translations (its null
+    r"""The (V r, V r) matrix :math:`\sum_e (a_e I_r + w_e w_e^\top) \otimes
+    (e_i - e_j)(e_i - e_j)^\top` over the pairs (I, J) (each unordered pair once),
+    plus :math:`(1 1^\top / V) \otimes I_r`, which fixes the translations (its null
     space otherwise) without changing a solution orthogonal to them.
 
     A is the symmetric (V, V) matrix of the scalar weights a_e (None for zero) and W
@@ -1666,7 +1666,8 @@ def diameter_lmo(
        :math:`t\langle H, X\rangle + \sum_{i<j} \log(1 - \lVert x_i - x_j \rVert^2)`
        over all pairs, t growing 8x per stage; fast and accurate on degenerate rows.
        At each stage's end its multipliers are corrected to divergence exactly H
-       (one more solve), so the certificate follows it to gaps near 1e-12.  Also
+       (one factorization, refined), so the certificate follows it to gaps near
+       1e-12.  Also
        when rtol < 1e-5 and V'·r <= 2500, after the solver below has had a probe of
        2 s x max(1, V'·r / 1000)^2 (half the barrier method's time) without
        converging: the first-order solvers finish well-spread gradients in moments
@@ -1683,8 +1684,9 @@ def diameter_lmo(
        Laplacian solve; :math:`c_e \leftarrow c_e (d_e / D)^2` with momentum in
        :math:`\log c`.  Chosen over ADMM on the merged rows after measurement:
        16x faster at V = 2000 (ADMM on the 353 merged rows: 89 s; IRLS: 5.5 s).
-    4. *ADMM over a working set* otherwise (large V', or tight rtol and V' > 1500).  G is reduced
-       to its row space, :math:`G = HQ^\top` (rank r), and scaled to
+    4. *ADMM over a working set* otherwise (V' > 1500, or rtol < 1e-6; also as the
+       probe or the fallback above).  G is reduced to its row space,
+       :math:`G = HQ^\top` (rank r), and scaled to
        :math:`\sum \lVert h_i \rVert = 1`.  On a working set E of pairs the flow
        problem :math:`\min \sum_{e \in E} \lVert y_e \rVert` s.t.
        :math:`B^\top Y = H` (B the incidence matrix) is solved by ADMM: a projection
@@ -1716,8 +1718,7 @@ def diameter_lmo(
 
     *Cost.*  Aggregation O(V r log V'); a barrier step O((V' r)^3 + V'^2 r^2), about
     0.17 s at V' r = 2000 on one core, and about a hundred of them for rtol 1e-6; an
-    IRLS iteration
-    O(V'^2 r + V'^3); an ADMM iteration :math:`O(|E| r)` plus the Laplacian solve; a
+    IRLS iteration O(V'^2 r + V'^3); an ADMM iteration :math:`O(|E| r)` plus the Laplacian solve; a
     certification one certified diameter of the V' merged rows.  Memory
     O(V d + V'^2) (+ :math:`O(|E| r)` for ADMM).  Measured (one BLAS thread, two cores shared
     with other work, min of runs) on the LM-like generator at rtol 1e-3: V = 2000,
