@@ -320,7 +320,7 @@ def test_lm_like_gradients_match_independent_solver(seed, V, d, n_collinear, n_d
         np.testing.assert_array_equal(S[V - n_duplicates - 1 - n_collinear], S[V - n_duplicates - 2])
 
 
-@pytest.mark.parametrize("V, d, rtol", [(40, 6, 1e-10), (100, 4, 1e-9)])
+@pytest.mark.parametrize("V, d, rtol", [(40, 6, 1e-10), pytest.param(100, 4, 1e-9, marks=pytest.mark.slow)])
 def test_tight_rtol_on_lm_gradients_is_reached(V, d, rtol, monkeypatch):
     """LM gradients at tight tolerances: the ADMM crawled there (at (40, 6) and rtol
     1e-10 it stopped at a gap of 3.6e-8 after 30 s), and the barrier method's
