@@ -1490,7 +1490,8 @@ def _ridge_factor(A: np.ndarray):
     """A solver of the symmetric positive (semi)definite A x = b: Cholesky of the
     diagonally scaled matrix (late barrier stages spread the diagonal over many orders
     of magnitude), adding a growing ridge when it is numerically singular (a damped
-    Newton step stays a descent direction); zeros if even that fails."""
+    Newton step stays a descent direction); if even that fails, a solver that returns
+    zeros (no step: the caller's stage ends as centered, its certificate unchanged)."""
     dg = np.sqrt(np.maximum(np.diag(A), _TINY64))
     As = A / dg[:, None] / dg[None, :]
     ridge = 0.0
@@ -1500,7 +1501,12 @@ def _ridge_factor(A: np.ndarray):
             return lambda b: _sla.cho_solve(cf, b / dg, check_finite=False) / dg
         except np.linalg.LinAlgError:
             ridge = 1e-14 if ridge == 0.0 else 100.0 * ridge
-    return np.zeros_like
+    return _no_step
+
+
+def _no_step(b: np.ndarray) -> np.ndarray:
+    """The solver :func:`_ridge_factor` returns when no factorization succeeds."""
+    return np.zeros_like(b)
 
 
 _BARRIER_LIMIT = 400  # V' * r up to which the dense barrier method is used

@@ -585,6 +585,12 @@ _INNER = 50
 _RANDOM_TRY_SECONDS = 2.0  # auto without max_time: a random-start smooth run is tried below this
 
 
+def _slsqp_iteration_seconds(V: int, d: int) -> float:
+    """Estimated seconds of one SLSQP iteration of the epigraph problem from points in
+    general position: a dense least-squares solve in the V d unknowns, O((V d)^3)."""
+    return _SLSQP_SECONDS_PER_VAR3 * float(V * d) ** 3
+
+
 def _smooth_seconds(V: int, d: int, k: int, max_rounds: int) -> float:
     """Rough time of ``max_rounds`` rounds of the smooth iteration: about 25 gradient
     steps of O(V k d) per round (3e-8 s per V k d, measured from 2.4e-8 at (150, 40)
@@ -833,7 +839,7 @@ def spread(
     if method == "auto":
         if user_X is None and best_c is not None and best_c.rho >= 1.0:
             method = "construction"
-        elif V <= _SMALL_V and _SLSQP_SECONDS_PER_VAR3 * float(V * d) ** 3 <= cap:
+        elif V <= _SMALL_V and _slsqp_iteration_seconds(V, d) <= cap:
             # one SLSQP iteration solves a dense least-squares problem in the V d
             # unknowns and cannot be stopped inside: (45, 40) takes 18 s per iteration,
             # and without max_time its four starts ran for more than five minutes
@@ -883,7 +889,7 @@ def spread(
         if not auto and max_time is not None:
             # asked for by name: say what the budget cannot hold (the estimates are
             # those of "auto"'s choice; they err low on slower machines)
-            est = max(_SLSQP_SECONDS_PER_VAR3 * float(V * d) ** 3,
+            est = max(_slsqp_iteration_seconds(V, d),
                       _tied_start_seconds(X) if first is not None else 0.0)
             if est > max_time:
                 warnings.warn(
