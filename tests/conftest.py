@@ -87,6 +87,16 @@ def numpy_inputs_on_the_device(to_device, to_host):
         _backend.select = select
 
 
+def pytest_collection_modifyitems(config, items):
+    """Mark the tests that use the ``backend`` fixture ``backends``: they select each
+    backend themselves, so REFGEO_BACKEND does not change them, and a run on another
+    default backend can leave them out (``-m "not slow and not backends"``, as CI's run on
+    the reference backend does: it repeated them test for test)."""
+    for item in items:
+        if "backend" in getattr(item, "fixturenames", ()):
+            item.add_marker(pytest.mark.backends)
+
+
 @pytest.fixture(params=_backend_params())
 def backend(request):
     """Run the test on one backend; an unavailable backend skips (fails with REFGEO_REQUIRE_EXT=1
