@@ -786,16 +786,20 @@ def test_farthest_partners_tasks_split_and_one_row_blocks(client, engine):
         np.testing.assert_array_equal(got.distances, ref.distances)
 
 
-def test_small_row_chunks_are_warned_about():
-    # 150 one-row chunks make 11,325 block-pair tasks where one 2048-row block does: a
-    # PerformanceWarning at the user's call, with the rechunk that cures it, and the
-    # same result; an explicit tile_size of one row (the user's choice) is not warned
+def test_small_row_chunks_are_warned_about(monkeypatch):
+    # 60 one-row chunks make 1,830 block-pair tasks where one 2048-row block does: above
+    # a threshold (here lowered from 10,000 to 1,000, which 150 chunks passed in 21 s) a
+    # PerformanceWarning at the user's call, with the rechunk that cures it, and the same
+    # result; an explicit tile_size of one row (the user's choice) is not warned
     import warnings
 
     import dask
     from dask.array.core import PerformanceWarning
 
-    S = _rows(3, 150, 2, np.float64, ties=False)
+    from refgeo import _dask
+
+    monkeypatch.setattr(_dask, "SMALL_BLOCK_TASKS", 1000)
+    S = _rows(3, 60, 2, np.float64, ties=False)
     want = refgeo.row_diameter(S)
     with dask.config.set(scheduler="sync"):
         with pytest.warns(PerformanceWarning) as record:
@@ -803,15 +807,15 @@ def test_small_row_chunks_are_warned_about():
         _same_pair(want, got)
         (w,) = record
         assert str(w.message) == (
-            "the row chunks of S (at most 1 rows each) make 11,325 block-pair tasks; chunks of 2048 rows "
+            "the row chunks of S (at most 1 rows each) make 1,830 block-pair tasks; chunks of 2048 rows "
             "would make 1. Rechunk the rows before the call, e.g. S.rechunk({0: 2048, 1: -1}) (the result "
             "does not depend on the chunks).")
         assert w.filename == __file__
         with warnings.catch_warnings():
             warnings.simplefilter("error", PerformanceWarning)
-            _same_pair(want, refgeo.row_diameter(da.from_array(S, chunks=(150, 2)), tile_size=1))
-            # below the task count that matters: 50 chunks, 1,275 tasks
-            _same_pair(refgeo.row_diameter(S[:50]), refgeo.row_diameter(da.from_array(S[:50], chunks=(1, 2))))
+            _same_pair(want, refgeo.row_diameter(da.from_array(S, chunks=(60, 2)), tile_size=1))
+            # at the threshold or below it: 44 chunks, 990 tasks
+            _same_pair(refgeo.row_diameter(S[:44]), refgeo.row_diameter(da.from_array(S[:44], chunks=(1, 2))))
 
 
 def test_small_row_chunks_of_x_or_y_are_named(monkeypatch):
