@@ -19,7 +19,8 @@
 #    330 s here).  In a process forked after refgeo_ext was loaded the kernels run on one
 #    thread (refgeo's fork safety; its warning is silenced here), so this run's numbers
 #    are a smoke test, not measurements: those use asv's default launch method, spawn,
-#    which the committed configuration keeps (docs/benchmarks.md).
+#    which the committed configuration keeps (docs/benchmarks.md).  For the same reason
+#    the speed-ratio trackers time each side once (REFGEO_BENCH_REPEAT=1, not best of 3).
 #
 # Budget on 2 cores: docs < 3 min, asv < 3 min.
 set -euo pipefail
@@ -113,7 +114,7 @@ t0=$SECONDS
 asv check --config "$TMP/asv.conf.json" --python=same
 set +e
 PYTHONWARNINGS="ignore:refgeo_ext runs single-threaded in this process:UserWarning" \
-REFGEO_BENCH_SIZE=small asv run --config "$TMP/asv.conf.json" \
+REFGEO_BENCH_SIZE=small REFGEO_BENCH_REPEAT=1 asv run --config "$TMP/asv.conf.json" \
     --python=same --quick --dry-run --launch-method forkserver --show-stderr --durations "${REFGEO_ASV_DURATIONS:-5}" 2>&1 | tee "$TMP/asv.log"
 status=${PIPESTATUS[0]}
 set -e

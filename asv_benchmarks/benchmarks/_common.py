@@ -17,7 +17,10 @@ Conventions:
   from ``setup``.
 - speed ratios against a baseline are measured in the same process with ``best_time``
   (``track_speedup_vs_*``, unit ``"x"``); roofline fractions come from
-  ``roofline_fraction`` (GEMM rate and kernel time interleaved).
+  ``roofline_fraction`` (GEMM rate and kernel time interleaved);
+- ``best_time`` takes the best of ``REPEAT`` calls: 3, or ``REFGEO_BENCH_REPEAT`` (CI's
+  smoke run sets 1: its numbers are not measurements, and the repeats were a third of
+  its time).
 """
 
 from __future__ import annotations
@@ -173,10 +176,14 @@ def hidden_states(n: int, d: int, seed: int = 6) -> np.ndarray:
     return (X + 1e-3 * g.standard_normal((n, d))).astype(np.float32)
 
 
-def best_time(fn, repeat: int = 3) -> float:
-    """Best wall time of ``repeat`` calls (for speed-ratio trackers measured in-process)."""
+REPEAT = int(os.environ.get("REFGEO_BENCH_REPEAT", "3"))
+
+
+def best_time(fn, repeat: int | None = None) -> float:
+    """Best wall time of ``repeat`` calls (default ``REPEAT``; for speed-ratio trackers
+    measured in-process)."""
     best = float("inf")
-    for _ in range(repeat):
+    for _ in range(REPEAT if repeat is None else repeat):
         t0 = time.perf_counter()
         fn()
         best = min(best, time.perf_counter() - t0)
@@ -184,10 +191,11 @@ def best_time(fn, repeat: int = 3) -> float:
 
 
 def dgemm_rate(n: int = 2048, dtype=np.float64) -> float:
-    """Measured GEMM rate in flop/s on an n x n product (the roofline): best of 3."""
+    """Measured GEMM rate in flop/s on an n x n product (the roofline): best of
+    ``REPEAT`` (3)."""
     a = rng(1).standard_normal((n, n)).astype(dtype)
     b = rng(2).standard_normal((n, n)).astype(dtype)
-    t = best_time(lambda: a @ b, repeat=3)
+    t = best_time(lambda: a @ b)
     return 2.0 * n**3 / t
 
 

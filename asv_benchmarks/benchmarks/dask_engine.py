@@ -24,7 +24,7 @@ import time
 
 import numpy as np
 
-from ._common import best_time, environment, hidden_states, realistic, records_runtime, refgeo, require_backend
+from ._common import REPEAT, best_time, environment, hidden_states, realistic, records_runtime, refgeo, require_backend
 
 # The cluster's own logs stay quiet (the scheduler and nannies run in this process, the
 # workers in child processes that read the environment when they import distributed):
@@ -56,13 +56,13 @@ def _held(client) -> int:
     return client.run_on_scheduler(lambda dask_scheduler: len(dask_scheduler.tasks))
 
 
-def best_settled_time(client, fn, held: int, repeat: int = 3) -> float:
+def best_settled_time(client, fn, held: int, repeat: int | None = None) -> float:
     """:func:`best_time` of a graph run on ``client``, each call started once the
     scheduler holds only its ``held`` tasks again: a call submitted while the last
     result's keys are still being released found them in memory and took 0.01 s where
     a run takes 0.3 s (the graphs are pure, so the same rows give the same keys)."""
     best = float("inf")
-    for _ in range(repeat):
+    for _ in range(REPEAT if repeat is None else repeat):
         for _ in range(500):
             if _held(client) <= held:
                 break
