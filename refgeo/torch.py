@@ -151,6 +151,12 @@ def _build() -> dict[str, Any]:
             # undo the division by den (1 on those rows), then s_i / (m_i v_i + eps)
             S.mul_(tiny).div_(den_tiny)
 
+    def _check_not_overlapping(p: Any, name: str) -> None:
+        """``ValueError`` when the parameter ``p``, updated in place, holds one entry at
+        two indices (an expanded or unfolded tensor), on any device."""
+        size = p.element_size()
+        check_no_repeated_entries([st * size for st in p.stride()], p.shape, size, f"parameter {name}")
+
     def _name(group: dict, k: int) -> str:
         names = group.get("param_names")
         return repr(names[0]) if names else f"param_groups[{k}]['params'][0]"
@@ -292,7 +298,8 @@ def _build() -> dict[str, Any]:
             A parameter that is not 2-D, several parameters in one group, a parameter or
             gradient with NaN or inf entries, a gradient whose centered momentum average
             leaves the range of the state's dtype (a centered float32 gradient beyond
-            3.4e38), hyper-parameters out of range.
+            3.4e38), hyper-parameters out of range, a parameter whose rows share memory
+            (an expanded or unfolded tensor: it is updated in place).
         TypeError
             A complex, integer or sparse parameter or gradient.
 
@@ -363,6 +370,10 @@ def _build() -> dict[str, Any]:
                         f"{tuple(state['momentum_buffer'].shape)}, got shape {tuple(g.shape)} instead."
                     )
                 self._check_range(p, g, hyper, name)
+                # an expanded parameter raised torch's RuntimeError after the state had
+                # moved; an unfolded one (overlapping rows) took every row's step over its
+                # neighbors' without an error
+                _check_not_overlapping(p, name)
                 work.append((p, g, hyper))
             for p, g, (lr, mu, eps, wd, bias_correction, project, center) in work:
                 state = self.state[p]
@@ -571,9 +582,9 @@ def _build() -> dict[str, Any]:
             # float64 range), and group 0 had moved when group 1's solve raised.
             solved = []
             for k, group, p, name, G, grad_eps in work:
-                if p.device.type == "cpu":  # written through its NumPy view (a copy elsewhere)
-                    check_no_repeated_entries([st * p.element_size() for st in p.stride()], p.shape,
-                                              p.element_size(), f"parameter {name}")
+                # written through its NumPy view on the CPU, with copy_ elsewhere: either
+                # way overlapping rows take each other's steps
+                _check_not_overlapping(p, name)
                 solver = self._solver_for(group, self._solvers.get(k))
                 try:
                     res, M = solver._solve(G, grad_eps)
