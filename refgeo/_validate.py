@@ -461,6 +461,8 @@ def check_no_repeated_entries(strides, shape, itemsize: int, name: str) -> None:
     is the usual sufficient one for no overlap: sorted by stride, each dimension of more
     than one entry steps past everything the smaller strides span.
     """
+    if any(int(n) == 0 for n in shape):
+        return  # no entries, none repeated (NumPy gives empty arrays any strides)
     span = itemsize
     for st, n in sorted((abs(int(st)), int(n)) for st, n in zip(strides, shape) if n > 1):
         if st < span:

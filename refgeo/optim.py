@@ -74,6 +74,8 @@ class _Param:
             )
         if param.ndim != 2:
             raise ValueError(f"param must be a 2-D array of shape (V, d), got shape {param.shape} instead.")
+        if param.size == 0:
+            raise ValueError(f"param must be non-empty, got shape {param.shape} instead.")
         if not param.flags.writeable:
             raise ValueError("param must be a writeable array (it is updated in place), got a read-only array instead.")
         check_no_repeated_entries(param.strides, param.shape, param.itemsize, "param")

@@ -408,6 +408,15 @@ def test_rownorm_centers_rows_near_the_float64_maximum():
 
 
 @pytest.mark.parametrize("cls", ["RowNorm", "DiameterLMO"])
+@pytest.mark.parametrize("shape", [(0, 3), (3, 0)])
+def test_an_empty_param_is_named_as_empty(cls, shape):
+    """An empty param was refused as one that repeats its entries in memory (NumPy
+    gives empty arrays zero strides), the wrong reason."""
+    with pytest.raises(ValueError, match=re.escape(f"param must be non-empty, got shape {shape} instead.")):
+        getattr(refgeo, cls)(lr=0.1).step(np.zeros(shape), np.zeros(shape))
+
+
+@pytest.mark.parametrize("cls", ["RowNorm", "DiameterLMO"])
 def test_an_expanded_tensor_is_refused_as_param(cls):
     """An expanded tensor's NumPy view is writeable, but its rows are one row in memory:
     the in-place update wrote every row's step over the others (5 equal rows came back)."""
