@@ -359,7 +359,8 @@ class GlobalBaseline:
         :math:`\Delta_i = 0`).
     energy_fraction : float
         :math:`\sum \lVert y_i - A x_i\rVert^2 / \sum \lVert \Delta_i\rVert^2` over the
-        evaluated tokens.
+        evaluated tokens (NaN where :math:`\Delta_i = 0` on every one of them: nothing
+        to explain).
     """
 
     kind: str
@@ -425,7 +426,8 @@ class TokenwiseResult:
         :math:`\lVert\rho_i\rVert / \lVert\Delta_i\rVert` (NaN where :math:`\Delta_i = 0`).
     energy_fraction : float
         :math:`\sum_i \lVert\rho_i\rVert^2 / \sum_i \lVert\Delta_i\rVert^2` over the
-        evaluated tokens.
+        evaluated tokens (NaN where :math:`\Delta_i = 0` on every one of them, e.g.
+        ``Y = X``: nothing to explain).
     cosines : TokenwisePairs
         Per-token cosines of the pairs, e.g. ``cosines.rho_tau`` (arrays of shape (N,);
         NaN where a vector is zero).

@@ -1841,3 +1841,13 @@ def test_divergences_of_nearly_equal_outputs_are_not_negative(divergence):
         Hp = H + 1e-9 * rng.standard_normal((30, 8))
         div = refgeo.output_perturbation(lambda z: z, H, Hp, divergence=divergence)
         assert np.all(div >= 0.0)
+
+
+def test_a_zero_update_leaves_nothing_to_explain():
+    """Y = X: the update, the tokenwise part and the residual are zero, and the energy
+    fractions (0 / 0) are NaN, as documented, not a number that claims a fit."""
+    X = np.random.default_rng(0).standard_normal((20, 3))
+    r = refgeo.decompose(X, X.copy(), k=5, cls="diagonal")
+    assert not r.delta.any() and not r.tau.any() and not r.rho.any()
+    assert np.isnan(r.energy_fraction)
+    assert all(np.isnan(b.energy_fraction) for b in r.baselines)
