@@ -420,6 +420,22 @@ def test_a_stop_asked_during_the_probe_starts_no_barrier_method():
     assert res.lower_bound <= res.upper_bound and _brute_diameter(res.update) <= 1.0
 
 
+def test_the_barrier_method_starts_after_the_probe_only_where_its_steps_fit(monkeypatch):
+    """With a budget just above the probe the barrier method's first Newton step and its
+    certificate overran max_time: where three steps (their estimate, here made large)
+    do not fit what the probe left, the probe's result is returned."""
+    from refgeo._lm_gradients import lm_gradient
+
+    G = lm_gradient(70, 8)
+    monkeypatch.setattr(refgeo.lmo, "_BARRIER_PROBE_S", 0.05)
+    monkeypatch.setattr(refgeo.lmo, "_BARRIER_NEWTON_S_PER_VR3", 1e3)  # steps that never fit
+    res = refgeo.diameter_lmo(G, rtol=1e-12, max_time=60.0)
+    assert res.method != "barrier" and res.elapsed < 30.0
+    assert res.lower_bound <= res.upper_bound and _brute_diameter(res.update) <= 1.0
+    monkeypatch.setattr(refgeo.lmo, "_BARRIER_NEWTON_S_PER_VR3", 0.0)  # steps that always fit
+    assert refgeo.diameter_lmo(G, rtol=1e-12, max_time=60.0).method == "barrier"
+
+
 @pytest.mark.parametrize("V, d, seed", [(6, 2, 0), (12, 3, 2), (20, 3, 4)])
 def test_irls_path_matches_independent_solver(V, d, seed, monkeypatch):
     """At moderate rtol the complete-graph IRLS runs: its bracket contains the optimum."""
