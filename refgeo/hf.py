@@ -11,13 +11,15 @@ r"""Paper B's tokenwise protocol on a Hugging Face ``transformers`` model (see :
 
 The block list of the model (``transformer.h`` of GPT-2, ``model.layers`` of
 Llama-style decoders, ``encoder.layer`` of BERT-style encoders, or any other list of
-identical modules) defines the layers: :math:`h_0` is the input of block 0 and
-:math:`h_{l+1}` the output of block ``l``, so that the update of block ``l`` is
+identical modules, each run once per forward pass, in order: a model that shares its
+layers, as ALBERT does, is refused) defines the layers: :math:`h_0` is the input of
+block 0 and :math:`h_{l+1}` the output of block ``l``, so that the update of block ``l`` is
 :math:`\Delta = h_{l+1} - h_l` and an intervention replaces block ``l``'s output at
 chosen (sequence, position) pairs and runs the rest of the model on from there
 (forward hooks: position embeddings, attention masks and layer norms stay the
 model's own).  Padding (``attention_mask == 0``, left or right) is never a token;
-position ids are counted over the tokens (``cumsum(mask) - 1``) and passed to every
+position ids are counted over the tokens (``cumsum(mask) - 1``, plus ``padding_idx + 1``
+where the position table has a padding row, as RoBERTa's has) and passed to every
 model whose ``forward`` takes ``position_ids``, so that a sequence has the same states
 whatever its padding.  Decoder-only and encoder-only models are covered
 (encoder-decoder models, which need decoder inputs, are not).
@@ -238,6 +240,10 @@ def find_blocks(model: Any, blocks: Any = None, /) -> tuple[str, tuple]:
         owned = {id(m) for m in model.modules()}
         if not all(id(b) in owned for b in mods):
             raise ValueError("blocks must be modules of model.")
+        first: dict[int, int] = {}
+        for l, b in enumerate(mods):
+            if first.setdefault(id(b), l) != l:
+                raise ValueError(f"blocks must hold distinct modules, got block {first[id(b)]} again at {l}.")
         return "<given>", mods
     for path in _KNOWN_BLOCK_PATHS:
         found = _get_path(model, path)
@@ -319,8 +325,20 @@ def _batch(model, input_ids, attention_mask):
     if seq.size == 0:
         raise ValueError("attention_mask must mark at least one token.")
     starts = np.concatenate([[0], np.cumsum(m.sum(axis=1))])
-    position_ids = (torch.cumsum(mask, dim=1) - 1).clamp(min=0)
+    position_ids = (torch.cumsum(mask, dim=1) - 1).clamp(min=0) + _position_offset(model)
     return _Batch(ids, mask, position_ids, seq.astype(np.int64), pos.astype(np.int64), starts.astype(np.int64))
+
+
+def _position_offset(model):
+    """The model's first position id: ``padding_idx + 1`` where its position table has
+    a padding row (RoBERTa and the models built on it count positions from there; given
+    positions from 0 they ran every token at the wrong position, padding or not), else 0."""
+    torch = _torch()
+    for name, mod in model.named_modules():
+        if (name.rpartition(".")[2] == "position_embeddings" and isinstance(mod, torch.nn.Embedding)
+                and mod.padding_idx is not None):
+            return int(mod.padding_idx) + 1
+    return 0
 
 
 def _weights(model):
@@ -358,7 +376,33 @@ def _with_output(out, h):
     return h
 
 
-def _forward(model, batch, s0, s1, need_last):
+def _forward(model, batch, s0, s1, need_last, blocks):
+    """One forward pass of the sequences ``s0:s1``; ``ValueError`` unless each of
+    ``blocks`` ran once, in order (the layers of the protocol)."""
+    ran: list[int] = []
+    counters = [b.register_forward_pre_hook(lambda mod, args, _l=l: ran.append(_l)) for l, b in enumerate(blocks)]
+    try:
+        out = _run(model, batch, s0, s1, need_last)
+    finally:
+        for h in counters:
+            h.remove()
+    if ran != list(range(len(blocks))):
+        many = [l for l in range(len(blocks)) if ran.count(l) > 1]
+        if many:
+            what = (f"block {many[0]} ran {ran.count(many[0])} times in one forward pass (a model that "
+                    "applies one module several times, as ALBERT shares its layers, has no list of "
+                    "blocks that each run once)")
+        elif len(set(ran)) < len(blocks):
+            what = f"block {min(set(range(len(blocks))) - set(ran))} did not run in the forward pass"
+        else:
+            what = f"the blocks ran in the order {ran}"
+        raise ValueError(
+            f"blocks must be modules that each run once per forward pass, in order (h_l is the input of "
+            f"block l), but {what}; pass blocks= with such modules.")
+    return out
+
+
+def _run(model, batch, s0, s1, need_last):
     ids, mask = batch.ids[s0:s1], batch.mask[s0:s1]
     kwargs = {"input_ids": ids, "attention_mask": mask}
     params = inspect.signature(model.forward).parameters
@@ -378,11 +422,15 @@ def _forward(model, batch, s0, s1, need_last):
         # only once the forward pass has failed.
         limit = getattr(getattr(model, "config", None), "max_position_embeddings", None)
         n = int(mask.sum(dim=1).max()) if "position_ids" in kwargs else int(ids.shape[1])
-        if isinstance(limit, int) and n > limit:
-            raise ValueError(
-                f"input_ids must have at most {limit} tokens per sequence (the model's "
-                f"config.max_position_embeddings), got {n} instead."
-            ) from exc
+        if isinstance(limit, int):
+            # positions from padding_idx + 1 where the table has a padding row (RoBERTa)
+            first = _position_offset(model)
+            if n > limit - first:
+                why = "" if not first else f" less the first position id, {first}"
+                raise ValueError(
+                    f"input_ids must have at most {limit - first} tokens per sequence (the model's "
+                    f"config.max_position_embeddings{why}), got {n} instead."
+                ) from exc
         raise
 
 
@@ -468,6 +516,16 @@ def _capture(model, batch, blocks, keep, np_dtype, batch_size, bar=None):
     cur = {}
 
     def store(layer, h):
+        if not (isinstance(h, torch.Tensor) and h.is_floating_point() and h.ndim == 3
+                and tuple(h.shape[:2]) == tuple(batch.ids[slice(*cur["chunk"])].shape)):
+            # e.g. blocks=[the token embedding]: its input is the ids (an IndexError
+            # naming nothing, or ids read as states)
+            got = f"{type(h).__name__}" + (f" of dtype {h.dtype} and shape {tuple(h.shape)}"
+                                           if isinstance(h, torch.Tensor) else "")
+            where = "the input of block 0" if layer == 0 else f"the output of block {layer - 1}"
+            raise ValueError(
+                f"blocks must be transformer blocks, whose input and output are hidden states of shape "
+                f"(B, T, d), but {where} is a {got}; pass blocks= with such modules.")
         s0, s1 = cur["chunk"]
         r0, r1 = batch.starts[s0], batch.starts[s1]
         flat = torch.as_tensor((batch.sequence[r0:r1] - s0) * T + batch.position[r0:r1], device=h.device)
@@ -489,7 +547,7 @@ def _capture(model, batch, blocks, keep, np_dtype, batch_size, bar=None):
         with torch.no_grad():
             for s0, s1 in _chunks(batch.ids.shape[0], batch_size):
                 cur["chunk"] = (s0, s1)
-                _forward(model, batch, s0, s1, False)
+                _forward(model, batch, s0, s1, False, blocks)
                 if bar is not None:
                     bar.advance()
     finally:
@@ -672,7 +730,7 @@ def model_logits(
         hook = _patch_hook(blks[layer], patch)
     try:
         with torch.no_grad():
-            out = _forward(model, batch, 0, batch.ids.shape[0], readout is not None)
+            out = _forward(model, batch, 0, batch.ids.shape[0], readout is not None, blks)
             return _to_numpy(_readout_logits(model, out, readout))
     finally:
         if hook is not None:
@@ -781,7 +839,7 @@ def _intervene(model, batch, blks, layer, P, probe, divergence, readout_position
             for s0, s1, _, groups in _passes(batch, probe, batch_size):
                 mask = batch.mask[s0:s1]
                 patch.clear()
-                out = _forward(model, batch, s0, s1, readout is not None)
+                out = _forward(model, batch, s0, s1, readout is not None, blks)
                 if readout_position == "sum":
                     lp_all = _log_softmax(_to_numpy(_readout_logits(model, out, readout)), "the model's logits")
                     valid = _to_numpy(mask).astype(bool)
@@ -795,7 +853,7 @@ def _intervene(model, batch, blks, layer, P, probe, divergence, readout_position
                     s_loc = torch.as_tensor(batch.sequence[toks] - s0)
                     patch.update(seq=s_loc, pos=int(t), values=Pt[torch.as_tensor(toks)])
                     # the whole chunk runs again, so the batch (and its rounding) is the original one
-                    out = _forward(model, batch, s0, s1, readout is not None)
+                    out = _forward(model, batch, s0, s1, readout is not None, blks)
                     if readout_position == "self":
                         if readout is None:
                             zp, zq = z_orig[s_loc, t], out.logits[s_loc, t]

@@ -5,6 +5,7 @@ built from config objects, and the pretrained all-MiniLM-L6-v2 shipped by the
 from __future__ import annotations
 
 import os
+import copy
 import re
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -622,3 +623,67 @@ def test_protocol_checks_cls_and_k_before_any_forward_pass(gpt2):
         hook.remove()
     out = hf.tokenwise_protocol(gpt2, _ids((2, 5)), cls="diagonal", k=np.int64(3), layers=0)
     assert type(out.config["k"]) is int and out.config["decompose"]["k"] == 3
+
+
+@pytest.mark.parametrize("family", ["Roberta", "XLMRoberta"])
+def test_position_tables_with_a_padding_row_keep_the_models_own_positions(family):
+    """RoBERTa counts positions from padding_idx + 1: given positions from 0, every token
+    ran at the wrong position (padding or not; logits 0.34 off the model's own), and a
+    sequence of max_position_embeddings tokens passed the length check and failed in
+    torch.  Now the states and logits are the model's own, left padding shifts nothing,
+    and the limit counts the offset."""
+    cfg = getattr(transformers, f"{family}Config")(
+        num_hidden_layers=2, hidden_size=16, num_attention_heads=2, intermediate_size=32, vocab_size=V,
+        max_position_embeddings=40, pad_token_id=1)
+    model = _seeded(lambda: getattr(transformers, f"{family}ForMaskedLM")(cfg))
+    ids = np.random.default_rng(0).integers(2, V, size=(2, 8))
+    with torch.no_grad():
+        own = model(input_ids=torch.as_tensor(ids), output_hidden_states=True)
+    hs = hf.hidden_states(model, ids)
+    for l in range(3):
+        np.testing.assert_allclose(hs.states[l], own.hidden_states[l].reshape(-1, 16).numpy(), rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(hf.model_logits(model, ids), own.logits.numpy(), rtol=1e-5, atol=1e-5)
+    # left padding (with the pad token, as a tokenizer pads) gives the same states
+    padded, mask = np.full((2, 11), 1), np.zeros((2, 11), dtype=np.int64)
+    padded[:, 3:], mask[:, 3:] = ids, 1
+    hp = hf.hidden_states(model, padded, mask)
+    for l in range(3):
+        np.testing.assert_allclose(hp.states[l], hs.states[l], rtol=1e-4, atol=1e-5)
+    # positions 2 .. 39 of the 40-row table: 38 tokens at most
+    assert hf.hidden_states(model, np.full((1, 38), 5)).states[0].shape[0] == 38
+    with pytest.raises(ValueError, match=re.escape(
+            "input_ids must have at most 38 tokens per sequence (the model's config.max_position_embeddings "
+            "less the first position id, 2), got 40 instead.")):
+        hf.hidden_states(model, np.full((1, 40), 5))
+
+
+def test_shared_layers_are_refused():
+    """ALBERT applies its one layer group num_hidden_layers times: the block list found
+    (albert_layer_groups, of length 1) ran 3 times per pass, and the states were the
+    last application's (h_0 was the model's hidden_states[2]) without an error."""
+    cfg = transformers.AlbertConfig(num_hidden_layers=3, hidden_size=16, embedding_size=8, num_attention_heads=2,
+                                    intermediate_size=32, vocab_size=V, max_position_embeddings=32)
+    model = _seeded(lambda: transformers.AlbertForMaskedLM(cfg))
+    msg = "blocks must be modules that each run once per forward pass, in order (h_l is the input of block l), " \
+          "but block 0 ran 3 times in one forward pass"
+    ids = _ids((2, 8))
+    for call in (lambda: hf.hidden_states(model, ids), lambda: hf.model_logits(model, ids)):
+        with pytest.raises(ValueError, match=re.escape(msg)):
+            call()
+
+
+def test_blocks_that_do_not_run_or_run_out_of_order_are_refused(gpt2):
+    h = gpt2.transformer.h
+    ids = _ids((2, 8))
+    with pytest.raises(ValueError, match=re.escape("but the blocks ran in the order [1, 0]")):
+        hf.hidden_states(gpt2, ids, blocks=[h[1], h[0]])
+    model = copy.deepcopy(gpt2)
+    model.unused = torch.nn.Linear(2, 2)  # a module of the model that its forward pass never runs
+    with pytest.raises(ValueError, match=re.escape("but block 1 did not run in the forward pass")):
+        hf.hidden_states(model, ids, blocks=[model.transformer.h[0], model.unused])
+    # modules that are not blocks: the token embedding's input is the ids
+    with pytest.raises(ValueError, match=re.escape("but the input of block 0 is a Tensor of dtype torch.int64")):
+        hf.hidden_states(gpt2, ids, blocks=[gpt2.transformer.wte])
+    # the same module twice would give two layers one output
+    with pytest.raises(ValueError, match=re.escape("blocks must hold distinct modules, got block 0 again at 1.")):
+        hf.hidden_states(gpt2, ids, blocks=[h[0], h[0]])
