@@ -549,6 +549,19 @@ def test_rownorm_steps_of_uncentered_gradients_are_the_reference_steps():
         rt.assert_rownorm_steps_close(centering, W0, G, **kw)
 
 
+def test_float32_gradients_do_not_loosen_the_tolerance_of_float64_parameters():
+    """The tolerance is the parameter dtype's, as documented: with float64 parameters and
+    float32 gradients it took the float32 roundoff, and steps taken wholly in float32
+    (1e-7 off) passed; the oracle runs in float64 there and the same steps fail."""
+    rng = np.random.default_rng(0)
+    W0, g32 = rng.standard_normal((3, 4)), rng.standard_normal((5, 3, 4)).astype(np.float32)
+    kw = {"lr": 0.01, "mu": 0.95, "eps": 1e-8}
+    in_float32 = rt.rownorm_reference_steps(W0.astype(np.float32), g32, **kw).astype(np.float64)
+    with pytest.raises(ConformanceError, match="step 1"):
+        rt.assert_rownorm_steps_close(in_float32, W0, g32, **kw)
+    rt.assert_rownorm_steps_close(rt.rownorm_reference_steps(W0, g32.astype(np.float64), **kw), W0, g32, **kw)
+
+
 def test_a_coarser_result_does_not_loosen_the_logit_tolerance():
     """A float16 result of float64 logits was allowed 2**-11 relative (the output's
     roundoff), and a kernel computing in float16 throughout passed 3 rows of 4; the

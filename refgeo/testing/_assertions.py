@@ -1151,7 +1151,10 @@ def assert_rownorm_steps_close(
     else:
         steps = list(range(1, grads.shape[0] + 1))
     if rtol is None and atol is None:
-        u = max(_unit_roundoff(W0.dtype), _unit_roundoff(grads.dtype))
+        # the parameter's roundoff, as documented: the oracle updates float64 parameters
+        # in float64 whatever the gradients' dtype (float32 gradients took the float32
+        # roundoff, and a float32 implementation passed for a float64 one)
+        u = _unit_roundoff(W0.dtype)
         d = W0.shape[1]
         G64 = grads.astype(np.float64)
         a = np.zeros(W0.shape[0])
