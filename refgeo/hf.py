@@ -1149,6 +1149,11 @@ def tokenwise_protocol(
     clash = sorted(set(opts) & {"k", "cls", "ridge", "prior", "exclude_self", "layer", "progress"})
     if clash:
         raise TypeError(f"decompose_options must not repeat the protocol's own keywords, got {clash}.")
+    # before the capture passes (minutes on a large model), as cls and k are: the names
+    # here, their values by decompose on the first layer's states
+    unknown = sorted(set(opts) - set(inspect.signature(decompose).parameters))
+    if unknown:
+        raise TypeError(f"decompose_options must hold keywords of refgeo.decompose, got unknown {unknown}.")
     progress = _progress.check_progress(progress)
     batch = _batch(model, input_ids, attention_mask)
     n = batch.sequence.shape[0]

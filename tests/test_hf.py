@@ -618,6 +618,10 @@ def test_protocol_checks_cls_and_k_before_any_forward_pass(gpt2):
             hf.tokenwise_protocol(gpt2, _ids((2, 5)), cls="lowrank", k=3)
         with pytest.raises(TypeError, match="k must be an integer"):
             hf.tokenwise_protocol(gpt2, _ids((2, 5)), cls="diagonal", k=3.0)
+        # a misspelled option of decompose too (found by decompose after the captures)
+        with pytest.raises(TypeError, match=re.escape("decompose_options must hold keywords of "
+                                                      "refgeo.decompose, got unknown ['nope'].")):
+            hf.tokenwise_protocol(gpt2, _ids((2, 5)), cls="diagonal", k=3, decompose_options={"nope": 1})
         assert calls == []
     finally:
         hook.remove()
