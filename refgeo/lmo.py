@@ -325,8 +325,9 @@ def projected_rownorm(G: Any, /, *, eta: float = 1.0):
     .. math:: S_{RN} = -\frac{\eta}{2} P\, \mathrm{RN}(PG), \qquad
               -\langle G, S_{RN} \rangle = \frac{\eta}{2} \sum_i \lVert (PG)_i \rVert
 
-    It solves the LMO over the radius ball :math:`\max_i \lVert s_i \rVert \le \eta/2`
-    exactly, which lies inside the diameter ball, and achieves at least
+    It solves the LMO over the radius balls :math:`\max_i \lVert s_i - c \rVert \le \eta/2`
+    (any center c; the projection P moves the origin's optimum to a centered step of the
+    same decrease) exactly, which lie inside the diameter ball, and achieves at least
     :math:`\sqrt{(k+1)/(2k)} \ge 1/\sqrt{2}` of the optimal decrease
     :math:`\eta\,T(G)` (k = rank G); it is optimal when rank G = 1, and the bound is
     attained by regular-simplex gradients.  Time O(Vd).  Equivariant under row
