@@ -79,9 +79,12 @@ class _Param:
         if not param.flags.writeable:
             raise ValueError("param must be a writeable array (it is updated in place), got a read-only array instead.")
         check_no_repeated_entries(param.strides, param.shape, param.itemsize, "param")
-        # only a view shares the tensor's memory; upcast or device copies are written back
-        self.copied = origin is not None and (
+        # only a view shares the tensor's memory; upcast or device copies are written back,
+        # and so is any other copy (a tensor with torch's negative bit, z.conj().imag, is
+        # resolved into one: its update was lost, without an error)
+        self.copied = origin is not None and self.tensor is not None and (
             origin.converted_from is not None or getattr(origin.device, "type", "cpu") != "cpu"
+            or param.ctypes.data != self.tensor.data_ptr()
         )
         grad, self.grad_origin = from_foreign(grad, "grad", host=True)
         # the precision the caller's gradient had (its rows sum to zero only to that)

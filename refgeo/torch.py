@@ -396,9 +396,18 @@ def _build() -> dict[str, Any]:
                 S.mul_(-lr)
                 if project:
                     S.sub_(S.mean(dim=0, keepdim=True))
-                if wd:
-                    p.mul_(1.0 - lr * wd)
-                p.add_(S.to(p.dtype))
+                if p.dtype == S.dtype:
+                    if wd:
+                        p.mul_(1.0 - lr * wd)
+                    p.add_(S)
+                else:
+                    # bfloat16/float16: decay and step in the state's float32, one rounding
+                    # to the parameter (two roundings left a third of the weights of a
+                    # decayed head an ulp off the NumPy optimizer's)
+                    P = p.detach().to(S.dtype)
+                    if wd:
+                        P.mul_(1.0 - lr * wd)
+                    p.copy_(P.add_(S))
             return loss
 
         def _check_range(self, p: Any, g: Any, hyper: tuple, name: str) -> None:
@@ -565,7 +574,9 @@ def _build() -> dict[str, Any]:
                 if g.is_complex() or not g.is_floating_point():
                     raise TypeError(f"the gradient of {name} must be real floating point, got dtype {g.dtype} instead.")
                 fresh = self._solver_for(group)  # a fresh solver validates the group's hyper-parameters
-                G = g.detach().to(device="cpu", dtype=torch.float64).numpy()
+                # resolve_neg: a tensor with torch's negative bit (z.conj().imag) has no
+                # NumPy view (a RuntimeError from .numpy())
+                G = g.detach().resolve_neg().to(device="cpu", dtype=torch.float64).numpy()
                 try:
                     # C-contiguous, as the NumPy optimizer makes it (sums in one order)
                     G = as_float_array(G, "grad", ndim=2, shape_hint="2-D array of shape (V, d)")
@@ -594,7 +605,10 @@ def _build() -> dict[str, Any]:
             for k, p, solver, res, M in solved:
                 self._solvers[k] = solver
                 host = torch.float64 if p.dtype == torch.float64 else torch.float32
-                W = p.detach().to(device="cpu", dtype=host).numpy()  # a view for CPU float tensors
+                # a view for CPU float tensors; a copy, written back below, for the others
+                # and for one with the negative bit (whose .numpy() raised after the earlier
+                # groups had moved)
+                W = p.detach().resolve_neg().to(device="cpu", dtype=host).numpy()
                 solver._commit(W, res, M)
                 if W.ctypes.data != p.data_ptr():
                     p.copy_(torch.from_numpy(np.ascontiguousarray(W)))
@@ -646,13 +660,23 @@ def _build() -> dict[str, Any]:
             _check_saved_groups(self, state_dict)
             state_dict = dict(state_dict)
             solvers = state_dict.pop("refgeo_solvers", {})
+            # the solvers are built on the loaded groups' hyper-parameters, so torch's part
+            # is loaded first and put back when a saved solver is refused (it stayed
+            # loaded, with the solvers' momentum and warm starts dropped)
+            before, before_solvers = super().state_dict(), self._solvers
             super().load_state_dict(state_dict)
-            self._solvers = {}
-            for k, saved in solvers.items():
-                solver = self._solver_for(self.param_groups[int(k)])
-                solver.load_state_dict({key: v.detach().cpu().numpy() if isinstance(v, torch.Tensor) else v
-                                        for key, v in saved.items()})
-                self._solvers[int(k)] = solver
+            try:
+                loaded = {}
+                for k, saved in solvers.items():
+                    solver = self._solver_for(self.param_groups[int(k)])
+                    solver.load_state_dict({key: v.detach().cpu().numpy() if isinstance(v, torch.Tensor) else v
+                                            for key, v in saved.items()})
+                    loaded[int(k)] = solver
+            except BaseException:
+                super().load_state_dict(before)
+                self._solvers = before_solvers
+                raise
+            self._solvers = loaded
 
     class HeadStepMonitor:
         r"""Records the geometry of an LM-head optimizer's steps, every ``every`` steps.
