@@ -42,6 +42,17 @@ def _naive_dist(A, B):
     return np.ldexp(np.sqrt(((A[:, None, :] - B[None, :, :]) ** 2).sum(-1)), e)
 
 
+def _assert_same_partners(got, Dm, want):
+    """``got`` indices equal the naive oracle's ``want`` (rows of indices into the columns
+    of ``Dm``), except where the two are tied to rounding: the oracle sums the squares in
+    NumPy's order and compares rounded square roots, refgeo compares the canonical sums
+    (at rows 1e-8 apart beside a distance of 4 the square roots tie where the sums differ
+    by an ulp, and refgeo orders by the sums)."""
+    got, want = np.asarray(got), np.asarray(want)
+    rows = np.arange(len(Dm))[:, None] if want.ndim == 2 else np.arange(len(Dm))
+    np.testing.assert_allclose(Dm[rows, got], Dm[rows, want], rtol=1e-14)
+
+
 def _naive_extreme(S, maximize):
     Dm = _naive_dist(S, S)
     V = len(S)
@@ -124,7 +135,7 @@ def test_farthest_partners_match_naive(backend, S):
     fp = refgeo.farthest_partners(S)
     Dm = _naive_dist(S, S)
     np.fill_diagonal(Dm, -np.inf)
-    np.testing.assert_array_equal(fp.indices, np.argmax(Dm, axis=1))
+    _assert_same_partners(fp.indices, Dm, np.argmax(Dm, axis=1))
     np.testing.assert_allclose(fp.distances, Dm.max(1), rtol=1e-14)
     assert fp.indices.dtype == np.int64 and fp.distances.dtype == np.float64
     assert not fp.indices.flags.writeable
@@ -139,7 +150,7 @@ def test_knn_matches_naive(backend, S, data):
     Dm = _naive_dist(S, S)
     np.fill_diagonal(Dm, np.inf)
     order = np.argsort(Dm, axis=1, kind="stable")[:, :k]
-    np.testing.assert_array_equal(r.indices, order)
+    _assert_same_partners(r.indices, Dm, order)
     np.testing.assert_allclose(r.distances, np.take_along_axis(Dm, order, 1), rtol=1e-14)
     Y = data.draw(hnp.arrays(np.float64, (data.draw(st.integers(1, 6)), S.shape[1]),
                              elements=st.floats(-10, 10, **finite)))
@@ -147,7 +158,20 @@ def test_knn_matches_naive(backend, S, data):
     r2 = refgeo.knn(S, k2, Y)
     Dm = _naive_dist(S, Y)
     order = np.argsort(Dm, axis=1, kind="stable")[:, :k2]
-    np.testing.assert_array_equal(r2.indices, order)
+    _assert_same_partners(r2.indices, Dm, order)
+
+
+def test_neighbors_are_ordered_by_the_squared_sums_where_the_distances_tie(backend):
+    """Rows 2**-24 apart beside a distance of 4 (CI's example against the naive
+    oracle): the squared distances from row 1 are 16 + 2**-48 (one ulp of 16) to row 0
+    and 16 to row 2, whose square roots both round to 4.0.  The order is the squared
+    sums', so row 2 is nearer, whatever the rounded distances say."""
+    S = np.array([[2.0**-24, 0.0], [0.0, 4.0], [0.0, 0.0]])
+    assert 16.0 + 2.0**-48 > 16.0 and math.sqrt(16.0 + 2.0**-48) == 4.0
+    r = refgeo.knn(S, 2)
+    np.testing.assert_array_equal(r.indices[1], [2, 0])
+    np.testing.assert_array_equal(r.distances[1], [4.0, 4.0])
+    assert refgeo.farthest_partners(S).indices[1] == 0
 
 
 def test_knn_keep_self():
