@@ -516,8 +516,8 @@ def _capture(model, batch, blocks, keep, np_dtype, batch_size, bar=None):
     cur = {}
 
     def store(layer, h):
-        if not (isinstance(h, torch.Tensor) and h.is_floating_point() and h.ndim == 3
-                and tuple(h.shape[:2]) == tuple(batch.ids[slice(*cur["chunk"])].shape)):
+        if not (isinstance(h, torch.Tensor) and h.is_floating_point() and h.ndim >= 2 and h.shape[-1] > 0
+                and h.numel() // h.shape[-1] == (cur["chunk"][1] - cur["chunk"][0]) * T):
             # e.g. blocks=[the token embedding]: its input is the ids (an IndexError
             # naming nothing, or ids read as states)
             got = f"{type(h).__name__}" + (f" of dtype {h.dtype} and shape {tuple(h.shape)}"
