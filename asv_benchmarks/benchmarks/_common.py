@@ -176,7 +176,19 @@ def hidden_states(n: int, d: int, seed: int = 6) -> np.ndarray:
     return (X + 1e-3 * g.standard_normal((n, d))).astype(np.float32)
 
 
-REPEAT = int(os.environ.get("REFGEO_BENCH_REPEAT", "3"))
+def _repeat_from_env() -> int:
+    """``REFGEO_BENCH_REPEAT`` as a count >= 1 (0 timed nothing: every ratio inf / inf)."""
+    text = os.environ.get("REFGEO_BENCH_REPEAT", "3")
+    try:
+        n = int(text)
+    except ValueError:
+        n = 0
+    if n < 1:
+        raise ValueError(f"REFGEO_BENCH_REPEAT must be an integer >= 1, got {text!r} instead.")
+    return n
+
+
+REPEAT = _repeat_from_env()
 
 
 def best_time(fn, repeat: int | None = None) -> float:
