@@ -29,8 +29,9 @@ and the merged min-tension flow problem is solved by a barrier method, reweighte
 electrical flows or ADMM over a working set, by size.
 
 Every function accepts torch tensors (CPU tensors viewed without a copy, ``requires_grad``
-and non-contiguous ones included; bfloat16 and float16 computed as float32) and JAX
-arrays, and returns its arrays in the caller's framework; scalars are Python floats.
+and non-contiguous ones included; bfloat16 and float16 computed as float32; integer,
+boolean and complex tensors are a ``TypeError``) and JAX arrays, and returns its arrays
+in the caller's framework; scalars are Python floats.
 """
 
 from __future__ import annotations

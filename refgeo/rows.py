@@ -544,7 +544,8 @@ def row_diameter(
         inputs are converted to float64 (integers of magnitude above 2**53, which it
         would round, raise ``ValueError``).  A torch tensor (CPU: viewed zero-copy, run
         on the compiled engine; CUDA: through CuPy) is accepted as well; bfloat16,
-        float16 and float8 tensors are upcast to float32 (``converted_from`` says so).
+        float16 and float8 tensors are upcast to float32 (``converted_from`` says so),
+        and integer and boolean tensors are a ``TypeError`` (convert them explicitly).
     tile_size : int, default=None
         Rows per tile of the compiled engine (None: 512 for a float32 filter, halved
         down to 256 until every thread has 32 tile pairs; 256 otherwise).  Never

@@ -40,8 +40,9 @@ range (1e-300 to 1e300) fit alike.
 
 Tensors.  Every function accepts torch tensors (and CPU JAX arrays) for its array
 arguments: CPU tensors, ``requires_grad`` or not, are viewed as NumPy arrays without
-a copy, CUDA tensors are copied to the host (the fits use batched LAPACK), and
-bfloat16/float16 are upcast to float32.  When ``X`` or ``Y`` is a tensor, every array
+a copy, CUDA tensors are copied to the host (the fits use batched LAPACK),
+bfloat16/float16 are upcast to float32, and integer, boolean and complex tensors are
+a ``TypeError`` (NumPy integer arrays are converted to float64, as everywhere).  When ``X`` or ``Y`` is a tensor, every array
 field of the result comes back as a tensor on that device: for :class:`LocalFit`
 ``fitted``, ``neighbors``, ``distances``, ``weights``, ``coefficients`` and ``maps``;
 for :class:`TokenwiseResult` ``delta``, ``tau``, ``rho``, ``relative_error``, the
