@@ -31,6 +31,7 @@ usage: refgeo config [-h]
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import errno
 import functools
@@ -65,7 +66,7 @@ from ._certify import scale_exponent
 from ._validate import as_float_array, check_centered_rows, check_min_rows, check_same_shape
 from ._interop import precision_eps
 from .lmo import _centered_rtol
-from .tokenwise import _MLP_DEFAULTS
+from .tokenwise import _MLP_DEFAULTS, CLASSES
 
 __all__ = ["main"]
 
@@ -111,15 +112,19 @@ def _int_type(name: str, min_value: int) -> Callable[[str], int]:
     return convert
 
 
-def _float_type(*, positive: bool = True, nonnegative: bool = False,
+def _float_type(*, positive: bool = True, nonnegative: bool = False, normal: bool = False,
                 below: float | None = None) -> Callable[[str], float]:
-    """A finite float option: > 0 (``positive``), >= 0 (``nonnegative``) or any, and < ``below``.
+    """A finite float option: > 0 (``positive``), >= 0 (``nonnegative``) or any, and < ``below``;
+    ``normal`` asks for at least the smallest normal float64 (the library's ``eta``).
 
     The library's own checks would name its argument (``rtol``), not the option
     (``--rtol``), so the ranges the library enforces are checked here too; argparse
     puts the option's name before the message ("argument --rtol: must be ...").
     """
-    if positive:
+    if normal:
+        tiny = sys.float_info.min
+        want, ok = f"a finite number >= {tiny!r} (the smallest normal float64)", (lambda v: v >= tiny)
+    elif positive:
         want, ok = "a finite number > 0", (lambda v: v > 0)
     elif nonnegative:
         want, ok = "a finite number >= 0", (lambda v: v >= 0)
@@ -251,11 +256,32 @@ def _check_out_path(path: str | None) -> None:
 
 
 def _save_npy(path: str, arr: Any) -> None:
+    """Write ``arr`` to exactly ``path``, whole or not at all.
+
+    ``np.save`` given a name appends ``.npy`` unless the name ends in lower-case
+    ``.npy`` (``--out S.NPY`` wrote ``S.NPY.npy`` and reported ``S.NPY``), and it writes
+    in place: a full disk, a file size limit or Ctrl-C left a truncated file that
+    ``np.load`` cannot read, in place of the one that was there.  The array goes to a
+    new file beside ``path`` (so that the rename stays on one file system) and is renamed
+    over ``path`` only once written; on any failure the new file is removed and ``path``
+    is untouched.
+    """
     _check_out_path(path)
+    arr = np.asarray(arr)
+    tmp = os.path.join(os.path.dirname(os.path.abspath(path)), f".{os.path.basename(path)}.{os.getpid()}.tmp")
     try:
-        np.save(path, np.asarray(arr))
-    except OSError as exc:
-        raise CLIError(f"cannot write {path!r}: {exc.strerror or exc}") from None
+        # O_EXCL: never write through a file (or a link) that is already there;
+        # mode 0o666 less the umask, as open(path, "wb") would have given
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
+        with os.fdopen(fd, "wb") as fh:
+            np.save(fh, arr)  # a file object: no suffix is added
+        os.replace(tmp, path)
+    except BaseException as exc:  # also KeyboardInterrupt: no partial file stays behind
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        if isinstance(exc, OSError):
+            raise CLIError(f"cannot write {path!r}: {exc.strerror or exc}") from None
+        raise
 
 
 def _show_progress(args: argparse.Namespace) -> bool:
@@ -730,7 +756,7 @@ def _build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--V", type=_int_type("--V", 2), required=True, metavar="N", help="number of rows, >= 2")
     p.add_argument("--d", type=_int_type("--d", 1), required=True, metavar="D", help="dimension, >= 1")
-    p.add_argument("--eta", type=_float_type(), default=1.0, help="diameter budget (default: %(default)s)")
+    p.add_argument("--eta", type=_float_type(normal=True), default=1.0, help="diameter budget (default: %(default)s)")
     p.add_argument("--seed", type=_int_type("--seed", 0), default=0, help="random seed (default: %(default)s)")
     p.add_argument("--max-time", type=_float_type(), default=10.0, metavar="SECONDS",
                    help="time limit of the solver (default: %(default)s)")
@@ -749,7 +775,7 @@ def _build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("grad", metavar="GRAD.npy", help=".npy (or .npz with --key) file holding G of shape (V, d)")
     p.add_argument("--key", metavar="K", help="array name inside a .npz file")
-    p.add_argument("--eta", type=_float_type(), default=1.0, help="diameter budget (default: %(default)s)")
+    p.add_argument("--eta", type=_float_type(normal=True), default=1.0, help="diameter budget (default: %(default)s)")
     p.add_argument("--rtol", type=_float_type(below=1.0), default=1e-4,
                    help="certified relative gap to reach (default: %(default)s)")
     p.add_argument("--max-time", type=_float_type(), default=60.0, metavar="SECONDS",
@@ -773,7 +799,7 @@ def _build_parser() -> argparse.ArgumentParser:
     p.add_argument("--y-key", metavar="K", help="array name of Y inside a .npz file (X and Y may share one file)")
     p.add_argument("--k", type=_int_type("--k", 1), default=16,
                    help="neighbors per token, unused by --cls mlp (default: %(default)s)")
-    p.add_argument("--cls", default="diagonal", metavar="CLASS",
+    p.add_argument("--cls", default="diagonal", metavar="CLASS", choices=(*CLASSES, "mlp"),
                    help="class of local maps: diagonal, psd_diagonal, low_rank, orthogonal, scaled_orthogonal, "
                    "full or mlp (default: %(default)s)")
     p.add_argument("--rank", type=_int_type("--rank", 1), default=None, help="rank for --cls low_rank")
@@ -796,6 +822,34 @@ class _ClosedStdout(io.TextIOBase):
 
     def write(self, text: str) -> int:
         raise OSError(errno.EBADF, "standard output is closed")
+
+
+class _QuietStderr:
+    """``sys.stderr`` for the length of a command: writing it never raises.
+
+    Progress bars (tqdm, the demo's counter) write stderr themselves; where its reader
+    had gone away their ``BrokenPipeError`` reached :func:`main`, which took it for
+    stdout's (status 0): the command stopped early and exited 0 having printed or saved
+    nothing.  Errors writing stderr are dropped, as :func:`_to_stderr` drops them.
+    """
+
+    def __init__(self, stream: Any) -> None:
+        self._stream = stream
+
+    def write(self, text: str) -> int:
+        try:
+            return self._stream.write(text)
+        except (OSError, ValueError):
+            return len(text)
+
+    def flush(self) -> None:
+        try:
+            self._stream.flush()
+        except (OSError, ValueError):
+            pass
+
+    def __getattr__(self, name: str) -> Any:  # isatty, fileno, encoding, ...
+        return getattr(self._stream, name)
 
 
 def _to_stderr(line: str) -> None:
@@ -884,6 +938,9 @@ def main(argv: list[str] | None = None) -> int:
         # started with stdout closed (>&-): a command that prints fails when it writes
         # (one line, status 2), and `demo`, which writes only files, still runs
         sys.stdout = _ClosedStdout()
+    stderr = sys.stderr
+    if stderr is not None:
+        sys.stderr = _QuietStderr(stderr)
     try:
         status = _run(argv)
         # flush here, not at interpreter exit, so that a closed pipe is seen (and handled) now
@@ -897,4 +954,6 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:  # outside a command: while parsing or flushing
         _to_stderr(f"{PROG}: interrupted")
         return 130
+    finally:
+        sys.stderr = stderr
     return status

@@ -299,7 +299,9 @@ def test_spread_text_output(capsys):
         (["--V", "5", "--d", "0"], ["--d", ">= 1"]),
         (["--V", "5", "--d", "2.5"], ["--d", "integer"]),
         (["--d", "2"], ["--V", "required"]),
-        (["--V", "5", "--d", "2", "--eta", "-1"], ["--eta", "> 0"]),
+        (["--V", "5", "--d", "2", "--eta", "-1"], ["--eta", ">= 2.2250738585072014e-308"]),
+        # subnormal: the library's message named eta, not the option
+        (["--V", "5", "--d", "2", "--eta", "1e-320"], ["argument --eta: must be", "smallest normal float64"]),
         (["--V", "5", "--d", "2", "--out", "{tmp}/points.txt"], [".npy"]),
         (["--V", "5", "--d", "2", "--out", "{tmp}/no/such/dir/p.npy"], ["does not exist"]),
     ],
@@ -383,7 +385,8 @@ def test_lmo_text_output_and_center(capsys, tmp_path):
         (["{vec}"], ["2-D array"]),
         (["{nan}"], ["finite"]),
         (["{onerow}"], ["at least 2 rows"]),
-        (["{simplex}", "--eta", "0"], ["--eta", "> 0"]),
+        (["{simplex}", "--eta", "0"], ["--eta", "smallest normal float64"]),
+        (["{simplex}", "--eta", "1e-320"], ["argument --eta: must be", "smallest normal float64"]),
         (["{simplex}", "--eta", "inf"], ["--eta", "finite"]),
         (["{simplex}", "--rtol", "1"], ["argument --rtol: must be a finite number > 0 and < 1, got '1' instead"]),
         (["{simplex}", "--rtol", "0"], ["argument --rtol: must be a finite number > 0 and < 1, got '0' instead"]),
@@ -536,9 +539,10 @@ def test_tokenwise_reads_arrays_of_npz_files(tmp_path):
     assert_one_line_error(proc.returncode, proc.stderr, "--x-key 'Z'", "X, Y")
 
 
-def test_tokenwise_bad_class_library_error(capsys, files):
+def test_tokenwise_bad_class_names_the_option(capsys, files):
+    # the library's message named its argument (cls), not the option
     rc, _, err = run(capsys, "tokenwise", files["cloud"], files["cloud"], "--cls", "banana")
-    assert_one_line_error(rc, err, "cls")
+    assert_one_line_error(rc, err, "argument --cls: invalid choice: 'banana'", "scaled_orthogonal", "mlp")
 
 
 # ------------------------------------------------------------------ unexpected errors
@@ -639,6 +643,62 @@ def test_closed_pipe_ends_quietly_with_status_0(tmp_path):
     assert first == b"{"
     assert err == b""
     assert proc.returncode == 0
+
+
+def test_a_closed_stderr_pipe_does_not_stop_a_command_with_progress(tmp_path):
+    # tqdm re-raised the EPIPE of writing stderr, and main took it for stdout's closed
+    # pipe: the command stopped early and exited 0 having printed and saved nothing
+    pytest.importorskip("tqdm")  # without tqdm, --progress warns once through the CLI's own stderr writer
+    out = tmp_path / "rows.npy"
+    r, w = os.pipe()
+    os.close(r)  # the reader of stderr is gone before the command starts
+    try:
+        proc = subprocess.run(_refgeo("spread", "--V", "50", "--d", "3", "--max-time", "0.5", "--progress",
+                                      "--json", "--out", str(out)), stdout=subprocess.PIPE, stderr=w, timeout=120)
+    finally:
+        os.close(w)
+    assert proc.returncode == 0
+    rep = json.loads(proc.stdout)
+    rows = np.load(out)
+    assert rows.shape == (50, 3)
+    d = pdist(rows)
+    assert rep["ratio"] <= d.min() / d.max() * (1 + 1e-12)
+
+
+def test_out_is_written_to_exactly_the_named_file(capsys, tmp_path):
+    # np.save appends .npy to any name not ending in lower-case .npy
+    for name in ("rows.NPY", "rows.Npy"):
+        target = tmp_path / name
+        rc, out, _ = run(capsys, "spread", "--V", "6", "--d", "2", "--max-time", "0.2", "--out", str(target))
+        assert rc == 0 and out.splitlines()[-1].split() == ["saved", str(target)]
+        assert np.load(target).shape == (6, 2)
+    assert sorted(os.listdir(tmp_path)) == ["rows.NPY", "rows.Npy"]
+
+
+def _limit_file_size(limit):
+    def set_limit():
+        import resource
+
+        _default_sigint()
+        resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limit))
+
+    return set_limit
+
+
+@pytest.mark.skipif(sys.platform == "win32", reason="RLIMIT_FSIZE is POSIX")
+def test_a_failed_save_keeps_the_file_that_was_there(tmp_path):
+    # np.save wrote in place: a full disk or a file size limit left a truncated .npy that
+    # np.load cannot read, in place of the earlier one (Python ignores SIGXFSZ, so the
+    # write fails with EFBIG instead of killing the process)
+    target = tmp_path / "rows.npy"
+    before = np.arange(6.0).reshape(3, 2)
+    np.save(target, before)
+    proc = subprocess.run(_refgeo("spread", "--V", "4000", "--d", "16", "--max-time", "0.5", "--no-progress",
+                                  "--out", str(target)), capture_output=True, text=True, timeout=120,
+                          preexec_fn=_limit_file_size(64 * 1024))
+    assert_one_line_error(proc.returncode, proc.stderr, "cannot write", "rows.npy")
+    np.testing.assert_array_equal(np.load(target), before)
+    assert os.listdir(tmp_path) == ["rows.npy"]  # no partial file left beside it
 
 
 def test_library_warning_is_one_line_naming_the_command(tmp_path):
