@@ -504,8 +504,9 @@ def _metrics_block(XI, YI, FI, e, gram, baselines):
     d = xb.shape[1]
     sums = np.stack([delta.sum(axis=0), tau.sum(axis=0), rho.sum(axis=0)])
     G = tau.T @ tau if gram else np.zeros((0, 0))
-    # the R factor of [x | y] (the baselines' least squares, without normal equations)
-    B = _fit.qr_r(np.hstack([xb, _rows(Y64, ex)])) if baselines else np.zeros((0, 2 * d))
+    # the R factor of [1 | x | y] (the baselines' least squares, without normal
+    # equations, and the means the Procrustes baseline splits off)
+    B = _fit.qr_r(_fit.baseline_panel(xb, _rows(Y64, ex))) if baselines else np.zeros((0, 1 + 2 * d))
     return vec, sums, G, B
 
 

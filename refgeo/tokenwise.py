@@ -1501,7 +1501,7 @@ def _global_baselines(X, Y, ex, mask_fit, mask_eval, dnorm2, ridge, identity_pri
     """Global ridge linear map and global scaled Procrustes (fitted on ``mask_fit``).
 
     Linear: ridge least squares ``min ||Y - X A^T||^2 + lam ||A - A_0||^2`` (the
-    minimum-norm map when ``lam = 0``), from the R factor of ``[X | Y]``, not the
+    minimum-norm map when ``lam = 0``), from the R factor of ``[1 | X | Y]``, not the
     normal equations (:func:`refgeo._tokenwise_fit.baseline_maps`).
     Procrustes: ``s Q`` with ``Q = polar(Y^T X)``, ``s = ||Y^T X||_* / ||X||_F^2``.
     The panels are ``X * 2**-ex`` and ``Y * 2**-ex``, a block of rows at a time (their
@@ -1509,14 +1509,14 @@ def _global_baselines(X, Y, ex, mask_fit, mask_eval, dnorm2, ridge, identity_pri
     """
     n, d = X.shape
     out = []
-    R = np.zeros((0, 2 * d))
+    R = np.zeros((0, 1 + 2 * d))
     every = bool(mask_fit.all())
     for s in range(0, n, _ROWS):
         t = min(n, s + _ROWS)
         xb, yb = _rows(X, ex, s, t), _rows(Y, ex, s, t)
         if not every:
             xb, yb = xb[mask_fit[s:t]], yb[mask_fit[s:t]]
-        R = _fit.merge_r([R, np.hstack([xb, yb])])
+        R = _fit.merge_r([R, _fit.baseline_panel(xb, yb)])
     AT, PT = _fit.baseline_maps(R, int(np.count_nonzero(mask_fit)), ridge, identity_prior)
     for kind, AT_ in (("linear", AT), ("procrustes", PT)):
         r2 = np.empty(n)

@@ -345,6 +345,29 @@ def test_a_cluster_of_subnormal_states_is_fitted_finitely(lam):
         np.testing.assert_allclose(fit.maps[:5], np.broadcast_to(A, (5, 3, 3)), atol=1e-9)
 
 
+@pytest.mark.parametrize("cls, rank", [("low_rank", 1), ("low_rank", 2), ("full", None)])
+def test_a_cluster_far_below_the_rest_is_fitted_as_on_its_own(cls, rank):
+    """Twenty states 2**-524 (about 1e-158) times twenty of size 1: their Gram
+    matrices hold subnormal squares, and the reduced-rank eigenproblem built from
+    them (before the SVD took those panels over) raised LinAlgError ("Eigenvalues did
+    not converge") with overflow warnings.  The cluster's neighbors are its own
+    tokens, so its fits are those of the cluster alone, scaled by the exact power of two."""
+    g = np.random.default_rng(0)
+    p = -524
+    big, small = 1.0 + g.standard_normal((20, 3)), g.standard_normal((20, 3))
+    M = g.standard_normal((3, 3))
+    X = np.vstack([big, np.ldexp(small, p)])
+    Y = X @ M + 0.1 * np.vstack([g.standard_normal((20, 3)), np.ldexp(g.standard_normal((20, 3)), p)])
+    kw = dict(k=6, cls=cls, return_maps=True, **({} if rank is None else {"rank": rank}))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # no overflow on the way either
+        fit = refgeo.fit_local_maps(X, Y, **kw)
+        alone = refgeo.fit_local_maps(np.ldexp(X[20:], -p), np.ldexp(Y[20:], -p), **kw)
+    assert all(set(nb) <= set(range(20, 40)) for nb in fit.neighbors[20:])
+    np.testing.assert_allclose(np.ldexp(fit.fitted[20:], -p), alone.fitted, rtol=1e-9, atol=1e-12)
+    np.testing.assert_allclose(fit.maps[20:], alone.maps, rtol=1e-9, atol=1e-12)
+
+
 @pytest.mark.parametrize("cls", CLASSES)
 @pytest.mark.parametrize("prior", ["identity", "zero"])
 @pytest.mark.parametrize("lam", [0.0, 0.7])
@@ -685,6 +708,23 @@ def test_global_baselines_match_lstsq_and_procrustes():
 
 
 
+@pytest.mark.parametrize("offset", [1e3, 3e7, 1e8])
+def test_global_procrustes_baseline_recovers_a_scaled_rotation_of_states_with_a_common_component(offset):
+    """``Y = 1.3 X Q0^T`` for states ``offset * c + noise``: the Procrustes baseline is
+    ``1.3 Q0``.  ``Y^T X`` formed whole held its small singular values only to
+    ``eps offset^2`` (the rotation off ``c`` was arbitrary, the map O(1) off at 1e8);
+    the means are split off in the R factor of ``[1 | X | Y]``."""
+    g = np.random.default_rng(22)
+    d = 6
+    c = g.standard_normal(d)
+    c /= np.linalg.norm(c)
+    X = offset * c + g.standard_normal((300, d))
+    Q0 = np.linalg.qr(g.standard_normal((d, d)))[0]
+    Y = 1.3 * X @ Q0.T  # rounded: eps * offset off an exact rotation, per entry
+    _, pro = refgeo.decompose(X, Y, k=12, cls="diagonal").baselines
+    np.testing.assert_allclose(pro.map, 1.3 * Q0, rtol=0, atol=1e-13 * offset)
+
+
 @pytest.mark.parametrize("s", [2.0, 6.0, 8.0])
 @pytest.mark.parametrize("ridge", [0.0, 1e-30])
 def test_global_linear_baseline_recovers_an_exact_layer_on_states_with_a_common_component(s, ridge):
@@ -719,9 +759,9 @@ def test_global_linear_baseline_of_a_rank_deficient_x_is_the_minimum_norm_map():
     from refgeo import _tokenwise_fit as fit
 
     for rows in (5000, 8192, 20000):  # the maps of any blocking agree
-        R = np.zeros((0, 4))
+        R = np.zeros((0, 5))
         for s in range(0, 20000, rows):
-            R = fit.merge_r([R, np.hstack([X[s:s + rows], Y[s:s + rows]])])
+            R = fit.merge_r([R, fit.baseline_panel(X[s:s + rows], Y[s:s + rows])])
         np.testing.assert_allclose(fit.baseline_maps(R, 20000, 0.0, False)[0].T, want, rtol=1e-9, atol=1e-12)
 
 
