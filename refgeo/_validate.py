@@ -67,6 +67,15 @@ def _bound_error(name: str, value, relation: str, bound) -> ValueError:
     return ValueError(f"{name} == {value}, must be {relation} {bound}.")
 
 
+def _check_unmasked(n_masked: int, name: str, fill: str = "{}.filled(value)") -> None:
+    if n_masked:
+        raise TypeError(
+            f"{name} must not have masked entries (NumPy would use the values under "
+            f"the mask), got {n_masked} masked entr{'y' if n_masked == 1 else 'ies'} instead; "
+            f"pass {fill.format(name)} or leave the masked rows out."
+        )
+
+
 def as_float_array(
     x: Any,
     name: str,
@@ -88,6 +97,12 @@ def as_float_array(
     if isinstance(x, (str, bytes)) or x is None:
         raise TypeError(f"{name} must be an array of real numbers, got {type(x).__name__} instead.")
     if is_array_api_obj(x) and not is_numpy_array(x):
+        if is_dask_array(x) and isinstance(getattr(x, "_meta", None), np.ma.MaskedArray):
+            # its tasks read the blocks through np.asarray, the values under the mask
+            # included (a masked NaN passed the finiteness check, whose masked .all()
+            # skips it): refused as a NumPy masked array is, where something is masked
+            _check_unmasked(int(x.map_blocks(np.ma.getmaskarray, dtype=bool).sum().compute()), name,
+                            "dask.array.ma.filled({}, value)")
         xp = array_namespace(x)
         if xp.isdtype(x.dtype, "real floating"):
             arr = x
@@ -98,13 +113,7 @@ def as_float_array(
             raise _dtype_error(name, x)
     else:
         if isinstance(x, np.ma.MaskedArray):
-            n_masked = int(np.ma.count_masked(x))
-            if n_masked:
-                raise TypeError(
-                    f"{name} must not have masked entries (NumPy would use the values under "
-                    f"the mask), got {n_masked} masked entr{'y' if n_masked == 1 else 'ies'} instead; "
-                    f"pass {name}.filled(value) or leave the masked rows out."
-                )
+            _check_unmasked(int(np.ma.count_masked(x)), name)
         try:
             arr = np.asarray(x)
         except Exception as exc:  # ragged lists and the like

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 
 import numpy as np
 import pytest
@@ -472,6 +473,23 @@ def test_unknown_chunk_sizes_name_the_argument(client):
                        ("X", lambda: refgeo.knn(masked, 2)), ("Y", lambda: refgeo.knn(S, 2, masked))]:
         with pytest.raises(ValueError, match=rf"^{name} has unknown chunk sizes.*{name}\.compute_chunk_sizes\(\)"):
             call()
+
+
+def test_masked_entries_are_refused_as_for_numpy(client):
+    # the tasks read the blocks through np.asarray, the values under the mask included:
+    # a masked outlier was the diameter, and a masked NaN (which the masked finiteness
+    # check skipped) became an error about the GEMM range
+    S = np.array([[0.0, 0.0], [3.0, 4.0], [1.0, 1.0], [1e6, 0.0]])
+    masked = da.ma.masked_greater(da.from_array(S, chunks=(2, 2)), 1000.0)
+    msg = ("S must not have masked entries (NumPy would use the values under the mask), got 1 masked entry "
+           "instead; pass dask.array.ma.filled(S, value)")
+    with pytest.raises(TypeError, match=re.escape(msg)):
+        refgeo.row_diameter(masked)
+    with pytest.raises(TypeError, match=re.escape("Y must not have masked entries")):
+        refgeo.knn(S, 1, da.ma.masked_invalid(da.from_array(np.vstack([S[:3], [[np.nan, 0.0]]]), chunks=(2, 2))))
+    # a masked array without masked entries is its data, as for NumPy
+    whole = da.ma.masked_greater(da.from_array(S, chunks=(2, 2)), 1e7)
+    assert refgeo.row_diameter(whole).value == refgeo.row_diameter(S).value
 
 
 def test_dask_and_numpy_rows_together(client):
