@@ -80,7 +80,7 @@ from typing import Any
 
 import numpy as np
 
-from . import _memory, _progress
+from . import _backend, _memory, _progress
 from . import _tokenwise_fit as _fit
 from ._interop import fields_to_caller, first_origin, from_foreign, in_input_dtype, to_caller, to_host
 from ._threads import blas_single_thread
@@ -917,6 +917,7 @@ def _n_copies(X, Y):
     return 0 if X.dtype == np.float64 and Y.dtype == np.float64 else 2
 
 
+@_backend.dask_graphs_unfused
 def fit_local_maps(
     X: Any,
     Y: Any,
@@ -1261,6 +1262,8 @@ def _decompose_dask(X, Y, k, cls, rank, ridge, prior, metric, standardize, exclu
     check_choice(cls, "cls", CLASSES + ("mlp",))
     if cls == "mlp":
         raise _dask_unsupported("cls", cls, "the MLP trains on all tokens at once in one process")
+    # unused, but a wrong kind of value is still a mistake of the call (as for NumPy input)
+    _check_mlp_options(None, **{**_MLP_DEFAULTS, **_mlp_options_dict(mlp_options)})
     X, Y = _dask_panels(X, Y)
     n, d = X.shape
     subspace_rank, center_subspace, baselines, progress = _decompose_options(
@@ -1538,6 +1541,7 @@ def _global_baselines(X, Y, ex, mask_fit, mask_eval, dnorm2, ridge, identity_pri
     return tuple(out)
 
 
+@_backend.dask_graphs_unfused
 def decompose(
     X: Any,
     Y: Any,

@@ -24,7 +24,7 @@ from hypothesis import strategies as st
 import refgeo
 from refgeo._dask_tokenwise import worker_identities
 
-from ._dask_cluster import TIMEOUT, kill_at_first_result, local_client
+from ._dask_cluster import TIMEOUT, graph_key_clashes, kill_at_first_result, local_client
 
 da = pytest.importorskip("dask.array")
 distributed = pytest.importorskip("distributed")
@@ -667,3 +667,35 @@ def test_the_task_estimate_bounds_what_a_fit_task_holds(task_peaks, cls, return_
     task, _ = _dt.fit_bytes(_dask(A, b, d), _dask(A, b, d), k, cls, chunk, return_maps)
     used = task_peaks[f"{np.dtype(dtype).name}-{return_maps}-{cls}"]
     assert used <= sum(task.values()), (used, task)
+
+
+def test_graphs_of_one_input_agree_on_every_chunk_key(client):
+    """fit_local_maps and decompose submit several graphs over the same chunks (the
+    finiteness and range checks, the neighbor search, the fits, the metrics); with
+    Dask's low-level fusion on, each fused the input's tasks by its own use of them,
+    and the scheduler warned "Detected different `run_spec`" (docs/cluster.md).  Fusion is off for their
+    length, as for the row functions (test_dask.py).  (Inputs built from one another,
+    such as ``Xd`` and ``Xd + 1.0``, still give some keys two sets of dependencies by
+    Dask's blockwise fusion; four decompose calls on those logged the warning 48 times
+    with fusion on and none with it off.)"""
+    rng = np.random.default_rng(4)
+    X = rng.standard_normal((240, 5))
+    Y = X + 0.1 * rng.standard_normal((240, 5))
+    Xd = (da.from_array(X, chunks=(70, 3)) * 1.0).rechunk((60, 5))
+    Yd = (da.from_array(Y, chunks=(50, 5)) * 1.0).rechunk((60, 5))
+    with graph_key_clashes(client) as (seen, clashes):
+        r = refgeo.decompose(Xd, Yd, k=3, cls="diagonal")
+        f = refgeo.fit_local_maps(Xd, Yd, k=3, cls="full", standardize=True)
+    assert r.energy_fraction == refgeo.decompose(X, Y, k=3, cls="diagonal").energy_fraction
+    np.testing.assert_array_equal(f.fitted, refgeo.fit_local_maps(X, Y, k=3, cls="full", standardize=True).fitted)
+    assert len(seen) > 50  # the recording saw the graphs
+    assert not clashes, sorted(map(str, clashes))[:5]
+
+
+def test_misspelled_mlp_options_are_refused_for_dask_input_too(client):
+    X = da.from_array(np.random.default_rng(5).standard_normal((40, 3)), chunks=20)
+    for bad, match in (({"bogus": 1}, "bogus"), ({"hidden": -3}, "hidden")):
+        with pytest.raises((TypeError, ValueError), match=match):
+            refgeo.decompose(X, X + 1.0, k=4, cls="diagonal", mlp_options=bad)
+        with pytest.raises((TypeError, ValueError), match=match):  # the same error as for NumPy input
+            refgeo.decompose(X.compute(), X.compute() + 1.0, k=4, cls="diagonal", mlp_options=bad)
