@@ -169,7 +169,11 @@ def center_rows(A: Any, /):
     Time O(Vd), one extra array.  The row diameter, the tension and every update of
     this module are unchanged by a common row shift, so centering changes no result;
     it only removes the component on which :math:`\langle G, S \rangle` does not
-    depend when :math:`\mathbf{1}^\top S = 0`.
+    depend when :math:`\mathbf{1}^\top S = 0`.  Two passes: the second subtracts the
+    mean of the centered rows, which removes the rounding of the first mean (a shift
+    common to every row, about ``eps max |a|``) to the rounding of the centered rows
+    themselves, so that the output passes the centering check of :func:`diameter_lmo`
+    and the other functions that make one; rows that are all equal become exactly 0.
 
     Examples
     --------
@@ -201,17 +205,36 @@ def _cast_finite(xp, X, dtype):
     return Y if bool(xp.all(xp.isfinite(Y))) else None
 
 
-def _centered_unchecked(xp, Af):
-    """``Af`` (float64) minus its mean row, the mean free of overflow near 1e308; an
-    entry of the result is inf where the centered value is beyond the float64 range."""
+def _mean_row(xp, Af):
+    """The mean row of ``Af`` (float64), free of overflow in the column sums near 1e308."""
     V = Af.shape[0]
     mx = float(xp.max(xp.abs(Af))) if Af.size else 0.0
     if mx * V < _MAX64 / 2:
-        mean = xp.mean(Af, axis=0, keepdims=True)
-    else:  # the column sums could overflow (rows near 1e308): average the scaled rows
-        k = 8 + math.frexp(float(V))[1]
-        mean = _pow2_scaled(xp, xp.mean(_pow2_scaled(xp, Af, -k), axis=0, keepdims=True), k)
-    return Af - mean
+        return xp.mean(Af, axis=0, keepdims=True)
+    # the column sums could overflow (rows near 1e308): average the scaled rows
+    k = 8 + math.frexp(float(V))[1]
+    return _pow2_scaled(xp, xp.mean(_pow2_scaled(xp, Af, -k), axis=0, keepdims=True), k)
+
+
+def _centered_unchecked(xp, Af):
+    """``Af`` (float64) minus its mean row, centered to the rounding of its own entries;
+    an entry of the result is inf where the centered value is beyond the float64 range.
+
+    The computed mean is off by about ``eps max |a|``, a shift common to every centered
+    row: where the centered rows are small next to ``Af`` (a large common component),
+    their sum was that shift times V, and the LMO functions refused the output of
+    :func:`center_rows` as not centered (rows of one value: every time).  A second pass
+    takes the mean of the centered rows, whose error is ``eps`` of their own size.  Rows
+    that are all equal after it come from rows that were all equal, whose centered
+    value is exactly 0 (``P 1 r^T = 0``).
+    """
+    C = Af - _mean_row(xp, Af)
+    if C.shape[0] == 0 or not bool(xp.all(xp.isfinite(C))):
+        return C  # beyond the range: the caller reports it
+    C = C - _mean_row(xp, C)
+    if bool(xp.all(C == C[:1, :])):
+        C = xp.zeros_like(C)
+    return C
 
 
 def row_normalize(A: Any, /, *, eps: float = 0.0):

@@ -36,7 +36,6 @@ from ._validate import (
     check_same_shape,
 )
 from .lmo import (
-    _CENTERED_RTOL,
     LMOResult,
     _centered_rtol,
     _centered_unchecked,
@@ -399,34 +398,38 @@ class DiameterLMO:
         and the new momentum buffer (None without momentum).  Changes nothing, so that
         ``refgeo.torch.DiameterLMO`` solves every group before it steps any."""
         lr, momentum, rtol, max_time, _ = self._checked_hyperparameters()
-        M, M_solve = self._checked_average(g, grad_eps, momentum)
+        M = self._checked_average(g, grad_eps, momentum)
         warm = self.last_result
         if warm is not None and tuple(warm.update.shape) != M.shape:
             warm = None
-        res = diameter_lmo(M_solve, eta=lr, rtol=rtol, max_time=max_time, warm_start=warm)
+        res = diameter_lmo(M, eta=lr, rtol=rtol, max_time=max_time, warm_start=warm)
         return res, (M if momentum > 0.0 else None)
 
-    def _checked_average(self, g: np.ndarray, grad_eps: float, momentum: float) -> tuple[np.ndarray, np.ndarray]:
-        """``(M, M_solve)``: the momentum average of ``g`` and the matrix handed to the
-        solver, after the solver's own checks under this optimizer's name for the
-        gradient; changes nothing (``refgeo.torch.DiameterLMO`` checks every group with
-        it before solving any)."""
-        M = self._averaged(g, momentum)
-        # the solver's own checks, under the caller's name for the gradient (G is
-        # diameter_lmo's); on M rescaled by a power of two, so no sum overflows
-        check_min_rows(M, "grad", 2)
-        Ms = np.ldexp(M, -_pow2_exponent(M))
-        check_centered_rows(Ms, "grad", _centered_rtol(grad_eps))
-        M_solve = M
-        if grad_eps:
-            try:
-                check_centered_rows(Ms, "grad", _CENTERED_RTOL)
-            except ValueError:
-                # centered only to the gradient's own half precision (a small bfloat16
-                # gradient): the solver takes it centered (its step is the same, as
-                # 1^T S = 0) instead of refusing it at float64's tolerance
-                M_solve = _centered_unchecked(np, M)
-        return M, M_solve
+    def _checked_average(self, g: np.ndarray, grad_eps: float, momentum: float) -> np.ndarray:
+        """The centered momentum average of ``g``, which the solver takes, after the
+        solver's own checks of ``g`` under this optimizer's name for it; changes nothing (``refgeo.torch.DiameterLMO``
+        checks every group with it before solving any).
+
+        Each gradient is checked on its own, and the average (the new buffer) is
+        centered: checked after averaging, the remainders of gradients each centered
+        within the tolerance added up while their centered parts cancelled, and a run
+        of accepted gradients was refused at the third step; and an average that
+        cancels to rounding noise is centered to that noise's own size, which the
+        solver takes.  Centering changes no step (``1^T S = 0``).
+        """
+        check_min_rows(g, "grad", 2)
+        # the solver's own check, on g rescaled by a power of two (no sum overflows);
+        # a gradient of half precision (bfloat16) is centered only to its own rounding
+        check_centered_rows(np.ldexp(g, -_pow2_exponent(g)), "grad", _centered_rtol(grad_eps))
+        with np.errstate(over="ignore"):  # reported below, by name
+            M = _centered_unchecked(np, self._averaged(g, momentum))
+        if not bool(np.all(np.isfinite(M))):
+            raise ValueError(
+                "grad must have a centered momentum average inside the float64 range "
+                f"(max {float(np.finfo(np.float64).max)!r}), got one that overflows instead; scale "
+                "grad down (the step does not depend on its scale)."
+            )
+        return M
 
     def _commit(self, param: np.ndarray, res: Any, M: np.ndarray | None) -> None:
         """Apply a result of :meth:`_solve` to ``param`` (NumPy, in place) and the state."""

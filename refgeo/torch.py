@@ -125,6 +125,16 @@ def _build() -> dict[str, Any]:
         k = 8 + math.frexp(float(V))[1]
         return (S * 2.0**-k).mean(dim=0, keepdim=True) * 2.0**k
 
+    def _center_(S: Any) -> None:
+        """``S`` minus its mean row, in place, as :class:`refgeo.RowNorm` centers in
+        float64: a second pass removes the rounding of the first mean (a shift common
+        to every row), and rows that are then all equal, from rows that were all equal,
+        become 0 (``P 1 r^T = 0``; one pass left each row at that rounding, which the
+        row normalization made a full step)."""
+        S.sub_(_column_mean(S))
+        S.sub_(_column_mean(S))
+        S.masked_fill_((S == S[:1]).all(), 0.0)  # a 0-d mask: no host sync
+
     def _row_normalize_(S: Any, eps: float) -> None:
         """``S`` row-normalized in place, ``s_i / (||s_i|| + eps)``, zero rows kept zero:
         :func:`refgeo.row_normalize` with O(V) temporaries.
@@ -386,7 +396,7 @@ def _build() -> dict[str, Any]:
                 state["step"] = t = int(state["step"]) + 1
                 S.copy_(g)  # S is the scratch space: first the (centered) gradient
                 if center:
-                    S.sub_(_column_mean(S))
+                    _center_(S)
                 B.mul_(mu).add_(S, alpha=1.0 - mu)
                 if bias_correction:
                     torch.div(B, 1.0 - mu**t, out=S)
@@ -581,8 +591,7 @@ def _build() -> dict[str, Any]:
                     # C-contiguous, as the NumPy optimizer makes it (sums in one order)
                     G = as_float_array(G, "grad", ndim=2, shape_hint="2-D array of shape (V, d)")
                     check_min_rows(G, "grad", 2)  # before the centering check
-                    # the solver's own checks, on what it solves: the momentum average of
-                    # G with its buffer (a G that is not centered on its own may be)
+                    # the solver's own checks of G, and its momentum average with the buffer
                     self._solvers.get(k, fresh)._checked_average(G, precision_eps(g.dtype), fresh.momentum)
                 except ValueError as exc:
                     raise ValueError(f"the gradient of {name}: {exc}") from exc

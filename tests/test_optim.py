@@ -453,9 +453,61 @@ def test_a_zero_time_limit_steps_by_projected_rownorm():
     W = np.zeros_like(G)
     opt = refgeo.DiameterLMO(lr=0.25, max_time=0.0)
     opt.step(W, G)
-    np.testing.assert_allclose(W, refgeo.projected_rownorm(G, eta=0.25), rtol=0, atol=1e-12)
+    # the optimizer solves for its centered gradient (refgeo.center_rows); rows of the
+    # Zipf gradient 1e-5 times the largest take their direction only to that rounding
+    np.testing.assert_allclose(W, refgeo.projected_rownorm(refgeo.center_rows(G), eta=0.25), rtol=0, atol=1e-13)
+    np.testing.assert_allclose(W, refgeo.projected_rownorm(G, eta=0.25), rtol=0, atol=1e-9)
     assert opt.last_result.method == "rownorm" and opt.last_result.gap <= 0.5
     assert refgeo.row_diameter(W).value <= 0.25
+
+
+def test_diameter_lmo_with_momentum_takes_every_gradient_the_solver_takes():
+    """Gradients each centered within the solver's tolerance, of alternating sign: the
+    average of the raw gradients kept their remainders while the centered parts
+    cancelled, and the third step was refused ("grad must have rows summing to zero").
+    Each gradient is centered before it is averaged."""
+    g = np.random.default_rng(3)
+    A = g.standard_normal((50, 8))
+    A -= A.mean(axis=0)
+    c = np.ones(8) / np.sqrt(8)
+    off = 0.5e-4 * np.linalg.norm(A, axis=1).sum() / 50 * c  # half the tolerance
+    W = np.zeros_like(A)
+    opt = refgeo.DiameterLMO(lr=0.1, momentum=0.9)
+    for t in range(4):
+        G = (-1) ** t * A + off
+        refgeo.diameter_lmo(G, eta=0.1)  # the solver takes it
+        opt.step(W, G)
+    assert opt.t == 4
+    np.testing.assert_allclose(opt.buffer.sum(axis=0), 0.0, atol=1e-13)  # the buffer stays centered
+    with pytest.raises(ValueError, match="grad must have rows summing to zero"):
+        opt.step(W, A + 3.0 * off / 0.5)  # three times the tolerance
+    assert opt.t == 4
+
+
+@pytest.mark.parametrize("kind", ["equal rows", "common offset", "one ulp apart"])
+def test_center_rows_output_is_taken_by_the_lmo_functions(kind):
+    """center_rows's output was refused by the functions whose error recommends it:
+    the rounding of its mean (a shift common to every row) stayed, and for rows that
+    were all equal it was all there was (105 of 200 random rows)."""
+    g = np.random.default_rng(11)
+    for _ in range(20):
+        x = g.standard_normal(4)
+        if kind == "equal rows":
+            A = np.tile(x, (5, 1))
+        elif kind == "common offset":
+            A = 1e12 * x + g.standard_normal((7, 4))
+        else:
+            A = np.tile(x, (6, 1))
+            A[2, 1] = np.nextafter(A[2, 1], np.inf)
+        C = refgeo.center_rows(A)
+        res = refgeo.diameter_lmo(C, eta=1.0)
+        refgeo.tension_bounds(C)
+        refgeo.rescaled_rownorm(C, eta=1.0)
+        if kind == "equal rows":  # P 1 x^T = 0 exactly: no step
+            assert not C.any() and not np.asarray(res.update).any()
+            W = np.ones_like(A)
+            refgeo.RowNorm(lr=0.1, eps=0.0).step(W, A)  # invariant under a common row shift: no move
+            np.testing.assert_array_equal(W, 1.0)
 
 
 def test_diameter_lmo_state_counts_its_steps_through_a_round_trip():

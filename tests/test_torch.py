@@ -739,49 +739,59 @@ def test_meta_parameters_are_refused_by_name(cls):
 
 
 def _momentum_checked_gradients():
-    """Two gradients for a momentum-0.9 DiameterLMO: the first centered; the second,
-    ``off``, is not centered on its own, but its momentum average with the first is
-    (the buffer ``0.1 G_1``, then ``0.9 (0.1 G_1) + 0.1 G_2``: the solver checks what it
-    solves, the average)."""
+    """Gradients for a momentum-0.9 DiameterLMO: ``G1`` centered; ``off`` not centered on
+    its own (rows summing to about 1e-2 of their norms) though its momentum average with
+    ``G1``'s buffer would be; ``bad`` centered on its own (to 1e-5 of its norms) though
+    its average with that buffer would not be (the buffer ``0.1 G1`` cancels
+    ``-0.9 G1`` and leaves the offset).  Each gradient is checked, then centered, then
+    averaged, so ``off`` is refused and ``bad`` taken."""
     W0, grads = _lm_gradients(V=8, d=3, T=1, seed=21)
     G1 = grads[0]
     G2 = 1e-3 * (G1 / np.abs(G1).max())
-    off = G2 + 1e-3 * np.abs(G2).max()  # rows summing to about 8e-6, 1e-2 of their norms
-    return W0, G1, off
+    off = G2 + 1e-3 * np.abs(G2).max()
+    bad = -0.9 * G1 + 1e-6 * np.abs(G1).max()
+    return W0, G1, off, bad
 
 
-def test_diameter_lmo_accepts_what_refgeo_accepts_with_momentum():
-    """The torch optimizer's up-front check is the solver's own (on the momentum average),
-    so it accepts the gradients refgeo.DiameterLMO accepts and steps the same."""
-    W0, G1, off = _momentum_checked_gradients()
+def test_diameter_lmo_checks_each_gradient_as_refgeo_does():
+    """The torch optimizer's up-front check is the NumPy optimizer's: each gradient on
+    its own (the solver's tolerance), so both refuse ``off``, both take ``bad``, and they
+    step the same."""
+    W0, G1, off, bad = _momentum_checked_gradients()
     with pytest.raises(ValueError, match="rows summing to zero"):
         refgeo.diameter_lmo(off, eta=0.05)  # not centered on its own
+    refgeo.diameter_lmo(bad, eta=0.05)  # centered enough on its own
     W_np = W0.copy()
     ref = refgeo.DiameterLMO(lr=0.05, momentum=0.9)
     W = torch.nn.Parameter(torch.from_numpy(W0.copy()))
     opt = rtorch.DiameterLMO([W], lr=0.05, momentum=0.9)
-    for g in (G1, off):
-        ref.step(W_np, g)
-        W.grad = torch.from_numpy(g.copy())
+    ref.step(W_np, G1)
+    W.grad = torch.from_numpy(G1.copy())
+    opt.step()
+    with pytest.raises(ValueError, match="grad must have rows summing to zero"):
+        ref.step(W_np, off)
+    W.grad = torch.from_numpy(off.copy())
+    with pytest.raises(ValueError, match="the gradient of .*rows summing to zero"):
         opt.step()
-        np.testing.assert_array_equal(W.detach().numpy(), W_np)
+    np.testing.assert_array_equal(W.detach().numpy(), W_np)  # neither moved
+    ref.step(W_np, bad)
+    W.grad = torch.from_numpy(bad.copy())
+    opt.step()
+    np.testing.assert_array_equal(W.detach().numpy(), W_np)
+    assert ref.t == 2 and opt.state_dict()["refgeo_solvers"][0]["t"] == 2
 
 
-def test_diameter_lmo_group_whose_momentum_average_fails_changes_no_group():
-    """A group whose gradient is centered but whose momentum average is not (the solver
-    refuses that average) leaves every group as it was: the check is up front."""
-    W0, G1, _ = _momentum_checked_gradients()
+def test_diameter_lmo_group_whose_gradient_fails_changes_no_group():
+    """A group whose gradient is not centered (the solver refuses it) leaves every group
+    as it was, the groups before it included: the check is up front."""
+    W0, G1, off, _ = _momentum_checked_gradients()
     A = torch.nn.Parameter(torch.from_numpy(W0.copy()))
     B = torch.nn.Parameter(torch.from_numpy(W0.copy()))
     opt = rtorch.DiameterLMO([{"params": [A]}, {"params": [B]}], lr=0.05, momentum=0.9)
     A.grad, B.grad = torch.from_numpy(G1.copy()), torch.from_numpy(G1.copy())
     opt.step()
-    # -0.9 G_1 plus a small offset: centered to 1e-5 of its norms, while the average
-    # 0.9 (0.1 G_1) + 0.1 G_2 keeps only the offset (all rows alike: far from centered)
-    bad = -0.9 * G1 + 1e-6 * np.abs(G1).max()
-    refgeo.diameter_lmo(bad, eta=0.05)  # centered enough on its own
     A_before, saved = A.detach().clone(), copy.deepcopy(opt.state_dict())
-    A.grad, B.grad = torch.from_numpy(G1.copy()), torch.from_numpy(bad)
+    A.grad, B.grad = torch.from_numpy(G1.copy()), torch.from_numpy(off.copy())
     with pytest.raises(ValueError, match="the gradient of .*rows summing to zero"):
         opt.step()
     assert torch.equal(A.detach(), A_before)
@@ -1031,3 +1041,20 @@ def test_a_refused_diameter_lmo_state_changes_nothing():
     for key, value in before["refgeo_solvers"][0].items():
         got = after["refgeo_solvers"][0][key]
         assert torch.equal(got, value) if isinstance(value, torch.Tensor) else got == value
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32, torch.bfloat16])
+def test_rownorm_of_a_gradient_with_equal_rows_does_not_move(dtype):
+    """Rows all equal are a common row shift, which centering removes exactly
+    (``P 1 x^T = 0``): one pass left each row at the rounding of the mean, and the row
+    normalization made that a full step of ``lr`` for every row.  As refgeo.RowNorm."""
+    x = torch.tensor([-0.23531485, 0.21645473, 0.6693357, 0.42196949], dtype=torch.float64)
+    g = x.repeat(5, 1).to(dtype)
+    W = torch.nn.Parameter(torch.ones(5, 4, dtype=dtype))
+    opt = rtorch.RowNorm([W], lr=0.1, eps=0.0)
+    W.grad = g.clone()
+    opt.step()
+    assert torch.equal(W.detach(), torch.ones(5, 4, dtype=dtype))
+    W_np = np.ones((5, 4))
+    refgeo.RowNorm(lr=0.1, eps=0.0).step(W_np, g.double().numpy())
+    np.testing.assert_array_equal(W_np, 1.0)
