@@ -135,7 +135,7 @@ class SpreadResult:
         construction, or, with ``method="auto"`` where the construction is a code,
         lattice shell or ball, from random points; kept only when its certified ratio
         beats the start's, the construction's, which ``init`` still names, or the
-        user's).
+        user's or random start's).
     init : str
         Name of the starting construction (or ``"random"``, ``"user"``).
     n_iter : int
@@ -666,8 +666,8 @@ def spread(
         too (a random start beats a code with a partial basis or spare dimensions:
         0.817 against 0.7746 at :math:`(150, 40)`); otherwise ``"smooth"`` runs from
         the construction.  An iterate is kept only when its certified ratio beats the
-        start's, the construction's or a user start's (else ``result.method`` says
-        ``"construction"``).
+        start's, the construction's, a user start's or a random start's (else
+        ``result.method`` says ``"construction"``).
     seed : int, default=None
         Seed of the random starts (results are reproducible for a given seed, up to the
         time budget).
@@ -924,17 +924,19 @@ def spread(
 
     # ---- scale, center, certify; an iterate is kept only when its certified ratio
     # beats the start's: the construction's (closed-form or engine-certified) or the
-    # user's (engine-certified)
+    # user's or random start's (engine-certified)
     modified = method != "construction"
     cert = _certify_points(X, certify, eta, best_c if not modified and user_X is None else None)
     if modified and start_rho is not None and cert[4] <= start_rho:
         # (with certify=False both sides are float64 estimates)
         X, method = X0, "construction"
         cert = _certify_points(X, certify, eta, best_c)
-    elif modified and user_X is not None:
-        # a user start has no closed-form ratio: certify it too.  The smooth iteration
-        # works on the sphere, and from a ball packing (the A2 points nearest to a
-        # center, ratio 0.125 at V = 60) it returned ratio 0: rows on one ray collapse
+    elif modified and (user_X is not None or best_c is None):
+        # a user or random start has no closed-form ratio: certify it too.  The smooth
+        # iteration works on the sphere, and from a ball packing (the A2 points nearest
+        # to a center, ratio 0.125 at V = 60) it returned ratio 0: rows on one ray
+        # collapse; in d = 1 (the sphere is {-1, 1}) random points came back as two
+        # values, 60 rows with ratio 0
         start = _certify_points(X0, certify, eta, None)
         if cert[4] <= start[4]:
             X, method, cert = X0, "construction", start

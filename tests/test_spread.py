@@ -688,6 +688,21 @@ def test_random_points_on_the_line_stay_distinct(method):
     assert 0.0 < r.ratio <= r.upper_bound and r.method == "construction"
 
 
+@pytest.mark.parametrize("V, d, method", [(60, 1, "auto"), (10, 1, "smooth"), (60, 2, "smooth"), (12, 2, "epigraph")])
+def test_a_random_start_is_never_made_worse(V, d, method):
+    """The sphere iteration in d = 1 ({-1, 1}) returned 60 rows of two values, ratio 0,
+    from distinct random points: a random start is certified too, as a user's is, and
+    an iterate is kept only when it beats it."""
+    from scipy.spatial.distance import pdist
+
+    start = refgeo.spread(V, d, init="random", seed=0, method="construction")
+    r = refgeo.spread(V, d, init="random", seed=0, method=method)
+    e = pdist(r.points)
+    assert e.min() > 0 and len(np.unique(r.points, axis=0)) == V
+    assert r.ratio == pytest.approx(e.min() / e.max(), rel=1e-12)  # brute force over all pairs
+    assert r.ratio >= start.ratio
+
+
 @pytest.mark.parametrize("method", ["auto", "smooth", "epigraph"])
 def test_a_user_start_is_never_made_worse(method):
     """The smooth iteration works on the sphere: from a user's ball packing (the A2 points
