@@ -1114,12 +1114,20 @@ def _centered_pair(SA, SB, mu, float32_filter=False):
 # top norm).  A block takes part in one filter task per other block, so without the
 # memo each task would center both of its blocks again (13 ms of a 250 ms task at
 # 4096 x 768).  An entry is valid while the weak references still point to the very
-# objects the task received (an id is not reused while its object lives); entries of
-# blocks the worker has released are purged at the next insertion, and at most
-# _CENTERED_MAX entries are kept (the oldest go first).
+# objects the task received (an id is not reused while its object lives).  An entry
+# goes when its block or mean is collected (a finalizer: the mean is the call's, so
+# the copies go when the call ends; purged only at the next insertion, they held a
+# copy of the whole input after the call, up to 16 blocks), and at most _CENTERED_MAX
+# entries are kept (the oldest go first).
 _CENTERED: dict = {}
 _CENTERED_LOCK = threading.Lock()
 _CENTERED_MAX = 16
+
+
+def _drop_centered(key) -> None:
+    # run when a block or mean dies, in whatever thread drops it, possibly inside the
+    # lock's holder (a garbage collection): no lock, dict.pop is atomic
+    _CENTERED.pop(key, None)
 
 
 def _centered_block(S, mu, odt, dt):
@@ -1140,12 +1148,13 @@ def _centered_block(S, mu, odt, dt):
         refs = (weakref.ref(S), weakref.ref(mu))
     except TypeError:  # not weakly referenceable: no memo
         return X, nrm, top
+    fins = tuple(weakref.finalize(o, _drop_centered, key) for o in (S, mu))
     with _CENTERED_LOCK:
-        for q in [q for q, e in _CENTERED.items() if e[0]() is None or e[1]() is None]:
-            del _CENTERED[q]
         while len(_CENTERED) >= _CENTERED_MAX:
-            del _CENTERED[next(iter(_CENTERED))]
-        _CENTERED[key] = (*refs, X, nrm, top)
+            old = _CENTERED.pop(next(iter(_CENTERED)), None)
+            for f in old[5] if old is not None else ():
+                f.detach()  # its block may live on: no finalizer left behind
+        _CENTERED[key] = (*refs, X, nrm, top, fins)
     return X, nrm, top
 
 

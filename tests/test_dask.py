@@ -492,6 +492,31 @@ def test_masked_entries_are_refused_as_for_numpy(client):
     assert refgeo.row_diameter(whole).value == refgeo.row_diameter(S).value
 
 
+def test_knn_keeps_no_centered_copies_after_the_call():
+    """The k-NN filter tasks memoize the centered copies of their blocks; entries of
+    freed blocks were purged only at the next insertion, so after a call on the
+    threaded scheduler the caller's process held up to 16 of them (a copy of the whole
+    input here).  An entry goes when its block or the call's mean is collected."""
+    import gc
+
+    import dask
+
+    from refgeo import _dask
+
+    X = np.random.default_rng(8).standard_normal((1200, 16))
+    with dask.config.set(scheduler="threads"):
+        res = refgeo.knn(da.from_array(X, chunks=(200, 16)), 3)
+        gc.collect()
+        assert len(_dask._CENTERED) == 0
+        _same_rows(refgeo.knn(X, 3), res)
+        # and within a call the memo still serves: the same answer from a graph whose
+        # blocks stay alive (persisted) across two calls
+        D = da.from_array(X, chunks=(200, 16)).persist()
+        _same_rows(refgeo.knn(D, 3), refgeo.knn(D, 3))
+        gc.collect()
+        assert len(_dask._CENTERED) == 0
+
+
 def test_dask_and_numpy_rows_together(client):
     # a NumPy matrix next to a Dask one runs on the Dask engine, with the same bits
     X = _rows(5, 23, 4, np.float64, ties=True)
