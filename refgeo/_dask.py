@@ -977,7 +977,7 @@ def _block_kernel_runs(SA, SB, mu, kernel, float32_filter, call):
         A, dt = parts[0], parts[6]
         cp, eabs = rounding_bound(d, dt)
         name = ("32" if A.dtype == np.float32 else "32s64") if dt == "float32" else "64"
-        fn = getattr(_backend_ext()._knn_blocks, kernel + name)
+        fn = getattr(_task_ext()._knn_blocks, kernel + name)
         with blas_single_thread():
             out = call(fn, parts, cp, eabs)
         if not out[-1] or dt != "float32":
@@ -1077,7 +1077,7 @@ def _centered_pair(SA, SB, mu, float32_filter=False):
     float32 unless ``d`` is too large for a useful float32 bound or their norms leave
     the range where the float32 GEMM neither overflows nor underflows.
     """
-    ext = _backend_ext()
+    ext = _task_ext()
     blocks = [SA] if SB is None else [SA, SB]
     d = SA.shape[1]
     f32_ok = math.isfinite(rounding_bound(d, "float32")[0])
@@ -1142,7 +1142,7 @@ def _centered_block(S, mu, odt, dt):
     X = np.empty(o.shape, dtype=dt)
     nrm = np.empty(o.shape[0])
     suffix = "64" if dt == np.float64 else ("32" if o.dtype == np.float32 else "32s64")
-    getattr(_backend_ext()._common, "center" + suffix)(o, mu, X, nrm, 1)
+    getattr(_task_ext()._common, "center" + suffix)(o, mu, X, nrm, 1)
     top = float(nrm.max()) if nrm.shape[0] else 0.0
     try:
         refs = (weakref.ref(S), weakref.ref(mu))
@@ -1294,7 +1294,7 @@ def _knn_keys_task(SA, SB, mu, k, exclude_self, both, seeds_a=None, seeds_b=None
     Seeds of another filter dtype (a block pair whose norms need the float64 GEMM)
     are ignored.
     """
-    ext = _backend_ext()
+    ext = _task_ext()
     same = SB is None
     XA, XB, nA, nB, dt, top = _knn_centered_pair(SA, SB, mu)
     na, nb = XA.shape[0], XB.shape[0]
@@ -1448,6 +1448,25 @@ def _knn_refine_pair_task(SA, SB, cands, ends_a, ends_b, i0, j0, k, exclude_self
 
 def _backend_ext():
     return _backend._ext
+
+
+def _task_ext():
+    """``refgeo_ext`` in a compiled-engine task, or an ``ImportError`` that says why.
+
+    The engine is chosen in the calling process (where the extension is importable),
+    and the graph runs its kernels on the workers: a worker whose refgeo lacks them
+    failed with ``AttributeError: 'NoneType' object has no attribute '_common'``."""
+    ext = _backend._ext
+    if ext is None:
+        import socket
+
+        raise ImportError(
+            f"refgeo_ext (the compiled extension) is not importable on the Dask worker at "
+            f"{socket.gethostname()} ({_backend._ext_error or 'not installed'}), and the client, which "
+            f"has it, chose the compiled engine: install refgeo with its extension on every "
+            f"worker (the same version as the client)."
+        )
+    return ext
 
 
 # --------------------------------------------------------------------------- array-API (CuPy) k-NN tasks

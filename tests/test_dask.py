@@ -517,6 +517,36 @@ def test_knn_keeps_no_centered_copies_after_the_call():
         assert len(_dask._CENTERED) == 0
 
 
+def _hide_ext():
+    import refgeo._backend as b
+
+    b._hidden_ext, b._ext = b._ext, None
+
+
+def _restore_ext():
+    import refgeo._backend as b
+
+    b._ext = b.__dict__.pop("_hidden_ext", b._ext)
+
+
+def test_a_worker_without_the_extension_says_so(client):
+    """The engine is chosen where the call runs, the kernels run on the workers: a worker
+    whose refgeo had no refgeo_ext failed with "AttributeError: 'NoneType' object has
+    no attribute '_common'".  It is an ImportError saying what to install."""
+    if refgeo.show_config(mode="dicts")["backends"]["cython"]["available"] is not True:
+        pytest.skip("the client has no compiled extension: it picks the NumPy tasks")
+    S = np.random.default_rng(9).standard_normal((60, 4))
+    D = da.from_array(S, chunks=(20, 4))
+    client.run(_hide_ext)
+    try:
+        for call in (lambda: refgeo.row_diameter(D), lambda: refgeo.closest_pair(D), lambda: refgeo.knn(D, 2)):
+            with pytest.raises(ImportError, match="refgeo_ext .* is not importable on the Dask worker"):
+                call()
+    finally:
+        client.run(_restore_ext)
+    _same_pair(refgeo.row_diameter(S), refgeo.row_diameter(D))  # the workers have it again
+
+
 def test_dask_and_numpy_rows_together(client):
     # a NumPy matrix next to a Dask one runs on the Dask engine, with the same bits
     X = _rows(5, 23, 4, np.float64, ties=True)
