@@ -113,13 +113,13 @@ class SpreadResult:
         algebraically for an unmodified exact construction (see ``certificate``).
     certificate : str
         ``"engine"``, ``"algebraic"`` or ``"none"``.
-    error_bound : float
-        Bound on the relative error of ``min_dist`` and ``diameter`` (0 when computed
-        by the engine with ``eta = 1``: those are the exact refined float64 values;
-        otherwise they are certified at diameter 1 and scaled by ``eta``, and ``ratio``
-        is the certified ratio itself; budgets near the smallest normal float64 add
-        the absolute rounding of subnormal coordinates, ``sqrt(d) 2**-1074 /
-        min_dist``).  With ``certify=False`` it is the a-priori bound of the float64
+        Bound on the relative error of ``min_dist`` and ``diameter`` against the exact
+        distances of the returned rows (computed by the engine: the rounding of the
+        refined float64 values, ``gamma(ceil(d/8) + 5, 2**-53)``, a few ulps; with
+        ``eta != 1`` they are certified at diameter 1 and scaled by ``eta``, which adds
+        ``4 * 2**-53``, and ``ratio`` is the certified ratio itself; budgets near the
+        smallest normal float64 add the absolute rounding of subnormal coordinates,
+        ``sqrt(d) 2**-1074 / min_dist``).  With ``certify=False`` it is the a-priori bound of the float64
         Gram expansion relative to ``min_dist**2``, large (even inf) when the closest
         pair is short against the row norms.
     min_pair, diameter_pair : tuple of int
@@ -1002,9 +1002,14 @@ def _certify_points(X, certify, eta, construction):
         if eta != 1.0:
             X = X * eta
         diameter, min_dist = Dp.value * eta, mp.value * eta
-        # exact refined values at eta = 1; otherwise one rounding per coordinate and
-        # one per reported value
-        err = 0.0 if eta == 1.0 else 4.0 * 2.0**-53 + _subnormal_error(X, min_dist)
+        # the refined values carry the rounding of their float64 sums (a few ulps; 0
+        # here claimed them exact); eta != 1 adds one rounding per coordinate and one
+        # per reported value
+        from ._certify import refined_distance_error
+
+        err = refined_distance_error(X.shape[1])
+        if eta != 1.0:
+            err += 4.0 * 2.0**-53 + _subnormal_error(X, min_dist)
     else:
         m0, D0, pm, pd = _gram_extremes(X)
         # the Gram expansion's error on a squared distance is about c (n_i + n_j) (the
