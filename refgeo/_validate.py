@@ -445,20 +445,33 @@ def check_callable(value: Any, name: str) -> None:
         raise TypeError(f"{name} must be callable, got {type(value).__name__} instead.")
 
 
-def check_centered_rows(x, name: str, rtol: float) -> None:
+def check_centered_rows(x, name: str, rtol: float, exponent: int = 0) -> None:
     """Raise ``ValueError`` unless the rows of the 2-D array ``x`` sum to about zero:
-    ``||sum_i x_i|| <= rtol * sum_i ||x_i||`` (float64 accumulation)."""
+    ``||sum_i x_i|| <= rtol * sum_i ||x_i||`` (float64 accumulation).  ``x`` may be the
+    caller's array times ``2**-exponent`` (scaled so that no sum overflows): the
+    message reports the caller's values."""
     xp = array_namespace(x)
     xf = xp.astype(x, xp.float64) if x.dtype != xp.float64 else x
     total = float(xp.linalg.vector_norm(xp.sum(xf, axis=0)))
     scale = float(xp.sum(xp.linalg.vector_norm(xf, axis=1)))
     if total > rtol * scale:
+        if exponent:
+            # the numbers of the caller's G (a message about 1.8e-01 for rows of 1e-20
+            # described the scaled copy); beyond float64 they read inf
+            total, scale = _ldexp_or_inf(total, exponent), _ldexp_or_inf(scale, exponent)
         raise ValueError(
             f"{name} must have rows summing to zero (1^T {name} = 0, as for cross-entropy "
             f"gradients; ||sum of rows|| <= {rtol:g} * sum of row norms), got "
             f"||sum of rows|| = {total:.3e} against sum of row norms {scale:.3e} instead. "
             f"Center it first with refgeo.center_rows({name}) if that is intended."
         )
+
+
+def _ldexp_or_inf(v: float, e: int) -> float:
+    try:
+        return math.ldexp(v, e)
+    except OverflowError:
+        return math.inf
 
 
 def check_no_repeated_entries(strides, shape, itemsize: int, name: str) -> None:

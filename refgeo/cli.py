@@ -595,8 +595,9 @@ def _cmd_lmo(args: argparse.Namespace) -> int:
     if not args.center:
         # the library's check, first: its remedy is a Python function, the command's --center
         try:
-            check_centered_rows(np.ldexp(np.asarray(G, dtype=np.float64), -_scale_exponent(G)), "G",
-                                _centered_rtol(precision_eps(G.dtype)))
+            e = _scale_exponent(G)
+            check_centered_rows(np.ldexp(np.asarray(G, dtype=np.float64), -e), "G",
+                                _centered_rtol(precision_eps(G.dtype)), e)
         except ValueError as exc:
             msg = str(exc).partition(" Center it first")[0]
             raise CLIError(f"{where}: {msg} Pass --center to subtract the mean row first.") from None

@@ -341,8 +341,10 @@ def projected_rownorm(G: Any, /, *, eta: float = 1.0):
     Raises
     ------
     ValueError
-        If ``eta <= 0``, or if the entries of the step (up to ``eta``) do not fit
-        float32 for a float32 ``G`` (``eta`` above about 3.4e38).
+        If ``eta`` is below the smallest normal number of ``G``'s dtype (2.2e-308
+        for float64, 1.2e-38 for float32: the step's entries would be subnormal and
+        its diameter no longer within ``eta``), or if the entries of the step (up to
+        ``eta``) do not fit float32 for a float32 ``G`` (``eta`` above about 3.4e38).
 
     Notes
     -----
@@ -372,6 +374,14 @@ def projected_rownorm(G: Any, /, *, eta: float = 1.0):
     G = as_float_array(G, "G", ndim=2, shape_hint="2-D array of shape (V, d)")
     eta = _check_eta(eta)
     xp = array_namespace(G)
+    tiny = float(xp.finfo(G.dtype).smallest_normal)
+    if eta < tiny:
+        # as for float64 below its smallest normal: the float32 step's entries would
+        # round to a few subnormal values, whose diameter exceeded eta (1.02 eta at 1e-44)
+        raise ValueError(
+            f"eta == {eta!r}, must be >= {tiny!r} (the smallest normal {G.dtype}) for a {G.dtype} G, "
+            "whose dtype the step takes; pass a float64 G for a smaller eta."
+        )
     Gf = f64(xp, G)
     # S does not depend on the scale of G: G * 2**-e (max magnitude in [0.5, 1)) keeps
     # the mean from overflowing near 1e308, and a power-of-two scaling of G changes no
@@ -465,7 +475,7 @@ def _centered_float64(G, rtol: float = _CENTERED_RTOL) -> tuple[np.ndarray, int]
     e = _pow2_exponent(Gf)
     if e:
         Gf = np.ldexp(Gf, -e)
-    check_centered_rows(Gf, "G", rtol)
+    check_centered_rows(Gf, "G", rtol, e)
     return Gf - Gf.mean(axis=0, keepdims=True), e
 
 

@@ -420,7 +420,8 @@ class DiameterLMO:
         check_min_rows(g, "grad", 2)
         # the solver's own check, on g rescaled by a power of two (no sum overflows);
         # a gradient of half precision (bfloat16) is centered only to its own rounding
-        check_centered_rows(np.ldexp(g, -_pow2_exponent(g)), "grad", _centered_rtol(grad_eps))
+        e = _pow2_exponent(g)
+        check_centered_rows(np.ldexp(g, -e), "grad", _centered_rtol(grad_eps), e)
         with np.errstate(over="ignore"):  # reported below, by name
             M = _centered_unchecked(np, self._averaged(g, momentum))
         if not bool(np.all(np.isfinite(M))):

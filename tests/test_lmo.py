@@ -1198,6 +1198,24 @@ def test_results_beyond_the_range_of_the_dtype_are_errors_not_inf():
     np.testing.assert_array_equal(S, np.array([[-5e37, 0.0], [5e37, 0.0]], dtype=np.float32))
 
 
+def test_projected_rownorm_refuses_a_budget_below_the_normal_range_of_a_float32_step():
+    """The step takes G's dtype: below float32's smallest normal its entries are
+    subnormal, and the diameter of the rounded step exceeded eta (1.02 eta at 1e-44; all
+    zeros at 1e-45), as a float64 step would below 2.2e-308, which is refused."""
+    from scipy.spatial.distance import pdist
+
+    G = refgeo.center_rows(np.random.default_rng(2).standard_normal((6, 3)).astype(np.float32))
+    tiny = float(np.finfo(np.float32).smallest_normal)
+    for eta in (1e-44, 1e-40, tiny / 2):
+        with pytest.raises(ValueError, match=re.escape("must be >= 1.1754943508222875e-38 (the smallest normal float32)")):
+            refgeo.projected_rownorm(G, eta=eta)
+    S = refgeo.projected_rownorm(G, eta=tiny)
+    assert S.dtype == np.float32
+    assert pdist(S.astype(np.float64)).max() <= tiny * (1 + 1e-5)  # within eta, to float32 rounding
+    S64 = refgeo.projected_rownorm(G.astype(np.float64), eta=1e-44)  # a float64 G takes it
+    assert pdist(S64).max() <= 1e-44 * (1 + 1e-15)
+
+
 def test_warm_start_contents_are_checked(admm_only):
     # An LMOResult built or replaced by hand: pairs outside the rows failed in SciPy
     # ("axis 1 index 999 exceeds matrix dimension"), NaN flows or steps with an
@@ -1301,3 +1319,14 @@ def test_a_gradient_centered_50_times_worse_than_allowed_is_refused():
         refgeo.DiameterLMO(lr=0.5).step(np.zeros((2, 2)), G)
     with pytest.raises(TypeError, match=re.escape("pairwise must be a bool, got int instead.")):
         refgeo.tension_bounds(np.array([[1.0, 0.0], [-1.0, 0.0]]), pairwise=0)
+
+
+def test_the_centering_error_reports_the_callers_numbers():
+    """The check runs on G scaled by a power of two (no sum overflows); its message
+    reported that copy's numbers (1.845e-01 against 1.291e+00 for rows of 1e-20)."""
+    G = np.array([[1e-20, 0.0], [1e-20, 0.0], [-1.5e-20, 0.0]])
+    total, norms = abs(G.sum(axis=0)[0]), np.abs(G[:, 0]).sum()
+    msg = f"||sum of rows|| = {total:.3e} against sum of row norms {norms:.3e} instead"
+    for call in (lambda: refgeo.diameter_lmo(G), lambda: refgeo.DiameterLMO(lr=0.1).step(np.zeros((3, 2)), G)):
+        with pytest.raises(ValueError, match=re.escape(msg)):
+            call()
