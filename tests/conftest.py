@@ -13,8 +13,9 @@ from hypothesis import HealthCheck, settings
 import refgeo
 from refgeo import _backend
 
-# Profiles (HYPOTHESIS_PROFILE): "ci" is derandomized so CI failures reproduce;
-# "nightly" explores more and keeps a database; "dev" is quick.
+# Profiles (HYPOTHESIS_PROFILE): "ci" is derandomized so CI failures reproduce
+# ("ci-rerun", below, is it with fewer examples); "nightly" explores more and keeps a
+# database; "dev" is quick.
 settings.register_profile(
     "ci",
     derandomize=True,
@@ -22,6 +23,15 @@ settings.register_profile(
     deadline=None,
     print_blob=True,
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large, HealthCheck.function_scoped_fixture],
+)
+# "ci-rerun": the ci profile with a quarter of the examples, for CI's second and third
+# passes over the same tests (the reference backend, the installed wheel), which check
+# the code in another configuration after the first pass explored it with 100 examples
+# a test (each pass cost about 9 minutes of the 2 cores with 100).
+settings.register_profile(
+    "ci-rerun",
+    parent=settings.get_profile("ci"),
+    max_examples=25,
 )
 settings.register_profile(
     "nightly",
