@@ -424,14 +424,17 @@ class TokenwiseResult:
         :math:`\tau_i = A_i x_i - x_i` and residual :math:`\rho_i = \Delta_i - \tau_i`
         (so :math:`\Delta = \tau + \rho` up to one float64 rounding per entry).
     relative_error : ndarray of shape (N,)
-        :math:`\lVert\rho_i\rVert / \lVert\Delta_i\rVert` (NaN where :math:`\Delta_i = 0`).
+        :math:`\lVert\rho_i\rVert / \lVert\Delta_i\rVert` (NaN where :math:`\Delta_i = 0`,
+        and where the squares of a token's update underflow to 0: entries below about
+        ``2**-536`` times the largest entry of ``X`` and ``Y``, whose one scaling the
+        per-token metrics share).
     energy_fraction : float
         :math:`\sum_i \lVert\rho_i\rVert^2 / \sum_i \lVert\Delta_i\rVert^2` over the
         evaluated tokens (NaN where :math:`\Delta_i = 0` on every one of them, e.g.
         ``Y = X``: nothing to explain).
     cosines : TokenwisePairs
         Per-token cosines of the pairs, e.g. ``cosines.rho_tau`` (arrays of shape (N,);
-        NaN where a vector is zero).
+        NaN where a vector is zero, or its squares underflow, as for ``relative_error``).
     angles : TokenwisePairs
         The same angles in degrees, in [0, 180].
     subspace : ndarray of shape (d, r)
