@@ -146,12 +146,12 @@ def refined_distance_error(d: int) -> float:
     """Bound on the relative error of a refined float64 distance, ``sqrt`` of
     :func:`canonical_sq`, against the exact distance of the same float64 rows.
 
-    Along each term of the squared distance: the difference and the square (2
-    roundings), at most ``ceil(d/8) - 1`` additions in its lane and the three levels of
-    the final tree, all of non-negative terms, so the sum is within ``gamma_m`` with
-    ``m = ceil(d/8) + 4``; the square root keeps that relative error (``|sqrt(1 + t) -
-    1| <= |t|``) and adds one rounding: ``gamma(ceil(d/8) + 5, 2**-53)``, 6.7e-16 for
-    ``d <= 8``."""
+    Along each term of the squared distance: the rounding of the difference (which
+    the square takes twice) and of the square, at most ``ceil(d/8) - 1`` additions in
+    its lane and the three levels of the final tree, all of non-negative terms, so the
+    sum is within ``gamma_m`` with ``m = ceil(d/8) + 5``; the square root halves that
+    relative error (to first order) and adds one rounding, which ``gamma(ceil(d/8) +
+    5, 2**-53)`` covers: 6.7e-16 for ``d <= 8``."""
     return gamma(-(-int(d) // 8) + 5, 2.0**-53)
 
 

@@ -1126,8 +1126,12 @@ _CENTERED_MAX = 16
 
 def _drop_centered(key) -> None:
     # run when a block or mean dies, in whatever thread drops it, possibly inside the
-    # lock's holder (a garbage collection): no lock, dict.pop is atomic
-    _CENTERED.pop(key, None)
+    # lock's holder (a garbage collection): no lock, dict.pop is atomic.  The entry's
+    # other finalizer is detached: a block that lives on (persisted) would keep one
+    # per call otherwise
+    ent = _CENTERED.pop(key, None)
+    for f in ent[5] if ent is not None else ():
+        f.detach()
 
 
 def _centered_block(S, mu, odt, dt):
@@ -1150,8 +1154,10 @@ def _centered_block(S, mu, odt, dt):
         return X, nrm, top
     fins = tuple(weakref.finalize(o, _drop_centered, key) for o in (S, mu))
     with _CENTERED_LOCK:
-        while len(_CENTERED) >= _CENTERED_MAX:
-            old = _CENTERED.pop(next(iter(_CENTERED)), None)
+        # evicted from a snapshot (list() of a dict is atomic): a finalizer may pop an
+        # entry in another thread meanwhile, which iterating the dict itself would see
+        for q in list(_CENTERED)[: max(0, len(_CENTERED) - _CENTERED_MAX + 1)] + [key]:
+            old = _CENTERED.pop(q, None)
             for f in old[5] if old is not None else ():
                 f.detach()  # its block may live on: no finalizer left behind
         _CENTERED[key] = (*refs, X, nrm, top, fins)

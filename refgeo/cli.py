@@ -262,23 +262,35 @@ def _save_npy(path: str, arr: Any) -> None:
     ``.npy`` (``--out S.NPY`` wrote ``S.NPY.npy`` and reported ``S.NPY``), and it writes
     in place: a full disk, a file size limit or Ctrl-C left a truncated file that
     ``np.load`` cannot read, in place of the one that was there.  The array goes to a
-    new file beside ``path`` (so that the rename stays on one file system) and is renamed
-    over ``path`` only once written; on any failure the new file is removed and ``path``
-    is untouched.
+    new file beside the target (so that the rename stays on one file system) and is
+    renamed over it only once written; on any failure the new file is removed and the
+    target is untouched.  As a write in place would: a link is written through (its
+    target replaced), an existing file keeps its permissions, a new one gets
+    ``0o666`` less the umask.
     """
+    import stat
+    import tempfile
+
     _check_out_path(path)
     arr = np.asarray(arr)
-    tmp = os.path.join(os.path.dirname(os.path.abspath(path)), f".{os.path.basename(path)}.{os.getpid()}.tmp")
+    target = os.path.realpath(path)
+    tmp = None
     try:
-        # O_EXCL: never write through a file (or a link) that is already there;
-        # mode 0o666 less the umask, as open(path, "wb") would have given
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
+        fd, tmp = tempfile.mkstemp(dir=os.path.dirname(target), prefix=".refgeo-", suffix=".tmp")
+        try:
+            mode = stat.S_IMODE(os.stat(target).st_mode)
+        except FileNotFoundError:
+            umask = os.umask(0)
+            os.umask(umask)
+            mode = 0o666 & ~umask
+        os.fchmod(fd, mode)
         with os.fdopen(fd, "wb") as fh:
             np.save(fh, arr)  # a file object: no suffix is added
-        os.replace(tmp, path)
+        os.replace(tmp, target)
     except BaseException as exc:  # also KeyboardInterrupt: no partial file stays behind
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
+        if tmp is not None:
+            with contextlib.suppress(OSError):
+                os.unlink(tmp)
         if isinstance(exc, OSError):
             raise CLIError(f"cannot write {path!r}: {exc.strerror or exc}") from None
         raise

@@ -114,12 +114,11 @@ class SpreadResult:
     certificate : str
         ``"engine"``, ``"algebraic"`` or ``"none"``.
         Bound on the relative error of ``min_dist`` and ``diameter`` against the exact
-        distances of the returned rows (computed by the engine: the rounding of the
-        refined float64 values, ``gamma(ceil(d/8) + 5, 2**-53)``, a few ulps; with
-        ``eta != 1`` they are certified at diameter 1 and scaled by ``eta``, which adds
-        ``4 * 2**-53``, and ``ratio`` is the certified ratio itself; budgets near the
-        smallest normal float64 add the absolute rounding of subnormal coordinates,
-        ``sqrt(d) 2**-1074 / min_dist``).  With ``certify=False`` it is the a-priori bound of the float64
+        distances of the returned rows (computed by the engine on those rows: the
+        rounding of the refined float64 values, ``gamma(ceil(d/8) + 5, 2**-53)``, a
+        few ulps; for an algebraic certificate, the rounding of the scaled
+        coordinates, and budgets near the smallest normal float64 add the absolute
+        rounding of subnormal coordinates, ``sqrt(d) 2**-1074 / min_dist``).  With ``certify=False`` it is the a-priori bound of the float64
         Gram expansion relative to ``min_dist**2``, large (even inf) when the closest
         pair is short against the row norms.
     min_pair, diameter_pair : tuple of int
@@ -994,26 +993,23 @@ def _certify_points(X, certify, eta, construction):
         err = 8.0 * 2.0**-52 + _subnormal_error(X, min_dist)
         ratio = min_dist / diameter
     elif mode == "engine":
+        from ._certify import refined_distance_error
         from .rows import closest_pair, row_diameter
 
-        # certified at diameter ~1, then scaled by eta: squared distances of points at
-        # eta = 1e-160 would be subnormal (and at 1e160 overflow), and the refined
-        # values with them (the ratio came out above the proven bound at eta = 3e-161)
-        X, Dp = _within_diameter(X, row_diameter(X).value, 1.0)
+        # the rows returned are certified themselves, at their diameter eta: certified
+        # at diameter 1 and then scaled, each coordinate's rounding (u |x|) moved a short
+        # pair by far more than a few ulps of its length (1.2e-13 relative at ratio
+        # 7e-5).  The engine scales rows by powers of two where their squares would
+        # leave the float64 range (eta = 1e-160 or 1e160), and certifies subnormal
+        # coordinates as the values they are.
+        X, Dp = _within_diameter(X, row_diameter(X).value, eta)
         mp = closest_pair(X)
         pd, pm = (Dp.i, Dp.j), (mp.i, mp.j)
-        ratio = mp.value / Dp.value
-        if eta != 1.0:
-            X = X * eta
-        diameter, min_dist = Dp.value * eta, mp.value * eta
+        diameter, min_dist = Dp.value, mp.value
+        ratio = min_dist / diameter
         # the refined values carry the rounding of their float64 sums (a few ulps; 0
-        # here claimed them exact); eta != 1 adds one rounding per coordinate and one
-        # per reported value
-        from ._certify import refined_distance_error
-
+        # here claimed them exact)
         err = refined_distance_error(X.shape[1])
-        if eta != 1.0:
-            err += 4.0 * 2.0**-53 + _subnormal_error(X, min_dist)
     else:
         m0, D0, pm, pd = _gram_extremes(X)
         # the Gram expansion's error on a squared distance is about c (n_i + n_j) (the

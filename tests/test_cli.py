@@ -675,6 +675,30 @@ def test_out_is_written_to_exactly_the_named_file(capsys, tmp_path):
     assert sorted(os.listdir(tmp_path)) == ["rows.NPY", "rows.Npy"]
 
 
+def test_out_writes_as_a_write_in_place_would(capsys, tmp_path):
+    """The atomic save (a new file renamed over the target) keeps what writing in place
+    kept: a link is written through, an existing file keeps its permissions (0600 came
+    back 0644), and a name that fits the file system is not refused for its temporary
+    file's (".name.<pid>.tmp" made a 250-character name too long)."""
+    real = tmp_path / "real"
+    real.mkdir()
+    target = real / "target.npy"
+    np.save(target, np.zeros(3))
+    os.chmod(target, 0o600)
+    link = tmp_path / "link.npy"
+    link.symlink_to(target)
+    rc, _, err = run(capsys, "spread", "--V", "5", "--d", "2", "--max-time", "0.2", "--out", str(link))
+    assert rc == 0, err
+    assert link.is_symlink() and np.load(target).shape == (5, 2)
+    assert os.stat(target).st_mode & 0o777 == 0o600
+    long = tmp_path / ("x" * 246 + ".npy")  # 250 characters: within NAME_MAX (255)
+    rc, _, err = run(capsys, "spread", "--V", "5", "--d", "2", "--max-time", "0.2", "--out", str(long))
+    assert rc == 0, err
+    assert np.load(long).shape == (5, 2)
+    assert sorted(os.listdir(tmp_path)) == sorted(["real", "link.npy", long.name])
+    assert os.listdir(real) == ["target.npy"]
+
+
 def _limit_file_size(limit):
     def set_limit():
         import resource

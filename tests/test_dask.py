@@ -515,6 +515,19 @@ def test_knn_keeps_no_centered_copies_after_the_call():
         _same_rows(refgeo.knn(D, 3), refgeo.knn(D, 3))
         gc.collect()
         assert len(_dask._CENTERED) == 0
+        # and no finalizer stays behind on the blocks that live on (one per call did)
+        alive = _alive_finalizers()
+        for _ in range(3):
+            refgeo.knn(D, 3)
+        gc.collect()
+        assert _alive_finalizers() == alive
+
+
+def _alive_finalizers():
+    import gc
+    import weakref
+
+    return sum(1 for o in gc.get_objects() if isinstance(o, weakref.finalize) and o.alive)
 
 
 def _hide_ext():

@@ -723,6 +723,21 @@ def test_error_bound_covers_the_exact_distances_of_the_returned_rows(eta):
             assert (1 - Fraction(e)) ** 2 * exact <= g * g <= (1 + Fraction(e)) ** 2 * exact
 
 
+@pytest.mark.parametrize("V, d, eta", [(200, 2, 0.1), (200, 3, 1e-5), (150, 2, 3e7)])
+def test_error_bound_covers_short_pairs_of_scaled_rows(V, d, eta):
+    """Certified at diameter 1 and then scaled by eta, a short pair moved by the rounding
+    of its coordinates (u |x|, 1.2e-13 relative at ratio 7e-5) against a bound of
+    1.1e-15: the returned rows are certified themselves."""
+    from fractions import Fraction
+
+    r = refgeo.spread(V, d, eta=eta, seed=1, init="random", certify=True)
+    assert r.ratio < 0.05 and r.diameter <= eta
+    e = Fraction(r.error_bound)
+    for got, (i, j) in ((r.min_dist, r.min_pair), (r.diameter, r.diameter_pair)):
+        exact = sum((Fraction(float(a)) - Fraction(float(b))) ** 2 for a, b in zip(r.points[i], r.points[j]))
+        assert (1 - e) ** 2 * exact <= Fraction(got) ** 2 <= (1 + e) ** 2 * exact
+
+
 @pytest.mark.parametrize("method", ["auto", "smooth", "epigraph"])
 def test_a_user_start_is_never_made_worse(method):
     """The smooth iteration works on the sphere: from a user's ball packing (the A2 points
