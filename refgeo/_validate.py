@@ -101,8 +101,9 @@ def as_float_array(
             # its tasks read the blocks through np.asarray, the values under the mask
             # included (a masked NaN passed the finiteness check, whose masked .all()
             # skips it): refused as a NumPy masked array is, where something is masked
-            _check_unmasked(int(x.map_blocks(np.ma.getmaskarray, dtype=bool).sum().compute()), name,
-                            "dask.array.ma.filled({}, value)")
+            import dask.array as da  # a Dask array is here: dask is importable
+
+            _check_unmasked(int(da.ma.getmaskarray(x).sum().compute()), name, "dask.array.ma.filled({}, value)")
         xp = array_namespace(x)
         if xp.isdtype(x.dtype, "real floating"):
             arr = x
