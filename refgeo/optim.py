@@ -407,8 +407,9 @@ class DiameterLMO:
 
     def _checked_average(self, g: np.ndarray, grad_eps: float, momentum: float) -> np.ndarray:
         """The centered momentum average of ``g``, which the solver takes, after the
-        solver's own checks of ``g`` under this optimizer's name for it; changes nothing (``refgeo.torch.DiameterLMO``
-        checks every group with it before solving any).
+        solver's own checks of ``g`` under this optimizer's name for it; changes
+        nothing (``refgeo.torch.DiameterLMO`` checks every group with it before solving
+        any).
 
         Each gradient is checked on its own, and the average (the new buffer) is
         centered: checked after averaging, the remainders of gradients each centered
