@@ -118,9 +118,10 @@ class SpreadResult:
         rounding of the refined float64 values, ``gamma(ceil(d/8) + 5, 2**-53)``, a
         few ulps; for an algebraic certificate, the rounding of the scaled
         coordinates, and budgets near the smallest normal float64 add the absolute
-        rounding of subnormal coordinates, ``sqrt(d) 2**-1074 / min_dist``).  With ``certify=False`` it is the a-priori bound of the float64
-        Gram expansion relative to ``min_dist**2``, large (even inf) when the closest
-        pair is short against the row norms.
+        rounding of subnormal coordinates, ``sqrt(d) 2**-1074 / min_dist``).  With
+        ``certify=False`` it is the a-priori bound of the float64 Gram expansion
+        relative to ``min_dist**2``, large (even inf) when the closest pair is short
+        against the row norms.
     min_pair, diameter_pair : tuple of int
         A closest pair and a diameter pair ``(i, j)``, ``i < j`` (``(-1, -1)`` when
         not computed, with the algebraic certificate).
@@ -676,10 +677,10 @@ def spread(
         lattice shell subsets take seconds at d = 24 to 32 with V in the thousands:
         6.8 s at (3000, 24) on the 2-core CI machine), the smooth iteration's first
         neighbor refresh (two exact k-NN passes, O(V^2 d): about 10 s at (40000, 5)),
-        and the final certification.  An SLSQP iteration of the epigraph method cannot be
-        interrupted either, so a call can overrun by one of them: ``"auto"`` keeps
-        that below about ``max(max_time, 1)`` seconds by estimate, and
-        ``method="epigraph"`` warns (``UserWarning``) when its estimate exceeds
+        and the final certification.  An SLSQP iteration of the epigraph method
+        cannot be interrupted either, so a call can overrun by one of them:
+        ``"auto"`` keeps that below about ``max(max_time, 1)`` seconds by estimate,
+        and ``method="epigraph"`` warns (``UserWarning``) when its estimate exceeds
         ``max_time``.
     callback : callable, default=None
         Called with a :class:`SpreadProgress` after each start or round; returning
