@@ -283,7 +283,7 @@ def _save_npy(path: str, arr: Any) -> None:
             umask = os.umask(0)
             os.umask(umask)
             mode = 0o666 & ~umask
-        os.fchmod(fd, mode)
+        os.chmod(tmp, mode)  # (os.fchmod is POSIX-only before Python 3.13)
         with os.fdopen(fd, "wb") as fh:
             np.save(fh, arr)  # a file object: no suffix is added
         os.replace(tmp, target)
