@@ -22,6 +22,8 @@ from typing import Any, Literal, TypeVar, overload
 import numpy as np
 from array_api_compat import array_namespace, is_array_api_obj, is_dask_array, is_numpy_array
 
+from ._certify import unscale
+
 __all__ = [
     "as_float_array",
     "check_axis",
@@ -459,20 +461,13 @@ def check_centered_rows(x, name: str, rtol: float, exponent: int = 0) -> None:
         if exponent:
             # the numbers of the caller's G (a message about 1.8e-01 for rows of 1e-20
             # described the scaled copy); beyond float64 they read inf
-            total, scale = _ldexp_or_inf(total, exponent), _ldexp_or_inf(scale, exponent)
+            total, scale = unscale(total, exponent), unscale(scale, exponent)
         raise ValueError(
             f"{name} must have rows summing to zero (1^T {name} = 0, as for cross-entropy "
             f"gradients; ||sum of rows|| <= {rtol:g} * sum of row norms), got "
             f"||sum of rows|| = {total:.3e} against sum of row norms {scale:.3e} instead. "
             f"Center it first with refgeo.center_rows({name}) if that is intended."
         )
-
-
-def _ldexp_or_inf(v: float, e: int) -> float:
-    try:
-        return math.ldexp(v, e)
-    except OverflowError:
-        return math.inf
 
 
 def check_no_repeated_entries(strides, shape, itemsize: int, name: str) -> None:
