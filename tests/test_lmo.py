@@ -436,6 +436,26 @@ def test_the_barrier_method_starts_after_the_probe_only_where_its_steps_fit(monk
     assert refgeo.diameter_lmo(G, rtol=1e-12, max_time=60.0).method == "barrier"
 
 
+def test_irls_starts_only_where_its_first_reweighting_fits(monkeypatch):
+    """IRLS ran one reweighting and its certificate whatever the budget: started at
+    0.18 s of ``max_time=0.3`` at V' = 1400 the call took 0.67 s.  Where that first
+    round (its estimate, here made large) does not fit what is left, the RowNorm step
+    is returned under the star flow; where it fits, IRLS runs."""
+    from refgeo._lm_gradients import isotropic_gradient
+
+    G = isotropic_gradient(120, 6, seed=3)  # V' r above the barrier's limit, rtol 1e-4: IRLS alone
+    monkeypatch.setattr(refgeo.lmo, "_IRLS_FIRST_S_PER_V3", 1e3)  # a round that never fits
+    res = refgeo.diameter_lmo(G, max_time=60.0)
+    assert res.method == "rownorm" and res.iterations == 0 and res.elapsed < 30.0
+    norms = np.linalg.norm(G, axis=1)
+    assert res.lower_bound <= res.upper_bound <= (norms.sum() - norms.max()) * (1 + 1e-12)
+    assert _brute_diameter(res.update) <= 1.0
+    assert refgeo.diameter_lmo(G).method == "irls"  # no max_time: no estimate
+    monkeypatch.setattr(refgeo.lmo, "_IRLS_FIRST_S_PER_V3", 0.0)  # a round that always fits
+    res = refgeo.diameter_lmo(G, max_time=60.0)
+    assert res.method == "irls" and res.converged
+
+
 @pytest.mark.parametrize("V, d, seed", [(6, 2, 0), (12, 3, 2), (20, 3, 4)])
 def test_irls_path_matches_independent_solver(V, d, seed, monkeypatch):
     """At moderate rtol the complete-graph IRLS runs: its bracket contains the optimum."""
