@@ -1024,10 +1024,15 @@ def _shell_prefix(M: np.ndarray, V: int, r2: float) -> list[tuple[str, np.ndarra
 
 def _shell_greedy(P: np.ndarray, V: int, r2: float, tag: str) -> list[tuple[str, np.ndarray, float, float]]:
     out = []
-    # inner products in units of r^2 / 4 (exact small integers), blockwise as int8
+    # inner products in units of r^2 / 4 (exact small integers), blockwise as int8.
+    # float32 suffices to round them: the rows scaled to norm 2 have products in
+    # [-4, 4] with an error below (d + 2) u 4 < 1e-5 for d <= 32, far from 1/2; it
+    # took a third of the time of float64 (1.3-1.9 s for a pool of 8000 in d = 24)
+    Q = (P * (2.0 / math.sqrt(r2))).astype(np.float32)
     L = np.empty((P.shape[0], P.shape[0]), dtype=np.int8)
     for i0 in range(0, P.shape[0], 1024):
-        L[i0 : i0 + 1024] = np.rint(4.0 * (P[i0 : i0 + 1024] @ P.T) / r2)
+        B = Q[i0 : i0 + 1024] @ Q.T
+        L[i0 : i0 + 1024] = np.rint(B, out=B)
     # key: the conflict degree of a point still available, about 2^40 for one that is
     # not (set to 2^40 when it goes; the degrees subtracted from it later, at most
     # n_pool^2 = 6.4e7 in all, leave it above 2^39), so that one argmin picks the first

@@ -675,7 +675,7 @@ def spread(
         Time budget in seconds for the optimization.  None: ``n_starts`` starts or
         ``max_rounds`` rounds.  Outside the budget: building the constructions (the
         lattice shell subsets take seconds at d = 24 to 32 with V in the thousands:
-        6.8 s at (3000, 24) on the 2-core CI machine), the smooth iteration's first
+        2 to 3 s at (3000, 24) on the 2-core CI machine), the smooth iteration's first
         neighbor refresh (two exact k-NN passes, O(V^2 d): about 10 s at (40000, 5)),
         and the final certification.  An SLSQP iteration of the epigraph method
         cannot be interrupted either, so a call can overrun by one of them:
