@@ -737,7 +737,8 @@ def spread(
     V equally spaced points on the line (:math:`\rho = 1/(V - 1)`, optimal), and the V
     points of :math:`A_2` (for :math:`V` up to about :math:`10^6`), :math:`D_n`
     (:math:`n \le 12`), :math:`E_6`, :math:`E_7` or :math:`E_8`
-    (:math:`2d < V \le 20000`) nearest to the best of a few centers (lattice points
+    (:math:`V > 2d`, while the enumeration stays within :math:`2^{20}` points:
+    seconds beyond :math:`10^5`) nearest to the best of a few centers (lattice points
     and holes), e.g. 0.3015 at :math:`(5000, 8)` and 0.25 at :math:`(20000, 8)`; and
     subsets of the minimal vectors of :math:`D_n`,
     :math:`E_6, E_7, E_8`, :math:`\Lambda_{16}` and :math:`\Lambda_{24}` whose inner
