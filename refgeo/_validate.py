@@ -88,6 +88,7 @@ def as_float_array(
     allow_empty: bool = False,
     finite: bool = True,
     contiguous: bool = True,
+    keep_zeros: bool = False,
 ):
     """Return ``x`` as a float32/float64 array of its own namespace, or raise.
 
@@ -95,6 +96,9 @@ def as_float_array(
     array-API arrays (CuPy, array-api-strict) stay in their namespace.
     ``contiguous=False`` keeps a NumPy input's layout (no copy), for callers whose
     results are exact whatever the memory order (differences, maxima and minima).
+    ``keep_zeros=True``: where the zeros of ``x`` mean something (the support of a
+    probability vector), a long-double entry too small for float64 is a
+    ``ValueError``, not a new zero.
     """
     if isinstance(x, (str, bytes)) or x is None:
         raise TypeError(f"{name} must be an array of real numbers, got {type(x).__name__} instead.")
@@ -135,6 +139,8 @@ def as_float_array(
                     arr = arr.astype(np.float64)
                 if finite and wide.dtype.itemsize > 8:
                     _check_float64_range(wide, arr, name)
+                if keep_zeros and wide.dtype.itemsize > 8:
+                    _check_no_new_zeros(wide, arr, name)
         else:
             raise _dtype_error(name, arr)
         if contiguous and not arr.flags.c_contiguous:
@@ -246,6 +252,21 @@ def _check_float64_range(wide, arr, name: str) -> None:
     n, top = beyond_float64(wide)
     if n:
         raise float64_range_error(name, n, top)
+
+
+def _check_no_new_zeros(wide, arr, name: str) -> None:
+    """``ValueError`` for nonzero long-double entries that became 0 in float64: where
+    zeros mark a support, that changes the answer (a finite distance became inf)."""
+    lost = (arr == 0) & (wide != 0)
+    n = int(np.count_nonzero(lost))
+    if n:
+        small = np.format_float_scientific(np.max(np.abs(wide[lost])), precision=3, trim="-")
+        raise ValueError(
+            f"{name} must have nonzero entries within the float64 range, got {n} "
+            f"{'entry' if n == 1 else 'entries'} of magnitude at most {small} (long double), which float64 holds as 0; the distances "
+            "take logs, so pass the logs as logits instead (the *_logits functions), "
+            "computed in long double and converted."
+        )
 
 
 def _all_finite(xp, x) -> bool:

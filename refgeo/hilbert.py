@@ -28,7 +28,12 @@ float32.  Array results come back as tensors on the input's device, and 0-d resu
 as Python floats.  Integer, boolean and complex tensors are a ``TypeError``;
 non-finite ones a ``ValueError`` (except where ``inf`` is a valid distance, in
 :func:`tv_bound` and :func:`ce_bound`).  A CUDA tensor goes zero-copy to CuPy (an
-error that says what to install when CuPy is missing).
+error that says what to install when CuPy is missing).  Dask arrays are a
+``TypeError``: these functions are not distributed (the row functions of
+:mod:`refgeo.rows` are); apply them to the blocks.
+
+Batches may be empty (shape ``(0, V)``: an empty result, as NumPy's reductions over
+another axis give); a vector may not (``V >= 1``).
 """
 
 from __future__ import annotations
@@ -36,7 +41,7 @@ from __future__ import annotations
 from typing import Any, Literal
 
 import numpy as np
-from array_api_compat import array_namespace, is_array_api_obj, is_numpy_array
+from array_api_compat import array_namespace, is_array_api_obj, is_dask_array, is_numpy_array
 
 from . import _backend, _memory, _progress
 from ._certify import f64
@@ -141,13 +146,27 @@ def _out(xp, out, origin):
     return to_caller(out, origin)
 
 
+def _from_caller(x, name):
+    """:func:`refgeo._interop.from_foreign`, refusing Dask arrays by name: the checks
+    and the overflow guards here run eagerly (each forced a compute, 40 graphs for a
+    40-row pdist) while the arithmetic stayed lazy, outside ``np.errstate`` (its
+    overflow warnings reached the caller's ``compute()``)."""
+    if is_dask_array(x):
+        raise TypeError(
+            f"{name} must be a NumPy, torch, JAX or CuPy array, got a Dask array instead; the "
+            "Hilbert functions are not distributed: apply them to the blocks "
+            f"({name}.map_blocks(...), with the vector axis in one chunk) or compute first."
+        )
+    return from_foreign(x, name)
+
+
 def _foreign_pair(a, b, names):
     """Both arguments through :func:`refgeo._interop.from_foreign`, and a ``TypeError``
     naming both when they are arrays of two libraries (a CuPy and a NumPy array:
     array_api_compat's "Multiple namespaces" error named neither).  Lists and other
     non-arrays become NumPy arrays later, so they count as NumPy here."""
-    a, oa = from_foreign(a, names[0])
-    b, ob = from_foreign(b, names[1])
+    a, oa = _from_caller(a, names[0])
+    b, ob = _from_caller(b, names[1])
     kinds = [array_namespace(x) if is_array_api_obj(x) else None for x in (a, b)]
     numpy_like = [k is None or is_numpy_array(x) for k, x in zip(kinds, (a, b))]
     if numpy_like[0] != numpy_like[1] or (not any(numpy_like) and kinds[0] is not kinds[1]):
@@ -200,11 +219,11 @@ def variation(x: Any, /, *, axis: int = -1):
     >>> float(refgeo.variation([3.0, -1.0, 2.0]))
     4.0
     """
-    x, origin = from_foreign(x, "x")
+    x, origin = _from_caller(x, "x")
     # max - min is exact in any memory order: the input is read where it is
-    x = as_float_array(x, "x", min_ndim=1, contiguous=False)
+    x = as_float_array(x, "x", min_ndim=1, contiguous=False, allow_empty=True)
     xp = array_namespace(x)
-    axis = check_axis(axis, x.ndim)
+    axis = _vector_axis(axis, x, "x")
     x = f64(xp, x)
     with np.errstate(over="ignore"):  # a range beyond the float64 maximum is inf
         v = xp.max(x, axis=axis) - xp.min(x, axis=axis)
@@ -250,21 +269,42 @@ def hilbert_distance_logits(z: Any, w: Any, /, *, axis: int = -1):
     """
     z, w, origin = _foreign_pair(z, w, ("z", "w"))
     # differences, maxima and minima are exact in any memory order: no copies
-    z = as_float_array(z, "z", min_ndim=1, contiguous=False)
-    w = as_float_array(w, "w", min_ndim=1, contiguous=False)
+    z = as_float_array(z, "z", min_ndim=1, contiguous=False, allow_empty=True)
+    w = as_float_array(w, "w", min_ndim=1, contiguous=False, allow_empty=True)
     xp = array_namespace(z, w)
     z, w = _broadcast_pair(xp, z, w, ("z", "w"))
-    axis = check_axis(axis, z.ndim)
+    axis = _vector_axis(axis, z, "z", w, "w")
     return _out(xp, _difference_range(xp, f64(xp, z), f64(xp, w), axis), origin)
 
 
-def _check_probabilities(p, name, axis):
+def _vector_axis(axis, a, name, b=None, b_name=None):
+    """The normalized vector axis of ``a`` (and of ``b``, of the same shape after
+    broadcasting), which must hold at least one entry; batch axes may be empty (no
+    vectors: an empty result, as NumPy's reductions over another axis give)."""
+    given = axis
+    axis = check_axis(axis, a.ndim)
+    for x, n in ((a, name), (b, b_name)):
+        if x is not None and x.shape[axis] == 0:
+            raise ValueError(f"{n} must have at least one entry along axis {given}, "
+                             f"got shape {tuple(x.shape)} instead.")
+    return axis
+
+
+def _check_probabilities(p, name, axis, where, noun="vector"):
+    """Non-negative entries and a positive one in every vector along ``axis``; ``where``
+    and ``noun`` name the vectors as the caller knows them ("along axis -1", "in each
+    row")."""
     xp = array_namespace(p)
     check_nonnegative(p, name)
-    if not bool(xp.all(xp.any(p > 0, axis=axis))):
+    ok = xp.any(p > 0, axis=axis)
+    if not bool(xp.all(ok)):
+        at = ""
+        if is_numpy_array(ok) and ok.ndim >= 1:
+            first = tuple(int(i[0]) for i in np.nonzero(~ok))
+            at = f" at index {first[0] if len(first) == 1 else first}"
         raise ValueError(
-            f"{name} must have at least one positive entry along axis {axis}, "
-            f"got an all-zero vector instead."
+            f"{name} must have at least one positive entry {where}, "
+            f"got an all-zero {noun}{at} instead."
         )
 
 
@@ -316,7 +356,15 @@ def hilbert_distance(p: Any, q: Any, /, *, axis: int = -1):
     :math:`d_H(\alpha p, \beta q) = d_H(p, q)`, also in floating point: the logs are
     of each entry relative to its vector's largest (the binary exponents split off
     exactly), so scaling by powers of two leaves the same float, and vectors far
-    from 1 (entries of 1e300) lose no digits.  Time O(V) per pair; logs in float64.
+    from 1 (entries of 1e300) lose no digits to their scale.  Each entry's log
+    relative to its vector's largest is rounded once, so the error is a few ulps of
+    the largest such log on the common support: 1.4e-14 for
+    ``hilbert_distance(p, 3 * p)`` (exactly 0) with ``p`` a softmax whose entries
+    reach 4e-44, where that log is -100; the logits form
+    (:func:`hilbert_distance_logits`) has the same error on logits of that spread.
+    (This rounding is the pairwise kernels', so that :func:`pdist_hilbert` on
+    probabilities agrees with this function bit for bit.)  Time O(V) per pair; logs
+    in float64.
     For logits use :func:`hilbert_distance_logits`, which is exact where
     probabilities underflow.
 
@@ -329,13 +377,14 @@ def hilbert_distance(p: Any, q: Any, /, *, axis: int = -1):
     inf
     """
     p, q, origin = _foreign_pair(p, q, ("p", "q"))
-    p = as_float_array(p, "p", min_ndim=1)
-    q = as_float_array(q, "q", min_ndim=1)
+    p = as_float_array(p, "p", min_ndim=1, keep_zeros=True, allow_empty=True)
+    q = as_float_array(q, "q", min_ndim=1, keep_zeros=True, allow_empty=True)
     xp = array_namespace(p, q)
     p, q = _broadcast_pair(xp, p, q, ("p", "q"))
-    axis = check_axis(axis, p.ndim)
-    _check_probabilities(p, "p", axis)
-    _check_probabilities(q, "q", axis)
+    user_axis = axis
+    axis = _vector_axis(axis, p, "p", q, "q")
+    _check_probabilities(p, "p", axis, f"along axis {user_axis}")
+    _check_probabilities(q, "q", axis, f"along axis {user_axis}")
     r, sp, sq, _, _ = _log_ratio_on_support(xp, p, q, axis)
     both = sp & sq
     inf = xp.asarray(float("inf"), dtype=xp.float64)
@@ -377,13 +426,14 @@ def funk_distance(p: Any, q: Any, /, *, axis: int = -1):
     0.6931471805599453
     """
     p, q, origin = _foreign_pair(p, q, ("p", "q"))
-    p = as_float_array(p, "p", min_ndim=1)
-    q = as_float_array(q, "q", min_ndim=1)
+    p = as_float_array(p, "p", min_ndim=1, keep_zeros=True, allow_empty=True)
+    q = as_float_array(q, "q", min_ndim=1, keep_zeros=True, allow_empty=True)
     xp = array_namespace(p, q)
     p, q = _broadcast_pair(xp, p, q, ("p", "q"))
-    axis = check_axis(axis, p.ndim)
-    _check_probabilities(p, "p", axis)
-    _check_probabilities(q, "q", axis)
+    user_axis = axis
+    axis = _vector_axis(axis, p, "p", q, "q")
+    _check_probabilities(p, "p", axis, f"along axis {user_axis}")
+    _check_probabilities(q, "q", axis, f"along axis {user_axis}")
     r, sp, sq, Ep, Eq = _log_ratio_on_support(xp, p, q, axis)
     inf = xp.asarray(float("inf"), dtype=xp.float64)
     hi = xp.max(xp.where(sp, r, -inf), axis=axis)
@@ -490,11 +540,11 @@ def funk_distance_logits(z: Any, w: Any, /, *, axis: int = -1):
     0.69314718056
     """
     z, w, origin = _foreign_pair(z, w, ("z", "w"))
-    z = as_float_array(z, "z", min_ndim=1)
-    w = as_float_array(w, "w", min_ndim=1)
+    z = as_float_array(z, "z", min_ndim=1, allow_empty=True)
+    w = as_float_array(w, "w", min_ndim=1, allow_empty=True)
     xp = array_namespace(z, w)
     z, w = _broadcast_pair(xp, z, w, ("z", "w"))
-    axis = check_axis(axis, z.ndim)
+    axis = _vector_axis(axis, z, "z", w, "w")
     z = f64(xp, z)
     w = f64(xp, w)
     f = _funk_logits(xp, z, w, axis)
@@ -548,6 +598,9 @@ def _pdist_reference(X, *, kind, tile_size, n_threads, progress=None):
 
 
 def _cdist_reference(XA, XB, *, kind, tile_size, n_threads, progress=None):
+    if XA.shape[0] == 0 or XB.shape[0] == 0:
+        xp = array_namespace(XA, XB)
+        return xp.zeros((XA.shape[0], XB.shape[0]), dtype=xp.float64)
     if kind == "logits":
         return _pairwise_logits_reference(XA, XB, triangle=False)
     return _pairwise_probabilities_reference(XA, XB, triangle=False)
@@ -598,6 +651,8 @@ def _pdist_cython(X, *, kind, tile_size, n_threads, progress=None):
     Z = _as_kernel_input(X, kind)
     n = Z.shape[0]
     out = np.empty(n * (n - 1) // 2, dtype=np.float64)
+    if out.size == 0:  # fewer than two rows: no pairs (and a tile of 0 rows)
+        return out
     fn = getattr(_tropical, "pdist_logits" + _kernel_suffix(Z))
     # at most n rows per tile: a larger tile_size only over-allocates the tile buffers
     tile = min(tile_size or _DEFAULT_TILE_ROWS, n)
@@ -605,9 +660,26 @@ def _pdist_cython(X, *, kind, tile_size, n_threads, progress=None):
        progress=_tropical_hook(progress, n, n, tile))
     if kind == "logits" and not np.all(np.isfinite(out)):
         # a difference overflowed in the kernel's dtype (float32 logits near 3e38, or
-        # float64 near 1e308): the float64 reference handles those
-        return np.asarray(_pairwise_logits_reference(X, X, triangle=True))
+        # float64 near 1e308): those pairs take the float64 reference
+        k = np.flatnonzero(~np.isfinite(out))
+        # condensed index k -> (i, j): row i's pairs start at i n - i (i + 1) / 2
+        rows = np.arange(n, dtype=np.int64)
+        i = np.searchsorted(rows * n - rows * (rows + 1) // 2, k, side="right") - 1
+        _overflowed_pairs(out, k, X, i, X, k - (i * n - i * (i + 1) // 2) + i + 1)
     return out
+
+
+def _overflowed_pairs(out, k, XA, ia, XB, ib):
+    """``out[k] = d(XA[ia], XB[ib])`` by the float64 reference (the halves where a
+    difference overflows), in blocks of a few MB.  Only those pairs: recomputing
+    the whole result made every other float32 value depend on the rest of the rows
+    (differenced in float64 when one unrelated pair overflowed), and 9x slower."""
+    A = np.asarray(XA, dtype=np.float64)
+    B = np.asarray(XB, dtype=np.float64)
+    block = max(1, _REF_BLOCK_ELEMENTS // max(A.shape[1], 1))
+    for s in range(0, k.size, block):
+        sl = slice(s, s + block)
+        out[k[sl]] = _difference_range(np, A[ia[sl]], B[ib[sl]], 1)
 
 
 def _cdist_cython(XA, XB, *, kind, tile_size, n_threads, progress=None):
@@ -619,12 +691,16 @@ def _cdist_cython(XA, XB, *, kind, tile_size, n_threads, progress=None):
         A = A.astype(np.float64)
         B = B.astype(np.float64)
     out = np.empty((A.shape[0], B.shape[0]), dtype=np.float64)
+    if out.size == 0:  # no rows on one side: no pairs (and a tile of 0 rows)
+        return out
     fn = getattr(_tropical, "cdist_logits" + _kernel_suffix(A))
     tile = min(tile_size or _DEFAULT_TILE_ROWS, A.shape[0])
     fn(A, B, out, tile, _DEFAULT_CHUNK, _tropical_threads(n_threads, A.shape[0], B.shape[0], tile),
        progress=_tropical_hook(progress, A.shape[0], B.shape[0], tile))
     if kind == "logits" and not np.all(np.isfinite(out)):
-        return np.asarray(_pairwise_logits_reference(XA, XB, triangle=False))  # see _pdist_cython
+        ia, ib = np.nonzero(~np.isfinite(out))  # see _pdist_cython
+        flat = out.reshape(-1)  # a view: out is C-contiguous
+        _overflowed_pairs(flat, ia * out.shape[1] + ib, XA, ia, XB, ib)
     return out
 
 
@@ -646,9 +722,12 @@ _CDIST = _backend.KernelInfo(
 
 
 def _check_pairwise_input(X, name, kind):
-    X = as_float_array(X, name, ndim=2, shape_hint="2-D array of shape (n, V)")
+    X = as_float_array(X, name, ndim=2, shape_hint="2-D array of shape (n, V)",
+                       keep_zeros=kind == "probabilities", allow_empty=True)
+    if X.shape[1] == 0:  # no rows is no pairs (an empty result, as SciPy's pdist)
+        raise ValueError(f"{name} must have at least one column (V >= 1), got shape {tuple(X.shape)} instead.")
     if kind == "probabilities":
-        _check_probabilities(X, name, 1)
+        _check_probabilities(X, name, 1, "in each row", "row")
     return X
 
 
@@ -735,8 +814,10 @@ def pdist_hilbert(
     Precision: float64 input gives exactly the reference's values (each difference is
     rounded once, max and min are exact).  float32 input is differenced in float32:
     each returned value is within ``2**-24 * (|max_k d_k| + |min_k d_k|)`` of the
-    float64 reference.  Probabilities are turned into float64 logs first; rows with
-    zeros use the support-aware reference.
+    float64 reference (pairs whose float32 difference overflows, near 3e38, are
+    differenced in float64; the other pairs keep their float32 values).
+    Probabilities are turned into float64 logs first; rows with zeros use the
+    support-aware reference.
 
     Examples
     --------
@@ -747,7 +828,7 @@ def pdist_hilbert(
     """
     kind = check_choice(kind, "kind", _KINDS)
     form = check_choice(form, "form", ("condensed", "square"))
-    X, origin = from_foreign(X, "X")
+    X, origin = _from_caller(X, "X")
     X = _check_pairwise_input(X, "X", kind)
     tile_size = _tile_option(tile_size)
     n_threads = _threads_option(n_threads)
@@ -846,7 +927,7 @@ def cdist_hilbert(
 
 
 def _check_distance(d):
-    d, origin = from_foreign(d, "d")
+    d, origin = _from_caller(d, "d")
     d = as_float_array(d, "d", allow_empty=True, finite=False)
     xp = array_namespace(d)
     if bool(xp.any(xp.isnan(d))) or bool(xp.any(d < 0)):

@@ -116,6 +116,23 @@ def test_hilbert_zero_iff_proportional(p):
     assert float(refgeo.hilbert_distance(p, 3.0 * p)) <= 1e-14
 
 
+@given(seed=st.integers(0, 2**32 - 1), spread=st.floats(1.0, 60.0), c=st.floats(1.0, 10.0))
+@example(seed=3, spread=15.0, c=3.0)  # a softmax reaching 4e-44: 1.4e-14 (the docstring's case)
+def test_hilbert_of_proportional_softmaxes_is_a_few_ulps_of_their_largest_log(seed, spread, c):
+    """The documented error: a few ulps of the largest log of an entry relative to its
+    vector's largest, for softmax vectors whose entries span up to e^-400 (the
+    strategy above draws entries in [1e-6, 1] only)."""
+    z = np.random.default_rng(seed).standard_normal(300) * spread
+    p = np.exp(z - z.max())
+    p /= p.sum()
+    assume(np.all(p > 0) and np.all(c * p > 0))
+    largest = float(np.max(np.abs(np.log(p / p.max()))))
+    for q in (c * p, p * 2.0**-60):
+        d = float(refgeo.hilbert_distance(p, q))
+        assert 0.0 <= d <= 8 * EPS64 * (1.0 + largest)
+    assert float(refgeo.hilbert_distance(p, p * 2.0**-60)) == 0.0  # powers of two: exact
+
+
 @given(logit_pairs(), st.floats(-1e4, 1e4), st.floats(-1e4, 1e4))
 def test_logit_form_is_shift_invariant(zw, a, b):
     z, w = zw
@@ -360,6 +377,37 @@ def test_pdist_single_row_is_empty():
     assert refgeo.pdist_hilbert(np.zeros((1, 4))).shape == (0,)
 
 
+def test_an_all_zero_row_is_named():
+    """The message named the normalized axis ("axis 1") and no row."""
+    P = np.array([[1.0, 1.0], [1.0, 2.0], [0.0, 0.0]])
+    with pytest.raises(ValueError, match=re.escape("X must have at least one positive entry in each row, "
+                                                   "got an all-zero row at index 2 instead.")):
+        refgeo.pdist_hilbert(P, kind="probabilities")
+    with pytest.raises(ValueError, match=re.escape("XB must have at least one positive entry in each row")):
+        refgeo.cdist_hilbert(P[:2], P, kind="probabilities")
+
+
+@pytest.mark.parametrize("kind", ["logits", "probabilities"])
+def test_no_vectors_give_empty_results(backend, kind):
+    """An empty batch (no tokens selected) was refused as "must be non-empty"; NumPy's
+    reductions over the other axis give an empty result, as SciPy's pdist of no rows
+    does.  A vector with no entries stays an error."""
+    E = np.zeros((0, 3))
+    X = np.full((2, 3), 0.5)
+    assert refgeo.pdist_hilbert(E, kind=kind).shape == (0,)
+    assert refgeo.pdist_hilbert(E, kind=kind, form="square").shape == (0, 0)
+    assert refgeo.cdist_hilbert(E, X, kind=kind).shape == (0, 2)
+    assert refgeo.cdist_hilbert(X, E, kind=kind).shape == (2, 0)
+    batch = np.zeros((0, 4, 3))
+    fns = ([refgeo.hilbert_distance_logits, refgeo.funk_distance_logits] if kind == "logits"
+           else [refgeo.hilbert_distance, refgeo.funk_distance])
+    for fn in fns:
+        assert fn(batch, batch).shape == (0, 4)
+        assert fn(batch, np.full(3, 0.25)).shape == (0, 4)  # broadcast against one vector
+        assert fn(np.full((2, 0, 3), 0.5), np.full((2, 0, 3), 0.5), axis=0).shape == (0, 3)
+    assert refgeo.variation(batch).shape == (0, 4)
+
+
 # ------------------------------------------------------------------- memory layout
 
 _LAYOUT_CASES = {
@@ -420,7 +468,10 @@ def test_max_minus_min_reads_any_layout_without_a_copy(name):
 
 BAD_INPUT_CASES = [
     (refgeo.variation, ([1.0, np.nan],), ValueError, "x must contain only finite values, got 1 NaN"),
-    (refgeo.variation, ([],), ValueError, "x must be non-empty, got shape (0,) instead."),
+    (refgeo.variation, ([],), ValueError, "x must have at least one entry along axis -1, got shape (0,) instead."),
+    (refgeo.hilbert_distance_logits, (np.zeros((2, 0)), np.zeros((2, 0)), ), ValueError, "z must have at least one entry along axis -1, got shape (2, 0)"),
+    (refgeo.hilbert_distance, (np.ones((2, 3)), np.zeros((3, 2)) + 0.5), ValueError, "p and q must have broadcastable shapes"),
+    (refgeo.hilbert_distance, (np.array([[1.0, 1.0], [0.0, 0.0]]), [0.5, 0.5]), ValueError, "p must have at least one positive entry along axis -1, got an all-zero vector at index 1 instead."),
     (refgeo.variation, ("abc",), TypeError, "x must be an array of real numbers"),
     (refgeo.variation, ([1 + 2j],), TypeError, "x must have a real floating dtype"),
     (refgeo.hilbert_distance_logits, ([1.0, np.inf], [0.0, 0.0]), ValueError, "z must contain only finite"),
@@ -429,7 +480,7 @@ BAD_INPUT_CASES = [
     (refgeo.hilbert_distance, ([0.5, 0.5], [0.0, 0.0]), ValueError, "q must have at least one positive entry"),
     (refgeo.funk_distance, ([0.5, np.nan], [0.5, 0.5]), ValueError, "p must contain only finite values"),
     (refgeo.pdist_hilbert, (np.zeros(5),), ValueError, "X must be a 2-D array of shape (n, V), got shape (5,) instead."),
-    (refgeo.pdist_hilbert, (np.zeros((0, 5)),), ValueError, "X must be non-empty"),
+    (refgeo.pdist_hilbert, (np.zeros((3, 0)),), ValueError, "X must have at least one column (V >= 1), got shape (3, 0) instead."),
     (refgeo.cdist_hilbert, (np.zeros((2, 5)), np.zeros((2, 4))), ValueError, "XA and XB must have the same number of columns"),
     (refgeo.tv_bound, (-1.0,), ValueError, "d must be a Hilbert distance"),
     (refgeo.ce_bound, (np.nan,), ValueError, "d must be a Hilbert distance"),
@@ -471,6 +522,49 @@ def test_logits_at_the_edge_of_the_float_range(backend, dtype, big):
     np.testing.assert_array_equal(refgeo.pdist_hilbert(X), want)
     np.testing.assert_array_equal(refgeo.cdist_hilbert(X, X[:2]), [[0, 0], [0, 0], [b, b], [b, b]])
     assert refgeo.hilbert_distance_logits(X[0], X[1]) == 0.0
+
+
+def test_a_float32_value_does_not_depend_on_the_other_rows(backend):
+    """One pair whose float32 difference overflowed sent the whole result to the
+    float64 reference: every other value changed (1.9999998808 became 1.99999994).
+    Now only the overflowed pairs are differenced in float64, so a pair's value is
+    the one it has among its own two rows."""
+    X = np.array([[1.0, 3e-8, 0.0], [3e-8, 1.0, 0.0]], np.float32)
+    big = np.array([[3e38, 0, 0], [-3e38, 0, 0]], np.float32)
+    Y = np.vstack([X, big])
+    D = refgeo.pdist_hilbert(Y, form="square")
+    for i in range(4):
+        for j in range(4):
+            if i != j:
+                assert D[i, j] == refgeo.pdist_hilbert(Y[[i, j]])[0], (i, j)
+    C = refgeo.cdist_hilbert(X, Y)
+    np.testing.assert_array_equal(C, D[:2])
+    b = float(np.float32(3e38))
+    assert D[2, 3] == 2 * b and math.isfinite(D[2, 3])  # the overflowed pair: float64
+
+
+def test_long_double_probabilities_keep_their_support():
+    """Long-double probabilities below the float64 range became 0 in the conversion,
+    which changes the support: hilbert_distance([1e-400, 1], [1, 1]) was inf (it is
+    log 1e400 = 921.03), and [1e-400, 2e-400] was called an all-zero vector.  They are
+    refused, naming the argument; the logits functions take the logs."""
+    L = np.longdouble
+    if np.finfo(L).tiny >= np.finfo(np.float64).tiny:
+        pytest.skip("long double is float64 on this platform")
+    p = np.array([L("1e-400"), L(1)])
+    q = np.array([L(1), L(1)])
+    for call, name in ((lambda: refgeo.hilbert_distance(p, q), "p"),
+                       (lambda: refgeo.hilbert_distance(q, np.array([L("1e-400"), L("2e-400")])), "q"),
+                       (lambda: refgeo.funk_distance(q, p), "q"),
+                       (lambda: refgeo.pdist_hilbert(np.stack([q, p]), kind="probabilities"), "X"),
+                       (lambda: refgeo.cdist_hilbert(q[None], p[None], kind="probabilities"), "XB")):
+        with pytest.raises(ValueError, match=rf"^{name} must have nonzero entries within the float64 range"):
+            call()
+    # as logits the same numbers are ordinary: log(1e-400) = -921.03
+    z = np.log(p).astype(np.float64)
+    assert refgeo.hilbert_distance_logits(z, np.zeros(2)) == pytest.approx(400 * math.log(10), rel=1e-12)
+    # long-double logits below the range are fine as they are (an absolute error of 1e-400)
+    assert refgeo.pdist_hilbert(np.stack([q, p]))[0] == 1.0
 
 
 def _decimal_funk_logits(z, w):
@@ -605,3 +699,26 @@ def test_variation_refuses_an_axis_past_the_last_masked_entries_and_unrepresenta
         refgeo.variation(np.ma.masked_array([3.0, -1.0, 100.0], mask=[False, False, True]))
     with pytest.raises(ValueError, match=r"^x must have integer entries of magnitude at most 2\*\*53"):
         refgeo.variation(np.array([2**62, 2**62 + 1], dtype=np.int64))
+
+
+def test_dask_arrays_are_refused_by_name():
+    """The Hilbert functions are not distributed: on Dask input their checks forced a
+    compute each (40 graphs for a 40-row pdist) while the arithmetic stayed lazy,
+    outside the overflow guards (warnings reached the caller's compute())."""
+    da = pytest.importorskip("dask.array")
+    Z = da.from_array(np.array([[0.0, 1.0], [1e308, -1e308]]), chunks=1)
+    P = da.from_array(np.full((3, 2), 0.5), chunks=1)
+    cases = [
+        (lambda: refgeo.variation(Z), "x"),
+        (lambda: refgeo.hilbert_distance_logits(Z, np.zeros(2)), "z"),
+        (lambda: refgeo.hilbert_distance_logits(np.zeros(2), Z), "w"),
+        (lambda: refgeo.funk_distance_logits(Z, Z), "z"),
+        (lambda: refgeo.hilbert_distance(P, P), "p"),
+        (lambda: refgeo.funk_distance(np.full(2, 0.5), P), "q"),
+        (lambda: refgeo.pdist_hilbert(Z), "X"),
+        (lambda: refgeo.cdist_hilbert(np.zeros((1, 2)), Z), "XB"),
+        (lambda: refgeo.tv_bound(da.from_array(np.ones(3))), "d"),
+    ]
+    for call, name in cases:
+        with pytest.raises(TypeError, match=rf"^{name} must be a NumPy, torch, JAX or CuPy array, got a Dask array"):
+            call()
