@@ -976,7 +976,7 @@ def ce_bound(d: Any, /):
     Returns
     -------
     b : float or ndarray
-        Upper bound on :math:`\max_c |\log p_c - \log q_c|`, which equals ``d``.
+        Upper bound on :math:`\max_c |\log p_c - \log q_c|`: the bound is ``d`` itself.
 
     Notes
     -----
