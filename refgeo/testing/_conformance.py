@@ -472,7 +472,8 @@ _register(
         arg_names=("G",),
         reference=_ref("projected_rownorm"),
         compare=_cmp_projected_rownorm,
-        strategy=lambda dts: _scenarios(("cross_entropy", "rank_one", "sparse"), lambda s: _rownorm_lmo_case(dts, s)),
+        strategy=lambda dts: _scenarios(("cross_entropy", "rank_one", "sparse", "zipf"),
+                                        lambda s: _rownorm_lmo_case(dts, s)),
     )
 )
 _register(
