@@ -275,6 +275,18 @@ def test_knn_rounded_tie_is_not_an_exact_tie():
         rt.assert_knn_close([[3, 1, 2]] + rest, None, ref, X)
 
 
+def test_a_wrong_neighbor_is_reported_with_plain_numbers():
+    """The reference's distance was printed as ``np.float64(0.0)`` (its repr under
+    NumPy 2) in the middle of the message."""
+    X = np.array([[0.0, 0.0], [0.0, 0.0], [3.0, 0.0], [7.0, 0.0]])
+    ref = refgeo.knn(X, 1)
+    wrong = ref.indices.copy()
+    wrong[0, 0] = 2  # at distance 3, where the reference's neighbor is at 0
+    with pytest.raises(ConformanceError, match=re.escape("at that rank is at 0.0 (difference 3 >")) as info:
+        rt.assert_knn_close(wrong, None, ref, X)
+    assert "np.float64" not in str(info.value)
+
+
 def test_catches_wrong_knn_tie_breaking():
     err = _caught(lambda X, k: direct_knn(X, k, reverse_ties=True), "knn")
     assert err.reason.startswith("wrong tie-breaking")

@@ -15,8 +15,9 @@ Conventions:
   ``with_runtime(params, names)``.  ``environment()``
   also prints the full details (with refgeo's config) to the benchmark's stderr; call it
   from ``setup``.
-- speed ratios against a baseline are measured in the same process with ``best_time``
-  (``track_speedup_vs_*``, unit ``"x"``); roofline fractions come from
+- speed ratios against a baseline are measured in the same process with ``speed_ratio``
+  (``track_speedup_vs_*``, unit ``"x"``: the two sides interleaved, the same number of
+  calls each); roofline fractions come from
   ``roofline_fraction`` (GEMM rate and kernel time interleaved);
 - ``best_time`` takes the best of ``REPEAT`` calls: 3, or ``REFGEO_BENCH_REPEAT`` (CI's
   smoke run sets 1: its numbers are not measurements, and the repeats were a third of
@@ -200,6 +201,19 @@ def best_time(fn, repeat: int | None = None) -> float:
         fn()
         best = min(best, time.perf_counter() - t0)
     return best
+
+
+def speed_ratio(baseline, candidate, rounds: int | None = None) -> float:
+    """Best time of ``baseline`` over best time of ``candidate``, the two called
+    alternately ``rounds`` times each (default ``REPEAT``): the same number of samples on
+    both sides, from the same stretch of a shared machine's load.  (One baseline call
+    against the best of two refgeo calls moved a ratio by 1.5x on a busy 2-core machine,
+    always in refgeo's favor.)  Every ``track_speedup_*`` uses this one definition."""
+    t_base = t_cand = float("inf")
+    for _ in range(REPEAT if rounds is None else rounds):
+        t_base = min(t_base, best_time(baseline, 1))
+        t_cand = min(t_cand, best_time(candidate, 1))
+    return t_base / t_cand
 
 
 def dgemm_rate(n: int = 2048, dtype=np.float64) -> float:

@@ -32,7 +32,7 @@ import time
 
 import numpy as np
 
-from ._common import best_time, environment, realistic, records_runtime, refgeo, require_backend, rng
+from ._common import best_time, environment, realistic, records_runtime, refgeo, require_backend, rng, speed_ratio
 
 try:
     from refgeo._lm_gradients import lm_gradient
@@ -176,7 +176,7 @@ class GPUExtremePairs:
         gpu, ref = self._diameter(), cpu()
         if (gpu.value, gpu.i, gpu.j) != (ref.value, ref.i, ref.j):  # the same certified pair
             raise AssertionError(f"cupy {gpu} != cython {ref}")
-        return best_time(cpu, 1) / best_time(self._diameter, 2)
+        return speed_ratio(cpu, self._diameter)
 
     track_speedup_vs_cython.unit = "x"
 
@@ -234,7 +234,7 @@ class GPUKNN:
         got, want = self._run(), cpu()
         if not np.array_equal(cp.asnumpy(got.indices), want.indices):
             raise AssertionError("cupy and cython k-NN indices differ")
-        return best_time(cpu, 1) / best_time(self._run, 2)
+        return speed_ratio(cpu, self._run)
 
     track_speedup_vs_cython.unit = "x"
 
@@ -267,6 +267,6 @@ class CUDATensors:
 
     def track_tensor_over_cupy(self, V_d):
         """row_diameter time of the CUDA tensor over that of the same CuPy array."""
-        return best_time(lambda: refgeo.row_diameter(self.T), 3) / best_time(lambda: refgeo.row_diameter(self.S), 3)
+        return speed_ratio(lambda: refgeo.row_diameter(self.T), lambda: refgeo.row_diameter(self.S), 3)
 
     track_tensor_over_cupy.unit = "x"

@@ -10,13 +10,13 @@ import numpy as np
 from ._common import (
     BACKENDS,
     DTYPES,
-    best_time,
     environment,
     realistic,
     refgeo,
     require_backend,
     records_runtime,
     rng,
+    speed_ratio,
 )
 
 
@@ -57,7 +57,7 @@ class PdistLogits:
 
     def track_speedup_vs_numpy_loop(self, n_V, dtype, backend):
         """Speed ratio against the plain NumPy row loop, measured in the same process."""
-        return best_time(lambda: _numpy_loop(self.Z), 1) / best_time(self._run, 2)
+        return speed_ratio(lambda: _numpy_loop(self.Z), self._run)
 
     track_speedup_vs_numpy_loop.unit = "x"
 
@@ -66,7 +66,7 @@ class PdistLogits:
         from scipy.spatial.distance import pdist
 
         Z = self.Z
-        return best_time(lambda: pdist(Z, metric="chebyshev"), 1) / best_time(self._run, 2)
+        return speed_ratio(lambda: pdist(Z, metric="chebyshev"), self._run)
 
     track_speedup_vs_scipy_chebyshev.unit = "x"
 
@@ -110,6 +110,6 @@ class CdistLogits:
         """Speed ratio against scipy cdist(metric="chebyshev") (same reduction shape)."""
         from scipy.spatial.distance import cdist
 
-        return best_time(lambda: cdist(self.A, self.B, metric="chebyshev"), 1) / best_time(self._run, 2)
+        return speed_ratio(lambda: cdist(self.A, self.B, metric="chebyshev"), self._run)
 
     track_speedup_vs_scipy_chebyshev.unit = "x"

@@ -7,7 +7,7 @@ stay at or above 1/1.1.  The sizes are those of the acceptance benchmarks
 in CI, realistic with ``REFGEO_BENCH_SIZE=realistic``.  Skips without torch.
 """
 
-from ._common import best_time, environment, realistic, records_runtime, refgeo, require_backend, rng
+from ._common import best_time, environment, realistic, records_runtime, refgeo, require_backend, rng, speed_ratio
 
 try:  # imported with the module: asv's forkserver (used in CI) then imports torch once
     import torch as _torch
@@ -23,11 +23,7 @@ def _interleaved_ratio(numpy_call, torch_call, budget: float = 0.5) -> float:
     numpy_call()
     once = best_time(torch_call, 1)  # also warms up: the first call pays for imports and threads
     repeat = max(3, min(200, int(budget / max(once, 1e-6))))
-    t_np = t_torch = float("inf")
-    for _ in range(repeat):
-        t_np = min(t_np, best_time(numpy_call, 1))
-        t_torch = min(t_torch, best_time(torch_call, 1))
-    return t_np / t_torch
+    return speed_ratio(numpy_call, torch_call, repeat)
 
 
 def _require_torch():

@@ -872,7 +872,7 @@ def assert_knn_close(
             if not (abs(dist - ref_dist[r, c]) <= tol[r, c]):
                 raise ConformanceError(
                     f"row {r}, rank {c}: neighbor {int(row[c])} is at distance {dist!r}, but the reference's "
-                    f"neighbor {int(ref_idx[r, c])} at that rank is at {ref_dist[r, c]!r} (difference "
+                    f"neighbor {int(ref_idx[r, c])} at that rank is at {float(ref_dist[r, c])!r} (difference "
                     f"{abs(dist - ref_dist[r, c]):.3g} > tolerance {tol[r, c]:.3g}).",
                     expected=expected,
                     got=got,
