@@ -51,6 +51,16 @@ sum (about ``sqrt(d) 2**-537 m``), not a relative one (entries more than ``2**10
 times smaller than ``m`` are themselves subnormal once scaled).  float32 rows are never
 scaled: their squares always fit in float64.
 
+Input dtypes
+------------
+float32 and float64 rows are used as they are.  Every other real input is read as
+float64: integers and booleans (exactly; integers beyond 2**53, which float64 would
+round, raise ``ValueError``), NumPy float16 (exactly) and NumPy long double (rounded
+once to float64: rows that only long double tells apart become equal rows, and the
+certified answers are those of the rounded rows).  Torch and JAX bfloat16, float16 and
+float8 tensors are upcast to float32 (exactly; the results' ``converted_from`` names
+the dtype); integer and boolean tensors are a ``TypeError``.
+
 Progress
 --------
 The engine functions take ``progress=False|True|callable``.  ``True`` shows a tqdm bar
@@ -485,6 +495,12 @@ def _engine_rows(S, name="S"):
     return _check_rows(S, name), origin
 
 
+def _long_double(x) -> bool:
+    """Whether ``x`` was a NumPy array wider than float64 (read as float64, rounded)."""
+    dt = getattr(x, "dtype", None)
+    return isinstance(dt, np.dtype) and dt.kind == "f" and dt.itemsize > 8
+
+
 def _converted(*origins) -> str | None:
     return next((o.converted_from for o in origins if o is not None and o.converted_from), None)
 
@@ -542,7 +558,8 @@ def row_diameter(
     S : array_like of shape (V, d)
         Finite rows, ``V >= 2``.  float32 and float64 are kept; integer and boolean
         inputs are converted to float64 (integers of magnitude above 2**53, which it
-        would round, raise ``ValueError``).  A torch tensor (CPU: viewed zero-copy, run
+        would round, raise ``ValueError``), NumPy float16 and long double too (long
+        double rounded once: see the module's "Input dtypes").  A torch tensor (CPU: viewed zero-copy, run
         on the compiled engine; CUDA: through CuPy) is accepted as well; bfloat16,
         float16 and float8 tensors are upcast to float32 (``converted_from`` says so),
         and integer and boolean tensors are a ``TypeError`` (convert them explicitly).
@@ -721,7 +738,12 @@ def distance_ratio(
     Returns
     -------
     rho : float
-        ``closest_pair(S).value / row_diameter(S).value`` (both certified).
+        The certified closest distance over the certified diameter, both of the rows
+        scaled by the same power of two (see the module's "The whole float range"):
+        ``closest_pair(S).value / row_diameter(S).value`` wherever both are normal
+        floats, and finite also where the diameter itself exceeds the float64 range
+        (which :func:`row_diameter` refuses) or the closest distance is subnormal
+        (which :func:`closest_pair` rounds).
 
     Raises
     ------
@@ -747,6 +769,7 @@ def distance_ratio(
     >>> refgeo.distance_ratio(np.array([[0.0], [1.0], [3.0]]))
     0.3333333333333333
     """
+    S_in = S
     S, _ = _engine_rows(S)
     tile_size = _tile_option(tile_size)
     n_threads = _threads_option(n_threads)
@@ -759,7 +782,8 @@ def distance_ratio(
         D = _extreme_pair_run(_DIAMETER, S, tile_size, n_threads, bar, found)[2][0]
         if D == 0.0:
             raise ValueError(
-                "S must have at least two distinct rows for the distance ratio, got all rows equal instead."
+                "S must have at least two distinct rows for the distance ratio, got all rows equal instead"
+                + (" (after rounding long double to float64)." if _long_double(S_in) else ".")
             )
         m = _extreme_pair_run(_CLOSEST, S, tile_size, n_threads, bar, found)[2][0]
         bar.finish()

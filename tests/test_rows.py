@@ -492,6 +492,33 @@ def test_distance_ratio_all_equal_rows():
         refgeo.distance_ratio(np.ones((3, 2)))
 
 
+@pytest.mark.skipif(np.finfo(np.longdouble).eps >= np.finfo(np.float64).eps, reason="long double is float64 here")
+def test_long_double_rows_that_round_together_are_said_to():
+    """Rows 2**-60 apart are distinct in long double and equal once read as float64:
+    the error said "all rows equal" of rows that were not, without a word on the
+    conversion."""
+    S = np.array([[1.0], [1.0]], dtype=np.longdouble)
+    S[1, 0] += np.longdouble(2) ** -60
+    assert S[1, 0] != S[0, 0]
+    with pytest.raises(ValueError, match=re.escape("got all rows equal instead (after rounding long double to float64).")):
+        refgeo.distance_ratio(S)
+    assert refgeo.row_diameter(S).value == 0.0  # the documented reading: the rounded rows
+
+
+def test_distance_ratio_is_the_ratio_of_the_scaled_rows():
+    """As documented: where the public values are rounded (a subnormal closest distance)
+    or out of range (a diameter beyond float64), the ratio is still that of the rows."""
+    t = 5e-324
+    S = np.array([[0.0, 0.0], [3 * t, 3 * t], [1000 * t, 0.0]])
+    exact = 3 * math.sqrt(2) / 1000  # |(3t, 3t)| / |(1000t, 0)|
+    assert refgeo.distance_ratio(S) == pytest.approx(exact, rel=1e-15)
+    assert refgeo.closest_pair(S).value / refgeo.row_diameter(S).value != pytest.approx(exact, rel=1e-3)
+    big = np.array([[1e308, 0.0], [-1e308, 0.0], [-1e308, 1e300]])
+    with pytest.raises(ValueError, match="beyond the float64 range"):
+        refgeo.row_diameter(big)
+    assert refgeo.distance_ratio(big) == pytest.approx(5e-9, rel=1e-15)  # 1e300 / 2e308
+
+
 def test_backward_bound_checks_the_residual_length():
     with pytest.raises(ValueError, match=re.escape("r must have 2 entries per residual")):
         refgeo.backward_bound(np.eye(2), np.array([1.0, 0.0, -1.0]))

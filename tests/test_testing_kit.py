@@ -913,6 +913,13 @@ def test_row_clouds_are_never_one_repeated_row_and_hold_no_subnormals(S, zw):
         assert not np.any((x != 0) & (np.abs(x) < np.finfo(x.dtype).tiny))
 
 
+@settings(max_examples=20)
+@given(rst.row_clouds(n_rows=1, structures=("near_ties",)))
+def test_near_ties_of_one_row(S):
+    # the extreme pair of one row does not exist: the nudge goes to row 0
+    assert S.shape[0] == 1 and np.isfinite(S).all()
+
+
 @settings(max_examples=40)
 @given(rst.centered_gradients(structures=("zipf",), n_rows=(6, 12), dtypes="float64"))
 def test_zipf_gradients_are_nearly_rank_one_with_rows_of_many_sizes(G):
