@@ -24,14 +24,22 @@ settings.register_profile(
     print_blob=True,
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large, HealthCheck.function_scoped_fixture],
 )
-# "ci-rerun": the ci profile with a quarter of the examples, for CI's second and third
-# passes over the same tests (the reference backend, the installed wheel), which check
-# the code in another configuration after the first pass explored it with 100 examples
-# a test (each pass cost about 9 minutes of the 2 cores with 100).
+# "ci-rerun": the ci profile with a quarter of the examples, for CI's second pass over
+# the same tests (the reference backend), which checks the code in another configuration
+# after the first pass explored it with 100 examples a test (the pass cost about 9
+# minutes of the 2 cores with 100).
 settings.register_profile(
     "ci-rerun",
     parent=settings.get_profile("ci"),
     max_examples=25,
+)
+# "ci-smoke": a few examples a test, for the suite against the installed wheel, which
+# checks the packaging (the compiled extension, data files, imports outside the
+# checkout), not the mathematics the first two passes explored.
+settings.register_profile(
+    "ci-smoke",
+    parent=settings.get_profile("ci"),
+    max_examples=5,
 )
 settings.register_profile(
     "nightly",
