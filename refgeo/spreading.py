@@ -594,8 +594,10 @@ def _slsqp_iteration_seconds(V: int, d: int) -> float:
 def _smooth_seconds(V: int, d: int, k: int, max_rounds: int) -> float:
     """Rough time of ``max_rounds`` rounds of the smooth iteration: about 25 gradient
     steps of O(V k d) per round (3e-8 s per V k d, measured from 2.4e-8 at (150, 40)
-    to 6e-8 at (1100, 64)) and one O(V^2 d) neighborhood refresh (1e-10 s per V^2 d)."""
-    return max_rounds * (25 * 3e-8 * V * min(k, V) * d + 1e-10 * float(V) * V * d)
+    to 6e-8 at (1100, 64)) and one neighborhood refresh, two exact k-NN passes (1e-10 s
+    per V^2 (d + 32): 0.19 s at (5000, 5), 2.1 s at (20000, 64), 3.9 s at (40000, 5);
+    the heaps' work per pair counts in low d)."""
+    return max_rounds * (25 * 3e-8 * V * min(k, V) * d + 1e-10 * float(V) * V * (d + 32))
 
 
 def spread(
@@ -676,8 +678,9 @@ def spread(
         ``max_rounds`` rounds.  Outside the budget: building the constructions (the
         lattice shell subsets take seconds at d = 24 to 32 with V in the thousands:
         2 to 3 s at (3000, 24) on the 2-core CI machine), the smooth iteration's first
-        neighbor refresh (two exact k-NN passes, O(V^2 d): about 10 s at (40000, 5)),
-        and the final certification.  An SLSQP iteration of the epigraph method
+        neighbor refresh (two exact k-NN passes, O(V^2 d): about 4 s at (40000, 5);
+        ``"auto"`` starts the iteration only where one round is estimated to fit
+        ``max_time``, else it returns the start), and the final certification.  An SLSQP iteration of the epigraph method
         cannot be interrupted either, so a call can overrun by one of them:
         ``"auto"`` keeps that below about ``max(max_time, 1)`` seconds by estimate,
         and ``method="epigraph"`` warns (``UserWarning``) when its estimate exceeds
@@ -865,6 +868,10 @@ def spread(
             budget = _RANDOM_TRY_SECONDS if max_time is None else max_time
             if best_c.rho < 0.99 * bound.value and _smooth_seconds(V, d, k, max_rounds) <= budget:
                 method, from_random = "smooth", True
+        elif max_time is not None and _smooth_seconds(V, d, k, 1) > max_time:
+            # one round (its neighbor refresh runs before any deadline check) does not
+            # fit: 2.7 s under max_time=0.5 at (20000, 40), to return the start anyway
+            method = "construction"
         else:
             method = "smooth"
 

@@ -881,6 +881,16 @@ def test_uncertified_coincident_points_have_an_infinite_error_bound():
     assert r.min_dist == 0.0 and r.error_bound == math.inf
 
 
+def test_auto_starts_no_smooth_round_that_cannot_fit_max_time():
+    """The smooth iteration's neighbor refresh runs before its first deadline check:
+    under max_time=0.5 at (20000, 40) the call took 2.7 s and returned the random start.
+    Where one round is estimated not to fit, the start is returned without it."""
+    r = refgeo.spread(2000, 40, max_time=1e-3, seed=0)
+    assert r.init == "random" and r.method == "construction" and r.n_iter == 0 and not r.history
+    assert r.certified and 0.0 < r.ratio <= r.upper_bound
+    assert refgeo.spread(300, 40, max_time=5.0, seed=0).method == "smooth"  # a round that fits
+
+
 @pytest.mark.skipif(not _HAS_EXTENSION, reason="refgeo_ext is not built")
 def test_without_certification_the_compiled_engine_certifies_anyway():
     """``certify=False`` took the float64 Gram estimate, 5x slower than the compiled
