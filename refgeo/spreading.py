@@ -151,7 +151,10 @@ class SpreadResult:
         form, checked against the engine in the tests, or the engine's for the lattice
         balls; only the start is built by :func:`spread`), largest first: the start
         (``init``) is the first, and ``method == "construction"`` says that it is
-        returned unchanged.  Empty for ``init="random"`` or a user start.
+        returned unchanged.  The ratios are those of the constructions as built, in
+        their own coordinates; ``ratio`` is certified on the returned rows, scaled to
+        ``eta`` (each coordinate rounded once), and may differ from its candidate's by
+        a few ulps.  Empty for ``init="random"`` or a user start.
     """
 
     points: np.ndarray
