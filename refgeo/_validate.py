@@ -96,8 +96,8 @@ def as_float_array(
     array-API arrays (CuPy, array-api-strict) stay in their namespace.
     ``contiguous=False`` keeps a NumPy input's layout (no copy), for callers whose
     results are exact whatever the memory order (differences, maxima and minima).
-    ``keep_zeros=True``: where the zeros of ``x`` mean something (the support of a
-    probability vector), a long-double entry too small for float64 is a
+    ``keep_zeros=True``: for non-negative inputs whose zeros mean something (the
+    support of a probability vector), a long-double entry too small for float64 is a
     ``ValueError``, not a new zero.
     """
     if isinstance(x, (str, bytes)) or x is None:
@@ -256,9 +256,14 @@ def _check_float64_range(wide, arr, name: str) -> None:
 
 def _check_no_new_zeros(wide, arr, name: str) -> None:
     """``ValueError`` for nonzero long-double entries that became 0 in float64: where
-    zeros mark a support, that changes the answer (a finite distance became inf)."""
+    zeros mark a support, that changes the answer (a finite distance became inf).
+    A negative one (it became -0.0, which passes a check for entries >= 0) is named
+    as negative: ``keep_zeros`` is for non-negative inputs."""
     lost = (arr == 0) & (wide != 0)
     n = int(np.count_nonzero(lost))
+    if n and bool(np.any(wide[lost] < 0)):
+        small = np.format_float_scientific(np.min(wide[lost]), precision=3, trim="-")
+        raise ValueError(f"{name} must have entries >= 0, got an entry of {small} (long double) instead.")
     if n:
         small = np.format_float_scientific(np.max(np.abs(wide[lost])), precision=3, trim="-")
         raise ValueError(

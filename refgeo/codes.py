@@ -558,8 +558,8 @@ def _kerdock_tagged(q: int, V: int, d: int, tags: bool) -> np.ndarray:
 # most negative inner product kept.  Every point set is enumerated shell by shell
 # (coordinate by coordinate with the partial norm bounded), never from a full box.
 
-# Lattice balls are offered for any V up to the enumeration's limit (about 10^6
-# points): the sphere iteration from random points is no alternative there (ratio 0 at
+# Lattice balls are offered for any V up to the enumeration's limit (2^20 lattice
+# points enumerated: about 4e5 points for the D3 ball): the sphere iteration from random points is no alternative there (ratio 0 at
 # (20001, 1), where every point of the 0-sphere is +-1, 3e-8 against 0.0067 at
 # (20001, 2), and 4e-5 against 0.033 at (20001, 3) when d >= 3 stopped at 20,000
 # points).  Large balls cost seconds (11.7 s for the E8 ball of 200,000 points), as
@@ -1112,8 +1112,8 @@ def _lattice_candidates(V: int, d: int) -> list[_Candidate]:
             out.append(_Candidate("lattice(Z)", 1.0 / (V - 1.0), functools.partial(_line, V),
                                   on_sphere=False, iterate=False))
             continue
-        # D_n balls beyond n = 12 hold V <= 20000 points within two shells, where
-        # the shell subsets and the sphere codes do better
+        # D_n balls beyond n = 12 hold thousands of points within their first two
+        # shells, where the shell subsets and the sphere codes do better
         if lat.ball is not None and 2 * d < V and (n <= 12 or name != f"D{n}"):
             b = _best_ball(lat, V)
             if b is not None:

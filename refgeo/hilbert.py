@@ -152,10 +152,11 @@ def _from_caller(x, name):
     40-row pdist) while the arithmetic stayed lazy, outside ``np.errstate`` (its
     overflow warnings reached the caller's ``compute()``)."""
     if is_dask_array(x):
+        blocks = f"{name}.map_blocks(...)" + (", with the vector axis in one chunk" if name != "d" else "")
         raise TypeError(
             f"{name} must be a NumPy, torch, JAX or CuPy array, got a Dask array instead; the "
-            "Hilbert functions are not distributed: apply them to the blocks "
-            f"({name}.map_blocks(...), with the vector axis in one chunk) or compute first."
+            f"Hilbert functions are not distributed: apply them to the blocks ({blocks}) or "
+            "compute first."
         )
     return from_foreign(x, name)
 

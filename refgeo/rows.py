@@ -496,8 +496,14 @@ def _engine_rows(S, name="S"):
 
 
 def _long_double(x) -> bool:
-    """Whether ``x`` was a NumPy array wider than float64 (read as float64, rounded)."""
+    """Whether ``x`` was NumPy data wider than float64 (read as float64, rounded): an
+    array, or a list of long-double numbers (converted again: only on an error path)."""
     dt = getattr(x, "dtype", None)
+    if dt is None and isinstance(x, (list, tuple)):
+        try:
+            dt = np.asarray(x).dtype
+        except Exception:  # noqa: BLE001 - ragged input was refused before this
+            return False
     return isinstance(dt, np.dtype) and dt.kind == "f" and dt.itemsize > 8
 
 

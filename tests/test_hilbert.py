@@ -117,7 +117,7 @@ def test_hilbert_zero_iff_proportional(p):
 
 
 @given(seed=st.integers(0, 2**32 - 1), spread=st.floats(1.0, 60.0), c=st.floats(1.0, 10.0))
-@example(seed=3, spread=15.0, c=3.0)  # a softmax reaching 4e-44: 1.4e-14 (the docstring's case)
+@example(seed=3, spread=15.0, c=3.0)  # a softmax reaching 1e-40, logs near -92: 2.8e-14
 def test_hilbert_of_proportional_softmaxes_is_a_few_ulps_of_their_largest_log(seed, spread, c):
     """The documented error: a few ulps of the largest log of an entry relative to its
     vector's largest, for softmax vectors whose entries span up to e^-400 (the
@@ -560,6 +560,9 @@ def test_long_double_probabilities_keep_their_support():
                        (lambda: refgeo.cdist_hilbert(q[None], p[None], kind="probabilities"), "XB")):
         with pytest.raises(ValueError, match=rf"^{name} must have nonzero entries within the float64 range"):
             call()
+    # a negative one becomes -0.0, which a check for entries >= 0 lets through
+    with pytest.raises(ValueError, match=r"^p must have entries >= 0, got an entry of -1e-400 \(long double\)"):
+        refgeo.hilbert_distance(np.array([L("-1e-400"), L(1)]), q)
     # as logits the same numbers are ordinary: log(1e-400) = -921.03
     z = np.log(p).astype(np.float64)
     assert refgeo.hilbert_distance_logits(z, np.zeros(2)) == pytest.approx(400 * math.log(10), rel=1e-12)

@@ -913,6 +913,23 @@ def test_row_clouds_are_never_one_repeated_row_and_hold_no_subnormals(S, zw):
         assert not np.any((x != 0) & (np.abs(x) < np.finfo(x.dtype).tiny))
 
 
+@pytest.mark.parametrize("strategy", [
+    rst.logits(n_rows=8, n_cols=128), rst.row_clouds(n_rows=128, n_cols=8), rst.logit_pairs(n_rows=4, n_cols=256),
+    rst.simplex_pairs(n_rows=4, n_cols=256), rst.centered_gradients(n_rows=256, n_cols=1, structures=("zipf",)),
+    rst.row_clouds(n_rows=600, n_cols=16, structures=("near_ties",)),
+], ids=repr)
+def test_large_fixed_sizes_draw(strategy):
+    """Drawn entry by entry, arrays of 1,000 entries failed hypothesis's
+    large_base_example health check before the test ran; near ties of 600 rows built a
+    V x V x d array of differences."""
+    @settings(max_examples=5, database=None, deadline=None)
+    @given(strategy)
+    def draws(x):
+        pass
+
+    draws()
+
+
 @settings(max_examples=20)
 @given(rst.row_clouds(n_rows=1, structures=("near_ties",)))
 def test_near_ties_of_one_row(S):
@@ -922,17 +939,13 @@ def test_near_ties_of_one_row(S):
 
 @settings(max_examples=40)
 @given(rst.centered_gradients(structures=("zipf",), n_rows=(6, 12), dtypes="float64"))
-def test_zipf_gradients_are_nearly_rank_one_with_rows_of_many_sizes(G):
+def test_zipf_gradients_are_nearly_rank_one(G):
     """An LM head's gradient under a large common hidden component: the top singular
-    value carries almost all of it, and the rows of frequent and rare tokens differ in
-    size as their frequencies do, about 1/rank (isotropic Gaussian gradients have
-    neither)."""
+    value carries almost all of it (isotropic Gaussian gradients spread over d)."""
     if not np.any(G):
         return
     s = np.linalg.svd(G, compute_uv=False)
     assert s[0] ** 2 >= 0.9 * np.sum(s**2)
-    norms = np.linalg.norm(G, axis=1)
-    assert norms.max() >= 3.0 * norms.min()
 
 
 @settings(max_examples=30)
