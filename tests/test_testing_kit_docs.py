@@ -26,6 +26,7 @@ import pytest
 from hypothesis import settings
 
 from refgeo.testing import ConformanceError
+from refgeo.testing import strategies as rst
 
 PAGE = pathlib.Path(__file__).resolve().parents[1] / "docs" / "testing.md"
 FENCE = re.compile(r"^```(\w+)\n(.*?)^```\n", re.S | re.M)
@@ -34,9 +35,9 @@ PASSED = re.compile(r"^\w+: the candidate agrees with refgeo's reference")
 HAS_TORCH = importlib.util.find_spec("torch") is not None
 # The page's failure reports come from one version of hypothesis; another version, or
 # the same one in another process (the examples it shrinks to vary with what ran
-# before), may report other inputs.  Under that version the kind of failure and (for
-# NumPy kernels) the scenario must be the page's (the reports once drifted to other
-# scenarios unnoticed).
+# before), may report other inputs.  Under that version the kind of failure must be the
+# page's and (for NumPy kernels) the scenario the page's or an earlier one (the reports
+# once drifted to other scenarios unnoticed; see _not_later).
 _PAGE_HYPOTHESIS = re.search(r"with hypothesis (\d+\.\d+)", PAGE.read_text()) if PAGE.exists() else None
 SAME_HYPOTHESIS = bool(_PAGE_HYPOTHESIS) and hypothesis.__version__.startswith(_PAGE_HYPOTHESIS.group(1) + ".")
 _KIND = re.compile(r"reference for '\w+': (wrong tie-breaking|the value|[^:.]+)")
@@ -47,6 +48,21 @@ def _what_failed(text: str) -> tuple:
     """(kind of failure, scenario or None) of a report."""
     kind, scenario = _KIND.search(text), _SCENARIO.search(text)
     return (kind.group(1) if kind else text.splitlines()[0], scenario.group(1) if scenario else None)
+
+
+def _not_later(got, shown) -> bool:
+    """Whether the scenario ``got`` is ``shown`` or runs before it.  Scenarios run in
+    order and the first failure is reported; an earlier one that finds the defect in
+    one environment and not in another (the examples drawn depend on the modules
+    loaded: under the whole suite the float32 Gram kernel of the page failed on exact
+    duplicates, in a plain interpreter on near duplicates, the next scenario) is not a
+    drift; a later one would be (a scenario that stopped finding it)."""
+    if got == shown:
+        return True
+    for order in (rst.ROW_STRUCTURES, rst.LOGIT_STRUCTURES, rst.GRADIENT_STRUCTURES, rst.SUPPORTS):
+        if shown in order:
+            return got in order and order.index(got) < order.index(shown)
+    return False
 
 
 def _blocks():
@@ -75,9 +91,9 @@ def test_docs_page_examples_produce_the_shown_output():
                 assert _quantity(str(info.value)) == _quantity(expected), f"block {k}"
                 if SAME_HYPOTHESIS:
                     got, shown_kind = _what_failed(str(info.value)), _what_failed(expected)
-                    if "torch" in code:  # torch's kernels round by its thread count: the scenario may vary
-                        got, shown_kind = got[0], shown_kind[0]
-                    assert got == shown_kind, f"block {k}"
+                    assert got[0] == shown_kind[0], f"block {k}"
+                    if "torch" not in code:  # torch's kernels round by its thread count: the scenario may vary
+                        assert _not_later(got[1], shown_kind[1]), f"block {k}: {got} after {shown_kind}"
                 checked += 1
             elif PASSED.match(shown):
                 out = io.StringIO()
