@@ -266,11 +266,12 @@ def _check_no_new_zeros(wide, arr, name: str) -> None:
         raise ValueError(f"{name} must have entries >= 0, got an entry of {small} (long double) instead.")
     if n:
         small = np.format_float_scientific(np.max(np.abs(wide[lost])), precision=3, trim="-")
+        entries = "entry" if n == 1 else "entries"
         raise ValueError(
-            f"{name} must have nonzero entries within the float64 range, got {n} "
-            f"{'entry' if n == 1 else 'entries'} of magnitude at most {small} (long double), which float64 holds as 0; the distances "
-            "take logs, so pass the logs as logits instead (the *_logits functions), "
-            "computed in long double and converted."
+            f"{name} must have nonzero entries within the float64 range, got {n} {entries} "
+            f"of magnitude at most {small} (long double), which float64 holds as 0; the "
+            "distances take logs, so pass the logs as logits instead (the *_logits "
+            "functions), computed in long double and converted."
         )
 
 

@@ -559,11 +559,11 @@ def _kerdock_tagged(q: int, V: int, d: int, tags: bool) -> np.ndarray:
 # (coordinate by coordinate with the partial norm bounded), never from a full box.
 
 # Lattice balls are offered for any V up to the enumeration's limit (2^20 lattice
-# points enumerated: about 4e5 points for the D3 ball): the sphere iteration from random points is no alternative there (ratio 0 at
-# (20001, 1), where every point of the 0-sphere is +-1, 3e-8 against 0.0067 at
-# (20001, 2), and 4e-5 against 0.033 at (20001, 3) when d >= 3 stopped at 20,000
-# points).  Large balls cost seconds (11.7 s for the E8 ball of 200,000 points), as
-# their certification does.
+# points enumerated: about 4e5 points for the D3 ball): the sphere iteration from
+# random points is no alternative there (ratio 0 at (20001, 1), where every point of
+# the 0-sphere is +-1, 3e-8 against 0.0067 at (20001, 2), and 4e-5 against 0.033 at
+# (20001, 3) when d >= 3 stopped at 20,000 points).  Large balls cost seconds (11.7 s
+# for the E8 ball of 200,000 points), as their certification does.
 _LATTICE_MAX_POINTS = 1 << 20  # lattice points enumerated at most for one ball
 _LATTICE_MAX_CENTER = 2.0**24  # largest |center| entry of a lattice ball
 

@@ -565,8 +565,9 @@ def row_diameter(
         Finite rows, ``V >= 2``.  float32 and float64 are kept; integer and boolean
         inputs are converted to float64 (integers of magnitude above 2**53, which it
         would round, raise ``ValueError``), NumPy float16 and long double too (long
-        double rounded once: see the module's "Input dtypes").  A torch tensor (CPU: viewed zero-copy, run
-        on the compiled engine; CUDA: through CuPy) is accepted as well; bfloat16,
+        double rounded once: see the module's "Input dtypes").  A torch tensor (CPU:
+        viewed zero-copy, run on the compiled engine; CUDA: through CuPy) is accepted
+        as well; bfloat16,
         float16 and float8 tensors are upcast to float32 (``converted_from`` says so),
         and integer and boolean tensors are a ``TypeError`` (convert them explicitly).
     tile_size : int, default=None

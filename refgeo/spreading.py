@@ -683,8 +683,9 @@ def spread(
         2 to 3 s at (3000, 24) on the 2-core CI machine), the smooth iteration's first
         neighbor refresh (two exact k-NN passes, O(V^2 d): about 4 s at (40000, 5);
         ``"auto"`` starts the iteration only where one round is estimated to fit
-        ``max_time``, else it returns the start), and the final certification.  An SLSQP iteration of the epigraph method
-        cannot be interrupted either, so a call can overrun by one of them:
+        ``max_time``, else it returns the start), and the final certification.  An
+        SLSQP iteration of the epigraph method cannot be interrupted either, so a call
+        can overrun by one of them:
         ``"auto"`` keeps that below about ``max(max_time, 1)`` seconds by estimate,
         and ``method="epigraph"`` warns (``UserWarning``) when its estimate exceeds
         ``max_time``.
