@@ -683,8 +683,9 @@ def _gradient_values(draw, v, d, dtype, structure) -> np.ndarray:
         u = _unit(draw, (n_tok,), 0.0, 1.0)
         c = np.minimum(np.searchsorted(cdf, u, side="right"), v - 1)
         Z = -np.log(ranks)[None, :] + _unit(draw, (n_tok, v), -1.0, 1.0)
-        m = 10.0 ** _pick(draw, (1, 2, 3)) * _unit(draw, (1, d), 0.5, 1.0) * np.sign(_unit(draw, (1, d)) + 0.5)
-        H = np.where(m == 0, 1.0, m) + _unit(draw, (n_tok, d))
+        sign = np.where(_unit(draw, (1, d)) < 0, -1.0, 1.0)
+        m = 10.0 ** _pick(draw, (1, 2, 3)) * _unit(draw, (1, d), 0.5, 1.0) * sign
+        H = m + _unit(draw, (n_tok, d))
         R = _softmax(Z)
         R[np.arange(n_tok), c] -= 1.0
         return _snap_and_center(R.T @ H, dtype)
