@@ -54,8 +54,8 @@ scaled: their squares always fit in float64.
 Input dtypes
 ------------
 float32 and float64 rows are used as they are.  Every other real input is read as
-float64: integers and booleans (exactly; integers beyond 2**53, which float64 would
-round, raise ``ValueError``), NumPy float16 (exactly) and NumPy long double (rounded
+float64: integers and booleans (exactly; integers of magnitude above 2**53 raise
+``ValueError``, as float64 cannot hold every one of them), NumPy float16 (exactly) and NumPy long double (rounded
 once to float64: rows that only long double tells apart become equal rows, and the
 certified answers are those of the rounded rows).  Torch and JAX bfloat16, float16 and
 float8 tensors are upcast to float32 (exactly; the results' ``converted_from`` names
@@ -495,16 +495,17 @@ def _engine_rows(S, name="S"):
     return _check_rows(S, name), origin
 
 
-def _long_double(x) -> bool:
-    """Whether ``x`` was NumPy data wider than float64 (read as float64, rounded): an
-    array, or a list of long-double numbers (converted again: only on an error path)."""
-    dt = getattr(x, "dtype", None)
-    if dt is None and isinstance(x, (list, tuple)):
-        try:
-            dt = np.asarray(x).dtype
-        except Exception:  # noqa: BLE001 - ragged input was refused before this
-            return False
-    return isinstance(dt, np.dtype) and dt.kind == "f" and dt.itemsize > 8
+def _rounded_together(x) -> bool:
+    """Whether ``x`` is NumPy data wider than float64 (an array, or a list of
+    long-double numbers) whose rows differ there and not once read as float64.
+    Converted again: only on an error path (a Dask array's chunks are computed)."""
+    if not (isinstance(getattr(x, "dtype", None), np.dtype) or isinstance(x, (list, tuple))):
+        return False
+    try:
+        w = np.asarray(x)
+    except Exception:  # noqa: BLE001 - ragged input was refused before this
+        return False
+    return w.dtype.kind == "f" and w.dtype.itemsize > 8 and w.ndim == 2 and bool(np.any(w != w[:1]))
 
 
 def _converted(*origins) -> str | None:
@@ -790,7 +791,7 @@ def distance_ratio(
         if D == 0.0:
             raise ValueError(
                 "S must have at least two distinct rows for the distance ratio, got all rows equal instead"
-                + (" (after rounding long double to float64)." if _long_double(S_in) else ".")
+                + (" (after rounding long double to float64)." if _rounded_together(S_in) else ".")
             )
         m = _extreme_pair_run(_CLOSEST, S, tile_size, n_threads, bar, found)[2][0]
         bar.finish()

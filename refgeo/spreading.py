@@ -594,13 +594,20 @@ def _slsqp_iteration_seconds(V: int, d: int) -> float:
     return _SLSQP_SECONDS_PER_VAR3 * float(V * d) ** 3
 
 
+def _refresh_seconds(V: int, d: int) -> float:
+    """Rough time of one neighborhood refresh of the smooth iteration, two exact k-NN
+    passes: 1e-10 s per V^2 (d + 32) (0.19 s at (5000, 5), 2.1 s at (20000, 64), 3.9 s
+    at (40000, 5): the heaps' work per pair counts in low d).  It runs before the
+    iteration's first deadline check."""
+    return 1e-10 * float(V) * V * (d + 32)
+
+
 def _smooth_seconds(V: int, d: int, k: int, max_rounds: int) -> float:
-    """Rough time of ``max_rounds`` rounds of the smooth iteration: about 25 gradient
-    steps of O(V k d) per round (3e-8 s per V k d, measured from 2.4e-8 at (150, 40)
-    to 6e-8 at (1100, 64)) and one neighborhood refresh, two exact k-NN passes (1e-10 s
-    per V^2 (d + 32): 0.19 s at (5000, 5), 2.1 s at (20000, 64), 3.9 s at (40000, 5);
-    the heaps' work per pair counts in low d)."""
-    return max_rounds * (25 * 3e-8 * V * min(k, V) * d + 1e-10 * float(V) * V * (d + 32))
+    """Rough time of a smooth run of ``max_rounds`` rounds: about 25 gradient steps of
+    O(V k d) per round (3e-8 s per V k d, measured from 2.4e-8 at (150, 40) to 6e-8 at
+    (1100, 64)) and ``max_rounds + 1`` neighborhood refreshes (the first measures the
+    start)."""
+    return max_rounds * 25 * 3e-8 * V * min(k, V) * d + (max_rounds + 1) * _refresh_seconds(V, d)
 
 
 def spread(
@@ -649,8 +656,8 @@ def spread(
         ratio (closed form, or certified by the engine for the lattice balls) and the
         one of largest ratio is the start (``result.init`` names it,
         ``result.candidates`` lists them all).  No rule looks at V or d beyond the
-        estimated cost of the epigraph method and of one smooth run.  The regular simplex (:math:`\rho = 1`) is
-        returned; :math:`V \le 50` runs ``"epigraph"`` from it (unless one SLSQP
+        estimated costs of the epigraph method, of one smooth run and of its first
+        neighbor refresh.  The regular simplex (:math:`\rho = 1`) is returned; :math:`V \le 50` runs ``"epigraph"`` from it (unless one SLSQP
         iteration, about :math:`3 \cdot 10^{-9} (V d)^3` seconds, would take longer
         than both ``max_time`` and 1 s, or than 1 s without ``max_time``; from a start
         whose extreme pairs are tied, a lattice or a code, the first iteration takes
@@ -666,8 +673,8 @@ def spread(
         from the tagged Kerdock code at :math:`(32768, 512)` the smooth iteration lost
         ratio in every round of a 300 s run), except that where it is more than 1%
         below the bound and ``max_rounds`` rounds of the smooth iteration are
-        estimated to fit ``max_time`` (2 s without one, :math:`O(\text{max\_rounds}
-        (V k d + 10^{-2} V^2 d))`), one ``"smooth"`` run from random points is tried
+        estimated to fit ``max_time`` (2 s without one, :math:`O(\text{max\_rounds}\,
+        V k d + (\text{max\_rounds} + 1) V^2 (d + 32))`), one ``"smooth"`` run from random points is tried
         too (a random start beats a code with a partial basis or spare dimensions:
         0.817 against 0.7746 at :math:`(150, 40)`); otherwise ``"smooth"`` runs from
         the construction.  An iterate is kept only when its certified ratio beats the
@@ -682,7 +689,7 @@ def spread(
         lattice shell subsets take seconds at d = 24 to 32 with V in the thousands:
         2 to 3 s at (3000, 24) on the 2-core CI machine), the smooth iteration's first
         neighbor refresh (two exact k-NN passes, O(V^2 d): about 4 s at (40000, 5);
-        ``"auto"`` starts the iteration only where one round is estimated to fit
+        ``"auto"`` starts the iteration only where that refresh is estimated to fit
         ``max_time``, else it returns the start), and the final certification.  An
         SLSQP iteration of the epigraph method cannot be interrupted either, so a call
         can overrun by one of them:
@@ -717,9 +724,9 @@ def spread(
         engine certification would be expensive (V > 4000 and :math:`V^2 d > 5 \cdot
         10^{10}`): that one is certified algebraically.  False: no certification is
         asked for: on the reference backend an uncertified float64 Gram estimate
-        (``certified=False``); where the compiled engine is built, its certified values
-        (``certificate="engine"``), which cost less than the estimate (1.0 s against
-        5.6 s at (20000, 64); 81 s against 243 s at V = 100,000).
+        (``certified=False``); where the compiled engine is built, the certificate of
+        ``"auto"``, which costs less than the estimate (1.0 s against 5.6 s at
+        (20000, 64); 81 s against 243 s at V = 100,000).
 
     Returns
     -------
@@ -872,9 +879,10 @@ def spread(
             budget = _RANDOM_TRY_SECONDS if max_time is None else max_time
             if best_c.rho < 0.99 * bound.value and _smooth_seconds(V, d, k, max_rounds) <= budget:
                 method, from_random = "smooth", True
-        elif max_time is not None and _smooth_seconds(V, d, k, 1) > max_time:
-            # one round (its neighbor refresh runs before any deadline check) does not
-            # fit: 2.7 s under max_time=0.5 at (20000, 40), to return the start anyway
+        elif max_time is not None and _refresh_seconds(V, d) > max_time:
+            # the first neighbor refresh runs before any deadline check (the gradient
+            # steps check it): 2.7 s under max_time=0.5 at (20000, 40), to return the
+            # start anyway
             method = "construction"
         else:
             method = "smooth"
@@ -992,11 +1000,12 @@ def _certify_points(X, certify, eta, construction):
     V_ = X.shape[0]
     algebraic = construction is not None and construction.diameter is not None
     cheap = V_ <= 4000 or (_engine_is_compiled(X) and V_ * V_ * X.shape[1] <= 5e10)
-    if certify is True or (certify == "auto" and (cheap or not algebraic)):
-        mode = "engine"
-    elif certify is False and _engine_is_compiled(X):
+    if certify is False and _engine_is_compiled(X):
         # the compiled engine's float32 filter beats the float64 Gram estimate (5x at
-        # (20000, 64)), and certifies: no reason to return less for more time
+        # (20000, 64)), and certifies; an expensive exact construction keeps its closed
+        # form (27 s in the engine at (20000, 256) against 0.3 s): as "auto"
+        certify = "auto"
+    if certify is True or (certify == "auto" and (cheap or not algebraic)):
         mode = "engine"
     elif certify == "auto":
         mode = "algebraic"

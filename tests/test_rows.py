@@ -503,6 +503,10 @@ def test_long_double_rows_that_round_together_are_said_to():
     with pytest.raises(ValueError, match=re.escape("got all rows equal instead (after rounding long double to float64).")):
         refgeo.distance_ratio(S)
     assert refgeo.row_diameter(S).value == 0.0  # the documented reading: the rounded rows
+    with pytest.raises(ValueError, match=re.escape("got all rows equal instead.")):  # equal before too
+        refgeo.distance_ratio(np.ones((3, 2), dtype=np.longdouble))
+    with pytest.raises(ValueError, match=re.escape("(after rounding long double to float64).")):  # a list
+        refgeo.distance_ratio(list(S))
 
 
 def test_distance_ratio_is_the_ratio_of_the_scaled_rows():

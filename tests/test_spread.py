@@ -889,6 +889,10 @@ def test_auto_starts_no_smooth_round_that_cannot_fit_max_time():
     assert r.init == "random" and r.method == "construction" and r.n_iter == 0 and not r.history
     assert r.certified and 0.0 < r.ratio <= r.upper_bound
     assert refgeo.spread(300, 40, max_time=5.0, seed=0).method == "smooth"  # a round that fits
+    # the gradient steps check the deadline: only the refresh must fit (asking for a
+    # whole round returned the random start at (5000, 40) under max_time=2, where the
+    # smooth iteration reaches 0.4585 from 0.389)
+    assert refgeo.spread(2000, 40, max_time=0.5, seed=0).method == "smooth"
 
 
 @pytest.mark.skipif(not _HAS_EXTENSION, reason="refgeo_ext is not built")
@@ -901,3 +905,7 @@ def test_without_certification_the_compiled_engine_certifies_anyway():
     on = refgeo.spread(300, 6, init=X, method="construction", certify=True)
     assert off.certified and off.certificate == "engine"
     assert (off.min_dist, off.diameter, off.min_pair, off.diameter_pair) == (on.min_dist, on.diameter, on.min_pair, on.diameter_pair)
+    # a large exact construction keeps its closed form, as under "auto" (the engine
+    # took 27 s at (20000, 256), the closed form 0.3 s)
+    big = refgeo.spread(20000, 256, method="construction", certify=False)
+    assert big.certificate == refgeo.spread(20000, 256, method="construction").certificate == "algebraic"

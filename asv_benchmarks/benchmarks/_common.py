@@ -205,14 +205,18 @@ def best_time(fn, repeat: int | None = None) -> float:
 
 def speed_ratio(baseline, candidate, rounds: int | None = None) -> float:
     """Best time of ``baseline`` over best time of ``candidate``, the two called
-    alternately ``rounds`` times each (default ``REPEAT``): the same number of samples on
-    both sides, from the same stretch of a shared machine's load.  (One baseline call
-    against the best of two refgeo calls moved a ratio by 1.5x on a busy 2-core machine,
-    always in refgeo's favor.)  Every ``track_speedup_*`` uses this one definition."""
+    alternately ``rounds`` times each (default ``REPEAT``), the one that goes first
+    alternating too: the same number of samples on both sides, from the same stretch
+    of a shared machine's load.  (One baseline call against the best of two refgeo
+    calls moved a ratio by 1.5x on a busy 2-core machine, always in refgeo's favor.)
+    Every ratio of two timings in these benchmarks uses this one definition."""
     t_base = t_cand = float("inf")
-    for _ in range(REPEAT if rounds is None else rounds):
-        t_base = min(t_base, best_time(baseline, 1))
-        t_cand = min(t_cand, best_time(candidate, 1))
+    for r in range(REPEAT if rounds is None else rounds):
+        for side in ((0, 1) if r % 2 == 0 else (1, 0)):
+            if side == 0:
+                t_base = min(t_base, best_time(baseline, 1))
+            else:
+                t_cand = min(t_cand, best_time(candidate, 1))
     return t_base / t_cand
 
 

@@ -205,16 +205,14 @@ class IdenticalRows:
     def track_search_overhead(self, V_d):
         from refgeo import _duplicates
 
-        return best_time(lambda: _duplicates.duplicate_rows(self.G)) / best_time(
-            lambda: refgeo.row_diameter(self.G))
+        return speed_ratio(lambda: _duplicates.duplicate_rows(self.G), lambda: refgeo.row_diameter(self.G))
 
     track_search_overhead.unit = "fraction"
 
     def track_search_overhead_signs(self, V_d):
         from refgeo import _duplicates
 
-        return best_time(lambda: _duplicates.duplicate_rows(self.B)) / best_time(
-            lambda: refgeo.row_diameter(self.B))
+        return speed_ratio(lambda: _duplicates.duplicate_rows(self.B), lambda: refgeo.row_diameter(self.B))
 
     track_search_overhead_signs.unit = "fraction"
 
@@ -278,13 +276,10 @@ class ProgressOverhead:
             on = lambda: refgeo.row_diameter(self.S, progress=last.update)  # noqa: E731
             off = lambda: refgeo.row_diameter(self.S, progress=False)  # noqa: E731
             off(), on()  # warm: first-call costs (imports, page faults) hit neither
-            t_on = t_off = float("inf")
-            for _ in range(5):  # alternate, so that drifting machine load hits both
-                t_off = min(t_off, best_time(off, 1))
-                t_on = min(t_on, best_time(on, 1))
+            ratio = speed_ratio(on, off, 5)
             if last.get("done") != last.get("total"):
                 raise AssertionError(f"the last report is not the end: {last}")
-        return t_on / t_off
+        return ratio
 
     track_progress_overhead.unit = "on/off"
 
@@ -410,7 +405,7 @@ class _StructuredKNN:
         self._knn(self.X)
 
     def track_time_over_gaussian(self, *params):
-        return best_time(lambda: self._knn(self.X)) / best_time(lambda: self._knn(self.G))
+        return speed_ratio(lambda: self._knn(self.X), lambda: self._knn(self.G))
 
     track_time_over_gaussian.unit = "x"
 
@@ -432,7 +427,7 @@ class _StructuredKNN:
             finally:
                 setattr(_engine, name, old)
 
-        return best_time(baseline) / best_time(lambda: self._knn(self.X))
+        return speed_ratio(baseline, lambda: self._knn(self.X))
 
 
 @records_runtime(dtype="float32", backend="cython")
@@ -502,7 +497,7 @@ class NearCopyRows(_StructuredKNN):
         band (the float32 run gives up for a float64 one past its limits: 1.5 at
         8,000 x 64; before, it refined the whole cluster for each row: 5.4 at
         20,000 x 64)."""
-        return best_time(lambda: self._farthest(self.X)) / best_time(lambda: self._farthest(self.G))
+        return speed_ratio(lambda: self._farthest(self.X), lambda: self._farthest(self.G))
 
     track_farthest_time_over_gaussian.unit = "x"
 
@@ -612,14 +607,15 @@ class ClosestPairNearDuplicates:
     def track_time_over_float64_filter(self, V_d, share):
         from refgeo import _engine
 
-        mixed = best_time(self._closest)
-        saved = _engine.MIN_MIXED_MIN_WORK
-        _engine.MIN_MIXED_MIN_WORK = 1 << 62
-        try:
-            plain = best_time(self._closest)
-        finally:
-            _engine.MIN_MIXED_MIN_WORK = saved
-        return mixed / plain
+        def plain():
+            saved = _engine.MIN_MIXED_MIN_WORK
+            _engine.MIN_MIXED_MIN_WORK = 1 << 62
+            try:
+                return self._closest()
+            finally:
+                _engine.MIN_MIXED_MIN_WORK = saved
+
+        return speed_ratio(self._closest, plain)
 
     track_time_over_float64_filter.unit = "x"
 
@@ -659,7 +655,7 @@ class BackwardBoundResiduals:
         from refgeo._certify import compensated_sums
 
         R64 = self.R.astype(np.float64)
-        fsum = best_time(lambda: [math.fsum(row) for row in R64.tolist()], repeat=2)
-        return fsum / best_time(lambda: compensated_sums(np, R64), repeat=2)
+        return speed_ratio(lambda: [math.fsum(row) for row in R64.tolist()],
+                           lambda: compensated_sums(np, R64), max(2, REPEAT))
 
     track_sums_speedup_vs_fsum.unit = "x"
