@@ -271,7 +271,10 @@ def test_covering_radius_bounds(S):
         assert ball.radius == 0.0
         return
     D = refgeo.row_diameter(S).value
-    k = np.linalg.matrix_rank(S - S.mean(0), tol=1e-9 * max(1.0, np.abs(S).max()))
+    # a rank too low makes the Jung bound too small (an absolute tolerance of 1e-9
+    # called two rows 9.3e-10 apart rank 0); one too high only loosens it, so the
+    # tolerance is relative to the centered rows, and distinct rows span a direction
+    k = max(1, np.linalg.matrix_rank(S - S.mean(0))) if D > 0 else 0
     assert D / 2 <= ball.radius * (1 + 1e-9) + 1e-12
     assert ball.radius <= refgeo.jung_constant(int(k)) * D * (1 + 1e-9) + 1e-12
     assert np.all(np.linalg.norm(S - ball.center, axis=1) <= ball.radius * (1 + 1e-12) + 1e-12)
