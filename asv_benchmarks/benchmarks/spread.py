@@ -6,6 +6,8 @@ sizes run by default; ``REFGEO_BENCH_SIZE=realistic`` selects the acceptance cas
 (LM-head sizes), which take minutes.
 """
 
+import time
+
 from ._common import environment, realistic, records_runtime, refgeo, require_backend, rng
 
 
@@ -95,6 +97,86 @@ class LatticeSpread(_Target):
 
     def time_spread(self, case):
         self._run(case)
+
+
+@records_runtime(dtype="float64", backend="auto")
+class ConstructionBuild:
+    """The cost of the constructions themselves (``method="construction"``: every
+    candidate built and certified, the best returned): the lattice shell subsets, whose
+    Gram levels come from a float32 GEMM, at (3000, 24), and a lattice ball beyond
+    20,000 points at (20001, 3), where random points gave 4e-5 before lattice balls were
+    offered there.  Realistic: (50000, 3) and (20000, 24)."""
+
+    params = ([(20001, 3), (3000, 24)] if not realistic() else [(50000, 3), (20000, 24)],)
+    param_names = ["V_d"]
+    timeout = 600
+
+    def setup(self, case):
+        require_backend("reference")
+        environment("float64", "auto")
+
+    def _run(self, case):
+        V, d = case
+        return refgeo.spread(V, d, seed=0, method="construction")
+
+    def time_constructions(self, case):
+        self._run(case)
+
+    def track_ratio(self, case):
+        """Certified m/D of the best construction."""
+        return self._run(case).ratio
+
+    track_ratio.unit = "ratio"
+
+
+@records_runtime(dtype="float64", backend="auto")
+class Uncertified:
+    """``spread(certify=False)`` on a large exact construction: the closed form's
+    certificate is kept (on the compiled engine the call takes the certificate "auto"
+    would; the float64 Gram estimate it replaced took 27 s at (20000, 256))."""
+
+    params = ([(20000, 256)] if not realistic() else [(50000, 1024)],)
+    param_names = ["V_d"]
+    timeout = 600
+
+    def setup(self, case):
+        require_backend("reference")
+        environment("float64", "auto")
+
+    def time_spread_uncertified(self, case):
+        refgeo.spread(*case, seed=0, certify=False)
+
+
+@records_runtime(dtype="float64", backend="auto")
+class Budget:
+    """How well ``spread`` keeps ``max_time``: the call's wall time over ``max_time``
+    (at most 1 where the budget is kept; the constructions are built before the budget
+    is checked, so a size whose constructions take longer than ``max_time`` overruns by
+    their time), and the certified ratio reached within it."""
+
+    params = ([(20000, 40, 0.5), (5000, 40, 2.0)] if not realistic() else [(50000, 64, 5.0), (20000, 40, 2.0)],)
+    param_names = ["V_d_maxtime"]
+    timeout = 600
+
+    def setup(self, case):
+        require_backend("reference")
+        environment("float64", "auto")
+
+    def track_elapsed_over_max_time(self, case):
+        """Wall time of the call over max_time (<= 1: kept)."""
+        V, d, t = case
+        t0 = time.perf_counter()
+        refgeo.spread(V, d, seed=0, max_time=t)
+        return (time.perf_counter() - t0) / t
+
+    track_elapsed_over_max_time.unit = "x"
+
+    def track_ratio(self, case):
+        """Certified m/D reached within max_time."""
+        V, d, t = case
+        return refgeo.spread(V, d, seed=0, max_time=t).ratio
+
+    track_ratio.unit = "ratio"
 
 
 # Code acceptance cases in the regime V >> d^2 and at d = 512 / 768: (V, d, value to
