@@ -24,11 +24,13 @@ def local_client(n_workers: int = 2):
     # The worker processes take the configuration in force when they start.  A worker
     # that fetches a result from a killed peer retries the refused connection until
     # the connect timeout (30 s by default, twice in a row seen under load); 10 s is
-    # ample for loopback and bounds what a killed-worker test waits.
+    # ample for loopback and bounds what a killed-worker test waits.  The scheduler's
+    # HTTP server takes a free loopback port: the default, 8787, is taken by the cluster
+    # of another pytest-xdist worker ("Port 8787 is already in use").
     with dask.config.set({"distributed.comm.timeouts.connect": "10s"}):
         cluster = distributed.LocalCluster(
             n_workers=n_workers, threads_per_worker=1, processes=True, host="127.0.0.1",
-            dashboard_address=None, worker_dashboard_address=None, timeout=TIMEOUT,
+            dashboard_address="127.0.0.1:0", worker_dashboard_address=None, timeout=TIMEOUT,
         )
     c = distributed.Client(cluster, timeout=TIMEOUT)
     try:

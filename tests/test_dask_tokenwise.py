@@ -507,7 +507,7 @@ def _in_process_client(**kw):
     import contextlib
 
     stack = contextlib.ExitStack()
-    cluster = stack.enter_context(distributed.LocalCluster(processes=False, dashboard_address=None,
+    cluster = stack.enter_context(distributed.LocalCluster(processes=False, dashboard_address="127.0.0.1:0",
                                                            worker_dashboard_address=None, **kw))
     stack.enter_context(distributed.Client(cluster, timeout=TIMEOUT))
     return stack

@@ -8,7 +8,8 @@
 #    export-ignore paths of .gitattributes), then the wheel built from the unpacked sdist,
 #    so the wheel proves that the sdist is complete.  tools/check_dist.py checks both.
 # 2. Wheel: a fresh venv, `pip install refgeo-*.whl[test]`; the test suite runs from the
-#    unpacked sdist with the package directories deleted (nothing can shadow the install),
+#    unpacked sdist with the package directories deleted (nothing can shadow the install;
+#    in pytest-xdist workers, as the README's test command),
 #    with REFGEO_EXPECT_INSTALLED=1 (tests/test_packaging.py asserts that refgeo and
 #    refgeo_ext are imported from site-packages); then `show_config()` must report the
 #    cython backend (with OpenMP unless REFGEO_ALLOW_NO_OPENMP=1) and `refgeo demo --quick`
@@ -83,7 +84,8 @@ trap 'kill "$sdist_pid" 2>/dev/null || true; rm -rf "$TMP"' EXIT
 mkdir "$TMP/suite"
 tar -xzf "$SDIST" -C "$TMP/suite" --strip-components=1
 rm -rf "$TMP/suite/refgeo" "$TMP/suite/refgeo_ext"
-(cd "$TMP/suite" && REFGEO_EXPECT_INSTALLED=1 "$TMP/venv-wheel/bin/python" -m pytest -p no:cacheprovider -q tests)
+(cd "$TMP/suite" && REFGEO_EXPECT_INSTALLED=1 "$TMP/venv-wheel/bin/python" -m pytest -p no:cacheprovider -q \
+    -n auto --maxprocesses 4 tests)
 smoke "$TMP/venv-wheel"
 echo "wheel tested in $((SECONDS - t0)) s"
 
