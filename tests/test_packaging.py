@@ -134,3 +134,23 @@ def test_sdist_keeps_what_a_build_needs_and_drops_the_rest():
 def test_console_script_is_installed():
     eps = importlib.metadata.entry_points(group="console_scripts")
     assert any(ep.name == "refgeo" and ep.value == "refgeo.cli:main" for ep in eps)
+
+
+def _bash_blocks(text: str) -> list[str]:
+    return [b.strip() for b in re.findall(r"```bash\n(.*?)```", text, re.S)]
+
+
+@pytest.mark.skipif(not (ROOT / ".ci" / "run").is_file(), reason="needs the checkout's .ci/run (not in the sdist)")
+def test_ci_runs_the_readme_install_and_test_commands_verbatim():
+    """The two commands of the README are what CI runs on a clean clone: a change to one
+    that CI does not make (or the reverse) fails here, not on a user's machine."""
+    readme = _bash_blocks((ROOT / "README.md").read_text())
+    install = next(b for b in readme if "pip install" in b and "-e" in b)
+    test = next(b for b in readme if b.startswith("python -m pytest"))
+    ci = [line.strip() for line in (ROOT / ".ci" / "run").read_text().splitlines()]
+    assert install in ci, f"CI does not run the README's install command {install!r}"
+    assert test in ci, f"CI does not run the README's test command {test!r}"
+    # the test command comes before the optional extras are installed (their tests must
+    # skip cleanly without them)
+    extras = next(i for i, line in enumerate(ci) if line.startswith("python -m pip install") and "[test," in line)
+    assert ci.index(test) < extras
