@@ -100,7 +100,7 @@ class LatticeSpread(_Target):
 
 
 @records_runtime(dtype="float64", backend="auto")
-class ConstructionBuild:
+class ConstructionBuild(_Ratios):
     """The cost of the constructions themselves (``method="construction"``: the
     candidates enumerated with their ratios, the best built and certified): the lattice
     shell subsets, whose Gram levels come from a float32 GEMM, at (3000, 24), and a
@@ -111,22 +111,12 @@ class ConstructionBuild:
     param_names = ["V_d"]
     timeout = 600
 
-    def setup(self, case):
-        require_backend("reference")
-        environment("float64", "auto")
-
     def _run(self, case):
         V, d = case
         return refgeo.spread(V, d, seed=0, method="construction")
 
     def time_constructions(self, case):
         self._run(case)
-
-    def track_ratio(self, case):
-        """Certified m/D of the best construction."""
-        return self._run(case).ratio
-
-    track_ratio.unit = "ratio"
 
 
 @records_runtime(dtype="float64", backend="auto")
@@ -148,7 +138,7 @@ class Uncertified:
 
 
 @records_runtime(dtype="float64", backend="auto")
-class Budget:
+class Budget(_Ratios):
     """How well ``spread`` keeps ``max_time``: the call's wall time over ``max_time``
     (at most 1 where the budget is kept), and the certified ratio reached within it.
     Outside the budget, as the docstring says: building the constructions and the final
@@ -160,25 +150,17 @@ class Budget:
     param_names = ["V_d_maxtime"]
     timeout = 600
 
-    def setup(self, case):
-        require_backend("reference")
-        environment("float64", "auto")
+    def _run(self, case):
+        V, d, t = case
+        return refgeo.spread(V, d, seed=0, max_time=t)
 
     def track_elapsed_over_max_time(self, case):
         """Wall time of the call over max_time (<= 1: kept)."""
-        V, d, t = case
         t0 = time.perf_counter()
-        refgeo.spread(V, d, seed=0, max_time=t)
-        return (time.perf_counter() - t0) / t
+        self._run(case)
+        return (time.perf_counter() - t0) / case[2]
 
     track_elapsed_over_max_time.unit = "x"
-
-    def track_ratio(self, case):
-        """Certified m/D reached within max_time."""
-        V, d, t = case
-        return refgeo.spread(V, d, seed=0, max_time=t).ratio
-
-    track_ratio.unit = "ratio"
 
 
 # Code acceptance cases in the regime V >> d^2 and at d = 512 / 768: (V, d, value to
