@@ -21,8 +21,9 @@ model's own).  Padding (``attention_mask == 0``, left or right) is never a token
 position ids are counted over the tokens (``cumsum(mask) - 1``, plus ``padding_idx + 1``
 where the position table has a padding row, as RoBERTa's has) and passed to every
 model whose ``forward`` takes ``position_ids``, so that a sequence has the same states
-whatever its padding.  Decoder-only and encoder-only models are covered
-(encoder-decoder models, which need decoder inputs, are not).
+whatever its padding.  Decoder-only and encoder-only models are covered;
+encoder-decoder models (their decoder runs on decoder inputs) and models that hold
+states as (tokens, batch, width), such as XLNet, are refused by name.
 The model runs in eval mode (dropout off, so that states, logits and divergences are
 functions of the weights), and so does a ``readout=`` that is a ``torch.nn.Module``; every
 module's training flag is restored afterwards through ``train()``, also when a call
@@ -189,6 +190,31 @@ def _get_path(model, path):
     return obj
 
 
+# Models whose blocks hold states time-major, (T, B, d): read as (B, T, d) they gave other
+# tokens' states, and a patch went to the wrong token, silently (XLNet with B != T; its
+# element count matched).
+_TIME_MAJOR = ("xlnet", "transfo-xl")
+
+
+def _check_architecture(model) -> None:
+    """``ValueError`` for the models whose block states are not the (B, T, d) states of
+    the input tokens: encoder-decoder models (their decoder blocks run on decoder inputs
+    made from the ids, without the padding mask) and time-major ones."""
+    config = getattr(model, "config", None)
+    name = type(model).__name__
+    if getattr(config, "is_encoder_decoder", False) is True:
+        raise ValueError(
+            f"model must be a decoder-only or an encoder-only model, got the encoder-decoder {name} instead "
+            "(its decoder's states depend on decoder inputs); for the encoder's states use an encoder-only "
+            "model with the same weights, e.g. transformers.T5EncoderModel."
+        )
+    if getattr(config, "model_type", None) in _TIME_MAJOR:
+        raise ValueError(
+            f"model must hold its hidden states as (batch, tokens, width), got {name}, whose blocks hold "
+            "them as (tokens, batch, width) instead."
+        )
+
+
 def find_blocks(model: Any, blocks: Any = None, /) -> tuple[str, tuple]:
     r"""The model's list of transformer blocks (the layers of the protocol).
 
@@ -222,10 +248,14 @@ def find_blocks(model: Any, blocks: Any = None, /) -> tuple[str, tuple]:
     'transformer.h'
     """
     torch = _check_model(model)
+    _check_architecture(model)
     if blocks is not None:
         if isinstance(blocks, str):
             found = _get_path(model, blocks)
-            if not isinstance(found, (torch.nn.ModuleList, list, tuple)) or len(found) == 0:
+            # a path to a list of other things ("config.architectures") was returned as
+            # blocks, and the first hook failed on a str
+            if (not isinstance(found, (torch.nn.ModuleList, list, tuple)) or len(found) == 0
+                    or not all(isinstance(b, torch.nn.Module) for b in found)):
                 raise ValueError(f"blocks must name a non-empty list of modules of the model, {blocks!r} does not.")
             return blocks, tuple(found)
         try:
@@ -419,7 +449,11 @@ def _run(model, batch, s0, s1, need_last):
         # Absolute position embeddings (GPT-2, BERT) index a table of
         # config.max_position_embeddings rows: a longer sequence fails deep inside torch
         # ("index out of range in self").  Rotary models run on, so the length is judged
-        # only once the forward pass has failed.
+        # only once the forward pass has failed, and only an indexing error is taken for
+        # it (another failure of a long input, out of memory, say, was reported as the
+        # length).
+        if not (isinstance(exc, IndexError) or any(w in str(exc) for w in ("out of range", "out of bounds"))):
+            raise
         limit = getattr(getattr(model, "config", None), "max_position_embeddings", None)
         n = int(mask.sum(dim=1).max()) if "position_ids" in kwargs else int(ids.shape[1])
         if isinstance(limit, int):
@@ -844,7 +878,9 @@ def _intervene(model, batch, blks, layer, P, probe, divergence, readout_position
                     lp_all = _log_softmax(_to_numpy(_readout_logits(model, out, readout)), "the model's logits")
                     valid = _to_numpy(mask).astype(bool)
                 elif readout is None:
-                    z_orig = out.logits
+                    # a model without an LM head: the ValueError naming readout, as in
+                    # model_logits (was an AttributeError on out.logits)
+                    z_orig = _readout_logits(model, out, None)
                 else:
                     h_orig = _last_hidden(out)
                 del out
@@ -1160,6 +1196,12 @@ def tokenwise_protocol(
     seed = check_int(seed, "seed", min_value=0)  # recorded in the config as a Python int
     probe_idx = _check_probe(probe, n, seed)
     plan = _passes(batch, probe_idx, batch_size)
+    if readout is None:
+        # the interventions read the model's logits: a model without an LM head (MiniLM
+        # as AutoModel, readout= forgotten) is refused before the capture passes and the
+        # first decomposition (minutes on a real model), from one sequence's forward pass
+        with torch.no_grad():
+            _readout_logits(model, _forward(model, batch, 0, 1, False, blks), None)
     n_chunks = len(_chunks(batch.ids.shape[0], batch_size))
     per_layer = 1 + sum(1 + len(g) for *_, g in plan)
     captures = n_chunks * (len(chosen) if keep_layers == "pair" else 1)

@@ -124,12 +124,12 @@ def _readonly(a):
     return a
 
 
-def _check_eta(eta) -> float:
-    eta = check_real(eta, "eta", min_value=0.0, strict=True)
+def _check_eta(eta, name: str = "eta") -> float:
+    eta = check_real(eta, name, min_value=0.0, strict=True)
     if eta < _TINY64:
         # a subnormal budget cannot carry the step: eta * S rounds to a few subnormal
         # values whose diameter no longer respects eta
-        raise ValueError(f"eta == {eta!r}, must be >= {_TINY64!r} (the smallest normal float64).")
+        raise ValueError(f"{name} == {eta!r}, must be >= {_TINY64!r} (the smallest normal float64).")
     return eta
 
 

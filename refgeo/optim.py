@@ -39,6 +39,7 @@ from .lmo import (
     LMOResult,
     _centered_rtol,
     _centered_unchecked,
+    _check_eta,
     _pow2_exponent,
     diameter_lmo,
     row_normalize,
@@ -309,7 +310,8 @@ class DiameterLMO:
     Parameters
     ----------
     lr : float
-        Diameter budget :math:`\eta > 0` of every step (through ``opt.lr``).
+        Diameter budget :math:`\eta` of every step (through ``opt.lr``): a normal float64
+        number, at least 2.2250738585072014e-308.
     momentum : float, default=0.0
         :math:`\mu \in [0, 1)`; the LMO is applied to
         :math:`M_t = \mu M_{t-1} + (1 - \mu) G_t` (plain gradients when 0).
@@ -371,7 +373,9 @@ class DiameterLMO:
         """Validated (lr, momentum, rtol, max_time, weight_decay); run at construction
         and at every step (the attributes may be changed between steps)."""
         out = (
-            check_real(self.lr, "lr", min_value=0.0, strict=True),
+            # the step's diameter budget: a subnormal lr was accepted here and refused by
+            # the solve at the first step, as "eta", in an error about the gradient
+            _check_eta(self.lr, "lr"),
             _check_unit_interval(self.momentum, "momentum"),
             check_open_unit_interval(self.rtol, "rtol"),
             None if self.max_time is None else check_real(self.max_time, "max_time", min_value=0.0),

@@ -249,8 +249,11 @@ def _build() -> dict[str, Any]:
         if not isinstance(groups, (list, tuple)):
             raise ValueError(f"state_dict must be a state_dict() of refgeo.torch.{type(opt).__name__}, got one "
                              "without 'param_groups' instead.")
+        # this optimizer's own hyper-parameters, not opt.defaults: torch's loader adds
+        # "differentiable" to those, so a second load of the same checkpoint (a second
+        # rollback) was refused as "without ['differentiable']"
         for k, group in enumerate(groups):
-            missing = sorted(set(opt.defaults) - set(group))
+            missing = sorted(set(opt._HYPERPARAMETERS) - set(group))
             if missing:
                 raise ValueError(
                     f"state_dict must be a state_dict() of refgeo.torch.{type(opt).__name__}, got param group "
@@ -261,7 +264,12 @@ def _build() -> dict[str, Any]:
         r"""RowNorm for the LM-head weight, as a ``torch.optim.Optimizer``.
 
         The steps equal :class:`refgeo.RowNorm`'s (float64: to about 1e-15 relative;
-        float32: to float32 rounding), on the parameter's device.
+        float32: to float32 rounding), on the parameter's device.  One exception: the
+        float32 momentum buffer of a float32, bfloat16 or float16 parameter loses the
+        digits of gradient rows in the float32 subnormal range (entries below about
+        1e-38), which :class:`refgeo.RowNorm`'s float64 buffer keeps; with ``eps = 0``
+        such a row's direction can differ, with the default ``eps`` its step is below
+        1e-29 either way.
 
         Parameters
         ----------
@@ -305,8 +313,9 @@ def _build() -> dict[str, Any]:
         Raises
         ------
         ValueError
-            A parameter that is not 2-D, several parameters in one group, a parameter or
-            gradient with NaN or inf entries, a gradient whose centered momentum average
+            A parameter that is not 2-D, several parameters in one group, a parameter with
+            NaN or inf entries (checked when it joins the optimizer), a gradient with NaN or
+            inf entries (at each step), a gradient whose centered momentum average
             leaves the range of the state's dtype (a centered float32 gradient beyond
             3.4e38), hyper-parameters out of range, a parameter whose rows share memory
             (an expanded or unfolded tensor: it is updated in place).
@@ -325,6 +334,8 @@ def _build() -> dict[str, Any]:
         >>> opt.last_step().tolist() == W.detach().tolist()   # S_t, before weight decay
         True
         """
+
+        _HYPERPARAMETERS = ("lr", "momentum", "eps", "weight_decay", "bias_correction", "project", "center")
 
         def __init__(
             self,
@@ -495,8 +506,8 @@ def _build() -> dict[str, Any]:
         params : tensor, iterable of tensors, of (name, tensor) pairs, or of dicts
             One 2-D LM-head weight (V, d) per param group.
         lr : float or Tensor
-            Diameter budget :math:`\eta > 0` of every step (LR schedulers change it); a
-            one-element tensor is read at every step.
+            Diameter budget :math:`\eta` of every step, at least the smallest normal
+            float64 (LR schedulers change it); a one-element tensor is read at every step.
         momentum : float, default=0.0
             :math:`\mu \in [0, 1)` of the averaged gradient the LMO is applied to.
         rtol : float, default=1e-3
@@ -531,6 +542,8 @@ def _build() -> dict[str, Any]:
         >>> opt.last_result().gap <= 1e-3
         True
         """
+
+        _HYPERPARAMETERS = ("lr", "momentum", "rtol", "max_time", "weight_decay")
 
         def __init__(self, params: Any, lr: Any, momentum: float = 0.0, rtol: float = 1e-3,
                      max_time: float | None = None, weight_decay: float = 0.0) -> None:
@@ -720,7 +733,11 @@ def _build() -> dict[str, Any]:
             :func:`refgeo.worst_case_hidden_state`), ``hilbert_rms`` (over the panel,
             float64 accumulation, :func:`refgeo.hilbert_rms`), ``max_hidden_norm`` and
             ``bound`` = :math:`\max_t \lVert h_t \rVert\, D(S_t)`, which bounds every
-            Hilbert distance the step causes on the panel.
+            Hilbert distance the step :math:`S_t` causes on the panel: the step as
+            computed, before weight decay and before rounding to the parameter's dtype
+            (a bfloat16 or float16 weight moves by the rounding of :math:`W + S_t`, which
+            the bound does not cover: each entry's change differs from :math:`S_t`'s by
+            up to half a unit in the last place of the weight).
 
         Notes
         -----
@@ -730,7 +747,7 @@ def _build() -> dict[str, Any]:
         A recorded step costs one certified diameter (the compiled engine for CPU
         tensors) and one O(N V d) pass; other steps cost nothing.  The step and the
         panel are read on the host (``.cpu()`` for device tensors).  ``close()``
-        removes the hook.
+        removes the hooks.
 
         Small recordings run on one thread, BLAS included.  Right after
         ``optimizer.step()`` the framework's OpenMP and BLAS threads are still spinning
@@ -755,7 +772,8 @@ def _build() -> dict[str, Any]:
             self, optimizer: Any, hidden_states: Any, *, every: int = 10, group: int = 0,
             n_threads: int | None = None,
         ) -> None:
-            if not callable(getattr(optimizer, "last_step", None)) or not hasattr(optimizer, "register_step_post_hook"):
+            if not callable(getattr(optimizer, "last_step", None)) or not (
+                    hasattr(optimizer, "register_step_pre_hook") and hasattr(optimizer, "register_step_post_hook")):
                 raise TypeError(
                     "optimizer must be a torch optimizer with last_step(group) (e.g. refgeo.torch.RowNorm), "
                     f"got {type(optimizer).__name__} instead."
@@ -793,8 +811,9 @@ def _build() -> dict[str, Any]:
             self.optimizer = optimizer
             self.records: list[dict] = []
             self._count = 0
-            self._seen_step = self._state_step()
-            self._handle = optimizer.register_step_post_hook(self._after_step)
+            self._step_before: int | None = None
+            self._handles = (optimizer.register_step_pre_hook(self._before_step),
+                             optimizer.register_step_post_hook(self._after_step))
 
         def _state_step(self) -> int | None:
             # the group's own step count (RowNorm and DiameterLMO keep state["step"]);
@@ -803,13 +822,18 @@ def _build() -> dict[str, Any]:
             t = self.optimizer.state.get(p, {}).get("step")
             return None if t is None else int(t)
 
+        def _before_step(self, optimizer: Any, args: Any, kwargs: Any) -> None:
+            # the group's step count as this call finds it: compared with the previous
+            # call's, a load_state_dict() between the calls (a rollback to a checkpoint)
+            # made a real step look skipped and a skipped one real
+            self._step_before = self._state_step()
+
         def _after_step(self, optimizer: Any, args: Any, kwargs: Any) -> None:
             self._count += 1
             # a call that skipped the group (its gradient None) left last_step() at the
             # previous step: recording it again would report a step that did not happen
             t = self._state_step()
-            advanced = t is None or t != self._seen_step
-            self._seen_step = t
+            advanced = t is None or t != self._step_before
             if self._count % self.every or not advanced:
                 return
             S = optimizer.last_step(self.group)
@@ -878,10 +902,17 @@ def _build() -> dict[str, Any]:
             }
 
         def close(self) -> None:
-            """Stop recording (removes the optimizer hook)."""
-            self._handle.remove()
+            """Stop recording (removes the optimizer hooks)."""
+            for handle in self._handles:
+                handle.remove()
 
     for cls in (RowNorm, DiameterLMO, HeadStepMonitor):
         cls.__module__ = __name__
         cls.__qualname__ = cls.__name__
+        # the methods too: Python names a call's wrong keyword by the function's
+        # qualified name ("_build.<locals>.RowNorm.__init__() got an unexpected ...")
+        for name, member in vars(cls).items():
+            fn = getattr(member, "__func__", member)  # staticmethods hold theirs
+            if callable(fn) and hasattr(fn, "__qualname__"):
+                fn.__qualname__ = f"{cls.__name__}.{name}"
     return {"RowNorm": RowNorm, "DiameterLMO": DiameterLMO, "HeadStepMonitor": HeadStepMonitor}

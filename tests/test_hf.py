@@ -691,3 +691,68 @@ def test_blocks_that_do_not_run_or_run_out_of_order_are_refused(gpt2):
     # the same module twice would give two layers one output
     with pytest.raises(ValueError, match=re.escape("blocks must hold distinct modules, got block 0 again at 1.")):
         hf.hidden_states(gpt2, ids, blocks=[h[0], h[0]])
+
+
+def test_a_model_without_an_lm_head_is_refused_by_readout_before_the_protocol_runs(bert):
+    """intervene(readout=None) read out.logits of a model without an LM head (an
+    AttributeError); tokenwise_protocol raised it only after the capture passes and the
+    first layer's decomposition."""
+    base = bert.bert  # BertModel: the same blocks, no head
+    x = _ids((2, 6))
+    states = hf.hidden_states(base, x).states[1]
+    with pytest.raises(ValueError, match=re.escape("BertModel has no LM head (its output has no logits); pass readout=")):
+        hf.intervene(base, x, layer=0, states=states)
+    captured = []
+    hook = base.encoder.layer[1].register_forward_hook(lambda *a: captured.append(1))
+    try:
+        with pytest.raises(ValueError, match="has no LM head"):
+            hf.tokenwise_protocol(base, x, cls="diagonal", k=3)
+    finally:
+        hook.remove()
+    assert len(captured) <= 1  # one sequence's forward pass, no capture of the batch
+    # with a readout it runs
+    out = hf.tokenwise_protocol(base, x, cls="diagonal", k=3, layers=0, readout=hf.embedding_readout(base))
+    assert np.all(np.isfinite(out.table[0]["energy_fraction"]))
+
+
+def test_encoder_decoder_and_time_major_models_are_refused_by_name():
+    """BART's decoder blocks were found and run on decoder inputs shifted from the ids,
+    without the padding mask; XLNet's (T, B, d) states were read as (B, T, d): other
+    tokens' states, and patches at other tokens, silently."""
+    torch.manual_seed(0)
+    bart = transformers.BartForConditionalGeneration(transformers.BartConfig(
+        vocab_size=V, d_model=16, encoder_layers=1, decoder_layers=1, encoder_attention_heads=2,
+        decoder_attention_heads=2, encoder_ffn_dim=32, decoder_ffn_dim=32, max_position_embeddings=32)).eval()
+    xlnet = transformers.XLNetLMHeadModel(transformers.XLNetConfig(
+        n_layer=1, d_model=16, n_head=2, d_inner=32, vocab_size=V)).eval()
+    x = _ids((3, 5))
+    with pytest.raises(ValueError, match="model must be a decoder-only or an encoder-only model, got the encoder-decoder "
+                                         "BartForConditionalGeneration instead"):
+        hf.hidden_states(bart, x)
+    with pytest.raises(ValueError, match="encoder-decoder"):
+        hf.find_blocks(bart)
+    with pytest.raises(ValueError, match=re.escape("XLNetLMHeadModel, whose blocks hold them as (tokens, batch, width)")):
+        hf.hidden_states(xlnet, x)
+    with pytest.raises(ValueError, match="tokens, batch, width"):
+        hf.model_logits(xlnet, x, layer=0, sequence=[0], position=[1], states=np.zeros((1, 16)))
+
+
+def test_a_blocks_path_to_other_things_is_refused(gpt2):
+    for path in ("config.architectures", "lm_head.weight.shape"):
+        with pytest.raises(ValueError, match=re.escape(f"blocks must name a non-empty list of modules of the model, "
+                                                       f"{path!r} does not.")):
+            hf.find_blocks(gpt2, path)
+
+
+def test_a_failure_of_a_long_forward_pass_is_not_reported_as_its_length(llama):
+    """Past config.max_position_embeddings (32) a rotary model runs on; any RuntimeError
+    of such a pass (out of memory, a failing hook) was reported as a too-long input."""
+    def fail(*args):
+        raise RuntimeError("a failure that is not about positions")
+
+    hook = llama.model.layers[1].mlp.register_forward_hook(fail)
+    try:
+        with pytest.raises(RuntimeError, match="not about positions"):
+            hf.hidden_states(llama, _ids((1, 40)))
+    finally:
+        hook.remove()

@@ -240,6 +240,11 @@ def test_bad_input():
         refgeo.DiameterLMO(lr=0.1, momentum=1.5)
     with pytest.raises(ValueError, match=re.escape("grad must have rows summing to zero")):
         refgeo.DiameterLMO(lr=0.1).step(W, np.ones((3, 2)))
+    # a subnormal diameter budget cannot carry a step: refused by its own name when the
+    # optimizer is built (it was accepted, then the first step's error blamed the
+    # gradient and called it "eta")
+    with pytest.raises(ValueError, match=re.escape("lr == 1e-310, must be >= 2.2250738585072014e-308")):
+        refgeo.DiameterLMO(lr=1e-310)
 
 
 def test_failed_step_changes_no_state():

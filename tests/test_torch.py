@@ -474,6 +474,46 @@ def test_monitor_skips_calls_that_did_not_step_the_group(cls):
     want = max(np.linalg.norm(S[i] - S[j]) for i in range(3) for j in range(3))
     assert mon.records[-1]["diameter"] == pytest.approx(want, rel=1e-12)
 
+
+@pytest.mark.parametrize("cls", ["RowNorm", "DiameterLMO"])
+def test_monitor_after_a_rollback_records_the_real_steps_only(cls):
+    """A rollback to a checkpoint (load_state_dict between steps, as after a loss spike)
+    sets the step count back: the next real step was taken for a skipped call (its count
+    equalled the last one seen), and a call without a gradient for a real step."""
+    import copy
+
+    W = torch.nn.Parameter(torch.zeros(3, 2, dtype=torch.float64))
+    opt = getattr(rtorch, cls)([W], lr=0.1)
+    mon = rtorch.HeadStepMonitor(opt, torch.eye(2, dtype=torch.float64), every=1)
+    grad = torch.tensor([[3.0, 4.0], [-3.0, -4.0], [0.0, 0.0]], dtype=torch.float64)
+    W.grad = grad.clone()
+    opt.step()                                   # call 1: step 1
+    ckpt = copy.deepcopy(opt.state_dict())
+    opt.step()                                   # call 2: step 2
+    opt.load_state_dict(ckpt)                    # back to step 1
+    opt.step()                                   # call 3: a real step (step 2 again)
+    assert [r["step"] for r in mon.records] == [1, 2, 3]
+    opt.load_state_dict(ckpt)
+    W.grad = None
+    before = W.detach().clone()
+    opt.step()                                   # call 4: skipped (no gradient)
+    assert torch.equal(W.detach(), before)
+    assert [r["step"] for r in mon.records] == [1, 2, 3]
+    mon.close()
+    W.grad = grad.clone()
+    opt.step()                                   # closed: nothing recorded
+    assert len(mon.records) == 3
+
+
+def test_constructor_errors_name_the_class_and_the_budget():
+    W = torch.nn.Parameter(torch.zeros(3, 2))
+    # the class's own name, not that of the factory that builds it at import time
+    with pytest.raises(TypeError, match=re.escape("RowNorm.__init__() got an unexpected keyword argument 'maximize'")):
+        rtorch.RowNorm([W], lr=0.1, maximize=True)
+    with pytest.raises(ValueError, match=re.escape("lr == 1e-310, must be >= 2.2250738585072014e-308")):
+        rtorch.DiameterLMO([W], lr=1e-310)
+
+
 def test_monitor_refuses_one_row_head_before_any_step():
     """A head of fewer than 2 rows has no row diameter: refused when the monitor is
     built, not by an error about an internal S after the weight has already moved."""
