@@ -223,7 +223,8 @@ def compensated_sums(xp, x):
         part_s, part_c, part_r = [], [], []
         norm = None
         for j in range(0, n, width):
-            piece = rows[i : i + step, j : j + width]
+            # slice ends within the array (the array API does not clip them as NumPy does)
+            piece = rows[i : min(i + step, rows.shape[0]), j : min(j + width, n)]
             ts, tc, tr, depth = _two_sum_tree(xp, piece, None)
             levels = max(levels, depth)  # the last piece of a row may be shorter
             part_s.append(ts)

@@ -1576,7 +1576,9 @@ def hilbert_rms(S: Any, hidden: Any, /) -> float:
     b = max(1, _ROW_ELEMENTS // max(V, 1))
     deltas = []
     for t0 in range(0, N, b):
-        Z = Hm[t0 : t0 + b, :] @ xp.permute_dims(X, (1, 0))
+        # slice ends within the array: the array API leaves a longer one unspecified
+        # (array-api-strict raised IndexError, where NumPy clips it)
+        Z = Hm[t0 : min(t0 + b, N), :] @ xp.permute_dims(X, (1, 0))
         deltas.append(xp.max(Z, axis=1) - xp.min(Z, axis=1))
     top = max(float(xp.max(dl)) for dl in deltas)
     if top == 0.0:
