@@ -433,6 +433,21 @@ def check_decay(lr: float, weight_decay: float) -> None:
         )
 
 
+def check_step_size(lr: float, project: bool, top: float, what: str) -> None:
+    """Raise ``ValueError`` when a RowNorm step cannot be held in the dtype of the
+    parameter (``what``: its name and dtype; ``top``: the dtype's largest value): the
+    step's rows have norm at most ``lr`` (``2 lr`` with the outer centering), and an
+    ``lr`` beyond ``top`` wrote inf and NaN into the weights without an error
+    (``lr=1e39`` for a float32 weight, ``1e5`` for a float16 one)."""
+    reach = 2.0 * lr if project else lr
+    if reach > top:
+        limit = top / 2.0 if project else top
+        raise ValueError(
+            f"lr == {lr!r}, must be <= {limit:.6g} for {what}: the step's entries reach "
+            f"{'2 lr (project=True)' if project else 'lr'}, beyond the dtype's largest value {top:.6g}."
+        )
+
+
 def check_choice(value: Any, name: str, choices: tuple[_Choice, ...]) -> _Choice:
     """Check that ``value`` is one of the string ``choices``."""
     if not isinstance(value, str):

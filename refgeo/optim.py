@@ -34,6 +34,7 @@ from ._validate import (
     check_open_unit_interval,
     check_real,
     check_same_shape,
+    check_step_size,
 )
 from .lmo import (
     LMOResult,
@@ -93,6 +94,15 @@ class _Param:
         check_same_shape(param, grad, ("param", "grad"))
         self.array = param
         self.grad = np.asarray(grad, dtype=np.float64)
+        # the largest value the caller's parameter holds (a float16 tensor updated on a
+        # float32 copy keeps float16's range), and its dtype's name
+        if self.tensor is not None:
+            import torch  # loaded: the parameter is a tensor
+
+            self.top = float(torch.finfo(self.tensor.dtype).max)
+            self.dtype_name = str(self.tensor.dtype).replace("torch.", "")
+        else:
+            self.top, self.dtype_name = float(np.finfo(param.dtype).max), str(param.dtype)
 
     def done(self) -> Any:
         """The updated parameter: the caller's tensor itself (updated in place), or the
@@ -141,6 +151,9 @@ class RowNorm:
     ----------
     lr : float
         Step size :math:`\gamma > 0` (may be changed between steps through ``opt.lr``).
+        The step's entries reach ``lr`` (``2 lr`` with ``project``): a step that the
+        parameter's dtype cannot hold (``lr`` above 3.4e38 for float32, 65504 for a
+        float16 tensor) is a ``ValueError`` at ``step``, before anything changes.
     mu : float, default=0.95
         Momentum :math:`\mu \in [0, 1)` of the gradient average.
     eps : float, default=1e-8
@@ -236,6 +249,7 @@ class RowNorm:
         p = _Param(param, grad)
         param, g = p.array, p.grad
         lr, mu, eps, bias_correction, project, weight_decay, center = self._checked_hyperparameters()
+        check_step_size(lr, project, p.top, f"param of dtype {p.dtype_name}")
         if self.buffer is not None and self.buffer.shape != g.shape:
             raise ValueError(
                 f"grad must keep the shape of the optimizer state {self.buffer.shape}, got "

@@ -36,6 +36,7 @@ from ._validate import (
     check_min_rows,
     check_no_repeated_entries,
     check_real,
+    check_step_size,
 )
 from .rows import _direction_times
 
@@ -317,7 +318,9 @@ def _build() -> dict[str, Any]:
             NaN or inf entries (checked when it joins the optimizer), a gradient with NaN or
             inf entries (at each step), a gradient whose centered momentum average
             leaves the range of the state's dtype (a centered float32 gradient beyond
-            3.4e38), hyper-parameters out of range, a parameter whose rows share memory
+            3.4e38), an ``lr`` whose step the parameter's dtype cannot hold (the step's
+            entries reach ``lr``, ``2 lr`` with ``project``: above 65504 for float16),
+            hyper-parameters out of range, a parameter whose rows share memory
             (an expanded or unfolded tensor: it is updated in place).
         TypeError
             A complex, integer or sparse parameter or gradient.
@@ -390,6 +393,8 @@ def _build() -> dict[str, Any]:
                         f"the gradient of {name} must keep the shape of the optimizer state "
                         f"{tuple(state['momentum_buffer'].shape)}, got shape {tuple(g.shape)} instead."
                     )
+                check_step_size(hyper[0], hyper[5], float(torch.finfo(p.dtype).max),
+                                f"parameter {name} of dtype {str(p.dtype).replace('torch.', '')}")
                 self._check_range(p, g, hyper, name)
                 # an expanded parameter raised torch's RuntimeError after the state had
                 # moved; an unfolded one (overlapping rows) took every row's step over its

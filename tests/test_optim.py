@@ -247,6 +247,26 @@ def test_bad_input():
         refgeo.DiameterLMO(lr=1e-310)
 
 
+def test_a_step_size_beyond_the_parameters_dtype_is_refused_before_any_change():
+    """The step's entries reach lr (2 lr with project=True): an lr beyond the largest
+    value of the parameter's dtype wrote inf into a float32 weight (a RuntimeWarning)
+    and into a float16 tensor (silently)."""
+    g = np.array([[1.0, 0.0], [-1.0, 0.0]])
+    W = np.zeros((2, 2), dtype=np.float32)
+    opt = refgeo.RowNorm(lr=1e39)
+    with pytest.raises(ValueError, match=re.escape("lr == 1e+39, must be <= 3.40282e+38 for param of dtype float32")):
+        opt.step(W, g)
+    assert opt.t == 0 and opt.buffer is None and not W.any()
+    torch = pytest.importorskip("torch")
+    T = torch.zeros(2, 2, dtype=torch.float16)
+    with pytest.raises(ValueError, match=re.escape("must be <= 32752 for param of dtype float16: the step's "
+                                                   "entries reach 2 lr (project=True)")):
+        refgeo.RowNorm(lr=4e4, project=True).step(T, g)
+    assert not T.any()
+    out = refgeo.RowNorm(lr=6e4, eps=0.0).step(T, g)  # within float16's 65504: finite
+    assert torch.isfinite(out).all() and float(out.abs().max()) == 60000.0
+
+
 def test_failed_step_changes_no_state():
     """A gradient the LMO rejects (rows not summing to zero) leaves buffer and warm start
     as they were: the next valid steps match an optimizer that never saw it."""

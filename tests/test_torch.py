@@ -514,6 +514,18 @@ def test_constructor_errors_name_the_class_and_the_budget():
         rtorch.DiameterLMO([W], lr=1e-310)
 
 
+def test_rownorm_refuses_a_step_size_beyond_the_parameters_dtype():
+    """lr = 1e39 gave a float32 weight inf and NaN entries, lr = 1e5 a float16 one,
+    without an error."""
+    for dtype, lr in ((torch.float32, 1e39), (torch.float16, 1e5)):
+        W = torch.nn.Parameter(torch.zeros(2, 2, dtype=dtype))
+        W.grad = torch.tensor([[1.0, 0.0], [-1.0, 0.0]], dtype=dtype)
+        opt = rtorch.RowNorm([W], lr=lr)
+        with pytest.raises(ValueError, match=re.escape(f"lr == {lr!r}, must be <= ")):
+            opt.step()
+        assert not W.detach().any() and not opt.state
+
+
 def test_monitor_refuses_one_row_head_before_any_step():
     """A head of fewer than 2 rows has no row diameter: refused when the monitor is
     built, not by an error about an internal S after the weight has already moved."""
