@@ -349,12 +349,19 @@ def _n_bases(V: int, d: int) -> int:
     return -(-(V - d) // d) if V > d else 0
 
 
+def _check_code_size(what: str, V: int, d: int) -> None:
+    """:func:`_check_size` of a quadratic code: the rows, and one basis at a time (diag(s),
+    its transform and the scaled copy, d x d each).  Called before the forms' indices are
+    formed: with the default V (all rows) they number about d/2, and NumPy's own error
+    came first ("Maximum allowed size exceeded" at d = 4**40)."""
+    _check_size(what, V, d, 32.0 * d * d if _n_bases(V, d) else 0.0)
+
+
 def _quadratic_code(what: str, d: int, V: int, n: int, us: np.ndarray, ws: np.ndarray | None) -> np.ndarray:
     """Standard basis, then one Hadamard basis H diag((-1)^{Q}) per form (first V rows;
-    ``us`` and ``ws`` hold at least the forms these rows reach)."""
+    ``us`` and ``ws`` hold at least the forms these rows reach; the size is checked by
+    the caller, :func:`_check_code_size`)."""
     n_bases = _n_bases(V, d)
-    # one basis at a time: diag(s), its transform and the scaled copy, d x d each
-    _check_size(what, V, d, 32.0 * d * d if n_bases else 0.0)
     X = np.zeros((V, d))
     k = min(V, d)
     X[np.arange(k), np.arange(k)] = 1.0
@@ -427,6 +434,7 @@ def delsarte_goethals_code(d: int, V: int | None = None, /) -> np.ndarray:
     half = d // 2
     total = d + d * half * half
     V = total if V is None else check_int(V, "V", min_value=1, max_value=total)
+    _check_code_size(f"delsarte_goethals_code({d}, {V})", V, d)
     # only the forms the first V rows reach (all d^2/4 of them were built for any V)
     idx = np.arange(_n_bases(V, d), dtype=np.int64)
     # every index below half (always for d >= 2^63, where half is no int64 and the
@@ -493,6 +501,7 @@ def kerdock_code(d: int, V: int | None = None, /) -> np.ndarray:
     d, n = _check_power_of_4(d)
     total = d * (d // 2 + 1)
     V = total if V is None else check_int(V, "V", min_value=1, max_value=total)
+    _check_code_size(f"kerdock_code({d}, {V})", V, d)
     us = np.arange(_n_bases(V, d), dtype=np.int64)  # the forms the first V rows reach
     return _quadratic_code(f"kerdock_code({d}, {V})", d, V, n, us, None)
 

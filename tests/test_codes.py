@@ -487,6 +487,17 @@ def test_constructions_beyond_memory_are_refused_by_name(call, what, parts, advi
         call()
 
 
+@pytest.mark.parametrize("fn", [refgeo.kerdock_code, refgeo.delsarte_goethals_code])
+@pytest.mark.parametrize("d", [4**20, 4**31, 4**40])
+def test_all_rows_of_a_code_beyond_memory_are_refused_by_name(fn, d):
+    """With the default V (every row) the forms' indices, about d/2 of them, were formed
+    before the size check: NumPy's "Unable to allocate 4.00 TiB", "array is too big" or
+    "Maximum allowed size exceeded" came from inside instead of the MemoryError naming
+    the call."""
+    with pytest.raises(MemoryError, match=re.escape(f"{fn.__name__}({d}, ")):
+        fn(d)
+
+
 def test_codes_build_only_the_forms_their_rows_reach():
     """The first V rows need ceil((V - d)/d) forms; all d^2/4 Delsarte-Goethals forms
     were indexed for any V (2^38 integers for d = 4^10)."""
