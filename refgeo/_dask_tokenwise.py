@@ -485,58 +485,42 @@ def _block_panels(XI, YI, e):
 
 @_one_blas_thread
 def _metrics_block(XI, YI, FI, e, gram, baselines):
-    """Per-token records of one block (rows: the squared norms of delta, tau, rho, the
-    three cosines and the three angles) and its sums: column sums of delta, tau, rho,
-    ``tau^T tau`` (when ``gram``), ``x^T x`` and ``y^T x`` (when ``baselines``)."""
+    """The per-token record of one block (:func:`refgeo._tokenwise_fit.token_record`)
+    and its sums: column sums of delta, tau, rho, the scaled Gram pair of tau (when
+    ``gram``; :func:`refgeo._tokenwise_fit.scaled_gram`) and the R factor of the
+    baselines' panel (when ``baselines``)."""
     X64, Y64, ex = _block_panels(XI, YI, e)
     xb, delta, tau, rho = _parts(X64, Y64, FI, ex)
-    ri = _fit.row_inner
-    dn2, tn2, rn2 = ri(delta, delta), ri(tau, tau), ri(rho, rho)
-    dn, tn, rn = np.sqrt(dn2), np.sqrt(tn2), np.sqrt(rn2)
-    c_dt = _fit.cosine(ri(delta, tau), dn, tn)
-    c_rt = _fit.cosine(ri(rho, tau), rn, tn)
-    c_rd = _fit.cosine(ri(rho, delta), rn, dn)
-    vec = np.stack([
-        dn2, tn2, rn2, c_dt, c_rt, c_rd,
-        _fit.angle(delta, tau, dn, tn, c_dt), _fit.angle(rho, tau, rn, tn, c_rt),
-        _fit.angle(rho, delta, rn, dn, c_rd),
-    ])
+    rec = _fit.token_record(delta, tau, rho)
     d = xb.shape[1]
     sums = np.stack([delta.sum(axis=0), tau.sum(axis=0), rho.sum(axis=0)])
-    G = tau.T @ tau if gram else np.zeros((0, 0))
+    G = _fit.scaled_gram(tau) if gram else (np.zeros((0, 0)), 0)
     # the R factor of [1 | x | y] (the baselines' least squares, without normal
     # equations, and the means the Procrustes baseline splits off)
     B = _fit.qr_r(_fit.baseline_panel(xb, _rows(Y64, ex))) if baselines else np.zeros((0, 1 + 2 * d))
-    return vec, sums, G, B
+    return rec, sums, G, B
 
 
 @_one_blas_thread
 def _centered_gram_block(XI, YI, FI, e, m):
     X64, Y64, ex = _block_panels(XI, YI, e)
-    tau = _parts(X64, Y64, FI, ex)[2] - m
-    return tau.T @ tau
+    return _fit.scaled_gram(_parts(X64, Y64, FI, ex)[2] - m)
 
 
 @_one_blas_thread
 def _projection_block(XI, YI, FI, e, U, means, maps):
-    """Per-token records of one block: for delta, tau, rho the squared norms of their
-    projections on ``U`` (and, when centering, of the centered vectors); then the
-    squared residuals of the baselines' transposed ``maps``."""
+    """The norm records (:func:`refgeo._tokenwise_fit.norm_record`) of one block: of
+    delta, tau and rho (centered by ``means`` when given) with their projections on
+    ``U``, then of the residuals of the baselines' transposed ``maps``."""
     X64, Y64, ex = _block_panels(XI, YI, e)
     xb, delta, tau, rho = _parts(X64, Y64, FI, ex)
-    out = []
-    for j, v in enumerate((delta, tau, rho)):
-        if means is not None:
-            v = v - means[j]
-            out.append(_fit.row_inner(v, v))
-        p = v @ U
-        out.append(_fit.row_inner(p, p))
+    out = [_fit.norm_record(v if means is None else v - means[j], U) for j, v in enumerate((delta, tau, rho))]
     yb = _rows(Y64, ex)
     for AT in maps:
         res = xb @ AT
         np.subtract(yb, res, out=res)
-        out.append(_fit.row_inner(res, res))
-    return np.stack(out) if out else np.zeros((0, xb.shape[0]))
+        out.append(_fit.norm_record(res))
+    return np.concatenate(out)
 
 
 def _field_block(XI, YI, FI, e, which, scale_back=True):
@@ -563,11 +547,12 @@ def parts_max_abs(X, Y, F, e):
 def metrics(X, Y, F, e, subspace_rank, center_subspace, baselines, ridge, identity_prior):
     """Every metric of the decomposition, from the persisted scaled fitted values ``F``.
 
-    Returns a dict: the (N,) NumPy arrays ``dn2, tn2, rn2`` (scaled squared norms),
-    ``cosines`` and ``angles`` (three each), ``projections`` and the pairs ``(num,
-    den)`` of the subspace energies (three each), ``subspace`` and
-    ``singular_values`` (scaled), and for the baselines their transposed maps and
-    (N,) squared residuals (scaled).
+    Returns a dict: ``record``, the (13, N) per-token record
+    (:func:`refgeo._tokenwise_fit.token_record`), ``projections``, the (3, N) norm
+    records of delta, tau and rho with their projections
+    (:func:`refgeo._tokenwise_fit.norm_record`), ``subspace`` and ``singular_values``
+    (scaled), and for the baselines their transposed ``baseline_maps`` and the (2, N)
+    norm records ``baseline_residuals`` of their residuals.
     """
     import dask
 
@@ -575,12 +560,11 @@ def metrics(X, Y, F, e, subspace_rank, center_subspace, baselines, ridge, identi
     xb, yb, fb = X.to_delayed()[:, 0], Y.to_delayed()[:, 0], F.to_delayed()[:, 0]
     task = dask.delayed(_metrics_block, pure=True, nout=4)
     recs = [task(xb[i], yb[i], fb[i], e, not center_subspace, baselines) for i in range(len(xb))]
-    vec_parts = [r[0] for r in recs]
     sums = _sum_tree([r[1] for r in recs])
-    G = _sum_tree([r[2] for r in recs])
+    G = _merge_tree([r[2] for r in recs], _fit.merge_grams)
     B = _merge_tree([r[3] for r in recs], _fit.merge_r)
-    vecs, sums, G, B = dask.compute(vec_parts, sums, G, B)
-    vec = np.concatenate(vecs, axis=1)
+    records, sums, G, B = dask.compute([r[0] for r in recs], sums, G, B)
+    record = np.concatenate(records, axis=1)
     means = None
     if center_subspace:
         # explicit subtraction of the mean, as on one machine (the shortcut
@@ -588,34 +572,21 @@ def metrics(X, Y, F, e, subspace_rank, center_subspace, baselines, ridge, identi
         means = sums / n
         gtask = dask.delayed(_centered_gram_block, pure=True)
         m_ = dask.delayed(means[1], pure=True)
-        G = dask.compute(_sum_tree([gtask(xb[i], yb[i], fb[i], e, m_) for i in range(len(xb))]))[0]
+        G = dask.compute(_merge_tree([gtask(xb[i], yb[i], fb[i], e, m_) for i in range(len(xb))],
+                                     _fit.merge_grams))[0]
+    G, E = G
     with blas_single_thread():
         evals, evecs = np.linalg.eigh(G)
     U = np.ascontiguousarray(evecs[:, ::-1][:, :subspace_rank])
-    sv = np.sqrt(np.maximum(evals[::-1][:subspace_rank], 0.0))
+    sv = np.ldexp(np.sqrt(np.maximum(evals[::-1][:subspace_rank], 0.0)), E)
     maps = _fit.baseline_maps(B, n, ridge, identity_prior) if baselines else ()
     ptask = dask.delayed(_projection_block, pure=True)
     # one key each for the d x r and d x d matrices, not a copy in every task
     U_, means_, maps_ = (dask.delayed(a, pure=True) for a in (U, means, maps))
     proj = dask.compute([ptask(xb[i], yb[i], fb[i], e, U_, means_, maps_) for i in range(len(xb))])[0]
     proj = np.concatenate(proj, axis=1)
-    dn2, tn2, rn2 = vec[0], vec[1], vec[2]
-    out = {
-        "dn2": dn2, "tn2": tn2, "rn2": rn2,
-        "cosines": (vec[3], vec[4], vec[5]), "angles": (vec[6], vec[7], vec[8]),
+    return {
+        "record": record, "projections": (proj[0:3], proj[3:6], proj[6:9]),
         "subspace": U, "singular_values": sv, "baseline_maps": maps,
+        "baseline_residuals": tuple(proj[9 + 2 * j : 11 + 2 * j] for j in range(len(maps))),
     }
-    row = 0
-    projections, energies = [], []
-    for vn2 in (dn2, tn2, rn2):
-        if center_subspace:
-            vn2 = proj[row]
-            row += 1
-        p2 = proj[row]
-        row += 1
-        projections.append(_fit.ratio(p2, vn2))
-        energies.append((p2, vn2))
-    out["projections"] = tuple(projections)
-    out["energy_parts"] = tuple(energies)
-    out["baseline_r2"] = tuple(proj[row + j] for j in range(len(maps)))
-    return out

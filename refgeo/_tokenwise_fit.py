@@ -80,8 +80,8 @@ def panel_bytes(cls: str, n: int, d: int, k: int, chunk: int, return_maps: bool 
     """``(label, bytes)``: the working panels of the fit of ``n`` tokens of class ``cls``
     in chunks of ``chunk`` tokens (an upper estimate, for the memory checks).
 
-    The diagonal classes hold one (n, d) product panel, a chunk of sparse products and
-    the two scaled chunks of rows they multiply; the others gather (chunk, k, d)
+    The diagonal classes hold one (n, d) product panel, a chunk of sparse products, the
+    two scaled chunks of rows they multiply and the rows' exponents; the others gather (chunk, k, d)
     neighbor panels (the linear fits) or work in the span of ``m = min(d, 2k)``
     directions (the orthogonal fits), and with ``return_maps`` hold up to four
     (chunk, d, d) temporaries of the maps besides the (n, d, d) maps themselves (which
@@ -89,9 +89,12 @@ def panel_bytes(cls: str, n: int, d: int, k: int, chunk: int, return_maps: bool 
     """
     f, b = 8, chunk
     if cls in ("diagonal", "psd_diagonal"):
-        # (f + 2) n d: the panel and the two boolean masks of the zero denominators
+        # (f + 2) n d: the panel and the two boolean masks of the zero denominators;
+        # 2 f n: the rows' and the panels' exponents; per token of a chunk, its scaled
+        # rows, their copies scaled by their exponents and a magnitude temporary, and
+        # its neighbors' exponents, weights and sparse entries
         return (f"one (N, d) product panel, chunks of chunk_size={b} tokens",
-                (f + 2) * n * d + (2 * f * d + 12 * k) * b)
+                (f + 2) * n * d + 2 * f * n + (5 * f * d + 28 * k) * b)
     maps = 4 * f * b * d * d if return_maps else 0
     label = f"neighbor panels of chunk_size={b} tokens" + (" and their maps" if return_maps else "")
     if cls in ("low_rank", "full"):
@@ -117,6 +120,23 @@ def _rows(A, ex, s, t):
     return A[s:t] if ex == 0 else np.ldexp(A[s:t], -ex)
 
 
+# The exponent of a zero row: below every float64 exponent, so that it never sets the
+# scale of a panel.
+_NO_EXPONENT = -1100
+
+# A ridge scaled by a panel's exponent is capped here: far above every sum of the scaled
+# panels (at most k d), so that the fit is the prior's to rounding, as lam -> inf, where
+# the scaled ridge overflowed to inf (and inf / inf to NaN).
+_RIDGE_CAP = 2.0**900
+
+
+def _panel_ridge(lam, E):
+    """``lam 4**-E`` for the panels scaled by ``2**-E`` (``E`` an integer array), capped
+    at :data:`_RIDGE_CAP`."""
+    with np.errstate(over="ignore"):
+        return np.minimum(np.ldexp(np.full(np.shape(E), float(lam)), -2 * np.asarray(E)), _RIDGE_CAP)
+
+
 def fit_diagonal(X, Y, nbr, w, lam, a0, nonneg, chunk, tick=None, ex=0):
     """Coordinate-wise closed form ``a_c = (sum w x y + lam a0) / (sum w x^2 + lam)``.
 
@@ -128,6 +148,14 @@ def fit_diagonal(X, Y, nbr, w, lam, a0, nonneg, chunk, tick=None, ex=0):
     and all neighbors zero there) carries no information and takes the prior value
     ``a0``.  ``nonneg`` clips at 0, the exact minimizer of the 1-D convex problem on
     ``a >= 0``.
+
+    Each token's sums are those of its panel scaled by a power of two of its own, as
+    :func:`_linear_svd` scales its panels: the rows' products are taken from the rows
+    scaled by their own exponents ``e_j`` (of ``max(|x_j|, |y_j|)``) and weighted by
+    ``4**(e_j - E_i)``, ``E_i`` the largest exponent of the neighbors of token ``i``,
+    and ``lam`` by ``4**-E_i`` (the ratio is unchanged).  Products of the panels'
+    one scaling underflowed for a cluster of tokens 2**-540 times the rest, whose fit
+    was the prior.
     """
     import scipy.sparse as sp
 
@@ -136,26 +164,39 @@ def fit_diagonal(X, Y, nbr, w, lam, a0, nonneg, chunk, tick=None, ex=0):
     num = np.empty((n, d))
     den = np.empty((n, d))
     indptr = np.arange(0, min(chunk, n) * k + 1, k)
+    er = np.empty(n_rows, dtype=np.int64)
     P = np.empty((n_rows, d))
-    for s in range(0, n_rows, chunk):  # X * Y of the scaled panels
+    for s in range(0, n_rows, chunk):  # X * Y of the rows scaled by their exponents
         e = min(n_rows, s + chunk)
-        np.multiply(_rows(X, ex, s, e), _rows(Y, ex, s, e), out=P[s:e])
+        xb, yb = _rows(X, ex, s, e), _rows(Y, ex, s, e)
+        top = np.maximum(np.max(np.abs(xb), axis=1, initial=0.0), np.max(np.abs(yb), axis=1, initial=0.0))
+        # a zero row adds nothing: its exponent must not set a panel's scale
+        er[s:e] = np.where(top > 0, np.frexp(top)[1], _NO_EXPONENT)
+        np.multiply(np.ldexp(xb, -er[s:e, None]), np.ldexp(yb, -er[s:e, None]), out=P[s:e])
+    E = np.empty(n, dtype=np.int64)
     for out in (num, den):
         for s in range(0, n, chunk):
             e = min(n, s + chunk)
-            S = sp.csr_matrix((w[s:e].ravel(), nbr[s:e].ravel(), indptr[: e - s + 1]), shape=(e - s, n_rows))
+            en = er[nbr[s:e]]  # a copy: made the weights' exponents in place
+            if out is num:
+                E[s:e] = en.max(axis=1, initial=_NO_EXPONENT)
+            en -= E[s:e, None]
+            en *= 2
+            wt = np.ldexp(w[s:e], en)
+            S = sp.csr_matrix((wt.ravel(), nbr[s:e].ravel(), indptr[: e - s + 1]), shape=(e - s, n_rows))
             out[s:e] = S @ P
             if tick is not None:
                 tick()
         if out is num:
             for s in range(0, n_rows, chunk):
                 e = min(n_rows, s + chunk)
-                xb = _rows(X, ex, s, e)
+                xb = np.ldexp(_rows(X, ex, s, e), -er[s:e, None])
                 np.multiply(xb, xb, out=P[s:e])
     del P
     if lam:
-        num += lam * a0
-        den += lam
+        lam_i = _panel_ridge(lam, E)[:, None]
+        num += lam_i * a0
+        den += lam_i
     pos = den > 0
     np.divide(num, den, out=num, where=pos)
     num[~pos] = a0
@@ -460,11 +501,15 @@ def fit_orthogonal(X, Y, nbr, w, lam, identity_prior, scaled, chunk, return_maps
     for s in range(0, n, chunk):
         e = min(n, s + chunk)
         idx = nbr[s:e]
+        # each panel scaled by a power of two of its own (Q and the scale do not
+        # change; lam by its square): products of a cluster 2**-540 times the rest
+        # underflowed, and its fit was the tie-break's
         Xn = X[idx]
         Yn = Y[idx]
-        if ex:
-            np.ldexp(Xn, -ex, out=Xn)
-            np.ldexp(Yn, -ex, out=Yn)
+        eP = np.maximum(_exponents(Xn, (1, 2)), _exponents(Yn, (1, 2)))
+        np.ldexp(Xn, -eP[:, None, None], out=Xn)
+        np.ldexp(Yn, -eP[:, None, None], out=Yn)
+        lam_b = _panel_ridge(lam, eP - ex)
         xi = _rows(X, ex, s, e)
         wn = w[s:e]
         # the weighted means are split off before any projection: a row minus a mean
@@ -496,7 +541,7 @@ def fit_orthogonal(X, Y, nbr, w, lam, identity_prior, scaled, chunk, return_maps
         # that are copies of one row leave N nothing but that (1e-32)
         noise = 4.0 * (m + 4) ** 2 * _EPS * _EPS * W * nx * ny
         if identity_prior and lam:
-            N = N + lam * np.eye(m)
+            N = N + lam_b[:, None, None] * np.eye(m)
         uy, by, sy = _householder(ybar)
         ux, bx, sx = _householder(xbar)
         Mr = _reflect_cols(_reflect_rows(uy, by, N), ux, bx)  # M in the reflected bases, but for its (0, 0) entry
@@ -513,8 +558,8 @@ def fit_orthogonal(X, Y, nbr, w, lam, identity_prior, scaled, chunk, return_maps
             # tr(Q^T M) = tr(Q^T N) + W ybar^T Q xbar
             tr = np.einsum("bmn,bmn->b", Q, N) + W * np.einsum("bm,bmn,bn->b", ybar, Q, xbar)
             if identity_prior and lam:
-                tr = tr + lam * (d - m)
-            den = np.einsum("bk,bkd,bkd->b", wn, Xn, Xn) + lam * d
+                tr = tr + lam_b * (d - m)
+            den = np.einsum("bk,bkd,bkd->b", wn, Xn, Xn) + lam_b * d
             with np.errstate(divide="ignore", invalid="ignore"):
                 sc = np.where(den > 0, np.maximum(tr, 0.0) / np.where(den > 0, den, 1.0), 1.0)
             scale_out[s:e] = sc
@@ -658,11 +703,27 @@ def fit_class(X64, Y64, ex, idx, w, cls, rank, ridge, ident, chunk, return_maps,
 #
 # Every function here works row by row (or entry by entry), so a block of rows gives
 # the same bits as the whole array: the Dask engine runs them on token blocks.
+#
+# Squared norms are taken from rows scaled by their own power of two (row_scaled) and
+# kept as pairs (n2, e) meaning n2 * 4**e: the panels share one scaling, and the
+# squares of a token 2**-540 times smaller than the largest entry of X and Y underflowed
+# to 0 (NaN relative errors, cosines and projections for a representable answer).
+# Scaling by powers of two is exact, so in the normal range the results are the same
+# bits as from the unscaled rows.
 
 
 def row_inner(a, b):
     """``sum_c a[i, c] b[i, c]`` for every row ``i``."""
     return np.einsum("ij,ij->i", a, b)
+
+
+def row_scaled(V):
+    """``(W, e)``: ``W_i = V_i 2**-e_i`` with the largest entry of each nonzero row in
+    [1/2, 1) (``e_i = 0`` for a zero row), so ``|V_i|^2 = |W_i|^2 4**e_i`` and no square
+    of ``W`` underflows or overflows; every ratio, cosine and angle of one token's
+    vectors is the same from ``W``."""
+    e = np.frexp(np.max(np.abs(V), axis=1, initial=0.0))[1]
+    return np.ldexp(V, -e[:, None]), e
 
 
 def cosine(ab, na, nb):
@@ -702,9 +763,84 @@ def ratio(num, den):
         return np.where(den > 0, num / np.where(den > 0, den, 1.0), np.nan)
 
 
+def norm_ratio(a2, ea, b2, eb):
+    """Per-token ``|a_i| / |b_i|`` from the pairs ``(a2, ea)`` and ``(b2, eb)`` of
+    :func:`row_scaled` squared norms and exponents; NaN where ``b_i = 0`` (inf only
+    beyond the float64 range)."""
+    with np.errstate(over="ignore"):
+        return np.ldexp(ratio(np.sqrt(a2), np.sqrt(b2)), (ea - eb).astype(np.int64))
+
+
+def token_record(delta, tau, rho):
+    """The (13, n) per-token record of one block of (scaled) delta, tau and rho.
+
+    Rows 0-2: the squared norms of the row-scaled delta, tau, rho (:func:`row_scaled`);
+    3-5: their exponents (float); 6: the relative error ``|rho_i| / |delta_i|``; 7-9:
+    the cosines and 10-12: the angles of (delta, tau), (rho, tau) and (rho, delta).
+    """
+    (dv, ed), (tv, et), (rv, er) = row_scaled(delta), row_scaled(tau), row_scaled(rho)
+    dn2, tn2, rn2 = row_inner(dv, dv), row_inner(tv, tv), row_inner(rv, rv)
+    dn, tn, rn = np.sqrt(dn2), np.sqrt(tn2), np.sqrt(rn2)
+    c_dt = cosine(row_inner(dv, tv), dn, tn)
+    c_rt = cosine(row_inner(rv, tv), rn, tn)
+    c_rd = cosine(row_inner(rv, dv), rn, dn)
+    return np.stack([
+        dn2, tn2, rn2, ed, et, er, norm_ratio(rn2, er, dn2, ed), c_dt, c_rt, c_rd,
+        angle(dv, tv, dn, tn, c_dt), angle(rv, tv, rn, tn, c_rt), angle(rv, dv, rn, dn, c_rd),
+    ])
+
+
+def norm_record(v, U=None):
+    """``[|w_i|^2, e_i]`` of the row-scaled ``v`` (:func:`row_scaled`), preceded by the
+    squared norms ``|U^T w_i|^2`` of their projections on the columns of ``U`` when it
+    is given: a (2, n) or (3, n) record."""
+    w, e = row_scaled(v)
+    rows = [row_inner(w, w), e]
+    if U is not None:
+        p = w @ U
+        rows.insert(0, row_inner(p, p))
+    return np.stack(rows)
+
+
+def scaled_sum(n2, e):
+    """``(s, E)`` with ``sum_i n2_i 4**e_i = s 4**E``: every term is taken relative to
+    the largest exponent ``E`` of a nonzero term, so the sum neither underflows nor
+    overflows."""
+    nz = n2 > 0
+    if not nz.any():
+        return 0.0, 0
+    E = int(e[nz].max())
+    return float(np.sum(np.ldexp(n2, (2 * (e - E)).astype(np.int64)))), E
+
+
 def energy(num, den):
-    """``num / den`` as a float; NaN for ``den <= 0``."""
-    return float(num / den) if den > 0 else float("nan")
+    """``num / den`` of two :func:`scaled_sum` pairs, as a float; NaN where ``den`` is 0."""
+    (sn, en), (sd, ed) = num, den
+    if not sd > 0:
+        return float("nan")
+    with np.errstate(over="ignore"):
+        return float(np.ldexp(sn / sd, 2 * (en - ed)))
+
+
+def largest_norm(rec):
+    """The largest row norm of delta, tau and rho in a :func:`token_record`."""
+    with np.errstate(over="ignore"):
+        return float(np.max(np.ldexp(np.sqrt(rec[0:3]), rec[3:6].astype(np.int64)), initial=0.0))
+
+
+def scaled_gram(T):
+    """``(G, E)`` with ``T^T T = G 4**E``, from ``T`` scaled by the power of two that
+    brings its largest entry to [1/2, 1) (the Gram matrix of updates far smaller than
+    the panels' scale underflowed to 0)."""
+    E = exponent_of(float(np.max(np.abs(T), initial=0.0)))
+    W = np.ldexp(T, -E) if E else T
+    return W.T @ W, E
+
+
+def merge_grams(parts):
+    """The :func:`scaled_gram` pair of the rows behind the pairs ``parts``."""
+    E = max((Eb for G, Eb in parts if G.any()), default=0)
+    return sum(np.ldexp(G, 2 * (Eb - E)) for G, Eb in parts), E
 
 
 def exponent_of(top: float) -> int:

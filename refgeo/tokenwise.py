@@ -424,17 +424,18 @@ class TokenwiseResult:
         :math:`\tau_i = A_i x_i - x_i` and residual :math:`\rho_i = \Delta_i - \tau_i`
         (so :math:`\Delta = \tau + \rho` up to one float64 rounding per entry).
     relative_error : ndarray of shape (N,)
-        :math:`\lVert\rho_i\rVert / \lVert\Delta_i\rVert` (NaN where :math:`\Delta_i = 0`,
-        and where the squares of a token's update underflow to 0: entries below about
-        ``2**-536`` times the largest entry of ``X`` and ``Y``, whose one scaling the
-        per-token metrics share).
+        :math:`\lVert\rho_i\rVert / \lVert\Delta_i\rVert` (NaN where :math:`\Delta_i = 0`).
+        Every per-token metric is computed from the token's own vectors scaled by a power
+        of two, so it stays finite for a token whose update is far below the others'
+        (``2**-600`` times the largest entry of ``X`` and ``Y``, say, where its squares
+        would underflow).
     energy_fraction : float
         :math:`\sum_i \lVert\rho_i\rVert^2 / \sum_i \lVert\Delta_i\rVert^2` over the
         evaluated tokens (NaN where :math:`\Delta_i = 0` on every one of them, e.g.
         ``Y = X``: nothing to explain).
     cosines : TokenwisePairs
         Per-token cosines of the pairs, e.g. ``cosines.rho_tau`` (arrays of shape (N,);
-        NaN where a vector is zero, or its squares underflow, as for ``relative_error``).
+        NaN where a vector is zero).
     angles : TokenwisePairs
         The same angles in degrees, in [0, 180].
     subspace : ndarray of shape (d, r)
@@ -1064,12 +1065,19 @@ def fit_local_maps(
     with ``e`` putting the largest entry in [1/2, 1) and the ridge scaled by
     ``4^{-e}``, so entries from about 1e-300 to 1e300 fit alike and
     ``fit(2^m X, 2^m Y, ridge=4^m lam)`` is ``2^m fit(X, Y, ridge=lam)`` bit for bit.
-    What scaling cannot help: entries more than about 2^1000 below the largest one
-    lose their low bits (they are negligible against it); the diagonal classes fit
-    each coordinate on its own, from sums of squares of its entries, so a coordinate
-    whose entries are more than about ``2^510`` below the largest entry of X and Y
-    loses precision (its squares are subnormal) and beyond about ``2^540`` takes the
-    prior (its squares are zero); and a ridge above ``2^600``
+    Each neighbor panel is then scaled by a power of two of its own (the ridge by its
+    square), so a cluster of tokens far below the rest (``2^-600`` times their size)
+    is fitted as if it were alone.  What scaling cannot help: entries more than about
+    2^1000 below the largest one lose their low bits (they are negligible against
+    it); the diagonal classes fit each coordinate on its own, from sums of squares of
+    its entries, so a coordinate whose entries are more than about ``2^510`` below the
+    largest entry of their panel loses precision (its squares are subnormal) and
+    beyond about ``2^540`` takes the prior (its squares are zero); the neighbor
+    search has the engine's absolute floor (:mod:`refgeo.rows`): distances below about
+    ``2^-511`` times the largest entry of X are resolved only to about ``sqrt(d)
+    2^-537`` times it, so within a cluster that far below the rest the neighbors are
+    ties, broken by the smaller index (pass ``neighbors`` found on the cluster alone);
+    and a ridge above ``2^600``
     times the squared largest entry acts as an infinite one; results beyond the float64
     maximum (about 1.8e308) raise a ``ValueError``.  Invariances: a global
     rotation of X and Y (not for the diagonal classes), a common scaling of X and Y
@@ -1295,11 +1303,11 @@ def _decompose_dask(X, Y, k, cls, rank, ridge, prior, metric, standardize, exclu
                         identity)
         bar.advance()
     eval_mask = np.ones(n, dtype=bool)
-    dn2, tn2, rn2 = f["dn2"], f["tn2"], f["rn2"]
+    rec = f["record"]
     # the same checks as for NumPy input (see decompose): entries only when a row norm
     # could leave the range
     if e > 0:
-        if not _fits_after_scaling(math.sqrt(float(max(dn2.max(), tn2.max(), rn2.max()))), e):
+        if not _fits_after_scaling(_fit.largest_norm(rec), e):
             for name, m in zip(("delta", "tau", "rho"), _dt.parts_max_abs(X, Y, fitted, e)):
                 if not _fits_after_scaling(m, e):
                     raise _range_error(f"|{name}|", m, e)
@@ -1307,33 +1315,17 @@ def _decompose_dask(X, Y, k, cls, rank, ridge, prior, metric, standardize, exclu
         if not _fits_after_scaling(m, e):
             raise _range_error("the largest singular value of [tau_1 ... tau_N]", m, e)
     delta, tau, rho = _dt.parts(X, Y, fitted, e)
-    dn, tn, rn = np.sqrt(dn2), np.sqrt(tn2), np.sqrt(rn2)
-    ro = _ro
-    c_dt, c_rt, c_rd = f["cosines"]
-    a_dt, a_rt, a_rd = f["angles"]
-    p_d, p_t, p_r = f["projections"]
-    e_d, e_t, e_r = (_energy(np.sum(p2[eval_mask]), np.sum(vn2[eval_mask])) for p2, vn2 in f["energy_parts"])
-    fits = []
-    for kind, AT, r2 in zip(("linear", "procrustes"), f["baseline_maps"], f["baseline_r2"]):
-        fits.append(GlobalBaseline(
-            kind=kind, map=_ro(np.ascontiguousarray(AT.T)), relative_error=_ro(_ratio(np.sqrt(r2), dn)),
-            energy_fraction=_energy(np.sum(r2[eval_mask]), np.sum(dn2[eval_mask])),
-        ))
+    fits = [_baseline(kind, AT, r, rec, eval_mask)
+            for kind, AT, r in zip(("linear", "procrustes"), f["baseline_maps"], f["baseline_residuals"])]
     config = _fit_config(plan, X, wkind)
     config["mlp"] = None
     config.update(subspace_rank=subspace_rank, center_subspace=center_subspace, baselines=baselines, layer=layer)
     sv = f["singular_values"]
     return TokenwiseResult(
-        delta=delta, tau=tau, rho=rho,
-        relative_error=ro(_ratio(rn, dn)),
-        energy_fraction=_energy(np.sum(rn2[eval_mask]), np.sum(dn2[eval_mask])),
-        cosines=TokenwisePairs(delta_tau=ro(c_dt), rho_tau=ro(c_rt), rho_delta=ro(c_rd)),
-        angles=TokenwisePairs(delta_tau=ro(a_dt), rho_tau=ro(a_rt), rho_delta=ro(a_rd)),
-        subspace=ro(f["subspace"]), subspace_singular_values=ro(np.ldexp(sv, e) if e else sv),
-        projections=TokenwiseParts(delta=ro(p_d), tau=ro(p_t), rho=ro(p_r)),
-        subspace_energies=TokenwiseParts(delta=e_d, tau=e_t, rho=e_r),
-        dof=int(_degrees_of_freedom(plan.cls, d, plan.rank)), n_targets=int(plan.k * d), neighbors=ro(nbr),
-        eval_mask=ro(eval_mask), coefficients=coef, baselines=tuple(fits), config=config,
+        delta=delta, tau=tau, rho=rho, **_token_fields(rec, f["projections"], eval_mask),
+        subspace=_ro(f["subspace"]), subspace_singular_values=_ro(np.ldexp(sv, e) if e else sv),
+        dof=int(_degrees_of_freedom(plan.cls, d, plan.rank)), n_targets=int(plan.k * d), neighbors=_ro(nbr),
+        eval_mask=_ro(eval_mask), coefficients=coef, baselines=tuple(fits), config=config,
     )
 
 
@@ -1496,14 +1488,11 @@ def _fit_mlp(X, Y, hidden, activation, train_fraction, epochs, learning_rate, ba
 # ------------------------------------------------------------------ metrics
 
 
-_row_inner = _fit.row_inner
-_cosine = _fit.cosine
-_angle = _fit.angle
 _ratio = _fit.ratio
 _energy = _fit.energy
 
 
-def _global_baselines(X, Y, ex, mask_fit, mask_eval, dnorm2, ridge, identity_prior):
+def _global_baselines(X, Y, ex, mask_fit, mask_eval, rec, ridge, identity_prior):
     """Global ridge linear map and global scaled Procrustes (fitted on ``mask_fit``).
 
     Linear: ridge least squares ``min ||Y - X A^T||^2 + lam ||A - A_0||^2`` (the
@@ -1525,22 +1514,14 @@ def _global_baselines(X, Y, ex, mask_fit, mask_eval, dnorm2, ridge, identity_pri
         R = _fit.merge_r([R, _fit.baseline_panel(xb, yb)])
     AT, PT = _fit.baseline_maps(R, int(np.count_nonzero(mask_fit)), ridge, identity_prior)
     for kind, AT_ in (("linear", AT), ("procrustes", PT)):
-        r2 = np.empty(n)
+        res_rec = np.empty((2, n))
         for s in range(0, n, _ROWS):  # O(_ROWS d) temporaries, not O(N d)
             t = min(n, s + _ROWS)
             res = _rows(X, ex, s, t) @ AT_
             np.subtract(_rows(Y, ex, s, t), res, out=res)
-            r2[s:t] = _row_inner(res, res)
+            res_rec[:, s:t] = _fit.norm_record(res)
         del res
-        rel = _ratio(np.sqrt(r2), np.sqrt(dnorm2))
-        out.append(
-            GlobalBaseline(
-                kind=kind,
-                map=_ro(np.ascontiguousarray(AT_.T)),
-                relative_error=_ro(rel),
-                energy_fraction=_energy(np.sum(r2[mask_eval]), np.sum(dnorm2[mask_eval])),
-            )
-        )
+        out.append(_baseline(kind, AT_, res_rec, rec, mask_eval))
     return tuple(out)
 
 
@@ -1751,18 +1732,18 @@ def decompose(
         fields = _metrics(X64, Y64, ex, fitted, eval_mask, subspace_rank, center_subspace)
         bar.advance()
         fits = (
-            _global_baselines(X64, Y64, ex, fit_mask, eval_mask, fields.pop("_dn2"), _scaled_ridge(ridge, e),
+            _global_baselines(X64, Y64, ex, fit_mask, eval_mask, fields.pop("_record"), _scaled_ridge(ridge, e),
                               config["prior"] == "identity")
             if baselines
             else ()
         )
-        fields.pop("_dn2", None)
+        fields.pop("_record", None)
         if baselines:
             bar.advance()
     # no entry is larger than its row's norm: the entries are looked at only when some
     # row norm would leave the range (O(N) in the common case)
-    entries_may_overflow = e > 0 and not _fits_after_scaling(math.sqrt(fields.pop("_max_norm2")), e)
-    fields.pop("_max_norm2", None)
+    max_norm = fields.pop("_max_norm")
+    entries_may_overflow = e > 0 and not _fits_after_scaling(max_norm, e)
     if e:
         for name in ("delta", "tau", "rho", "subspace_singular_values"):
             if name != "subspace_singular_values" and not entries_may_overflow:
@@ -1797,13 +1778,8 @@ def _metrics(X, Y, ex, fitted, eval_mask, subspace_rank, center_subspace):
         tau[s:t] -= xb
     del xb
     rho = delta - tau
-    dn2 = _row_inner(delta, delta)
-    tn2 = _row_inner(tau, tau)
-    rn2 = _row_inner(rho, rho)
-    dn, tn, rn = np.sqrt(dn2), np.sqrt(tn2), np.sqrt(rn2)
-    c_dt = _cosine(_row_inner(delta, tau), dn, tn)
-    c_rt = _cosine(_row_inner(rho, tau), rn, tn)
-    c_rd = _cosine(_row_inner(rho, delta), rn, dn)
+    rec = np.concatenate([_fit.token_record(delta[s:s + _ROWS], tau[s:s + _ROWS], rho[s:s + _ROWS])
+                          for s in range(0, n, _ROWS)], axis=1)
 
     # dominant tokenwise subspace
     # Centering subtracts the mean explicitly: the shortcut G - n m m^T (and
@@ -1812,42 +1788,58 @@ def _metrics(X, Y, ex, fitted, eval_mask, subspace_rank, center_subspace):
     te = tau[eval_mask]
     if center_subspace:
         te = te - te.mean(axis=0)
-    G = te.T @ te
+    G, E = _fit.scaled_gram(te)
     del te
     with blas_single_thread():
         evals, evecs = np.linalg.eigh(G)
     U = np.ascontiguousarray(evecs[:, ::-1][:, :subspace_rank])
-    sv = np.sqrt(np.maximum(evals[::-1][:subspace_rank], 0.0))
-
-    def proj(v, vn2):
-        if center_subspace:
-            v = v - v[eval_mask].mean(axis=0)
-            vn2 = _row_inner(v, v)
-        p = v @ U
-        p2 = _row_inner(p, p)
-        return _ratio(p2, vn2), _energy(np.sum(p2[eval_mask]), np.sum(vn2[eval_mask]))
-
-    p_d, e_d = proj(delta, dn2)
-    p_t, e_t = proj(tau, tn2)
-    p_r, e_r = proj(rho, rn2)
-    ro = _ro
+    sv = np.ldexp(np.sqrt(np.maximum(evals[::-1][:subspace_rank], 0.0)), E)
+    proj = []
+    for v in (delta, tau, rho):
+        mean = v[eval_mask].mean(axis=0) if center_subspace else 0.0
+        proj.append(np.concatenate([_fit.norm_record(v[s:s + _ROWS] - mean, U) for s in range(0, n, _ROWS)], axis=1))
     return {
-        "delta": delta, "tau": tau, "rho": rho,
-        "relative_error": _ratio(rn, dn),
-        "energy_fraction": _energy(np.sum(rn2[eval_mask]), np.sum(dn2[eval_mask])),
-        "cosines": TokenwisePairs(delta_tau=ro(c_dt), rho_tau=ro(c_rt), rho_delta=ro(c_rd)),
-        "angles": TokenwisePairs(
-            delta_tau=ro(_angle(delta, tau, dn, tn, c_dt)),
-            rho_tau=ro(_angle(rho, tau, rn, tn, c_rt)),
-            rho_delta=ro(_angle(rho, delta, rn, dn, c_rd)),
-        ),
+        "delta": delta, "tau": tau, "rho": rho, **_token_fields(rec, proj, eval_mask),
         "subspace": U, "subspace_singular_values": sv,
-        "projections": TokenwiseParts(delta=ro(p_d), tau=ro(p_t), rho=ro(p_r)),
-        "subspace_energies": TokenwiseParts(delta=e_d, tau=e_t, rho=e_r),
-        "_dn2": dn2,
-        # the largest squared row norm of delta, tau, rho (scaled): bounds every entry
-        "_max_norm2": float(max(dn2.max(), tn2.max(), rn2.max())),
+        "_record": rec,
+        # the largest row norm of delta, tau, rho (scaled): bounds every entry
+        "_max_norm": _fit.largest_norm(rec),
     }
+
+
+def _token_fields(rec, proj, eval_mask):
+    """The fields of a :class:`TokenwiseResult` that come from the per-token record
+    ``rec`` (:func:`refgeo._tokenwise_fit.token_record`) and the projection records
+    ``proj`` of delta, tau and rho (:func:`refgeo._tokenwise_fit.norm_record`); the
+    aggregates are over the tokens of ``eval_mask``.  Shared by the NumPy and the Dask
+    engines."""
+    m = eval_mask
+    ro = _ro
+    sums = [_fit.scaled_sum(rec[j][m], rec[3 + j][m]) for j in range(3)]
+    projections, energies = [], []
+    for p2, vn2, ev in proj:
+        projections.append(ro(_ratio(p2, vn2)))
+        energies.append(_energy(_fit.scaled_sum(p2[m], ev[m]), _fit.scaled_sum(vn2[m], ev[m])))
+    return {
+        "relative_error": ro(rec[6]),
+        "energy_fraction": _energy(sums[2], sums[0]),
+        "cosines": TokenwisePairs(delta_tau=ro(rec[7]), rho_tau=ro(rec[8]), rho_delta=ro(rec[9])),
+        "angles": TokenwisePairs(delta_tau=ro(rec[10]), rho_tau=ro(rec[11]), rho_delta=ro(rec[12])),
+        "projections": TokenwiseParts(*projections),
+        "subspace_energies": TokenwiseParts(*energies),
+    }
+
+
+def _baseline(kind, AT, res_rec, rec, eval_mask):
+    """The :class:`GlobalBaseline` of the transposed map ``AT`` from the norm record
+    ``res_rec`` of its residuals (:func:`refgeo._tokenwise_fit.norm_record`) and the
+    per-token record ``rec``."""
+    m = eval_mask
+    r2, er = res_rec
+    return GlobalBaseline(
+        kind=kind, map=_ro(np.ascontiguousarray(AT.T)), relative_error=_ro(_fit.norm_ratio(r2, er, rec[0], rec[3])),
+        energy_fraction=_energy(_fit.scaled_sum(r2[m], er[m]), _fit.scaled_sum(rec[0][m], rec[3][m])),
+    )
 
 
 _MLP_DEFAULTS = {

@@ -300,6 +300,22 @@ def test_wide_range_states_scale_exactly(client):
     _same_fit(_quiet(refgeo.fit_local_maps, X, Y, **kw), _quiet(refgeo.fit_local_maps, _dask(X, 11, 4), Y, **kw))
 
 
+@pytest.mark.parametrize("center", [False, True])
+def test_tokens_far_below_the_others_have_the_single_machine_metrics(client, center):
+    # half the tokens 2**-600 times the rest: their squared norms underflow in the
+    # panels' one scaling, so every per-token metric and the Gram matrix of tau are
+    # taken from vectors scaled by powers of two of their own, in every block alike
+    X, Y = hidden_states(11, 40, 4, vocab=10)
+    X[20:], Y[20:] = np.ldexp(X[20:], -600), np.ldexp(Y[20:], -600)
+    kw = dict(k=6, cls="diagonal", subspace_rank=2, center_subspace=center)
+    want = _quiet(refgeo.decompose, X, Y, **kw)
+    got = _quiet(refgeo.decompose, _dask(X, 7, 4), _dask(Y, 7, 4), **kw)
+    _same_result(want, got, X, Y)
+    for v in (got.relative_error, got.cosines.rho_tau, got.angles.delta_tau, got.projections.rho):
+        assert np.isfinite(v).all()
+    assert all(np.isfinite(b.relative_error).all() for b in got.baselines)
+
+
 _CALLER = """
 import json, sys, tracemalloc, warnings
 import dask.array as da, distributed, numpy as np, refgeo

@@ -329,6 +329,26 @@ def test_a_cluster_far_below_the_scale_of_the_states_is_fitted(cls, prior):
         np.testing.assert_allclose(fit.fitted[i] * 1e170, Y[i] * 1e170, rtol=1e-12, atol=1e-12)
 
 
+@pytest.mark.parametrize("cls", CLASSES)
+@pytest.mark.parametrize("K, lam", [(530, 0.0), (500, 0.5), (600, 0.0), (1000, 0.0)])
+def test_every_class_fits_a_cluster_far_below_the_rest_as_if_it_were_alone(cls, K, lam):
+    """Half the tokens ``2**-K`` times the other half (LM-like states with a common
+    component, each half its own layer), with the neighbors of the small half found on
+    it alone: its fit is the fit of the small half alone, scaled by ``2**-K``.  The
+    diagonal and orthogonal classes took the panels' one scaling, whose products
+    underflowed (the prior's fit beyond 2**-540, 1e-3 errors at 2**-530)."""
+    X, Y = _two_scale_layer(1, 40, 4, K)
+    h = 20
+    Xc, Yc = np.ldexp(X[h:], K), np.ldexp(Y[h:], K)
+    kw = dict(k=8, cls=cls, **_kw(cls, rank=2))
+    alone = refgeo.fit_local_maps(Xc, Yc, ridge=lam, **kw)
+    nbr = np.asarray(refgeo.fit_local_maps(X, Y, **kw).neighbors).copy()
+    nbr[h:] = np.asarray(alone.neighbors) + h
+    both = refgeo.fit_local_maps(X, Y, ridge=lam * 0.25**K, neighbors=nbr, **kw)
+    np.testing.assert_allclose(np.ldexp(np.asarray(both.fitted)[h:], K), alone.fitted, rtol=1e-12,
+                               atol=1e-12 * np.abs(alone.fitted).max())
+
+
 @pytest.mark.parametrize("lam", [0.0, 0.5])
 def test_a_cluster_of_subnormal_states_is_fitted_finitely(lam):
     """Five states of size 1e-310 (subnormal) beside twenty of size 1: the SVD of their
@@ -1519,6 +1539,92 @@ def test_panels_of_different_sizes_within_the_limit_fit_exactly(p):
     np.testing.assert_allclose(fit.fitted, np.ldexp(X, p), rtol=1e-12)
     # an all-zero Y has no size to compare: it is fitted (to rounding of the prior)
     assert np.abs(refgeo.fit_local_maps(X, np.zeros_like(X), k=8, cls="full").fitted).max() <= 1e-14
+
+
+def _two_scale_layer(seed, n, d, k):
+    """Half the tokens ``2**-k`` times the other half's size (LM-like states: a large
+    common component), each half updated by a layer of its own."""
+    g = np.random.default_rng(seed)
+    X = g.standard_normal((n, d)) + 10.0 * g.standard_normal(d)
+    A, B = (np.eye(d) + 0.3 * g.standard_normal((d, d)) for _ in range(2))
+    Y = np.vstack([X[: n // 2] @ A.T, X[n // 2 :] @ B.T]) + 0.05 * g.standard_normal((n, d))
+    X[n // 2 :] = np.ldexp(X[n // 2 :], -k)
+    Y[n // 2 :] = np.ldexp(Y[n // 2 :], -k)
+    return X, Y
+
+
+def _exact_token_metrics(r):
+    """Relative errors, cosines of (rho, tau), projections of rho and the energy
+    fractions of a decomposition, from its delta, tau, rho and subspace in exact
+    rational arithmetic (no underflow: the oracle of the per-token scaling)."""
+    from fractions import Fraction as F
+
+    def rows(a):
+        return [[F(float(v)) for v in row] for row in np.asarray(a)]
+
+    def dot(a, b):
+        return sum(x * y for x, y in zip(a, b))
+
+    D, T, R = rows(r.delta), rows(r.tau), rows(r.rho)
+    U = rows(np.asarray(r.subspace).T)
+    n = len(D)
+    if r.config["center_subspace"]:
+        m = [sum(col) / n for col in zip(*R)]
+        Rc = [[x - mu for x, mu in zip(row, m)] for row in R]
+    else:
+        Rc = R
+    rel, cos, proj = [], [], []
+    for i in range(n):
+        rel.append(math.sqrt(dot(R[i], R[i]) / dot(D[i], D[i])))
+        rt = dot(R[i], T[i])
+        c2 = rt * rt / (dot(R[i], R[i]) * dot(T[i], T[i]))
+        cos.append(math.copysign(math.sqrt(c2), rt))
+        proj.append(float(sum(dot(u, Rc[i]) ** 2 for u in U) / dot(Rc[i], Rc[i])))
+    energy = float(sum(dot(v, v) for v in R) / sum(dot(v, v) for v in D))
+    sub = float(sum(sum(dot(u, v) ** 2 for u in U) for v in Rc) / sum(dot(v, v) for v in Rc))
+    return np.array(rel), np.array(cos), np.array(proj), energy, sub
+
+
+@settings(max_examples=12, deadline=None)
+@given(st.integers(0, 2**16), st.integers(500, 1000), st.sampled_from(["full", "diagonal", "scaled_orthogonal"]),
+       st.booleans())
+@example(0, 600, "full", False)
+def test_per_token_metrics_of_tokens_far_below_the_others_are_finite_and_exact(seed, k, cls, center):
+    """Tokens ``2**-k`` times the others' size (``k >= 537``): their squared norms
+    underflowed in the panels' one scaling, and their relative errors, cosines, angles
+    and projections were NaN; each token's vectors are scaled by their own power of two
+    (the oracle: exact rational arithmetic on the returned delta, tau, rho)."""
+    X, Y = _two_scale_layer(seed, 40, 4, k)
+    r = refgeo.decompose(X, Y, k=8, cls=cls, subspace_rank=2, center_subspace=center)
+    rel, cos, proj, energy, sub = _exact_token_metrics(r)
+    np.testing.assert_allclose(r.relative_error, rel, rtol=1e-13)
+    np.testing.assert_allclose(r.cosines.rho_tau, cos, rtol=1e-13, atol=1e-13)
+    np.testing.assert_allclose(r.projections.rho, proj, rtol=1e-12, atol=1e-13)
+    assert np.isfinite(r.angles.rho_delta).all()
+    assert r.energy_fraction == pytest.approx(energy, rel=1e-13)
+    assert r.subspace_energies.rho == pytest.approx(sub, rel=1e-12, abs=1e-13)
+    for b in r.baselines:  # the global maps leave the small half its own layer's update
+        assert np.isfinite(b.relative_error).all() and 0.0 < b.energy_fraction < np.inf
+
+
+def test_a_subspace_of_updates_far_below_the_states_has_their_singular_values():
+    """Every update ``2**-600`` times the states (the states of untouched tokens are
+    large, ``Y = X`` there): ``tau^T tau`` underflowed to the zero matrix, whose
+    eigenvectors are the axes and singular values 0; the Gram matrix is scaled by the
+    largest entry of tau."""
+    g = np.random.default_rng(5)
+    n, d = 40, 4
+    X = g.standard_normal((n, d)) + 10.0  # large states, a common component: their neighbors are theirs
+    Y = X.copy()
+    small = np.ldexp(g.standard_normal((20, d)), -600)
+    X[20:] = small
+    Y[20:] = small @ np.diag([3.0, 2.0, 1.0, 0.5]) + np.ldexp(0.01 * g.standard_normal((20, d)), -600)
+    r = refgeo.decompose(X, Y, k=6, cls="diagonal", subspace_rank=4, center_subspace=False)
+    tau = np.ldexp(np.asarray(r.tau), 600)
+    want = np.linalg.svd(tau, compute_uv=False)
+    # from the Gram matrix: the small singular values to the rounding of the largest
+    np.testing.assert_allclose(np.ldexp(r.subspace_singular_values, 600), want, rtol=1e-12, atol=1e-12 * want[0])
+    assert (r.subspace_singular_values > 0).all()
 
 
 def test_huge_ridge_on_tiny_data_gives_the_prior_not_nan():
