@@ -832,8 +832,9 @@ def spread(
         top = float(np.max(np.abs(user_X)))
         if top > 0.0:
             user_X = np.ldexp(user_X, -math.frexp(top)[1])
-        centered = user_X - user_X.mean(axis=0)
-        if not np.any(centered):
+        # rows compared with the first, not centered: the mean of equal rows need not
+        # round back to them (three rows of 0.1), and equal rows passed as distinct
+        if not np.any(user_X != user_X[:1]):
             raise ValueError(f"init must have at least two distinct rows, got {V} identical rows instead.")
     seed = check_int(seed, "seed", min_value=0, allow_none=True)
     rng = np.random.default_rng(seed)
@@ -954,7 +955,14 @@ def spread(
     # user's or random start's (engine-certified)
     modified = method != "construction"
     cert = _certify_points(X, certify, eta, best_c if not modified and user_X is None else None)
-    if modified and start_rho is not None and cert[4] <= start_rho:
+
+    def beats(rho0, err0):
+        # by more than the certificates' relative errors (a ratio carries those of its
+        # two distances): re-normalising a start no round improved moved its certified
+        # ratio one ulp up, and it came back labelled as the iteration's
+        return cert[4] > rho0 * (1.0 + 2.0 * (cert[7] + err0))
+
+    if modified and start_rho is not None and not beats(start_rho, 0.0):
         # (with certify=False on the reference backend both sides are float64 estimates)
         X, method = X0, "construction"
         cert = _certify_points(X, certify, eta, best_c)
@@ -965,7 +973,7 @@ def spread(
         # collapse; in d = 1 (the sphere is {-1, 1}) random points came back as two
         # values, 60 rows with ratio 0
         start = _certify_points(X0, certify, eta, None)
-        if cert[4] <= start[4]:
+        if not beats(start[4], start[7]):
             X, method, cert = X0, "construction", start
     mode, X, min_dist, diameter, ratio, pm, pd, err = cert
     certificate = mode
@@ -1185,10 +1193,12 @@ def _within_diameter(X: np.ndarray, D: float, target: float):
     ``X * (target / D)`` rounds every coordinate, and its certified diameter can come
     out one ulp above ``target``; the factor is then lowered by the excess (and one
     ulp) until it is not.  One certified diameter in the usual case, two otherwise.
+    In the top binade the aim is 4 ulps lower: a diameter rounded one ulp above the
+    largest float64 is beyond the range, and ``row_diameter`` refuses it.
     """
     from .rows import row_diameter
 
-    f = target / D
+    f = (target if target < 2.0**1023 else target * (1.0 - 2.0**-50)) / D
     while True:
         Y = X * f
         Dp = row_diameter(Y)
@@ -1328,7 +1338,13 @@ def spread_update(
     Gc = G - G.mean(axis=0)
 
     rn = np.asarray(projected_rownorm(Gc, eta=eta), dtype=np.float64)
-    rn_dec = float(-np.sum(Gc * rn))
+    with np.errstate(over="ignore"):
+        rn_dec = float(-np.sum(Gc * rn))
+    if not math.isfinite(rn_dec):
+        raise ValueError(
+            f"spread_update: the decrease of the projected RowNorm step is beyond the float64 range for "
+            f"this G and eta == {eta!r}; scale G or eta down (the decreases are proportional to both)."
+        )
     rn_m = closest_pair(rn).value
     lmo = diameter_lmo(Gc, eta=eta, rtol=lmo_rtol)
     S_star = np.asarray(lmo.update, dtype=np.float64)

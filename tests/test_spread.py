@@ -179,6 +179,52 @@ def test_spread_errors(kwargs, exc, msg):
         refgeo.spread(5, 2, **kwargs)
 
 
+@settings(max_examples=25, deadline=None)
+@given(st.integers(2, 12), st.integers(1, 4), st.floats(-1e300, 1e300, allow_nan=False, allow_subnormal=False),
+       st.sampled_from(["auto", "smooth", "epigraph", "construction"]), st.booleans())
+@example(3, 1, 0.1, "auto", True)
+def test_an_init_of_equal_rows_is_refused_whatever_their_mean_rounds_to(V, d, v, method, certify):
+    """Three rows of 0.1: their column mean is not 0.1 in float64, so the "centered"
+    rows were a nonzero constant, the check passed, and the scaling to the budget
+    divided by the zero diameter (ZeroDivisionError)."""
+    with pytest.raises(ValueError, match=re.escape(f"init must have at least two distinct rows, got {V} identical")):
+        refgeo.spread(V, d, init=np.full((V, d), v), method=method, certify=certify)
+
+
+@pytest.mark.parametrize("V, d", [(10, 4), (100, 8), (7, 3)])
+def test_the_largest_budget_is_met(V, d):
+    """eta = the largest float64: the scaled diameter rounded one ulp above it, beyond the
+    range, and row_diameter's "scale S down" reached the caller of spread."""
+    eta = sys.float_info.max
+    r = refgeo.spread(V, d, eta=eta, seed=0)
+    assert r.certified and r.diameter <= eta and r.diameter >= eta * (1 - 2.0**-45)
+    want = refgeo.spread(V, d, seed=0)
+    assert r.ratio == pytest.approx(want.ratio, rel=1e-12)
+    assert np.isfinite(r.points).all()
+
+
+def test_spread_update_with_a_decrease_beyond_the_range_names_eta():
+    """eta = the largest float64 on a gradient of size 1: the RowNorm step's decrease
+    overflowed (a RuntimeWarning) before the LMO's error named G alone."""
+    G = np.random.default_rng(0).standard_normal((50, 6))
+    with pytest.raises(ValueError, match=re.escape("beyond the float64 range for this G and eta == 1.797")):
+        refgeo.spread_update(G, eta=sys.float_info.max)
+
+
+@pytest.mark.parametrize("V, d, seed", [(600, 6, 1), (1000, 4, 0), (400, 5, 0)])
+def test_an_iterate_is_credited_only_beyond_the_certificates_error(V, d, seed):
+    """A smooth run from random points that no round improves: the start re-normalised
+    moved its certified ratio one ulp up, and the result was labelled "smooth".  The
+    label says what was returned: the iteration's points only when their ratio beats
+    the start's by more than both certificates' errors."""
+    start = refgeo.spread(V, d, init="random", method="construction", seed=seed)
+    r = refgeo.spread(V, d, init="random", method="smooth", seed=seed, max_time=0.5)
+    if r.method == "smooth":
+        assert r.ratio > start.ratio * (1 + 2 * (r.error_bound + start.error_bound))
+    else:
+        assert r.method == "construction" and np.array_equal(r.points, start.points)
+
+
 @pytest.mark.parametrize(
     "call, exc, msg",
     [
