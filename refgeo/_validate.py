@@ -110,6 +110,12 @@ def as_float_array(
             import dask.array as da  # a Dask array is here: dask is importable
 
             _check_unmasked(int(da.ma.getmaskarray(x).sum().compute()), name, "dask.array.ma.filled({}, value)")
+        if is_dask_array(x) and math.prod(x.shape) > 0 and any(0 in c for c in x.chunks):
+            # a boolean mask leaves empty chunks, and Dask's own reductions (the
+            # integer check's min and max, the max of the prescaling) then fail to
+            # concatenate; dropping them moves no data.  (Unknown sizes are NaN: their
+            # product is not > 0, and they are refused below.)
+            x = x.rechunk(tuple(tuple(n for n in c if n) for c in x.chunks))
         xp = array_namespace(x)
         if xp.isdtype(x.dtype, "real floating"):
             arr = x
@@ -168,10 +174,6 @@ def as_float_array(
         )
     if not allow_empty and math.prod(shape) == 0:
         raise ValueError(f"{name} must be non-empty, got shape {shape} instead.")
-    if is_dask_array(arr) and math.prod(shape) > 0 and any(0 in c for c in arr.chunks):
-        # a boolean mask leaves empty chunks, and Dask's own reductions (the max of the
-        # prescaling) then fail to concatenate; dropping them moves no data
-        arr = arr.rechunk(tuple(tuple(n for n in c if n) for c in arr.chunks))
     if finite:
         check_finite(arr, name)
     return arr
