@@ -61,7 +61,7 @@ from . import _progress
 from ._certify import f64
 from ._interop import fields_to_caller, from_foreign, input_eps, to_caller, to_host
 from ._threads import blas_single_thread
-from .rows import row_diameter
+from .rows import _engine_is_compiled, row_diameter
 
 __all__ = [
     "LMOResult",
@@ -479,13 +479,17 @@ def _centered_float64(G, rtol: float = _CENTERED_RTOL) -> tuple[np.ndarray, int]
     return Gf - Gf.mean(axis=0, keepdims=True), e
 
 
-def _unscaled(values: dict[str, float], e: int, what: str, to_inf: tuple[str, ...] = ()) -> dict[str, float]:
+def _unscaled(values: dict[str, float], e: int, what: str, to_inf: tuple[str, ...] = (),
+              down: tuple[str, ...] = ()) -> dict[str, float]:
     """``{name: v * 2**e}``; a ``ValueError`` naming the range when one leaves float64.
 
     The results are positively homogeneous in G, so a G whose bounds exceed
     ``1.8e308`` has no representable answer: the error says by how much to scale it.
     The values named in ``to_inf`` are upper bounds next to a finite best one: they
-    become inf (still an upper bound) instead.
+    become inf (still an upper bound) instead.  Every value is a bound: those named in
+    ``down`` are lower bounds, the others upper bounds, and a product that rounds (in
+    the subnormal range, where ``2**e`` drops bits) is rounded the bound's way: to
+    nearest, the bracket of a G of about 1e-320 was [5, 5] units where T is 4.63.
     """
     out = {}
     for name, v in values.items():
@@ -502,7 +506,13 @@ def _unscaled(values: dict[str, float], e: int, what: str, to_inf: tuple[str, ..
                 f"range (max {_MAX64!r}); scale G down by 2**{ex + e - 1023} or more (the result is "
                 "positively homogeneous in G)."
             )
-        out[name] = math.ldexp(v, e)
+        r = math.ldexp(v, e)
+        if math.ldexp(r, -e) != v:  # rounded (subnormal): ldexp(r, -e) is exact
+            if name in down and math.ldexp(r, -e) > v:
+                r = math.nextafter(r, -math.inf)
+            elif name not in down and math.ldexp(r, -e) < v:
+                r = math.nextafter(r, math.inf)
+        out[name] = r
     return out
 
 
@@ -685,7 +695,7 @@ def tension_bounds(G: Any, /, *, pairwise: bool = True) -> TensionBounds:
     # a jung, product or pairwise bound beyond the range is inf when the best upper
     # bound is finite (rows near 1e308 raised for a representable T)
     values = _unscaled(dict(zip(names, (half, jung, prod, pw, lower, upper))), e, "tension_bounds",
-                       to_inf=("jung", "product", "pairwise_flow"))
+                       to_inf=("jung", "product", "pairwise_flow"), down=("half_sum", "lower"))
     return TensionBounds(
         half_sum=values["half_sum"], jung=values["jung"], product=values["product"],
         pairwise_flow=values["pairwise_flow"], lower=values["lower"], upper=values["upper"],
@@ -1868,7 +1878,7 @@ def diameter_lmo(
         res = _no_worse_than_rownorm(res, Gc, scale, rtol)
     if bar is not None:
         bar.close(res.converged)
-    return fields_to_caller(_for_budget(res, eta, e), origin)
+    return fields_to_caller(_for_budget(res, eta, e, rtol), origin)
 
 
 def _deadline(max_time: float | None, t0: float) -> float | None:
@@ -1986,7 +1996,15 @@ def _checked_warm_start(warm: LMOResult, V: int, d: int) -> LMOResult:
             f"warm_start.flows must be {pairs.shape[0]} finite flow magnitudes >= 0 (one per "
             f"pair), got {flows.dtype} flows of shape {flows.shape} instead."
         )
-    eta = check_real(warm.eta, "warm_start.eta", min_value=0.0, strict=True)
+    eta = _check_eta(warm.eta, "warm_start.eta")
+    top = float(np.max(np.abs(upd), initial=0.0))
+    if not math.isfinite(top / eta):
+        # the solver starts from update / eta, whose inf became NaN potentials (and an
+        # AttributeError once no iterate was left)
+        raise ValueError(
+            f"warm_start.update / warm_start.eta must be finite, got entries up to {top!r} for "
+            f"warm_start.eta == {eta!r} instead (an LMO step has entries of at most its eta)."
+        )
     pairs, flows = _canonical_pairs(pairs.astype(np.int64), flows.astype(np.float64))
     return dataclasses.replace(warm, update=upd, pairs=pairs, flows=flows, eta=eta)
 
@@ -2096,21 +2114,27 @@ def _solve(Gc, scale, rtol, max_time, max_iter, warm_start, callback, bar, t0) -
     return dataclasses.replace(best, iterations=counts[0], rounds=counts[1], elapsed=time.perf_counter() - t0)
 
 
-def _for_budget(res: LMOResult, eta: float, e: int) -> LMOResult:
-    """The unit-budget result on ``G * 2**-e`` as the result for budget eta on G."""
+def _for_budget(res: LMOResult, eta: float, e: int, rtol: float) -> LMOResult:
+    """The unit-budget result on ``G * 2**-e`` as the result for budget eta on G (the
+    gap of bounds rounded outwards in the subnormal range is theirs, and ``converged``
+    says whether it is within ``rtol``)."""
     S = res.update * eta if eta != 1.0 else res.update
-    v = _unscaled({"upper_bound": res.upper_bound, "lower_bound": res.lower_bound}, e, "diameter_lmo")
+    v = _unscaled({"upper_bound": res.upper_bound, "lower_bound": res.lower_bound}, e, "diameter_lmo",
+                  down=("lower_bound",))
     # decrease * eta * 2**e as (mantissa * eta) * 2**(exponent + e): one rounding, as
     # before, and an out-of-range product is caught by the range check, not inf
     m, ex = math.frexp(res.decrease)
     dm = m * eta  # |m| < 1 and eta <= 1.8e308: finite
-    dec = _unscaled({"decrease": dm}, ex + e, "diameter_lmo")["decrease"]
+    dec = _unscaled({"decrease": dm}, ex + e, "diameter_lmo", down=("decrease",))["decrease"]
+    gap = max(res.gap, _relative_gap(v["lower_bound"], v["upper_bound"]))
     return dataclasses.replace(
         res,
         update=_readonly(S),
         decrease=dec,
         lower_bound=v["lower_bound"],
         upper_bound=v["upper_bound"],
+        gap=gap,
+        converged=res.converged and gap <= rtol,
         flows=_readonly(np.ldexp(res.flows, e)),
         eta=eta,
     )
@@ -2165,7 +2189,12 @@ class _ADMM:
             wflows = np.asarray(warm.flows, dtype=np.float64)
         N = self.Hw / np.maximum(np.linalg.norm(self.Hw, axis=1, keepdims=True), 1e-30)
         # a heuristic start: cut short at the deadline, the working set is only smaller
+        ts = time.perf_counter()
         E0, _ = _far_pairs(N, _INITIAL_PARTNERS, None, _deadline(max_time, t0))
+        # what one separation pass costs, until one is measured: the reserve for the
+        # final certificate (_out_of_budget) was 0 before the first, and 1 s budgets
+        # ran 30% over
+        first_pass = time.perf_counter() - ts
         parts = [E0, Ewarm]
         if X0 is not None:
             Ex, _ = _far_pairs(X0, _SEPARATION_PARTNERS, None, _deadline(max_time, t0))
@@ -2196,7 +2225,11 @@ class _ADMM:
         self.cg_floor = 1e-5 if self.wdt == np.float32 else 1e-12
         self.cg_tol = max(1e-6, self.cg_floor)
         self.cert_time = None
-        self.sep_time = 0.0
+        self.sep_time = first_pass
+        self.step_time = 0.0
+        # a certificate before one is measured: the NumPy reference's diameter costs
+        # about 8 separation passes, the compiled engine's less than one
+        self.cert_guess = (1.0 if _engine_is_compiled(Gc) else 8.0) * first_pass
         self.cert_trigger = max(0.9 * rtol, 2.0 * _GAP_FLOOR)
 
     # ---------------------------------------------------------------- working set
@@ -2251,10 +2284,13 @@ class _ADMM:
         return time.perf_counter() - self.t0
 
     def _out_of_budget(self):
-        # keep time for one certification (its last measured cost, or 8 separation
-        # passes before the first: the reference diameter costs about that)
+        # keep time for one certification (its last measured cost, or cert_guess
+        # before the first)
         if self.max_time is not None:
-            reserve = self.cert_time if self.cert_time is not None else 8.0 * self.sep_time
+            # and for what runs after the check: one more step, and the round's end (the
+            # averaged potentials' diameter and one separation pass, each about a pass)
+            reserve = self.cert_time if self.cert_time is not None else self.cert_guess
+            reserve += self.step_time + 2.0 * self.sep_time
             if self._elapsed() + reserve >= self.max_time:
                 return True
         return self.max_iter is not None and self.iterations >= self.max_iter
@@ -2296,7 +2332,9 @@ class _ADMM:
             for _ in range(_CHECK_EVERY):
                 if self._out_of_budget():
                     break
+                ts = time.perf_counter()
                 self._step()
+                self.step_time = time.perf_counter() - ts
                 if _AVERAGE:
                     Xsum = -self.rho * self.zeta if Xsum is None else Xsum - self.rho * self.zeta
                     n_avg += 1

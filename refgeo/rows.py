@@ -361,6 +361,17 @@ _DIAMETER = _backend.KernelInfo(
     name="row_diameter", reference=_whole_run(_reference.diameter), cython=_engine.diameter,
     cupy=_whole_run(_tiled.diameter), dask=_whole_run(_dask.diameter),
 )
+
+
+def _engine_is_compiled(X) -> bool:
+    """Whether :func:`row_diameter` of ``X`` runs a compiled engine, not the NumPy
+    reference (whose passes cost several times more: the solvers budget by it)."""
+    try:
+        return _backend.dispatch(_DIAMETER, X)[0] != "reference"
+    except Exception:  # pragma: no cover - backend selection errors: use the reference
+        return False
+
+
 _CLOSEST = _backend.KernelInfo(
     name="closest_pair", reference=_whole_run(_reference.closest), cython=_engine.closest,
     cupy=_whole_run(_tiled.closest), dask=_whole_run(_dask.closest),

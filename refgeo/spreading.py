@@ -46,6 +46,7 @@ from ._validate import (
 )
 from .bounds import RatioBound, ratio_upper_bound
 from .codes import _candidates
+from .rows import _engine_is_compiled
 
 __all__ = [
     "SpreadProgress",
@@ -534,15 +535,6 @@ def _gram_extremes(X: np.ndarray) -> tuple[float, float, tuple[int, int], tuple[
             hi, hi_p = float(E.flat[a]), (i0 + a // V, a % V)
     srt = lambda p: (min(p), max(p))  # noqa: E731
     return math.sqrt(max(lo, 0.0)), math.sqrt(max(hi, 0.0)), srt(lo_p), srt(hi_p)
-
-
-def _engine_is_compiled(X: np.ndarray) -> bool:
-    from . import _backend, rows
-
-    try:
-        return _backend.dispatch(rows._DIAMETER, X)[0] != "reference"
-    except Exception:  # pragma: no cover - backend selection errors: use the reference
-        return False
 
 
 # --------------------------------------------------------------------------- memory

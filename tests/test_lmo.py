@@ -1255,6 +1255,10 @@ def test_warm_start_contents_are_checked(admm_only):
         (dict(pairs=np.array([[0, 3], [1, 2]]), flows=np.array([1.0])), "warm_start.flows must be 2 finite flow magnitudes >= 0"),
         (dict(update=np.full((25, 2), np.nan)), "warm_start.update must contain only finite values"),
         (dict(eta=-1.0), "warm_start.eta == -1.0, must be > 0.0."),
+        # a subnormal eta, or an update far beyond its eta: update / eta overflowed to
+        # NaN potentials, and an AttributeError ('NoneType' ... 'astype') followed
+        (dict(eta=1e-310), "warm_start.eta == 1e-310, must be >= 2.2250738585072014e-308"),
+        (dict(update=np.asarray(r.update) * 1e300, eta=1e-10), "warm_start.update / warm_start.eta must be finite"),
     ]
     for change, message in bad:
         with pytest.raises(ValueError, match=re.escape(message)):
@@ -1265,6 +1269,27 @@ def test_warm_start_contents_are_checked(admm_only):
     s1 = float(np.sum(np.linalg.norm(G, axis=1)))
     assert s1 / 2 * (1 - 1e-12) <= w.upper_bound and w.lower_bound <= s1 / math.sqrt(2) * (1 + 1e-12)
     assert w.lower_bound <= w.upper_bound and _brute_diameter(w.update) <= 1.0
+
+
+@pytest.mark.parametrize("k", [1074, 1073, 1072, 1060, 1040])
+def test_brackets_of_subnormal_gradients_contain_the_tension(k):
+    """G = G0 2**-k, an exact scaling into the subnormal range, where 2**-k T(G0) is not
+    representable: the bounds were scaled back rounding to nearest, and the "certified"
+    bracket was [5, 5] units of 2**-1074 where T = 4.63.  Lower bounds (and the
+    decrease) round down, upper bounds up, and the gap and ``converged`` are those of
+    the bounds returned.  (T(G0): the solve at the normal scale, a bracket within
+    1e-12.)"""
+    G0 = np.array([[3.0, 0.0], [-1.0, 2.0], [-2.0, -2.0]])
+    ref = refgeo.diameter_lmo(G0, rtol=1e-12)
+    G = np.ldexp(G0, -k)
+    assert np.array_equal(np.ldexp(G, k), G0)
+    r = refgeo.diameter_lmo(G, rtol=1e-8)
+    tb = refgeo.tension_bounds(G)
+    for lo, up in ((r.lower_bound, r.upper_bound), (tb.lower, tb.upper), (tb.half_sum, tb.jung)):
+        assert math.ldexp(lo, k) <= ref.lower_bound and math.ldexp(up, k) >= ref.upper_bound, (lo, up)
+    assert math.ldexp(r.decrease, k) <= ref.upper_bound
+    assert r.gap >= (r.upper_bound - r.lower_bound) / r.upper_bound
+    assert r.converged == (r.gap <= 1e-8)
 
 
 @pytest.mark.parametrize("solver", ["admm", "barrier"])
