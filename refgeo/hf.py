@@ -194,6 +194,10 @@ def _get_path(model, path):
 # tokens' states, and a patch went to the wrong token, silently (XLNet with B != T; its
 # element count matched).
 _TIME_MAJOR = ("xlnet", "transfo-xl")
+# models with no module per block: their layers' attention, feed-forward and norms sit in
+# parallel lists (XLM: transformer.attentions, .ffns, ...), and the search took the
+# attention modules for the blocks (the states were their inputs and outputs)
+_SPLIT_BLOCKS = ("xlm", "flaubert")
 
 
 def _check_architecture(model) -> None:
@@ -213,6 +217,12 @@ def _check_architecture(model) -> None:
             f"model must hold its hidden states as (batch, tokens, width), got {name}, whose blocks hold "
             "them as (tokens, batch, width) instead."
         )
+    if getattr(config, "model_type", None) in _SPLIT_BLOCKS:
+        raise ValueError(
+            f"model must keep each transformer block in one module, got {name}, which keeps its layers' "
+            "attention, feed-forward and norm modules in separate lists (transformer.attentions, "
+            "transformer.ffns, ...) instead: no module's input is a block's input."
+        )
 
 
 def find_blocks(model: Any, blocks: Any = None, /) -> tuple[str, tuple]:
@@ -223,8 +233,9 @@ def find_blocks(model: Any, blocks: Any = None, /) -> tuple[str, tuple]:
     model : torch.nn.Module
         A ``transformers`` model (with or without a head).
     blocks : str or sequence of torch.nn.Module, default=None
-        Override: a dotted attribute path (``"transformer.h"``) or the modules
-        themselves, for models the search gets wrong.
+        Override: a dotted attribute path (``"transformer.h"``: a
+        ``torch.nn.ModuleList``, ``torch.nn.Sequential`` or list of modules) or the
+        modules themselves, for models the search gets wrong.
 
     Returns
     -------
@@ -254,7 +265,7 @@ def find_blocks(model: Any, blocks: Any = None, /) -> tuple[str, tuple]:
             found = _get_path(model, blocks)
             # a path to a list of other things ("config.architectures") was returned as
             # blocks, and the first hook failed on a str
-            if (not isinstance(found, (torch.nn.ModuleList, list, tuple)) or len(found) == 0
+            if (not isinstance(found, (torch.nn.ModuleList, torch.nn.Sequential, list, tuple)) or len(found) == 0
                     or not all(isinstance(b, torch.nn.Module) for b in found)):
                 raise ValueError(f"blocks must name a non-empty list of modules of the model, {blocks!r} does not.")
             return blocks, tuple(found)
@@ -362,12 +373,13 @@ def _batch(model, input_ids, attention_mask):
 def _position_offset(model):
     """The model's first position id: ``padding_idx + 1`` where its position table has
     a padding row (RoBERTa and the models built on it count positions from there; given
-    positions from 0 they ran every token at the wrong position, padding or not), else 0."""
-    torch = _torch()
+    positions from 0 they ran every token at the wrong position, padding or not), else 0.
+    The table is recognised by its name and an integer ``padding_idx``, whatever its
+    class: I-BERT's is a ``QuantEmbedding``, not a ``torch.nn.Embedding``."""
     for name, mod in model.named_modules():
-        if (name.rpartition(".")[2] == "position_embeddings" and isinstance(mod, torch.nn.Embedding)
-                and mod.padding_idx is not None):
-            return int(mod.padding_idx) + 1
+        pad = getattr(mod, "padding_idx", None)
+        if name.rpartition(".")[2] == "position_embeddings" and isinstance(pad, int) and not isinstance(pad, bool):
+            return pad + 1
     return 0
 
 

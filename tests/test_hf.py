@@ -629,7 +629,7 @@ def test_protocol_checks_cls_and_k_before_any_forward_pass(gpt2):
     assert type(out.config["k"]) is int and out.config["decompose"]["k"] == 3
 
 
-@pytest.mark.parametrize("family", ["Roberta", "XLMRoberta"])
+@pytest.mark.parametrize("family", ["Roberta", "XLMRoberta", "IBert"])
 def test_position_tables_with_a_padding_row_keep_the_models_own_positions(family):
     """RoBERTa counts positions from padding_idx + 1: given positions from 0, every token
     ran at the wrong position (padding or not; logits 0.34 off the model's own), and a
@@ -735,6 +735,38 @@ def test_encoder_decoder_and_time_major_models_are_refused_by_name():
         hf.hidden_states(xlnet, x)
     with pytest.raises(ValueError, match="tokens, batch, width"):
         hf.model_logits(xlnet, x, layer=0, sequence=[0], position=[1], states=np.zeros((1, 16)))
+
+
+@pytest.mark.parametrize("family", ["XLM", "Flaubert"])
+def test_models_without_a_module_per_block_are_refused_by_name(family):
+    """XLM keeps its layers' attention, feed-forward and norms in parallel lists: the
+    search found transformer.attentions, and the "states" were the attention modules'
+    inputs and outputs (2.3 off the model's own hidden_states at every layer), silently."""
+    cfg = getattr(transformers, f"{family}Config")(n_layers=2, emb_dim=16, n_heads=2, vocab_size=V,
+                                                   max_position_embeddings=32)
+    model = _seeded(lambda: getattr(transformers, f"{family}WithLMHeadModel")(cfg))
+    msg = (f"model must keep each transformer block in one module, got {family}WithLMHeadModel, which keeps its "
+           "layers' attention, feed-forward and norm modules in separate lists")
+    x = _ids((2, 5))
+    for call in (lambda: hf.find_blocks(model), lambda: hf.hidden_states(model, x),
+                 lambda: hf.tokenwise_protocol(model, x, cls="diagonal", k=3)):
+        with pytest.raises(ValueError, match=re.escape(msg)):
+            call()
+
+
+def test_a_blocks_path_to_a_sequential_is_taken():
+    """Blocks held in a torch.nn.Sequential (iterated as a ModuleList is): the path was
+    refused as "not a list of modules"."""
+    cfg = transformers.GPT2Config(n_layer=3, n_embd=16, n_head=2, vocab_size=V, n_positions=32)
+    model = _seeded(lambda: transformers.GPT2LMHeadModel(cfg))
+    x = _ids((2, 6))
+    want = hf.hidden_states(model, x)
+    model.transformer.h = torch.nn.Sequential(*model.transformer.h)
+    path, blocks = hf.find_blocks(model, "transformer.h")
+    assert path == "transformer.h" and blocks == tuple(model.transformer.h)
+    got = hf.hidden_states(model, x, blocks="transformer.h")
+    for a, b in zip(want.states, got.states):
+        np.testing.assert_array_equal(a, b)
 
 
 def test_a_blocks_path_to_other_things_is_refused(gpt2):
