@@ -124,6 +124,25 @@ def _rows(A, ex, s, t):
 # scale of a panel.
 _NO_EXPONENT = -1100
 
+# Rows and panels whose largest entry lies within 2**+-_FAR of the panels' one scaling
+# are used as they are: a square that underflows there is below 2**-470 of its row's
+# squared norm, and their results stay the bits of the one scaling.  Only those further
+# away (a cluster of tokens 2**-540 times the rest) are scaled by powers of two of their
+# own.
+_FAR = 300
+
+
+def row_tops(A):
+    """``max_c |A[..., c]|`` over the last axis, without an ``|A|`` temporary."""
+    return np.maximum(A.max(axis=-1), -A.min(axis=-1))
+
+
+def far_exponents(top):
+    """The exponents by which rows (or panels) of largest magnitudes ``top`` are scaled:
+    their binary exponents beyond ``2**+-_FAR``, else 0 (zero rows: 0)."""
+    e = np.frexp(top)[1]
+    return np.where(np.abs(e) > _FAR, e, 0)
+
 # A ridge scaled by a panel's exponent is capped here: far above every sum of the scaled
 # panels (at most k d), so that the fit is the prior's to rounding, as lam -> inf, where
 # the scaled ridge overflowed to inf (and inf / inf to NaN).
@@ -132,9 +151,10 @@ _RIDGE_CAP = 2.0**900
 
 def _panel_ridge(lam, E):
     """``lam 4**-E`` for the panels scaled by ``2**-E`` (``E`` an integer array), capped
-    at :data:`_RIDGE_CAP`."""
+    at :data:`_RIDGE_CAP` (``lam`` itself where ``E = 0``)."""
+    E = np.asarray(E)
     with np.errstate(over="ignore"):
-        return np.minimum(np.ldexp(np.full(np.shape(E), float(lam)), -2 * np.asarray(E)), _RIDGE_CAP)
+        return np.where(E == 0, float(lam), np.minimum(np.ldexp(np.full(E.shape, float(lam)), -2 * E), _RIDGE_CAP))
 
 
 def fit_diagonal(X, Y, nbr, w, lam, a0, nonneg, chunk, tick=None, ex=0):
@@ -149,13 +169,14 @@ def fit_diagonal(X, Y, nbr, w, lam, a0, nonneg, chunk, tick=None, ex=0):
     ``a0``.  ``nonneg`` clips at 0, the exact minimizer of the 1-D convex problem on
     ``a >= 0``.
 
-    Each token's sums are those of its panel scaled by a power of two of its own, as
-    :func:`_linear_svd` scales its panels: the rows' products are taken from the rows
-    scaled by their own exponents ``e_j`` (of ``max(|x_j|, |y_j|)``) and weighted by
-    ``4**(e_j - E_i)``, ``E_i`` the largest exponent of the neighbors of token ``i``,
-    and ``lam`` by ``4**-E_i`` (the ratio is unchanged).  Products of the panels'
-    one scaling underflowed for a cluster of tokens 2**-540 times the rest, whose fit
-    was the prior.
+    Each token's sums are those of its panel scaled by a power of two of its own where
+    the panel is far from the panels' one scaling (:data:`_FAR`), as :func:`_linear_svd`
+    scales its panels: the products of such rows are taken from the rows scaled by
+    their own exponents ``e_j`` (of ``max(|x_j|, |y_j|)``) and weighted by ``4**(e_j -
+    E_i)``, ``E_i`` the largest exponent of the neighbors of token ``i`` with a nonzero
+    weight, and ``lam`` by ``4**-E_i`` (the ratio is unchanged).  Products of the
+    panels' one scaling underflowed for a cluster of tokens 2**-540 times the rest,
+    whose fit was the prior.
     """
     import scipy.sparse as sp
 
@@ -166,23 +187,40 @@ def fit_diagonal(X, Y, nbr, w, lam, a0, nonneg, chunk, tick=None, ex=0):
     indptr = np.arange(0, min(chunk, n) * k + 1, k)
     er = np.empty(n_rows, dtype=np.int64)
     P = np.empty((n_rows, d))
-    for s in range(0, n_rows, chunk):  # X * Y of the rows scaled by their exponents
+    for s in range(0, n_rows, chunk):  # X * Y, and the rows' exponents
         e = min(n_rows, s + chunk)
         xb, yb = _rows(X, ex, s, e), _rows(Y, ex, s, e)
-        top = np.maximum(np.max(np.abs(xb), axis=1, initial=0.0), np.max(np.abs(yb), axis=1, initial=0.0))
+        top = np.maximum(row_tops(xb), row_tops(yb))
         # a zero row adds nothing: its exponent must not set a panel's scale
-        er[s:e] = np.where(top > 0, np.frexp(top)[1], _NO_EXPONENT)
-        np.multiply(np.ldexp(xb, -er[s:e, None]), np.ldexp(yb, -er[s:e, None]), out=P[s:e])
-    E = np.empty(n, dtype=np.int64)
+        er[s:e] = np.where(top > 0, far_exponents(top), _NO_EXPONENT)
+        np.multiply(xb, yb, out=P[s:e])
+    far = np.flatnonzero((er != 0) & (er != _NO_EXPONENT))
+
+    def far_products(B):
+        # the far rows' products again, from the rows scaled by their exponents
+        for s in range(0, far.size, chunk):
+            f = far[s : s + chunk]
+            sh = -(ex + er[f])[:, None]
+            xf = np.ldexp(X[f], sh)
+            P[f] = xf * (xf if B is X else np.ldexp(B[f], sh))
+
+    if far.size:
+        far_products(Y)
+    else:
+        er[:] = 0  # every row as it is: the bits of the one scaling
+    E = np.zeros(n, dtype=np.int64)
     for out in (num, den):
         for s in range(0, n, chunk):
             e = min(n, s + chunk)
-            en = er[nbr[s:e]]  # a copy: made the weights' exponents in place
-            if out is num:
-                E[s:e] = en.max(axis=1, initial=_NO_EXPONENT)
-            en -= E[s:e, None]
-            en *= 2
-            wt = np.ldexp(w[s:e], en)
+            wt = w[s:e]
+            if far.size:
+                en = er[nbr[s:e]]  # a copy: made the weights' exponents in place
+                if out is num:
+                    # a neighbor of weight 0 is not in the problem: not in its scale
+                    E[s:e] = np.where(wt > 0, en, _NO_EXPONENT).max(axis=1, initial=_NO_EXPONENT)
+                en -= E[s:e, None]
+                en *= 2
+                wt = np.ldexp(wt, en)
             S = sp.csr_matrix((wt.ravel(), nbr[s:e].ravel(), indptr[: e - s + 1]), shape=(e - s, n_rows))
             out[s:e] = S @ P
             if tick is not None:
@@ -190,8 +228,9 @@ def fit_diagonal(X, Y, nbr, w, lam, a0, nonneg, chunk, tick=None, ex=0):
         if out is num:
             for s in range(0, n_rows, chunk):
                 e = min(n_rows, s + chunk)
-                xb = np.ldexp(_rows(X, ex, s, e), -er[s:e, None])
+                xb = _rows(X, ex, s, e)
                 np.multiply(xb, xb, out=P[s:e])
+            far_products(X)
     del P
     if lam:
         lam_i = _panel_ridge(lam, E)[:, None]
@@ -501,17 +540,21 @@ def fit_orthogonal(X, Y, nbr, w, lam, identity_prior, scaled, chunk, return_maps
     for s in range(0, n, chunk):
         e = min(n, s + chunk)
         idx = nbr[s:e]
-        # each panel scaled by a power of two of its own (Q and the scale do not
-        # change; lam by its square): products of a cluster 2**-540 times the rest
-        # underflowed, and its fit was the tie-break's
         Xn = X[idx]
         Yn = Y[idx]
-        eP = np.maximum(_exponents(Xn, (1, 2)), _exponents(Yn, (1, 2)))
-        np.ldexp(Xn, -eP[:, None, None], out=Xn)
-        np.ldexp(Yn, -eP[:, None, None], out=Yn)
-        lam_b = _panel_ridge(lam, eP - ex)
-        xi = _rows(X, ex, s, e)
         wn = w[s:e]
+        # a panel far from the one scaling (_FAR) is scaled by a power of two of its
+        # own (Q and the scale do not change; lam by its square): products of a
+        # cluster 2**-540 times the rest underflowed, and its fit was the tie-break's.
+        # Its scale is that of the rows in the problem (weights > 0), X and Y together
+        top = np.where(wn > 0, np.maximum(row_tops(Xn), row_tops(Yn)), 0.0).max(axis=1)
+        eP = far_exponents(np.ldexp(top, -ex)) if ex else far_exponents(top)
+        if ex or eP.any():
+            sh = -(ex + eP)[:, None, None]
+            np.ldexp(Xn, sh, out=Xn)
+            np.ldexp(Yn, sh, out=Yn)
+        lam_b = _panel_ridge(lam, eP)
+        xi = _rows(X, ex, s, e)
         # the weighted means are split off before any projection: a row minus a mean
         # it is close to is exact (Sterbenz), where projecting the raw rows would
         # round each by eps |xbar|, far above their spread under a large offset
@@ -704,12 +747,11 @@ def fit_class(X64, Y64, ex, idx, w, cls, rank, ridge, ident, chunk, return_maps,
 # Every function here works row by row (or entry by entry), so a block of rows gives
 # the same bits as the whole array: the Dask engine runs them on token blocks.
 #
-# Squared norms are taken from rows scaled by their own power of two (row_scaled) and
-# kept as pairs (n2, e) meaning n2 * 4**e: the panels share one scaling, and the
-# squares of a token 2**-540 times smaller than the largest entry of X and Y underflowed
-# to 0 (NaN relative errors, cosines and projections for a representable answer).
-# Scaling by powers of two is exact, so in the normal range the results are the same
-# bits as from the unscaled rows.
+# Squared norms are taken from rows scaled by their own power of two where they are far
+# from the panels' one scaling (row_scaled), and kept as pairs (n2, e) meaning
+# n2 * 4**e: the squares of a token 2**-540 times smaller than the largest entry of X
+# and Y underflowed to 0 (NaN relative errors, cosines and projections for a
+# representable answer).  Rows within 2**+-_FAR are used as they are: the same bits.
 
 
 def row_inner(a, b):
@@ -718,11 +760,14 @@ def row_inner(a, b):
 
 
 def row_scaled(V):
-    """``(W, e)``: ``W_i = V_i 2**-e_i`` with the largest entry of each nonzero row in
-    [1/2, 1) (``e_i = 0`` for a zero row), so ``|V_i|^2 = |W_i|^2 4**e_i`` and no square
-    of ``W`` underflows or overflows; every ratio, cosine and angle of one token's
-    vectors is the same from ``W``."""
-    e = np.frexp(np.max(np.abs(V), axis=1, initial=0.0))[1]
+    """``(W, e)``: ``W_i = V_i 2**-e_i`` with ``e_i`` from :func:`far_exponents` (0 for
+    rows within ``2**+-_FAR`` of the panels' scale, which are ``V``'s own: the same bits),
+    so ``|V_i|^2 = |W_i|^2 4**e_i`` and no square of ``W`` underflows beyond a rounding
+    of its row's norm; every ratio, cosine and angle of one token's vectors is the same
+    from ``W``."""
+    e = far_exponents(row_tops(V))
+    if not e.any():
+        return V, e
     return np.ldexp(V, -e[:, None]), e
 
 
@@ -830,9 +875,9 @@ def largest_norm(rec):
 
 def scaled_gram(T):
     """``(G, E)`` with ``T^T T = G 4**E``, from ``T`` scaled by the power of two that
-    brings its largest entry to [1/2, 1) (the Gram matrix of updates far smaller than
-    the panels' scale underflowed to 0)."""
-    E = exponent_of(float(np.max(np.abs(T), initial=0.0)))
+    brings its largest entry to [1/2, 1) where that is beyond ``2**+-_FAR`` (the Gram
+    matrix of updates far smaller than the panels' scale underflowed to 0)."""
+    E = int(far_exponents(np.max(row_tops(T), initial=0.0))) if T.size else 0
     W = np.ldexp(T, -E) if E else T
     return W.T @ W, E
 

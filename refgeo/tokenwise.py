@@ -1065,9 +1065,10 @@ def fit_local_maps(
     with ``e`` putting the largest entry in [1/2, 1) and the ridge scaled by
     ``4^{-e}``, so entries from about 1e-300 to 1e300 fit alike and
     ``fit(2^m X, 2^m Y, ridge=4^m lam)`` is ``2^m fit(X, Y, ridge=lam)`` bit for bit.
-    Each neighbor panel is then scaled by a power of two of its own (the ridge by its
-    square), so a cluster of tokens far below the rest (``2^-600`` times their size)
-    is fitted as if it were alone.  What scaling cannot help: entries more than about
+    A neighbor panel more than ``2^300`` from that scaling is then scaled by a power
+    of two of its own (from its rows of nonzero weight; the ridge by its square), so
+    a cluster of tokens far below the rest (``2^-600`` times their size) is fitted as
+    if it were alone.  What scaling cannot help: entries more than about
     2^1000 below the largest one lose their low bits (they are negligible against
     it); the diagonal classes fit each coordinate on its own, from sums of squares of
     its entries, so a coordinate whose entries are more than about ``2^510`` below the

@@ -349,6 +349,50 @@ def test_every_class_fits_a_cluster_far_below_the_rest_as_if_it_were_alone(cls, 
                                atol=1e-12 * np.abs(alone.fitted).max())
 
 
+@pytest.mark.parametrize("cls", CLASSES)
+@pytest.mark.parametrize("prior", ["identity", "zero"])
+def test_a_neighbor_of_weight_zero_does_not_set_a_panels_scale(cls, prior):
+    """Each token of a 2**-600 cluster has three cluster neighbors and a large token of
+    weight 0, which is not in its local problem: it set the panel's scale of the
+    diagonal and orthogonal classes, whose fit was the prior or the tie-break's (50 to
+    125 percent off).  The fit is that of the call without the zero-weight column."""
+    g = np.random.default_rng(0)
+    n, d, k, K = 12, 3, 4, 600
+    Xc = g.standard_normal((n, d)) + 3.0
+    Yc = Xc @ np.diag([2.0, -1.0, 0.5]) + 0.01 * g.standard_normal((n, d))
+    X = np.vstack([np.ones((1, d)), np.ldexp(Xc, -K)])
+    Y = np.vstack([np.ones((1, d)), np.ldexp(Yc, -K)])
+    nbr = np.array([[1, 2, 3, 4]] + [[j for j in range(1, n + 1) if j != i][: k - 1] + [0] for i in range(1, n + 1)])
+    W = np.ones((n + 1, k))
+    W[1:, -1] = 0.0
+    kw = dict(cls=cls, prior=prior, **_kw(cls, rank=2))
+    got = refgeo.fit_local_maps(X, Y, neighbors=nbr, weights=W, **kw)
+    want = refgeo.fit_local_maps(X, Y, neighbors=nbr[:, :-1], weights=W[:, :-1], **kw)
+    alone = refgeo.fit_local_maps(Xc, Yc, neighbors=nbr[1:, :-1] - 1, **kw)
+    top = np.abs(alone.fitted).max()
+    np.testing.assert_allclose(np.ldexp(np.asarray(got.fitted)[1:], K), np.ldexp(np.asarray(want.fitted)[1:], K),
+                               rtol=1e-12, atol=1e-12 * top)
+    np.testing.assert_allclose(np.ldexp(np.asarray(want.fitted)[1:], K), alone.fitted, rtol=1e-10, atol=1e-10 * top)
+
+
+@pytest.mark.parametrize("K", [500, 600, 900])
+def test_a_layer_that_zeroes_a_far_cluster_has_scale_zero(K):
+    """scaled_orthogonal on a 2**-K cluster whose Y is 0 (a layer that zeroes those
+    tokens): the zero Y panel's exponent (0) beat the X panel's (-K), the X panel was
+    not scaled, its squares underflowed, and the scale came out 1 (relative error 1)
+    where the minimizer is 0."""
+    g = np.random.default_rng(2)
+    X = np.vstack([g.standard_normal((10, 3)) + 5.0, np.ldexp(g.standard_normal((10, 3)), -K)])
+    Y = np.vstack([X[:10] @ (np.eye(3) + 0.1 * g.standard_normal((3, 3))).T, np.zeros((10, 3))])
+    alone = refgeo.fit_local_maps(np.ldexp(X[10:], K), Y[10:], k=4, cls="scaled_orthogonal")
+    nbr = np.asarray(refgeo.fit_local_maps(X, Y, k=4, cls="scaled_orthogonal").neighbors).copy()
+    nbr[10:] = np.asarray(alone.neighbors) + 10
+    fit = refgeo.fit_local_maps(X, Y, neighbors=nbr, cls="scaled_orthogonal")
+    np.testing.assert_array_equal(np.asarray(alone.coefficients), 0.0)
+    np.testing.assert_array_equal(np.asarray(fit.coefficients)[10:], 0.0)
+    np.testing.assert_array_equal(np.asarray(fit.fitted)[10:], 0.0)
+
+
 @pytest.mark.parametrize("lam", [0.0, 0.5])
 def test_a_cluster_of_subnormal_states_is_fitted_finitely(lam):
     """Five states of size 1e-310 (subnormal) beside twenty of size 1: the SVD of their
