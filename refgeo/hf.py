@@ -21,9 +21,15 @@ model's own).  Padding (``attention_mask == 0``, left or right) is never a token
 position ids are counted over the tokens (``cumsum(mask) - 1``, plus ``padding_idx + 1``
 where the position table has a padding row, as RoBERTa's has) and passed to every
 model whose ``forward`` takes ``position_ids``, so that a sequence has the same states
-whatever its padding.  Decoder-only and encoder-only models are covered;
-encoder-decoder models (their decoder runs on decoder inputs) and models that hold
-states as (tokens, batch, width), such as XLNet, are refused by name.
+whatever its padding (where its positions start at 2, as the ``position_ids`` buffer of
+MRA's embeddings says, from there).  Decoder-only and encoder-only models are covered;
+encoder-decoder models (their decoder runs on decoder inputs), models that hold states
+as (tokens, batch, width), such as XLNet, and those whose blocks do not each run once
+on the tokens' states (XLM and FlauBERT, Funnel, RWKV, Reformer, Longformer,
+SqueezeBERT, ProphetNet, CPM-Ant, Perceiver) are refused by name, as is padding a
+model cannot take: any padding for FNet, which takes no attention mask, and left
+padding for the decoders of BART-like families loaded as causal LMs, which count
+positions from the first column.
 The model runs in eval mode (dropout off, so that states, logits and divergences are
 functions of the weights), and so does a ``readout=`` that is a ``torch.nn.Module``; every
 module's training flag is restored afterwards through ``train()``, also when a call
@@ -194,35 +200,80 @@ def _get_path(model, path):
 # tokens' states, and a patch went to the wrong token, silently (XLNet with B != T; its
 # element count matched).
 _TIME_MAJOR = ("xlnet", "transfo-xl")
-# models with no module per block: their layers' attention, feed-forward and norms sit in
-# parallel lists (XLM: transformer.attentions, .ffns, ...), and the search took the
-# attention modules for the blocks (the states were their inputs and outputs)
-_SPLIT_BLOCKS = ("xlm", "flaubert")
+# Model types whose blocks do not each run once on the (B, T, d) states of the input
+# tokens, with the reason (found by a sweep of transformers' causal- and masked-LM
+# classes; each gave states other than the model's own, or an error about its blocks)
+_UNSUPPORTED = {
+    # the search took transformer.attentions for the blocks: states 2.3 off the model's
+    "xlm": "keeps its layers' attention, feed-forward and norm modules in separate lists "
+           "(transformer.attentions, transformer.ffns, ...): no module's input is a block's input",
+    "funnel": "pools the tokens between its stages (its blocks sit in one list per stage): its states "
+              "are not one per token at every layer",
+    "rwkv": "halves its residual stream between blocks in eval mode (config.rescale_every) and ignores "
+            "attention_mask",
+    "reformer": "carries a reversible pair of streams (twice the width) between its blocks and pads the "
+                "tokens to its chunk length inside its forward pass",
+    "longformer": "pads the tokens to a multiple of its attention window inside its forward pass",
+    "squeezebert": "calls its layers' forward past the module hooks, on (batch, width, tokens) states",
+    "prophetnet": "runs n-gram prediction streams beside the tokens",
+    "cpmant": "prepends prompt tokens to the input",
+    "perceiver": "runs its blocks on latent arrays, not on the tokens",
+}
+_UNSUPPORTED["flaubert"] = _UNSUPPORTED["xlm"]
+# Decoders of encoder-decoder families, loaded as causal LMs: their forward takes no
+# position_ids and counts positions from the first column, padding included (left
+# padding moved every token: states up to 1.9 off)
+_COLUMN_POSITIONS = ("bart", "mbart", "mvp", "plbart", "marian", "pegasus", "blenderbot", "blenderbot-small",
+                     "bigbird_pegasus", "whisper", "trocr")
+# Models that mix every position and take no attention mask: padding changes every token
+_NO_MASK = ("fnet",)
 
 
 def _check_architecture(model) -> None:
     """``ValueError`` for the models whose block states are not the (B, T, d) states of
     the input tokens: encoder-decoder models (their decoder blocks run on decoder inputs
-    made from the ids, without the padding mask) and time-major ones."""
+    made from the ids, without the padding mask), time-major ones and those of
+    :data:`_UNSUPPORTED`."""
     config = getattr(model, "config", None)
     name = type(model).__name__
+    kind = getattr(config, "model_type", None)
     if getattr(config, "is_encoder_decoder", False) is True:
         raise ValueError(
             f"model must be a decoder-only or an encoder-only model, got the encoder-decoder {name} instead "
             "(its decoder's states depend on decoder inputs); for the encoder's states use an encoder-only "
             "model with the same weights, e.g. transformers.T5EncoderModel."
         )
-    if getattr(config, "model_type", None) in _TIME_MAJOR:
+    if kind in _TIME_MAJOR:
         raise ValueError(
             f"model must hold its hidden states as (batch, tokens, width), got {name}, whose blocks hold "
             "them as (tokens, batch, width) instead."
         )
-    if getattr(config, "model_type", None) in _SPLIT_BLOCKS:
+    if kind in _UNSUPPORTED:
         raise ValueError(
-            f"model must keep each transformer block in one module, got {name}, which keeps its layers' "
-            "attention, feed-forward and norm modules in separate lists (transformer.attentions, "
-            "transformer.ffns, ...) instead: no module's input is a block's input."
+            f"model must run one block per layer on the (batch, tokens, width) states of its input tokens, "
+            f"got {name} instead, which {_UNSUPPORTED[kind]}."
         )
+
+
+def _check_padding(model, m) -> None:
+    """``ValueError`` for padding (the (B, T) boolean token mask ``m``) that the model
+    cannot take: any padding where it mixes every position without a mask, left padding
+    where its positions count the columns."""
+    kind = getattr(getattr(model, "config", None), "model_type", None)
+    name = type(model).__name__
+    if kind in _NO_MASK and not m.all():
+        raise ValueError(
+            f"attention_mask must mark every position as a token for {name}, which mixes all positions and "
+            f"takes no attention mask, got padding in sequence {int(np.nonzero(~m.all(axis=1))[0][0])} instead; "
+            "pass sequences of one length."
+        )
+    if kind in _COLUMN_POSITIONS and "position_ids" not in inspect.signature(model.forward).parameters:
+        left = np.nonzero((np.diff(m.astype(np.int8), axis=1) > 0).any(axis=1))[0]
+        if left.size:
+            raise ValueError(
+                f"attention_mask must pad on the right for {name}, whose forward takes no position_ids and "
+                f"counts positions from the first column, got left padding in sequence {int(left[0])} instead."
+            )
 
 
 def find_blocks(model: Any, blocks: Any = None, /) -> tuple[str, tuple]:
@@ -247,9 +298,12 @@ def find_blocks(model: Any, blocks: Any = None, /) -> tuple[str, tuple]:
     Notes
     -----
     Known paths first (GPT-2 ``transformer.h``, Llama-style ``model.layers``, BERT
-    ``encoder.layer`` and their head-model variants), then the longest
-    ``torch.nn.ModuleList`` whose entries all have one class (ties: the first in
-    ``named_modules`` order).  Time O(number of modules).
+    ``encoder.layer`` and their head-model variants, also under the model's
+    ``base_model_prefix``), then the first ``torch.nn.ModuleList`` of
+    ``config.num_hidden_layers`` modules of one class, else the longest such list
+    (ties: the first in ``named_modules`` order).  Model types whose blocks do not each
+    run once on the tokens' states (XLM, Funnel, RWKV, Reformer, Longformer, ...) are
+    refused by name.  Time O(number of modules).
 
     Examples
     --------
@@ -286,13 +340,28 @@ def find_blocks(model: Any, blocks: Any = None, /) -> tuple[str, tuple]:
             if first.setdefault(id(b), l) != l:
                 raise ValueError(f"blocks must hold distinct modules, got block {first[id(b)]} again at {l}.")
         return "<given>", mods
+    def uniform(mod):
+        return isinstance(mod, torch.nn.ModuleList) and len(mod) > 0 and len({type(b) for b in mod}) == 1
+
+    # the known paths, also under the base model's attribute (MobileBERT's is
+    # mobilebert.encoder.layer, GIT's git.encoder.layer)
+    prefix = getattr(model, "base_model_prefix", "")
     for path in _KNOWN_BLOCK_PATHS:
-        found = _get_path(model, path)
-        if isinstance(found, torch.nn.ModuleList) and len(found) > 0 and len({type(b) for b in found}) == 1:
-            return path, tuple(found)
+        for full in (path, f"{prefix}.{path}") if isinstance(prefix, str) and prefix else (path,):
+            found = _get_path(model, full)
+            if uniform(found):
+                return full, tuple(found)
+    # the search: a list of config.num_hidden_layers blocks first (outermost), then the
+    # longest; a longer list nested in a block (a MobileBERT layer's feed-forward
+    # stack, a mixture's experts) was taken for the blocks
+    config = getattr(model, "config", None)
+    n_layers = next((v for v in (getattr(config, a, None) for a in ("num_hidden_layers", "n_layer", "num_layers"))
+                     if isinstance(v, int) and not isinstance(v, bool)), None)
     best = None
     for name, mod in model.named_modules():
-        if isinstance(mod, torch.nn.ModuleList) and len(mod) > 0 and len({type(b) for b in mod}) == 1:
+        if uniform(mod):
+            if len(mod) == n_layers:
+                return name, tuple(mod)
             if best is None or len(mod) > len(best[1]):
                 best = (name, tuple(mod))
     if best is None:
@@ -365,6 +434,7 @@ def _batch(model, input_ids, attention_mask):
     seq, pos = np.nonzero(m)
     if seq.size == 0:
         raise ValueError("attention_mask must mark at least one token.")
+    _check_padding(model, m)
     starts = np.concatenate([[0], np.cumsum(m.sum(axis=1))])
     position_ids = (torch.cumsum(mask, dim=1) - 1).clamp(min=0) + _position_offset(model)
     return _Batch(ids, mask, position_ids, seq.astype(np.int64), pos.astype(np.int64), starts.astype(np.int64))
@@ -375,11 +445,19 @@ def _position_offset(model):
     a padding row (RoBERTa and the models built on it count positions from there; given
     positions from 0 they ran every token at the wrong position, padding or not), else 0.
     The table is recognised by its name and an integer ``padding_idx``, whatever its
-    class: I-BERT's is a ``QuantEmbedding``, not a ``torch.nn.Embedding``."""
+    class: I-BERT's is a ``QuantEmbedding``, not a ``torch.nn.Embedding``.  Without
+    one, the first entry of the embeddings' own ``position_ids`` buffer, where they
+    keep one: MRA, YOSO and Nystromformer count from 2 (``arange + 2``), and ran every
+    token two positions early."""
     for name, mod in model.named_modules():
         pad = getattr(mod, "padding_idx", None)
         if name.rpartition(".")[2] == "position_embeddings" and isinstance(pad, int) and not isinstance(pad, bool):
             return pad + 1
+    torch = _torch()
+    for name, buf in model.named_buffers():
+        if (name.endswith("embeddings.position_ids") and buf.numel() > 0
+                and not torch.is_floating_point(buf) and not torch.is_complex(buf)):
+            return int(buf.reshape(-1)[0])
     return 0
 
 

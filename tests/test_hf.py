@@ -737,21 +737,104 @@ def test_encoder_decoder_and_time_major_models_are_refused_by_name():
         hf.model_logits(xlnet, x, layer=0, sequence=[0], position=[1], states=np.zeros((1, 16)))
 
 
-@pytest.mark.parametrize("family", ["XLM", "Flaubert"])
-def test_models_without_a_module_per_block_are_refused_by_name(family):
-    """XLM keeps its layers' attention, feed-forward and norms in parallel lists: the
-    search found transformer.attentions, and the "states" were the attention modules'
-    inputs and outputs (2.3 off the model's own hidden_states at every layer), silently."""
-    cfg = getattr(transformers, f"{family}Config")(n_layers=2, emb_dim=16, n_heads=2, vocab_size=V,
-                                                   max_position_embeddings=32)
-    model = _seeded(lambda: getattr(transformers, f"{family}WithLMHeadModel")(cfg))
-    msg = (f"model must keep each transformer block in one module, got {family}WithLMHeadModel, which keeps its "
-           "layers' attention, feed-forward and norm modules in separate lists")
-    x = _ids((2, 5))
+_B = dict(num_hidden_layers=2, hidden_size=16, num_attention_heads=2, intermediate_size=32, vocab_size=V,
+          max_position_embeddings=64, pad_token_id=0)
+_UNSUPPORTED_MODELS = {
+    "XLM": lambda: transformers.XLMWithLMHeadModel(transformers.XLMConfig(
+        n_layers=2, emb_dim=16, n_heads=2, vocab_size=V, max_position_embeddings=32)),
+    "Flaubert": lambda: transformers.FlaubertWithLMHeadModel(transformers.FlaubertConfig(
+        n_layers=2, emb_dim=16, n_heads=2, vocab_size=V, max_position_embeddings=32)),
+    "Funnel": lambda: transformers.FunnelForMaskedLM(transformers.FunnelConfig(
+        block_sizes=[1, 1], num_decoder_layers=1, d_model=16, n_head=2, d_head=8, d_inner=32, vocab_size=V)),
+    "Rwkv": lambda: transformers.RwkvForCausalLM(transformers.RwkvConfig(
+        num_hidden_layers=2, hidden_size=16, attention_hidden_size=16, intermediate_size=32, vocab_size=V,
+        context_length=64)),
+    "Longformer": lambda: transformers.LongformerForMaskedLM(transformers.LongformerConfig(**_B, attention_window=4)),
+    "SqueezeBert": lambda: transformers.SqueezeBertForMaskedLM(transformers.SqueezeBertConfig(**_B, embedding_size=16)),
+}
+
+
+@pytest.mark.parametrize("family", sorted(_UNSUPPORTED_MODELS))
+def test_models_whose_blocks_do_not_run_on_the_tokens_states_are_refused_by_name(family):
+    """Found by a sweep of transformers' causal- and masked-LM classes: XLM keeps its
+    layers' attention, feed-forward and norms in parallel lists (the search found
+    transformer.attentions: states 2.3 off the model's own, silently); Funnel pools
+    the tokens between stages (the search returned the first stage's blocks); RWKV
+    halves its stream between blocks in eval mode (h_2 was twice block 2's input);
+    Longformer pads to its attention window and SqueezeBERT calls its layers past the
+    hooks (both refused, by a message blaming the blocks)."""
+    model = _seeded(_UNSUPPORTED_MODELS[family])
+    msg = (f"model must run one block per layer on the (batch, tokens, width) states of its input tokens, got "
+           f"{type(model).__name__} instead, which ")
+    x = _ids((2, 8))
     for call in (lambda: hf.find_blocks(model), lambda: hf.hidden_states(model, x),
                  lambda: hf.tokenwise_protocol(model, x, cls="diagonal", k=3)):
         with pytest.raises(ValueError, match=re.escape(msg)):
             call()
+
+
+@pytest.mark.parametrize("family", ["Mra", "Yoso", "Nystromformer"])
+def test_position_ids_buffers_with_an_offset_keep_the_models_own_positions(family):
+    """MRA, YOSO and Nystromformer count positions from 2 (their embeddings' position_ids
+    buffer is arange + 2) with no padding row: given positions from 0, every token ran
+    two positions early (states 0.8 off the model's own from h_0 on)."""
+    extra = {"Mra": dict(block_per_row=2), "Nystromformer": dict(segment_means_seq_len=8, num_landmarks=4)}
+    cfg = getattr(transformers, f"{family}Config")(**_B, **extra.get(family, {}))
+    model = _seeded(lambda: getattr(transformers, f"{family}ForMaskedLM")(cfg))
+    ids = np.random.default_rng(1).integers(5, V, size=(2, 8))
+    with torch.no_grad():
+        own = model(input_ids=torch.as_tensor(ids), output_hidden_states=True)
+    hs = hf.hidden_states(model, ids)
+    for l in range(2):  # the last entry of the model's own tuple may be normed
+        np.testing.assert_allclose(hs.states[l], own.hidden_states[l].reshape(-1, 16).numpy(), rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(hf.model_logits(model, ids), own.logits.numpy(), rtol=1e-5, atol=1e-5)
+
+
+def test_padding_the_model_cannot_take_is_refused():
+    """BART's decoder as a causal LM takes no position_ids and counts positions from the
+    first column: left padding moved every token (states 0.8 off), silently; right
+    padding keeps the positions, and matches the unpadded states.  FNet mixes every
+    position and takes no attention mask: any padding changed every token (1.9 off)."""
+    bart = _seeded(lambda: transformers.BartForCausalLM(transformers.BartConfig(
+        vocab_size=V, d_model=16, decoder_layers=2, encoder_layers=2, decoder_attention_heads=2,
+        encoder_attention_heads=2, decoder_ffn_dim=32, encoder_ffn_dim=32, max_position_embeddings=64,
+        pad_token_id=0, bos_token_id=1, eos_token_id=2)))
+    ids = np.random.default_rng(1).integers(5, V, size=(2, 8))
+    padded, mask = np.zeros((2, 11), dtype=np.int64), np.zeros((2, 11), dtype=np.int64)
+    padded[:, 3:], mask[:, 3:] = ids, 1
+    with pytest.raises(ValueError, match=re.escape("attention_mask must pad on the right for BartForCausalLM, whose "
+                                                   "forward takes no position_ids and counts positions from the first "
+                                                   "column, got left padding in sequence 0 instead.")):
+        hf.hidden_states(bart, padded, mask)
+    right, rmask = np.zeros_like(padded), np.zeros_like(mask)
+    right[:, :8], rmask[:, :8] = ids, 1
+    want, got = hf.hidden_states(bart, ids), hf.hidden_states(bart, right, rmask)
+    for a, b in zip(want.states, got.states):
+        np.testing.assert_allclose(b, a, rtol=1e-5, atol=1e-6)
+    fnet = _seeded(lambda: transformers.FNetForMaskedLM(transformers.FNetConfig(
+        num_hidden_layers=2, hidden_size=16, intermediate_size=32, vocab_size=V, max_position_embeddings=64,
+        pad_token_id=0)))
+    with pytest.raises(ValueError, match=re.escape("attention_mask must mark every position as a token for "
+                                                   "FNetForMaskedLM, which mixes all positions and takes no attention "
+                                                   "mask, got padding in sequence 0 instead")):
+        hf.hidden_states(fnet, right, rmask)
+    assert hf.hidden_states(fnet, ids).states[0].shape == (16, 16)
+
+
+def test_the_search_prefers_a_list_of_num_hidden_layers_blocks():
+    """MobileBERT with fewer layers than feed-forward networks per layer: the search took
+    the longest list, the feed-forward stack inside layer 0 (states of width 8, not 16)."""
+    model = _seeded(lambda: transformers.MobileBertForMaskedLM(transformers.MobileBertConfig(
+        num_hidden_layers=2, hidden_size=16, num_attention_heads=2, intermediate_size=32, intra_bottleneck_size=8,
+        true_hidden_size=8, embedding_size=16, vocab_size=V, max_position_embeddings=64, num_feedforward_networks=4)))
+    path, blocks = hf.find_blocks(model)
+    assert path == "mobilebert.encoder.layer" and blocks == tuple(model.mobilebert.encoder.layer)
+    ids = np.random.default_rng(1).integers(5, V, size=(2, 8))
+    with torch.no_grad():
+        own = model(input_ids=torch.as_tensor(ids), output_hidden_states=True)
+    hs = hf.hidden_states(model, ids)
+    for l in range(3):
+        np.testing.assert_allclose(hs.states[l], own.hidden_states[l].reshape(-1, 16).numpy(), rtol=1e-5, atol=1e-6)
 
 
 def test_a_blocks_path_to_a_sequential_is_taken():
