@@ -629,6 +629,19 @@ def test_protocol_checks_cls_and_k_before_any_forward_pass(gpt2):
     assert type(out.config["k"]) is int and out.config["decompose"]["k"] == 3
 
 
+def _assert_own_states(model, ids, n_layers, logits=False):
+    """refgeo.hf's states h_0 .. h_{n_layers - 1} (and the logits) are the model's own
+    ``output_hidden_states`` (the tuple's last entry may be normed: not compared)."""
+    with torch.no_grad():
+        own = model(input_ids=torch.as_tensor(ids), output_hidden_states=True)
+    hs = hf.hidden_states(model, ids)
+    for l in range(n_layers):
+        np.testing.assert_allclose(hs.states[l], own.hidden_states[l].reshape(-1, 16).numpy(), rtol=1e-5, atol=1e-6)
+    if logits:
+        np.testing.assert_allclose(hf.model_logits(model, ids), own.logits.numpy(), rtol=1e-5, atol=1e-5)
+    return hs
+
+
 @pytest.mark.parametrize("family", ["Roberta", "XLMRoberta", "IBert"])
 def test_position_tables_with_a_padding_row_keep_the_models_own_positions(family):
     """RoBERTa counts positions from padding_idx + 1: given positions from 0, every token
@@ -641,12 +654,7 @@ def test_position_tables_with_a_padding_row_keep_the_models_own_positions(family
         max_position_embeddings=40, pad_token_id=1)
     model = _seeded(lambda: getattr(transformers, f"{family}ForMaskedLM")(cfg))
     ids = np.random.default_rng(0).integers(2, V, size=(2, 8))
-    with torch.no_grad():
-        own = model(input_ids=torch.as_tensor(ids), output_hidden_states=True)
-    hs = hf.hidden_states(model, ids)
-    for l in range(3):
-        np.testing.assert_allclose(hs.states[l], own.hidden_states[l].reshape(-1, 16).numpy(), rtol=1e-5, atol=1e-6)
-    np.testing.assert_allclose(hf.model_logits(model, ids), own.logits.numpy(), rtol=1e-5, atol=1e-5)
+    hs = _assert_own_states(model, ids, 3, logits=True)
     # left padding (with the pad token, as a tokenizer pads) gives the same states
     padded, mask = np.full((2, 11), 1), np.zeros((2, 11), dtype=np.int64)
     padded[:, 3:], mask[:, 3:] = ids, 1
@@ -781,13 +789,7 @@ def test_position_ids_buffers_with_an_offset_keep_the_models_own_positions(famil
     extra = {"Mra": dict(block_per_row=2), "Nystromformer": dict(segment_means_seq_len=8, num_landmarks=4)}
     cfg = getattr(transformers, f"{family}Config")(**_B, **extra.get(family, {}))
     model = _seeded(lambda: getattr(transformers, f"{family}ForMaskedLM")(cfg))
-    ids = np.random.default_rng(1).integers(5, V, size=(2, 8))
-    with torch.no_grad():
-        own = model(input_ids=torch.as_tensor(ids), output_hidden_states=True)
-    hs = hf.hidden_states(model, ids)
-    for l in range(2):  # the last entry of the model's own tuple may be normed
-        np.testing.assert_allclose(hs.states[l], own.hidden_states[l].reshape(-1, 16).numpy(), rtol=1e-5, atol=1e-6)
-    np.testing.assert_allclose(hf.model_logits(model, ids), own.logits.numpy(), rtol=1e-5, atol=1e-5)
+    _assert_own_states(model, np.random.default_rng(1).integers(5, V, size=(2, 8)), 2, logits=True)
 
 
 def test_padding_the_model_cannot_take_is_refused():
@@ -829,12 +831,7 @@ def test_the_search_prefers_a_list_of_num_hidden_layers_blocks():
         true_hidden_size=8, embedding_size=16, vocab_size=V, max_position_embeddings=64, num_feedforward_networks=4)))
     path, blocks = hf.find_blocks(model)
     assert path == "mobilebert.encoder.layer" and blocks == tuple(model.mobilebert.encoder.layer)
-    ids = np.random.default_rng(1).integers(5, V, size=(2, 8))
-    with torch.no_grad():
-        own = model(input_ids=torch.as_tensor(ids), output_hidden_states=True)
-    hs = hf.hidden_states(model, ids)
-    for l in range(3):
-        np.testing.assert_allclose(hs.states[l], own.hidden_states[l].reshape(-1, 16).numpy(), rtol=1e-5, atol=1e-6)
+    _assert_own_states(model, np.random.default_rng(1).integers(5, V, size=(2, 8)), 3)
 
 
 def test_a_blocks_path_to_a_sequential_is_taken():
