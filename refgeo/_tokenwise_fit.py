@@ -81,8 +81,8 @@ def panel_bytes(cls: str, n: int, d: int, k: int, chunk: int, return_maps: bool 
     in chunks of ``chunk`` tokens (an upper estimate, for the memory checks).
 
     The diagonal classes hold one (n, d) product panel, a chunk of sparse products, the
-    two scaled chunks of rows they multiply and the rows' exponents; the others gather (chunk, k, d)
-    neighbor panels (the linear fits) or work in the span of ``m = min(d, 2k)``
+    two scaled chunks of rows they multiply and the rows' exponents; the others gather
+    (chunk, k, d) neighbor panels (the linear fits) or work in the span of ``m = min(d, 2k)``
     directions (the orthogonal fits), and with ``return_maps`` hold up to four
     (chunk, d, d) temporaries of the maps besides the (n, d, d) maps themselves (which
     the callers count with the results).
@@ -91,8 +91,8 @@ def panel_bytes(cls: str, n: int, d: int, k: int, chunk: int, return_maps: bool 
     if cls in ("diagonal", "psd_diagonal"):
         # (f + 2) n d: the panel and the two boolean masks of the zero denominators;
         # 2 f n: the rows' and the panels' exponents; per token of a chunk, its scaled
-        # rows, their copies scaled by their exponents and a magnitude temporary, and
-        # its neighbors' exponents, weights and sparse entries
+        # rows (and the far rows' copies scaled by their own exponents), and its
+        # neighbors' exponents, weights and sparse entries
         return (f"one (N, d) product panel, chunks of chunk_size={b} tokens",
                 (f + 2) * n * d + 2 * f * n + (5 * f * d + 28 * k) * b)
     maps = 4 * f * b * d * d if return_maps else 0
@@ -142,6 +142,7 @@ def far_exponents(top):
     their binary exponents beyond ``2**+-_FAR``, else 0 (zero rows: 0)."""
     e = np.frexp(top)[1]
     return np.where(np.abs(e) > _FAR, e, 0)
+
 
 # A ridge scaled by a panel's exponent is capped here: far above every sum of the scaled
 # panels (at most k d), so that the fit is the prior's to rounding, as lam -> inf, where

@@ -952,7 +952,8 @@ def spread(
         # by more than the certificates' relative errors (a ratio carries those of its
         # two distances): re-normalising a start no round improved moved its certified
         # ratio one ulp up, and it came back labelled as the iteration's
-        return cert[4] > rho0 * (1.0 + 2.0 * (cert[7] + err0))
+        # (a start of ratio 0, duplicate rows, may carry an infinite error bound)
+        return cert[4] > (rho0 * (1.0 + 2.0 * (cert[7] + err0)) if rho0 > 0.0 else 0.0)
 
     if modified and start_rho is not None and not beats(start_rho, 0.0):
         # (with certify=False on the reference backend both sides are float64 estimates)

@@ -1797,8 +1797,9 @@ def _metrics(X, Y, ex, fitted, eval_mask, subspace_rank, center_subspace):
     sv = np.ldexp(np.sqrt(np.maximum(evals[::-1][:subspace_rank], 0.0)), E)
     proj = []
     for v in (delta, tau, rho):
-        mean = v[eval_mask].mean(axis=0) if center_subspace else 0.0
-        proj.append(np.concatenate([_fit.norm_record(v[s:s + _ROWS] - mean, U) for s in range(0, n, _ROWS)], axis=1))
+        mean = v[eval_mask].mean(axis=0) if center_subspace else None
+        proj.append(np.concatenate([_fit.norm_record(v[s:s + _ROWS] if mean is None else v[s:s + _ROWS] - mean, U)
+                                    for s in range(0, n, _ROWS)], axis=1))
     return {
         "delta": delta, "tau": tau, "rho": rho, **_token_fields(rec, proj, eval_mask),
         "subspace": U, "subspace_singular_values": sv,

@@ -203,6 +203,18 @@ def test_the_largest_budget_is_met(V, d):
     assert np.isfinite(r.points).all()
 
 
+@pytest.mark.parametrize("method", ["smooth", "epigraph"])
+def test_an_iterate_beats_a_start_with_duplicate_rows_without_certification(method):
+    """certify=False on the NumPy reference: a start with two equal rows has ratio 0 and
+    an infinite error bound (its Gram estimate cannot bound a zero distance), and 0 times
+    it was NaN, so no iterate beat it: the start came back, ratio 0."""
+    X = np.random.default_rng(0).standard_normal((50, 3))
+    X[1] = X[0]
+    with refgeo.use_backend("reference"):
+        r = refgeo.spread(50, 3, init=X, method=method, certify=False, seed=0, max_time=0.5)
+    assert r.method == method and r.ratio > 0.05
+
+
 def test_spread_update_with_a_decrease_beyond_the_range_names_eta():
     """eta = the largest float64 on a gradient of size 1: the RowNorm step's decrease
     overflowed (a RuntimeWarning) before the LMO's error named G alone."""
