@@ -556,6 +556,23 @@ def test_warm_start_from_a_gradient_of_another_size(factor, admm_only):
         assert r.decrease == pytest.approx(cold.decrease, rel=2e-9) and r.decrease > 0
 
 
+@pytest.mark.parametrize("factor", [0.5, 0.9, 1.1, 3.0, 1e-3])
+def test_a_warm_start_keeps_its_speed_when_the_gradient_changes_size(factor, admm_only):
+    """The step of G is optimal for c G, and its flows are c times G's: sized by their
+    own sum, they were c times off, and the warm start took 3,975 to 4,750 iterations
+    on c G against 25 on G (5,375 cold).  They are sized by the warm step's value on
+    the new gradient."""
+    rng = np.random.default_rng(3)
+    G = rng.normal(size=(20, 3))
+    G -= G.mean(axis=0)
+    prev = refgeo.diameter_lmo(G, rtol=1e-9)
+    same = refgeo.diameter_lmo(G, rtol=1e-9, warm_start=prev)
+    cold = refgeo.diameter_lmo(G * factor, rtol=1e-9)
+    warm = refgeo.diameter_lmo(G * factor, rtol=1e-9, warm_start=prev)
+    assert warm.converged and warm.decrease == pytest.approx(cold.decrease, rel=2e-9)
+    assert warm.iterations <= 2 * same.iterations < cold.iterations / 10
+
+
 def test_warm_start_pairs_in_either_order():
     """Pairs given as (j, i), repeated or as self-pairs are the same flows on the
     working set's pairs (i < j): reversed, they indexed past its end (IndexError), or
