@@ -357,7 +357,7 @@ def _check_code_size(what: str, V: int, d: int) -> None:
     _check_size(what, V, d, 32.0 * d * d if _n_bases(V, d) else 0.0)
 
 
-def _quadratic_code(what: str, d: int, V: int, n: int, us: np.ndarray, ws: np.ndarray | None) -> np.ndarray:
+def _quadratic_code(d: int, V: int, n: int, us: np.ndarray, ws: np.ndarray | None) -> np.ndarray:
     """Standard basis, then one Hadamard basis H diag((-1)^{Q}) per form (first V rows;
     ``us`` and ``ws`` hold at least the forms these rows reach; the size is checked by
     the caller, :func:`_check_code_size`)."""
@@ -440,7 +440,7 @@ def delsarte_goethals_code(d: int, V: int | None = None, /) -> np.ndarray:
     # every index below half (always for d >= 2^63, where half is no int64 and the
     # size check below refuses the rows): w = 0, u = idx, without NumPy's divmod
     w, u = np.divmod(idx, half) if idx.size > half else (np.zeros_like(idx), idx)
-    return _quadratic_code(f"delsarte_goethals_code({d}, {V})", d, V, n, u, w)
+    return _quadratic_code(d, V, n, u, w)
 
 
 def kerdock_code(d: int, V: int | None = None, /) -> np.ndarray:
@@ -503,7 +503,7 @@ def kerdock_code(d: int, V: int | None = None, /) -> np.ndarray:
     V = total if V is None else check_int(V, "V", min_value=1, max_value=total)
     _check_code_size(f"kerdock_code({d}, {V})", V, d)
     us = np.arange(_n_bases(V, d), dtype=np.int64)  # the forms the first V rows reach
-    return _quadratic_code(f"kerdock_code({d}, {V})", d, V, n, us, None)
+    return _quadratic_code(d, V, n, us, None)
 
 
 # =========================================================================== candidates

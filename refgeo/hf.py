@@ -21,8 +21,8 @@ model's own).  Padding (``attention_mask == 0``, left or right) is never a token
 position ids are counted over the tokens (``cumsum(mask) - 1``, plus ``padding_idx + 1``
 where the position table has a padding row, as RoBERTa's has) and passed to every
 model whose ``forward`` takes ``position_ids``, so that a sequence has the same states
-whatever its padding (where its positions start at 2, as the ``position_ids`` buffer of
-MRA's embeddings says, from there).  Decoder-only and encoder-only models are covered;
+whatever its padding (counted from 2 where the embeddings' ``position_ids`` buffer
+starts there, as MRA's does).  Decoder-only and encoder-only models are covered;
 encoder-decoder models (their decoder runs on decoder inputs), models that hold states
 as (tokens, batch, width), such as XLNet, and those whose blocks do not each run once
 on the tokens' states (XLM and FlauBERT, Funnel, RWKV, Reformer, Longformer,
@@ -343,6 +343,7 @@ def find_blocks(model: Any, blocks: Any = None, /) -> tuple[str, tuple]:
             if first.setdefault(id(b), l) != l:
                 raise ValueError(f"blocks must hold distinct modules, got block {first[id(b)]} again at {l}.")
         return "<given>", mods
+
     def uniform(mod):
         return isinstance(mod, torch.nn.ModuleList) and len(mod) > 0 and len({type(b) for b in mod}) == 1
 
