@@ -651,6 +651,15 @@ def _capture(model, batch, blocks, keep, np_dtype, batch_size, bar=None):
             got = f"{type(h).__name__}" + (f" of dtype {h.dtype} and shape {tuple(h.shape)}"
                                            if isinstance(h, torch.Tensor) else "")
             where = "the input of block 0" if layer == 0 else f"the output of block {layer - 1}"
+            if (isinstance(h, torch.Tensor) and h.is_floating_point() and h.ndim == 3
+                    and h.shape[0] == cur["chunk"][1] - cur["chunk"][0] and h.shape[1] != T):
+                # the blocks are right, the length is not: BigBird's block-sparse
+                # attention pads the ids to a multiple of config.block_size inside
+                raise ValueError(
+                    f"the model changed the sequence length: {where} has {h.shape[1]} positions where "
+                    f"input_ids has {T} (BigBird's block-sparse attention pads to a multiple of "
+                    f"config.block_size); pad input_ids to such a length yourself, with attention_mask 0 "
+                    f"on the padding, or use a configuration that keeps the length.")
             raise ValueError(
                 f"blocks must be transformer blocks, whose input and output are hidden states of shape "
                 f"(B, T, d), but {where} is a {got}; pass blocks= with such modules.")

@@ -823,6 +823,21 @@ def test_padding_the_model_cannot_take_is_refused():
     assert hf.hidden_states(fnet, ids).states[0].shape == (16, 16)
 
 
+def test_a_model_that_changes_the_sequence_length_is_refused_by_name():
+    """BigBird's block-sparse attention pads the ids to a multiple of config.block_size
+    inside the model: the states of 150 tokens came back as 152 rows, refused by a
+    message blaming the blocks (which are right).  A length the model keeps runs, with
+    the model's own states."""
+    cfg = transformers.BigBirdConfig(**{**_B, "max_position_embeddings": 256}, attention_type="block_sparse",
+                                     block_size=8, num_random_blocks=2)
+    model = _seeded(lambda: transformers.BigBirdForMaskedLM(cfg))
+    rng = np.random.default_rng(1)
+    with pytest.raises(ValueError, match=re.escape("the model changed the sequence length: the input of block 0 has "
+                                                   "152 positions where input_ids has 150 (BigBird's")):
+        hf.hidden_states(model, rng.integers(5, V, size=(1, 150)))
+    _assert_own_states(model, rng.integers(5, V, size=(1, 152)), 3)
+
+
 def test_the_search_prefers_a_list_of_num_hidden_layers_blocks():
     """MobileBERT with fewer layers than feed-forward networks per layer: the search took
     the longest list, the feed-forward stack inside layer 0 (states of width 8, not 16)."""
