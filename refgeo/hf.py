@@ -395,6 +395,12 @@ def _as_long(torch, x, name, device, allow_bool=False):
         raise TypeError(f"{name} is a meta tensor (a shape without values), which refgeo cannot run.")
     if t.ndim != 2 or t.shape[0] == 0 or t.shape[1] == 0:
         raise ValueError(f"{name} must be a non-empty 2-D array of shape (B, T), got shape {tuple(t.shape)} instead.")
+    if t.dtype == getattr(torch, "uint64", None):
+        # the cast to long wraps values from 2**63 on to negative ones (a token id
+        # 2**63 + 1 was reported as -9223372036854775807)
+        top = int(t.detach().cpu().numpy().max())
+        if top > np.iinfo(np.int64).max:
+            raise ValueError(f"{name} must hold values below 2**63, got {top} instead.")
     return t.to(device=device, dtype=torch.long)
 
 

@@ -514,6 +514,14 @@ def test_meta_models_and_tensors_and_unknown_tokens_are_refused_by_name(gpt2):
         with pytest.raises(ValueError, match=re.escape(f"input_ids must hold token ids in [0, {V}) "
                                                         "(the model's vocabulary), got values in [")):
             hf.tokenwise_protocol(gpt2, bad, cls="diagonal", k=3)
+    # unsigned ids from 2**63 on wrapped to negative ones in the cast to int64 (the
+    # message named -9223372036854775807); small ones are taken
+    huge = np.asarray(ids, dtype=np.uint64)
+    huge[1, 2] = 2**63 + 1
+    with pytest.raises(ValueError, match=re.escape(f"input_ids must hold values below 2**63, got {2**63 + 1} instead.")):
+        hf.hidden_states(gpt2, huge)
+    np.testing.assert_array_equal(hf.hidden_states(gpt2, np.asarray(ids, dtype=np.uint64)).states[1],
+                                  hf.hidden_states(gpt2, ids).states[1])
 
 
 @pytest.mark.parametrize("name", ["gpt2", "bert"])
