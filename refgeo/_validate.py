@@ -436,9 +436,10 @@ def check_decay(lr: float, weight_decay: float) -> None:
 
 
 def check_step_size(lr: float, project: bool, top: float, what: str) -> None:
-    """Raise ``ValueError`` when a RowNorm step cannot be held in the dtype of the
-    parameter (``what``: its name and dtype; ``top``: the dtype's largest value): the
-    step's rows have norm at most ``lr`` (``2 lr`` with the outer centering), and an
+    """Raise ``ValueError`` when a RowNorm or diameter-LMO step cannot be held in the
+    dtype of the parameter (``what``: its name and dtype; ``top``: the dtype's largest
+    value): the step's rows have norm at most ``lr`` (``2 lr`` with RowNorm's outer
+    centering; a centered LMO step of diameter ``lr`` has rows within ``lr`` of 0), and an
     ``lr`` beyond ``top`` wrote inf and NaN into the weights without an error
     (``lr=1e39`` for a float32 weight, ``1e5`` for a float16 one)."""
     reach = 2.0 * lr if project else lr

@@ -148,13 +148,11 @@ def _float_type(*, positive: bool = True, nonnegative: bool = False, normal: boo
 # ------------------------------------------------------------------ helpers
 
 def _load_matrix(path: str, *, key: str | None = None, label: str = "FILE", key_flag: str = "--key",
-                 keep_float16: bool = False, with_file_dtype: bool = False):
+                 with_file_dtype: bool = False):
     """A finite real 2-D array from .npy (memory-mapped) or .npz (read whole; no pickles).
 
     ``key`` names the array of a ``.npz`` file; ``key_flag`` is the command's option
-    that sets it, for the messages. ``keep_float16=True`` returns a float16 file's own
-    array (checked like any other) instead of its float64 copy, for commands whose
-    library call holds float16 input to float16 precision.  ``with_file_dtype=True``
+    that sets it, for the messages.  ``with_file_dtype=True``
     also returns the file's own dtype (integer, boolean and float16 files are converted
     to float64).
 
@@ -166,6 +164,10 @@ def _load_matrix(path: str, *, key: str | None = None, label: str = "FILE", key_
         raise CLIError(f"{label} {path!r} does not exist")
     if os.path.isdir(path):
         raise CLIError(f"{label} {path!r} is a directory, not a .npy or .npz file")
+    if not os.path.isfile(path):
+        # a FIFO (or another stream) is read twice below, header then data: the data
+        # read hung on a FIFO whose writer had gone, or failed as "No data left in file"
+        raise CLIError(f"{label} {path!r} is not a regular file (a pipe or a device); save the array to a file first")
     lower = path.lower()
     if not lower.endswith((".npy", ".npz")):
         raise CLIError(f"{label} must be a .npy or .npz file, got {path!r} instead")
@@ -208,8 +210,7 @@ def _load_matrix(path: str, *, key: str | None = None, label: str = "FILE", key_
         raise CLIError(f"cannot read {path!r} as a NumPy file: {reason}") from None
     # the library's own checks and messages: dtype, 2-D, non-empty, finite
     checked = as_float_array(arr, where, ndim=2, shape_hint="2-D array of shape (rows, columns)")
-    out = arr if keep_float16 and arr.dtype == np.float16 else checked
-    return (out, where, str(arr.dtype)) if with_file_dtype else (out, where)
+    return (checked, where, str(arr.dtype)) if with_file_dtype else (checked, where)
 
 
 def _jsonable(x: Any) -> Any:
@@ -599,9 +600,7 @@ def _half_sum_of_centered_row_norms(G: np.ndarray) -> float:
 
 
 def _cmd_lmo(args: argparse.Namespace) -> int:
-    # float16 kept: the library allows a float16 gradient's rows to sum to zero only to
-    # float16 precision (its rounding alone moves the sum by more than 1e-4)
-    G, where = _load_matrix(args.grad, key=args.key, label="GRAD", keep_float16=True)
+    G, where = _load_matrix(args.grad, key=args.key, label="GRAD")
     check_min_rows(G, where, 2)
     _check_out_path(args.out)
     if not args.center:

@@ -407,6 +407,9 @@ class DiameterLMO:
         comes back as a tensor sharing its memory when ``grad`` is a tensor.
         """
         p = _Param(param, grad)
+        # the step's entries reach lr (its rows lie within lr of their mean): beyond the
+        # dtype's top it wrote inf into the weights (float16 at lr=2e5)
+        check_step_size(self._checked_hyperparameters()[0], False, p.top, f"param of dtype {p.dtype_name}")
         res, M = self._solve(p.grad, p.grad_eps)
         self._commit(p.array, res, M)
         return p.done()

@@ -421,7 +421,9 @@ def _build() -> dict[str, Any]:
                 _row_normalize_(S, eps)
                 S.mul_(-lr)
                 if project:
-                    S.sub_(S.mean(dim=0, keepdim=True))
+                    # rows of norm lr near the dtype's top: the column sums overflowed
+                    # (inf in the weights at lr = 1e38, V = 16, float32)
+                    S.sub_(_column_mean(S))
                 if p.dtype == S.dtype:
                     if wd:
                         p.mul_(1.0 - lr * wd)
@@ -602,6 +604,8 @@ def _build() -> dict[str, Any]:
                 if g.is_complex() or not g.is_floating_point():
                     raise TypeError(f"the gradient of {name} must be real floating point, got dtype {g.dtype} instead.")
                 fresh = self._solver_for(group)  # a fresh solver validates the group's hyper-parameters
+                check_step_size(fresh.lr, False, float(torch.finfo(p.dtype).max),
+                                f"parameter {name} of dtype {str(p.dtype).replace('torch.', '')}")
                 # resolve_neg: a tensor with torch's negative bit (z.conj().imag) has no
                 # NumPy view (a RuntimeError from .numpy())
                 G = g.detach().resolve_neg().to(device="cpu", dtype=torch.float64).numpy()

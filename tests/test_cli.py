@@ -266,6 +266,19 @@ def test_inspect_errors(capsys, files, tmp_path, case, args, fragments):
     assert_one_line_error(rc, err, *fragments)
 
 
+@pytest.mark.skipif(not hasattr(os, "mkfifo"), reason="no named pipes here")
+@pytest.mark.parametrize("suffix", [".npy", ".npz"])
+def test_a_named_pipe_is_refused_before_it_is_read(capsys, tmp_path, suffix):
+    # the loader reads a file twice (its header, then the data): a FIFO hung once its
+    # writer had gone (.npy), or failed as "No data left in file" (.npz); no writer is
+    # needed here, the pipe is refused before it is opened
+    fifo = tmp_path / f"pipe{suffix}"
+    os.mkfifo(fifo)
+    rc, out, err = run(capsys, "inspect", str(fifo))
+    assert out == ""
+    assert_one_line_error(rc, err, "is not a regular file", "save the array to a file first")
+
+
 # ------------------------------------------------------------------ spread
 
 def test_spread_pentagon(capsys, tmp_path):
@@ -430,11 +443,11 @@ def _float16_gradient_off_by(lo, hi, seed=0):
             return G
 
 
-def test_lmo_float16_gradient_is_held_to_float16_precision(capsys, tmp_path):
-    # the library holds a float16 gradient's zero row sum to the float16 eps (9.8e-4), not
-    # 1e-4; the command used to read the file as float64 first and refuse what the library
-    # accepts. Its report is the library's on the same array; a sum off by 4 float16 eps
-    # is still refused
+def test_lmo_takes_the_gradients_the_library_takes(capsys, tmp_path):
+    # a float16 gradient centered, then rounded (its row sum off by up to the float16
+    # eps): the command reports the library's result on the same array; a sum off by
+    # twice the library's tolerance (2**-8 of the row norms) is refused, with the
+    # command's remedy
     eps16 = float(np.finfo(np.float16).eps)
     G = _float16_gradient_off_by(1e-4, eps16)
     f = tmp_path / "g16.npy"
@@ -443,10 +456,11 @@ def test_lmo_float16_gradient_is_held_to_float16_precision(capsys, tmp_path):
     assert (rc, err) == (0, "")
     ref = refgeo.diameter_lmo(G, eta=1.0)
     assert json.loads(out)["decrease"] == pytest.approx(ref.decrease, rel=1e-12)
+    G64 = G.astype(np.float64)
+    G64[0, 0] += 2 * 2.0**-8 * np.linalg.norm(G64, axis=1).sum()
+    np.save(f, G64)
     with pytest.raises(ValueError, match="rows summing to zero"):
-        refgeo.diameter_lmo(G.astype(np.float64))
-    G[0] += np.float16(4 * eps16) * np.abs(G).sum(axis=0).astype(np.float16)
-    np.save(f, G)
+        refgeo.diameter_lmo(G64)
     rc, _, err = run(capsys, "lmo", str(f))
     assert_one_line_error(rc, err, str(f), "rows summing to zero", "Pass --center")
 

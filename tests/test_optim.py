@@ -267,6 +267,26 @@ def test_a_step_size_beyond_the_parameters_dtype_is_refused_before_any_change():
     assert torch.isfinite(out).all() and float(out.abs().max()) == 60000.0
 
 
+def test_a_diameter_lmo_step_beyond_the_parameters_dtype_is_refused_before_any_change():
+    """The LMO step's entries reach lr (centered rows of diameter lr): with no check an lr
+    beyond the dtype's top wrote inf into a float32 array (a RuntimeWarning) and into a
+    float16 tensor (silently), and the step count and warm start moved."""
+    g = np.array([[1.0, 0.0], [-1.0, 0.0], [0.0, 0.0]])
+    W = np.zeros((3, 2), dtype=np.float32)
+    opt = refgeo.DiameterLMO(lr=1e39)
+    with pytest.raises(ValueError, match=re.escape("lr == 1e+39, must be <= 3.40282e+38 for param of dtype float32: "
+                                                   "the step's entries reach lr")):
+        opt.step(W, g)
+    assert opt.t == 0 and opt.last_result is None and not W.any()
+    torch = pytest.importorskip("torch")
+    T = torch.zeros(3, 2, dtype=torch.float16)
+    with pytest.raises(ValueError, match=re.escape("must be <= 65504 for param of dtype float16")):
+        refgeo.DiameterLMO(lr=2e5).step(T, g)
+    assert not T.any()
+    out = refgeo.DiameterLMO(lr=6e4).step(T, g)  # within float16's 65504: finite
+    assert torch.isfinite(out).all() and float(out.abs().max()) == 30000.0
+
+
 def test_failed_step_changes_no_state():
     """A gradient the LMO rejects (rows not summing to zero) leaves buffer and warm start
     as they were: the next valid steps match an optimizer that never saw it."""
@@ -495,7 +515,7 @@ def test_diameter_lmo_with_momentum_takes_every_gradient_the_solver_takes():
     A = g.standard_normal((50, 8))
     A -= A.mean(axis=0)
     c = np.ones(8) / np.sqrt(8)
-    off = 0.5e-4 * np.linalg.norm(A, axis=1).sum() / 50 * c  # half the tolerance
+    off = 0.5 * 2.0**-8 * np.linalg.norm(A, axis=1).sum() / 50 * c  # half the tolerance
     W = np.zeros_like(A)
     opt = refgeo.DiameterLMO(lr=0.1, momentum=0.9)
     for t in range(4):

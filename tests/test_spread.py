@@ -838,6 +838,26 @@ def test_progress_of_the_smooth_iteration_ends_once_at_the_end():
     assert [e["done"] for e in events].count(len(r.history)) == 1 and events[-1]["done"] == len(r.history)
 
 
+def test_progress_reports_the_end_after_the_final_certification(monkeypatch):
+    """The final certification (outside max_time) ran after the report of done == total:
+    10 of the 10.4 s of spread(20000, 64, max_time=5) came after it.  Now the end is
+    reported once the result is certified."""
+    from refgeo import spreading
+
+    events = []
+    real = spreading._certify_points
+
+    def certify(*args, **kwargs):
+        events.append("certify")
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(spreading, "_certify_points", certify)
+    refgeo.spread(300, 10, seed=0, max_time=0.5, progress=events.append)
+    assert "certify" in events
+    ends = [i for i, e in enumerate(events) if e != "certify" and e["done"] == e["total"]]
+    assert len(ends) == 1 and ends[0] == len(events) - 1
+
+
 def test_spread_update_of_a_tiny_gradient():
     """The step is positively homogeneous of degree 0 in G: G * 2**-1000 gives G's step
     and decreases scaled by 2**-1000 (G * 1e-320 was refused as not centered, though
