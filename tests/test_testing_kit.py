@@ -206,6 +206,21 @@ def test_farthest_partners_kernel_and_its_off_by_one():
     assert err.reason.startswith("row ")
 
 
+def test_farthest_partners_of_the_wrong_shape_are_refused():
+    """Both outputs were flattened before their shapes were compared: (V, 1), (1, V) and
+    (2, V / 2) results "agreed" with refgeo's (V,)."""
+    for shape in ((-1, 1), (1, -1)):
+        err = _caught(lambda S, shape=shape: tuple(a.reshape(shape) for a in farthest_numpy(S)), "farthest_partners")
+        assert err.reason.startswith("indices and distances must have shape (")
+
+
+def test_knn_indices_without_distances_are_reported_unchecked():
+    """A k-NN candidate returning (indices, None) was reported with nothing unchecked."""
+    report = check_against_reference(lambda X, k: (direct_knn(X, k)[0], None), "knn", max_examples=16)
+    assert report.unchecked == ("distances",)
+    assert check_against_reference(direct_knn, "knn", max_examples=16).unchecked == ()
+
+
 def test_catches_missing_centering():
     # float64 Gram identity without centering: exact on centered data, wrong by the
     # cancellation of |x|^2 ~ offset^2 on rows sharing a large offset.
@@ -260,6 +275,50 @@ def test_rounded_tie_is_not_an_exact_tie():
     for value in (1.0, np.nextafter(1.0, 2.0)):
         with pytest.raises(ConformanceError, match=re.escape("wrong tie-breaking: the pairs (2, 3) and (0, 3)")):
             rt.assert_extreme_pair_close(value, 2, 3, ref, S)
+
+
+def test_exact_ties_a_float_kernel_rounds_apart_accept_either_pair():
+    """Rows 1 and 2 hold the same entries at permuted coordinates, so (0, 1) and (0, 2)
+    tie exactly; refgeo's refined sum ((a + b) + (c + d)) rounds them equally, the
+    module docstring's own direct-difference kernel (((a + b) + c) + d) puts (0, 2) 1 ulp
+    above, and it was reported as "wrong tie-breaking".  Ties of small integers, which
+    no order of computation rounds, still follow the rule."""
+    S = np.zeros((3, 4))
+    v = np.array([-0.9, 0.01, 0.04, -0.47])
+    S[1], S[2] = v, v[[0, 1, 3, 2]]
+    ref = refgeo.row_diameter(S)
+    assert (ref.i, ref.j) == (0, 1)
+    d1, d2 = (math.sqrt(((S[0] - S[r]) ** 2).sum()) for r in (1, 2))  # NumPy sums left to right at d = 4
+    assert d2 > d1  # the kernel's rounding orders the exact tie
+    rt.assert_extreme_pair_close(d2, 0, 2, ref, S)
+    # the closest pair of 0, M, 2M: (0, 1) and (1, 2) tie exactly; with M = 3 every
+    # kernel computes both exactly (the rule holds), with M = 2**30 + 1 and d = 1 a square
+    # is beyond float64's 53 bits (4 d M**2 > 2**53 for the largest entry, 2M)
+    for M, enforced in ((3.0, True), (2.0**30 + 1.0, False), (2.0**25, True)):
+        S = np.array([[0.0], [M], [2.0 * M]])
+        ref = refgeo.closest_pair(S)
+        assert (ref.i, ref.j, ref.value) == (0, 1, M)
+        if enforced:
+            with pytest.raises(ConformanceError, match="wrong tie-breaking"):
+                rt.assert_extreme_pair_close(M, 1, 2, ref, S)
+        else:
+            rt.assert_extreme_pair_close(M, 1, 2, ref, S)
+
+
+def test_knn_exact_ties_a_float_kernel_rounds_apart_accept_either_order():
+    """The k-NN form of the case above: neighbors 1 and 2 of row 0 tie exactly at
+    permuted coordinates of non-dyadic entries; listing 2 first is accepted, and among
+    small integers it is not."""
+    v = np.array([-0.9, 0.01, 0.04, -0.47])
+    X = np.stack([np.zeros(4), v, v[[0, 1, 3, 2]], 5.0 * np.ones(4)])
+    ref = refgeo.knn(X, 2)
+    assert ref.indices[0].tolist() == [1, 2]
+    rest = ref.indices[1:].tolist()
+    rt.assert_knn_close([[2, 1]] + rest, None, ref, X)
+    Xi = np.stack([np.zeros(4), np.array([1.0, 0, 2, 0]), np.array([1.0, 0, 0, 2]), 5.0 * np.ones(4)])
+    ref = refgeo.knn(Xi, 2)
+    with pytest.raises(ConformanceError, match=re.escape("wrong tie-breaking in row 0")):
+        rt.assert_knn_close([[2, 1]] + ref.indices[1:].tolist(), None, ref, Xi)
 
 
 def test_knn_rounded_tie_is_not_an_exact_tie():
@@ -595,6 +654,25 @@ def test_a_coarser_result_does_not_loosen_the_logit_tolerance():
     rt.assert_hilbert_logits_close(refgeo.hilbert_distance_logits(z32, w32).astype(np.float32), z32, w32)
 
 
+def test_a_float32_kernel_may_return_float64_logit_distances():
+    """The last subtraction of a float32 kernel rounds in float32 whatever dtype it
+    returns; the tolerance took the returned dtype's roundoff for it, so the same values
+    passed as float32 and failed as float64 (2.86e-6 against 2.08e-6 here, and one
+    random input in 12), in every logit helper."""
+    z = np.array([[-4.3686833, 5.198417, -4.7657905, 13.8898]], dtype=np.float32)
+    w = np.array([[3.5145507, -4.74333, -19.44265, -13.077532]], dtype=np.float32)
+    d = w - z
+    r = d.max(axis=-1) - d.min(axis=-1)  # in float32
+    exact = float(np.max(w.astype(np.float64) - z) - np.min(w.astype(np.float64) - z))
+    assert abs(float(r[0]) - exact) > 2.0**-53 * exact + 2.0**-24 * (abs(d.max()) + abs(d.min()))
+    for result in (r, r.astype(np.float64)):
+        rt.assert_hilbert_logits_close(result, z, w)
+    X = np.concatenate([z, w])
+    D = X[1] - X[0]
+    rt.assert_pdist_close(np.array([D.max() - D.min()], dtype=np.float64), X)
+    rt.assert_cdist_close(np.array([[D.max() - D.min()]], dtype=np.float64), z, w)
+
+
 def test_a_coarser_result_does_not_loosen_the_projected_rownorm_tolerance():
     """The tolerance took the coarser roundoff of input and result: a float16 step of a
     float64 gradient passed (2**-11 per entry allowed) and the report called it u_in."""
@@ -608,6 +686,49 @@ def test_a_coarser_result_does_not_loosen_the_projected_rownorm_tolerance():
     rt.assert_projected_rownorm_close(step, G)
     G32 = G.astype(np.float32)
     rt.assert_projected_rownorm_close(refgeo.projected_rownorm(G32).astype(np.float32), G32)
+
+
+def test_projected_rownorm_tolerance_scales_with_the_columns_not_with_v():
+    """The outer mean's rounding was bounded by V u per entry: at V = 8000 a kernel in
+    bfloat16 (errors about 3e-4 of eta) passed, as did a step 0.5% too long.  The
+    bound is the column's own absolute sum, V a_j u (a_j about 0.1 here); float32 and
+    float64 kernels, and a gradient with Zipf-scaled rows, still pass."""
+    torch = pytest.importorskip("torch")
+    rng = np.random.default_rng(0)
+    G = rng.standard_normal((8000, 64)).astype(np.float32)
+    G -= G.mean(axis=0)
+
+    def kernel(G, dtype):  # -(1/2) P RN(P G), computed in dtype
+        g = torch.from_numpy(G).to(dtype)
+        g = g - g.mean(0)
+        r = g / g.norm(dim=1, keepdim=True)
+        return -0.5 * (r - r.mean(0))
+
+    for bad in (kernel(G, torch.bfloat16), kernel(G, torch.float16), 1.005 * kernel(G, torch.float32)):
+        with pytest.raises(ConformanceError, match="exceeds the tolerance"):
+            rt.assert_projected_rownorm_close(bad, G)
+    rt.assert_projected_rownorm_close(kernel(G, torch.float32), G)
+    rt.assert_projected_rownorm_close(kernel(G, torch.float64).float(), G)
+    Z = (rng.standard_normal((8000, 64)) * np.logspace(0, -3, 8000)[:, None]).astype(np.float32)
+    Z -= Z.mean(axis=0)
+    rt.assert_projected_rownorm_close(kernel(Z, torch.float32), Z)
+
+
+def test_distance_helpers_name_bad_inputs():
+    """A scalar X was an IndexError from inside assert_pdist_close, and text logits
+    NumPy's "could not convert string to float"."""
+    w = np.zeros(3)
+    cases = [
+        (lambda: rt.assert_pdist_close(np.zeros(0), 3.0), ValueError, "X must be a 2-D array of shape (V, d)"),
+        (lambda: rt.assert_cdist_close(np.zeros((1, 1)), np.zeros(3), np.zeros((1, 3))), ValueError,
+         "XA must be a 2-D array of shape (V, d)"),
+        (lambda: rt.assert_hilbert_logits_close(np.zeros(1), "abc", w), TypeError, "z must be a real array"),
+        (lambda: rt.assert_hilbert_close(np.zeros(1), np.ones(3) / 3, ["a", "b", "c"]), TypeError,
+         "q must be a real array"),
+    ]
+    for call, kind, msg in cases:
+        with pytest.raises(kind, match=re.escape(msg)):
+            call()
 
 
 def test_helpers_name_their_bad_arguments():
@@ -730,7 +851,9 @@ def test_pdist_helper_uses_the_float32_bound_of_pdist_hilbert():
     rt.assert_pdist_close(refgeo.pdist_hilbert(X, form="square"), X)  # square form
     i, j = _pairs(5)
     d = X[j].astype(np.float64) - X[i]
-    bound = 2.0**-24 * (np.abs(d.max(1)) + np.abs(d.min(1))) + 2.0**-53 * 2 * (np.abs(d.max(1)) + np.abs(d.min(1)))
+    # the documented bound, and the last subtraction at the input's precision
+    bound = (2.0**-24 * (np.abs(d.max(1)) + np.abs(d.min(1))) + 2.0**-53 * 2 * (np.abs(d.max(1)) + np.abs(d.min(1)))
+             + 2.0**-24 * (d.max(1) - d.min(1)))
     k = int(np.argmax(bound))
     bad = exact.copy()
     bad[k] += 1.5 * bound[k]
@@ -874,6 +997,16 @@ def test_centered_gradients_rows_sum_to_exactly_zero(G):
     assert np.all(G.sum(axis=0) == 0)
     assert np.all(G[::-1].sum(axis=0) == 0)  # whatever the order
     assert np.isfinite(G).all()
+
+
+@settings(max_examples=500)
+@given(rst.centered_gradients(dtypes="float32", structures=("multiscale",), scales=(1.0, 4.0)))
+def test_centered_gradients_keep_their_largest_entry_below_the_scale(G):
+    """Multiscale rows were scaled into [1/2, 1) in float64, then rounded: in float32 a
+    largest entry 0.9999999999999999 became 1.0, at the documented open end (about 6 of
+    500 draws)."""
+    top = float(np.abs(G).max())
+    assert top == 0.0 or any(s / 2 <= top < s for s in (1.0, 4.0))
 
 
 @settings(max_examples=60)

@@ -675,7 +675,9 @@ def _gradient_values(draw, v, d, dtype, structure) -> np.ndarray:
         exps = draw(hnp.arrays(np.int64, (v, 1), elements=st.sampled_from([0, 3, 6, 8, 9, 10])))
         G = G * 10.0 ** (-exps.astype(np.float64))
         G[-1] = -G[:-1].sum(axis=0) if v > 1 else 0.0
-        return _unit_top(G).astype(dtype)
+        # rounded to the dtype first, then scaled (exactly): scaled first, a largest
+        # entry 0.9999999999999999 rounded to 1.0 in float32, outside [scale/2, scale)
+        return _unit_top(G.astype(dtype))
     if structure == "zipf":
         # An LM head's gradient: targets c_t with Zipf frequencies (rank r drawn with
         # weight 1/r), logits that favor the frequent tokens (a log-frequency prior),
