@@ -731,6 +731,38 @@ def test_distance_helpers_name_bad_inputs():
             call()
 
 
+def test_rownorm_steps_with_a_half_precision_state_are_caught_at_lm_widths():
+    """The tolerance allowed every entry its whole row's rounding (2 lr u (d + 4) at
+    d = 4096): a RowNorm keeping its momentum in float16 for float32 parameters passed.
+    Per entry (its buffer entry's rounding and its share of the norm's) it is caught;
+    the same optimizer with a float32 state, plain or lerp momentum, still passes."""
+    torch = pytest.importorskip("torch")
+    rng = np.random.default_rng(0)
+    V, d = 64, 4096
+    W0 = (0.02 * rng.standard_normal((V, d))).astype(np.float32)
+    grads = (1e-3 * rng.standard_normal((2, V, d))).astype(np.float32)
+    grads -= grads.mean(axis=1, keepdims=True)
+
+    def steps(state_dtype, lerp=False):
+        W, buf, out = torch.from_numpy(W0.copy()), torch.zeros((V, d), dtype=state_dtype), []
+        for t, g in enumerate(torch.from_numpy(grads), 1):
+            if lerp:
+                buf.lerp_(g.to(state_dtype), 1 - 0.95)
+            else:
+                buf.mul_(0.95).add_(g.to(state_dtype), alpha=1 - 0.95)
+            bh = buf / (1 - 0.95**t)
+            W -= (0.02 * bh / (bh.norm(dim=1, keepdim=True) + 1e-8)).float()
+            out.append(W.clone())
+        return torch.stack(out).numpy()
+
+    kw = {"lr": 0.02, "mu": 0.95, "eps": 1e-8}
+    for state in (torch.float16, torch.bfloat16):
+        with pytest.raises(ConformanceError, match="exceeds the tolerance"):
+            rt.assert_rownorm_steps_close(steps(state), W0, grads, **kw)
+    rt.assert_rownorm_steps_close(steps(torch.float32), W0, grads, **kw)
+    rt.assert_rownorm_steps_close(steps(torch.float32, lerp=True), W0, grads, **kw)
+
+
 def test_helpers_name_their_bad_arguments():
     """Bad arguments of the helpers were AttributeErrors, failed unpackings, IndexErrors
     and broadcasting errors from deep inside; an empty strategy dict passed having tested
