@@ -39,6 +39,7 @@ import importlib.util
 import inspect
 import io
 import json
+import logging
 import math
 import os
 import sys
@@ -464,6 +465,18 @@ class _SchedulerProgress:
             self.client.run_on_scheduler(_remove_task_counter, self.name)
 
 
+class _NotAllExit(logging.Filter):
+    """Drops asyncio's report of a task that ended in ``kind`` (distributed's AllExit:
+    the client's gather, interrupted), which nobody retrieves."""
+
+    def __init__(self, kind: type) -> None:
+        super().__init__()
+        self.kind = kind
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not (record.exc_info and isinstance(record.exc_info[1], self.kind))
+
+
 def _dask_inspect(S: Any, args: argparse.Namespace) -> tuple[Any, Any]:
     """Diameter and closest pair of the rows on the Dask scheduler ``args.scheduler``.
 
@@ -489,6 +502,10 @@ def _dask_inspect(S: Any, args: argparse.Namespace) -> tuple[Any, Any]:
         client = distributed.Client(args.scheduler, timeout=args.scheduler_timeout, set_as_default=False)
     except (OSError, TimeoutError, ValueError) as exc:
         raise CLIError(f"could not connect to the Dask scheduler at {args.scheduler!r}: {exc}") from None
+    # Ctrl-C during a gather leaves the client's wait task with distributed's AllExit,
+    # which asyncio logs with its traceback ("Task exception was never retrieved") as
+    # the client closes, before the command's one line
+    logging.getLogger("asyncio").addFilter(_NotAllExit(distributed.client.AllExit))
     V, d = S.shape
     b = args.chunk_rows
     with client, dask.config.set(scheduler=client):

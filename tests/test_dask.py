@@ -438,6 +438,22 @@ def test_cli_inspect_npy_is_read_by_the_workers(client, tmp_path, dtype):
         assert (got[key]["value"], got[key]["pair"]) == (want.value, [want.i, want.j])
 
 
+def test_cli_ctrl_c_on_a_scheduler_prints_one_line(client, tmp_path):
+    """Ctrl-C during the gather left the client's wait task with distributed's AllExit,
+    which asyncio reported with its traceback ("Task exception was never retrieved") as
+    the client closed, before the command's one line."""
+    from ._interrupt import interrupt
+
+    path = tmp_path / "rows.npy"
+    np.save(path, np.random.default_rng(0).standard_normal((40000, 128)).astype(np.float32))
+    code = ("import sys; from refgeo import cli; print('ready', flush=True); "
+            f"sys.exit(cli.main(['inspect', {str(path)!r}, '--scheduler', {client.scheduler.address!r}, "
+            "'--chunk-rows', '2000']))")
+    res = interrupt(code, delay=3.0, exit_timeout=60.0)
+    assert res.returncode == 130, res.err
+    assert res.err.splitlines() == ["refgeo inspect: interrupted"], res.err
+
+
 def test_cli_inspect_scheduler_errors(tmp_path):
     path = str(tmp_path / "rows.npy")
     np.save(path, _rows(1, 10, 3, np.float64, ties=False))
