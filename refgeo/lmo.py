@@ -262,8 +262,10 @@ def row_normalize(A: Any, /, *, eps: float = 0.0):
     -----
     .. math:: \mathrm{RN}_\varepsilon(A)_i = \frac{a_i}{\lVert a_i \rVert_2 + \varepsilon}
 
-    Time O(Vd).  Every row of the result has norm ``< 1`` (``= 1`` up to rounding when
-    ``eps = 0`` and the row is nonzero), so :math:`D(\mathrm{RN}(A)) \le 2`.
+    Time O(Vd).  Every row of the result has norm at most 1 up to rounding (a few
+    units of roundoff of the result's dtype: ``< 1`` in exact arithmetic when
+    ``eps > 0``, ``= 1`` when ``eps = 0`` and the row is nonzero), so
+    :math:`D(\mathrm{RN}(A)) \le 2` up to that rounding.
     Equivariant under row permutations and right-orthogonal transforms, invariant
     under positive row scaling when ``eps = 0``.
 

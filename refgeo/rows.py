@@ -800,6 +800,15 @@ def distance_ratio(
         found = _duplicate_rows(S)  # once for both runs (a pass over the chunks of a Dask S)
         D = _extreme_pair_run(_DIAMETER, S, tile_size, n_threads, bar, found)[2][0]
         if D == 0.0:
+            if bool((S != S[:1]).any()):
+                # distinct rows whose distances the engine cannot resolve (see "The whole
+                # float range"): they were reported as all equal
+                raise ValueError(
+                    "S must have distinct rows at distances float64 resolves for the distance ratio, got "
+                    "distinct rows closer than about 2**-511 times the largest entry instead (every distance "
+                    "has a subnormal square, e.g. rows of a common offset of 1e200 and a spread of 1); "
+                    "subtract the common offset first."
+                )
             raise ValueError(
                 "S must have at least two distinct rows for the distance ratio, got all rows equal instead"
                 + (" (after rounding long double to float64)." if _rounded_together(S_in) else ".")
@@ -1285,6 +1294,12 @@ def covering_radius(S: Any, /, *, tol: float = 1e-10, max_iter: int = 100_000) -
     scale_rows_inplace(X, e)
     V = X.shape[0]
     mu = X.mean(axis=0)
+    # a column of one value is centered to exactly 0 about that value: its mean is off
+    # by an ulp of it, a shift common to every row that the center's rounding then
+    # multiplied back in (a constant column of 0.1 beside a spread of 5e-40 put the
+    # "certified" lower bound at 3e-33, 1e7 times the radius)
+    const = np.all(X == X[:1], axis=0)
+    mu[const] = X[0, const]
     X -= mu
     # start: the point a farthest from the mean and the point b farthest from a
     a = int(np.argmax(_sq_dists_to(X, np.zeros(X.shape[1]))))

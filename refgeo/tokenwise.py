@@ -2173,9 +2173,11 @@ def layer_report(
                     f"perturbations[{i}] must have one value per token ({err.shape[0]}), "
                     f"got {p.shape[0]} instead."
                 )
+            # the three statistics on one set of tokens, as documented: the mean and
+            # median took tokens whose relative error is NaN (an update of zero) too
             m = mask & np.isfinite(p) & np.isfinite(err)
-            row["mean_perturbation"] = _finite_mean(p[mask])
-            row["median_perturbation"] = _finite_median(p[mask])
+            row["mean_perturbation"] = _finite_mean(p[m])
+            row["median_perturbation"] = _finite_median(p[m])
             row["spearman_error_perturbation"] = (
                 spearman(err[m], p[m]) if int(m.sum()) >= 2 else math.nan
             )

@@ -281,6 +281,25 @@ def test_covering_radius_bounds(S):
     assert D <= math.sqrt(2) * np.linalg.norm(S, 2) * (1 + 1e-12) + 1e-12
 
 
+@pytest.mark.parametrize("const", [0.1, 1e40, -1e50])
+def test_covering_radius_with_a_constant_column_far_from_the_spread(const):
+    """A constant column's mean is off by an ulp of it, a shift common to every row,
+    which the center's rounding multiplied back in: beside a spread of 5e-40 (or 10,
+    or 2) the certified lower bound came out 1e7 (or 1e8, or 1e19) times the radius.
+    Now the bracket holds against brute force, and the column's center is the value."""
+    rng = np.random.default_rng(0)
+    for spread in (1e-39, 10.0):
+        S = np.c_[np.full(7, const), spread * rng.standard_normal((7, 3))]
+        ball = refgeo.covering_radius(S)
+        rad = _brute_force_radius(S[:, 1:])
+        assert ball.lower_bound <= rad * (1 + 1e-9) and rad <= ball.radius * (1 + 1e-9)
+        assert ball.radius <= refgeo.row_diameter(S).value
+        assert ball.center[0] == const
+    S = np.array([[0.1, -5e-40, -2e-40], [0.1, 0.0, -1e-40], [0.1, -1e-40, -5e-40]])  # found by a review
+    ball = refgeo.covering_radius(S)
+    assert ball.lower_bound <= _brute_force_radius(S[:, 1:]) * (1 + 1e-9) <= ball.radius * (1 + 2e-9)
+
+
 @pytest.mark.parametrize("dtype, scale", [(np.float32, 1.0), (np.float64, 1e200)])
 def test_covering_radius_holds_one_float64_copy_of_the_rows(dtype, scale):
     """The solver's temporaries were two more arrays of the size of the rows (a 200,000 x
@@ -508,6 +527,17 @@ def test_knn_bad_input():
 def test_distance_ratio_all_equal_rows():
     with pytest.raises(ValueError, match=re.escape("S must have at least two distinct rows")):
         refgeo.distance_ratio(np.ones((3, 2)))
+
+
+def test_distance_ratio_of_distinct_rows_below_the_resolution_says_so():
+    """Rows of a common offset of 1e200 and a spread of 1 are distinct, but every
+    distance has a subnormal square once scaled (the documented limit): the error said
+    "all rows equal"; it names the limit and the remedy, which works."""
+    S = np.array([[1e200, 1.0], [1e200, 2.0], [1e200, 3.0]])
+    with pytest.raises(ValueError, match=re.escape("got distinct rows closer than about 2**-511 times the largest "
+                                                   "entry instead")):
+        refgeo.distance_ratio(S)
+    assert refgeo.distance_ratio(S - S[0]) == 0.5
 
 
 @pytest.mark.skipif(np.finfo(np.longdouble).eps >= np.finfo(np.float64).eps, reason="long double is float64 here")

@@ -1334,6 +1334,25 @@ def test_diagonal_coordinates_far_below_the_largest_entry_fit_exactly_to_the_doc
     np.testing.assert_allclose(fit.coefficients, np.broadcast_to([2.0, 3.0, 0.5], (30, 3)), rtol=1e-13)
 
 
+def test_layer_report_statistics_share_one_set_of_tokens():
+    """The mean and median of the perturbations took tokens whose relative error is NaN
+    (an update of zero, Y_i = X_i) while the Spearman correlation left them out, as the
+    docstring says all three do: a perturbation of 1000 on such a token moved the mean
+    from 6 to 89."""
+    rng = np.random.default_rng(0)
+    X = rng.standard_normal((12, 2))
+    Y = 2 * X + 0.1 * rng.standard_normal((12, 2))
+    Y[0] = X[0]
+    r = refgeo.decompose(X, Y, k=4, cls="diagonal", subspace_rank=1)
+    assert np.isnan(r.relative_error[0]) and np.all(np.isfinite(r.relative_error[1:]))
+    p = np.arange(12.0)
+    p[0] = 1000.0
+    row = refgeo.layer_report([r], perturbations=[p])[0]
+    keep = np.asarray(r.eval_mask)[1:]
+    assert row["mean_perturbation"] == pytest.approx(np.mean(p[1:][keep]))
+    assert row["median_perturbation"] == pytest.approx(np.median(p[1:][keep]))
+
+
 def test_layer_report_names_perturbations_and_layers_that_are_no_sequences():
     """A bare number for perturbations= raised len()'s TypeError, naming nothing."""
     X, Y = _xy()
