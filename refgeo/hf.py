@@ -36,7 +36,8 @@ own hidden states move by about 9e-4, 2e-2 and 5e-4 under right padding).
 The model runs in eval mode (dropout off, so that states, logits and divergences are
 functions of the weights), and so does a ``readout=`` that is a ``torch.nn.Module``; every
 module's training flag is restored afterwards through ``train()``, also when a call
-raises, and, when several threads call into one model at once, when the last call ends.
+raises, and, when several threads call into one model at once, when the last call ends
+(each call's hooks act on its own thread's forward passes only).
 A sequence longer than an absolute position table (``config.max_position_embeddings``
 of GPT-2 or BERT) is a ``ValueError`` naming ``input_ids``.
 
@@ -506,11 +507,26 @@ def _with_output(out, h):
     return h
 
 
+def _this_thread(hook):
+    """``hook``, run for the forward passes of the calling thread only.  Hooks sit on the
+    model's modules, and a call on the same model from another thread ran them too: its
+    logits came back patched (0.47 off), and both calls' blocks counted each other's
+    runs ("block 0 ran 2 times")."""
+    owner = threading.get_ident()
+
+    @functools.wraps(hook)
+    def run(*args, **kwargs):
+        return hook(*args, **kwargs) if threading.get_ident() == owner else None
+
+    return run
+
+
 def _forward(model, batch, s0, s1, need_last, blocks):
     """One forward pass of the sequences ``s0:s1``; ``ValueError`` unless each of
     ``blocks`` ran once, in order (the layers of the protocol)."""
     ran: list[int] = []
-    counters = [b.register_forward_pre_hook(lambda mod, args, _l=l: ran.append(_l)) for l, b in enumerate(blocks)]
+    counters = [b.register_forward_pre_hook(_this_thread(lambda mod, args, _l=l: ran.append(_l)))
+                for l, b in enumerate(blocks)]
     try:
         out = _run(model, batch, s0, s1, need_last)
     finally:
@@ -586,6 +602,13 @@ def _readout_logits(model, out, readout, index=None):
             raise ValueError(
                 f"{type(model).__name__} has no LM head (its output has no logits); pass readout=, "
                 "e.g. refgeo.hf.embedding_readout(model)."
+            )
+        if z.ndim != 3:
+            # a sequence classifier's (B, labels): indexed [sequence, position], the
+            # position read a label and the softmax ran across sequences, silently
+            raise ValueError(
+                f"{type(model).__name__}'s logits must be one vector per token, of shape (batch, tokens, V), "
+                f"got shape {tuple(z.shape)} instead; pass readout=, e.g. refgeo.hf.embedding_readout(model)."
             )
         return z if index is None else z[index]
     h = _last_hidden(out)
@@ -681,12 +704,12 @@ def _capture(model, batch, blocks, keep, np_dtype, batch_size, bar=None):
         if 0 in keep:
             def pre(mod, args, kwargs):
                 store(0, args[0] if args else kwargs["hidden_states"])
-            hooks.append(blocks[0].register_forward_pre_hook(pre, with_kwargs=True))
+            hooks.append(blocks[0].register_forward_pre_hook(_this_thread(pre), with_kwargs=True))
         for l in range(len(blocks)):
             if l + 1 in keep:
                 def post(mod, args, output, _l=l + 1):
                     store(_l, _output_tensor(output))
-                hooks.append(blocks[l].register_forward_hook(post))
+                hooks.append(blocks[l].register_forward_hook(_this_thread(post)))
         with torch.no_grad():
             for s0, s1 in _chunks(batch.ids.shape[0], batch_size):
                 cur["chunk"] = (s0, s1)
@@ -792,7 +815,7 @@ def _patch_hook(block, patch):
         h[patch["seq"], patch["pos"]] = patch["values"].to(dtype=h.dtype, device=h.device)
         return _with_output(output, h)
 
-    return block.register_forward_hook(hook)
+    return block.register_forward_hook(_this_thread(hook))
 
 
 @_in_eval_mode
@@ -1001,7 +1024,7 @@ def _intervene(model, batch, blks, layer, P, probe, divergence, readout_position
                     out = _forward(model, batch, s0, s1, readout is not None, blks)
                     if readout_position == "self":
                         if readout is None:
-                            zp, zq = z_orig[s_loc, t], out.logits[s_loc, t]
+                            zp, zq = z_orig[s_loc, t], _readout_logits(model, out, None)[s_loc, t]
                         else:
                             zp = _apply_readout(readout, h_orig[s_loc, t])
                             zq = _apply_readout(readout, _last_hidden(out)[s_loc, t])
@@ -1138,8 +1161,11 @@ def _d_model(model, batch, blks):
         v = getattr(cfg, name, None)
         if isinstance(v, int):
             return v
-    one = _Batch(batch.ids[:1], batch.mask[:1], batch.position_ids[:1], batch.sequence[:1], batch.position[:1],
-                 np.array([0, 1]))
+    # the first token and its own sequence (sequence 0 may be all padding: its row of
+    # ids was run with the first token's index, an IndexError)
+    s = int(batch.sequence[0])
+    one = _Batch(batch.ids[s:s + 1], batch.mask[s:s + 1], batch.position_ids[s:s + 1], np.zeros(1, dtype=np.int64),
+                 batch.position[:1], np.array([0, 1]))
     h = _capture(model, one, blks, {0}, np.float32, None)
     return h[0].shape[1]
 
@@ -1296,7 +1322,11 @@ def tokenwise_protocol(
         raise TypeError(f"decompose_options must not repeat the protocol's own keywords, got {clash}.")
     # before the capture passes (minutes on a large model), as cls and k are: the names
     # here, their values by decompose on the first layer's states
-    unknown = sorted(set(opts) - set(inspect.signature(decompose).parameters))
+    # keywords only: X and Y are positional-only (they passed here, and decompose
+    # refused them after the capture)
+    keywords = {n for n, q in inspect.signature(decompose).parameters.items()
+                if q.kind in (q.KEYWORD_ONLY, q.POSITIONAL_OR_KEYWORD)}
+    unknown = sorted(set(opts) - keywords)
     if unknown:
         raise TypeError(f"decompose_options must hold keywords of refgeo.decompose, got unknown {unknown}.")
     progress = _progress.check_progress(progress)

@@ -498,6 +498,94 @@ def test_concurrent_calls_on_one_model_give_its_flags_back():
     assert all(mod.training for mod in m.modules())
 
 
+def test_a_call_from_another_thread_does_not_run_this_calls_hooks(gpt2):
+    """Hooks sit on the model's modules: while one thread's intervene held its patch on
+    block 0, another thread's model_logits ran it (logits 0.47 off, silently), and each
+    call's block counters saw the other's runs ("block 0 ran 2 times").  Here thread A
+    waits inside block 1 while thread B computes the logits."""
+    import threading
+
+    ids = _ids((2, 6))
+    want_logits = hf.model_logits(gpt2, ids)
+    states = hf.hidden_states(gpt2, ids).states[1]
+    patched = states + np.float32(5.0) * np.random.default_rng(0).standard_normal(states.shape).astype(np.float32)
+    want_div = hf.intervene(gpt2, ids, layer=0, states=patched)
+    a_thread, a_inside, b_done = [], threading.Event(), threading.Event()
+
+    def pause(mod, args, output):  # A waits in block 1 (its patch on block 0 is held) until B is done
+        if a_thread and threading.get_ident() == a_thread[0] and not a_inside.is_set():
+            a_inside.set()
+            assert b_done.wait(60)
+
+    out, errors = {}, []
+
+    def a():
+        a_thread.append(threading.get_ident())
+        try:
+            out["div"] = hf.intervene(gpt2, ids, layer=0, states=patched)
+        except Exception as exc:  # reported below, in the test's thread
+            errors.append(exc)
+
+    def b():
+        try:
+            assert a_inside.wait(60)
+            out["logits"] = hf.model_logits(gpt2, ids)
+        except Exception as exc:
+            errors.append(exc)
+        finally:
+            b_done.set()
+
+    handle = gpt2.transformer.h[1].register_forward_hook(pause)
+    try:
+        ta, tb = threading.Thread(target=a), threading.Thread(target=b)
+        ta.start()
+        tb.start()
+        ta.join(120)
+        tb.join(120)
+    finally:
+        handle.remove()
+    assert not errors, errors
+    np.testing.assert_array_equal(out["logits"], want_logits)
+    np.testing.assert_array_equal(out["div"], want_div)
+
+
+def test_logits_that_are_not_per_token_are_refused_by_name():
+    """A sequence classifier's logits are (B, labels): intervene indexed them [sequence,
+    position], reading a label for a token and taking the softmax across sequences, and
+    returned divergences without an error (an IndexError when T > labels)."""
+    model = _seeded(lambda: transformers.BertForSequenceClassification(transformers.BertConfig(
+        num_hidden_layers=2, hidden_size=16, num_attention_heads=2, intermediate_size=32, vocab_size=V,
+        max_position_embeddings=32, num_labels=2)))
+    ids = _ids((3, 2))
+    states = hf.hidden_states(model, ids).states[1]
+    msg = re.escape("BertForSequenceClassification's logits must be one vector per token, of shape (batch, tokens, V), "
+                    "got shape (3, 2) instead; pass readout=")
+    for call in (lambda: hf.model_logits(model, ids),
+                 lambda: hf.intervene(model, ids, layer=0, states=states),
+                 lambda: hf.intervene(model, ids, layer=0, states=states, readout_position="sum")):
+        with pytest.raises(ValueError, match=msg):
+            call()
+    # a per-token readout works
+    assert np.all(hf.intervene(model, ids, layer=0, states=states, readout=hf.embedding_readout(model)) == 0)
+
+
+def test_a_model_whose_config_has_no_width_and_a_batch_led_by_padding():
+    """The width of a config without hidden_size (LLaVA's is in text_config) is read from
+    one captured token, whose sequence was taken as sequence 0: with sequence 0 all
+    padding, intervene and tokenwise_protocol raised an IndexError."""
+    tc = transformers.LlamaConfig(num_hidden_layers=2, hidden_size=16, intermediate_size=32, num_attention_heads=2,
+                                  num_key_value_heads=2, vocab_size=V, max_position_embeddings=64)
+    vc = transformers.CLIPVisionConfig(hidden_size=16, intermediate_size=32, num_hidden_layers=1,
+                                       num_attention_heads=2, image_size=8, patch_size=4)
+    model = _seeded(lambda: transformers.LlavaForConditionalGeneration(
+        transformers.LlavaConfig(text_config=tc, vision_config=vc, image_token_index=V - 1)))
+    ids = np.array([[0, 0, 0], [5, 6, 7]])
+    mask = np.array([[0, 0, 0], [1, 1, 1]])
+    states = hf.hidden_states(model, ids, mask).states[1]
+    div = hf.intervene(model, ids, mask, layer=0, states=states)
+    assert div.shape == (3,) and np.all(div == 0)
+
+
 def test_meta_models_and_tensors_and_unknown_tokens_are_refused_by_name(gpt2):
     with torch.device("meta"):
         meta = transformers.GPT2LMHeadModel(gpt2.config)
@@ -630,6 +718,10 @@ def test_protocol_checks_cls_and_k_before_any_forward_pass(gpt2):
         with pytest.raises(TypeError, match=re.escape("decompose_options must hold keywords of "
                                                       "refgeo.decompose, got unknown ['nope'].")):
             hf.tokenwise_protocol(gpt2, _ids((2, 5)), cls="diagonal", k=3, decompose_options={"nope": 1})
+        # decompose's positional-only X and Y are no keywords (they passed the check)
+        with pytest.raises(TypeError, match=re.escape("decompose_options must hold keywords of "
+                                                      "refgeo.decompose, got unknown ['X'].")):
+            hf.tokenwise_protocol(gpt2, _ids((2, 5)), cls="diagonal", k=3, decompose_options={"X": 1})
         assert calls == []
     finally:
         hook.remove()
