@@ -113,7 +113,7 @@ def _scaled_logs(xp, p, axis, keep):
     u)`` was off by 250 ulps.  Here the scale is an exact integer and each log is of a
     mantissa or a ratio near 1.  (Dividing by ``top`` would flush entries ``2**-1074``
     below the largest to zero and change the support.)  Namespaces without ``frexp``
-    get ``L = log(p) - log(top)``, ``E = 0`` and ``lt = log(top)``.
+    get ``log(p) - log(top)`` for the far entries, ``E = 0`` and ``lt = log(top)``.
     """
     one = xp.asarray(1.0, dtype=xp.float64)
     zero = xp.asarray(0.0, dtype=xp.float64)
@@ -121,13 +121,29 @@ def _scaled_logs(xp, p, axis, keep):
     safe_top = xp.where(top > 0, top, one)  # an all-zero vector: nothing is kept
     if not hasattr(xp, "frexp"):
         lt = xp.log(safe_top)
-        return xp.where(keep, xp.log(xp.where(keep, p, one)) - lt, zero), xp.zeros_like(top), lt
+        near = keep & (p >= top * 0.5)
+        with np.errstate(divide="ignore", invalid="ignore"):  # log1p(-1) off the support
+            L_near = xp.log1p((p - top) / safe_top)
+        L_far = xp.log(xp.where(keep, p, one)) - lt
+        return xp.where(near, L_near, xp.where(keep, L_far, zero)), xp.zeros_like(top), lt
     m, e = xp.frexp(p)
     mt, E = xp.frexp(safe_top)
     e = xp.astype(e, xp.float64)  # exact: |e| <= 1074
     E = xp.astype(E, xp.float64)
     lt = xp.log(mt)
     near = keep & (p >= top * 0.5)
+    if is_numpy_array(p):
+        # log1p on the near entries only (a few per vector in a softmax): computed on
+        # every entry, the second transcendental pass doubled the time of
+        # hilbert_distance on (200, 50257) probabilities
+        L = np.log(np.where(keep, m, 1.0))
+        L -= lt
+        L += (e - E) * _LN2
+        r = np.subtract(p, top, out=np.empty_like(L), where=near)  # read only where near
+        np.divide(r, safe_top, out=r, where=near)
+        np.log1p(r, out=L, where=near)
+        np.copyto(L, 0.0, where=~keep)
+        return L, E, lt
     with np.errstate(divide="ignore", invalid="ignore"):
         L_near = xp.log1p((p - top) / safe_top)
         L_far = (xp.log(xp.where(keep, m, one)) - lt) + (e - E) * _LN2
