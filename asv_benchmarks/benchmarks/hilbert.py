@@ -113,3 +113,48 @@ class CdistLogits:
         return speed_ratio(lambda: cdist(self.A, self.B, metric="chebyshev"), self._run)
 
     track_speedup_vs_scipy_chebyshev.unit = "x"
+
+
+def _softmax_rows(Z):
+    """Probability rows of an LM's output distribution: softmax of Zipf-shaped logits
+    (a log-frequency prior plus noise), whose few largest entries sit near the top."""
+    V = Z.shape[1]
+    Z = Z - np.log(np.arange(1, V + 1))[None, :]
+    P = np.exp(Z - Z.max(axis=1, keepdims=True))
+    return P / P.sum(axis=1, keepdims=True)
+
+
+@records_runtime(dtype="float64", backend="auto")
+class HilbertProbabilities:
+    """hilbert_distance (elementwise) and pdist_hilbert(kind="probabilities") on softmax
+    rows of LM vocabularies: each entry's log relative to its row's largest (its scale
+    split off exactly, ``log1p`` near the largest).  Baseline: the plain NumPy formula
+    ``max(log p - log q) - min(log p - log q)``, measured in the same process (faster,
+    less accurate: its logs carry the rounding of their size)."""
+
+    params = ([(64, 4096)] if not realistic() else [(200, 50257)],)
+    param_names = ["n_V"]
+    timeout = 600
+
+    def setup(self, n_V):
+        n, V = n_V
+        self.P = _softmax_rows(rng(2).standard_normal((n, V)) * 2.0)
+        self.Q = np.roll(self.P, 1, axis=0)
+        environment("float64", "auto")
+
+    def time_hilbert_distance(self, n_V):
+        refgeo.hilbert_distance(self.P, self.Q)
+
+    def track_cost_over_plain_logs(self, n_V):
+        """Time of hilbert_distance over the time of the plain NumPy log-ratio formula
+        (the price of the exact scale split and the log1p near the largest entries)."""
+        def plain():
+            r = np.log(self.P) - np.log(self.Q)
+            return r.max(axis=1) - r.min(axis=1)
+
+        return speed_ratio(lambda: refgeo.hilbert_distance(self.P, self.Q), plain)
+
+    track_cost_over_plain_logs.unit = "x"
+
+    def time_pdist_probabilities(self, n_V):
+        refgeo.pdist_hilbert(self.P[: max(2, self.P.shape[0] // 2)], kind="probabilities")
