@@ -98,7 +98,7 @@ _LN2 = 0.6931471805599453  # float64 log(2)
 
 def _scaled_logs(xp, p, axis, keep):
     """``(L, E, lt)`` with ``L = log(p / top)`` entrywise on ``keep`` (the entries > 0;
-    ``L = 0`` off it), ``top`` the largest entry of ``keep`` along ``axis``, ``E`` its
+    finite off it, where it means nothing), ``top`` the largest entry of ``keep`` along ``axis``, ``E`` its
     binary exponent and ``lt = log(top / 2**E)`` (``keepdims``; ``top = m 2**E`` with
     ``1/2 <= m < 1`` split exactly by ``frexp``).
 
@@ -117,7 +117,7 @@ def _scaled_logs(xp, p, axis, keep):
     """
     one = xp.asarray(1.0, dtype=xp.float64)
     zero = xp.asarray(0.0, dtype=xp.float64)
-    top = xp.max(xp.where(keep, p, zero), axis=axis, keepdims=True)
+    top = xp.max(p, axis=axis, keepdims=True)  # p >= 0, and keep is p > 0 (every caller)
     safe_top = xp.where(top > 0, top, one)  # an all-zero vector: nothing is kept
     if not hasattr(xp, "frexp"):
         lt = xp.log(safe_top)
@@ -131,18 +131,20 @@ def _scaled_logs(xp, p, axis, keep):
     e = xp.astype(e, xp.float64)  # exact: |e| <= 1074
     E = xp.astype(E, xp.float64)
     lt = xp.log(mt)
-    near = keep & (p >= top * 0.5)
+    near = p >= top * 0.5  # within keep wherever top > 0 (an all-zero vector: log1p(0) = 0)
     if is_numpy_array(p):
-        # log1p on the near entries only (a few per vector in a softmax): computed on
-        # every entry, the second transcendental pass doubled the time of
-        # hilbert_distance on (200, 50257) probabilities
+        # log1p on the near entries' indices only (a few per vector in a softmax), the
+        # rest in place: computed on every entry, the second transcendental pass doubled
+        # the time of hilbert_distance on (200, 50257) probabilities.  Off keep, L is
+        # log(1) plus the exponent term: finite, and masked by every caller.
         L = np.log(np.where(keep, m, 1.0))
-        L -= lt
-        L += (e - E) * _LN2
-        r = np.subtract(p, top, out=np.empty_like(L), where=near)  # read only where near
-        np.divide(r, safe_top, out=r, where=near)
-        np.log1p(r, out=L, where=near)
-        np.copyto(L, 0.0, where=~keep)
+        e -= E
+        e *= _LN2
+        e -= lt
+        L += e
+        idx = np.nonzero(near)
+        tb = np.broadcast_to(safe_top, p.shape)[idx]
+        L[idx] = np.log1p((p[idx] - tb) / tb)
         return L, E, lt
     with np.errstate(divide="ignore", invalid="ignore"):
         L_near = xp.log1p((p - top) / safe_top)
