@@ -505,7 +505,9 @@ def _dask_inspect(S: Any, args: argparse.Namespace) -> tuple[Any, Any]:
     # Ctrl-C during a gather leaves the client's wait task with distributed's AllExit,
     # which asyncio logs with its traceback ("Task exception was never retrieved") as
     # the client closes, before the command's one line
-    logging.getLogger("asyncio").addFilter(_NotAllExit(distributed.client.AllExit))
+    asyncio_log = logging.getLogger("asyncio")
+    if not any(isinstance(f, _NotAllExit) for f in asyncio_log.filters):  # once per process
+        asyncio_log.addFilter(_NotAllExit(distributed.client.AllExit))
     V, d = S.shape
     b = args.chunk_rows
     with client, dask.config.set(scheduler=client):

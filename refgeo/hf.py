@@ -129,6 +129,12 @@ def _hold_eval(modules) -> None:
                 entry[2] += 1
 
 
+def _calls_holding(model) -> int:
+    """How many refgeo calls hold ``model`` now (0 outside any)."""
+    entry = _EVAL_HELD.get(id(model))
+    return 0 if entry is None else entry[2]
+
+
 def _release_eval(modules) -> None:
     with _EVAL_LOCK:
         released = {}
@@ -507,16 +513,21 @@ def _with_output(out, h):
     return h
 
 
-def _this_thread(hook):
-    """``hook``, run for the forward passes of the calling thread only.  Hooks sit on the
-    model's modules, and a call on the same model from another thread ran them too: its
-    logits came back patched (0.47 off), and both calls' blocks counted each other's
-    runs ("block 0 ran 2 times")."""
+def _this_call(hook, model):
+    """``hook``, run for this call's forward passes only: those of the calling thread, or
+    of any thread while no other refgeo call holds ``model``.  Hooks sit on the model's
+    modules, and a call on the same model from another thread ran them too (its logits
+    came back patched, 0.47 off, and both calls' blocks counted each other's runs); a
+    filter on the thread alone lost the forward passes of a model that runs its modules
+    in worker threads (``torch.nn.DataParallel``, an executor).  Two refgeo calls at
+    once on such a model remain beyond it."""
     owner = threading.get_ident()
 
     @functools.wraps(hook)
     def run(*args, **kwargs):
-        return hook(*args, **kwargs) if threading.get_ident() == owner else None
+        if threading.get_ident() == owner or _calls_holding(model) <= 1:
+            return hook(*args, **kwargs)
+        return None
 
     return run
 
@@ -525,7 +536,7 @@ def _forward(model, batch, s0, s1, need_last, blocks):
     """One forward pass of the sequences ``s0:s1``; ``ValueError`` unless each of
     ``blocks`` ran once, in order (the layers of the protocol)."""
     ran: list[int] = []
-    counters = [b.register_forward_pre_hook(_this_thread(lambda mod, args, _l=l: ran.append(_l)))
+    counters = [b.register_forward_pre_hook(_this_call(lambda mod, args, _l=l: ran.append(_l), model))
                 for l, b in enumerate(blocks)]
     try:
         out = _run(model, batch, s0, s1, need_last)
@@ -704,12 +715,12 @@ def _capture(model, batch, blocks, keep, np_dtype, batch_size, bar=None):
         if 0 in keep:
             def pre(mod, args, kwargs):
                 store(0, args[0] if args else kwargs["hidden_states"])
-            hooks.append(blocks[0].register_forward_pre_hook(_this_thread(pre), with_kwargs=True))
+            hooks.append(blocks[0].register_forward_pre_hook(_this_call(pre, model), with_kwargs=True))
         for l in range(len(blocks)):
             if l + 1 in keep:
                 def post(mod, args, output, _l=l + 1):
                     store(_l, _output_tensor(output))
-                hooks.append(blocks[l].register_forward_hook(_this_thread(post)))
+                hooks.append(blocks[l].register_forward_hook(_this_call(post, model)))
         with torch.no_grad():
             for s0, s1 in _chunks(batch.ids.shape[0], batch_size):
                 cur["chunk"] = (s0, s1)
@@ -804,7 +815,7 @@ def hidden_states(
 # ------------------------------------------------------------------ interventions
 
 
-def _patch_hook(block, patch):
+def _patch_hook(model, block, patch):
     """Hook replacing block output entries ``[seq, pos]`` by ``values`` (a clone, then writes)."""
 
     def hook(mod, args, output):
@@ -815,7 +826,7 @@ def _patch_hook(block, patch):
         h[patch["seq"], patch["pos"]] = patch["values"].to(dtype=h.dtype, device=h.device)
         return _with_output(output, h)
 
-    return block.register_forward_hook(_this_thread(hook))
+    return block.register_forward_hook(_this_call(hook, model))
 
 
 @_in_eval_mode
@@ -893,7 +904,7 @@ def model_logits(
                 raise ValueError("sequence and position must name tokens, not padding (attention_mask == 0).")
         if seq.size:
             patch.update(seq=torch.as_tensor(seq), pos=torch.as_tensor(pos), values=torch.as_tensor(vals))
-        hook = _patch_hook(blks[layer], patch)
+        hook = _patch_hook(model, blks[layer], patch)
     try:
         with torch.no_grad():
             out = _forward(model, batch, 0, batch.ids.shape[0], readout is not None, blks)
@@ -998,7 +1009,7 @@ def _intervene(model, batch, blks, layer, P, probe, divergence, readout_position
     n = batch.sequence.shape[0]
     div = np.full(n, np.nan)
     patch = {}
-    hook = _patch_hook(blks[layer], patch)
+    hook = _patch_hook(model, blks[layer], patch)
     Pt = torch.as_tensor(P)
     try:
         with torch.no_grad():

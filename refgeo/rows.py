@@ -767,7 +767,9 @@ def distance_ratio(
     Raises
     ------
     ValueError
-        When all rows coincide (``D(S) = 0``: the ratio is undefined).
+        When all rows coincide (``D(S) = 0``: the ratio is undefined), or when distinct
+        rows are closer than the engine resolves (every squared distance below the
+        float64 range once scaled: about ``2**-537`` times the largest entry).
 
     Notes
     -----
@@ -805,8 +807,8 @@ def distance_ratio(
                 # float range"): they were reported as all equal
                 raise ValueError(
                     "S must have distinct rows at distances float64 resolves for the distance ratio, got "
-                    "distinct rows closer than about 2**-511 times the largest entry instead (every distance "
-                    "has a subnormal square, e.g. rows of a common offset of 1e200 and a spread of 1); "
+                    "distinct rows closer than about 2**-537 times the largest entry instead (every squared "
+                    "distance underflows to 0, e.g. rows of a common offset of 1e200 and a spread of 1); "
                     "subtract the common offset first."
                 )
             raise ValueError(

@@ -549,6 +549,29 @@ def test_a_call_from_another_thread_does_not_run_this_calls_hooks(gpt2):
     np.testing.assert_array_equal(out["div"], want_div)
 
 
+def test_a_model_that_runs_its_forward_in_a_worker_thread(gpt2):
+    """torch.nn.DataParallel runs its replicas in worker threads, as a serving wrapper
+    with an executor does: hooks that acted on the calling thread alone lost every
+    block ("block 0 did not run").  A call alone on the model takes any thread's."""
+    import concurrent.futures
+
+    class Threaded(transformers.GPT2LMHeadModel):
+        def forward(self, *args, **kwargs):
+            with concurrent.futures.ThreadPoolExecutor(1) as pool:
+                return pool.submit(super().forward, *args, **kwargs).result()
+
+    model = _seeded(lambda: Threaded(gpt2.config))
+    model.load_state_dict(gpt2.state_dict())
+    ids = _ids((2, 6))
+    want = hf.hidden_states(gpt2, ids)
+    got = hf.hidden_states(model, ids)
+    for l in want.states:
+        np.testing.assert_array_equal(got.states[l], want.states[l])
+    patched = want.states[1] + np.float32(5.0)
+    np.testing.assert_array_equal(hf.intervene(model, ids, layer=0, states=patched),
+                                  hf.intervene(gpt2, ids, layer=0, states=patched))
+
+
 def test_logits_that_are_not_per_token_are_refused_by_name():
     """A sequence classifier's logits are (B, labels): intervene indexed them [sequence,
     position], reading a label for a token and taking the softmax across sequences, and

@@ -305,6 +305,30 @@ def test_exact_ties_a_float_kernel_rounds_apart_accept_either_pair():
             rt.assert_extreme_pair_close(M, 1, 2, ref, S)
 
 
+def test_ties_between_duplicated_rows_follow_the_rule_whatever_the_entries():
+    """Pairs of the same two rows (one row duplicated) tie for every kernel, whatever
+    their entries: the rule for rows no order rounds left them out, and a wrong pair
+    passed."""
+    rng = np.random.default_rng(0)
+    S = rng.standard_normal((6, 5))
+    first = refgeo.row_diameter(S)
+    S[5] = S[first.i]  # (i, j) and (j, 5) hold the same two rows
+    ref = refgeo.row_diameter(S)
+    assert (ref.i, ref.j) == (first.i, first.j)
+    with pytest.raises(ConformanceError, match="wrong tie-breaking"):
+        rt.assert_extreme_pair_close(ref.value, min(ref.j, 5), max(ref.j, 5), ref, S)
+    X = rng.standard_normal((8, 4))
+    X[5] = X[2]
+    knn = refgeo.knn(X, 3)
+    row = [r for r in range(8) if r not in (2, 5) and 2 in knn.indices[r].tolist()][0]
+    swapped = knn.indices.copy()
+    swapped[row] = [5 if v == 2 else v for v in knn.indices[row].tolist()]
+    if 5 in knn.indices[row].tolist():
+        swapped[row] = [2 if v == 5 else 5 if v == 2 else v for v in knn.indices[row].tolist()]
+    with pytest.raises(ConformanceError, match="wrong tie-breaking"):
+        rt.assert_knn_close(swapped, None, knn, X)
+
+
 def test_knn_exact_ties_a_float_kernel_rounds_apart_accept_either_order():
     """The k-NN form of the case above: neighbors 1 and 2 of row 0 tie exactly at
     permuted coordinates of non-dyadic entries; listing 2 first is accepted, and among
