@@ -37,7 +37,8 @@ The model runs in eval mode (dropout off, so that states, logits and divergences
 functions of the weights), and so does a ``readout=`` that is a ``torch.nn.Module``; every
 module's training flag is restored afterwards through ``train()``, also when a call
 raises, and, when several threads call into one model at once, when the last call ends
-(each call's hooks act on its own thread's forward passes only).
+(each call's hooks act on its own forward passes: its thread's, or any thread's while
+no other refgeo call holds the model, as for ``torch.nn.DataParallel``'s replicas).
 A sequence longer than an absolute position table (``config.max_position_embeddings``
 of GPT-2 or BERT) is a ``ValueError`` naming ``input_ids``.
 

@@ -98,8 +98,8 @@ _LN2 = 0.6931471805599453  # float64 log(2)
 
 def _scaled_logs(xp, p, axis, keep):
     """``(L, E, lt)`` with ``L = log(p / top)`` entrywise on ``keep`` (the entries > 0;
-    finite off it, where it means nothing), ``top`` the largest entry of ``keep`` along ``axis``, ``E`` its
-    binary exponent and ``lt = log(top / 2**E)`` (``keepdims``; ``top = m 2**E`` with
+    finite off it, where it means nothing), ``top`` the largest entry of ``keep`` along
+    ``axis``, ``E`` its binary exponent and ``lt = log(top / 2**E)`` (``keepdims``; ``top = m 2**E`` with
     ``1/2 <= m < 1`` split exactly by ``frexp``).
 
     Entries within a factor 2 of ``top``: ``log1p((p - top) / top)``, whose

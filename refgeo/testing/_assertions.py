@@ -931,8 +931,8 @@ def _check_knn_ties(r, row, sq, sq_all, A_r, B, skip_self, e, expected, got, in_
     """refgeo's tie rule on one row of neighbors: exactly equal distances (refined and
     exact: ``A_r`` is the row, ``B`` the candidates, both scaled) are listed by increasing
     index, and no neighbor is listed while a smaller index at exactly the same distance
-    is left out, where every kernel sees the tie (distance 0, or
-    :func:`_exact_in_any_order`).
+    is left out, where every kernel sees the tie (distance 0, duplicated candidates,
+    or :func:`_exact_in_any_order`).
 
     Neighbors at near-equal distances (inside the tolerance) may come in any order, so
     an exact tie can sit at a different rank than in the reference; the rule is checked
