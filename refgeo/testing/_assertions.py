@@ -216,21 +216,19 @@ def _input(x: Any) -> np.ndarray:
     return as_numpy(x)
 
 
-def _real_arg(x: Any, name: str) -> np.ndarray:
+def _real_arg(x: Any, name: str, what: str = "a real array") -> np.ndarray:
     """An array given to a helper, as NumPy: real, or a TypeError naming it (text gave
     NumPy's "could not convert string to float")."""
     a = _input(x)
     if a.dtype.kind not in "fiub":
-        raise TypeError(f"{name} must be a real array, got dtype {a.dtype} instead.")
+        raise TypeError(f"{name} must be {what}, got dtype {a.dtype} instead.")
     return a
 
 
 def _rows_arg(x: Any, name: str) -> np.ndarray:
     """An array of rows given to a helper, as NumPy: real and 2-D, or an error naming it
     (not a failed unpacking or an IndexError further on)."""
-    a = _input(x)
-    if a.dtype.kind not in "fiub":
-        raise TypeError(f"{name} must be a real array of rows, got dtype {a.dtype} instead.")
+    a = _real_arg(x, name, "a real array of rows")
     if a.ndim != 2:
         raise ValueError(f"{name} must be a 2-D array of shape (V, d), got shape {a.shape} instead.")
     return a
