@@ -70,7 +70,7 @@ import numpy as np
 
 from . import _progress
 from ._interop import from_foreign
-from .tokenwise import CLASSES, _divergence, _freeze_config, _log_softmax, decompose, layer_report
+from .tokenwise import CLASSES, _divergence, _freeze_config, _logits, decompose, layer_report
 from ._validate import check_bool, check_choice, check_finite, check_int
 
 __all__ = [
@@ -1019,7 +1019,7 @@ def _intervene(model, batch, blks, layer, P, probe, divergence, readout_position
                 patch.clear()
                 out = _forward(model, batch, s0, s1, readout is not None, blks)
                 if readout_position == "sum":
-                    lp_all = _log_softmax(_to_numpy(_readout_logits(model, out, readout)), "the model's logits")
+                    z_all, lp_all = _logits(_to_numpy(_readout_logits(model, out, readout)), "the model's logits")
                     valid = _to_numpy(mask).astype(bool)
                 elif readout is None:
                     # a model without an LM head: the ValueError naming readout, as in
@@ -1040,12 +1040,12 @@ def _intervene(model, batch, blks, layer, P, probe, divergence, readout_position
                         else:
                             zp = _apply_readout(readout, h_orig[s_loc, t])
                             zq = _apply_readout(readout, _last_hidden(out)[s_loc, t])
-                        div[toks] = _divergence(_log_softmax(_to_numpy(zp), "the model's logits"),
-                                                 _log_softmax(_to_numpy(zq), "the model's logits"), divergence)
+                        div[toks] = _divergence(_logits(_to_numpy(zp), "the model's logits"),
+                                                _logits(_to_numpy(zq), "the model's logits"), divergence)
                     else:
                         sl = s_loc.numpy()
-                        lq = _log_softmax(_to_numpy(_readout_logits(model, out, readout, s_loc)), "the model's logits")
-                        dv = _divergence(lp_all[sl], lq, divergence)
+                        Q = _logits(_to_numpy(_readout_logits(model, out, readout, s_loc)), "the model's logits")
+                        dv = _divergence((z_all[sl], lp_all[sl]), Q, divergence)
                         div[toks] = np.sum(np.where(valid[sl], dv, 0.0), axis=-1)
                     del out
                     bar.advance()

@@ -1022,6 +1022,49 @@ def test_perturbation_matches_probability_formulas(zw):
     np.testing.assert_allclose(js, js_ref, rtol=1e-8, atol=1e-12)
 
 
+def _decimal_divergence(zp, zq, kind, prec=400):
+    """The divergence of the float64 logits (taken exactly) in 400-digit decimal arithmetic."""
+    with decimal.localcontext() as ctx:
+        ctx.prec = prec
+        a = [decimal.Decimal(float(v)) for v in zp]
+        b = [decimal.Decimal(float(v)) for v in zq]
+        la = [v - sum(t.exp() for t in a).ln() for v in a]
+        lb = [v - sum(t.exp() for t in b).ln() for v in b]
+        p, q = [v.exp() for v in la], [v.exp() for v in lb]
+        if kind == "kl":
+            return sum(x * (u - v) for x, u, v in zip(p, la, lb))
+        if kind == "reverse_kl":
+            return sum(y * (v - u) for y, u, v in zip(q, la, lb))
+        m = [(x + y) / 2 for x, y in zip(p, q)]
+        return sum(x * (x / c).ln() + y * (y / c).ln() for x, y, c in zip(p, q, m)) / 2
+
+
+@st.composite
+def _nearby_logits(draw):
+    """Logits and a change of any size from 1e-15 to 10, with a common shift (a model's
+    logits are defined up to one) half of the time."""
+    V = draw(st.integers(2, 9))
+    unit = st.lists(st.floats(-1.0, 1.0), min_size=V, max_size=V).map(np.array)
+    zp = draw(unit) * draw(st.sampled_from([0.1, 1.0, 30.0, 300.0]))
+    shift = draw(st.sampled_from([0.0, 0.0, 3.0, -700.0, 1e3 / 3]))
+    return zp, zp + shift + 10.0 ** draw(st.floats(-15.0, 1.0)) * draw(unit)
+
+
+@given(_nearby_logits(), st.sampled_from(["kl", "reverse_kl", "js"]))
+@settings(max_examples=150, deadline=None)
+@example((np.array([0.0, 0.0]), np.array([0.0, 1e-8])), "kl")
+def test_perturbation_is_accurate_relative_to_itself_however_small(zz, div):
+    """Relative to 400-digit arithmetic on the same float64 logits.  The divergences
+    were sums of ``p (log p - log q)``: each log has an absolute error of u |log p|,
+    so a KL of 1.25e-17 (the example) came out 0, and a KL of 1e-12 with 12 digits
+    lost; now they are sums of second-order terms of the logit change."""
+    zp, zq = zz
+    got = refgeo.output_perturbation(lambda h: h, zp[None], zq[None], divergence=div)[0]
+    want = _decimal_divergence(zp, zq, div)
+    tol = want * decimal.Decimal(2.0**-46) + decimal.Decimal(1e-300)
+    assert abs(decimal.Decimal(float(got)) - want) <= tol, (float(got), float(want))
+
+
 def test_perturbation_of_logits_wider_than_the_float64_range():
     """A logit range above 1.8e308 underflows probabilities to exactly 0: 0 log 0 = 0."""
     a = np.array([[1e308, -1e308, 0.0]])
