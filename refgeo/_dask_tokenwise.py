@@ -23,14 +23,15 @@ return.  The graph:
 4. Metrics (:func:`decompose`): per-token quantities come from row-wise tasks (the
    same functions as on one machine: the same bits) and travel to the caller as (N,)
    arrays; sums over tokens of those run there with NumPy (the same bits again).  The
-   d x d Gram matrices of the dominant subspace and of the global baselines are sums of
-   per-block products, tree-reduced on the workers: they, and what depends on them
-   (subspace, singular values, projections, baselines), agree with the single-machine
-   values to rounding (a GEMM's summation order depends on its shape).
+   d x d R factors of tau (the dominant subspace) and of the global baselines' panels
+   are QR factorizations of per-block factors, tree-reduced on the workers (TSQR):
+   they, and what depends on them (subspace, singular values, projections, baselines),
+   agree with the single-machine values to rounding (a factorization's rounding
+   depends on how the rows are grouped).
 
 Memory per task: a token block of ``b`` rows, the rows of its neighbors (at most
 ``b k``, at most N) and the kernel's panels of ``chunk`` tokens; per-token records are
-``O(b)``, Gram partials ``O(d^2)``.  Nothing of size N x N or N x d reaches the caller
+``O(b)``, R factors ``O(d^2)``.  Nothing of size N x N or N x d reaches the caller
 besides the (N, k) neighbors, weights and distances and the (N,) metrics.  Dask itself
 is imported only here, when a Dask array arrives.
 """
@@ -371,14 +372,14 @@ def metrics_bytes(X, Y):
     """The bytes, by part, of the largest metrics task of :func:`metrics` (an upper
     estimate): the block's rows of X and Y (as given and as float64) and of the fitted
     values, about a dozen (b, d) panels of delta, tau, rho, their projections and
-    cosines, and the (d, d) Gram matrices, baseline maps and subspace."""
+    cosines, and the (d, d) R factors, baseline maps and subspace."""
     b, d = max(X.chunks[0]), X.shape[1]
     as64 = X.dtype != np.float64 or Y.dtype != np.float64
     given = (X.dtype.itemsize + Y.dtype.itemsize + (16 if as64 else 0)) * b * d
     return {
         f"rows of X, Y and the fitted values of the largest token block ({b} rows)": given + 8 * b * d,
         "the per-token panels of the metrics": 8 * 13 * b * d,
-        "the (d, d) Gram matrices and maps": 8 * 6 * d * d,
+        "the (d, d) R factors and maps": 8 * 6 * d * d,
     }
 
 
@@ -486,25 +487,25 @@ def _block_panels(XI, YI, e):
 @_one_blas_thread
 def _metrics_block(XI, YI, FI, e, gram, baselines):
     """The per-token record of one block (:func:`refgeo._tokenwise_fit.token_record`)
-    and its sums: column sums of delta, tau, rho, the scaled Gram pair of tau (when
-    ``gram``; :func:`refgeo._tokenwise_fit.scaled_gram`) and the R factor of the
+    and its sums: column sums of delta, tau, rho, the scaled R factor of tau (when
+    ``gram``; :func:`refgeo._tokenwise_fit.scaled_r`) and the R factor of the
     baselines' panel (when ``baselines``)."""
     X64, Y64, ex = _block_panels(XI, YI, e)
     xb, delta, tau, rho = _parts(X64, Y64, FI, ex)
     rec = _fit.token_record(delta, tau, rho)
     d = xb.shape[1]
     sums = np.stack([delta.sum(axis=0), tau.sum(axis=0), rho.sum(axis=0)])
-    G = _fit.scaled_gram(tau) if gram else (np.zeros((0, 0)), 0)
+    R = _fit.scaled_r(tau) if gram else (np.zeros((0, d)), 0)
     # the R factor of [1 | x | y] (the baselines' least squares, without normal
     # equations, and the means the Procrustes baseline splits off)
     B = _fit.qr_r(_fit.baseline_panel(xb, _rows(Y64, ex))) if baselines else np.zeros((0, 1 + 2 * d))
-    return rec, sums, G, B
+    return rec, sums, R, B
 
 
 @_one_blas_thread
-def _centered_gram_block(XI, YI, FI, e, m):
+def _centered_r_block(XI, YI, FI, e, m):
     X64, Y64, ex = _block_panels(XI, YI, e)
-    return _fit.scaled_gram(_parts(X64, Y64, FI, ex)[2] - m)
+    return _fit.scaled_r(_parts(X64, Y64, FI, ex)[2] - m)
 
 
 @_one_blas_thread
@@ -561,24 +562,20 @@ def metrics(X, Y, F, e, subspace_rank, center_subspace, baselines, ridge, identi
     task = dask.delayed(_metrics_block, pure=True, nout=4)
     recs = [task(xb[i], yb[i], fb[i], e, not center_subspace, baselines) for i in range(len(xb))]
     sums = _sum_tree([r[1] for r in recs])
-    G = _merge_tree([r[2] for r in recs], _fit.merge_grams)
+    R = _merge_tree([r[2] for r in recs], _fit.merge_scaled_r)
     B = _merge_tree([r[3] for r in recs], _fit.merge_r)
-    records, sums, G, B = dask.compute([r[0] for r in recs], sums, G, B)
+    records, sums, R, B = dask.compute([r[0] for r in recs], sums, R, B)
     record = np.concatenate(records, axis=1)
     means = None
     if center_subspace:
         # explicit subtraction of the mean, as on one machine (the shortcut
         # G - n m m^T cancels catastrophically for a large mean update)
         means = sums / n
-        gtask = dask.delayed(_centered_gram_block, pure=True)
+        gtask = dask.delayed(_centered_r_block, pure=True)
         m_ = dask.delayed(means[1], pure=True)
-        G = dask.compute(_merge_tree([gtask(xb[i], yb[i], fb[i], e, m_) for i in range(len(xb))],
-                                     _fit.merge_grams))[0]
-    G, E = G
-    with blas_single_thread():
-        evals, evecs = np.linalg.eigh(G)
-    U = np.ascontiguousarray(evecs[:, ::-1][:, :subspace_rank])
-    sv = np.ldexp(np.sqrt(np.maximum(evals[::-1][:subspace_rank], 0.0)), E)
+        R = dask.compute(_merge_tree([gtask(xb[i], yb[i], fb[i], e, m_) for i in range(len(xb))],
+                                     _fit.merge_scaled_r))[0]
+    U, sv = _fit.subspace(*R, subspace_rank)
     maps = _fit.baseline_maps(B, n, ridge, identity_prior) if baselines else ()
     ptask = dask.delayed(_projection_block, pure=True)
     # one key each for the d x r and d x d matrices, not a copy in every task

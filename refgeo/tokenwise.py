@@ -66,8 +66,9 @@ neighbors, weights and distances and the (N,) metrics come back as NumPy arrays;
 are Dask arrays chunked like ``X``: ``fitted``, ``coefficients`` and ``maps`` are
 computed during the call and persisted on the workers, ``delta``, ``tau`` and ``rho``
 are lazy, a chunk at a time from those and the chunks of ``X`` and ``Y``.  Every
-row-wise result is the single-machine one bit for bit; what comes from d x d Gram
-matrices (subspace, singular values, projections, baselines) agrees to rounding.  ``cls="mlp"`` is refused for Dask input (``NotImplementedError``).
+row-wise result is the single-machine one bit for bit; what comes from d x d R
+factors merged over token blocks (subspace, singular values, projections, baselines)
+agrees to rounding.  ``cls="mlp"`` is refused for Dask input (``NotImplementedError``).
 """
 
 from __future__ import annotations
@@ -1592,8 +1593,8 @@ def decompose(
         fields, the energy fraction and the neighbors are the single-machine values
         bit for bit; the subspace (up to the signs of its columns), its singular
         values, the projections, subspace energies and baselines agree to rounding
-        (d x d Gram matrices summed over token blocks; for the baselines, R factors
-        of ``[X | Y]`` merged over them).
+        (R factors of tau and, for the baselines, of ``[X | Y]``, merged over token
+        blocks by QR factorizations of the stacked factors).
 
     Raises
     ------
@@ -1789,12 +1790,9 @@ def _metrics(X, Y, ex, fitted, eval_mask, subspace_rank, center_subspace):
     te = tau[eval_mask]
     if center_subspace:
         te = te - te.mean(axis=0)
-    G, E = _fit.scaled_gram(te)
+    R, E = _fit.scaled_r(te)
     del te
-    with blas_single_thread():
-        evals, evecs = np.linalg.eigh(G)
-    U = np.ascontiguousarray(evecs[:, ::-1][:, :subspace_rank])
-    sv = np.ldexp(np.sqrt(np.maximum(evals[::-1][:subspace_rank], 0.0)), E)
+    U, sv = _fit.subspace(R, E, subspace_rank)
     proj = []
     for v in (delta, tau, rho):
         mean = v[eval_mask].mean(axis=0) if center_subspace else None

@@ -6,9 +6,9 @@ per-token quantity computed row by row (relative errors, cosines, angles) and th
 sums over tokens of those are the same bits: the fit of a token reads only its own row
 and its neighbors' rows, the single-machine fit does not depend on its chunk size, and
 the sums over tokens run on the gathered (N,) arrays with the same NumPy calls.  What
-comes from d x d Gram matrices (subspace, singular values, projections, subspace
-energies, global baselines) is a sum of per-block GEMMs on the cluster and one GEMM on
-one machine, whose summation orders differ: those agree to rounding.
+comes from d x d R factors (subspace, singular values, projections, subspace energies,
+global baselines) is a tree of QR factorizations of per-block factors on the cluster and
+one factorization on one machine, whose roundings differ: those agree to rounding.
 """
 
 from __future__ import annotations
@@ -298,6 +298,24 @@ def test_wide_range_states_scale_exactly(client):
     got = _quiet(refgeo.decompose, _dask(X, 11, 4), _dask(Y, 11, 4), **kw)
     _same_result(want, got, X, Y)
     _same_fit(_quiet(refgeo.fit_local_maps, X, Y, **kw), _quiet(refgeo.fit_local_maps, _dask(X, 11, 4), Y, **kw))
+
+
+@pytest.mark.parametrize("center", [False, True])
+def test_subspace_singular_values_of_one_dominant_direction(client, center):
+    """States 1e4 + 1e-4 noise through a linear layer: tau has one direction of size
+    2e5 and the others near 1e-3.  From the Gram matrix tau^T tau those held only
+    sqrt(u) of the largest: 3.5x off on one machine, and different for every chunking
+    (0.0 at chunks of 100).  From R factors they are the SVD of tau's to rounding."""
+    rng = np.random.default_rng(3)
+    N, d = 500, 8
+    X = 1e4 + 1e-4 * rng.standard_normal((N, d))
+    Y = X @ (np.eye(d) + 0.1 * rng.standard_normal((d, d)))
+    kw = dict(k=12, cls="diagonal", subspace_rank=d, center_subspace=center, baselines=False)
+    one = refgeo.decompose(X, Y, **kw)
+    tau = np.asarray(one.tau)
+    want = np.linalg.svd(tau - tau.mean(axis=0) if center else tau, compute_uv=False)
+    for r in (one, *(refgeo.decompose(_dask(X, c, d), _dask(Y, c, d), **kw) for c in (23, 100, 250))):
+        np.testing.assert_allclose(r.subspace_singular_values, want, rtol=0, atol=1e-13 * want[0])
 
 
 @pytest.mark.parametrize("center", [False, True])
