@@ -66,7 +66,6 @@ from __future__ import annotations
 import functools
 import math
 import os
-import sys
 import threading
 import warnings
 import weakref
@@ -79,7 +78,7 @@ from . import _backend, _duplicates, _engine
 from ._backend import KernelRun
 from ._interop import to_host
 from ._threads import blas_single_thread
-from ._validate import beyond_float64, float64_range_error
+from ._validate import beyond_float64, float64_range_error, outside_stacklevel
 from ._filter import (
     error_terms,
     filter_bound,
@@ -726,16 +725,6 @@ def _merge_knn(records, k):
 # --------------------------------------------------------------------------- graphs
 
 
-def _outside_stacklevel() -> int:
-    """The ``stacklevel`` that makes a warning issued by this function's caller point at
-    the first frame outside refgeo (the user's call)."""
-    level = 1
-    frame: Any = sys._getframe(1)  # FrameType, then FrameType | None
-    while frame is not None and frame.f_globals.get("__name__", "").partition(".")[0] == "refgeo":
-        frame, level = frame.f_back, level + 1
-    return level
-
-
 def _warn_small_blocks(blocks, cap, names):
     """Warn (``dask.array.PerformanceWarning``) when small row chunks make many more
     block-pair tasks than chunks of ``cap`` rows would.
@@ -769,7 +758,7 @@ def _warn_small_blocks(blocks, cap, names):
         f"{now:,} block-pair tasks; chunks of {cap} rows would make {then:,}. Rechunk the rows before "
         f"the call, e.g. {rechunk} (the result does not depend on the chunks).",
         PerformanceWarning,
-        stacklevel=_outside_stacklevel(),
+        stacklevel=outside_stacklevel(),
     )
 
 

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import math
 import numbers
+import sys
 from typing import Any, Literal, TypeVar, overload
 
 import numpy as np
@@ -485,6 +486,17 @@ def check_same_shape(a, b, names: tuple[str, str]) -> None:
             f"{names[0]} and {names[1]} must have the same shape, got shapes "
             f"{tuple(a.shape)} and {tuple(b.shape)} instead."
         )
+
+
+def outside_stacklevel() -> int:
+    """The ``stacklevel`` that makes a warning issued by this function's caller point at
+    the first frame outside refgeo (the user's call), however many refgeo frames
+    (wrappers such as ``dask_graphs_unfused``, private helpers) lie between."""
+    level = 1
+    frame: Any = sys._getframe(1)  # FrameType, then FrameType | None
+    while frame is not None and frame.f_globals.get("__name__", "").partition(".")[0] == "refgeo":
+        frame, level = frame.f_back, level + 1
+    return level
 
 
 def check_callable(value: Any, name: str) -> None:

@@ -95,6 +95,7 @@ from ._validate import (
     check_min_rows,
     check_real,
     check_same_shape,
+    outside_stacklevel,
 )
 
 __all__ = [
@@ -214,7 +215,7 @@ def _min_neighbors(cls: str, d: int) -> int:
     return d
 
 
-def _warn_underdetermined(cls, dof, k, d, ridge, stacklevel):
+def _warn_underdetermined(cls, dof, k, d, ridge):
     need = _min_neighbors(cls, d)
     if k < need:
         how = "the ridge solution" if ridge > 0 else "the minimum-norm solution (closest to the prior)"
@@ -223,7 +224,7 @@ def _warn_underdetermined(cls, dof, k, d, ridge, stacklevel):
             f"of freedom, and k={k} neighbors span at most {k} of the d={d} input "
             f"directions (identification needs k >= {need}); {how} is used.",
             UserWarning,
-            stacklevel=stacklevel,
+            stacklevel=outside_stacklevel(),
         )
 
 
@@ -873,7 +874,7 @@ def _check_fit_memory(what, parts, plan):
     _memory.check_memory(what, parts, advice)
 
 
-def _run_fit(plan, X, X64, Y64, ex, e, bar, stacklevel):
+def _run_fit(plan, X, X64, Y64, ex, e, bar):
     """The fit of the scaled panels ``(X, Y) * 2**-e``; the fitted values stay scaled.
 
     ``X64 * 2**-ex`` and ``Y64 * 2**-ex`` are those panels (see :func:`_panels64`).
@@ -888,7 +889,7 @@ def _run_fit(plan, X, X64, Y64, ex, e, bar, stacklevel):
         idx, dist = plan.given
     w, wkind = _resolve_weights(plan.weights, idx, dist)
     dof = _degrees_of_freedom(plan.cls, d, plan.rank)
-    _warn_underdetermined(plan.cls, dof, plan.k, d, plan.ridge, stacklevel + 1)
+    _warn_underdetermined(plan.cls, dof, plan.k, d, plan.ridge)
     ident = plan.prior == "identity"
     with blas_single_thread():  # many small batched GEMMs / eigh: threads only spin
         fitted, coef, maps = _dispatch_fit(X64, Y64, ex, idx, w, plan.cls, plan.rank,
@@ -1116,7 +1117,7 @@ def fit_local_maps(
                       _fit_bytes(plan, n, d, _n_copies(X, Y)), plan)
     X64, Y64, ex = _panels64(X, Y, e)
     with _progress.Progress(progress, plan.n_steps, desc="fit_local_maps", unit="chunk") as bar:
-        fitted, coef, maps, idx, dist, w, wkind = _run_fit(plan, X, X64, Y64, ex, e, bar, stacklevel=3)
+        fitted, coef, maps, idx, dist, w, wkind = _run_fit(plan, X, X64, Y64, ex, e, bar)
     del X64, Y64
     if e:
         if e > 0 and not _fits_after_scaling(_max_abs(fitted), e):
@@ -1204,7 +1205,7 @@ def _check_dask_memory(what, plan, X, Y, metrics):
     _dt.check_fit_memory(what, X, Y, k, plan.cls, plan.chunk, plan.return_maps, parts, metrics)
 
 
-def _run_fit_dask(plan, X, Y, e, bar, stacklevel):
+def _run_fit_dask(plan, X, Y, e, bar):
     """:func:`_run_fit` on Dask panels: the fitted values stay scaled (persisted)."""
     from . import _dask_tokenwise as _dt
 
@@ -1216,7 +1217,7 @@ def _run_fit_dask(plan, X, Y, e, bar, stacklevel):
         idx, dist = plan.given
     w, wkind = _resolve_weights(_dask_weights(plan.weights), idx, dist)
     dof = _degrees_of_freedom(plan.cls, d, plan.rank)
-    _warn_underdetermined(plan.cls, dof, plan.k, d, plan.ridge, stacklevel + 1)
+    _warn_underdetermined(plan.cls, dof, plan.k, d, plan.ridge)
     fitted, coef, maps = _dt.fit(X, Y, e, idx, w, plan.cls, plan.rank, _scaled_ridge(plan.ridge, e),
                                  plan.prior == "identity", plan.chunk, plan.return_maps)
     bar.advance()
@@ -1239,7 +1240,7 @@ def _fit_local_maps_dask(X, Y, k, cls, rank, ridge, prior, metric, standardize, 
     e = _fit.exponent_of(max(sizes))
     # steps: the neighbor search (when it runs) and the fit
     with _progress.Progress(progress, int(plan.given is None) + 1, desc="fit_local_maps", unit="step") as bar:
-        fitted, coef, maps, idx, dist, w, wkind = _run_fit_dask(plan, X, Y, e, bar, stacklevel=4)
+        fitted, coef, maps, idx, dist, w, wkind = _run_fit_dask(plan, X, Y, e, bar)
     if e > 0:
         m = _dt.max_abs(fitted)
         if not _fits_after_scaling(m, e):
@@ -1299,7 +1300,7 @@ def _decompose_dask(X, Y, k, cls, rank, ridge, prior, metric, standardize, exclu
             )
     n_steps = int(plan.given is None) + 2
     with _progress.Progress(progress, n_steps, desc="decompose", unit="step") as bar:
-        fitted, coef, _, nbr, _, _, wkind = _run_fit_dask(plan, X, Y, e, bar, stacklevel=4)
+        fitted, coef, _, nbr, _, _, wkind = _run_fit_dask(plan, X, Y, e, bar)
         identity = plan.prior == "identity"
         f = _dt.metrics(X, Y, fitted, e, subspace_rank, center_subspace, baselines, _scaled_ridge(ridge, e),
                         identity)
@@ -1724,7 +1725,7 @@ def decompose(
                 "mlp": dict(mfit.config),
             }
         else:
-            fitted, coef, _, nbr, _, _, wkind = _run_fit(plan, X, X64, Y64, ex, e, bar, stacklevel=3)
+            fitted, coef, _, nbr, _, _, wkind = _run_fit(plan, X, X64, Y64, ex, e, bar)
             eval_mask = np.ones(n, dtype=bool)
             fit_mask = eval_mask
             dof, n_targets = _degrees_of_freedom(plan.cls, d, plan.rank), plan.k * d

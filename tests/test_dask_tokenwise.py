@@ -410,6 +410,14 @@ def test_killed_worker_gives_the_same_decomposition(client):
 # -------------------------------------------------------------------------- errors
 
 
+def test_underdetermined_warning_points_at_the_caller(client):
+    X, Y = hidden_states(3, 60, 6, vocab=12)
+    for fn in (refgeo.fit_local_maps, refgeo.decompose):
+        with pytest.warns(UserWarning, match="under-determined") as w:
+            fn(_dask(X, 20, 6), _dask(Y, 20, 6), k=3, cls="full")
+        assert [x.filename for x in w if "under-determined" in str(x.message)] == [__file__]
+
+
 def test_options_that_need_one_process_are_refused(client):
     X, Y = hidden_states(1, 30, 3, vocab=8)
     Xd, Yd = _dask(X, 10, 3), _dask(Y, 10, 3)

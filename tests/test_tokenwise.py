@@ -1427,10 +1427,13 @@ def test_underdetermined_warning_states_degrees_of_freedom():
     X, Y = _xy(20, 6)
     msg = ("cls='orthogonal' is under-determined for k=2: each local map has 15 degrees of freedom, and "
            "k=2 neighbors span at most 2 of the d=6 input directions (identification needs k >= 5)")
-    with pytest.warns(UserWarning, match=re.escape(msg)):
+    with pytest.warns(UserWarning, match=re.escape(msg)) as w:
         refgeo.fit_local_maps(X, Y, k=2, cls="orthogonal")
-    with pytest.warns(UserWarning, match=re.escape("has 20 degrees of freedom, and k=3 neighbors")):
+    with pytest.warns(UserWarning, match=re.escape("has 20 degrees of freedom, and k=3 neighbors")) as w2:
         refgeo.decompose(X, Y, k=3, cls="low_rank", rank=2)
+    # both point at the caller's line (they pointed at refgeo/_backend.py, the wrapper
+    # every entry point with Dask graphs has, one frame more than the levels counted)
+    assert [x.filename for x in (*w, *w2)] == [__file__] * 2
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         refgeo.fit_local_maps(X, Y, k=1, cls="diagonal")
