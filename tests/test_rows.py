@@ -506,6 +506,13 @@ def test_listed_integers_beyond_two_to_the_53_are_refused():
 
     with pytest.raises(ValueError, match="x must have integer entries"):
         as_float_array([2**63 + 1, 2**63, float("nan")], "x", finite=False)
+    # integers beyond every integer dtype make an object array: the same ValueError
+    # (it was the TypeError "must have a real floating dtype ... got dtype object")
+    for big in (2**64, -(2**63) - 1, 10**30):
+        with pytest.raises(ValueError, match=re.escape(f"S must have integer entries of magnitude at most 2**53 = {2**53}")):
+            refgeo.row_diameter([[big, 0], [0, 1]])
+    with pytest.raises(TypeError, match="got dtype object"):
+        refgeo.row_diameter([[object(), 0], [0, 1]])
 
 
 def test_knn_bad_input():
