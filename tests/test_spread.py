@@ -858,6 +858,41 @@ def test_progress_reports_the_end_after_the_final_certification(monkeypatch):
     assert len(ends) == 1 and ends[0] == len(events) - 1
 
 
+@pytest.mark.parametrize("method", ["construction", "auto"])
+def test_progress_of_a_construction_reports_its_end(method):
+    """A construction has no starts or rounds: its one step is the final certification.
+    With a total of 0 the callable heard only the start (done == total == 0) and nothing
+    after the certification (seconds at V in the thousands)."""
+    events = []
+    r = refgeo.spread(144, 16, method=method, progress=events.append)
+    assert r.method == "construction"
+    ends = [i for i, e in enumerate(events) if e["done"] == e["total"]]
+    assert ends == [len(events) - 1] and events[0]["done"] == 0
+    if method == "construction":
+        assert [(e["done"], e["total"]) for e in events] == [(0, 1), (1, 1)]
+
+
+@pytest.mark.parametrize("V, d", [(8, 3), (20, 4), (60, 8)])
+def test_spread_update_is_equivariant_under_row_order_and_rotations(V, d):
+    """The documented equivariance.  The alignment started by pairing row i of G with
+    row i of the spread configuration: one G in three row orders gave min distances
+    0.22, 0.38 and 0.64 at (8, 3)."""
+    rng = np.random.default_rng(1)
+    G = rng.standard_normal((V, d))
+    Q = np.linalg.qr(rng.standard_normal((d, d)))[0]
+    kw = dict(seed=0, n_starts=2, eps=0.1)
+    a = refgeo.spread_update(G, **kw)
+    for _ in range(2):
+        p = rng.permutation(V)
+        b = refgeo.spread_update(G[p], **kw)
+        assert b.min_dist == pytest.approx(a.min_dist, rel=1e-9)
+        assert b.decrease == pytest.approx(a.decrease, rel=1e-9)
+        np.testing.assert_allclose(np.asarray(b.update), np.asarray(a.update)[p], atol=1e-9)
+    c = refgeo.spread_update(G @ Q, **kw)
+    assert c.min_dist == pytest.approx(a.min_dist, rel=1e-9)
+    np.testing.assert_allclose(np.asarray(c.update), np.asarray(a.update) @ Q, atol=1e-9)
+
+
 def test_spread_update_of_a_tiny_gradient():
     """The step is positively homogeneous of degree 0 in G: G * 2**-1000 gives G's step
     and decreases scaled by 2**-1000 (G * 1e-320 was refused as not centered, though
