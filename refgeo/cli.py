@@ -752,7 +752,9 @@ def _build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--out", default="refgeo-demo", metavar="DIR", help="output directory (default: %(default)s)")
     p.add_argument("--quick", action="store_true", help="small run, about 10-30 s")
-    p.add_argument("--seed", type=_int_type("--seed", 0), default=0, help="random seed (default: %(default)s)")
+    p.add_argument("--seed", type=_int_type("--seed", 0), default=0,
+                   help="random seed (default: %(default)s); the parts with time budgets (the exact LMO's and "
+                   "spreading's steps, the diagnosed steps) also depend on the machine's speed")
     _add_progress(p)
     p.add_argument("--size", choices=("full", "quick", "tiny"), default=None, help=argparse.SUPPRESS)
     p.set_defaults(func=_cmd_demo)

@@ -51,7 +51,10 @@ def run_demo(out_dir: str, *, size: str = "full", seed: int = 0, progress: bool 
     size : {"full", "quick", "tiny"}, default="full"
         ``full`` (about 1-3 minutes on 2 cores), ``quick`` (about 10-30 s), ``tiny`` (tests).
     seed : int, default=0
-        Seed of the features, batches and the random reference configuration.
+        Seed of the features, batches and the random reference configuration.  Parts
+        with budgets in seconds depend on the machine's speed as well, so two runs with
+        one seed can differ there: the steps the exact LMO and the spreading update
+        take, and the steps at which the update diagnostics run.
     progress : bool, default=True
         Show a progress bar on stderr.
 

@@ -120,10 +120,17 @@ def head_geometry(runs: list[Run], size: DemoSize, targets: np.ndarray, rng: np.
 def tokenwise(feats: Features, ids: np.ndarray, pos: np.ndarray, head: Run | None) -> dict[str, Any]:
     """Decompose the fixed feature layer h0 -> h1 and, with a trained head, the KL of patching."""
     X, Y = feats(ids, pos)
+    # tokens whose context windows repeat have the same state: leave-one-out removes
+    # the token itself, not its copies, which are then its neighbors at distance 0 and
+    # fit it exactly (81 of 200 tokens at the tiny size, median relative error 7e-6
+    # against 0.33 for the others).  One token per distinct state is kept.
+    _, first = np.unique(X, axis=0, return_index=True)
+    keep = np.sort(first)
+    X, Y = X[keep], Y[keep]
     k = min(2 * X.shape[1], X.shape[0] - 1)
     res = decompose(X, Y, k=k, cls="full", ridge=1e-3)
     out: dict[str, Any] = {"N": int(X.shape[0]), "d": int(X.shape[1]), "k": k, "cls": "full (ridge 1e-3)",
-                           "per_token": {}, "scalars": {}}
+                           "duplicates_dropped": int(len(pos) - keep.size), "per_token": {}, "scalars": {}}
     for key, v in res.summary().items():
         if isinstance(v, (int, float, np.integer, np.floating)) and not isinstance(v, bool):
             out["scalars"][key] = float(v)

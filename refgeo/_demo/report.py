@@ -78,7 +78,9 @@ def write_report(out_dir: str, *, size_name: str, size: DemoSize, seed: int, cor
     L.append("## 2. Step geometry: D(S_t) and Hilbert RMS against the bound\n")
     if "step_geometry" in files:
         L.append(f"![Row diameter and Hilbert RMS of every update]({files['step_geometry']})\n")
-    L.append(f"Every {size.diag_every} steps: the certified row diameter of the actual update S_t and the "
+    L.append(f"At step 1 and every {size.diag_every} steps or more (the interval grows to keep these "
+             f"diagnostics within {size.diag_budget_s:g} s per optimizer; results.json lists the steps): "
+             "the certified row diameter of the actual update S_t and the "
              f"Hilbert RMS of the step over {size.n_panel} held-out hidden states, against the bound "
              "max ‖h‖ D(S_t) (docs/theory/rows.md: the worst case over the ball is attained, the RMS never "
              "exceeds it).\n")
@@ -147,8 +149,11 @@ def write_report(out_dir: str, *, size_name: str, size: DemoSize, seed: int, cor
     L.append("## 5. Tokenwise decomposition of the features (h0 -> h1)\n")
     if "tokenwise" in files:
         L.append(f"![Per-token metrics of the tokenwise decomposition]({files['tokenwise']})\n")
-    L.append(f"{tok['N']} held-out tokens, d = {tok['d']}: y_i = A(x_i) x_i + r_i with A fitted on the "
-             "nearest neighbors of x_i (docs/theory/tokenwise.md).\n")
+    dup = tok.get("duplicates_dropped", 0)
+    dropped = (f" ({dup} more held-out tokens repeat an earlier token's state: left out, as a copy "
+               "would be its neighbor at distance 0 and fit it exactly)") if dup else ""
+    L.append(f"{tok['N']} held-out tokens of distinct states{dropped}, d = {tok['d']}: y_i = A(x_i) x_i + r_i "
+             "with A fitted on the nearest neighbors of x_i (docs/theory/tokenwise.md).\n")
     L.append("| quantity | value |")
     L.append("|---|---|")
     shown = {

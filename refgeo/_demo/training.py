@@ -283,8 +283,10 @@ def train(name, label, factory, *, size, batches, feats, ids, H_eval, y_eval, H_
     step stop early past their budget of seconds of updates (``size.budget_s`` or
     ``size.lmo_budget_s``); an optimizer that raises ends its run with ``error`` set.
 
-    Diagnostics run every ``every`` steps, ``every`` doubling whenever their time would
-    exceed ``size.diag_budget_s`` per optimizer (so a slow diameter backend stays cheap).
+    Diagnostics run at step 1 and every ``every`` steps, ``every`` (at least
+    ``size.diag_every``) respaced after each so that the measured time per diagnostic
+    fits ``size.diag_budget_s`` per optimizer (a slow diameter backend stays cheap; the
+    steps diagnosed depend on the machine's speed and are recorded in ``diag_steps``).
     """
     hmax = float(np.linalg.norm(H_panel, axis=1).max())
     run = Run(name, label)
