@@ -1185,21 +1185,26 @@ def divergence(zp, lp, zq, lq, kind):
     """KL(p||q), KL(q||p) or JS(p, q) of each row, to a few ulps relative.
 
     ``zp``, ``zq`` are float64 logits of shape (n, V) (finite or ``-inf``), ``lp``,
-    ``lq`` their log-softmaxes.  With ``delta = zq - zp`` (the logit change, one
-    rounding), ``w = p`` and ``x = delta - sum_v w_v delta_v`` (centered, so
-    ``sum w x = 0`` and no first-order term is left to cancel)::
+    ``lq`` their log-softmaxes.  With ``delta = zq - zp`` (the logit change, exact as
+    TwoSum's ``hi + lo``), ``w = p`` and ``x = delta - sum_v w_v delta_v`` (centered,
+    so ``sum w x = 0`` and no first-order term is left to cancel)::
 
-        KL(p||q) = log1p(sum_v w_v g(x_v)) - log1p(-q0),   g(x) = expm1(x) - x >= 0
+        KL(p||q) = log1p(sum_v w_v g(x_v)) - log(1 - q0),   g(x) = expm1(x) - x >= 0
         log q_v - log p_v = y_v = x_v - KL(p||q)
-        KL(q||p) = sum_v w_v (y e^y - expm1(y)) - q0 + (terms where p underflows)
-        JS(p, q) = 1/2 sum_v w_v (y e^y - (1 + e^y) log((1 + e^y) / 2)) + (same)
+        JS(p, q) = 1/2 sum_v w_v (y e^y - (1 + e^y) log((1 + e^y) / 2)) + (terms where p = 0)
+        KL(q||p) = KL(p||q) with p and q exchanged
 
     with ``q0`` the mass of q where p underflows to 0.  Every summand is ``>= 0`` and
     second order in ``x`` (the summed differences of logs lose ``u |log p| / KL``
-    relative: a KL of 6e-18 came out 0).  A row whose terms overflow or are infinite
-    (q = 0 where p > 0) takes :func:`divergence_from_logs`.  Cost O(n V), in blocks
-    of ``_DIV_BLOCK`` entries.
+    relative: a KL of 6e-18 came out 0).  Where ``x > 1`` a summand is taken as
+    ``exp(log w + x) - w (1 + x)`` from ``log w = lp - log sum p``, not from ``w``
+    (a weight below the normal range has a few bits; ``e**x`` past the range may
+    meet such a weight).  A row whose KL is infinite (q = 0 where p > 0) or beyond
+    ``e**709``, or whose JS meets a ``-inf`` logit of q where p > 0, takes
+    :func:`divergence_from_logs`.  Cost O(n V), in blocks of ``_DIV_BLOCK`` entries.
     """
+    if kind == "reverse_kl":
+        return divergence(zq, lq, zp, lp, "kl")
     n, V = zp.shape
     out = np.empty(n)
     step = max(1, _DIV_BLOCK // max(V, 1))
@@ -1222,7 +1227,9 @@ def _divergence_block(zp, lp, zq, lq, kind):
     p = np.exp(lp)
     pos = p > 0
     full = bool(pos.all())
-    w = p / np.sum(p, axis=-1, keepdims=True)
+    total = np.sum(p, axis=-1, keepdims=True)
+    w = p / total
+    lw = lp - np.log(total)
     # the logit change exactly, as hi + lo (TwoSum), less the change of the likeliest
     # token (exact where the changes share a large common part, e.g. zq = zp + 3 + 1e-12
     # noise: a rounded change had lost the noise to u |zq - zp|)
@@ -1237,45 +1244,38 @@ def _divergence_block(zp, lp, zq, lq, kind):
     x = delta - _weighted(w, delta)[:, None]
     if not full:
         x[~pos] = 0.0
-    kl = np.log1p(_weighted(w, expm1_minus_x(x)))
+    kl = np.log1p(np.sum(_kl_terms(w, lw, x), axis=-1))
     if not full:
-        # q's normalizer holds mass where p underflowed to 0; p's does not
+        # q's normalizer holds mass q0 where p underflowed to 0; p's does not.
+        # log(1 - q0) from the rest of q where q0 is large (1 - q0 rounds there)
         q = np.exp(lq)
         q_rest = np.where(pos, 0.0, q)
-        kl = kl - np.log1p(-np.sum(q_rest, axis=-1))
+        q0 = np.sum(q_rest, axis=-1)
+        kl = kl - np.where(q0 > 0.5, np.log(np.sum(np.where(pos, q, 0.0), axis=-1)), np.log1p(-q0))
     if kind == "kl":
         return kl
     y = x - kl[:, None]
-    if kind == "reverse_kl":
-        t = _reverse_terms(w, y)
-        if not full:
-            t = np.where(pos, t, q_rest * (lq - lp))
-            t = np.where(pos | (q_rest > 0), t, 0.0)
-            return np.sum(t, axis=-1) - np.sum(q_rest, axis=-1)
-        return np.sum(t, axis=-1)
-    t = _js_terms(w, y)
+    t = _js_terms(w, lq, y)
     if not full:
         lm = np.logaddexp(lp, lq) - _LOG2
         t = np.where(pos, t, np.where(q_rest > 0, q_rest * (lq - lm), 0.0))
     return 0.5 * np.sum(t, axis=-1)
 
 
-def _reverse_terms(w, y):
-    # w (y e^y - expm1(y)) = q y - (q - p), each term >= 0; near y = 0 as
-    # w (y expm1(y) - g(y)) (second order, a factor 2 of cancellation at most)
-    small = np.abs(y) <= 1.0
-    if small.all():
-        return w * (y * np.expm1(y) - expm1_minus_x(y))
-    t = np.empty_like(y)
-    ys, ws = y[small], w[small]
-    t[small] = ws * (ys * np.expm1(ys) - expm1_minus_x(ys))
-    yb, wb = y[~small], w[~small]
-    q = np.exp(np.log(wb) + yb)  # not w * exp(y): exp(y) overflows where w is tiny
-    t[~small] = q * (yb - 1.0) + wb
+def _kl_terms(w, lw, x):
+    """``w g(x)`` with ``g(x) = expm1(x) - x``; where ``x > 1`` as ``exp(lw + x) - w (1 + x)``
+    (``lw = log w``): ``e**x`` may pass the range, or meet a weight below the normal range
+    that holds a few bits, while ``exp(lw + x) <= e**KL q`` is a value (a weight 0 gives 0)."""
+    big = x > 1.0
+    if not big.any():
+        return w * expm1_minus_x(x)
+    t = w * expm1_minus_x(np.where(big, 0.0, x))
+    xb = x[big]
+    t[big] = np.exp(lw[big] + xb) - w[big] * (1.0 + xb)
     return t
 
 
-def _js_terms(w, y):
+def _js_terms(w, lq, y):
     # w (y e^y - (1 + e^y) log((1 + e^y) / 2)); with s = y / 2 and m = expm1(s) this is
     # 2 w e^s (s sinh s - cosh s log cosh s), sinh s = m (2 + m) / (2 e^s),
     # cosh s - 1 = m**2 / (2 e^s): second order, a factor 2 of cancellation at most
@@ -1285,7 +1285,9 @@ def _js_terms(w, y):
     t = np.empty_like(y)
     t[small] = w[small] * _js_small(0.5 * y[small])
     yb, wb = y[~small], w[~small]
-    q = np.exp(np.log(wb) + yb)
+    # q from its own log, not as w e^y: y = log q - log p holds u |log p| of rounding
+    # (200 ulps of JS at log p = -700), and a weight below the normal range a few bits
+    q = np.exp(lq[~small])
     L = np.logaddexp(0.0, yb) - _LOG2  # log((p + q) / (2 p))
     # y > 2: q (y - L) - p L with y - L = log 2 - log1p(e^-y) (no cancellation)
     t[~small] = np.where(yb > 0, q * (_LOG2 - np.log1p(np.exp(-yb))) - wb * L, q * yb - (wb + q) * L)

@@ -1047,12 +1047,25 @@ def _nearby_logits(draw):
     unit = st.lists(st.floats(-1.0, 1.0), min_size=V, max_size=V).map(np.array)
     zp = draw(unit) * draw(st.sampled_from([0.1, 1.0, 30.0, 300.0]))
     shift = draw(st.sampled_from([0.0, 0.0, 3.0, -700.0, 1e3 / 3]))
-    return zp, zp + shift + 10.0 ** draw(st.floats(-15.0, 1.0)) * draw(unit)
+    zq = zp + shift + 10.0 ** draw(st.floats(-15.0, 1.0)) * draw(unit)
+    if draw(st.booleans()):
+        # one token far below the others in p (its probability subnormal or 0), raised
+        # in q by any amount: 0 (both tiny), 700 (q's mass there of order p's there), 836
+        # (most of q there)
+        far, lift = draw(st.floats(-800.0, -700.0)), draw(st.sampled_from([0.0, 700.0, 836.0]))
+        zp[0], zq[0] = zp[1] + far, zq[1] + far + lift
+    return zp, zq
 
 
 @given(_nearby_logits(), st.sampled_from(["kl", "reverse_kl", "js"]))
 @settings(max_examples=150, deadline=None)
 @example((np.array([0.0, 0.0]), np.array([0.0, 1e-8])), "kl")
+# a review of the first version: q's mass where p underflows near 1 (36.04 for 36.0),
+# weights below the normal range (29% off), e**x past the range (1e-3 off)
+@example((np.array([0.0, -800.0]), np.array([0.0, 36.0])), "kl")
+@example((np.array([0.0, -744.0]), np.array([0.0, -44.0])), "js")
+@example((np.array([0.0, -744.0]), np.array([0.0, -44.0])), "kl")
+@example((np.array([0.0, -740.0]), np.array([0.0, -30.0])), "kl")
 def test_perturbation_is_accurate_relative_to_itself_however_small(zz, div):
     """Relative to 400-digit arithmetic on the same float64 logits.  The divergences
     were sums of ``p (log p - log q)``: each log has an absolute error of u |log p|,
@@ -1063,6 +1076,27 @@ def test_perturbation_is_accurate_relative_to_itself_however_small(zz, div):
     want = _decimal_divergence(zp, zq, div)
     tol = want * decimal.Decimal(2.0**-46) + decimal.Decimal(1e-300)
     assert abs(decimal.Decimal(float(got)) - want) <= tol, (float(got), float(want))
+
+
+def test_divergences_with_tokens_of_probability_zero():
+    """``refgeo.hf.intervene`` passes a model's logits, ``-inf`` included (masked tokens),
+    to the same kernel.  A token of q at ``-inf`` where p > 0 makes KL(p||q) infinite
+    and leaves the reverse KL finite: it was computed from the differences of logs
+    (a value of 8.8e-27 came out 0)."""
+    from refgeo.tokenwise import _divergence, _logits
+
+    def div(zp, zq, kind):
+        return float(_divergence(_logits(np.array([zp]), "p"), _logits(np.array([zq]), "q"), kind)[0])
+
+    zp, zq = [0.0, -60.0, 2.0], [0.0, -np.inf, 2.0]
+    assert div(zp, zq, "kl") == math.inf
+    # KL(q||p) = log(sum of p where q > 0) exactly, as the q's are p's renormalized
+    want = -math.log1p(-math.exp(-62.0) / (1.0 + math.exp(-2.0) + math.exp(-62.0)))
+    assert div(zp, zq, "reverse_kl") == pytest.approx(want, rel=2.0**-46)
+    assert div(zq, zp, "kl") == pytest.approx(want, rel=2.0**-46)
+    # both at -inf: the token is absent from both, and the others decide
+    assert div([0.0, -np.inf, 1e-9], [0.0, -np.inf, 0.0], "kl") == pytest.approx(
+        float(_decimal_divergence(np.array([0.0, 1e-9]), np.array([0.0, 0.0]), "kl")), rel=2.0**-46)
 
 
 def test_perturbation_of_logits_wider_than_the_float64_range():
