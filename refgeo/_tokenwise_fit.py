@@ -1182,7 +1182,8 @@ def divergence_from_logs(lp, lq, kind):
 
 
 def divergence(zp, lp, zq, lq, kind):
-    """KL(p||q), KL(q||p) or JS(p, q) of each row, to a few ulps relative.
+    """KL(p||q), KL(q||p) or JS(p, q) of each row, accurate relative to itself (within
+    ``2**-46`` of 400-digit arithmetic on the same logits in the tests).
 
     ``zp``, ``zq`` are float64 logits of shape (n, V) (finite or ``-inf``), ``lp``,
     ``lq`` their log-softmaxes.  With ``delta = zq - zp`` (the logit change, exact as
@@ -1265,7 +1266,8 @@ def _divergence_block(zp, lp, zq, lq, kind):
 def _kl_terms(w, lw, x):
     """``w g(x)`` with ``g(x) = expm1(x) - x``; where ``x > 1`` as ``exp(lw + x) - w (1 + x)``
     (``lw = log w``): ``e**x`` may pass the range, or meet a weight below the normal range
-    that holds a few bits, while ``exp(lw + x) <= e**KL q`` is a value (a weight 0 gives 0)."""
+    that holds a few bits, while ``exp(lw + x) = q e**KL`` stays in range as long as the
+    KL does (a weight 0 gives 0)."""
     big = x > 1.0
     if not big.any():
         return w * expm1_minus_x(x)

@@ -2010,8 +2010,8 @@ def output_perturbation(
         _check_vocabulary(P, Q, "logits_fn(H)")
         if readout == "self":
             # only position t is read: its divergence, not the whole sequence's
-            at_t = [tuple(a[..., t, :] for a in pair) for pair in (P, Q)]
-            out[..., t] = _divergence(*at_t, divergence)
+            out[..., t] = _divergence((P[0][..., t, :], P[1][..., t, :]), (Q[0][..., t, :], Q[1][..., t, :]),
+                                      divergence)
         else:
             out[..., t] = np.sum(_divergence(P, Q, divergence), axis=-1)
     return to_caller(out, origin)
