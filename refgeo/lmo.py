@@ -778,8 +778,11 @@ class LMOResult:
         longest row where that costs less); complementary slackness does not hold on
         them.
     converged : bool
-        ``gap <= rtol`` was reached (closed forms too: their certified gap is a few
-        units of roundoff, so only an ``rtol`` below about ``16 eps`` is not reached).
+        ``gap <= rtol`` was reached (closed forms too: the certified gap of ``"zero"``
+        and ``"two_rows"`` is a few units of roundoff, that of ``"rank1"`` also holds
+        the part of G below its numerical rank, about ``V eps``; an ``rtol`` below
+        those is not reached).  For merged rows (see :func:`diameter_lmo`, Notes) the
+        method is the merged problem's, and the gap holds the merging bound.
     elapsed : float
         Wall time in seconds.
     """
@@ -1864,8 +1867,16 @@ def diameter_lmo(
             # merging may cost at most a quarter of the gap (measured against the
             # half-sum, a lower bound on T): see _aggregate
             agg = _aggregate(Gc, 0.25 * rtol * 0.5 * scale, _deadline(max_time, t0))
-            if agg is not None and agg.rows.shape[0] < 3:
-                agg = None  # rank one up to the budget: the closed forms below are exact
+            # Two merged rows (or one: a zero problem) are a closed form, lifted with the
+            # merging bound.  Only a G of numerical rank one does better unmerged (its
+            # own closed form, exact, with a flow on every row); the merged rows were
+            # once dropped for every G, and a float32 gradient of one token, or rank one
+            # plus noise of 1e-10, went to the first-order solvers, which crawl there
+            # (no end in 150 s at (4000, 16), gap 0.5 at max_time=5 at (1600, 4);
+            # 0.02 s and converged now).
+            if agg is not None and agg.rows.shape[0] < 3 and _numerical_rank(
+                    np.linalg.svd(Gc / scale, compute_uv=False), Gc.shape) == 1:
+                agg = None
             elif agg is not None and agg.rows.shape[0] > _MERGE_WORTH * V:
                 agg = None  # too few merges to pay for the looser bound
         if agg is None:

@@ -1119,6 +1119,35 @@ def test_numerically_rank_one_gradient_bounds_its_residual():
     assert half <= r.upper_bound * (1 + 1e-15) and r.lower_bound <= r.upper_bound
 
 
+@pytest.mark.parametrize("case", ["one_token_float32", "rank_one_plus_noise"])
+def test_gradients_merged_into_two_rows_are_solved_in_closed_form(case):
+    """Merging left two rows (a closed form, lifted with its bound) and was thrown away
+    as "rank one": but the rank-one closed form needs the numerical rank to be one, and
+    a float32 gradient of one token, or rank one plus noise of 1e-10, went to the
+    first-order solvers, which crawl there (no end in 150 s at (4000, 16); at
+    max_time=5, (1600, 4) came back as RowNorm with a gap of 0.5)."""
+    rng = np.random.default_rng(0)
+    if case == "one_token_float32":
+        W = rng.standard_normal((4000, 16)).astype(np.float32)
+        h = rng.standard_normal(16).astype(np.float32)
+        z = W @ h
+        p = np.exp(z - z.max())
+        p /= p.sum()
+        p[7] -= 1.0
+        G = np.outer(p, h).astype(np.float32)
+    else:
+        a = rng.standard_normal(1600)
+        G = np.outer(a - a.mean(), rng.standard_normal(4)) + 1e-10 * rng.standard_normal((1600, 4))
+        G -= G.mean(axis=0)
+    r = refgeo.diameter_lmo(G, max_time=20.0)
+    assert r.converged and r.gap <= 1e-4 and r.method != "rownorm"
+    G64 = np.asarray(G, dtype=np.float64)
+    half = 0.5 * float(np.sum(np.linalg.norm(G64, axis=1)))  # T >= the half-sum
+    assert half <= r.upper_bound * (1 + 1e-12)
+    assert refgeo.row_diameter(np.asarray(r.update, dtype=np.float64)).value <= 1.0
+    assert r.decrease == pytest.approx(-float(np.sum(G64 * np.asarray(r.update, dtype=np.float64))), rel=1e-6)
+
+
 def test_projected_rownorm_budget_holds_to_a_few_roundoffs_of_its_dtype():
     rng = np.random.default_rng(11)
     for dtype in (np.float64, np.float32):
