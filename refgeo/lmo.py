@@ -551,12 +551,14 @@ class TensionBounds:
         computed).  ``jung``, ``product`` and ``pairwise_flow`` are ``inf`` when they
         are beyond the float64 range while ``upper`` is not.
     lower, upper : float
-        The best lower and upper bound; equal when a closed form applies.
+        The best lower and upper bound; equal to rounding when a closed form applies
+        (for ``"rank1"``, up to the part of G below its numerical rank, about
+        ``V eps`` relative).
     rank : int
         k, the numerical rank of G (see :func:`tension_bounds`, Notes).
     closed_form : str or None
         ``"zero"``, ``"rank1"`` or ``"two_rows"`` when :math:`T(G)` is known in closed
-        form (then ``lower == upper``), None otherwise.
+        form (then ``lower == upper`` to rounding), None otherwise.
     """
 
     half_sum: float
