@@ -1224,19 +1224,36 @@ def _weighted(w, t):
     return np.einsum("ij,ij->i", w, t)
 
 
+def _two_diff(a, b):
+    """``(hi, lo)`` with ``hi + lo == a - b`` exactly (TwoSum; NaN ``lo`` at infinities)."""
+    hi = a - b
+    c = hi - a
+    return hi, (a - (hi - c)) - (b + c)
+
+
+def _softmax_weights(z):
+    """``(w, log w)``: the softmax of the logits ``z`` with each weight to a few ulps.
+
+    ``exp(log_softmax(z))`` carries the rounding of ``z - max z``, ``u |log p|``
+    relative (1.4e-14 at a token 245 below the largest, which can carry the whole
+    divergence); here ``z - max z`` is taken exactly as ``hi + lo`` and
+    ``exp(hi + lo) = exp(hi) (1 + lo)`` to rounding (``|lo| <= ulp(hi) / 2``)."""
+    hi, lo = _two_diff(z, np.max(z, axis=-1, keepdims=True))
+    lo = np.where(np.isfinite(hi), lo, 0.0)
+    e = np.exp(hi) * (1.0 + lo)
+    total = np.sum(e, axis=-1, keepdims=True)
+    return e / total, (hi + lo) - np.log(total)
+
+
 def _divergence_block(zp, lp, zq, lq, kind):
-    p = np.exp(lp)
-    pos = p > 0
+    w, lw = _softmax_weights(zp)
+    pos = w > 0
     full = bool(pos.all())
-    total = np.sum(p, axis=-1, keepdims=True)
-    w = p / total
-    lw = lp - np.log(total)
+    q = _softmax_weights(zq)[0] if kind == "js" or not full else None
     # the logit change exactly, as hi + lo (TwoSum), less the change of the likeliest
     # token (exact where the changes share a large common part, e.g. zq = zp + 3 + 1e-12
     # noise: a rounded change had lost the noise to u |zq - zp|)
-    hi = zq - zp
-    b = hi - zq
-    lo = (zq - (hi - b)) - (zp + b)
+    hi, lo = _two_diff(zq, zp)
     top = hi[np.arange(hi.shape[0]), np.argmax(lp, axis=-1)]
     delta = (hi - top[:, None]) + lo
     # -inf logits (p = 0) give NaN here; they are zeroed (their weight is 0)
@@ -1249,14 +1266,13 @@ def _divergence_block(zp, lp, zq, lq, kind):
     if not full:
         # q's normalizer holds mass q0 where p underflowed to 0; p's does not.
         # log(1 - q0) from the rest of q where q0 is large (1 - q0 rounds there)
-        q = np.exp(lq)
         q_rest = np.where(pos, 0.0, q)
         q0 = np.sum(q_rest, axis=-1)
         kl = kl - np.where(q0 > 0.5, np.log(np.sum(np.where(pos, q, 0.0), axis=-1)), np.log1p(-q0))
     if kind == "kl":
         return kl
     y = x - kl[:, None]
-    t = _js_terms(w, lq, y)
+    t = _js_terms(w, q, y)
     if not full:
         lm = np.logaddexp(lp, lq) - _LOG2
         t = np.where(pos, t, np.where(q_rest > 0, q_rest * (lq - lm), 0.0))
@@ -1277,7 +1293,7 @@ def _kl_terms(w, lw, x):
     return t
 
 
-def _js_terms(w, lq, y):
+def _js_terms(w, q, y):
     # w (y e^y - (1 + e^y) log((1 + e^y) / 2)); with s = y / 2 and m = expm1(s) this is
     # 2 w e^s (s sinh s - cosh s log cosh s), sinh s = m (2 + m) / (2 e^s),
     # cosh s - 1 = m**2 / (2 e^s): second order, a factor 2 of cancellation at most
@@ -1287,9 +1303,9 @@ def _js_terms(w, lq, y):
     t = np.empty_like(y)
     t[small] = w[small] * _js_small(0.5 * y[small])
     yb, wb = y[~small], w[~small]
-    # q from its own log, not as w e^y: y = log q - log p holds u |log p| of rounding
-    # (200 ulps of JS at log p = -700), and a weight below the normal range a few bits
-    q = np.exp(lq[~small])
+    # q itself, not w e^y: y = log q - log p holds u |log p| of rounding (200 ulps of
+    # JS at log p = -700), and a weight below the normal range a few bits
+    q = q[~small]
     L = np.logaddexp(0.0, yb) - _LOG2  # log((p + q) / (2 p))
     # y > 2: q (y - L) - p L with y - L = log 2 - log1p(e^-y) (no cancellation)
     t[~small] = np.where(yb > 0, q * (_LOG2 - np.log1p(np.exp(-yb))) - wb * L, q * yb - (wb + q) * L)

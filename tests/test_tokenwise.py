@@ -1066,6 +1066,8 @@ def _nearby_logits(draw):
 @example((np.array([0.0, -744.0]), np.array([0.0, -44.0])), "js")
 @example((np.array([0.0, -744.0]), np.array([0.0, -44.0])), "kl")
 @example((np.array([0.0, -740.0]), np.array([0.0, -30.0])), "kl")
+# weights from exp(log_softmax): the rounding of z - max z, 130 ulps at 245 below
+@example((np.array([0.0] * 6 + [300.0, 55.02459225]), np.array([0.0] * 6 + [300.0, 55.77459225])), "kl")
 def test_perturbation_is_accurate_relative_to_itself_however_small(zz, div):
     """Relative to 400-digit arithmetic on the same float64 logits.  The divergences
     were sums of ``p (log p - log q)``: each log has an absolute error of u |log p|,
