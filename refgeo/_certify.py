@@ -155,6 +155,15 @@ def refined_distance_error(d: int) -> float:
     return gamma(-(-int(d) // 8) + 5, 2.0**-53)
 
 
+def two_diff(a, b):
+    """``(s, e)`` with ``s = fl(a - b)`` and ``a - b = s + e`` exactly (Knuth's TwoSum on
+    ``a`` and ``-b``; elementwise, any array namespace; ``e`` is NaN where ``s`` or an
+    input is infinite)."""
+    s = a - b
+    bb = s - a
+    return s, (a - (s - bb)) - (b + bb)
+
+
 def _two_sum_tree(xp, s, c):
     """Top of the pairwise TwoSum tree over the last axis of ``s`` (carried errors ``c``).
 

@@ -33,6 +33,8 @@ import math
 
 import numpy as np
 
+from ._certify import two_diff
+
 # Relative threshold below which a Gram eigenvalue / singular value counts as zero.
 _RCOND_SCALE = 100.0
 _EPS = float(np.finfo(np.float64).eps)
@@ -1224,13 +1226,6 @@ def _weighted(w, t):
     return np.einsum("ij,ij->i", w, t)
 
 
-def _two_diff(a, b):
-    """``(hi, lo)`` with ``hi + lo == a - b`` exactly (TwoSum; NaN ``lo`` at infinities)."""
-    hi = a - b
-    c = hi - a
-    return hi, (a - (hi - c)) - (b + c)
-
-
 def _softmax_weights(z):
     """``(w, hi, lo, log_total)``: the softmax ``w`` of the logits ``z``, each weight to a
     few ulps, with ``log w = hi + lo - log_total`` exactly up to ``log_total``'s rounding.
@@ -1239,7 +1234,7 @@ def _softmax_weights(z):
     relative (1.4e-14 at a token 245 below the largest, which can carry the whole
     divergence); here ``z - max z`` is taken exactly as ``hi + lo`` and
     ``exp(hi + lo) = exp(hi) (1 + lo)`` to rounding (``|lo| <= ulp(hi) / 2``)."""
-    hi, lo = _two_diff(z, np.max(z, axis=-1, keepdims=True))
+    hi, lo = two_diff(z, np.max(z, axis=-1, keepdims=True))
     lo = np.where(np.isfinite(hi), lo, 0.0)
     e = np.exp(hi) * (1.0 + lo)
     total = np.sum(e, axis=-1, keepdims=True)
@@ -1254,7 +1249,7 @@ def _divergence_block(zp, lp, zq, lq, kind):
     # the logit change exactly, as hi + lo (TwoSum), less the change of the likeliest
     # token (exact where the changes share a large common part, e.g. zq = zp + 3 + 1e-12
     # noise: a rounded change had lost the noise to u |zq - zp|)
-    hi, lo = _two_diff(zq, zp)
+    hi, lo = two_diff(zq, zp)
     top = hi[np.arange(hi.shape[0]), np.argmax(lp, axis=-1)][:, None]
     delta = (hi - top) + lo
     # -inf logits (p = 0) give NaN here; they are zeroed (their weight is 0)
@@ -1296,9 +1291,9 @@ def _kl_terms(w, log_w, x, change):
     t = w * expm1_minus_x(np.where(big, 0.0, x))
     whi, wlo, log_total = (np.broadcast_to(a, x.shape)[big] for a in log_w)
     dhi, dlo, top, mu = (np.broadcast_to(a, x.shape)[big] for a in change)
-    s1, r1 = _two_diff(dhi, top)  # the change less the likeliest token's, exactly
-    a, ra = _two_diff(whi, -s1)  # log w's hi + that
-    b, rb = _two_diff(a, mu)  # less the mean change
+    s1, r1 = two_diff(dhi, top)  # the change less the likeliest token's, exactly
+    a, ra = two_diff(whi, -s1)  # log w's hi + that
+    b, rb = two_diff(a, mu)  # less the mean change
     rest = np.where(np.isfinite(b), (ra + rb) + (r1 + dlo + wlo), 0.0)
     xb = x[big]
     t[big] = np.exp(b - log_total) * (1.0 + rest) - w[big] * (1.0 + xb)

@@ -44,7 +44,7 @@ import numpy as np
 from array_api_compat import array_namespace, is_array_api_obj, is_dask_array, is_numpy_array
 
 from . import _backend, _memory, _progress
-from ._certify import f64
+from ._certify import f64, two_diff
 from ._interop import first_origin, from_foreign, to_caller
 from ._validate import (
     as_float_array,
@@ -490,22 +490,14 @@ def _logsumexp_parts(xp, x, axis):
     return xp.squeeze(m, axis=axis), s
 
 
-def _two_diff(a, b):
-    """``(s, e)`` with ``s = fl(a - b)`` and ``a - b = s + e`` exactly (Knuth's TwoSum on
-    ``a`` and ``-b``; elementwise, no overflow assumed)."""
-    s = a - b
-    bb = s - a
-    return s, (a - (s - bb)) - (b + bb)
-
-
 def _funk_max(xp, z, w, Mz, Mw, axis):
     """``max_i ((z_i - w_i) - (M_z - M_w))``, each term accurate to a rounding of its own
     size: both differences are carried with their exact rounding errors, so neither a
     common offset of the logits (which rounds ``z_i - w_i`` at its size) nor a masked
     entry equal in ``z`` and ``w`` (which rounds ``z_i - M_z`` at the mask's size)
     leaves its rounding in the result."""
-    a, ea = _two_diff(z, w)
-    b, eb = _two_diff(Mz, Mw)
+    a, ea = two_diff(z, w)
+    b, eb = two_diff(Mz, Mw)
     return xp.max((a - b) + (ea - eb), axis=axis)
 
 
