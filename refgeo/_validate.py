@@ -149,9 +149,10 @@ def as_float_array(
                 if keep_zeros and wide.dtype.itemsize > 8:
                     _check_no_new_zeros(wide, arr, name)
         else:
-            if kind == "O" and isinstance(x, (list, tuple)):
+            if kind == "O" and isinstance(x, (list, tuple, int)):
                 # integers beyond every integer dtype (from 2**64, or below -2**63) make
                 # NumPy build an object array: the documented range error, not a dtype one
+                # (a bare int too: its 0-d array is refused for its shape only after this)
                 _check_listed_integers(x, None, name)
             raise _dtype_error(name, arr)
         if contiguous and not arr.flags.c_contiguous:
@@ -240,9 +241,9 @@ def _check_exact_integers(xp, arr, name: str) -> None:
 def _check_listed_integers(x, arr, name: str) -> None:
     """``ValueError`` for Python integers beyond 2**53 in a list that NumPy made float64
     (it does so for integers from 2**63 on beside others) or, ``arr=None``, an object
-    array: the check of 64-bit integer arrays never saw them.  Only lists whose float64
+    array (a list, or a bare int): the check of 64-bit integer arrays never saw them.  Only lists whose float64
     array holds such magnitudes are looked at again, as Python objects."""
-    if not isinstance(x, (list, tuple)) or (arr is not None and not bool((np.abs(arr) > EXACT_INTEGER_LIMIT).any())):
+    if not isinstance(x, (list, tuple, int)) or (arr is not None and not bool((np.abs(arr) > EXACT_INTEGER_LIMIT).any())):
         return  # (NaN compares False: a NaN beside such integers does not hide them)
     ints = [v for v in np.asarray(x, dtype=object).ravel() if isinstance(v, (int, np.integer))
             and not isinstance(v, (bool, np.bool_))]

@@ -511,6 +511,9 @@ def test_listed_integers_beyond_two_to_the_53_are_refused():
     for big in (2**64, -(2**63) - 1, 10**30):
         with pytest.raises(ValueError, match=re.escape(f"S must have integer entries of magnitude at most 2**53 = {2**53}")):
             refgeo.row_diameter([[big, 0], [0, 1]])
+        # a bare int where an array is expected: the same range error, not a dtype one
+        with pytest.raises(ValueError, match=re.escape(f"x must have integer entries of magnitude at most 2**53")):
+            refgeo.variation(big)
     with pytest.raises(TypeError, match="got dtype object"):
         refgeo.row_diameter([[object(), 0], [0, 1]])
 
