@@ -131,7 +131,9 @@ def _scaled_logs(xp, p, axis, keep):
     e = xp.astype(e, xp.float64)  # exact: |e| <= 1074
     E = xp.astype(E, xp.float64)
     lt = xp.log(mt)
-    near = p >= top * 0.5  # within keep wherever top > 0 (an all-zero vector: log1p(0) = 0)
+    # keep &: where the largest entry is 2**-1074, top * 0.5 rounds to 0 and the zeros
+    # passed the test (log1p(-1) warned of a division by zero)
+    near = keep & (p >= top * 0.5)
     if is_numpy_array(p):
         # log1p on the near entries' indices only (a few per vector in a softmax), the
         # rest in place: computed on every entry, the second transcendental pass doubled

@@ -760,6 +760,27 @@ def test_nearly_identical_distributions_have_their_small_distance(V, seed, e, sc
     assert refgeo.pdist_hilbert(np.stack([p, q]), kind="probabilities")[0] == got
 
 
+@settings(max_examples=100, deadline=None)
+@given(st.lists(st.integers(0, 3), min_size=2, max_size=6).filter(any), st.integers(0, 2**32 - 1))
+@example([1, 0], 0).via("the largest entry 2**-1074: log1p(-1) on the zeros warned")
+def test_distributions_of_the_smallest_subnormals(counts, seed):
+    """Entries that are small multiples of 2**-1074, beside zeros: ``top * 0.5`` of a
+    largest entry of 2**-1074 is 0, and the zeros took the log1p path of the entries
+    near the largest (a divide-by-zero RuntimeWarning, an error under ``-W error``)."""
+    p = np.array(counts, dtype=np.float64) * 5e-324
+    q = np.where(p > 0, np.random.default_rng(seed).uniform(0.5, 3.0, p.size), 0.0)
+    on = p > 0
+    want, big = _exact_hilbert(p[on], q[on])
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        got = float(refgeo.hilbert_distance(p, q))
+        both = refgeo.pdist_hilbert(np.stack([p, q]), kind="probabilities")[0]
+        funk = float(refgeo.funk_distance(p, q))
+    assert abs(got - want) <= 8 * math.ulp(max(big, want)), (got, want)
+    assert both == got
+    assert 0.0 <= funk <= got + 8 * math.ulp(max(big, want))
+
+
 def test_tv_bound_of_negative_zero_is_positive_zero():
     """tanh(-0.0) is -0.0: tv_bound(-0.0) returned -0.0 where ce_bound returns 0.0."""
     for f in (refgeo.tv_bound, refgeo.ce_bound):
