@@ -48,6 +48,10 @@ _CLASSES: dict[str, Any] = {}
 # team that has to share the cores with the framework's still-spinning threads.
 _SMALL_RECORD_FLOPS = 1 << 27
 
+# RowNorm steps a bfloat16/float16 parameter in float32 blocks of about this many entries
+# (16 MiB; whole rows), so that a step's temporaries stay O(V + d).
+_BLOCK_ENTRIES = 1 << 22
+
 
 def _max_row_norm(H: Any) -> float:
     """Largest Euclidean row norm of the float64 array ``H`` (0 without rows), from scaled
@@ -134,7 +138,10 @@ def _build() -> dict[str, Any]:
         row normalization made a full step)."""
         S.sub_(_column_mean(S))
         S.sub_(_column_mean(S))
-        S.masked_fill_((S == S[:1]).all(), 0.0)  # a 0-d mask: no host sync
+        # a 0-d mask (no host sync) from the columns' extremes: O(d) temporaries, where
+        # S == S[:1] made a (V, d) boolean array
+        lo, hi = torch.aminmax(S, dim=0)
+        S.masked_fill_((lo == hi).all(), 0.0)
 
     def _row_normalize_(S: Any, eps: float) -> None:
         """``S`` row-normalized in place, ``s_i / (||s_i|| + eps)``, zero rows kept zero:
@@ -270,7 +277,13 @@ def _build() -> dict[str, Any]:
         digits of gradient rows in the float32 subnormal range (entries below about
         1e-38), which :class:`refgeo.RowNorm`'s float64 buffer keeps; with ``eps = 0``
         such a row's direction can differ, with the default ``eps`` its step is below
-        1e-29 either way.
+        1e-29 either way.  The comparison is of the steps, not of their directions,
+        where a row of the momentum buffer cancels to its rounding (``mu = 0.9``,
+        gradient rows ``g`` and then ``-0.9 g`` leave ``B = 0`` up to a few ulps of
+        ``g``): the two buffers then hold different rounding errors, and with ``eps = 0``
+        the normalized rows point anywhere (either may be the one nearer the exact
+        recursion); with ``eps`` above that rounding the step of such a row is small in
+        both.
 
         Parameters
         ----------
@@ -383,7 +396,10 @@ def _build() -> dict[str, Any]:
                     raise TypeError(f"the gradient of {name} must be dense, got a sparse tensor instead.")
                 if g.is_complex() or not g.is_floating_point():
                     raise TypeError(f"the gradient of {name} must be real floating point, got dtype {g.dtype} instead.")
-                if not bool(torch.isfinite(g).all()):
+                # from one aminmax (NaN propagates): torch.isfinite made a float copy of
+                # g and three boolean ones, 1.75 times g's size in float32
+                a = float(_max_abs(g))
+                if not math.isfinite(a):
                     raise ValueError(f"the gradient of {name} must be finite, got NaN or inf entries instead.")
                 state = self.state.get(p)  # self.state[p] would add an entry
                 if state and tuple(state["momentum_buffer"].shape) != tuple(g.shape):
@@ -395,7 +411,7 @@ def _build() -> dict[str, Any]:
                     )
                 check_step_size(hyper[0], hyper[5], float(torch.finfo(p.dtype).max),
                                 f"parameter {name} of dtype {str(p.dtype).replace('torch.', '')}")
-                self._check_range(p, g, hyper, name)
+                self._check_range(p, g, a, hyper, name)
                 # an expanded parameter raised torch's RuntimeError after the state had
                 # moved; an unfolded one (overlapping rows) took every row's step over its
                 # neighbors' without an error
@@ -432,13 +448,18 @@ def _build() -> dict[str, Any]:
                     # bfloat16/float16: decay and step in the state's float32, one rounding
                     # to the parameter (two roundings left a third of the weights of a
                     # decayed head an ulp off the NumPy optimizer's)
-                    P = p.detach().to(S.dtype)
-                    if wd:
-                        P.mul_(1.0 - lr * wd)
-                    p.copy_(P.add_(S))
+                    # in blocks of rows: a float32 copy of the whole parameter was the
+                    # step's one temporary of its size
+                    rows = max(1, _BLOCK_ENTRIES // p.shape[1])
+                    for i0 in range(0, p.shape[0], rows):
+                        P = p[i0:i0 + rows].detach().to(S.dtype)
+                        if wd:
+                            P.mul_(1.0 - lr * wd)
+                        p[i0:i0 + rows].copy_(P.add_(S[i0:i0 + rows]))
+                        del P  # before the next block's: one block alive at a time
             return loss
 
-        def _check_range(self, p: Any, g: Any, hyper: tuple, name: str) -> None:
+        def _check_range(self, p: Any, g: Any, a: float, hyper: tuple, name: str) -> None:
             """``ValueError`` when the centered gradient, the momentum buffer or its
             bias-corrected average of this step would leave the range of the state's
             dtype (float32 for every parameter but float64 ones), before anything changes.
@@ -450,8 +471,7 @@ def _build() -> dict[str, Any]:
             dtype = _state_dtype(p)
             top = torch.finfo(dtype).max
             state = self.state.get(p, {})  # self.state[p] would add an entry
-            t = int(state.get("step", 0)) + 1
-            a = float(_max_abs(g))
+            t = int(state.get("step", 0)) + 1  # a = max |g|, from the finiteness check
             b = float(_max_abs(state["momentum_buffer"])) if state else 0.0
             bound = mu * b + (1.0 - mu) * (2.0 * a if center else a)
             if bias_correction:
