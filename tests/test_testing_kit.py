@@ -1543,3 +1543,107 @@ def test_farthest_partner_indices_must_be_integers():
 
         err = _caught(candidate, "farthest_partners", strategy=st.just(S), max_examples=1)
         assert err.reason == f"the partner of row 0 must be one integer index, got {np.float64(bad)!r}."
+
+
+# ---- found by a review of the kit (stop 55): each fails on the kit before its fix
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+def test_near_logit_pairs_stay_finite_and_within_max_abs(dtype):
+    """"near" moved entries of w by ulps with no limit: at max_abs = the dtype's largest
+    value 1.5% (float32) to 7% (float64) of the draws held inf, which refgeo refuses."""
+    top = float(np.finfo(dtype).max)
+
+    @settings(max_examples=200, database=None, derandomize=True)
+    @given(rst.logit_pairs(structures=("near",), max_abs=top, dtypes=dtype))
+    def check(zw):
+        z, w = zw
+        assert np.isfinite(w).all(), zw
+        assert np.abs(w).max() <= max(np.abs(z).max(), np.float64(top))
+        refgeo.hilbert_distance_logits(z, w)  # accepted
+
+    check()
+
+
+def test_shifted_logits_respect_max_abs():
+    """The docstring names "shifted" among the structures max_abs sizes: a shift of 1e2
+    was drawn whatever max_abs (101.0 at max_abs = 5)."""
+
+    @settings(max_examples=100, database=None, derandomize=True)
+    @given(rst.logits(structures=("shifted",), max_abs=5.0, dtypes="float64"))
+    def check(z):
+        assert np.abs(z).max() <= 5.0
+
+    check()
+
+
+def test_rownorm_steps_of_a_buffer_row_that_cancels_to_zero():
+    """With eps = 0 a momentum row that the float64 oracle rounds to 0 has no direction
+    to check (its exact value here is -2.7e-18): the tolerance was 8e-17 there and a
+    kernel exact in rational arithmetic (a step of +lr) failed; the oracle's own steps
+    (no step on that row) pass as before, and a wrong step elsewhere still fails."""
+    from fractions import Fraction
+
+    mu, x, lr = 0.95, 0.8427709922403473, 0.02
+    W0 = np.zeros((2, 1))
+    G = np.array([[[x], [-x]], [[-mu * x], [mu * x]]])
+    # exact momentum (bias correction cancels in the direction): b2 = mu (1-mu) g1 + (1-mu) g2
+    m, fx = Fraction(mu), Fraction(x)
+    b2 = m * (1 - m) * fx + (1 - m) * Fraction(-mu * x)
+    assert b2 != 0  # the exact buffer has a sign; float64 rounds it to 0
+    exact = np.array([[[-lr], [lr]], [[-lr - lr * np.sign(float(b2))], [lr + lr * np.sign(float(b2))]]])
+    rt.assert_rownorm_steps_close(exact, W0, G, lr=lr, mu=mu, eps=0.0)
+    rt.assert_rownorm_steps_close(rt.rownorm_reference_steps(W0, G, lr=lr, mu=mu, eps=0.0), W0, G, lr=lr, mu=mu, eps=0.0)
+    wrong = exact.copy()
+    wrong[0, 0, 0] += lr  # step 1 is well conditioned: still checked
+    with pytest.raises(ConformanceError, match="step 1"):
+        rt.assert_rownorm_steps_close(wrong, W0, G, lr=lr, mu=mu, eps=0.0)
+
+
+def test_pairwise_logit_helpers_do_not_form_every_difference_at_once():
+    """The tolerance of assert_pdist_close/assert_cdist_close came from the (n, n, V)
+    float64 differences: 6.6 GB for 128 rows of V = 50257.  Peak traced memory stays
+    within a few copies of the rows now."""
+    import tracemalloc
+
+    Z = np.random.default_rng(0).standard_normal((32, 4000)).astype(np.float32)
+    D = refgeo.pdist_hilbert(Z)
+    C = refgeo.cdist_hilbert(Z[:20], Z)
+    tracemalloc.start()
+    try:
+        rt.assert_pdist_close(D, Z)
+        rt.assert_cdist_close(C, Z[:20], Z)
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    rows = Z.size * 8  # the rows in float64: 1 MB
+    assert peak < 6 * rows, peak  # the differences at once: 32 MB
+
+
+def test_malformed_results_are_conformance_errors():
+    """Text parameters from a RowNorm candidate raised NumPy's "could not convert string
+    to float" from the step-naming handler; dicts without the documented keys raised a
+    bare KeyError."""
+    W0 = np.zeros((2, 2))
+    G = np.array([[[3.0, 4.0], [-3.0, -4.0]]])
+    with pytest.raises(ConformanceError):
+        rt.assert_rownorm_steps_close(np.array([[["a", "b"], ["c", "d"]]]), W0, G, lr=0.1, eps=0.0)
+    with pytest.raises(ConformanceError, match="keys 'indices' and 'distances'|keys 'distances' and 'indices'|must hold the keys"):
+        check_against_reference(lambda S, k: {"indices": np.zeros((len(S), k), int), "dists": np.zeros((len(S), k))},
+                                "knn", max_examples=5)
+    with pytest.raises(ConformanceError, match="must hold the keys 'value', 'i' and 'j'"):
+        check_against_reference(lambda S: {"value": 1.0, "i": 0}, "row_diameter", max_examples=5)
+
+
+def test_logit_tolerance_is_the_documented_one():
+    """The docstring's formula, (u_in + 2 u_64)(|max d| + |min d|) + u_in |d| (float64
+    logits: u_in = u_64), is the one applied: just inside it passes, just outside fails
+    (the docs said u_in (|max d| + |min d|), a third of what was applied)."""
+    u = 2.0**-53
+    z = np.array([[0.0, 0.0]])
+    w = np.array([[1e4, -1e4]])
+    exact = 2e4
+    tol = 3 * u * 2e4 + u * 2e4
+    rt.assert_hilbert_logits_close(np.array([exact + 0.9 * tol]), z, w)
+    with pytest.raises(ConformanceError):
+        rt.assert_hilbert_logits_close(np.array([exact + 1.1 * tol]), z, w)

@@ -190,7 +190,13 @@ def _as_pair(result: Any) -> tuple[Any, Any, Any]:
     if isinstance(result, dict):
         if "value" in result and "i" not in result and "j" not in result:
             return result["value"], None, None
-        return result["value"], result["i"], result["j"]
+        if all(k in result for k in ("value", "i", "j")):
+            return result["value"], result["i"], result["j"]
+        raise ConformanceError(
+            "the candidate's dict must hold the keys 'value', 'i' and 'j' (or 'value' alone: then only "
+            f"the value is checked), got keys {sorted(map(str, result))}.",
+            got=result,
+        )
     if isinstance(result, (tuple, list)) and len(result) == 3:
         return tuple(result)
     if _is_scalar(result):
@@ -208,7 +214,12 @@ def _as_pair_of_arrays(result: Any, first: str, second: str) -> tuple[Any, Any]:
     if all(hasattr(result, a) for a in (first, second)):
         return getattr(result, first), getattr(result, second)
     if isinstance(result, dict):
-        return result[first], result[second]
+        if first in result and second in result:
+            return result[first], result[second]
+        raise ConformanceError(
+            f"the candidate's dict must hold the keys {first!r} and {second!r}, got keys {sorted(map(str, result))}.",
+            got=result,
+        )
     if isinstance(result, (tuple, list)) and len(result) == 2:
         return tuple(result)
     raise ConformanceError(

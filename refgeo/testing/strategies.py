@@ -263,17 +263,24 @@ def _layout(draw, layouts: tuple[str, ...]) -> str:
     return _pick(draw, layouts)
 
 
-def _nudge(x: np.ndarray, index: tuple[int, ...], ulps: int) -> None:
-    """Move ``x[index]`` by ``ulps`` units in the last place (in x's dtype), in place.
+def _nudge(x: np.ndarray, index: tuple[int, ...], ulps: int, limit: float = math.inf) -> None:
+    """Move ``x[index]`` by ``ulps`` units in the last place (in x's dtype), in place;
+    the other way where that would pass ``limit`` in magnitude (an entry at the dtype's
+    largest value stepped to inf, outside a strategy's documented ``max_abs``).
 
     A zero entry is first replaced by half an ulp of 1 (no subnormals are produced).
     """
-    direction = np.inf if ulps > 0 else -np.inf
-    v = x[index]
-    if v == 0:  # an ulp of 1 rather than a subnormal: near, but never underflowing
-        v = x.dtype.type(0.5) * np.finfo(x.dtype).eps
-    for _ in range(abs(ulps)):
-        v = np.nextafter(v, x.dtype.type(direction))
+    v0 = x[index]
+    if v0 == 0:  # an ulp of 1 rather than a subnormal: near, but never underflowing
+        v0 = x.dtype.type(0.5) * np.finfo(x.dtype).eps
+    for sign in (1, -1):
+        direction = np.inf if sign * ulps > 0 else -np.inf
+        v = v0
+        with np.errstate(over="ignore"):  # a step past the largest value: the other way
+            for _ in range(abs(ulps)):
+                v = np.nextafter(v, x.dtype.type(direction))
+        if abs(float(v)) <= limit:
+            break
     x[index] = v
 
 
@@ -289,8 +296,10 @@ def _logit_values(draw, shape, dtype, structure, max_abs) -> np.ndarray:
     elif structure == "extreme":
         z = _unit(draw, shape, -max_abs, max_abs)
     elif structure == "shifted":
-        shift = draw(st.sampled_from([1e2, -1e2, max_abs, -max_abs]))
-        z = shift + _unit(draw, shape, -1.0, 1.0)
+        # at most max_abs, as documented (a shift of 1e2 was drawn for any max_abs)
+        small = min(1e2, max_abs)
+        shift = draw(st.sampled_from([small, -small, max_abs, -max_abs]))
+        z = np.clip(shift + _unit(draw, shape, -1.0, 1.0), -max_abs, max_abs)
     elif structure == "spike":
         z = _unit(draw, shape, -1.0, 1.0)
         col = draw(st.integers(0, v - 1))
@@ -384,7 +393,7 @@ def logit_pairs(
         w = z.copy()
         for _ in range(draw(st.integers(1, 3))):
             idx = (draw(st.integers(0, shape[0] - 1)), draw(st.integers(0, shape[1] - 1)))
-            _nudge(w, idx, draw(st.sampled_from([1, -1, 3, -3])))
+            _nudge(w, idx, draw(st.sampled_from([1, -1, 3, -3])), limit=float(np.max(np.abs(z), initial=max_abs)))
         _flush_subnormals(w)  # an entry at the smallest normal moved towards 0
     else:
         sw = _pick(draw, tuple(s for s in structs if s != "near") or ("moderate",))
