@@ -174,7 +174,13 @@ def _in_eval_mode(fn):
         readout = kwargs.get("readout")
         if isinstance(readout, torch.nn.Module):
             modules.update((id(m), m) for m in readout.modules())
-        held = list(modules.values())  # pre-order: parents before their children
+            # parents before their descendants across both trees (a strict ancestor has
+            # the larger subtree): a readout holding the model's ln_f and lm_head came
+            # after them and, given its flag back, set theirs to it
+            size = {i: sum(1 for _ in m.modules()) for i, m in modules.items()}
+            held = sorted(modules.values(), key=lambda m: -size[id(m)])
+        else:
+            held = list(modules.values())  # pre-order: parents before their children
         _hold_eval(held)
         try:
             # Outside the lock: while this call holds the modules no other call gives
@@ -431,7 +437,10 @@ def _batch(model, input_ids, attention_mask):
             "load its weights first (e.g. from_pretrained, or to_empty() and load_state_dict)."
         )
     ids = _as_long(torch, input_ids, "input_ids", device)
-    emb = model.get_input_embeddings() if callable(getattr(model, "get_input_embeddings", None)) else None
+    try:  # only for the vocabulary check: some models do not implement it (Canine)
+        emb = model.get_input_embeddings() if callable(getattr(model, "get_input_embeddings", None)) else None
+    except NotImplementedError:
+        emb = None
     n_vocab = getattr(emb, "num_embeddings", None)
     if isinstance(n_vocab, int) and (bool((ids < 0).any()) or bool((ids >= n_vocab).any())):
         raise ValueError(
@@ -695,7 +704,13 @@ def _capture(model, batch, blocks, keep, np_dtype, batch_size, bar=None):
             if (isinstance(h, torch.Tensor) and h.is_floating_point() and h.ndim == 3
                     and h.shape[0] == cur["chunk"][1] - cur["chunk"][0] and h.shape[1] != T):
                 # the blocks are right, the length is not: BigBird's block-sparse
-                # attention pads the ids to a multiple of config.block_size inside
+                # attention pads the ids to a multiple of config.block_size inside;
+                # Canine downsamples its characters (no state per token to take)
+                if h.shape[1] < T:
+                    raise ValueError(
+                        f"the model shortened the sequence: {where} has {h.shape[1]} positions where "
+                        f"input_ids has {T} (Canine downsamples its characters), so its blocks hold no "
+                        "state per token, which refgeo needs; such models are not supported.")
                 raise ValueError(
                     f"the model changed the sequence length: {where} has {h.shape[1]} positions where "
                     f"input_ids has {T} (BigBird's block-sparse attention pads to a multiple of "
@@ -737,6 +752,8 @@ def _capture(model, batch, blocks, keep, np_dtype, batch_size, bar=None):
 def _check_layers(layers, n_states, name):
     if layers is None:
         return tuple(range(n_states))
+    if isinstance(layers, np.ndarray) and layers.ndim == 0:
+        layers = layers[()]  # its scalar (it failed as "iteration over a 0-d array")
     if isinstance(layers, (int, np.integer)):
         layers = (layers,)
     if isinstance(layers, (str, bytes)) or not hasattr(layers, "__iter__"):
@@ -823,6 +840,15 @@ def _patch_hook(model, block, patch):
         if patch.get("seq") is None:
             return None
         h = _output_tensor(output)
+        d = patch["values"].shape[-1]
+        if not (isinstance(h, _torch().Tensor) and h.is_floating_point() and h.ndim == 3 and h.shape[-1] == d):
+            # e.g. blocks=[lm_head]: torch's shape-mismatch RuntimeError from the write
+            got = f"{type(h).__name__}" + (f" of dtype {h.dtype} and shape {tuple(h.shape)}"
+                                           if isinstance(h, _torch().Tensor) else "")
+            raise ValueError(
+                f"blocks must be transformer blocks, whose output is hidden states of shape (B, T, d) "
+                f"with d = {d} (the patched states' width), but the patched block's output is a {got}; "
+                "pass blocks= with such modules.")
         h = h.clone()
         h[patch["seq"], patch["pos"]] = patch["values"].to(dtype=h.dtype, device=h.device)
         return _with_output(output, h)

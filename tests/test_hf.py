@@ -440,6 +440,37 @@ def test_a_readout_module_runs_in_eval_mode_and_gets_its_flag_back():
     assert all(mod.training for mod in head.modules())
 
 
+def test_a_readout_module_holding_the_models_modules_gives_each_its_flag_back(gpt2):
+    """A readout built from the model's own final norm and head (a new module, in train
+    mode, over modules in eval mode) came after them in the list of held modules and,
+    given its flag back, set theirs to it: the model left the call with ln_f and lm_head
+    in train mode."""
+
+    class Head(torch.nn.Module):
+        def __init__(self, model):
+            super().__init__()
+            self.ln, self.head = model.transformer.ln_f, model.lm_head
+
+        def forward(self, h):
+            return self.head(self.ln(h))
+
+    m = gpt2
+    readout = Head(m)
+    assert readout.training and not m.lm_head.training
+    before = {n: mod.training for n, mod in m.named_modules()}
+    hf.model_logits(m, _ids((2, 6)), readout=readout)
+    assert {n: mod.training for n, mod in m.named_modules()} == before
+    assert readout.training
+
+
+def test_a_zero_dimensional_array_of_layers_is_one_layer(gpt2):
+    ids = _ids((2, 6))
+    got = hf.hidden_states(gpt2, ids, layers=np.array(1))
+    np.testing.assert_array_equal(got.states[1], hf.hidden_states(gpt2, ids, layers=1).states[1])
+    with pytest.raises(TypeError, match="layers must be None, an int or a sequence of ints, got float64"):
+        hf.hidden_states(gpt2, ids, layers=np.array(1.0))
+
+
 def test_overridden_train_runs_when_the_flag_comes_back():
     # eval() is train(False), and the flag comes back through train(True): a model that
     # does work in train() (freezing, hooks) sees both calls
@@ -822,6 +853,14 @@ def test_blocks_that_do_not_run_or_run_out_of_order_are_refused(gpt2):
     # the same module twice would give two layers one output
     with pytest.raises(ValueError, match=re.escape("blocks must hold distinct modules, got block 0 again at 1.")):
         hf.hidden_states(gpt2, ids, blocks=[h[0], h[0]])
+    # a patched block whose output is not (B, T, d): torch's shape-mismatch RuntimeError
+    # from the write came out of intervene and model_logits
+    mask = np.ones_like(ids)
+    states = hf.hidden_states(gpt2, ids, mask).states[1]
+    with pytest.raises(ValueError, match=re.escape("whose output is hidden states of shape (B, T, d) with d = 16 "
+                                                   "(the patched states' width), but the patched block's output "
+                                                   f"is a Tensor of dtype torch.float32 and shape (2, 8, {V})")):
+        hf.intervene(gpt2, ids, mask, layer=0, states=states, blocks=[gpt2.lm_head])
 
 
 def test_a_model_without_an_lm_head_is_refused_by_readout_before_the_protocol_runs(bert):
@@ -959,6 +998,18 @@ def test_a_model_that_changes_the_sequence_length_is_refused_by_name():
                                                    "152 positions where input_ids has 150 (BigBird's")):
         hf.hidden_states(model, rng.integers(5, V, size=(1, 150)))
     _assert_own_states(model, rng.integers(5, V, size=(1, 152)), 3)
+
+
+def test_a_model_that_shortens_the_sequence_is_refused_by_name():
+    """Canine downsamples its characters: its get_input_embeddings raised transformers'
+    NotImplementedError from the vocabulary check, and past it the length check spoke of
+    BigBird's padding."""
+    cfg = transformers.CanineConfig(hidden_size=16, num_hidden_layers=2, num_attention_heads=2, intermediate_size=32,
+                                    downsampling_rate=2, num_hash_buckets=64, num_hash_functions=2)
+    model = _seeded(lambda: transformers.CanineForTokenClassification(cfg))
+    with pytest.raises(ValueError, match=re.escape("the model shortened the sequence: the input of block 0 has 4 "
+                                                   "positions where input_ids has 8 (Canine downsamples")):
+        hf.hidden_states(model, np.random.default_rng(1).integers(1, 100, size=(2, 8)))
 
 
 def test_the_search_prefers_a_list_of_num_hidden_layers_blocks():
