@@ -45,12 +45,14 @@ import os
 import sys
 import warnings
 import zipfile
+import zlib
 from typing import Any, Callable, NoReturn
 
 import numpy as np
 
 from refgeo import (
     __version__,
+    center_rows,
     closest_pair,
     covering_radius,
     decompose,
@@ -206,7 +208,9 @@ def _load_matrix(path: str, *, key: str | None = None, label: str = "FILE", key_
                 where = f"{path}[{key}]"
     except CLIError:
         raise
-    except (ValueError, OSError, EOFError, zipfile.BadZipFile) as exc:
+    except (ValueError, OSError, EOFError, zipfile.BadZipFile, zlib.error, NotImplementedError) as exc:
+        # (a damaged deflate stream is a zlib.error, a member of an unsupported
+        # compression method a NotImplementedError: "internal error" before)
         reason = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
         raise CLIError(f"cannot read {path!r} as a NumPy file: {reason}") from None
     # the library's own checks and messages: dtype, 2-D, non-empty, finite
@@ -374,6 +378,35 @@ def _inspect_report(S, args: argparse.Namespace, pairs: tuple[Any, Any] | None =
 SCHEDULER_TIMEOUT = 10.0
 
 
+def _probe_scheduler(distributed: Any, address: str, timeout: float) -> None:
+    """``CLIError`` unless a Dask scheduler at ``address`` answers an ``identity``
+    request within ``timeout`` seconds (connection and answer together)."""
+    import asyncio
+
+    async def exchange():
+        comm = await distributed.comm.connect(address, timeout=timeout)
+        try:
+            await comm.write({"op": "identity", "reply": True})
+            return await comm.read()
+        finally:
+            comm.abort()
+
+    async def bounded():
+        return await asyncio.wait_for(exchange(), timeout)
+
+    try:
+        reply = asyncio.run(bounded())
+    except (OSError, asyncio.TimeoutError, TimeoutError) as exc:
+        raise CLIError(f"could not connect to the Dask scheduler at {address!r}: "
+                       f"{str(exc) or f'no answer within {timeout:g} s'}") from None
+    except Exception as exc:  # whatever the other end spoke, it was not a scheduler's answer
+        raise CLIError(f"could not connect to the Dask scheduler at {address!r}: it did not answer as a "
+                       f"Dask scheduler ({type(exc).__name__}: {exc})") from None
+    if not (isinstance(reply, dict) and reply.get("type") == "Scheduler"):
+        raise CLIError(f"could not connect to the Dask scheduler at {address!r}: what answered there is not "
+                       f"a Dask scheduler (its identity: {str(reply)[:80]})")
+
+
 def _read_npy_rows(path: str, a: int, b: int, dtype: Any) -> np.ndarray:
     """Rows ``a:b`` of a ``.npy`` file as a C-contiguous array of ``dtype`` (the dtype the
     command's checks gave the whole file), read by the Dask worker that runs the task."""
@@ -498,6 +531,15 @@ def _dask_inspect(S: Any, args: argparse.Namespace) -> tuple[Any, Any]:
         raise CLIError(
             f"--scheduler {args.scheduler!r} is not a Dask scheduler address (e.g. tcp://host:8786): {exc}"
         ) from None
+    if args.scheduler.partition("://")[0] == "tls":
+        # Client raised a TypeError (no ssl_context) and its half-made self timed out
+        # again at exit, a traceback 20 s later
+        raise CLIError(f"--scheduler {args.scheduler!r}: tls:// needs TLS credentials, which refgeo inspect "
+                       "does not take; connect with tcp:// (e.g. through an SSH tunnel)")
+    # The client's timeout covers the connection, not the handshake after it: a port
+    # that accepts and never speaks Dask (any other server) hung the command for good.
+    # One exchange under a deadline of our own first, which leaves nothing behind.
+    _probe_scheduler(distributed, args.scheduler, args.scheduler_timeout)
     try:
         client = distributed.Client(args.scheduler, timeout=args.scheduler_timeout, set_as_default=False)
     except (OSError, TimeoutError, ValueError) as exc:
@@ -598,13 +640,6 @@ def _scale_exponent(G: np.ndarray) -> int:
     return scale_exponent(np, [G])
 
 
-def _scaled_mean(G: np.ndarray) -> np.ndarray:
-    """The float64 mean of the rows of ``G``, formed on the rows scaled by a power of two
-    (the same value where the sum fits; no overflow for rows near the float64 maximum)."""
-    e = _scale_exponent(G)
-    return np.ldexp(np.ldexp(np.asarray(G, dtype=np.float64), -e).mean(axis=0), e)
-
-
 def _half_sum_of_centered_row_norms(G: np.ndarray) -> float:
     """``sum_i ||g_i - mean||_2 / 2`` (the RowNorm decrease), on the rows scaled by a power
     of two: the squares of the entries of a gradient of magnitude 1e200 overflow and those of
@@ -632,10 +667,14 @@ def _cmd_lmo(args: argparse.Namespace) -> int:
             msg = str(exc).partition(" Center it first")[0]
             raise CLIError(f"{where}: {msg} Pass --center to subtract the mean row first.") from None
     else:
-        with np.errstate(over="ignore"):
-            G = G - _scaled_mean(G)
-        if not bool(np.isfinite(G).all()):
-            raise CLIError(f"--center: the centered rows of {where} exceed the float64 range; scale the gradient down")
+        # the library's centering (two passes, in G's dtype): one pass left the rounding
+        # of the mean in every row, which the LMO's centering check refused, with a
+        # remedy that was this very option (a common offset 1e14 times the spread)
+        try:
+            G = center_rows(G)
+        except ValueError:
+            raise CLIError(f"--center: the centered rows of {where} exceed the range of {G.dtype}; "
+                           "scale the gradient down") from None
     res = diameter_lmo(G, eta=args.eta, rtol=args.rtol, max_time=args.max_time,
                        **_progress_kw(diameter_lmo, args))
     half_sum = _half_sum_of_centered_row_norms(G)

@@ -371,6 +371,51 @@ def test_lmo_tiny_and_huge_gradients(tmp_path, scale, center):
     assert rep["rownorm_over_exact"] == pytest.approx([1.0, 1.0], rel=1e-6)
 
 
+@pytest.mark.parametrize("dtype", [np.float64, np.float32])
+def test_lmo_center_is_center_rows(capsys, tmp_path, dtype):
+    """--center subtracted the mean once, in float64: the rounding of the mean stayed in
+    every row, and past a common offset of about 1e13 times the spread the LMO refused
+    the rows as not centered, naming --center as the remedy; float32 rows were centered
+    in float64.  It is refgeo.center_rows now: the same result as the Python API's."""
+    rng = np.random.default_rng(2)
+    G = (1e6 + 1e-8 * rng.standard_normal((30, 4))) if dtype == np.float64 else (1.0 + rng.standard_normal((40, 5)))
+    G = G.astype(dtype)
+    f = tmp_path / "g.npy"
+    np.save(f, G)
+    rc, out, err = run(capsys, "lmo", str(f), "--center", "--json")
+    assert (rc, err) == (0, "")
+    want = refgeo.diameter_lmo(refgeo.center_rows(G))
+    assert json.loads(out)["decrease"] == float(want.decrease)
+
+
+def test_a_damaged_compressed_npz_is_a_file_error(capsys, tmp_path):
+    """A damaged deflate stream (zlib.error) and a member of an unsupported compression
+    method (NotImplementedError) were reported as "internal error"; a bad CRC already
+    named the file."""
+    import zipfile
+
+    good = tmp_path / "cz.npz"
+    np.savez_compressed(good, a=np.random.default_rng(0).standard_normal((2000, 5)))
+    data = bytearray(good.read_bytes())
+    data[100:110] = b"\xff" * 10
+    bad = tmp_path / "damaged.npz"
+    bad.write_bytes(bytes(data))
+    rc, _, err = run(capsys, "inspect", str(bad))
+    assert_one_line_error(rc, err, "cannot read", "damaged.npz", "as a NumPy file")
+    # a zip member whose compression method zipfile cannot read (LZMA marked as 99)
+    odd = tmp_path / "odd.npz"
+    with zipfile.ZipFile(odd, "w", compression=zipfile.ZIP_LZMA) as z:
+        with z.open("a.npy", "w") as fh:
+            np.save(fh, np.ones((3, 2)))
+    raw = bytearray(odd.read_bytes())
+    for sig, off in ((b"PK\x03\x04", 8), (b"PK\x01\x02", 10)):  # the method fields
+        i = raw.find(sig)
+        raw[i + off:i + off + 2] = (99).to_bytes(2, "little")
+    odd.write_bytes(bytes(raw))
+    rc, _, err = run(capsys, "inspect", str(odd))
+    assert_one_line_error(rc, err, "cannot read", "odd.npz", "as a NumPy file")
+
+
 def test_lmo_regular_simplex_ratio(capsys, tmp_path):
     # rows of a centered regular simplex with k = 2: RowNorm / exact = sqrt(3/4) = 0.8660 (docs/theory/lmo.md)
     G = np.array([[1.0, 0.0], [-0.5, math.sqrt(3) / 2], [-0.5, -math.sqrt(3) / 2]])

@@ -468,6 +468,21 @@ def test_cli_inspect_scheduler_errors(tmp_path):
         assert run.returncode == 2, run.stderr
         (line,) = run.stderr.splitlines()
         assert line.startswith(f"refgeo inspect: error: --scheduler {address!r} is not a Dask scheduler address"), line
+    # tls:// without credentials: Client's TypeError, and a traceback 20 s later at exit
+    run = _cli("inspect", path, "--scheduler", "tls://127.0.0.1:9", "--scheduler-timeout", "1")
+    (line,) = run.stderr.splitlines()
+    assert run.returncode == 2 and "tls:// needs TLS credentials" in line, run.stderr
+    # a port that accepts and never speaks Dask (here: a socket that only listens; any
+    # other server): the client's timeout did not cover the handshake, and it hung
+    import socket
+
+    with socket.socket() as srv:
+        srv.bind(("127.0.0.1", 0))
+        srv.listen()
+        address = f"tcp://127.0.0.1:{srv.getsockname()[1]}"
+        run = _cli("inspect", path, "--scheduler", address, "--scheduler-timeout", "1")
+    (line,) = run.stderr.splitlines()
+    assert run.returncode == 2 and f"at {address!r}: no answer within 1 s" in line, run.stderr
 
 
 def test_nan_names_the_chunk(client):
