@@ -1354,7 +1354,7 @@ class _Barrier(_IRLS):
     r"""Primal barrier (interior-point) method for small problems (V' r up to a few hundred).
 
     Maximizes :math:`t \langle H, X \rangle + \sum_{i<j} \log(1 - \lVert x_i - x_j \rVert^2)`
-    by damped Newton steps (dense Hessian, O((V' r)^3) per step) for t growing by 8
+    by damped Newton steps (dense Hessian, O((V' r)^3) per step) for t growing by 4
     per stage.  Its multipliers :math:`c_e = 2 / (t (1 - d_e^2))` define the flow
     :math:`y_e = c_e (x_i - x_j)` with divergence H at the central point, so it is
     certified exactly as the IRLS flows are; the central-path gap is m / t.  It
@@ -1382,8 +1382,11 @@ class _Barrier(_IRLS):
 
         D = X[I] - X[J]
         s = 1.0 - np.einsum("ij,ij->i", D, D)
+        growth = _BARRIER_GROWTH
+        uncentered = 0  # stages in a row that did not center
         while True:
             dec_prev = np.inf
+            centered = False
             for _ in range(_BARRIER_NEWTON):
                 if self._out_of_budget():
                     break
@@ -1422,6 +1425,7 @@ class _Barrier(_IRLS):
                 # about 1e-12 with slacks near 1e-10, 1e-6 near 1e-13), where further
                 # steps only cost time
                 if dec <= _BARRIER_CENTERED or (dec <= 1e-2 and dec >= 0.25 * dec_prev):
+                    centered = True
                     break
                 dec_prev = dec
             C = self._polished_flow(X, D, s, t, I, J)
@@ -1450,7 +1454,22 @@ class _Barrier(_IRLS):
                     best = (lower, upper, S, C, X)
                 if _relative_gap(lower, upper) <= self.rtol or stop or budget_out or floor:
                     break
-            t *= _BARRIER_GROWTH
+            # A stage that does not center within its Newton steps leaves the path, and
+            # a long step of t from there did not come back (isotropic (200, 3) at rtol
+            # 1e-4: stages of 50 steps from a gap of 1.2e-4 on, 6 times as long as with
+            # shorter steps); the slack floor and the Hessian's conditioning can also
+            # keep every later stage off the path (isotropic (400, 2)), where the other
+            # solver takes over
+            uncentered = 0 if centered else uncentered + 1
+            if uncentered >= _BARRIER_GIVE_UP:
+                lower, S = self._certify_lower(X)
+                upper = self._certify_upper(X, C)
+                if best is None or _relative_gap(lower, upper) < _relative_gap(*best[:2]):
+                    best = (lower, upper, S, C, X)
+                break
+            if not centered:
+                growth = _BARRIER_SLOW_GROWTH
+            t *= growth
         lower, upper, S, C, X = best
         lower, upper = _checked_bracket(lower, upper, "diameter_lmo")
         return self._flow_result(lower, upper, S, C, X, (I, J), "barrier")
@@ -1567,7 +1586,6 @@ def _no_step(b: np.ndarray) -> np.ndarray:
 
 
 _BARRIER_LIMIT = 400  # V' * r up to which the dense barrier method is used
-_BARRIER_TIGHT_RTOL = 1e-5  # below, and up to the next limit, after a probe of the others
 _BARRIER_TIGHT_LIMIT = 2500  # V' * r (a Newton step: about 0.2 s on one core at 2000)
 _FALLBACK = "fallback"  # the budget of the first-order solver after the barrier method:
 _FALLBACK_MIN_S = 1.0  # this many seconds or
@@ -1581,7 +1599,9 @@ _BARRIER_MIN_SLACK = 1e-14  # stop the stages when a slack 1 - d^2 falls below
 _BARRIER_NEWTON = 50  # Newton steps per stage at most
 _BARRIER_CENTERED = 1e-9  # Newton decrement (squared) at which a stage is centered
 _POLISH_STEPS = 4  # solves (one factor) correcting the multipliers' divergence
-_BARRIER_GROWTH = 8.0  # t grows by this factor per stage
+_BARRIER_GROWTH = 4.0  # t grows by this factor per stage
+_BARRIER_SLOW_GROWTH = 2.0  # and by this one after a stage that did not center
+_BARRIER_GIVE_UP = 3  # stages in a row that do not center, after which it stops
 
 
 def _sq_distances(X: np.ndarray) -> np.ndarray:
@@ -1738,19 +1758,25 @@ def diameter_lmo(
        a gap of 1e-12, or rows it cannot center: isotropic (200, 2)) for at most
        max(1 s, twice the time so far): Newton steps on
        :math:`t\langle H, X\rangle + \sum_{i<j} \log(1 - \lVert x_i - x_j \rVert^2)`
-       over all pairs, t growing 8x per stage; fast and accurate on degenerate rows.
+       over all pairs, t growing 4x per stage, 2x after a stage that does not
+       center within 50 Newton steps, and stopping after three such stages in a row
+       (from there, long steps of t did not come back to the central path: isotropic
+       (200, 3) at rtol 1e-4 went from 2 s to 13-37 s with 8x steps);
+       fast and accurate on degenerate rows.
        At each stage's end its multipliers are corrected to divergence exactly H
        (one factorization, refined), so the certificate follows it to gaps near
        1e-12.  Also
-       when rtol < 1e-5 and V'·r <= 2500, after the solver below has had a probe of
+       when V'·r <= 2500 (any rtol), after the solver below has had a probe of
        2 s x max(1, V'·r / 1000)^2 (half the barrier method's time) without
-       converging: the first-order solvers finish well-spread gradients in moments
-       but crawl on LM-like ones at tight tolerances (rtol 1e-6 at (250, 8): IRLS did
+       converging, and with the first-order solver again, bounded as above, where it
+       stops short: the first-order solvers finish well-spread gradients in moments
+       but crawl on LM-like and low-dimensional ones (rtol 1e-6 at (250, 8): IRLS did
        not converge in 120 s, the probe and the barrier method took 28 s; rtol 1e-10
        at (40, 6): the ADMM stopped at a gap of 4e-8 after 30 s, the barrier method
-       took 0.2 s).
-       ``iterations`` and ``rounds`` then count those of both solvers, and the
-       result is the better certified one.
+       took 0.2 s; rtol 1e-4 on isotropic (250, 4): IRLS 15-20 s, the probe and the
+       barrier method 6 s).
+       ``iterations`` and ``rounds`` then count those of every solver run, and the
+       result is the best certified one.
     3. *IRLS* (reweighted electrical flows) on the complete graph when V' <= 1500
        and rtol >= 1e-6 (below, the ADMM): conductances :math:`c_e` give potentials
        :math:`X = L_c^{-1} H` and the flow :math:`y_e = c_e (x_i - x_j)` with
@@ -2054,10 +2080,11 @@ def _solve(Gc, scale, rtol, max_time, max_iter, warm_start, callback, bar, t0) -
     # potentials, IRLS needed more time for the same gap on consecutive momentum
     # gradients of the demo's training (measured), and the barrier's Newton steps
     # need a central start.
-    # Tight tolerances on up to a few thousand unknowns: the first-order solvers
-    # converge in moments on well-spread gradients but crawl on LM-like ones (IRLS
-    # did not reach 1e-6 in 120 s at (250, 8), the ADMM took 764 s for 1e-7), where
-    # the barrier method takes a steady hundred Newton steps (16 s).  So they get a
+    # Up to a few thousand unknowns: the first-order solvers converge in moments on
+    # well-spread gradients but crawl on LM-like ones at tight tolerances (IRLS did
+    # not reach 1e-6 in 120 s at (250, 8), the ADMM took 764 s for 1e-7) and on
+    # low-dimensional ones at any (IRLS 15-20 s for 1e-4 on isotropic (250, 4)), where
+    # the barrier method takes a steady hundred Newton steps (16 s; 4 s).  So they get a
     # probe of half the barrier method's expected time, and the barrier method the
     # rest: at most 1.5 times the barrier method's time, and the first-order
     # solver's where it is fast.  On small problems the barrier method goes first,
@@ -2065,7 +2092,7 @@ def _solve(Gc, scale, rtol, max_time, max_iter, warm_start, callback, bar, t0) -
     # near a gap of 1e-12, or rows it cannot center, as isotropic (200, 2)).
     small = V * r <= _BARRIER_LIMIT
     probe = None
-    if not small and rtol < _BARRIER_TIGHT_RTOL and V * r <= _BARRIER_TIGHT_LIMIT:
+    if not small and V * r <= _BARRIER_TIGHT_LIMIT:
         probe = (time.perf_counter() - t0) + _BARRIER_PROBE_S * max(1.0, V * r / 1000.0) ** 2
         if max_time is not None and probe >= max_time:
             probe = None  # the budget is the probe's
@@ -2095,7 +2122,9 @@ def _solve(Gc, scale, rtol, max_time, max_iter, warm_start, callback, bar, t0) -
         # estimates keep shrinking slowly and it ran for minutes to the same result
         plan = [(barrier, max_time), (first_order, _FALLBACK)]
     elif probe is not None:
-        plan = [(first_order, probe), (barrier, max_time)]
+        # and the first-order solver again, bounded as above, where the barrier method
+        # stops short (rows it cannot center: isotropic (400, 2) at rtol 1e-4)
+        plan = [(first_order, probe), (barrier, max_time), (first_order, _FALLBACK)]
     else:
         plan = [(first_order, max_time)]
     best = None
