@@ -131,9 +131,12 @@ def _hold_eval(modules) -> None:
 
 
 def _calls_holding(model) -> int:
-    """How many refgeo calls hold ``model`` now (0 outside any)."""
-    entry = _EVAL_HELD.get(id(model))
-    return 0 if entry is None else entry[2]
+    """How many refgeo calls hold ``model`` now (0 outside any).  Under the lock that
+    guards the counts: without a global interpreter lock a read beside another call's
+    release is not atomic."""
+    with _EVAL_LOCK:
+        entry = _EVAL_HELD.get(id(model))
+        return 0 if entry is None else entry[2]
 
 
 def _release_eval(modules) -> None:
