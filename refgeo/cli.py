@@ -382,6 +382,7 @@ def _probe_scheduler(distributed: Any, address: str, timeout: float) -> None:
     """``CLIError`` unless a Dask scheduler at ``address`` answers an ``identity``
     request within ``timeout`` seconds (connection and answer together)."""
     import asyncio
+    import concurrent.futures
 
     async def exchange():
         comm = await distributed.comm.connect(address, timeout=timeout)
@@ -395,7 +396,10 @@ def _probe_scheduler(distributed: Any, address: str, timeout: float) -> None:
         return await asyncio.wait_for(exchange(), timeout)
 
     try:
-        reply = asyncio.run(bounded())
+        # in a thread of its own: asyncio.run refuses to run where the caller's thread
+        # already runs an event loop (cli.main from a notebook cell)
+        with concurrent.futures.ThreadPoolExecutor(1) as pool:
+            reply = pool.submit(asyncio.run, bounded()).result()
     except (OSError, asyncio.TimeoutError, TimeoutError) as exc:
         raise CLIError(f"could not connect to the Dask scheduler at {address!r}: "
                        f"{str(exc) or f'no answer within {timeout:g} s'}") from None

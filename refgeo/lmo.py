@@ -1355,7 +1355,7 @@ class _Barrier(_IRLS):
 
     Maximizes :math:`t \langle H, X \rangle + \sum_{i<j} \log(1 - \lVert x_i - x_j \rVert^2)`
     by damped Newton steps (dense Hessian, O((V' r)^3) per step) for t growing by 4
-    per stage.  Its multipliers :math:`c_e = 2 / (t (1 - d_e^2))` define the flow
+    per stage (by 2 once a stage has not centered; two such stages in a row end it).  Its multipliers :math:`c_e = 2 / (t (1 - d_e^2))` define the flow
     :math:`y_e = c_e (x_i - x_j)` with divergence H at the central point, so it is
     certified exactly as the IRLS flows are; the central-path gap is m / t.  It
     converges in a few dozen Newton steps where first-order methods crawl on
@@ -1601,7 +1601,7 @@ _BARRIER_CENTERED = 1e-9  # Newton decrement (squared) at which a stage is cente
 _POLISH_STEPS = 4  # solves (one factor) correcting the multipliers' divergence
 _BARRIER_GROWTH = 4.0  # t grows by this factor per stage
 _BARRIER_SLOW_GROWTH = 2.0  # and by this one after a stage that did not center
-_BARRIER_GIVE_UP = 3  # stages in a row that do not center, after which it stops
+_BARRIER_GIVE_UP = 2  # stages in a row that do not center, after which it stops
 
 
 def _sq_distances(X: np.ndarray) -> np.ndarray:
@@ -1758,8 +1758,8 @@ def diameter_lmo(
        a gap of 1e-12, or rows it cannot center: isotropic (200, 2)) for at most
        max(1 s, twice the time so far): Newton steps on
        :math:`t\langle H, X\rangle + \sum_{i<j} \log(1 - \lVert x_i - x_j \rVert^2)`
-       over all pairs, t growing 4x per stage, 2x after a stage that does not
-       center within 50 Newton steps, and stopping after three such stages in a row
+       over all pairs, t growing 4x per stage until a stage does not center within
+       50 Newton steps and 2x from then on, stopping after two such stages in a row
        (from there, long steps of t did not come back to the central path: isotropic
        (200, 3) at rtol 1e-4 went from 2 s to 13-37 s with 8x steps);
        fast and accurate on degenerate rows.
@@ -1768,8 +1768,8 @@ def diameter_lmo(
        1e-12.  Also
        when V'·r <= 2500 (any rtol), after the solver below has had a probe of
        2 s x max(1, V'·r / 1000)^2 (half the barrier method's time) without
-       converging, and with the first-order solver again, bounded as above, where it
-       stops short: the first-order solvers finish well-spread gradients in moments
+       converging, and with the first-order solver again (IRLS from where its probe
+       left it), bounded as above, where it stops short: the first-order solvers finish well-spread gradients in moments
        but crawl on LM-like and low-dimensional ones (rtol 1e-6 at (250, 8): IRLS did
        not converge in 120 s, the probe and the barrier method took 28 s; rtol 1e-10
        at (40, 6): the ADMM stopped at a gap of 4e-8 after 30 s, the barrier method
@@ -2106,10 +2106,18 @@ def _solve(Gc, scale, rtol, max_time, max_iter, warm_start, callback, bar, t0) -
             return stop
 
     irls = V <= _IRLS_LIMIT and rtol >= _IRLS_MIN_RTOL
+    resumed = []
 
     def first_order(budget):
         if irls:
-            return _IRLS(H, Q, Gc, scale, rtol, budget, max_iter, None, watched, bar, t0)
+            if resumed:
+                # after the barrier method: IRLS goes on from the probe's conductances
+                # (restarted cold it repeated the probe's work: isotropic (400, 2) at
+                # rtol 1e-4 took 19 s against 6 s before the probe ran at this rtol)
+                resumed[0].max_time = budget
+                return resumed[0]
+            resumed.append(_IRLS(H, Q, Gc, scale, rtol, budget, max_iter, None, watched, bar, t0))
+            return resumed[0]
         warm = warm_start() if callable(warm_start) else warm_start
         return _ADMM(H, Q, Gc, scale, rtol, budget, max_iter, warm, watched, bar, t0)
 

@@ -395,6 +395,24 @@ def test_cli_inspect_on_a_scheduler(client, tmp_path, capsys, suffix):
     assert done == total > 6 * 7 // 2  # at least the block-pair tasks of 6 blocks
 
 
+def test_cli_inspect_on_a_scheduler_from_a_running_event_loop(client, tmp_path, capsys):
+    """cli.main called where an event loop runs (a notebook cell): the scheduler probe's
+    asyncio.run refused to run there, and the command blamed the scheduler."""
+    import asyncio
+    import json
+
+    from refgeo import cli
+
+    path = str(tmp_path / "rows.npy")
+    np.save(path, _rows(3, 30, 4, np.float64, ties=False))
+
+    async def cell():
+        return cli.main(["inspect", path, "--json", "--no-progress", "--scheduler", client.scheduler.address])
+
+    assert asyncio.run(cell()) == 0
+    assert json.loads(capsys.readouterr().out)["diameter"]["backend"] == "dask"
+
+
 def _task_names(client):
     """A scheduler plugin (the scheduler of the module's cluster runs in this process) that
     records the name of every task that finishes: ``plugin.names``."""
