@@ -2106,7 +2106,7 @@ def _solve(Gc, scale, rtol, max_time, max_iter, warm_start, callback, bar, t0) -
             return stop
 
     irls = V <= _IRLS_LIMIT and rtol >= _IRLS_MIN_RTOL
-    resumed = []
+    resumed: list[_IRLS] = []
 
     def first_order(budget):
         if irls:
