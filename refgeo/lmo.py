@@ -1355,7 +1355,8 @@ class _Barrier(_IRLS):
 
     Maximizes :math:`t \langle H, X \rangle + \sum_{i<j} \log(1 - \lVert x_i - x_j \rVert^2)`
     by damped Newton steps (dense Hessian, O((V' r)^3) per step) for t growing by 4
-    per stage (by 2 once a stage has not centered; two such stages in a row end it).  Its multipliers :math:`c_e = 2 / (t (1 - d_e^2))` define the flow
+    per stage (by 2 once a stage has not centered; two such stages in a row end it).
+    Its multipliers :math:`c_e = 2 / (t (1 - d_e^2))` define the flow
     :math:`y_e = c_e (x_i - x_j)` with divergence H at the central point, so it is
     certified exactly as the IRLS flows are; the central-path gap is m / t.  It
     converges in a few dozen Newton steps where first-order methods crawl on
@@ -1769,8 +1770,9 @@ def diameter_lmo(
        when V'·r <= 2500 (any rtol), after the solver below has had a probe of
        2 s x max(1, V'·r / 1000)^2 (half the barrier method's time) without
        converging, and with the first-order solver again (IRLS from where its probe
-       left it), bounded as above, where it stops short: the first-order solvers finish well-spread gradients in moments
-       but crawl on LM-like and low-dimensional ones (rtol 1e-6 at (250, 8): IRLS did
+       left it), bounded as above, where it stops short: the first-order solvers
+       finish well-spread gradients in moments but crawl on LM-like and
+       low-dimensional ones (rtol 1e-6 at (250, 8): IRLS did
        not converge in 120 s, the probe and the barrier method took 28 s; rtol 1e-10
        at (40, 6): the ADMM stopped at a gap of 4e-8 after 30 s, the barrier method
        took 0.2 s; rtol 1e-4 on isotropic (250, 4): IRLS 15-20 s, the probe and the

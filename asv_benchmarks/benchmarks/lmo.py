@@ -253,7 +253,7 @@ class DiameterLMOTight(_LMOSolve):
 
 
 @records_runtime(dtype="float64", backend="auto")
-class DiameterLMOLowDim(_LMOSolve):
+class DiameterLMOLowDim(DiameterLMOTight):
     """Gradients of few columns at a moderate tolerance: the shapes of users' own
     property tests.  The first-order solvers crawl there too (IRLS 15-20 s at
     isotropic (250, 4), rtol 1e-4), the barrier method's long steps of t left its
@@ -263,15 +263,6 @@ class DiameterLMOLowDim(_LMOSolve):
     :class:`DiameterLMOTight`."""
 
     params = ([(250, 4, 1024)], _KINDS, [1e-4])
-    param_names = ["V_d_tokens", "kind", "rtol"]
-    timeout = 300
-    max_time = 60.0
-
-    def track_converged(self, case, kind, rtol):
-        """1 if the certified gap reached rtol within max_time, else 0."""
-        return int(self._cached(rtol).converged)
-
-    track_converged.unit = "converged"
 
 
 @records_runtime(dtype="float64", backend="auto")
