@@ -118,12 +118,25 @@ def records_runtime(cls=None, *, dtype=None, backend=None):
         return functools.partial(records_runtime, dtype=dtype, backend=backend)
     params = list(getattr(cls, "params", []))
     names = list(getattr(cls, "param_names", []))
+    # a subclass of a decorated class inherits the extra parameters its base added:
+    # those are taken off what it inherits (they were appended twice: 9 names for 6
+    # parameters, which asv cut silently, and an inherited params list made the
+    # wrapped methods receive one argument too many)
+    inherited = getattr(cls, "_runtime_extra", 0)
+    if inherited and "params" not in vars(cls):
+        params = params[:-inherited]
+    if inherited and "param_names" not in vars(cls):
+        names = names[:-inherited]
     if params and not isinstance(params[0], (tuple, list)):  # asv's one-parameter form
         params = [params]
     extra = [(n, [v]) for n, v in (("dtype", dtype), ("backend", backend)) if v is not None]
     extra.append(("runtime", RUNTIME))
+    if inherited and inherited != len(extra):
+        raise TypeError(f"{cls.__name__}: records_runtime must add as many parameters as on its base class "
+                        f"({inherited}), whose wrapped methods drop that many")
     cls.params = params + [v for _, v in extra]
     cls.param_names = names + [n for n, _ in extra]
+    cls._runtime_extra = len(extra)
     # inherited methods too (a shared base class of trackers): wrapped on this class
     for attr in dir(cls):
         fn = getattr(cls, attr)

@@ -165,7 +165,9 @@ class DaskEngine(_TwoWorkers):
         return ts.data, wall
 
     def track_bytes_per_task(self, case):
-        """Bytes received by workers per block-pair task, on the first call (KiB)."""
+        """Bytes received by workers per task (every task of the graph: the block pairs
+        and the hashing and seed tasks beside them, as docs/cluster.md reports it), on
+        the first call (KiB)."""
 
         def incoming(dask_worker):
             log = getattr(dask_worker, "transfer_incoming_log", None) or ()

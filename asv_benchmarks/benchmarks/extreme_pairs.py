@@ -92,14 +92,16 @@ class RowDiameter:
     track_speedup_vs_pdist.unit = "x"
 
     def track_roofline_fraction(self, V_d, dtype, backend, tile_size, runtime):
-        """(V^2 d flops / dgemm rate on 4096 x 4096) over row_diameter time."""
+        """(V^2 d flops / dgemm rate on 4096 x 4096, 1024 x 1024 at the small
+        size) over row_diameter time."""
         V, d = V_d
         return roofline_fraction(V * V * d, self._diameter, 3, 2, 4096 if realistic() else 1024, np.float64)
 
     track_roofline_fraction.unit = "fraction"
 
     def track_sgemm_roofline_fraction(self, V_d, dtype, backend, tile_size, runtime):
-        """(V^2 d flops / float32 GEMM rate on 4096 x 4096) over row_diameter time.
+        """(V^2 d flops / float32 GEMM rate on 4096 x 4096, 1024 x 1024 at the small size)
+        over row_diameter time.
 
         At the realistic size the engine filters in float32 whatever the input dtype,
         so the float32 GEMM rate measured in the same process is the honest ceiling:
@@ -117,7 +119,8 @@ class RowDiameter:
             return refgeo.closest_pair(self.S, tile_size=self.tile_size)
 
     def track_closest_pair_sgemm_roofline_fraction(self, V_d, dtype, backend, tile_size, runtime):
-        """(V^2 d flops / float32 GEMM rate on 4096 x 4096) over closest_pair time.
+        """(V^2 d flops / float32 GEMM rate on 4096 x 4096, 1024 x 1024 at the small size)
+        over closest_pair time.
 
         On the compiled engine at the realistic size the closest pair filters every pair
         through a float32 GEMM, for float64 rows too (with a budget of refinements, past
@@ -286,7 +289,8 @@ class ProgressOverhead:
 
 @records_runtime(dtype="float32", backend="cython")
 class PeakMemoryLarge:
-    """Peak memory of row_diameter at V = 65536, d = 1024, float32 (realistic only)."""
+    """Peak memory of row_diameter at V = 65536, d = 1024, float32 (the realistic size;
+    V = 2048, d = 128 at the small one)."""
 
     params = ([(2048, 128)] if not realistic() else [(65536, 1024)],)
     param_names = ["V_d"]
@@ -345,7 +349,8 @@ class KNN:
     track_speedup_vs_sklearn_brute.unit = "x"
 
     def track_sgemm_roofline_fraction(self, N_d_k, dtype, backend, runtime):
-        """(N^2 d flops / float32 GEMM rate on 4096 x 4096) over knn time.
+        """(N^2 d flops / float32 GEMM rate on 4096 x 4096, 1024 x 1024 at the small size)
+        over knn time.
 
         N^2 d flops is the symmetric computation (N^2 d / 2 multiply-adds): the ceiling
         of an exact k-NN that filters every pair through a float32 GEMM.
@@ -620,6 +625,7 @@ class ClosestPairNearDuplicates:
     track_time_over_float64_filter.unit = "x"
 
 
+@records_runtime
 class BackwardBoundResiduals:
     """backward_bound on float32 softmax residuals ``p - e_c`` (rounded, they sum to
     about 1e-7, not 0, so the bound takes ``sigma = 1^T r`` to twice the working

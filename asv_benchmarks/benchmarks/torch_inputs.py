@@ -116,6 +116,7 @@ def _tutorial_setup(torch):
     return ids, hidden, V, d, ctx, batch
 
 
+@records_runtime
 class HeadStepMonitorOverhead:
     """The tutorial's training loop with ``refgeo.torch.HeadStepMonitor(every=10)`` on
     and off: ``track_monitor_cost`` is the on/off time ratio (target <= 1.5), the median
