@@ -386,10 +386,11 @@ def assert_hilbert_logits_close(
     (:math:`\\eta_{out}` the smallest subnormal of the returned dtype, counted when it is
     at least as precise as the input; :math:`2 u_{64}` of the same scale is the float64
     reference's own rounding, which the comparison with it has to allow: with float64
-    logits a result two ulps of the scale from the reference passes).  One rounding of the result at the input's
-    precision is allowed (the kernel's last subtraction), whatever dtype the result is
-    returned in: a result less precise than its logits cannot show that the kernel
-    computed at their precision, and a float32 kernel may return float64.
+    logits a result two ulps of the scale from the reference passes).  One rounding of
+    the result at the input's precision is allowed (the kernel's last subtraction),
+    whatever dtype the result is returned in: a result less precise than its logits
+    cannot show that the kernel computed at their precision, and a float32 kernel may
+    return float64.
 
     Examples
     --------
@@ -1202,8 +1203,8 @@ def assert_rownorm_steps_close(
     rounding of the parameter update, for the candidate and the oracle; each step's
     term is at most :math:`2\\gamma (1 + u)`, since steps whose entries are at most
     :math:`\\gamma` differ by no more, and is that where the oracle's buffer row
-    cancels to 0 with :math:`\\varepsilon = 0`: its exact direction may be any; an entry errs by
-    its own buffer entry's rounding and by its share of the norm's, so a state kept in
+    cancels to 0 with :math:`\\varepsilon = 0`: its exact direction may be any; an
+    entry errs by its own buffer entry's rounding and by its share of the norm's, so a state kept in
     float16 for float32 parameters is caught at d = 4096, where a bound per row, every
     entry allowed the whole row's error, let it pass).  Missing bias
     correction, a misplaced :math:`\\varepsilon` or a wrong momentum are far outside it
