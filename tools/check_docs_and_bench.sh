@@ -141,4 +141,35 @@ for name, b in benchmarks.items():
 for miss, names in sorted(lacking.items()):
     print(f"warning: {len(names)} benchmark(s) do not record {miss}: " + ", ".join(sorted(names)))
 PY
+# Every benchmark class prints its environment (dtype, backend, BLAS, threads) to the
+# asv log from its setup: its own or an inherited one, calling `environment` (the Dask
+# classes through `_start_cluster`).  An error: the asv conventions ask it of each class.
+python - "$ROOT/asv_benchmarks/benchmarks" <<'PY'
+import ast, pathlib, sys
+bad = []
+for path in sorted(pathlib.Path(sys.argv[1]).glob("*.py")):
+    tree = ast.parse(path.read_text())
+    classes = {n.name: n for n in tree.body if isinstance(n, ast.ClassDef)}
+    methods = {(c, f.name): f for c, n in classes.items() for f in n.body if isinstance(f, ast.FunctionDef)}
+
+    def calls_environment(cls, name="setup", seen=()):
+        if (cls, name) in seen:
+            return False
+        seen += ((cls, name),)
+        f = methods.get((cls, name))
+        if f is None:  # inherited from a base class of this module
+            return any(isinstance(b, ast.Name) and b.id in classes and calls_environment(b.id, name, seen)
+                       for b in classes[cls].bases)
+        for call in (n for n in ast.walk(f) if isinstance(n, ast.Call)):
+            if isinstance(call.func, ast.Name) and call.func.id == "environment":
+                return True
+            if (isinstance(call.func, ast.Attribute) and isinstance(call.func.value, ast.Name)
+                    and call.func.value.id == "self" and calls_environment(cls, call.func.attr, seen)):
+                return True
+        return False
+
+    bad += [f"{path.stem}.{c}" for c in classes if not c.startswith("_") and not calls_environment(c)]
+if bad:
+    sys.exit("benchmark classes whose setup does not call environment(): " + ", ".join(bad))
+PY
 echo "docs and benchmarks OK"

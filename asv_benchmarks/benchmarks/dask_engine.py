@@ -24,7 +24,8 @@ import time
 
 import numpy as np
 
-from ._common import REPEAT, best_time, environment, hidden_states, realistic, records_runtime, refgeo, require_backend
+from ._common import (REPEAT, environment, hidden_states, realistic, records_runtime, refgeo, require_backend,
+                      speed_ratio)
 
 # The cluster's own logs stay quiet (the scheduler and nannies run in this process, the
 # workers in child processes that read the environment when they import distributed):
@@ -98,6 +99,11 @@ class _TwoWorkers:
         )
         self.client = distributed.Client(self.cluster)
 
+    def _settled(self, fn) -> float:
+        """Time of one call of ``fn``, started on a settled scheduler (the ``timer``
+        of :func:`speed_ratio` in the ratio trackers)."""
+        return best_settled_time(self.client, fn, self.held, repeat=1)
+
     def teardown(self, case):
         # Workers leave before the scheduler closes: a worker whose heartbeat meets a
         # closed scheduler logs a traceback (seen on a loaded machine), which the CI
@@ -137,10 +143,9 @@ class DaskEngine(_TwoWorkers):
         self._run(self.S)
 
     def track_throughput_ratio(self, case):
-        """Single-process time / Dask time (higher is better, 1 = parity)."""
-        t_dask = best_settled_time(self.client, lambda: self._run(self.D), self.held)
-        t_one = best_time(lambda: self._run(self.S))
-        return t_one / t_dask
+        """Single-process time / Dask time (higher is better, 1 = parity), the two
+        interleaved (:func:`speed_ratio`), each call on a settled scheduler."""
+        return speed_ratio(lambda: self._run(self.S), lambda: self._run(self.D), timer=self._settled)
 
     track_throughput_ratio.unit = "x"
 
@@ -273,8 +278,9 @@ class DaskLMRows(_TwoWorkers):
       pair of the cluster: 14, 1.6, 4.5 and 30 times the single-process time at
       20,000 x 64.
 
-    ``track_ratio`` is the baseline's time over the case's (best of 3 each, every call
-    on a settled scheduler: :func:`best_settled_time`; higher is better),
+    ``track_ratio`` is the baseline's time over the case's (best of 3 each, the two
+    interleaved by :func:`speed_ratio`, every call on a settled scheduler:
+    :func:`best_settled_time`; higher is better),
     ``track_refined_per_row`` the pairs the case refined per row.
     """
 
@@ -323,9 +329,9 @@ class DaskLMRows(_TwoWorkers):
         self.run()
 
     def track_ratio(self, case):
-        """Baseline time / the case's time (higher is better)."""
-        return (best_settled_time(self.client, self.baseline, self.held)
-                / best_settled_time(self.client, self.run, self.held))
+        """Baseline time / the case's time (higher is better), the two interleaved
+        (:func:`speed_ratio`), each call on a settled scheduler."""
+        return speed_ratio(self.baseline, self.run, timer=self._settled)
 
     track_ratio.unit = "x"
 

@@ -166,6 +166,7 @@ class IdenticalRows:
 
     def setup(self, V_d):
         require_backend("cython")
+        environment("float64", "cython")
         V, d = V_d
         g = rng(3)
         self.S = g.standard_normal((V, d)) + 4.0
@@ -454,6 +455,7 @@ class TiedRows(_StructuredKNN):
 
     def setup(self, N_d_k):
         require_backend("cython")
+        environment("float32", "cython")
         N, d, k = N_d_k
         g = rng(4)
         self.X = np.where(g.random((N, d)) < 0.5, -1.0, 1.0).astype(np.float32)
@@ -481,6 +483,7 @@ class NearCopyRows(_StructuredKNN):
 
     def setup(self, N_d, rows):
         require_backend("cython")
+        environment("float32", "cython")
         N, d = N_d
         g = rng(5)
         if rows == "clusters":
@@ -531,6 +534,7 @@ class KNNHiddenStates(_StructuredKNN):
 
     def setup(self, N_d, k):
         require_backend("cython")
+        environment("float32", "cython")
         N, d = N_d
         self.X = hidden_states(N, d)
         self.G = rng(7).standard_normal((N, d)).astype(np.float32)
@@ -567,6 +571,7 @@ class KNNCodeRows(_StructuredKNN):
 
     def setup(self, N_d):
         require_backend("cython")
+        environment("float64", "cython")
         N, d = N_d
         self.X = refgeo.delsarte_goethals_code(d, N)
         self.G = rng(8).standard_normal((N, d))
@@ -597,6 +602,7 @@ class ClosestPairNearDuplicates:
 
     def setup(self, V_d, share):
         require_backend("cython")
+        environment("float64", "cython")
         V, d = V_d
         g = rng(7)
         m = int(V * share)
@@ -643,6 +649,7 @@ class BackwardBoundResiduals:
 
     def setup(self, V_d_n):
         require_backend("cython")
+        environment("float32", "cython")
         V, d, n = V_d_n
         g = rng(6)
         self.S = (g.standard_normal((V, d)) + 30.0 * g.standard_normal(d)).astype(np.float32)

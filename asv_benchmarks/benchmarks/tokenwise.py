@@ -176,6 +176,7 @@ class KNN:
 
     def setup(self, N_d_k, dtype):
         require_backend("reference")
+        environment(dtype, "auto")
         self.X, _ = _panels(N_d_k[0], N_d_k[1], dtype)
         self.k = N_d_k[2]
 
@@ -192,6 +193,7 @@ class Perturbation:
 
     def setup(self, shape, mode):
         require_backend("reference")
+        environment("float64", "reference")
         B, T, d, V = shape
         g = rng(2)
         self.W = g.standard_normal((d, V)).astype(np.float64) / np.sqrt(d)
