@@ -124,7 +124,9 @@ def _check_unit_interval(value, name):
 
 
 def _check_step_count(t):
-    return check_int(t, "state['t']", min_value=0)
+    # at most int64's largest, as torch's step counters: the bias correction's mu**t
+    # raised OverflowError at the next step for counts beyond float64's range
+    return check_int(t, "state['t']", min_value=0, max_value=2**63 - 1)
 
 
 def _check_state(state: Any, keys: tuple[str, ...]) -> None:

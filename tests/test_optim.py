@@ -345,6 +345,20 @@ def test_load_state_dict_rejects_inconsistent_state():
     np.testing.assert_array_equal(fresh.buffer, opt.buffer)
 
 
+def test_step_count_beyond_int64_is_refused_on_load():
+    """A count of 10**400 was accepted, then the next bias-corrected step raised
+    OverflowError (``mu**t`` of an int beyond float64's range); int64's largest, as
+    torch's step counters, still steps."""
+    W, g = np.zeros((2, 2)), np.array([[3.0, 4.0], [-3.0, -4.0]])
+    opt = refgeo.RowNorm(lr=0.1, mu=0.9)
+    opt.step(W, g)
+    with pytest.raises(ValueError, match=re.escape("state['t'] == ") + ".*" + re.escape(f"must be <= {2**63 - 1}.")):
+        opt.load_state_dict({**opt.state_dict(), "t": 10**400})
+    opt.load_state_dict({**opt.state_dict(), "t": 2**63 - 1})
+    opt.step(W, g)  # mu**t underflows to 0: the plain buffer
+    assert np.all(np.isfinite(W)) and W.any()
+
+
 @pytest.mark.parametrize("cls", [refgeo.RowNorm, refgeo.DiameterLMO])
 @pytest.mark.parametrize(
     "change, error, message",
