@@ -1104,7 +1104,10 @@ def _multistart(X_first, V, d, *, n_starts, rng, clock, bound, report, skip_firs
         done += 1
         if rho > best_rho:
             best_X, best_rho = X, rho
-        if report("start", s, best_rho) or best_rho >= bound * (1.0 - 1e-12):
+        # the starts finished so far, as SpreadProgress.iteration says (it was the
+        # start's 0-based index: 0 after one start, and 1 after one where the given
+        # start was skipped)
+        if report("start", done, best_rho) or best_rho >= bound * (1.0 - 1e-12):
             break
     return best_X, done
 
@@ -1119,8 +1122,10 @@ class SpreadUpdate:
     Attributes
     ----------
     update : ndarray of shape (V, d)
-        The chosen step S (float64, read-only): :math:`D(S) \le \eta` (certified),
-        :math:`\mathbf{1}^T S = 0`, decrease at least ``target_decrease``.
+        The chosen step S (float64, read-only): :math:`D(S) \le \eta` to a few ulps
+        (the engine's diameter, within its error bound of the exact one, is at most
+        :math:`\eta`; the exact one of the float rows can exceed it by about 1e-16
+        relative), :math:`\mathbf{1}^T S = 0`, decrease at least ``target_decrease``.
     decrease : float
         :math:`-\langle G, S \rangle`.
     min_dist, diameter, ratio : float
@@ -1210,10 +1215,15 @@ def _within_diameter(X: np.ndarray, D: float, target: float):
     out one ulp above ``target``; the factor is then lowered by the excess (and one
     ulp) until it is not.  One certified diameter in the usual case, two otherwise.
     In the top binade the aim is 4 ulps lower: a diameter rounded one ulp above the
-    largest float64 is beyond the range, and ``row_diameter`` refuses it.
+    largest float64 is beyond the range, and ``row_diameter`` refuses it.  X is first
+    scaled by a power of two to a diameter in [1, 2), so that the factor stays within
+    the range: ``target / D`` overflowed for D below ``target / 1.8e308`` (a start of
+    diameter 0.25 at eta = 1e308 came back as infinite rows).
     """
     from .rows import row_diameter
 
+    e = math.frexp(D)[1] - 1  # D = m 2**(e + 1), m in [1/2, 1): D / 2**e in [1, 2)
+    X, D = np.ldexp(X, -e), math.ldexp(D, -e)  # exact but where a coordinate goes subnormal
     f = (target if target < 2.0**1023 else target * (1.0 - 2.0**-50)) / D
     while True:
         Y = X * f

@@ -12,6 +12,7 @@ import time
 import numpy as np
 import pytest
 from hypothesis import example, given, settings
+from scipy.spatial.distance import pdist
 from hypothesis import strategies as st
 
 import refgeo
@@ -148,6 +149,17 @@ def test_user_init_and_callback_stop():
     assert r.init == "user" and r.n_iter == 1
     assert [p.phase for p in seen] == ["start", "done"]
     assert isinstance(seen[0], refgeo.SpreadProgress) and seen[0].upper_bound == r.upper_bound
+    assert seen[0].iteration == 1  # starts so far (it was the start's index, 0)
+
+
+def test_epigraph_reports_count_the_starts_finished():
+    """Each ``"start"`` report's iteration is the number of starts finished: 1, 2, ...,
+    and the ``"done"`` report's the result's n_iter."""
+    seen = []
+    r = refgeo.spread(12, 3, seed=0, method="epigraph", n_starts=3, callback=lambda p: seen.append(p) and False)
+    starts = [p.iteration for p in seen if p.phase == "start"]
+    assert starts == list(range(1, len(starts) + 1)) and len(starts) == r.n_iter
+    assert seen[-1].phase == "done" and seen[-1].iteration == r.n_iter
 
 
 def test_max_time_zero_still_returns():
@@ -201,6 +213,30 @@ def test_the_largest_budget_is_met(V, d):
     want = refgeo.spread(V, d, seed=0)
     assert r.ratio == pytest.approx(want.ratio, rel=1e-12)
     assert np.isfinite(r.points).all()
+
+
+@pytest.mark.parametrize("eta", [1e308, sys.float_info.max, 2.0**-1022])
+@pytest.mark.parametrize("init, method", [
+    ([[0.0], [0.25]], "auto"),
+    ([[0.3], [0.7]], "construction"),
+    ("random", "auto"),
+    ("tiny", "construction"),
+])
+def test_a_start_of_small_diameter_meets_a_budget_near_the_top_of_the_range(eta, init, method):
+    """A user or random start is scaled so that its largest entry is in [1/2, 1), so its
+    centered diameter can be below 0.56 = 1e308 / 1.8e308: the factor eta / D
+    overflowed and the rows came back infinite ("S must contain only finite values",
+    an argument spread does not have).  The returned rows are those of the start, scaled
+    (an independent pdist gives the ratio)."""
+    if init == "tiny":
+        init = 1e-300 * np.random.default_rng(1).standard_normal((30, 3))
+    V, d = np.shape(init) if not isinstance(init, str) else (2, 1)
+    r = refgeo.spread(V, d, eta=eta, init=init, method=method, seed=0)
+    assert np.isfinite(r.points).all() and r.certified
+    assert r.diameter <= eta and r.diameter >= eta * (1 - 2.0**-45)
+    P = np.asarray(r.points) / eta  # the rows at diameter about 1 (eta a power of two or near 1e308)
+    dist = pdist(P)
+    assert r.ratio == pytest.approx(dist.min() / dist.max(), rel=1e-12)
 
 
 @pytest.mark.parametrize("method", ["smooth", "epigraph"])
