@@ -335,7 +335,9 @@ def test_tight_rtol_on_lm_gradients_is_reached(V, d, rtol, monkeypatch):
     assert _brute_diameter(S) <= 1.0
     assert res.decrease == pytest.approx(-np.sum(G * S), rel=1e-12)
     with monkeypatch.context() as m:
+        # IRLS alone (not IRLS in a 2 s probe, which a loaded machine can end first)
         m.setattr(refgeo.lmo, "_BARRIER_LIMIT", 0)
+        m.setattr(refgeo.lmo, "_BARRIER_TIGHT_LIMIT", 0)
         loose = refgeo.diameter_lmo(G, rtol=1e-4)
     assert loose.method == "irls"
     assert loose.lower_bound <= res.upper_bound and res.lower_bound <= loose.upper_bound
@@ -463,7 +465,8 @@ def test_irls_starts_only_where_its_first_reweighting_fits(monkeypatch):
 @pytest.mark.parametrize("V, d, seed", [(6, 2, 0), (12, 3, 2), (20, 3, 4)])
 def test_irls_path_matches_independent_solver(V, d, seed, monkeypatch):
     """At moderate rtol the complete-graph IRLS runs: its bracket contains the optimum."""
-    monkeypatch.setattr(refgeo.lmo, "_BARRIER_LIMIT", 0)  # IRLS, not the barrier method
+    monkeypatch.setattr(refgeo.lmo, "_BARRIER_LIMIT", 0)  # IRLS, not the barrier method,
+    monkeypatch.setattr(refgeo.lmo, "_BARRIER_TIGHT_LIMIT", 0)  # nor IRLS in a probe before it
     G = random_gradient(np.random.default_rng(seed), V, d)
     ref = independent_tension(G)
     res = refgeo.diameter_lmo(G, rtol=1e-5)
