@@ -1223,6 +1223,21 @@ class _IRLS:
     def _elapsed(self):
         return time.perf_counter() - self.t0
 
+    def seed(self, C) -> None:
+        """Go on from the conductances ``C`` (a symmetric (V', V') matrix), the barrier
+        method's multipliers where it stopped short: their flow has divergence H at
+        its iterate, so the first solve returns that iterate, and the reweighting goes
+        on from its gap, not from the probe's (isotropic (400, 2) at rtol 1e-4: 1.7e-4
+        against 5.5e-3, about 800 iterations of IRLS)."""
+        C = np.array(C, dtype=np.float64)
+        np.fill_diagonal(C, 0.0)
+        top = float(C.max()) if C.size else 0.0
+        if not (top > 0.0 and math.isfinite(top)):
+            return  # nothing to go on from: the solver keeps its own conductances
+        with np.errstate(divide="ignore"):
+            lc = np.log(np.maximum(C, 0.0) / top)  # pairs without flow: -inf, floored
+        self.lc = np.maximum(lc, _IRLS_LOG_FLOOR)
+
     def _out_of_budget(self):
         if self.max_time is not None:
             # keep time for one certification (its last cost; before the first, three
@@ -1363,6 +1378,8 @@ class _Barrier(_IRLS):
     degenerate (collinear, duplicated) rows.
     """
 
+    multipliers: np.ndarray | None = None  # those of the result, for the IRLS after it
+
     def run(self) -> LMOResult:
         with np.errstate(divide="ignore", over="ignore", invalid="ignore"):
             return self._run()
@@ -1376,6 +1393,16 @@ class _Barrier(_IRLS):
         X = 0.45 * H / np.where(nh > 0, nh, 1.0)[:, None]
         X -= X.mean(axis=0, keepdims=True)
         t = float(m)
+        # Newton steps per stage: in low dimension a stage can take a long damped
+        # phase of full steps whose decrement stays near 3 (isotropic (300, 2): 69 and
+        # 198 steps at t = 1.8e8 and 7.3e8), after which the next stages center in a
+        # few dozen; cut at 50 such stages "did not center", and the solve ended
+        # unconverged (rtol 1e-5 in 19.7 s; with 200 steps converged in 13.7 s).  The
+        # cap is 50 steps or the steps that fit 2 s by the cost model, up to 200: a
+        # stage that does not center costs that much at most
+        step_s = _BARRIER_NEWTON_S_PER_VR3 * float(V * r) ** 3
+        newton = _BARRIER_NEWTON_MAX if not step_s > 0.0 else int(
+            min(_BARRIER_NEWTON_MAX, max(_BARRIER_NEWTON, _BARRIER_STAGE_S / step_s)))
         eye = np.eye(r)
         certified = None
         stop = False
@@ -1385,10 +1412,11 @@ class _Barrier(_IRLS):
         s = 1.0 - np.einsum("ij,ij->i", D, D)
         growth = _BARRIER_GROWTH
         uncentered = 0  # stages in a row that did not center
+        stage = (np.inf, None, None)  # the stage of least estimated gap: (gap, X, C)
         while True:
             dec_prev = np.inf
             centered = False
-            for _ in range(_BARRIER_NEWTON):
+            for _ in range(newton):
                 if self._out_of_budget():
                     break
                 ti = time.perf_counter()
@@ -1438,6 +1466,8 @@ class _Barrier(_IRLS):
             R -= R.mean(axis=0, keepdims=True)
             up = float(np.sum(C[I, J] * np.sqrt(np.maximum(1.0 - s, 0.0)))) + _upper_bound_cheap(R)
             gap_est = _relative_gap(lo, up)
+            if gap_est < stage[0]:
+                stage = (gap_est, X, C)
             self.rounds += 1
             info = dict(iteration=self.iterations, rounds=self.rounds, pairs=m, lower=lo * self.scale,
                         upper=up * self.scale, gap=gap_est, elapsed=self._elapsed())
@@ -1459,8 +1489,8 @@ class _Barrier(_IRLS):
             # a long step of t from there did not come back (isotropic (200, 3) at rtol
             # 1e-4: stages of 50 steps from a gap of 1.2e-4 on, 6 times as long as with
             # shorter steps); the slack floor and the Hessian's conditioning can also
-            # keep every later stage off the path (isotropic (400, 2)), where the other
-            # solver takes over
+            # keep every later stage off the path (isotropic (500, 2) at rtol 1e-4, with
+            # its 90 steps), where the other solver takes over
             uncentered = 0 if centered else uncentered + 1
             if uncentered >= _BARRIER_GIVE_UP:
                 lower, S = self._certify_lower(X)
@@ -1471,7 +1501,16 @@ class _Barrier(_IRLS):
             if not centered:
                 growth = _BARRIER_SLOW_GROWTH
             t *= growth
+        if stage[1] is not None and stage[1] is not best[4] and stage[0] < _relative_gap(*best[:2]):
+            # a stage that left the path ends worse than one before it (isotropic
+            # (400, 2) at rtol 1e-4: 1.7e-4, then 3.9e-3 at the stage that gave up):
+            # the best stage is certified too
+            lower, S = self._certify_lower(stage[1])
+            upper = self._certify_upper(stage[1], stage[2])
+            if best is None or _relative_gap(lower, upper) < _relative_gap(*best[:2]):
+                best = (lower, upper, S, stage[2], stage[1])
         lower, upper, S, C, X = best
+        self.multipliers = C
         lower, upper = _checked_bracket(lower, upper, "diameter_lmo")
         return self._flow_result(lower, upper, S, C, X, (I, J), "barrier")
 
@@ -1597,7 +1636,9 @@ _BARRIER_PROBE_S = 2.0  # the probe's seconds at V' r <= 1000, growing as the sq
 # core (measured); after the probe it starts only where three such steps fit the budget
 _BARRIER_NEWTON_S_PER_VR3 = 2.2e-11
 _BARRIER_MIN_SLACK = 1e-14  # stop the stages when a slack 1 - d^2 falls below
-_BARRIER_NEWTON = 50  # Newton steps per stage at most
+_BARRIER_NEWTON = 50  # Newton steps per stage at most, or as many as fit
+_BARRIER_STAGE_S = 2.0  # this many seconds by the estimate above, up to
+_BARRIER_NEWTON_MAX = 200  # this many steps
 _BARRIER_CENTERED = 1e-9  # Newton decrement (squared) at which a stage is centered
 _POLISH_STEPS = 4  # solves (one factor) correcting the multipliers' divergence
 _BARRIER_GROWTH = 4.0  # t grows by this factor per stage
@@ -1756,17 +1797,21 @@ def diameter_lmo(
        isotropic gradients do not merge.
     2. *Barrier method* when V'·r <= 400 (small problems, the test cases), any rtol,
        with the solver below taking over where it stops short of rtol (its floor near
-       a gap of 1e-12, or rows it cannot center: isotropic (200, 2)) for at most
+       a gap of 1e-12, or rows it cannot center: isotropic (500, 2)) for at most
        max(1 s, twice the time so far): Newton steps on
        :math:`t\langle H, X\rangle + \sum_{i<j} \log(1 - \lVert x_i - x_j \rVert^2)`
        over all pairs, t growing 4x per stage until a stage does not center within
-       50 Newton steps and 2x from then on, stopping after two such stages in a row
+       its Newton steps (50, or up to 200 where the cost model fits them in 2 s:
+       V'·r <= 800; low-dimensional rows need up to 200 in a stage, then center
+       again) and 2x from then on, stopping after two such stages in a row
        (from there, long steps of t did not come back to the central path: isotropic
        (200, 3) at rtol 1e-4 went from 2 s to 13-37 s with 8x steps);
        fast and accurate on degenerate rows.
        At each stage's end its multipliers are corrected to divergence exactly H
        (one factorization, refined), so the certificate follows it to gaps near
-       1e-12.  Also
+       1e-12; where a stage that left the central path ends worse than one before it,
+       the best stage is the result, and the IRLS after it starts from that stage's
+       multipliers.  Also
        when V'·r <= 2500 (any rtol), after the solver below has had a probe of
        2 s x max(1, V'·r / 1000)^2 (half the barrier method's time) without
        converging, and with the first-order solver again (IRLS from where its probe
@@ -2091,7 +2136,7 @@ def _solve(Gc, scale, rtol, max_time, max_iter, warm_start, callback, bar, t0) -
     # rest: at most 1.5 times the barrier method's time, and the first-order
     # solver's where it is fast.  On small problems the barrier method goes first,
     # and the first-order solver takes over where it stops short of rtol (its floor
-    # near a gap of 1e-12, or rows it cannot center, as isotropic (200, 2)).
+    # near a gap of 1e-12, or rows it cannot center, as isotropic (500, 2)).
     small = V * r <= _BARRIER_LIMIT
     probe = None
     if not small and V * r <= _BARRIER_TIGHT_LIMIT:
@@ -2133,12 +2178,14 @@ def _solve(Gc, scale, rtol, max_time, max_iter, warm_start, callback, bar, t0) -
         plan = [(barrier, max_time), (first_order, _FALLBACK)]
     elif probe is not None:
         # and the first-order solver again, bounded as above, where the barrier method
-        # stops short (rows it cannot center: isotropic (400, 2) at rtol 1e-4)
+        # stops short (rows it cannot center: isotropic (500, 2) at rtol 1e-4)
         plan = [(first_order, probe), (barrier, max_time), (first_order, _FALLBACK)]
     else:
         plan = [(first_order, max_time)]
     best = None
     counts = (0, 0)
+    gaps = {}  # the last certified gap of each solver
+    multipliers = None  # the barrier method's, where it stopped short
     for make, budget in plan:
         if best is not None and _spent(max_time, t0):
             break
@@ -2164,7 +2211,15 @@ def _solve(Gc, scale, rtol, max_time, max_iter, warm_start, callback, bar, t0) -
         if best is None and make is first_order and _spent(max_time, t0):
             # the setup took the budget: its first round would overrun it
             return _budget_spent_result(Gc, scale, rtol, t0)
+        if (make is first_order and irls and multipliers is not None
+                and gaps[barrier] < gaps.get(first_order, np.inf)):
+            # IRLS goes on from where the barrier method stopped, where that is ahead
+            # of its own probe
+            solver.seed(multipliers)
         res = solver.run()
+        gaps[make] = res.gap
+        if make is barrier:
+            multipliers = solver.multipliers
         counts = (solver.iterations, solver.rounds)
         if best is None or res.gap < best.gap:
             best = res

@@ -438,6 +438,60 @@ def test_the_barrier_method_starts_after_the_probe_only_where_its_steps_fit(monk
     assert refgeo.diameter_lmo(G, rtol=1e-12, max_time=60.0).method == "barrier"
 
 
+@pytest.mark.slow
+def test_a_barrier_that_leaves_the_path_returns_its_best_stage_to_irls(monkeypatch):
+    """Isotropic (400, 2) at rtol 1e-4, the barrier method's weak case: its stages
+    reached an estimated gap of 1.7e-4, then the stages that had left the central path
+    ended at 3.9e-3, which was certified and returned, and IRLS went on from its own
+    probe (5.5e-3) for about 940 iterations.  The best stage is now the barrier's
+    result (certified within its estimate), and IRLS goes on from its multipliers
+    (about 220 iterations)."""
+    from refgeo._lm_gradients import isotropic_gradient
+
+    G = isotropic_gradient(400, 2, seed=0)
+    # stages of 50 Newton steps, as then (with up to 200 the barrier method converges
+    # here: see test_low_dimensional_stages_get_the_newton_steps_they_need)
+    monkeypatch.setattr(refgeo.lmo, "_BARRIER_NEWTON_MAX", 50)
+    phase, seen, log = ["probe"], {}, []
+    run = refgeo.lmo._Barrier.run
+
+    def observed(self):
+        phase[0] = "barrier"
+        seen["barrier"] = res = run(self)
+        phase[0] = "after"
+        return res
+
+    monkeypatch.setattr(refgeo.lmo._Barrier, "run", observed)
+    res = refgeo.diameter_lmo(G, rtol=1e-4, callback=lambda info: log.append((phase[0], info["gap"])) and False)
+    stages = [gap for p, gap in log if p == "barrier"]
+    assert seen["barrier"].gap <= 1.5 * min(stages) and not seen["barrier"].converged
+    assert res.method == "irls" and res.converged and res.gap <= 1e-4
+    assert len([gap for p, gap in log if p == "after"]) <= 50  # rounds of 10 iterations
+    assert _brute_diameter(res.update) <= 1.0
+
+
+@pytest.mark.slow
+def test_low_dimensional_stages_get_the_newton_steps_they_need():
+    """Isotropic (350, 2) at rtol 1e-6: a stage needs a damped phase of up to 200
+    Newton steps (full steps, the decrement near 3), after which the next stages center
+    in a few dozen; cut at 50 the stages "did not center", the barrier method gave up
+    and IRLS ended unconverged at a gap of 5.1e-5 after 33 s.  The bracket must hold
+    an independent solve's (IRLS at 1e-4, alone)."""
+    from refgeo._lm_gradients import isotropic_gradient
+
+    G = isotropic_gradient(350, 2, seed=1)
+    assert 350 * 2 <= 800  # where the cost model fits 200 steps in 2 s
+    res = refgeo.diameter_lmo(G, rtol=1e-6)
+    assert res.method == "barrier" and res.converged and res.gap <= 1e-6
+    assert _brute_diameter(res.update) <= 1.0
+    with pytest.MonkeyPatch.context() as m:
+        m.setattr(refgeo.lmo, "_BARRIER_LIMIT", 0)
+        m.setattr(refgeo.lmo, "_BARRIER_TIGHT_LIMIT", 0)
+        loose = refgeo.diameter_lmo(G, rtol=1e-4)
+    assert loose.method == "irls" and loose.converged
+    assert loose.lower_bound <= res.upper_bound and res.lower_bound <= loose.upper_bound
+
+
 def test_irls_starts_only_where_its_first_reweighting_fits(monkeypatch):
     """IRLS ran one reweighting and its certificate whatever the budget: started at
     0.18 s of ``max_time=0.3`` at V' = 1400 the call took 0.67 s.  Where that first

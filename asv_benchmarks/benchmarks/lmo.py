@@ -257,9 +257,10 @@ class DiameterLMOLowDim(DiameterLMOTight):
     """Gradients of few columns at a moderate tolerance: the shapes of users' own
     property tests.  The first-order solvers crawl there too (IRLS 15-20 s at
     isotropic (250, 4), rtol 1e-4), the barrier method's long steps of t left its
-    central path in low dimension.  (d = 2 is the barrier method's weak case, rows it
-    cannot center, where the first-order solver finishes: isotropic (400, 2) is not
-    here, to keep CI's smoke run short.)  ``track_converged`` as in
+    central path in low dimension.  (d = 2 is the barrier method's weak case, stages
+    that need up to 200 Newton steps, or do not center at all, where the first-order
+    solver finishes: isotropic (350..500, 2) is not here, to keep CI's smoke run
+    short; docs/benchmarks.md has those numbers.)  ``track_converged`` as in
     :class:`DiameterLMOTight`."""
 
     params = ([(250, 4, 1024)], _KINDS, [1e-4])
