@@ -1225,10 +1225,12 @@ class _IRLS:
 
     def seed(self, C) -> None:
         """Go on from the conductances ``C`` (a symmetric (V', V') matrix), the barrier
-        method's multipliers where it stopped short: their flow has divergence H at
-        its iterate, so the first solve returns that iterate, and the reweighting goes
-        on from its gap, not from the probe's (isotropic (400, 2) at rtol 1e-4: 1.7e-4
-        against 5.5e-3, about 800 iterations of IRLS)."""
+        method's multipliers where it stopped short.  Their potentials are not quite
+        the barrier's iterate (the multipliers span nine orders of magnitude, and the
+        small residual of their divergence moves the potentials: the first gap was
+        5.3e-3 where the barrier's was 1.7e-4, at isotropic (400, 2)), but the
+        reweighting converges from them: rtol 1e-4 in about 220 iterations, against
+        940 from the probe's own conductances."""
         C = np.array(C, dtype=np.float64)
         np.fill_diagonal(C, 0.0)
         top = float(C.max()) if C.size else 0.0
@@ -1802,7 +1804,7 @@ def diameter_lmo(
        :math:`t\langle H, X\rangle + \sum_{i<j} \log(1 - \lVert x_i - x_j \rVert^2)`
        over all pairs, t growing 4x per stage until a stage does not center within
        its Newton steps (50, or up to 200 where the cost model fits them in 2 s:
-       V'·r <= 800; low-dimensional rows need up to 200 in a stage, then center
+       V'·r <= 768; low-dimensional rows need up to 200 in a stage, then center
        again) and 2x from then on, stopping after two such stages in a row
        (from there, long steps of t did not come back to the central path: isotropic
        (200, 3) at rtol 1e-4 went from 2 s to 13-37 s with 8x steps);

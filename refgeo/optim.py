@@ -124,9 +124,7 @@ def _check_unit_interval(value, name):
 
 
 def _check_step_count(t):
-    # at most int64's largest, as torch's step counters: the bias correction's mu**t
-    # raised OverflowError at the next step for counts beyond float64's range
-    return check_int(t, "state['t']", min_value=0, max_value=2**63 - 1)
+    return check_int(t, "state['t']", min_value=0)
 
 
 def _check_state(state: Any, keys: tuple[str, ...]) -> None:
@@ -267,7 +265,10 @@ class RowNorm:
         t = self.t + 1
         buffer = (1.0 - mu) * g if self.buffer is None else mu * self.buffer + (1.0 - mu) * g
         with np.errstate(over="ignore", invalid="ignore"):
-            Bhat = buffer / (1.0 - mu**t) if bias_correction else buffer
+            # mu**t with the count capped at 2**63, where it is 0 for every mu < 1 (for
+            # mu = 1 - 2**-53, exp(-1024)): a restored count beyond float64's range
+            # (10**400) raised OverflowError here
+            Bhat = buffer / (1.0 - mu ** min(t, 2**63)) if bias_correction else buffer
         if not (np.all(np.isfinite(g)) and np.all(np.isfinite(Bhat))):
             raise ValueError(
                 "grad must have a centered momentum average inside the float64 range "
