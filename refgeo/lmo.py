@@ -1503,7 +1503,8 @@ class _Barrier(_IRLS):
             if not centered:
                 growth = _BARRIER_SLOW_GROWTH
             t *= growth
-        if stage[1] is not None and stage[1] is not best[4] and stage[0] < _relative_gap(*best[:2]):
+        if stage[1] is not None and (best is None or (stage[1] is not best[4]
+                                                     and stage[0] < _relative_gap(*best[:2]))):
             # a stage that left the path ends worse than one before it (isotropic
             # (400, 2) at rtol 1e-4: 1.7e-4, then 3.9e-3 at the stage that gave up):
             # the best stage is certified too
