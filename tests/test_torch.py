@@ -188,6 +188,32 @@ def test_state_dict_round_trip_continues_identically():
         assert torch.equal(W_a, W_b)
 
 
+@pytest.mark.parametrize("step", [2**63 - 1, 10**400], ids=["int64_max", "1e400"])
+def test_a_restored_step_count_beyond_the_float64_range_steps(step):
+    """A state with a step count of 10**400 loaded, then the next bias-corrected step
+    raised OverflowError (``mu**t``); mu**t is 0 there, so the step is the one without
+    bias correction, from the same buffer."""
+    W0, grads = _lm_gradients(T=3, seed=4)
+    W_a = torch.nn.Parameter(torch.from_numpy(W0.copy()))
+    opt_a = rtorch.RowNorm([W_a], lr=0.03)
+    for g in grads[:2]:
+        W_a.grad = torch.from_numpy(g)
+        opt_a.step()
+    saved = copy.deepcopy(opt_a.state_dict())
+    saved["state"][0]["step"] = step
+    W_b = torch.nn.Parameter(W_a.detach().clone())
+    opt_b = rtorch.RowNorm([W_b], lr=0.03, bias_correction=False)
+    opt_b.load_state_dict(copy.deepcopy(opt_a.state_dict()))
+    for group in opt_b.param_groups:
+        group["bias_correction"] = False
+    opt_a.load_state_dict(saved)
+    for W, opt in ((W_a, opt_a), (W_b, opt_b)):
+        W.grad = torch.from_numpy(grads[2])
+        opt.step()
+    assert torch.equal(W_a, W_b) and bool(torch.isfinite(W_a).all())
+    assert opt_a.state[W_a]["step"] == step + 1
+
+
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 def test_state_dict_round_trip_keeps_float32_buffers_of_half_parameters(dtype):
     """Half-precision parameters keep float32 buffers, and a state_dict round trip keeps
