@@ -739,8 +739,12 @@ def spread(
     :math:`\rho = 1`), two orthogonal simplices (:math:`V = d + 2`), the cross
     polytope, stacked :func:`kerdock_code` copies (:math:`\rho^2 =
     (\sqrt q - 1)/(\sqrt q + 1)`), *tagged* Kerdock copies where spare dimensions
-    exist (one extra coordinate per basis; :math:`\rho^2 = \sqrt q/(\sqrt q + 2)`, e.g.
-    0.9428 for :math:`(32768, 512)` and :math:`(50257, 768)`), and
+    exist (one extra coordinate per basis; :math:`\rho^2 = \sqrt q/(\sqrt q + 2)`,
+    0.9428 at :math:`d = 512`), the quadratic trace codes of :math:`GF(p^m)`
+    (:func:`quadratic_trace_code`, :math:`(p - 1)p^m` coordinates, up to :math:`p^{2m}`
+    rows, :math:`\rho^2 = (W - e)/(W + e)` with :math:`W = (p-1)p^{m-1}`,
+    :math:`e = p^{(m-1)/2}`: 0.9459 at :math:`(32768, 512)`; with one tag coordinate per
+    class :math:`\rho^2 = W/(W + 2e)`: 0.9487 at :math:`(50257, 768)`), and
     :func:`delsarte_goethals_code` beyond :math:`d^2/2`, tagged where spare
     dimensions exist (one coordinate per Kerdock class of bases: :math:`\rho^2 =
     (\sqrt q - 1)/(\sqrt q + 3)`, 0.7977 at :math:`(50000, 90)`; one per basis:
@@ -866,7 +870,9 @@ def spread(
             # a construction the local iteration cannot improve: a packing in a ball
             # (the iteration works on the sphere), a lattice shell subset, or an
             # algebraic code (Kerdock, tagged Kerdock, Delsarte-Goethals), where no
-            # tangent direction improves the ratio to first order (see the docstring).
+            # tangent direction improves the ratio to first order (see the docstring),
+            # or a quadratic trace code (from which four smooth rounds only lost ratio
+            # at (729, 54) and (300, 60): 0.845149 against 0.845154).
             # A random start can still beat it where the code is far from the bound
             # (a partial basis or spare dimensions: 0.8172 against 0.7746 at (150, 40)
             # in 1 s), so one smooth run from random points is tried when it is cheap;

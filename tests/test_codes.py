@@ -13,7 +13,7 @@ import pytest
 from scipy.spatial.distance import pdist
 
 import refgeo
-from refgeo.codes import _candidates, _fwht, _golay, _kerdock_forms, _rm14
+from refgeo.codes import _candidates, _fwht, _golay, _kerdock_forms, _OddField, _rm14
 
 
 def _sq_dists(X):
@@ -284,6 +284,134 @@ def test_tagged_kerdock_beats_plain():
     names = {c.name: c.rho for c in _candidates(32768, 512)}
     assert names["kerdock(256)x1+tags"] == pytest.approx(math.sqrt(16 / 18))
     assert names["kerdock(256)x1"] == pytest.approx(math.sqrt(15 / 17))
+
+
+# --------------------------------------------------------------------------- quadratic trace codes
+
+
+def _hamming_from_row(X, r, p, m):
+    """Hamming distances from row r, read off the squared Euclidean ones (distinct
+    simplex vertices are at 2p/((p-1)N), N = p^m), after checking that they are whole."""
+    N = p**m
+    h = ((X - X[r]) ** 2).sum(axis=1) * ((p - 1) * N / (2.0 * p))
+    np.testing.assert_allclose(h, np.round(h), rtol=0, atol=1e-9)
+    return np.round(h).astype(np.int64)
+
+
+@pytest.mark.parametrize("p, m", [(3, 3), (5, 3), (3, 5)])
+def test_quadratic_trace_code_distances_follow_the_quadratic_forms(p, m):
+    """Hamming distances W inside a class (a linear function) and W - e, W, W + e across
+    classes (a nondegenerate quadratic form in m variables: p^(m-1) or
+    p^(m-1) +- p^((m-1)/2) zeros), with W = (p-1) p^(m-1), e = p^((m-1)/2); from the zero
+    word (row 0) the numbers of rows at each distance are those of the theory (Lidl and
+    Niederreiter 6.26-6.27: (p-1)/2 values c of each quadratic character, each with
+    p^(m-1) +- e solutions of Q(y) = c)."""
+    N = p**m
+    W, e = (p - 1) * p ** (m - 1), p ** ((m - 1) // 2)
+    X = refgeo.quadratic_trace_code(p, m)
+    assert X.shape == (N * N, (p - 1) * N)
+    np.testing.assert_allclose(np.linalg.norm(X, axis=1), 1.0, rtol=1e-14)
+    # every coordinate block is one of p vertices of a regular simplex
+    blocks = X[:: max(1, N // 8)].reshape(-1, p - 1)
+    _, first = np.unique(blocks.round(12), axis=0, return_index=True)
+    assert first.size == p
+    vd = pdist(blocks[first], "sqeuclidean")
+    np.testing.assert_allclose(vd, 2.0 * p / ((p - 1) * N), rtol=1e-12)
+    levels, counts = np.unique(_hamming_from_row(X, 0, p, m), return_counts=True)
+    assert levels.tolist() == [0, W - e, W, W + e]
+    half = (N - 1) * (p - 1) // 2
+    assert counts.tolist() == [1, half * (p ** (m - 1) + e), (N - 1) * (p ** (m - 1) + 1), half * (p ** (m - 1) - e)]
+    # every row sees the same spectrum (the code is linear), inside its class only W
+    for r in np.random.default_rng(0).choice(N * N, 4, replace=False):
+        h = _hamming_from_row(X, r, p, m)
+        same = np.arange(N * N) // N == r // N
+        assert set(h[same].tolist()) == {0, W} and set(h[~same].tolist()) == {W - e, W, W + e}
+        assert np.unique(h, return_counts=True)[1].tolist() == counts.tolist()
+
+
+def test_quadratic_trace_code_prefix_and_all_pairs():
+    """The first V rows are a prefix of the code; over all pairs of the (3, 3) code the
+    ratio is the closed form sqrt((W - e)/(W + e)) = sqrt(15/21)."""
+    X = refgeo.quadratic_trace_code(3, 3)
+    for V in (1, 2, 27, 28, 500, 729):
+        np.testing.assert_array_equal(refgeo.quadratic_trace_code(3, 3, V), X[:V])
+    assert _rho(X) == pytest.approx(math.sqrt(15 / 21), abs=1e-14)
+    assert _rho(X[:28]) == pytest.approx(math.sqrt(15 / 21), abs=1e-14)  # two classes suffice
+    assert _rho(X[:27]) == pytest.approx(1.0, abs=1e-14)  # one class: a simplex
+
+
+@pytest.mark.parametrize("p, m", [(3, 3), (3, 5), (5, 3), (7, 3)])
+def test_odd_field_tables_make_a_field(p, m):
+    """The tables' products distribute over coefficientwise addition modulo p (checked
+    without the tables), x^(p^m - 1) = 1 with every nonzero element a power of x, and the
+    trace is F_p-linear and onto."""
+    F = _OddField(p, m)
+    N = p**m
+    assert sorted(F.exp.tolist()) == list(range(1, N))
+    digits = lambda a: (np.asarray(a)[..., None] // p ** np.arange(m)) % p  # noqa: E731
+    number = lambda c: (c * p ** np.arange(m)).sum(-1)  # noqa: E731
+    add = lambda a, b: number((digits(a) + digits(b)) % p)  # noqa: E731
+
+    def mul(a, b):
+        a, b = np.asarray(a), np.asarray(b)
+        return np.where((a == 0) | (b == 0), 0, F.exp[(F.log[a] + F.log[b]) % (N - 1)])
+
+    rng = np.random.default_rng(p * 100 + m)
+    a, b, c = rng.integers(0, N, (3, 4000))
+    np.testing.assert_array_equal(mul(a, add(b, c)), add(mul(a, b), mul(a, c)))
+    tr = F.trace_products(np.array([1]), np.arange(N))[0]  # Tr(z)
+    np.testing.assert_array_equal(tr[add(a, b)], (tr[a] + tr[b]) % p)
+    assert set(tr.tolist()) == set(range(p))
+    # Tr(z^p) = Tr(z): the Frobenius permutes the conjugates
+    zp = np.arange(N)
+    for _ in range(p - 1):
+        zp = mul(zp, np.arange(N))
+    np.testing.assert_array_equal(tr[zp], tr)
+
+
+@pytest.mark.parametrize("args, exc, msg", [
+    ((4, 3), ValueError, "p must be an odd prime (3, 5, 7, 11, ...), got 4 instead."),
+    ((9, 3), ValueError, "p must be an odd prime (3, 5, 7, 11, ...), got 9 instead."),
+    ((2, 3), ValueError, "p == 2, must be >= 3."),
+    ((3, 4), ValueError, "m must be odd (3, 5, 7, ...), got 4 instead."),
+    ((3, 1), ValueError, "m == 1, must be >= 3."),
+    ((3, 3, 0), ValueError, "V == 0, must be >= 1."),
+    ((3, 3, 730), ValueError, "V == 730, must be <= 729."),
+    ((3.0, 3), TypeError, "p must be an integer, got float (3.0) instead."),
+    ((3, 3, "5"), TypeError, "V must be an integer, got str ('5') instead."),
+    ((3, 41), MemoryError, "quadratic_trace_code(3, 41) has (p - 1) * p**m > 2**62 coordinates per row."),
+    ((10**30 + 1, 3), MemoryError, "quadratic_trace_code(1000000000000000000000000000001, 3) has"),
+])
+def test_quadratic_trace_code_errors(args, exc, msg):
+    with pytest.raises(exc, match=re.escape(msg)):
+        refgeo.quadratic_trace_code(*args)
+
+
+def test_quadratic_trace_code_beyond_memory_is_refused_by_name():
+    with pytest.raises(MemoryError, match=re.escape("quadratic_trace_code(3, 19, 1000000) needs about ")):
+        refgeo.quadratic_trace_code(3, 19, 10**6)
+
+
+@pytest.mark.parametrize("V, d, names", [
+    (729, 54, ["quadratic_trace(3^3)"]),
+    (300, 70, ["quadratic_trace(3^3)", "quadratic_trace(3^3)+class_tags"]),
+    (2000, 500, ["quadratic_trace(3^5)", "quadratic_trace(3^5)+class_tags", "quadratic_trace(5^3)"]),
+])
+def test_quadratic_trace_candidates(V, d, names):
+    """The trace-code candidates offered for (V, d) have the ratio they claim (all pairs,
+    or the engine's certified extremes), within ratio_upper_bound; the class tags lift
+    the ratio to sqrt(W/(W + 2e))."""
+    cands = {c.name: c for c in _candidates(V, d) if c.name.startswith("quadratic_trace")}
+    assert sorted(cands) == sorted(names)
+    for name, c in cands.items():
+        X = c.build()
+        assert X.shape == (V, d)
+        rho = _rho(X) if V <= 1000 else refgeo.closest_pair(X).value / refgeo.row_diameter(X).value
+        assert rho == pytest.approx(c.rho, abs=1e-13), name
+        assert c.rho <= refgeo.ratio_upper_bound(V, d).value, name
+        p, m = (int(t) for t in re.match(r"quadratic_trace\((\d+)\^(\d+)\)", name).groups())
+        W, e = (p - 1) * p ** (m - 1), p ** ((m - 1) // 2)
+        assert c.rho ** 2 == pytest.approx(W / (W + 2 * e) if name.endswith("tags") else (W - e) / (W + e), abs=1e-14)
 
 
 # --------------------------------------------------------------------------- lattices

@@ -585,6 +585,56 @@ def test_code_constructions_certified_ratio_within_the_bound(case):
     assert [c[1] for c in r.candidates] == sorted((c[1] for c in r.candidates), reverse=True)
 
 
+# (V, d) over the ranges of the quadratic trace codes of GF(27) (54 coordinates, up to
+# 729 rows) and GF(125) (500 coordinates; rows up to 4000 here, of 15,625), with and
+# without room for their class tags
+_TRACE_CASES = st.one_of(
+    st.tuples(st.integers(56, 729), st.integers(54, 90)),
+    st.tuples(st.integers(562, 4000), st.integers(500, 560)),
+).filter(lambda c: c[0] >= c[1] + 2)  # V <= d + 1: the regular simplex alone
+
+
+@settings(max_examples=10, deadline=None)
+@given(_TRACE_CASES)
+@example((729, 54))  # the whole code of GF(27), no room for tags
+@example((728, 81))  # 27 class tags just fit
+@example((4000, 532))  # GF(125) with its 32 class tags, GF(243) without room
+def test_trace_code_candidates_certified_within_the_bound(case):
+    """Every quadratic trace code offered for (V, d), tagged or not, has the ratio it
+    claims, certified by the engine, never above ratio_upper_bound; spread picks the
+    best candidate and certifies it."""
+    V, d = case
+    cands = [c for c in _candidates(V, d) if c.name.startswith("quadratic_trace")]
+    assert cands
+    bound = refgeo.ratio_upper_bound(V, d).value
+    for c in cands:
+        X = c.build()
+        assert X.shape == (V, d), c.name
+        rho = refgeo.closest_pair(X).value / refgeo.row_diameter(X).value
+        assert rho == pytest.approx(c.rho, abs=1e-13), c.name
+        assert c.rho <= bound, c.name
+    r = refgeo.spread(V, d, method="construction", certify=True)
+    assert r.certified and 0 < r.ratio <= r.upper_bound
+    assert r.ratio == pytest.approx(max(c.rho for c in _candidates(V, d)), abs=1e-12)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("V, d, init, rho2", [
+    (32768, 512, "quadratic_trace(3^5)", 17 / 19),
+    (50257, 768, "quadratic_trace(3^5)+class_tags", 9 / 10),
+])
+def test_lm_head_sizes_reach_0945(V, d, init, rho2):
+    """The acceptance cases at d = 512 and 768: at least 0.945, certified by
+    the engine, where the tagged Kerdock code of R^256 stops at sqrt(8/9) = 0.9428."""
+    r = refgeo.spread(V, d, seed=0)
+    assert r.certified and r.certificate == "engine"
+    assert r.init == init and r.method == "construction"
+    assert r.ratio >= 0.945
+    assert r.ratio == pytest.approx(math.sqrt(rho2), abs=1e-13)
+    assert r.ratio <= r.upper_bound
+    assert dict(r.candidates)["kerdock(256)x1+tags" if d == 512 else "kerdock(256)x2+tags"] < 0.945
+
+
 def test_auto_returns_codes_and_keeps_an_iterate_only_when_certified_better():
     # Kerdock: first-order stationary, returned at once
     r = refgeo.spread(1000, 64, seed=0)
