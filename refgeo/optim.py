@@ -127,6 +127,13 @@ def _check_step_count(t):
     return check_int(t, "state['t']", min_value=0)
 
 
+def _bias_correction(mu: float, t: int) -> float:
+    """Adam's bias correction 1 - mu**t of an average after t steps, with the count capped
+    at 2**63, where mu**t is 0 for every mu < 1 (exp(-1024) for mu = 1 - 2**-53): a
+    restored count beyond float64's range (10**400) raised OverflowError in mu**t."""
+    return 1.0 - mu ** min(t, 2**63)
+
+
 def _check_state(state: Any, keys: tuple[str, ...]) -> None:
     """A ``state_dict()``: a mapping with every key (checked before anything is restored)."""
     if not isinstance(state, Mapping):
@@ -265,10 +272,7 @@ class RowNorm:
         t = self.t + 1
         buffer = (1.0 - mu) * g if self.buffer is None else mu * self.buffer + (1.0 - mu) * g
         with np.errstate(over="ignore", invalid="ignore"):
-            # mu**t with the count capped at 2**63, where it is 0 for every mu < 1 (for
-            # mu = 1 - 2**-53, exp(-1024)): a restored count beyond float64's range
-            # (10**400) raised OverflowError here
-            Bhat = buffer / (1.0 - mu ** min(t, 2**63)) if bias_correction else buffer
+            Bhat = buffer / _bias_correction(mu, t) if bias_correction else buffer
         if not (np.all(np.isfinite(g)) and np.all(np.isfinite(Bhat))):
             raise ValueError(
                 "grad must have a centered momentum average inside the float64 range "

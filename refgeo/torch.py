@@ -38,6 +38,7 @@ from ._validate import (
     check_real,
     check_step_size,
 )
+from .optim import _bias_correction
 from .rows import _direction_times
 
 __all__ = ["DiameterLMO", "HeadStepMonitor", "RowNorm"]
@@ -431,10 +432,7 @@ def _build() -> dict[str, Any]:
                     _center_(S)
                 B.mul_(mu).add_(S, alpha=1.0 - mu)
                 if bias_correction:
-                    # the count capped at 2**63, where mu**t is 0 for every mu < 1: a
-                    # restored count beyond float64's range raised OverflowError (as in
-                    # refgeo.RowNorm)
-                    torch.div(B, 1.0 - mu ** min(t, 2**63), out=S)
+                    torch.div(B, _bias_correction(mu, t), out=S)
                 else:
                     S.copy_(B)
                 _row_normalize_(S, eps)
@@ -478,14 +476,14 @@ def _build() -> dict[str, Any]:
             b = float(_max_abs(state["momentum_buffer"])) if state else 0.0
             bound = mu * b + (1.0 - mu) * (2.0 * a if center else a)
             if bias_correction:
-                bound /= 1.0 - mu ** min(t, 2**63)
+                bound /= _bias_correction(mu, t)
             if bound < top / 2:
                 return
             G = g.to(dtype)
             if center:
                 G = G - _column_mean(G)
             B = (1.0 - mu) * G if not state else mu * state["momentum_buffer"] + (1.0 - mu) * G
-            Bhat = B / (1.0 - mu ** min(t, 2**63)) if bias_correction else B
+            Bhat = B / _bias_correction(mu, t) if bias_correction else B
             if not (bool(torch.isfinite(G).all()) and bool(torch.isfinite(Bhat).all())):
                 raise ValueError(
                     f"the gradient of {name} must have a centered momentum average inside the {dtype} range "
