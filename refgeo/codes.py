@@ -1320,8 +1320,9 @@ def _lattice_candidates(V: int, d: int) -> list[_Candidate]:
 
         if name == "Z":
             # V equally spaced points, optimal: rho = 1/(V - 1) is the volume bound
+            # the integers 0 .. V - 1: every distance exact, the diameter V - 1
             out.append(_Candidate("lattice(Z)", 1.0 / (V - 1.0), functools.partial(_line, V),
-                                  on_sphere=False, iterate=False))
+                                  float(V - 1) if V <= 2**53 else None, on_sphere=False, iterate=False))
             continue
         # D_n balls beyond n = 12 hold thousands of points within their first two
         # shells, where the shell subsets and the sphere codes do better

@@ -115,11 +115,13 @@ class SpreadResult:
         algebraically for an unmodified exact construction (see ``certificate``).
     certificate : str
         ``"engine"``, ``"algebraic"`` or ``"none"``.
+    error_bound : float
         Bound on the relative error of ``min_dist`` and ``diameter`` against the exact
         distances of the returned rows (computed by the engine on those rows: the
         rounding of the refined float64 values, ``gamma(ceil(d/8) + 5, 2**-53)``, a
         few ulps; for an algebraic certificate, the rounding of the scaled
-        coordinates, and budgets near the smallest normal float64 add the absolute
+        coordinates, ``2**-52 max ||x_i|| / min_dist`` beside 8 ulps: an ulp or two
+        for the codes, about ``V`` ulps for ``V`` points on the line), and budgets near the smallest normal float64 add the absolute
         rounding of subnormal coordinates, ``sqrt(d) 2**-1074 / min_dist``).  With
         ``certificate="none"`` (``certify=False`` on the reference backend) it is the
         a-priori bound of the float64 Gram expansion relative to ``min_dist**2``, large
@@ -716,8 +718,8 @@ def spread(
         True: certify m and D with :func:`refgeo.closest_pair` and
         :func:`refgeo.row_diameter` (the engine).  ``"auto"``: the engine, except for an
         unmodified construction whose distances are known in closed form and whose
-        engine certification would be expensive (V > 4000 and :math:`V^2 d > 5 \cdot
-        10^{10}`): that one is certified algebraically.  False: no certification is
+        engine certification would be expensive (V > 4000 and :math:`V^2 (d + 64) > 5
+        \cdot 10^{10}`): that one is certified algebraically.  False: no certification is
         asked for: on the reference backend an uncertified float64 Gram estimate
         (``certified=False``); where the compiled engine is built, the certificate of
         ``"auto"``, which costs less than the estimate (1.0 s against 5.6 s at
@@ -1013,7 +1015,9 @@ def _certify_points(X, certify, eta, construction):
     X = np.asarray(X, dtype=np.float64)
     V_ = X.shape[0]
     algebraic = construction is not None and construction.diameter is not None
-    cheap = V_ <= 4000 or (_engine_is_compiled(X) and V_ * V_ * X.shape[1] <= 5e10)
+    # the engine's time per pair stops falling below d = 64 (3.6 s for V = 50,000 at
+    # d = 1 and at d = 8, 4.5 s at d = 64): V = 200,000 points on the line took 39 s
+    cheap = V_ <= 4000 or (_engine_is_compiled(X) and V_ * V_ * (X.shape[1] + 64) <= 5e10)
     if certify is False and _engine_is_compiled(X):
         # the compiled engine's float32 filter beats the float64 Gram estimate (5x at
         # (20000, 64)), and certifies; an expensive exact construction keeps its closed
@@ -1029,11 +1033,18 @@ def _certify_points(X, certify, eta, construction):
     if mode == "algebraic":
         # Exact construction: every pairwise distance is known in closed form (the
         # inner-product spectrum, verified in the tests); scaling by eta/D rounds each
-        # entry once, which moves every distance by at most a few ulps (relative).
+        # entry once, by at most u |x| (u = 2**-53), so row i moves by at most
+        # u ||x_i|| and a distance by at most 2 u max ||x_i||: about an ulp of it for
+        # the codes (rows and distances of one size), but V ulps of the closest pair
+        # for V points on the line (rows up to eta/2, a gap of eta/V): 3.4e-12 relative
+        # at V = 60,000, where 8 ulps were claimed
         X = X * (eta / construction.diameter)
         diameter, min_dist = eta, construction.rho * eta
         pm, pd = (-1, -1), (-1, -1)
-        err = 8.0 * 2.0**-52 + _subnormal_error(X, min_dist)
+        top = float(np.max(np.abs(X)))  # the norms of rows near 1e-300 without underflow
+        Xs = X / top if top > 0.0 else X
+        moved = 2.0**-52 * top * math.sqrt(float(np.max(np.einsum("ij,ij->i", Xs, Xs)))) / min_dist
+        err = 8.0 * 2.0**-52 + moved + _subnormal_error(X, min_dist)
         ratio = min_dist / diameter
     elif mode == "engine":
         from ._certify import refined_distance_error

@@ -105,6 +105,22 @@ def test_construction_large_algebraic_certificate():
 _HAS_EXTENSION = refgeo._backend.available_backends()["cython"][0]
 
 
+@pytest.mark.skipif(not _HAS_EXTENSION, reason="the engine's certificate is the cheaper one without it")
+@pytest.mark.parametrize("V, eta", [(60000, 1.0), (200001, 3.0), (45000, 1e-300)])
+def test_many_points_on_the_line_are_certified_in_closed_form(V, eta):
+    """V equally spaced points of the line: distances known exactly, so beyond the
+    engine's cheap range (V^2 (d + 64) > 5e10: its time per pair does not fall with d)
+    the certificate is the closed form; the engine took 39 s at V = 200,000. Checked
+    against the returned points, sorted (in one dimension the closest pair is adjacent)."""
+    r = refgeo.spread(V, 1, eta=eta, max_time=1.0)
+    assert r.certified and r.certificate == "algebraic" and r.init == "lattice(Z)"
+    assert r.ratio == pytest.approx(1.0 / (V - 1), rel=1e-15)
+    x = np.sort(np.asarray(r.points)[:, 0])
+    gaps = np.diff(x)
+    assert gaps.min() >= r.min_dist * (1 - r.error_bound) and x[-1] - x[0] <= r.diameter * (1 + r.error_bound)
+    assert gaps.max() <= r.min_dist * (1 + r.error_bound) and x[-1] - x[0] >= r.diameter * (1 - r.error_bound)
+
+
 @pytest.mark.parametrize("backend", ["cython", "reference"])
 def test_acceptance_4096_256(backend):
     """With the compiled engine the 4096 x 256 construction is certified by the engine;
