@@ -120,8 +120,9 @@ class SpreadResult:
         distances of the returned rows (computed by the engine on those rows: the
         rounding of the refined float64 values, ``gamma(ceil(d/8) + 5, 2**-53)``, a
         few ulps; for an algebraic certificate, the rounding of the scaled
-        coordinates, ``2**-52 max ||x_i|| / min_dist`` beside 8 ulps: an ulp or two
-        for the codes, about ``V`` ulps for ``V`` points on the line), and budgets near the smallest normal float64 add the absolute
+        coordinates (centered, then scaled), ``2**-51 max ||x_i|| / min_dist`` beside
+        8 ulps: a few ulps for the codes, about ``V`` ulps for ``V`` points on the
+        line), and budgets near the smallest normal float64 add the absolute
         rounding of subnormal coordinates, ``sqrt(d) 2**-1074 / min_dist``).  With
         ``certificate="none"`` (``certify=False`` on the reference backend) it is the
         a-priori bound of the float64 Gram expansion relative to ``min_dist**2``, large
@@ -1032,18 +1033,19 @@ def _certify_points(X, certify, eta, construction):
     X = X - X.mean(axis=0)
     if mode == "algebraic":
         # Exact construction: every pairwise distance is known in closed form (the
-        # inner-product spectrum, verified in the tests); scaling by eta/D rounds each
-        # entry once, by at most u |x| (u = 2**-53), so row i moves by at most
-        # u ||x_i|| and a distance by at most 2 u max ||x_i||: about an ulp of it for
-        # the codes (rows and distances of one size), but V ulps of the closest pair
-        # for V points on the line (rows up to eta/2, a gap of eta/V): 3.4e-12 relative
-        # at V = 60,000, where 8 ulps were claimed
+        # inner-product spectrum, verified in the tests); centering (the subtraction;
+        # an error of the mean itself moves every row alike) and scaling by eta/D round
+        # each entry once each, by at most u |x| (u = 2**-53), so row i moves by at
+        # most about 2 u ||x_i|| and a distance by 4 u max ||x_i||: an ulp or two of it
+        # for the codes (rows and distances of one size), but V ulps of the closest
+        # pair for V points on the line (rows up to eta/2, a gap of eta/V): 3.4e-12
+        # relative at V = 60,000, where 8 ulps were claimed
         X = X * (eta / construction.diameter)
         diameter, min_dist = eta, construction.rho * eta
         pm, pd = (-1, -1), (-1, -1)
         top = float(np.max(np.abs(X)))  # the norms of rows near 1e-300 without underflow
         Xs = X / top if top > 0.0 else X
-        moved = 2.0**-52 * top * math.sqrt(float(np.max(np.einsum("ij,ij->i", Xs, Xs)))) / min_dist
+        moved = 2.0**-51 * top * math.sqrt(float(np.max(np.einsum("ij,ij->i", Xs, Xs)))) / min_dist
         err = 8.0 * 2.0**-52 + moved + _subnormal_error(X, min_dist)
         ratio = min_dist / diameter
     elif mode == "engine":
