@@ -511,36 +511,80 @@ def kerdock_code(d: int, V: int | None = None, /) -> np.ndarray:
 # --------------------------------------------------------------------------- p-ary trace codes
 
 
+def _prime_factors(n: int) -> list[int]:
+    out, q = [], 2
+    while q * q <= n:
+        if n % q == 0:
+            out.append(q)
+            while n % q == 0:
+                n //= q
+        q += 1
+    return out + ([n] if n > 1 else [])
+
+
+def _poly_mulmod(a: list[int], b: list[int], tail: tuple[int, ...], p: int) -> list[int]:
+    """a b modulo f = x^m + sum_k tail[k] x^k over F_p (coefficient lists of length m)."""
+    m = len(tail)
+    prod = [0] * (2 * m - 1)
+    for i, ai in enumerate(a):
+        if ai:
+            for j, bj in enumerate(b):
+                prod[i + j] += ai * bj
+    for top in range(2 * m - 2, m - 1, -1):  # x^top = -x^(top-m) sum_k tail[k] x^k
+        c = prod[top] % p
+        if c:
+            for k in range(m):
+                prod[top - m + k] -= c * tail[k]
+    return [c % p for c in prod[:m]]
+
+
+def _x_power(e: int, tail: tuple[int, ...], p: int) -> list[int]:
+    """x^e modulo f, by repeated squaring."""
+    m = len(tail)
+    r, b = [1] + [0] * (m - 1), [0, 1] + [0] * (m - 2)
+    while e:
+        if e & 1:
+            r = _poly_mulmod(r, b, tail, p)
+        b = _poly_mulmod(b, b, tail, p)
+        e >>= 1
+    return r
+
+
 def _primitive_tail(p: int, m: int) -> tuple[np.ndarray, np.ndarray]:
     """GF(p^m) = F_p[x]/(f) for the first primitive monic f of degree m (tails in
     lexicographic order), as the table of the powers of x: ``exp[i]`` is the element
     x^i written as the integer sum_k c_k p^k (i = 0 .. p^m - 2), ``log`` its inverse
     (``log[0] = 0``, unused).
 
-    A tail with f(0) != 0 makes x invertible, so its powers cycle; the cycle has
-    length p^m - 1 exactly when f is primitive (a reducible f leaves zero divisors,
-    fewer than p^m - 1 units, so its cycle is shorter), and then the powers of x are
-    every nonzero element.
+    f is primitive when x has order p^m - 1 modulo f: x^(p^m - 1) = 1 and
+    x^((p^m - 1)/q) != 1 for every prime q dividing p^m - 1 (a reducible f leaves
+    zero divisors, fewer than p^m - 1 units, so no element of that order).  Only tails
+    with (-1)^m f(0), the norm of the root, a primitive root modulo p are tried (the
+    norm of a primitive element is one): a plain walk over the tails took 48 s for
+    p = 31, m = 3.
     """
     N = p**m
-    weights = p ** np.arange(m, dtype=np.int64)
+    qs = _prime_factors(N - 1)
+    roots = [g for g in range(1, p) if all(pow(g, (p - 1) // q, p) != 1 for q in _prime_factors(p - 1))]
+    one = [1] + [0] * (m - 1)
     for tail in itertools.product(range(p), repeat=m):  # f = x^m + sum_k tail[k] x^k
-        if tail[0] == 0:
+        if ((-1) ** m * tail[0]) % p not in roots:
             continue
-        v = [1] + [0] * (m - 1)  # x^0 as its coefficients
-        exp = np.zeros(N - 1, dtype=np.int64)
-        for i in range(N - 1):
-            if i and v[0] == 1 and not any(v[1:]):
-                break  # back to 1 early: not primitive
-            exp[i] = int(np.dot(v, weights))
-            top = v[-1]  # x * v, then x^m = -sum_k tail[k] x^k
-            v = [(-top * tail[0]) % p] + [(v[k - 1] - top * tail[k]) % p for k in range(1, m)]
-        else:
-            if v[0] == 1 and not any(v[1:]):
-                log = np.zeros(N, dtype=np.int64)
-                log[exp] = np.arange(N - 1)
-                return exp, log
-    raise AssertionError("unreachable: every finite field has a primitive polynomial")
+        tail = tuple(tail)
+        if _x_power(N - 1, tail, p) == one and all(_x_power((N - 1) // q, tail, p) != one for q in qs):
+            break
+    else:
+        raise AssertionError("unreachable: every finite field has a primitive polynomial")
+    weights = p ** np.arange(m, dtype=np.int64)
+    exp = np.empty(N - 1, dtype=np.int64)
+    v = one
+    for i in range(N - 1):
+        exp[i] = int(np.dot(v, weights))
+        top = v[-1]  # x * v, then x^m = -sum_k tail[k] x^k
+        v = [(-top * tail[0]) % p] + [(v[k - 1] - top * tail[k]) % p for k in range(1, m)]
+    log = np.zeros(N, dtype=np.int64)
+    log[exp] = np.arange(N - 1)
+    return exp, log
 
 
 class _OddField:
@@ -550,15 +594,24 @@ class _OddField:
     def __init__(self, p: int, m: int):
         self.p, self.m, self.N = p, m, p**m
         self.exp, self.log = _primitive_tail(p, m)
-        # Tr(x^i) = sum_k x^(i p^k): the exponents modulo p^m - 1, the elements added
-        # coefficientwise modulo p.  The trace lies in F_p (coefficient 0 alone).
-        i = np.arange(self.N - 1, dtype=np.int64)
-        k = np.array([pow(p, j, self.N - 1) for j in range(m)], dtype=np.int64)
-        conj = self.exp[(i[:, None] * k[None, :]) % (self.N - 1)]  # (N - 1, m)
-        coeffs = (conj[..., None] // (p ** np.arange(m, dtype=np.int64))) % p
-        s = coeffs.sum(axis=1) % p
-        assert not s[:, 1:].any()
-        self.trace_of_power = s[:, 0]  # Tr(x^i)
+        # The trace is F_p-linear: Tr(y) = sum_k c_k Tr(x^k) for y = sum_k c_k x^k, and
+        # Tr(x^k) = sum_j x^(k p^j), the conjugates added coefficientwise modulo p (it
+        # lies in F_p: coefficient 0 alone).  O(N) memory: the conjugates of every
+        # element at once took (N, m, m) int64 arrays (24 GiB at p = 3, m = 15).
+        basis = np.zeros(m, dtype=np.int64)
+        for k in range(m):
+            acc = [0] * m
+            for j in range(m):
+                e = self.exp[(k * pow(p, j, self.N - 1)) % (self.N - 1)]
+                acc = [(acc[t] + (int(e) // p**t) % p) % p for t in range(m)]
+            assert not any(acc[1:])
+            basis[k] = acc[0]
+        tr = np.zeros(self.N - 1, dtype=np.int64)
+        y = self.exp.copy()
+        for k in range(m):
+            tr += (y % p) * basis[k]
+            y //= p
+        self.trace_of_power = tr % p  # Tr(x^i)
 
     def trace_products(self, a: np.ndarray, z: np.ndarray) -> np.ndarray:
         """Tr(a z) for every a (rows) and z (columns), int64 in [0, p)."""
@@ -605,10 +658,11 @@ def _check_trace_code_args(p: int, m: int, V: int | None) -> tuple[int, int, int
 
 
 def _trace_code_work(p: int, m: int, V: int, d: int) -> float:
-    """Bytes of temporaries of :func:`_trace_code_rows` beside its result: the int64
-    trace products (three arrays of one class's size) and one class's rows."""
+    """Bytes of temporaries of :func:`_trace_code_rows` beside its result: the field's
+    int64 tables (powers, logarithms, traces and two temporaries, N each), the trace
+    products (three arrays of one class's size) and one class's rows."""
     N = p**m
-    return 8.0 * min(V, N) * (3 * N + d) + 24.0 * -(-V // N) * N
+    return 48.0 * N + 8.0 * min(V, N) * (3 * N + d) + 24.0 * -(-V // N) * N
 
 
 def _trace_code_rows(p: int, m: int, V: int, d: int, tags: bool) -> np.ndarray:

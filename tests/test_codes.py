@@ -340,7 +340,7 @@ def test_quadratic_trace_code_prefix_and_all_pairs():
     assert _rho(X[:27]) == pytest.approx(1.0, abs=1e-14)  # one class: a simplex
 
 
-@pytest.mark.parametrize("p, m", [(3, 3), (3, 5), (5, 3), (7, 3)])
+@pytest.mark.parametrize("p, m", [(3, 3), (3, 5), (3, 7), (5, 3), (7, 3), (31, 3)])
 def test_odd_field_tables_make_a_field(p, m):
     """The tables' products distribute over coefficientwise addition modulo p (checked
     without the tables), x^(p^m - 1) = 1 with every nonzero element a power of x, and the
