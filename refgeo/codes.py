@@ -665,21 +665,56 @@ def _trace_code_work(p: int, m: int, V: int, d: int) -> float:
     return 48.0 * N + 8.0 * min(V, N) * (3 * N + d) + 24.0 * -(-V // N) * N
 
 
+def _trace_code_parts(p: int, m: int) -> tuple[np.ndarray, float]:
+    """The float64 entries every row is made of: the simplex vertices over sqrt(p^m)
+    (symbol s -> row s, unit rows) and the tag t.  A cross-class pair moves apart by
+    t^2 + t^2 = 2 t^2, e Hamming units of 2p/((p - 1) p^m) each: the closest cross pair
+    (W - e) then meets the classes' W."""
+    N = p**m
+    _, e = _trace_code_weights(p, m)
+    return regular_simplex(p, p - 1) / math.sqrt(N), math.sqrt(p * e / ((p - 1.0) * N))
+
+
+def _trace_code_closed_form(p: int, m: int, tags: bool) -> tuple[float, float, float]:
+    """(rho, D, build error) of the code's rows, plain or tagged: the closed forms, and
+    a bound on the relative error of the *built* rows' distances against them.
+
+    Every built row is a concatenation of the float64 vertices and tag of
+    :func:`_trace_code_parts` (copied, never recomputed), so each of its squared
+    distances is a sum of squared distances between float vertices, and 2 t^2 across
+    classes: within the relative error r of the worst of those terms against their
+    exact values 2p/((p - 1) p^m) and e times it, computed here exactly (Fractions of
+    the floats).  A distance then errs by at most r/2 < r.
+    """
+    from fractions import Fraction
+
+    N = p**m
+    W, e = _trace_code_weights(p, m)
+    vertex, t = _trace_code_parts(p, m)
+    unit = Fraction(2 * p, (p - 1) * N)  # exact squared distance of two symbols
+    r = Fraction(0)
+    for i in range(p):
+        for j in range(i + 1, p):
+            sq = sum((Fraction(float(a)) - Fraction(float(b))) ** 2 for a, b in zip(vertex[i], vertex[j]))
+            r = max(r, abs(sq / unit - 1))
+    if tags:
+        r = max(r, abs(2 * Fraction(t) ** 2 / (e * unit) - 1))
+    lo, hi = (W, W + 2 * e) if tags else (W - e, W + e)
+    # the float's rounding of r itself, outward
+    return math.sqrt(lo / hi), math.sqrt(float(unit) * hi), float(r) * (1.0 + 2.0**-50)
+
+
 def _trace_code_rows(p: int, m: int, V: int, d: int, tags: bool) -> np.ndarray:
     """The first V rows of the code (see :func:`quadratic_trace_code`) in the first
     (p - 1) p^m coordinates of R^d, with one tag coordinate per class after them when
     ``tags`` (the size is checked by the caller)."""
     F = _OddField(p, m)
     N = F.N
-    W, e = _trace_code_weights(p, m)
     n_classes = -(-V // N)
-    vertex = regular_simplex(p, p - 1) / math.sqrt(N)  # symbol s -> vertex s, unit rows
+    vertex, t = _trace_code_parts(p, m)
     lin = F.trace_products(np.arange(min(V, N)), np.arange(N))  # Tr(b x), (b, x)
     quad = F.trace_products(np.arange(n_classes), F.squares())  # Tr(a x^2), (a, x)
     X = np.zeros((V, d))
-    # a cross-class pair moves apart by t^2 + t^2 = 2 t^2, e Hamming units of
-    # 2p / ((p - 1) N) each: the closest cross pair (W - e) then meets the classes' W
-    t = math.sqrt(p * e / ((p - 1.0) * N))
     for a in range(n_classes):
         lo, hi = a * N, min(V, (a + 1) * N)
         sym = (quad[a][None, :] + lin[: hi - lo]) % p
@@ -737,8 +772,10 @@ def quadratic_trace_code(p: int, m: int, V: int | None = None, /) -> np.ndarray:
     coordinate per class (where :math:`(p-1)p^m + \lceil V/p^m \rceil \le d`), which
     adds :math:`e` to every cross-class distance: :math:`\rho^2 = W/(W + 2e)`
     (0.9 for :math:`p = 3, m = 5`: :math:`\rho = 0.9487` at :math:`(50257, 768)`).
-    The entries are not dyadic: :func:`refgeo.spread` certifies these rows with the
-    engine.  Time and memory O(V (p - 1) p^m) for the rows, O(p^(2m)) for the
+    The entries are not dyadic, but every row is made of the same p float64 vertices
+    (and tag), whose squared distances :func:`refgeo.spread` computes exactly: they
+    bound the rows' distances against the closed forms (a few ulps), its algebraic
+    certificate where the engine's would be expensive.  Time and memory O(V (p - 1) p^m) for the rows, O(p^(2m)) for the
     field's tables.
 
     References
@@ -774,6 +811,9 @@ class _Candidate:
     build: Callable[[], np.ndarray]
     diameter: float | None = None  # exact D of build() when its distances are known exactly
     on_sphere: bool = True  # False for packings in a ball (the sphere iteration cannot improve them)
+    # relative error of build()'s distances against the closed forms (rho, diameter):
+    # 0 for exact (dyadic) entries; the algebraic certificate adds it
+    build_error: float = 0.0
     # False: returned as is by spread(method="auto") (see there): ball packings, shell
     # subsets and the algebraic codes, which no tangent direction improves to first order
     iterate: bool = True
@@ -1529,12 +1569,14 @@ def _candidates(V: int, d: int) -> list[_Candidate]:
         while (p - 1) * p**m <= d:
             N = p**m
             if V <= N * N:
-                W, e = _trace_code_weights(p, m)
-                width = (p - 1) * N
-                out.append(_Candidate(f"quadratic_trace({p}^{m})", math.sqrt((W - e) / (W + e)),
-                                      functools.partial(_trace_code_rows, p, m, V, d, False), iterate=False))
-                if width + -(-V // N) <= d:
-                    out.append(_Candidate(f"quadratic_trace({p}^{m})+class_tags", math.sqrt(W / (W + 2.0 * e)),
-                                          functools.partial(_trace_code_rows, p, m, V, d, True), iterate=False))
+                rho, D, err = _trace_code_closed_form(p, m, False)
+                out.append(_Candidate(f"quadratic_trace({p}^{m})", rho,
+                                      functools.partial(_trace_code_rows, p, m, V, d, False), D,
+                                      iterate=False, build_error=err))
+                if (p - 1) * N + -(-V // N) <= d:
+                    rho, D, err = _trace_code_closed_form(p, m, True)
+                    out.append(_Candidate(f"quadratic_trace({p}^{m})+class_tags", rho,
+                                          functools.partial(_trace_code_rows, p, m, V, d, True), D,
+                                          iterate=False, build_error=err))
             m += 2
     return out

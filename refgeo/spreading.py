@@ -1046,7 +1046,7 @@ def _certify_points(X, certify, eta, construction):
         top = float(np.max(np.abs(X)))  # the norms of rows near 1e-300 without underflow
         Xs = X / top if top > 0.0 else X
         moved = 2.0**-51 * top * math.sqrt(float(np.max(np.einsum("ij,ij->i", Xs, Xs)))) / min_dist
-        err = 8.0 * 2.0**-52 + moved + _subnormal_error(X, min_dist)
+        err = 8.0 * 2.0**-52 + moved + construction.build_error + _subnormal_error(X, min_dist)
         ratio = min_dist / diameter
     elif mode == "engine":
         from ._certify import refined_distance_error
