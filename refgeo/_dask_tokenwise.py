@@ -103,6 +103,8 @@ def panels(X, Y):
     A NumPy (or host) ``Y`` next to a Dask ``X`` (or the other way round) is wrapped
     with the other's row chunks.  Unknown chunk sizes are refused.
     """
+    from ._dask import _engine_rows
+
     da = _da()
     if not isinstance(X, da.Array):
         X = da.from_array(np.asarray(X), chunks=(Y.chunks[0], -1))
@@ -110,6 +112,10 @@ def panels(X, Y):
         Y = da.from_array(np.asarray(Y), chunks=(X.chunks[0], -1))
     check_known_chunks(X, "X")
     check_known_chunks(Y, "Y")
+    # float16 and long double chunks as float64, as a NumPy input is converted: the
+    # neighbor search's exact scaling by 2**-e ran in float16, where entries 2**14
+    # below the largest became subnormal (other neighbors than the NumPy path's)
+    X, Y = _engine_rows(X, "X"), _engine_rows(Y, "Y")
     rows = tuple(c for c in X.chunks[0] if c > 0)  # empty chunks hold no token block
     if len(X.chunks[1]) > 1 or rows != X.chunks[0]:
         X = X.rechunk({0: rows, 1: -1})  # a task needs whole rows

@@ -762,6 +762,10 @@ def _cmd_demo(args: argparse.Namespace) -> int:
     out = args.out
     if os.path.exists(out) and not os.path.isdir(out):
         raise CLIError(f"--out {out!r} exists and is not a directory")
+    try:
+        _demo._check_out_dir(out)  # before the training (run_demo checks again)
+    except ValueError as exc:
+        raise CLIError(str(exc).replace("out_dir", "--out", 1).rstrip(".")) from None
     report = _demo.run_demo(out, size=size, seed=args.seed, progress=_show_progress(args))
     _to_stderr(f"refgeo demo: wrote {report}")
     return 0

@@ -156,6 +156,49 @@ def test_demo_survives_a_failing_optimizer(tmp_path, monkeypatch, checker):
     assert data["runs"]["adamw"]["steps_done"] == _demo.SIZES["tiny"].steps
 
 
+def test_run_labels_say_why_and_after_which_step_a_run_ended():
+    """The legend said "stopped at step 14" for a run that stopped after 13 (as the
+    report said), nothing for a run that stopped one step short, and "time budget"
+    for a run that ended with an error."""
+    from refgeo._demo.plots import run_label
+
+    r = training.Run("x", "X")
+    r.steps, r.steps_done, r.stopped_early = list(range(1, 12)), 11, True
+    assert run_label(r, 24) == "X (time budget: stopped after step 11 of 24)"
+    r.steps, r.steps_done = list(range(1, 24)), 23
+    assert run_label(r, 24) == "X (time budget: stopped after step 23 of 24)"
+    e = training.Run("a", "A")
+    e.steps, e.steps_done, e.error = [1, 2, 3], 3, "FloatingPointError: planted"
+    assert run_label(e, 24) == "A (error after step 3)"
+    done = training.Run("b", "B")
+    done.steps, done.steps_done = list(range(1, 25)), 24
+    assert run_label(done, 24) == "B"
+
+
+@pytest.mark.parametrize("case", ["report_is_a_directory", "unwritable", "empty"])
+def test_demo_refuses_an_output_folder_it_cannot_write_before_training(tmp_path, monkeypatch, capsys, case):
+    """A folder the demo could not write to failed only when the first plot was saved,
+    after the training (minutes at the default size)."""
+    if case == "report_is_a_directory":
+        (tmp_path / "report.md").mkdir()
+        out, want = str(tmp_path), "holds directories where the demo writes its files: report.md"
+    elif case == "unwritable":
+        if not os.path.isdir("/proc/self"):
+            pytest.skip("no unwritable directory here")
+        out, want = "/proc/self", "is not a directory the demo can write to"
+    else:
+        out, want = "", "--out must name a directory, got '' instead"
+
+    def no_training(*args, **kwargs):
+        raise AssertionError("the demo trained before checking its output folder")
+
+    monkeypatch.setattr(training, "train", no_training)
+    assert cli.main(["demo", "--size", "tiny", "--out", out, "--no-progress"]) == 2
+    assert want in capsys.readouterr().err
+    with pytest.raises(ValueError, match="out_dir"):
+        _demo.run_demo(out, size="tiny", progress=False)
+
+
 def test_run_demo_rejects_unknown_size(tmp_path):
     with pytest.raises(ValueError, match=re.escape("size must be one of ('full', 'quick', 'tiny'), got 'huge' instead.")):
         _demo.run_demo(str(tmp_path), size="huge")

@@ -41,6 +41,31 @@ from .training import SIZES, DemoSize
 __all__ = ["SIZES", "DemoSize", "run_demo"]
 
 
+# every file the demo writes into its output directory
+_OUTPUTS = ("report.md", "results.json", "loss.png", "step_geometry.png", "lmo.png", "head_geometry.png",
+            "tokenwise.png")
+
+
+def _check_out_dir(out_dir: str) -> None:
+    """Create ``out_dir`` and check that the demo can write its files there, before the
+    training: an unwritable directory, or a directory where ``report.md`` or a plot
+    goes, failed only when the first file was saved, after minutes of training."""
+    import tempfile
+
+    if not isinstance(out_dir, str) or not out_dir:
+        raise ValueError(f"out_dir must name a directory, got {out_dir!r} instead.")
+    try:
+        os.makedirs(out_dir, exist_ok=True)
+        with tempfile.NamedTemporaryFile(dir=out_dir, prefix=".refgeo-demo-write-check-"):
+            pass
+    except OSError as exc:
+        raise ValueError(f"out_dir {out_dir!r} is not a directory the demo can write to: {exc}") from None
+    taken = [f for f in _OUTPUTS if os.path.isdir(os.path.join(out_dir, f))]
+    if taken:
+        raise ValueError(f"out_dir {out_dir!r} holds directories where the demo writes its files: "
+                         f"{', '.join(taken)}.")
+
+
 def run_demo(out_dir: str, *, size: str = "full", seed: int = 0, progress: bool = True) -> str:
     """Run the demo and write ``report.md``, PNG plots and ``results.json`` into ``out_dir``.
 
@@ -66,7 +91,7 @@ def run_demo(out_dir: str, *, size: str = "full", seed: int = 0, progress: bool 
     check_choice(size, "size", tuple(SIZES))
     cfg = SIZES[size]
     t_all = time.perf_counter()
-    os.makedirs(out_dir, exist_ok=True)
+    _check_out_dir(out_dir)
     timings: dict[str, float] = {}
 
     t0 = time.perf_counter()

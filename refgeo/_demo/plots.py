@@ -31,9 +31,14 @@ _STYLES = {"rescaled": "-."}
 
 
 def run_label(r, planned: int) -> str:
-    """The run's label, saying where a time-budgeted run stopped early."""
-    if r.steps and r.steps[-1] + 1 < planned:
-        return f"{r.label} (time budget: stopped at step {r.steps[-1] + 1})"
+    """The run's label, saying why and after which step a run ended before ``planned``
+    steps: its time budget (``stopped_early``) or an error (the legend said "stopped
+    at step 14" for a run the report, rightly, said stopped after 13, named no run
+    that stopped one step short, and blamed the time budget for errors)."""
+    if r.error is not None:
+        return f"{r.label} (error after step {r.steps_done})"
+    if r.stopped_early and r.steps_done < planned:
+        return f"{r.label} (time budget: stopped after step {r.steps_done} of {planned})"
     return r.label
 
 
