@@ -775,8 +775,9 @@ def quadratic_trace_code(p: int, m: int, V: int | None = None, /) -> np.ndarray:
     The entries are not dyadic, but every row is made of the same p float64 vertices
     (and tag), whose squared distances :func:`refgeo.spread` computes exactly: they
     bound the rows' distances against the closed forms (a few ulps), its algebraic
-    certificate where the engine's would be expensive.  Time and memory O(V (p - 1) p^m) for the rows, O(p^(2m)) for the
-    field's tables.
+    certificate where the engine's would be expensive.  Time and memory O(V (p - 1) p^m)
+    for the rows, O(p^m) for the field's tables (a Python loop over its elements:
+    seconds from p^m = 10^6 on) and O(min(V, p^m) p^m) for the traces of one class.
 
     References
     ----------
@@ -809,7 +810,9 @@ class _Candidate:
     name: str
     rho: float
     build: Callable[[], np.ndarray]
-    diameter: float | None = None  # exact D of build() when its distances are known exactly
+    # D of build() in closed form where its distances are known so (exactly for dyadic
+    # entries, within build_error otherwise): the algebraic certificate uses it
+    diameter: float | None = None
     on_sphere: bool = True  # False for packings in a ball (the sphere iteration cannot improve them)
     # relative error of build()'s distances against the closed forms (rho, diameter):
     # 0 for exact (dyadic) entries; the algebraic certificate adds it

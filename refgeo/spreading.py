@@ -1039,7 +1039,8 @@ def _certify_points(X, certify, eta, construction):
         # most about 2 u ||x_i|| and a distance by 4 u max ||x_i||: an ulp or two of it
         # for the codes (rows and distances of one size), but V ulps of the closest
         # pair for V points on the line (rows up to eta/2, a gap of eta/V): 3.4e-12
-        # relative at V = 60,000, where 8 ulps were claimed
+        # relative at V = 60,000, where 8 ulps were claimed.  Rows built from rounded
+        # entries (the quadratic trace codes) add the construction's build_error.
         X = X * (eta / construction.diameter)
         diameter, min_dist = eta, construction.rho * eta
         pm, pd = (-1, -1), (-1, -1)
