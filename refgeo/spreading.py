@@ -123,7 +123,8 @@ class SpreadResult:
         coordinates (centered, then scaled), ``2**-51 max ||x_i|| / min_dist`` beside
         8 ulps: a few ulps for the codes, about ``V`` ulps for ``V`` points on the
         line), and budgets near the smallest normal float64 add the absolute
-        rounding of subnormal coordinates, ``sqrt(d) 2**-1074 / min_dist``).  With
+        rounding of subnormal coordinates, ``sqrt(d) 2**-1074 / min_dist``, or, from
+        the engine, of a subnormal ``min_dist``, ``2**-1074 / min_dist``).  With
         ``certificate="none"`` (``certify=False`` on the reference backend) it is the
         a-priori bound of the float64 Gram expansion relative to ``min_dist**2``, large
         (even inf) when the closest pair is short against the row norms.
@@ -1065,8 +1066,12 @@ def _certify_points(X, certify, eta, construction):
         diameter, min_dist = Dp.value, mp.value
         ratio = min_dist / diameter
         # the refined values carry the rounding of their float64 sums (a few ulps; 0
-        # here claimed them exact)
+        # here claimed them exact), and a closest distance below the smallest normal
+        # float64 (budgets near it) its final rounding, up to half of 2**-1074: 2.2e-15
+        # relative at eta = 2.2e-308, V = 400, d = 2, where 6.7e-16 was reported
         err = refined_distance_error(X.shape[1])
+        if 0.0 < min_dist < _TINY64:
+            err += 2.0**-1074 / min_dist
     else:
         m0, D0, pm, pd = _gram_extremes(X)
         # the Gram expansion's error on a squared distance is about c (n_i + n_j) (the

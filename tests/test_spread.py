@@ -411,6 +411,27 @@ def test_error_bound_covers_the_points_at_tiny_budgets(V, d, eta, certify):
     assert abs(r.diameter - D) <= r.error_bound * r.diameter
 
 
+@pytest.mark.parametrize("V", [400, 1000])
+def test_a_subnormal_closest_distance_is_within_the_error_bound_exactly(V):
+    """At the smallest normal budget the closest distance is subnormal: the engine's
+    value rounds by up to half of 2**-1074, 2.2e-15 relative at V = 400 where the bound
+    said 6.7e-16.  Checked exactly: the rows are whole multiples of 2**-1074, so their
+    squared distances are integers in those units."""
+    from fractions import Fraction
+
+    r = refgeo.spread(V, 2, eta=2.0**-1022, seed=0)
+    assert r.certificate == "engine" and 0 < r.min_dist < 2.0**-1022
+    U = np.array([[int(Fraction(x) * 2**1074) for x in row] for row in np.asarray(r.points).tolist()], dtype=object)
+    i, j = np.triu_indices(V, 1)
+    sq = ((U[i] - U[j]) ** 2).sum(axis=1)
+    lo, hi = min(sq), max(sq)
+    for claimed, exact_sq in ((r.min_dist, lo), (r.diameter, hi)):
+        c = Fraction(claimed) * 2**1074
+        # |c - sqrt(e)| <= bound * c  <=>  (c (1 - bound))^2 <= e <= (c (1 + bound))^2
+        b = Fraction(r.error_bound)
+        assert (c * (1 - b)) ** 2 <= exact_sq <= (c * (1 + b)) ** 2
+
+
 def test_subnormal_budgets_are_rejected():
     """At eta = 5e-324 the points collapsed (two rows equal) while min_dist said 5e-324."""
     for fn in (lambda: refgeo.spread(4, 3, eta=5e-324), lambda: refgeo.spread(7, 2, eta=1e-310)):
