@@ -565,7 +565,8 @@ def _primitive_tail(p: int, m: int) -> tuple[np.ndarray, np.ndarray]:
     """
     N = p**m
     qs = _prime_factors(N - 1)
-    roots = [g for g in range(1, p) if all(pow(g, (p - 1) // q, p) != 1 for q in _prime_factors(p - 1))]
+    qp = _prime_factors(p - 1)
+    roots = {g for g in range(1, p) if all(pow(g, (p - 1) // q, p) != 1 for q in qp)}
     one = [1] + [0] * (m - 1)
     for tail in itertools.product(range(p), repeat=m):  # f = x^m + sum_k tail[k] x^k
         if ((-1) ** m * tail[0]) % p not in roots:
@@ -675,6 +676,7 @@ def _trace_code_parts(p: int, m: int) -> tuple[np.ndarray, float]:
     return regular_simplex(p, p - 1) / math.sqrt(N), math.sqrt(p * e / ((p - 1.0) * N))
 
 
+@functools.lru_cache(maxsize=None)  # _candidates asks for it at every spread call
 def _trace_code_closed_form(p: int, m: int, tags: bool) -> tuple[float, float, float]:
     """(rho, D, build error) of the code's rows, plain or tagged: the closed forms, and
     a bound on the relative error of the *built* rows' distances against them.
